@@ -1,0 +1,174 @@
+"""Model configuration: one flat dataclass, named sizes from a tiny debug model to the paper's 8B."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot describe a valid model."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 256
+    """Number of token ids; every input id must lie in [0, vocab_size)."""
+    dim: int = 128
+    """Model width D (residual stream size)."""
+    n_layers: int = 4
+    """Number of decoder blocks L (the encoder block is extra)."""
+    n_heads: int = 4
+    """Query heads; must divide dim."""
+    n_kv_heads: int = 2
+    """Key/value heads (grouped-query attention); must divide n_heads."""
+    ffn_hidden: int = 384
+    """Hidden size of the SwiGLU feed-forward."""
+    max_seq_len: int = 256
+    """Longest sequence the model accepts (size of the RoPE tables and KV cache)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = False
+    """Share the token embedding table with the logit readout."""
+    latent_bits: int = 0
+    """H, bits of the latent Z_t (2^H values per token). 0 gives the plain baseline decoder."""
+    latent_layer: int | None = None
+    """Number of decoder blocks before Z is injected; None means L // 2 (the paper's middle)."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.dim % self.n_heads:
+            raise ConfigError(f"n_heads ({self.n_heads}) must divide dim ({self.dim})")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        if self.head_dim % 2:
+            raise ConfigError(f"head dim dim/n_heads = {self.head_dim} must be even for RoPE")
+        if not (isinstance(self.latent_bits, int) and 0 <= self.latent_bits <= 24):
+            raise ConfigError(f"latent_bits must be an integer in [0, 24], got {self.latent_bits!r}")
+        if self.latent_layer is not None and not (1 <= self.latent_layer <= self.n_layers - 1):
+            raise ConfigError(
+                f"latent_layer must be in [1, n_layers-1] = [1, {self.n_layers - 1}], got {self.latent_layer}"
+            )
+        if self.latent_bits and self.n_layers < 2:
+            raise ConfigError("a Free Transformer needs n_layers >= 2 (Z is injected between two blocks)")
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise ConfigError("rope_theta and norm_eps must be positive")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def is_free(self) -> bool:
+        return self.latent_bits > 0
+
+    @property
+    def injection_layer(self) -> int:
+        """Blocks [0, injection_layer) form the first half; block injection_layer receives Z."""
+        return self.latent_layer if self.latent_layer is not None else self.n_layers // 2
+
+    def replace(self, **changes) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+    # ---- analytic sizes -------------------------------------------------------------------------
+
+    def block_params(self) -> int:
+        kv_dim = self.n_kv_heads * self.head_dim
+        attention = self.dim * self.dim * 2 + self.dim * kv_dim * 2  # q, o + k, v
+        mlp = 3 * self.dim * self.ffn_hidden
+        return attention + mlp + 2 * self.dim  # two RMSNorm weights
+
+    def num_params(self) -> int:
+        """Exact parameter count of the model built from this config."""
+        embed = self.vocab_size * self.dim
+        readout = 0 if self.tie_embeddings else self.vocab_size * self.dim
+        total = embed + readout + self.n_layers * self.block_params() + self.dim  # final norm
+        if self.is_free:
+            total += self.latent_params()
+        return total
+
+    def latent_params(self) -> int:
+        """Encoder block, zeta, encoder norm + readout, and the 2^H x D post-sampler table."""
+        if not self.is_free:
+            return 0
+        encoder = self.block_params() + self.dim + self.dim + self.dim * self.latent_bits + self.latent_bits
+        return encoder + (2**self.latent_bits) * self.dim
+
+    def training_flops_per_token(self, seq_len: int) -> float:
+        """Forward + backward FLOPs per token of a training step at this sequence length.
+
+        Matmuls count 6 FLOPs per weight (2 forward, 4 backward); attention scores and values count
+        12 * T * D per layer (full context, the usual convention). The post-sampler's forward is a
+        row lookup (no FLOPs); its exact backward needs dR @ W^T, 2 * 2^H * D per token.
+        """
+        per_block = 6 * (self.block_params() - 2 * self.dim) + 12 * seq_len * self.dim
+        flops = self.n_layers * per_block + 6 * self.vocab_size * self.dim
+        if self.is_free:
+            flops += per_block + 6 * (self.dim * self.latent_bits)
+            flops += 2 * (2**self.latent_bits) * self.dim
+        return float(flops)
+
+
+# Named sizes. `debug` is for tests, `cpu-small` for the synthetic demo, the last two are the paper's.
+NAMED_CONFIGS: dict[str, ModelConfig] = {
+    "debug": ModelConfig(
+        vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64, latent_bits=4
+    ),
+    "cpu-small": ModelConfig(
+        vocab_size=256, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=384, max_seq_len=128, latent_bits=8
+    ),
+    "paper-1.5b": ModelConfig(
+        vocab_size=2**17,
+        dim=1536,
+        n_layers=28,
+        n_heads=12,
+        n_kv_heads=2,
+        ffn_hidden=8960,  # the paper gives no FFN size; 8960 makes the stated 1.5B
+        max_seq_len=4096,
+        rope_theta=500000.0,
+        tie_embeddings=True,
+        latent_bits=16,
+    ),
+    "paper-8b": ModelConfig(
+        vocab_size=2**17,
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_hidden=14336,
+        max_seq_len=8192,
+        rope_theta=500000.0,
+        latent_bits=16,
+    ),
+}
+
+
+def named_config(name: str, **overrides) -> ModelConfig:
+    if name not in NAMED_CONFIGS:
+        raise ConfigError(f"unknown model size {name!r}; choose one of {', '.join(NAMED_CONFIGS)}")
+    return NAMED_CONFIGS[name].replace(**overrides)
+
+
+def bits_to_nats(bits: float) -> float:
+    return float(bits) * math.log(2.0)
+
+
+def nats_to_bits(nats: float) -> float:
+    return float(nats) / math.log(2.0)

@@ -1,0 +1,117 @@
+import pytest
+import torch
+
+from free_transformer import GenerationConfig, generate, infer_latents, shared_prior_latents
+from free_transformer.generate import filter_logits
+from conftest import tiny_model
+
+
+def _prompts(B=3, P=5):
+    return torch.randint(0, 50, (B, P), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("latent_bits", [0, 4])
+def test_cached_decoding_equals_full_forward(latent_bits):
+    model = tiny_model(latent_bits=latent_bits)
+    tokens = torch.randint(0, 50, (2, 20))
+    latents = torch.randint(0, 16, (2, 20)) if latent_bits else "prior"
+    full = model(tokens, latents=latents).logits
+    cache = model.new_cache(2)
+    pieces = [model(tokens[:, :6], latents=latents[:, :6] if latent_bits else "prior", cache=cache).logits]
+    pos = 6
+    for width in (1, 4, 1, 1, 8):  # single steps and multi-token chunks after a prefix
+        chunk = latents[:, pos : pos + width] if latent_bits else "prior"
+        pieces.append(model(tokens[:, pos : pos + width], latents=chunk, cache=cache, start=pos).logits)
+        pos += width
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-10, atol=1e-10)
+    assert cache.length == 20
+
+
+def _naive_greedy(model, prompts, steps, latents):
+    """Greedy decoding by rerunning the full forward on the growing sequence, no cache."""
+    seq = prompts
+    for _ in range(steps):
+        L = seq.shape[1]
+        logits = model(seq, latents=latents[:, :L] if latents is not None else "prior").logits[:, -1]
+        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], 1)
+    return seq[:, prompts.shape[1] :]
+
+
+@pytest.mark.parametrize("latent_bits", [0, 4])
+def test_greedy_generation_equals_naive_loop(latent_bits):
+    model = tiny_model(latent_bits=latent_bits)
+    prompts = _prompts()
+    cfg = GenerationConfig(max_new_tokens=12, temperature=0)
+    result = generate(model, prompts, cfg, seeds=[0, 1, 2])
+    expected = _naive_greedy(model, prompts, 12, result.latents)
+    assert result.tokens == expected.tolist()
+    if latent_bits:  # Z for the 5 prompt positions + 11 fed new tokens, none redrawn
+        assert result.latents.shape == (3, 16)
+
+
+def test_prompt_latents_come_from_the_posterior():
+    model = tiny_model()
+    prompts = _prompts()
+    result = generate(model, prompts, GenerationConfig(max_new_tokens=2), seeds=[4, 5, 6])
+    posterior = infer_latents(model, prompts, generator=[torch.Generator().manual_seed(s) for s in (4, 5, 6)])
+    assert torch.equal(result.latents[:, :5], posterior)
+
+
+def test_sampled_generation_is_reproducible_per_row():
+    model = tiny_model()
+    prompts = _prompts()
+    cfg = GenerationConfig(max_new_tokens=10, temperature=1.0, top_k=20, top_p=0.9)
+    batch = generate(model, prompts, cfg, seeds=[7, 8, 9])
+    alone = generate(model, prompts[1:2], cfg, seeds=[8])
+    assert batch.tokens[1] == alone.tokens[0]
+    assert torch.equal(batch.latents[1], alone.latents[0])
+    again = generate(model, prompts, cfg, seeds=[7, 8, 9])
+    assert again.tokens == batch.tokens
+
+
+def test_shared_latents_are_used_by_every_row():
+    model = tiny_model()
+    prompts = _prompts(P=4)
+    shared = shared_prior_latents(model, 4 + 9, torch.Generator().manual_seed(0))
+    result = generate(model, prompts, GenerationConfig(max_new_tokens=10), latents=shared)
+    assert torch.equal(result.latents, shared.expand(3, -1))
+
+
+def test_shared_latents_shorter_than_generation_fall_back_to_prior():
+    model = tiny_model()
+    prompts = _prompts(P=4)
+    shared = shared_prior_latents(model, 6)
+    result = generate(model, prompts, GenerationConfig(max_new_tokens=10), latents=shared, seeds=[1, 2, 3])
+    assert torch.equal(result.latents[:, :6], shared.expand(3, -1))
+    assert result.latents.shape == (3, 13)
+
+
+def test_stop_tokens_end_rows():
+    model = tiny_model(latent_bits=0)
+    prompts = _prompts()
+    free_run = generate(model, prompts, GenerationConfig(max_new_tokens=8, temperature=0))
+    stop = free_run.tokens[0][2]
+    stopped = generate(model, prompts, GenerationConfig(max_new_tokens=8, temperature=0, stop_tokens=(stop,)))
+    assert stopped.tokens[0] == free_run.tokens[0][: free_run.tokens[0].index(stop) + 1]
+
+
+def test_top_k_and_top_p_filtering():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, 2, None)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, None, 0.8)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, None, 0.81)).tolist() == [[False, False, False, True]]
+
+
+def test_generation_errors():
+    model = tiny_model()
+    short = GenerationConfig(max_new_tokens=4)
+    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+        generate(model, _prompts(P=30), GenerationConfig(max_new_tokens=20))
+    with pytest.raises(ValueError, match="latents must have shape"):
+        generate(model, _prompts(P=5), short, latents=torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="seeds"):
+        generate(model, _prompts(B=3), short, seeds=[1])
+    with pytest.raises(ValueError, match="temperature"):
+        GenerationConfig(temperature=-1)
+    with pytest.raises(ValueError, match="explicit latents need a Free Transformer"):
+        generate(tiny_model(latent_bits=0), _prompts(), short, latents=torch.zeros(1, 5, dtype=torch.long))

@@ -1,0 +1,105 @@
+import math
+
+import pytest
+import torch
+
+from free_transformer import latent
+from free_transformer.latent import (
+    binary_mapper_project,
+    free_bits_kl,
+    index_to_bits,
+    kl_to_uniform,
+    project_latents,
+    sample_bits,
+    uniform_latents,
+)
+from reference import naive_kl_to_uniform, naive_mapper_project
+
+
+def _inputs(n_rows, n_bits, dim, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (2 * torch.randn(n_rows, n_bits, generator=g, dtype=torch.float64)).requires_grad_()
+    weight = torch.randn(2**n_bits, dim, generator=g, dtype=torch.float64).requires_grad_()
+    grad_out = torch.randn(n_rows, dim, generator=g, dtype=torch.float64)
+    return logits, weight, grad_out
+
+
+@pytest.mark.parametrize("n_bits", [1, 3, 6, 10])
+@pytest.mark.parametrize("chunk_entries", [2**22, 64])  # one chunk, and many chunks
+def test_mapper_matches_paper_formula(n_bits, chunk_entries, monkeypatch):
+    monkeypatch.setattr(latent, "CHUNK_ENTRIES", chunk_entries)
+    logits, weight, grad_out = _inputs(n_rows=7, n_bits=n_bits, dim=5)
+    r, index = binary_mapper_project(logits, weight, generator=torch.Generator().manual_seed(1))
+    grad_logits, grad_weight = torch.autograd.grad((r * grad_out).sum(), (logits, weight))
+
+    r_ref = naive_mapper_project(logits, weight, index)
+    ref_logits, ref_weight = torch.autograd.grad((r_ref * grad_out).sum(), (logits, weight))
+    torch.testing.assert_close(r, r_ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad_logits, ref_logits, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad_weight, ref_weight, rtol=0, atol=1e-12)
+    assert grad_logits.abs().max() > 0  # the check is not vacuous
+
+
+def test_mapper_keeps_leading_shape_and_float32():
+    logits = torch.randn(2, 3, 4, requires_grad=True)
+    weight = torch.randn(16, 8, requires_grad=True)
+    r, index = binary_mapper_project(logits, weight)
+    assert r.shape == (2, 3, 8) and index.shape == (2, 3)
+    assert torch.equal(r, weight[index])
+    r.sum().backward()
+    assert logits.grad.shape == logits.shape and logits.grad.dtype == torch.float32
+
+
+def test_mapper_rejects_wrong_table_size():
+    with pytest.raises(ValueError, match="2\\^H"):
+        binary_mapper_project(torch.randn(3, 4), torch.randn(15, 8))
+
+
+def test_bit_frequencies_follow_sigmoid():
+    logits = torch.tensor([-2.0, -0.5, 0.0, 1.0, 3.0])
+    index = sample_bits(logits.expand(40000, 5), torch.Generator().manual_seed(0))
+    freq = index_to_bits(index, 5).mean(0)
+    torch.testing.assert_close(freq, torch.sigmoid(logits), atol=0.01, rtol=0)
+
+
+def test_uniform_prior_is_uniform():
+    index = uniform_latents((60000,), 3, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(index, minlength=8).double() / 60000
+    torch.testing.assert_close(counts, torch.full((8,), 1 / 8, dtype=torch.float64), atol=0.006, rtol=0)
+
+
+def test_per_row_generators_make_rows_independent_of_batch():
+    logits = torch.randn(3, 6)
+    gens = lambda: [torch.Generator().manual_seed(s) for s in (5, 6, 7)]
+    both = sample_bits(logits, gens())
+    alone = sample_bits(logits[1:2], [torch.Generator().manual_seed(6)])
+    assert both[1] == alone[0]
+    assert torch.equal(uniform_latents((3, 4), 5, generator=gens())[2],
+                       uniform_latents((1, 4), 5, generator=[torch.Generator().manual_seed(7)])[0])
+
+
+@pytest.mark.parametrize("n_bits", [1, 4, 8])
+def test_kl_matches_sum_over_all_values(n_bits):
+    logits = 3 * torch.randn(5, n_bits, dtype=torch.float64)
+    torch.testing.assert_close(kl_to_uniform(logits), naive_kl_to_uniform(logits), rtol=1e-10, atol=1e-12)
+
+
+def test_kl_limits():
+    assert kl_to_uniform(torch.zeros(4, 8)).abs().max() < 1e-6  # p = 1/2: the prior itself
+    saturated = kl_to_uniform(torch.full((8,), 40.0))  # deterministic bits: H log 2
+    assert abs(float(saturated) - 8 * math.log(2)) < 1e-4
+
+
+def test_free_bits_is_mean_of_clamped_excess():
+    kl = torch.tensor([[0.1, 0.5, 1.0], [0.0, 2.0, 0.3]])
+    expected = torch.tensor([[0.0, 0.2, 0.7], [0.0, 1.7, 0.0]]).mean()
+    torch.testing.assert_close(free_bits_kl(kl, 0.3), expected)
+
+
+def test_explicit_latents_are_a_lookup_without_logit_gradient():
+    weight = torch.randn(8, 4, requires_grad=True)
+    index = torch.tensor([[1, 7], [0, 1]])
+    r = project_latents(None, weight, index)
+    assert torch.equal(r, weight[index])
+    r.sum().backward()
+    assert weight.grad[1].eq(2).all() and weight.grad[2].eq(0).all()

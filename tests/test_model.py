@@ -1,0 +1,160 @@
+import pytest
+import torch
+
+from free_transformer import ConfigError, FreeTransformer, ModelConfig, named_config
+from free_transformer.latent import free_bits_kl
+from conftest import tiny_config, tiny_model
+from reference import naive_forward
+
+
+def _tokens(B=2, T=12, vocab=50, seed=0):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(dim=30), "must divide dim"),
+        (dict(n_kv_heads=3), "must divide n_heads"),
+        (dict(latent_layer=4), "latent_layer"),
+        (dict(latent_layer=0), "latent_layer"),
+        (dict(latent_bits=-1), "latent_bits"),
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(n_layers=1), "n_layers >= 2"),
+    ],
+)
+def test_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(**overrides)
+
+
+def test_config_round_trip_and_unknown_field():
+    cfg = tiny_config(latent_layer=1)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="unknown model config field"):
+        ModelConfig.from_dict({**cfg.to_dict(), "n_experts": 8})
+    with pytest.raises(ConfigError, match="unknown model size"):
+        named_config("gigantic")
+
+
+@pytest.mark.parametrize("name", ["debug", "cpu-small", "paper-1.5b", "paper-8b"])
+def test_param_count_matches_model_built_on_meta(name):
+    cfg = named_config(name)
+    with torch.device("meta"):
+        model = FreeTransformer(cfg)
+        baseline = FreeTransformer(cfg.replace(latent_bits=0))
+    assert model.num_params() == cfg.num_params()
+    assert baseline.num_params() == cfg.replace(latent_bits=0).num_params()
+
+
+def test_paper_overhead_is_about_one_block():
+    cfg = named_config("paper-1.5b")
+    ratio = cfg.training_flops_per_token(4096) / cfg.replace(latent_bits=0).training_flops_per_token(4096)
+    assert 1.03 < ratio < 1.06  # one extra block of 28 (3.6%) plus the post-sampler's backward
+
+
+@pytest.mark.parametrize("overrides", [dict(latent_bits=0), dict(latent_bits=4), dict(latent_bits=3, tie_embeddings=True)])
+def test_forward_matches_naive_algorithm(overrides):
+    model = tiny_model(**overrides)
+    tokens = _tokens()
+    latents = torch.randint(0, 2 ** max(1, model.config.latent_bits), tokens.shape)
+    out = model(tokens, latents=latents)
+    ref_logits, _ = naive_forward(model, tokens, latents)
+    torch.testing.assert_close(out.logits, ref_logits, rtol=1e-9, atol=1e-9)
+
+
+def test_posterior_bit_logits_match_naive_encoder():
+    model = tiny_model()
+    tokens = _tokens()
+    out = model(tokens, latents="posterior")
+    ref_logits, ref_bits = naive_forward(model, tokens, out.latent_index)
+    torch.testing.assert_close(out.bit_logits, ref_bits, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(out.logits, ref_logits, rtol=1e-9, atol=1e-9)
+
+
+def test_free_model_with_zero_post_sampler_equals_baseline():
+    free = tiny_model()
+    with torch.no_grad():
+        free.post_sampler.weight.zero_()
+    baseline = FreeTransformer(free.config.replace(latent_bits=0)).double()
+    missing, unexpected = baseline.load_state_dict(free.state_dict(), strict=False)
+    assert not missing and unexpected  # the baseline is the Free Transformer minus the latent path
+    tokens = _tokens()
+    torch.testing.assert_close(free(tokens).logits, baseline(tokens).logits, rtol=0, atol=1e-12)
+
+
+def test_loss_is_cross_entropy_plus_free_bits_kl():
+    model = tiny_model()
+    tokens = _tokens(T=13)
+    out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05, generator=torch.Generator().manual_seed(0))
+    ce = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), tokens[:, 1:].flatten())
+    torch.testing.assert_close(out.cross_entropy_nats, ce)
+    torch.testing.assert_close(out.loss, ce + free_bits_kl(out.kl_per_token_nats, 0.05))
+    assert out.kl_per_token_nats.shape == (2, 12) and out.kl_nats > 0.05
+
+
+def test_decoder_is_causal_given_fixed_latents():
+    model = tiny_model()
+    tokens = _tokens(B=1)
+    latents = torch.randint(0, 16, tokens.shape)
+    changed = tokens.clone()
+    changed[0, 8] = (changed[0, 8] + 1) % 50
+    a, b = model(tokens, latents=latents).logits, model(changed, latents=latents).logits
+    torch.testing.assert_close(a[:, :8], b[:, :8], rtol=0, atol=0)
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+def test_encoder_is_not_causal():
+    model = tiny_model()
+    tokens = _tokens(B=1)
+    changed = tokens.clone()
+    changed[0, -1] = (changed[0, -1] + 1) % 50
+    a, b = model(tokens).bit_logits, model(changed).bit_logits
+    assert (a[0, 0] - b[0, 0]).abs().max() > 1e-6  # the last token changes the first position's bits
+
+
+def test_gqa_equals_repeated_kv_heads():
+    gqa = tiny_model(n_heads=4, n_kv_heads=2)
+    mha = FreeTransformer(gqa.config.replace(n_kv_heads=4)).double().eval()
+    state = gqa.state_dict()
+    hd = gqa.config.head_dim
+    for key, value in list(state.items()):
+        if key.endswith(("k_proj.weight", "v_proj.weight")):  # (kv*hd, D) -> each kv head used twice
+            state[key] = value.view(2, hd, -1).repeat_interleave(2, dim=0).reshape(4 * hd, -1)
+    mha.load_state_dict(state)
+    tokens, latents = _tokens(), torch.randint(0, 16, (2, 12))
+    torch.testing.assert_close(gqa(tokens, latents=latents).logits, mha(tokens, latents=latents).logits)
+
+
+def test_bad_inputs_raise_clear_errors():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="token ids must lie in"):
+        model(torch.tensor([[1, 50]]))
+    with pytest.raises(ValueError, match="token ids must lie in"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+        model(torch.zeros(1, 41, dtype=torch.long))
+    with pytest.raises(ValueError, match="explicit latents"):
+        model(torch.zeros(1, 5, dtype=torch.long), latents=torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="latent indices"):
+        model(torch.zeros(1, 3, dtype=torch.long), latents=torch.tensor([[0, 16, 1]]))
+    with pytest.raises(ValueError, match="posterior latents need the whole sequence"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(1), start=2)
+
+
+def test_gradients_reach_every_parameter():
+    model = tiny_model(dtype=torch.float32).train()
+    tokens = _tokens(T=13)
+    model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.0).loss.backward()
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().max() == 0]
+    assert not no_grad, no_grad
+
+
+def test_bf16_autocast_forward_backward():
+    model = tiny_model(dtype=torch.float32).train()
+    tokens = _tokens(T=13)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(tokens[:, :-1], tokens[:, 1:])
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and out.logits.dtype == torch.bfloat16
+    assert model.encoder_readout.weight.grad.abs().max() > 0
