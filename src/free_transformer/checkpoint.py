@@ -1,0 +1,125 @@
+"""Checkpoints: one directory per step, written atomically.
+
+    run_dir/checkpoints/step_00001000/
+        model.safetensors   weights (safetensors: no pickle, memory-mappable)
+        config.json         {"model": ModelConfig, "train": ..., "tokenizer": name, "step": N}
+        state.pt            optimizer, scheduler, RNG and data position (training only)
+
+A checkpoint is written into a temporary sibling directory and renamed into place once complete, so a
+killed process never leaves a partial `step_*` directory; only the newest `keep` are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ConfigError, ModelConfig
+from .model import FreeTransformer
+
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete or corrupt."""
+
+
+def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under run_dir/checkpoints, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name))
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory, or a run directory (its newest checkpoint)."""
+    path = Path(path)
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        return path
+    found = checkpoint_dirs(path)
+    if found:
+        return found[-1]
+    raise CheckpointError(f"no checkpoint found at {path} (expected a step_* directory or a run directory)")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: FreeTransformer,
+    metadata: dict,
+    training_state: dict | None = None,
+    keep: int = 3,
+) -> Path:
+    """Write weights + config (+ training state) for `step` atomically; keep the newest `keep`."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:08d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp_step_{step:08d}_", dir=root))
+    try:
+        weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        config = {"model": model.config.to_dict(), "step": step, **metadata}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        if training_state is not None:
+            torch.save(training_state, tmp / "state.pt")
+        for f in tmp.iterdir():
+            with open(f, "rb") as handle:
+                os.fsync(handle.fileno())
+        if final.exists():  # re-saving the same step: move the old one aside only once the new is complete
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_checkpoint_config(path: str | Path) -> dict:
+    ckpt = resolve_checkpoint(path)
+    try:
+        config = json.loads((ckpt / "config.json").read_text())
+        ModelConfig.from_dict(config["model"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ConfigError) as error:
+        raise CheckpointError(f"corrupt checkpoint config {ckpt / 'config.json'}: {error}") from error
+    return config
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[FreeTransformer, dict]:
+    """(model in eval mode, checkpoint config dict) from a checkpoint or run directory."""
+    ckpt = resolve_checkpoint(path)
+    config = read_checkpoint_config(ckpt)
+    model = FreeTransformer(ModelConfig.from_dict(config["model"]))
+    try:
+        weights = load_file(ckpt / "model.safetensors")
+        model.load_state_dict(weights)
+    except (OSError, SafetensorError, RuntimeError) as error:
+        raise CheckpointError(f"corrupt checkpoint weights {ckpt / 'model.safetensors'}: {error}") from error
+    return model.to(device).eval(), config
+
+
+def load_training_state(path: str | Path) -> dict:
+    ckpt = resolve_checkpoint(path)
+    try:
+        return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False)
+    except Exception as error:  # torch.load raises many types on a truncated or garbled file
+        raise CheckpointError(f"corrupt or missing training state {ckpt / 'state.pt'}: {error}") from error

@@ -1,0 +1,47 @@
+"""`free-transformer` command line: one subcommand per module in free_transformer.commands.
+
+Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`. Errors
+that a user can fix (bad config, corrupt checkpoint, bad data) are printed as one line with exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .checkpoint import CheckpointError
+from .config import ConfigError
+
+COMMAND_MODULES = ["info"]
+
+
+class UserError(Exception):
+    """An error caused by the user's input, reported as one line."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="free-transformer", description="The Free Transformer (Fleuret, 2025).")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module_name in COMMAND_MODULES:
+        module = importlib.import_module(f"free_transformer.commands.{module_name}")
+        sub = subparsers.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except (UserError, ConfigError, CheckpointError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
