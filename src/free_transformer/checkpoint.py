@@ -23,12 +23,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import ConfigError, ModelConfig
+from .errors import UserError
 from .model import FreeTransformer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, incomplete or corrupt."""
 
 

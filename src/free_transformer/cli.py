@@ -10,14 +10,9 @@ import argparse
 import importlib
 import sys
 
-from .checkpoint import CheckpointError
-from .config import ConfigError
+from .errors import UserError
 
-COMMAND_MODULES = ["info"]
-
-
-class UserError(Exception):
-    """An error caused by the user's input, reported as one line."""
+COMMAND_MODULES = ["info", "train", "generate"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (UserError, ConfigError, CheckpointError, ValueError, FileNotFoundError) as error:
+    except (UserError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

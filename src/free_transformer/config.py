@@ -6,8 +6,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from .errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration that cannot describe a valid model."""
 
 

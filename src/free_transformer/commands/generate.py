@@ -1,0 +1,65 @@
+"""`free-transformer generate`: sample from a checkpoint, one sample per line."""
+
+from __future__ import annotations
+
+import torch
+
+from ..checkpoint import load_model
+from ..generate import GenerationConfig, generate, infer_latents, shared_prior_latents
+from ..tokenizer import get_tokenizer
+from ..train.trainer import resolve_device
+
+NAME = "generate"
+HELP = "sample continuations of a prompt from a checkpoint (one sample per line)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
+    parser.add_argument("--prompt", default="", help="text to continue")
+    parser.add_argument("--num-samples", "-n", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (its tokens' last id); repeatable")
+    parser.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
+    parser.add_argument("--latents", choices=["independent", "shared", "reference"], default="independent",
+                        help="Free Transformer: Z drawn per sample (independent), one Z sequence for all samples "
+                             "(shared), or inferred by the encoder from --reference")
+    parser.add_argument("--reference", help="text whose posterior latents condition generation (--latents reference)")
+    parser.add_argument("--prompt-latents", choices=["posterior", "prior"], default="posterior",
+                        help="Z for prompt positions: encoder posterior (the paper's prefill) or uniform prior")
+    parser.add_argument("--device", default="auto")
+
+
+def run(args) -> int:
+    device = resolve_device(args.device)
+    model, config = load_model(args.checkpoint, device)
+    tokenizer = get_tokenizer(config.get("tokenizer", "byte"))
+    prompt = tokenizer.encode(args.prompt)
+    if not prompt:
+        raise ValueError("--prompt must not be empty (give at least one character)")
+    if args.num_samples < 1:
+        raise ValueError("--num-samples must be >= 1")
+    stop_tokens = tuple(tokenizer.encode(s)[-1] for s in args.stop if s)
+    gen_config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, stop_tokens=stop_tokens, prompt_latents=args.prompt_latents)
+    latents = None
+    if args.latents != "independent" and not model.config.is_free:
+        raise ValueError(f"--latents {args.latents} needs a Free Transformer; this checkpoint is a baseline")
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    if args.latents == "shared":
+        latents = shared_prior_latents(model, len(prompt) + args.max_new_tokens - 1, generator)
+    elif args.latents == "reference":
+        if not args.reference:
+            raise ValueError("--latents reference needs --reference TEXT")
+        reference = tokenizer.encode(args.reference)
+        if len(reference) < len(prompt):
+            raise ValueError("--reference must be at least as long as the prompt")
+        latents = infer_latents(model, torch.tensor([reference]), generator)
+    prompts = torch.tensor([prompt] * args.num_samples)
+    seeds = [args.seed + i for i in range(args.num_samples)]
+    result = generate(model, prompts, gen_config, seeds=seeds, latents=latents)
+    for tokens in result.tokens:
+        print(tokenizer.decode(prompt + tokens).replace("\n", "\\n"))
+    return 0

@@ -1,0 +1,36 @@
+"""`free-transformer train`: train a baseline or a Free Transformer from a YAML config + overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..train.config import load_train_config
+from ..train.trainer import TrainingError, train
+
+NAME = "train"
+HELP = "train a model (YAML config, then section.field=value overrides); --resume continues a run"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("overrides", nargs="*", metavar="section.field=value",
+                        help="config overrides, e.g. optim.lr=3e-4 kappa_bits=0.125 model.size=debug")
+    parser.add_argument("--config", "-c", help="YAML config (see configs/); defaults apply without one")
+    parser.add_argument("--out", "-o", required=True, help="run directory (checkpoints, metrics, plots)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its newest checkpoint, with its saved config")
+    parser.add_argument("--init-from", help="checkpoint whose decoder weights initialise the model")
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    config_path = args.config
+    if args.resume and config_path is None:
+        config_path = out / "config.yaml"
+        if not config_path.exists():
+            raise TrainingError(f"nothing to resume: {config_path} not found")
+    config = load_train_config(config_path, args.overrides)
+    result = train(config, out, resume=args.resume, init_from=args.init_from)
+    m = result.metrics
+    print(f"done: step {result.step}, cross-entropy {m.get('cross_entropy_bits', float('nan')):.4f} bits/token, "
+          f"KL {m.get('kl_bits', float('nan')):.4f} bits/token; run in {out}")
+    return 0

@@ -1,0 +1,1 @@
+"""Training: the run configuration, the optimizer and schedule, and the training loop."""

@@ -1,0 +1,193 @@
+"""The run configuration: nested dataclasses, loaded from dataclass defaults, then a YAML file, then
+`section.field=value` overrides from the command line. The resolved config is saved with the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..config import ConfigError, ModelConfig, bits_to_nats, named_config
+from ..data import DataConfig
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """Peak learning rate (AdamW)."""
+    latent_lr_scale: float = 1.0
+    """Multiplier of the learning rate for the encoder block, zeta, read-out and post-sampler."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    """Applied to matrices of the blocks and read-outs; never to norms, biases, embeddings, zeta or the post-sampler table."""
+    warmup_steps: int = 200
+    min_lr_ratio: float = 0.1
+    """The cosine schedule ends at lr * min_lr_ratio."""
+    schedule: str = "cosine"
+    """cosine (warmup then cosine decay) or constant (warmup then constant)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=lambda: named_config("cpu-small"))
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    kappa_bits: float = 0.5
+    """Free-bits threshold kappa of the KL term, in bits per token (the paper: 1/64 ... 8)."""
+    steps: int = 1000
+    """Optimizer steps."""
+    batch_size: int = 64
+    """Sequences per optimizer step (split into grad_accum micro-batches)."""
+    grad_accum: int = 1
+    seed: int = 0
+    device: str = "auto"
+    """auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
+    precision: str = "fp32"
+    """fp32, or bf16 (autocast; weights and optimizer stay fp32)."""
+    threads: int = 0
+    """CPU threads for torch (0: torch's default)."""
+    log_every: int = 10
+    eval_every: int = 0
+    """Validation loss every N steps (0: never)."""
+    eval_batches: int = 4
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+    tensorboard: bool = False
+    """Also write TensorBoard events (needs the tensorboard package)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    @property
+    def kappa_nats(self) -> float:
+        return bits_to_nats(self.kappa_bits)
+
+    def validate(self) -> TrainConfig:
+        if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
+            raise ConfigError("steps, batch_size and grad_accum must be >= 1")
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(f"grad_accum ({self.grad_accum}) must divide batch_size ({self.batch_size})")
+        if self.kappa_bits < 0:
+            raise ConfigError(f"kappa_bits must be >= 0, got {self.kappa_bits}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.optim.schedule not in ("cosine", "constant"):
+            raise ConfigError(f"optim.schedule must be cosine or constant, got {self.optim.schedule!r}")
+        if self.checkpoint_every < 1 or self.log_every < 1:
+            raise ConfigError("checkpoint_every and log_every must be >= 1")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _coerce(value, annotation, where: str):
+    """Convert a YAML / command-line value to the field's declared type, or raise ConfigError."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}: cannot read {value!r} as {annotation}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(annotation):
+            raise ConfigError(f"{where}: {value!r} is not one of {typing.get_args(annotation)}")
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.strip("()[] ").split(",") if v]
+        items = typing.get_args(annotation)
+        if not isinstance(value, (list, tuple)) or len(value) != len(items):
+            raise ConfigError(f"{where}: expected {len(items)} values, got {value!r}")
+        return tuple(_coerce(v, t, where) for v, t in zip(value, items))
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if annotation in (int, float, str):
+        if isinstance(value, bool) or (annotation is not str and isinstance(value, (list, dict))):
+            raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}")
+        try:
+            number = annotation(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}") from None
+        if annotation is int and isinstance(value, float) and value != number:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return number
+    raise ConfigError(f"{where}: unsupported type {annotation}")
+
+
+def _build(cls, values: dict, where: str):
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names - ({"size"} if cls is ModelConfig else set()))
+    if unknown:
+        raise ConfigError(f"unknown field(s) in {where or 'config'}: {', '.join(unknown)}")
+    kwargs = {}
+    for name, value in values.items():
+        if name == "size":
+            continue
+        hint, path = hints[name], f"{where}.{name}" if where else name
+        kwargs[name] = _build(hint, value, path) if dataclasses.is_dataclass(hint) else _coerce(value, hint, path)
+    if cls is ModelConfig and "size" in values:
+        return named_config(str(values["size"]), **kwargs)
+    return cls(**kwargs)
+
+
+def _merge(base: dict, update: dict) -> dict:
+    merged = dict(base)
+    for key, value in update.items():
+        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """['optim.lr=3e-4', 'model.size=debug'] -> nested dict; values parsed as YAML scalars."""
+    result: dict = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form section.field=value")
+        node = result
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(raw) if raw else ""
+    return result
+
+
+def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    values: dict = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise ConfigError(f"cannot read config {path}: {error}") from None
+        values = loaded or {}
+    values = _merge(values, parse_overrides(overrides or []))
+    model_values = values.get("model", {})
+    if isinstance(model_values, dict) and "size" not in model_values:  # fields override the default size
+        values["model"] = {**named_config("cpu-small").to_dict(), **model_values}
+    return _build(TrainConfig, values, "").validate()
+
+
+def save_train_config(config: TrainConfig, path: str | Path) -> None:
+    values = config.to_dict()
+    values["optim"]["betas"] = list(values["optim"]["betas"])
+    Path(path).write_text(yaml.safe_dump(values, sort_keys=False))

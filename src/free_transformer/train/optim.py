@@ -1,0 +1,56 @@
+"""AdamW with the usual parameter groups, and the warmup + cosine learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..model import FreeTransformer
+from .config import OptimConfig
+
+LATENT_PREFIXES = ("encoder.", "zeta", "encoder_norm.", "encoder_readout.", "post_sampler.")
+
+
+def parameter_groups(model: FreeTransformer, config: OptimConfig) -> list[dict]:
+    """Weight decay on matrices of the blocks and read-outs only; the latent path may get its own lr."""
+    groups: dict[tuple[bool, bool], list] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        no_decay = param.dim() < 2 or name.startswith(("embed_tokens.", "post_sampler.")) or name == "zeta"
+        is_latent = name.startswith(LATENT_PREFIXES)
+        groups.setdefault((no_decay, is_latent), []).append(param)
+    return [
+        {
+            "params": params,
+            "weight_decay": 0.0 if no_decay else config.weight_decay,
+            "lr_scale": config.latent_lr_scale if is_latent else 1.0,
+        }
+        for (no_decay, is_latent), params in sorted(groups.items())
+    ]
+
+
+def build_optimizer(model: FreeTransformer, config: OptimConfig) -> torch.optim.AdamW:
+    groups = parameter_groups(model, config)
+    for group in groups:
+        group["lr"] = config.lr * group["lr_scale"]
+    device_type = next(model.parameters()).device.type
+    # fused AdamW: one kernel over all tensors (the 2^H x D post-sampler table makes a plain loop slow)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=device_type in ("cpu", "cuda"))
+
+
+def lr_factor(step: int, total_steps: int, config: OptimConfig) -> float:
+    """Multiplier of the peak learning rate at `step` (0-based): linear warmup, then cosine or constant."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps))
+    return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, peak_lr: float, factor: float) -> float:
+    for group in optimizer.param_groups:
+        group["lr"] = peak_lr * factor * group["lr_scale"]
+    return peak_lr * factor

@@ -1,0 +1,215 @@
+"""The training loop: seeded, resumable to the bit on CPU, checkpointed atomically, stopped with a clear
+message on a non-finite loss (the last good checkpoint is kept)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+
+from ..checkpoint import CheckpointError, checkpoint_dirs, load_training_state, resolve_checkpoint, save_checkpoint
+from ..config import ConfigError
+from ..data import build_dataset
+from ..errors import UserError
+from ..model import FreeTransformer
+from ..tokenizer import get_tokenizer
+from .config import TrainConfig, save_train_config
+from .metrics import MetricsLog
+from .optim import LATENT_PREFIXES, build_optimizer, lr_factor, set_lr
+
+LN2 = math.log(2.0)
+
+
+class TrainingError(UserError, RuntimeError):
+    """Training cannot start or cannot go on (existing run, diverged loss)."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    metrics: dict  # the last logged metrics
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def autocast_context(precision: str, device: torch.device):
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def init_from_checkpoint(model: FreeTransformer, path: str | Path) -> list[str]:
+    """Load decoder weights from another checkpoint; latent-path tensors absent there stay fresh.
+    Returns the names left at their initialisation."""
+    weights = load_file(resolve_checkpoint(path) / "model.safetensors")
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    not_latent = [name for name in missing if not name.startswith(LATENT_PREFIXES)]
+    if unexpected or not_latent:
+        raise CheckpointError(
+            f"cannot initialise from {path}: unexpected {unexpected[:5]}, missing decoder weights {not_latent[:5]}"
+        )
+    return missing
+
+
+def _rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _check_fresh_run_dir(run_dir: Path) -> None:
+    if checkpoint_dirs(run_dir) or (run_dir / "metrics.jsonl").exists():
+        raise TrainingError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another --out")
+
+
+def train(
+    config: TrainConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    init_from: str | Path | None = None,
+) -> TrainResult:
+    """Train (or resume) the run in `run_dir` to config.steps optimizer steps."""
+    config.validate()
+    run_dir = Path(run_dir)
+    if not resume:
+        _check_fresh_run_dir(run_dir)
+    elif not checkpoint_dirs(run_dir):
+        raise TrainingError(f"nothing to resume: no checkpoint in {run_dir}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    device = resolve_device(config.device)
+    dataset = build_dataset(config.data, config.seed)
+    tokenizer = get_tokenizer(dataset.tokenizer_name)
+    if tokenizer.vocab_size > config.model.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size ({config.model.vocab_size}) is smaller than the {tokenizer.name} tokenizer's "
+            f"({tokenizer.vocab_size})"
+        )
+    if dataset.sequence_length > config.model.max_seq_len:
+        raise ConfigError(
+            f"sequences of {dataset.sequence_length} tokens exceed model.max_seq_len ({config.model.max_seq_len})"
+        )
+
+    model = FreeTransformer(config.model).to(device)
+    if init_from is not None and not resume:
+        fresh = init_from_checkpoint(model, init_from)
+        print(f"initialised from {init_from}; fresh: {', '.join(sorted({n.split('.')[0] for n in fresh})) or 'none'}")
+    optimizer = build_optimizer(model, config.optim)
+    metadata = {"tokenizer": tokenizer.name, "train": config.to_dict()}
+    start_step = 0
+    if resume:
+        checkpoint = resolve_checkpoint(run_dir)
+        model.load_state_dict(load_file(checkpoint / "model.safetensors", device=str(device)))
+        state = load_training_state(checkpoint)
+        optimizer.load_state_dict(state["optimizer"])
+        _set_rng_state(state["rng"], device)
+        start_step = state["step"]
+    else:
+        save_train_config(config, run_dir / "config.yaml")
+
+    log = MetricsLog(run_dir, resume_step=start_step, tensorboard=config.tensorboard)
+    micro_batch = config.batch_size // config.grad_accum
+    tokens_per_step = config.batch_size * dataset.sequence_length
+    progress = tqdm(total=config.steps, initial=start_step, desc=run_dir.name, disable=not config.progress,
+                    dynamic_ncols=True, leave=True)
+    last_metrics: dict = {}
+    window_start, window_steps = time.perf_counter(), 0
+    model.train()
+    for step in range(start_step, config.steps):
+        lr = set_lr(optimizer, config.optim.lr, lr_factor(step, config.steps, config.optim))
+        batch = dataset.batch(step, config.batch_size).to(device)
+        totals = torch.zeros(3, device=device)  # loss, cross-entropy, KL (nats)
+        for rows in batch.split(micro_batch):
+            with autocast_context(config.precision, device):
+                out = model(rows[:, :-1], rows[:, 1:], kappa_nats=config.kappa_nats)
+            (out.loss / config.grad_accum).backward()
+            kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=device)
+            totals += torch.stack([out.loss, out.cross_entropy_nats, kl]).detach() / config.grad_accum
+        loss, ce, kl = totals.tolist()
+        if not math.isfinite(loss):
+            progress.close()
+            kept = checkpoint_dirs(run_dir)
+            raise TrainingError(
+                f"non-finite loss ({loss}) at step {step + 1}; training stopped, "
+                f"last good checkpoint: {kept[-1] if kept else 'none'}"
+            )
+        grad_norm = (
+            float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip))
+            if config.optim.grad_clip > 0 else float("nan")
+        )
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        window_steps += 1
+        done = step + 1
+        if done % config.log_every == 0 or done == config.steps:
+            elapsed = time.perf_counter() - window_start
+            last_metrics = {
+                "step": done, "loss": loss, "cross_entropy_bits": ce / LN2, "kl_bits": kl / LN2,
+                "kappa_bits": config.kappa_bits, "lr": lr, "grad_norm": grad_norm,
+                "tokens_per_s": window_steps * tokens_per_step / max(elapsed, 1e-9),
+            }
+            if config.eval_every and done % config.eval_every == 0:
+                last_metrics.update(evaluate(model, dataset, config, device))
+            log.write(last_metrics)
+            progress.set_postfix(ce=f"{ce / LN2:.3f}b", kl=f"{kl / LN2:.3f}b", lr=f"{lr:.2e}",
+                                 tok_s=f"{last_metrics['tokens_per_s']:.0f}")
+            window_start, window_steps = time.perf_counter(), 0
+        progress.update(1)
+        if done % config.checkpoint_every == 0 or done == config.steps:
+            state = {"optimizer": optimizer.state_dict(), "rng": _rng_state(device), "step": done}
+            save_checkpoint(run_dir, done, model, metadata, state, keep=config.keep_checkpoints)
+    progress.close()
+    log.close()
+    log.plot(run_dir / "training_curves.png")
+    return TrainResult(run_dir, config.steps, last_metrics)
+
+
+@torch.no_grad()
+def evaluate(model: FreeTransformer, dataset, config: TrainConfig, device: torch.device) -> dict:
+    """Validation cross-entropy (posterior latents, as in training) and KL, in bits per token."""
+    model.eval()
+    ce = kl = 0.0
+    rng_state = torch.get_rng_state()  # keep the training RNG stream independent of evaluation
+    for index in range(config.eval_batches):
+        batch = dataset.batch(index, config.batch_size, split="val").to(device)
+        with autocast_context(config.precision, device):
+            out = model(batch[:, :-1], batch[:, 1:], kappa_nats=config.kappa_nats)
+        ce += float(out.cross_entropy_nats) / config.eval_batches
+        kl += float(out.kl_nats or 0.0) / config.eval_batches
+    torch.set_rng_state(rng_state)
+    model.train()
+    return {"val_cross_entropy_bits": ce / LN2, "val_kl_bits": kl / LN2}
