@@ -12,7 +12,7 @@ import sys
 
 from .errors import UserError
 
-COMMAND_MODULES = ["info", "train", "generate"]
+COMMAND_MODULES = ["demo", "train", "generate", "info"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except (UserError, ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print("error: " + " ".join(str(error).split()), file=sys.stderr)  # always one line
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

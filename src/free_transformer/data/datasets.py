@@ -120,8 +120,6 @@ def tokenize_corpus(config: DataConfig, chunk_chars: int = 1 << 20) -> np.memmap
                         out.write(np.asarray(tokenizer.encode(chunk), dtype=dtype).tobytes())
                 out.write(np.asarray(tokenizer.encode("\n"), dtype=dtype).tobytes())
         os.replace(partial, target)
-    if target.stat().st_size == 0:
-        raise DataError(f"the corpus at {config.path} is empty")
     return np.memmap(target, dtype=dtype, mode="r")
 
 

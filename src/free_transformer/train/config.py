@@ -13,6 +13,7 @@ import yaml
 
 from ..config import ConfigError, ModelConfig, bits_to_nats, named_config
 from ..data import DataConfig
+from ..fileio import atomic_write_text
 
 
 @dataclass
@@ -190,4 +191,4 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | Non
 def save_train_config(config: TrainConfig, path: str | Path) -> None:
     values = config.to_dict()
     values["optim"]["betas"] = list(values["optim"]["betas"])
-    Path(path).write_text(yaml.safe_dump(values, sort_keys=False))
+    atomic_write_text(path, yaml.safe_dump(values, sort_keys=False))

@@ -6,12 +6,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..fileio import atomic_write_text
+
 
 def read_metrics(path: str | Path) -> list[dict]:
+    """The logged metrics; a last line cut short by a killed process is ignored."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    metrics = []
+    for line in path.read_text().splitlines():
+        try:
+            metrics.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return metrics
 
 
 class MetricsLog:
@@ -19,7 +28,7 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl"
         # A run killed after its last checkpoint logged steps that the resumed run will redo: drop them.
         kept = [m for m in read_metrics(self.path) if m.get("step", 0) <= resume_step]
-        self.path.write_text("".join(json.dumps(m) + "\n" for m in kept))
+        atomic_write_text(self.path, "".join(json.dumps(m) + "\n" for m in kept))
         self.handle = open(self.path, "a")
         self.writer = None
         if tensorboard:

@@ -59,7 +59,10 @@ def init_from_checkpoint(model: FreeTransformer, path: str | Path) -> list[str]:
     """Load decoder weights from another checkpoint; latent-path tensors absent there stay fresh.
     Returns the names left at their initialisation."""
     weights = load_file(resolve_checkpoint(path) / "model.safetensors")
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as error:  # shape mismatch: another architecture
+        raise CheckpointError(f"cannot initialise from {path}: {error}") from None
     not_latent = [name for name in missing if not name.startswith(LATENT_PREFIXES)]
     if unexpected or not_latent:
         raise CheckpointError(

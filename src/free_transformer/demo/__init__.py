@@ -1,0 +1,1 @@
+"""The paper's synthetic experiment as one command: train, generate blue and green groups, report."""

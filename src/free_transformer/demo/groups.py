@@ -1,0 +1,80 @@
+"""Blue and green groups of the paper's Figure "toy-results", and the measures read from them.
+
+Blue: every sequence draws its own latents. Green: one latent sequence drawn from the prior and
+shared by every sequence of the group. If Z carries a decision (the target's position, the noise),
+the sequences of a green group agree on it while those of the blue group do not.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from ..data.synthetic import BODY_LENGTH, analyse_letters
+from ..generate import GenerationConfig, generate, shared_prior_latents
+from ..model import FreeTransformer
+
+
+@dataclass
+class Groups:
+    letter: str
+    blue: list[str]
+    greens: list[list[str]] = field(default_factory=list)
+
+
+def generate_groups(model: FreeTransformer, letter: str, *, blue_size: int, green_groups: int, green_size: int,
+                    seed: int) -> Groups:
+    """Bodies (64 characters) continuing the prompt "<letter>>" by plain sampling (temperature 1)."""
+    prompt = torch.tensor([[ord(letter), ord(">")]])
+    config = GenerationConfig(max_new_tokens=BODY_LENGTH, temperature=1.0)
+
+    def bodies(batch: int, base_seed: int, latents=None) -> list[str]:
+        result = generate(model, prompt.expand(batch, -1), config, seeds=range(base_seed, base_seed + batch),
+                          latents=latents)
+        return [bytes(row).decode("latin-1") for row in result.tokens]
+
+    latents = None
+    if model.config.is_free:  # one prior latent sequence per green group, repeated over its rows
+        generator = torch.Generator(device=model.rope_cos.device).manual_seed(seed + 1)
+        shared = [shared_prior_latents(model, prompt.shape[1] + BODY_LENGTH - 1, generator) for _ in range(green_groups)]
+        latents = torch.cat(shared).repeat_interleave(green_size, dim=0)  # (groups * size, 65)
+    greens = bodies(green_groups * green_size, seed + blue_size, latents)
+    return Groups(letter, bodies(blue_size, seed), [greens[g * green_size : (g + 1) * green_size]
+                                                     for g in range(green_groups)])
+
+
+def _pair_mean(values: list, agree) -> float | None:
+    pairs = [agree(a, b) for a, b in itertools.combinations(values, 2)]
+    pairs = [p for p in pairs if p is not None]
+    return sum(pairs) / len(pairs) if pairs else None
+
+
+def _position_agreement(bodies: list[str], letter: str) -> float | None:
+    """Share of pairs of valid sequences whose targets start at the same position."""
+    positions = [a.position for a in (analyse_letters(b, letter) for b in bodies) if a.valid]
+    return _pair_mean(positions, lambda a, b: float(a == b))
+
+
+def _noise_jaccard(bodies: list[str], letter: str) -> float | None:
+    """Mean Jaccard similarity of the '!' positions of pairs of sequences (pairs with no noise skipped)."""
+    noises = [analyse_letters(b, letter).noise for b in bodies]
+    return _pair_mean(noises, lambda a, b: len(a & b) / len(a | b) if a | b else None)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def group_measures(groups: Groups) -> dict:
+    everything = groups.blue + [b for green in groups.greens for b in green]
+    letter = groups.letter
+    return {
+        "valid": sum(analyse_letters(b, letter).valid for b in everything) / len(everything),
+        "blue_position_agreement": _position_agreement(groups.blue, letter),
+        "green_position_agreement": _mean([_position_agreement(g, letter) for g in groups.greens]),
+        "blue_noise_jaccard": _noise_jaccard(groups.blue, letter),
+        "green_noise_jaccard": _mean([_noise_jaccard(g, letter) for g in groups.greens]),
+    }

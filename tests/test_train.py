@@ -1,0 +1,184 @@
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from free_transformer.checkpoint import (
+    CheckpointError,
+    checkpoint_dirs,
+    load_model,
+    load_training_state,
+    save_checkpoint,
+)
+from free_transformer.cli import main
+from free_transformer.config import ConfigError
+from free_transformer.train.config import load_train_config
+from free_transformer.train.metrics import read_metrics
+from free_transformer.train.optim import lr_factor, parameter_groups
+from free_transformer.train.trainer import TrainingError, train
+
+TINY = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=4", "log_every=1",
+        "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25"]
+
+
+def _config(*overrides):
+    return load_train_config(None, TINY + list(overrides))
+
+
+def _losses(run_dir):
+    return [(m["step"], m["loss"]) for m in read_metrics(Path(run_dir) / "metrics.jsonl")]
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path):
+    config = _config("steps=8", "checkpoint_every=4", "grad_accum=2")
+    train(config, tmp_path / "full")
+    shutil.copytree(tmp_path / "full", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_00000008")
+    train(config, tmp_path / "resumed", resume=True)
+    assert _losses(tmp_path / "resumed") == _losses(tmp_path / "full")  # bit-identical on CPU
+    a, _ = load_model(tmp_path / "full")
+    b, _ = load_model(tmp_path / "resumed")
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+
+
+def test_run_dir_is_never_overwritten(tmp_path):
+    train(_config("steps=2"), tmp_path)
+    before = (tmp_path / "checkpoints" / "step_00000002" / "model.safetensors").read_bytes()
+    with pytest.raises(TrainingError, match="already holds a run"):
+        train(_config("steps=2"), tmp_path)
+    assert (tmp_path / "checkpoints" / "step_00000002" / "model.safetensors").read_bytes() == before
+    with pytest.raises(TrainingError, match="nothing to resume"):
+        train(_config("steps=2"), tmp_path / "other", resume=True)
+
+
+def test_outputs_of_a_run(tmp_path):
+    train(_config("steps=3", "keep_checkpoints=2", "checkpoint_every=1", "eval_every=3"), tmp_path)
+    assert [d.name for d in checkpoint_dirs(tmp_path)] == ["step_00000002", "step_00000003"]
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3] and "val_cross_entropy_bits" in metrics[-1]
+    assert {"cross_entropy_bits", "kl_bits", "lr", "tokens_per_s"} <= set(metrics[0])
+    assert (tmp_path / "training_curves.png").stat().st_size > 0
+    assert load_train_config(tmp_path / "config.yaml") == _config("steps=3", "keep_checkpoints=2",
+                                                                  "checkpoint_every=1", "eval_every=3")
+    state = load_training_state(tmp_path)
+    assert state["step"] == 3 and "optimizer" in state and "rng" in state
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
+    rc = main(["train", "--out", str(tmp_path), *TINY, "steps=20", "checkpoint_every=1", "optim.lr=1e12",
+               "optim.grad_clip=0", "optim.warmup_steps=1"])
+    assert rc == 2
+    assert "non-finite loss" in capsys.readouterr().err
+    kept = checkpoint_dirs(tmp_path)
+    assert kept
+    model, _ = load_model(kept[-1])
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_lr_schedule_and_parameter_groups():
+    config = _config("steps=100", "optim.warmup_steps=10", "optim.min_lr_ratio=0.1", "optim.latent_lr_scale=3")
+    factors = [lr_factor(s, 100, config.optim) for s in range(100)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert factors[-1] == pytest.approx(0.1, abs=0.01) and all(a >= b for a, b in zip(factors[9:], factors[10:]))
+    from free_transformer import FreeTransformer
+
+    model = FreeTransformer(config.model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in parameter_groups(model, config.optim):
+        group_names = [names[id(p)] for p in group["params"]]
+        if group["weight_decay"] > 0:
+            assert not any("norm" in n or "embed" in n or "post_sampler" in n or n == "zeta" for n in group_names)
+        assert (group["lr_scale"] == 3) == group_names[0].startswith(("encoder", "zeta", "post_sampler"))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim.lr=fast"], "optim.lr: expected float"),
+        (["optim.nope=1"], "unknown field"),
+        (["batch_size=6", "grad_accum=4"], "must divide batch_size"),
+        (["precision=fp8"], "precision"),
+        (["model.size=huge"], "unknown model size"),
+        (["data.kind=images"], "data.kind"),
+        (["model.dim=30"], "must divide dim"),
+        (["kappa_bits"], "section.field=value"),
+    ],
+)
+def test_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        _config(*overrides)
+
+
+def test_cli_reports_bad_inputs_in_one_line(tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text("optim: [1, 2\n")
+    assert main(["train", "--out", str(tmp_path / "r"), "--config", str(tmp_path / "bad.yaml")]) == 2
+    assert main(["train", "--out", str(tmp_path / "r"), *TINY, "model.vocab_size=64"]) == 2
+    assert main(["train", "--out", str(tmp_path / "r"), *TINY, "model.max_seq_len=32"]) == 2
+    assert main(["generate", str(tmp_path / "nothing"), "--prompt", "K>"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(errors) == 4 and all(line.startswith("error: ") for line in errors)
+    assert "vocab_size" in errors[1] and "max_seq_len" in errors[2]
+
+
+def test_corrupt_checkpoint_is_reported(tmp_path):
+    train(_config("steps=1"), tmp_path)
+    weights = checkpoint_dirs(tmp_path)[-1] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="corrupt checkpoint weights"):
+        load_model(tmp_path)
+    (weights.parent / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="corrupt checkpoint config"):
+        load_model(tmp_path)
+
+
+def test_init_from_keeps_decoder_and_freshens_latent_path(tmp_path):
+    train(_config("steps=1", "model.latent_bits=0"), tmp_path / "base")
+    result = train(_config("steps=1"), tmp_path / "free", init_from=tmp_path / "base")
+    assert result.step == 1
+    with pytest.raises(CheckpointError, match="cannot initialise"):
+        train(_config("steps=1", "model.dim=64"), tmp_path / "wrong", init_from=tmp_path / "base")
+
+
+def _run_cli(out, *extra):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(out), *extra],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for_step(out, step, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if len(read_metrics(out / "metrics.jsonl")) >= step:
+            return
+        time.sleep(0.01)
+
+
+def test_sigkill_at_random_moments_never_corrupts_and_resume_continues(tmp_path):
+    args = [*TINY, "steps=30", "checkpoint_every=1", "keep_checkpoints=2", "model.latent_bits=12"]
+    reference = tmp_path / "reference"
+    assert subprocess.run([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(reference), *args],
+                          capture_output=True).returncode == 0
+    out = tmp_path / "killed"
+    rng = random.Random(0)
+    kill_steps = sorted(rng.sample(range(2, 28), 4))
+    for index, kill_step in enumerate(kill_steps):
+        process = _run_cli(out, *args, *(["--resume"] if index else []))
+        _wait_for_step(out, kill_step, process)
+        time.sleep(rng.uniform(0, 0.05))  # anywhere in the step: forward, backward, or a checkpoint write
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        for checkpoint in checkpoint_dirs(out):  # every checkpoint on disk loads
+            load_model(checkpoint)
+            load_training_state(checkpoint)
+    final = _run_cli(out, *args, "--resume")
+    assert final.wait(timeout=300) == 0, final.stderr.read().decode()
+    assert _losses(out) == _losses(reference)
