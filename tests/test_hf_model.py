@@ -127,6 +127,16 @@ def test_hf_generate_equals_our_generate(free_pair, choice):
         assert (out.latents[:, :9] == out.latents[:1, :9]).all()
 
 
+def test_hf_generate_without_cache_keeps_the_latents(free_pair):
+    """use_cache=False re-feeds the whole sequence each step: recorded Z are reused, not redrawn."""
+    model, hf_model = free_pair
+    prompts, seeds = _prompts(), [7, 8, 9]
+    ours = _ours(model, prompts, seeds, **SAMPLING)
+    out = hf_model.generate(prompts, max_new_tokens=NEW, do_sample=True, seeds=seeds, use_cache=False,
+                            return_dict_in_generate=True, **SAMPLING)
+    assert out.sequences[:, P:].tolist() == ours.tokens and torch.equal(out.latents, ours.latents)
+
+
 def test_hf_generate_equals_ours_for_a_baseline():
     model = tiny_model(latent_bits=0)
     hf_model = FreeTransformerForCausalLM.from_free_transformer(model)
@@ -170,6 +180,8 @@ def test_generate_rejects_bad_input(free_pair):
         hf_model.generate(prompts, num_beams=2, max_new_tokens=2)
     with pytest.raises(ValueError, match="exceeds max_position_embeddings"):
         hf_model.generate(prompts, max_new_tokens=40)
+    with pytest.raises(ValueError, match="only caches that hold exactly"):
+        hf_model.generate(prompts, cache_implementation="static", max_new_tokens=2)
     with pytest.raises(ValueError, match="seeds"):
         hf_model.generate(prompts, seeds=[1], max_new_tokens=2)
     baseline = FreeTransformerForCausalLM.from_free_transformer(tiny_model(latent_bits=0))

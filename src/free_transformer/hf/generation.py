@@ -16,7 +16,7 @@ from torch import Tensor
 from transformers import LogitsProcessor
 
 from ..generate import GenerationConfig, sample_next
-from ..latent import Generators
+from ..latent import Generators, uniform_latents
 from ..model import LatentSource
 
 
@@ -25,18 +25,20 @@ class LatentPlan:
 
     explicit: (B, N) indices for positions [0, N), or None. Positions not covered take
     `prompt_source` in the prefill (start = 0) and the uniform prior afterwards, drawn with
-    `generators` (one per row) or the global RNG.
+    `generators` (one per row) or the global RNG, in the same calls as `free_transformer.generate`.
     """
 
     def __init__(
         self,
         batch_size: int,
+        latent_bits: int,
         *,
         explicit: Tensor | None = None,
         prompt_source: LatentSource = "posterior",
         generators: Generators = None,
     ):
         self.batch_size = batch_size
+        self.latent_bits = latent_bits
         self.explicit = explicit
         self.prompt_source = prompt_source
         self.generators = generators
@@ -44,23 +46,39 @@ class LatentPlan:
         self.length = 0
 
     def source(self, start: int, length: int) -> LatentSource | Tensor:
-        """What the model's forward gets as `latents` for positions [start, start + length)."""
-        if start != self.length:
-            raise RuntimeError(
-                f"the latent plan has Z for positions [0, {self.length}) but the model is fed position {start}: "
-                "rewinding or reordering the cache (beam search, assisted decoding) is not supported"
-            )
-        explicit = self.explicit
-        if explicit is not None and start < explicit.shape[1]:
-            if start + length > explicit.shape[1]:
-                raise ValueError(f"explicit latents cover positions [0, {explicit.shape[1]}) but the model is fed "
-                                 f"[{start}, {start + length}) in one call")
-            return explicit[:, start : start + length]
-        return self.prompt_source if start == 0 else "prior"
+        """What the model's forward gets as `latents` for positions [start, start + length).
 
-    def record(self, latent_index: Tensor) -> None:
-        self.used.append(latent_index.expand(self.batch_size, -1))
-        self.length += latent_index.shape[1]
+        Positions already recorded keep their Z (a forward without a cache re-feeds the whole
+        sequence at every step); the others take explicit indices where given, else the prompt
+        source at position 0, else one prior draw each."""
+        if start > self.length:
+            raise RuntimeError(f"the latent plan has Z for positions [0, {self.length}) but the model is fed "
+                               f"position {start}")
+        end, new = start + length, max(start, self.length)
+        known = torch.cat(self.used, dim=1)[:, start:new] if new > start else None  # (B, new - start)
+        explicit = self.explicit
+        if new == end:
+            return known
+        if explicit is not None and new < explicit.shape[1]:
+            if end > explicit.shape[1]:
+                raise ValueError(f"explicit latents cover positions [0, {explicit.shape[1]}) but the model is fed "
+                                 f"[{start}, {end}) in one call")
+            fresh = explicit[:, new:end]
+        elif new == 0:
+            return self.prompt_source
+        elif known is None:
+            return "prior"
+        else:
+            fresh = uniform_latents((self.batch_size, end - new), self.latent_bits, generator=self.generators,
+                                    device=known.device)
+        return fresh if known is None else torch.cat([known, fresh], dim=1)
+
+    def record(self, start: int, latent_index: Tensor) -> None:
+        """Keep the Z the model used for positions [start, ...) that the plan had not recorded yet."""
+        new = latent_index[:, self.length - start :].expand(self.batch_size, -1)
+        if new.shape[1]:
+            self.used.append(new)
+            self.length += new.shape[1]
 
     def latents(self, length: int | None = None) -> Tensor:
         """(B, length) the Z used at the first `length` positions (all recorded ones by default)."""

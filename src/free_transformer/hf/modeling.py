@@ -17,7 +17,7 @@ from torch import Tensor
 from transformers import Cache, DynamicCache, GenerationMixin, LogitsProcessorList, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..generate import GenerationConfig, row_generators, shared_prior_latents, infer_latents
+from ..generate import GenerationConfig, infer_latents, row_generators, shared_prior_latents
 from ..model import IGNORE_INDEX, FreeTransformer
 from .configuration import FreeTransformerConfig
 from .generation import LatentPlan, RowSeededSampler
@@ -34,7 +34,8 @@ class HFCacheView:
     """A Hugging Face `Cache` seen through our `KVCache` interface: `layers.Attention` calls
     `update(layer, start, k, v)` and casts k, v to `keys.dtype` / `values.dtype` before storing; the
     model sets `length` after each call. Hugging Face caches append, so `start` must equal the number
-    of positions already cached."""
+    of positions already cached, and the cache must give back exactly the positions seen (a
+    DynamicCache does; static and sliding-window caches do not and are refused)."""
 
     def __init__(self, cache: Cache, dtype: torch.dtype):
         self.cache = cache
@@ -45,7 +46,11 @@ class HFCacheView:
         cached = self.cache.get_seq_length(layer)
         if cached != start:
             raise ValueError(f"layer {layer}: the cache holds {cached} positions but the input starts at {start}")
-        return self.cache.update(k, v, layer)
+        keys, values = self.cache.update(k, v, layer)
+        if keys.shape[2] != start + k.shape[2]:  # a static or sliding-window cache: padded or truncated
+            raise ValueError(f"{type(self.cache).__name__} returned {keys.shape[2]} positions for {start + k.shape[2]}: "
+                             "only caches that hold exactly the positions seen (DynamicCache) are supported")
+        return keys, values
 
 
 @dataclass
@@ -152,7 +157,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         out = self.model(input_ids, targets, latents=source, kappa_nats=kappa_nats, generator=generator,
                          cache=view, start=start)
         if latent_plan is not None and is_free:
-            latent_plan.record(out.latent_index)
+            latent_plan.record(start, out.latent_index)
 
         logits = out.logits
         if isinstance(logits_to_keep, int):
@@ -268,7 +273,8 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         if latents is None or isinstance(latents, str):
             if latents not in (None, "posterior", "prior"):
                 raise ValueError(f"latents must be None, 'posterior', 'prior', 'shared' or an index tensor, got {latents!r}")
-            return LatentPlan(B, prompt_source=latents or "posterior", generators=generators)
+            return LatentPlan(B, self.config.latent_bits, prompt_source=latents or "posterior",
+                              generators=generators)
         latents = torch.as_tensor(latents, device=device)
         if latents.dtype not in (torch.int64, torch.int32) or latents.dim() != 2 or latents.shape[0] not in (1, B) \
                 or latents.shape[1] < P:
@@ -276,4 +282,5 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
                              f"got {tuple(latents.shape)} {latents.dtype}")
         if latents.min() < 0 or latents.max() >= 2**self.config.latent_bits:
             raise ValueError(f"latent indices must lie in [0, 2^{self.config.latent_bits})")
-        return LatentPlan(B, explicit=latents.to(torch.int64).expand(B, -1), generators=generators)
+        return LatentPlan(B, self.config.latent_bits, explicit=latents.to(torch.int64).expand(B, -1),
+                          generators=generators)
