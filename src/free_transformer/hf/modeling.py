@@ -48,8 +48,9 @@ class HFCacheView:
             raise ValueError(f"layer {layer}: the cache holds {cached} positions but the input starts at {start}")
         keys, values = self.cache.update(k, v, layer)
         if keys.shape[2] != start + k.shape[2]:  # a static or sliding-window cache: padded or truncated
-            raise ValueError(f"{type(self.cache).__name__} returned {keys.shape[2]} positions for {start + k.shape[2]}: "
-                             "only caches that hold exactly the positions seen (DynamicCache) are supported")
+            raise ValueError(f"{type(self.cache).__name__} returned {keys.shape[2]} positions for "
+                             f"{start + k.shape[2]}: only caches that hold exactly the positions seen "
+                             "(DynamicCache) are supported")
         return keys, values
 
 
@@ -130,7 +131,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             raise ValueError("inputs_embeds is not supported: pass input_ids")
         if input_ids is None:
             raise ValueError("input_ids is required")
-        B, T = input_ids.shape
+        T = input_ids.shape[1]
         if use_cache is None:
             use_cache = self.config.use_cache and not self.training
         if use_cache and past_key_values is None:
@@ -153,7 +154,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         if labels is not None:
             targets = torch.full_like(labels, IGNORE_INDEX)
             targets[:, :-1] = labels[:, 1:]
-        view = HFCacheView(past_key_values, self.model.embed_tokens.weight.dtype) if past_key_values is not None else None
+        view = None if past_key_values is None else HFCacheView(past_key_values, self.model.embed_tokens.weight.dtype)
         out = self.model(input_ids, targets, latents=source, kappa_nats=kappa_nats, generator=generator,
                          cache=view, start=start)
         if latent_plan is not None and is_free:
@@ -272,7 +273,8 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             latents = shared_prior_latents(self.model, self.config.max_position_embeddings, generator=one_off)
         if latents is None or isinstance(latents, str):
             if latents not in (None, "posterior", "prior"):
-                raise ValueError(f"latents must be None, 'posterior', 'prior', 'shared' or an index tensor, got {latents!r}")
+                raise ValueError("latents must be None, 'posterior', 'prior', 'shared' or an index tensor, "
+                                 f"got {latents!r}")
             return LatentPlan(B, self.config.latent_bits, prompt_source=latents or "posterior",
                               generators=generators)
         latents = torch.as_tensor(latents, device=device)
