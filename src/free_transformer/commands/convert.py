@@ -1,0 +1,51 @@
+"""`free-transformer convert`: between our checkpoints, the Hugging Face format and Llama checkpoints.
+
+The source format is detected (our step_* or run directory, a FreeTransformerForCausalLM directory,
+or a LlamaForCausalLM directory); --to names the target. --latent-bits turns a baseline source (a
+Llama, or one of our baselines) into a Free Transformer with the same decoder and a fresh latent path.
+"""
+
+from __future__ import annotations
+
+NAME = "convert"
+HELP = "convert between our checkpoints, Hugging Face directories and Llama checkpoints (needs the hf extra)"
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("source", help="our checkpoint (step_* or run directory), a Hugging Face "
+                        "FreeTransformerForCausalLM directory, or a LlamaForCausalLM directory (detected)")
+    parser.add_argument("destination", help="for --to checkpoint, a run directory (the checkpoint is written "
+                        "to DESTINATION/checkpoints/step_XXXXXXXX); otherwise a new directory")
+    parser.add_argument("--to", required=True, choices=["checkpoint", "hf", "llama"], help="target format")
+    parser.add_argument("--latent-bits", type=int, default=None,
+                        help="make a Free Transformer with H latent bits from a baseline source: decoder "
+                             "weights copied, encoder / zeta / read-out / post-sampler freshly initialised")
+    parser.add_argument("--latent-layer", type=int, default=None,
+                        help="decoder blocks before Z is injected (default: n_layers // 2)")
+    parser.add_argument("--seed", type=int, default=0, help="torch seed of the fresh latent path")
+    parser.add_argument("--step", type=int, default=0, help="step number of a written checkpoint")
+    parser.add_argument("--max-seq-len", type=int, default=None,
+                        help="override the maximum sequence length (RoPE tables; e.g. a Llama's 131072)")
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help="cast the weights (default: keep the source's; our checkpoints load as float32)")
+
+
+def run(args) -> int:
+    try:
+        import torch
+
+        from ..hf.conversion import convert, detect_format
+    except ImportError as error:
+        from ..cli import UserError
+
+        raise UserError(f"convert needs transformers: pip install 'free-transformer[hf]' ({error})") from error
+    source_format = detect_format(args.source)  # errors are ValueErrors: the CLI prints them as one line
+    written = convert(
+        args.source, args.destination, args.to, latent_bits=args.latent_bits, latent_layer=args.latent_layer,
+        seed=args.seed, step=args.step, max_seq_len=args.max_seq_len,
+        dtype=getattr(torch, args.dtype) if args.dtype else None,
+    )
+    print(f"converted {source_format} {args.source} -> {args.to} {written}")
+    return 0

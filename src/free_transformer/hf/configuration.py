@@ -1,0 +1,78 @@
+"""`FreeTransformerConfig`: our `ModelConfig` in Hugging Face's configuration format.
+
+Field names follow Hugging Face's Llama (`hidden_size`, `num_hidden_layers`, ...) so that the library's
+generic code (caches, generation, device maps) reads them; `to_model_config` / `from_model_config`
+map them one to one onto `free_transformer.ModelConfig`, which stays the single source of truth for
+what a valid model is (its checks run when this config is built).
+"""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from ..config import ModelConfig
+
+# HF field name -> ModelConfig field name
+FIELD_MAP = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "dim",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads",
+    "intermediate_size": "ffn_hidden",
+    "max_position_embeddings": "max_seq_len",
+    "rope_theta": "rope_theta",
+    "rms_norm_eps": "norm_eps",
+    "tie_word_embeddings": "tie_embeddings",
+    "latent_bits": "latent_bits",
+    "latent_layer": "latent_layer",
+}
+
+
+class FreeTransformerConfig(PretrainedConfig):
+    """Defaults equal `ModelConfig()`'s. latent_bits = 0 describes the plain baseline decoder."""
+
+    model_type = "free_transformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 256
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 384
+    max_position_embeddings: int = 256
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    latent_bits: int = 0
+    """H, bits of the latent Z_t (2^H values per token); 0 gives the baseline decoder."""
+    latent_layer: int | None = None
+    """Decoder blocks before Z is injected; None means num_hidden_layers // 2 (the paper's middle)."""
+    tokenizer_name: str | None = None
+    """Name of the free_transformer tokenizer the model was trained with (informational)."""
+    use_cache: bool = True
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.to_model_config()  # the model config's checks, at construction time
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """Refuses other model types (Hugging Face only warns, then builds a wrong model)."""
+        model_type = config_dict.get("model_type", cls.model_type)
+        if model_type != cls.model_type:
+            hint = " (convert it: free-transformer convert DIR OUT --to hf)" if model_type == "llama" else ""
+            raise ValueError(f"expected a {cls.model_type!r} config, got model_type {model_type!r}{hint}")
+        return super().from_dict(config_dict, **kwargs)
+
+    def to_model_config(self) -> ModelConfig:
+        return ModelConfig(**{ours: getattr(self, hf) for hf, ours in FIELD_MAP.items()})
+
+    @classmethod
+    def from_model_config(cls, config: ModelConfig, **kwargs) -> FreeTransformerConfig:
+        values = {hf: getattr(config, ours) for hf, ours in FIELD_MAP.items()}
+        return cls(**values, **kwargs)

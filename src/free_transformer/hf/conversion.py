@@ -1,0 +1,312 @@
+"""Conversions between our checkpoints, the Hugging Face format of FreeTransformerForCausalLM, and
+Llama checkpoints (`LlamaForCausalLM` names).
+
+A Llama decoder is our baseline: same blocks, same names (ours are HF Llama's without the "model."
+prefix), same RoPE layout. `load_llama` reads its config.json and safetensors directly (no Llama
+model is instantiated) and refuses the Llama features we do not implement. `with_fresh_latent_path`
+turns a baseline into a Free Transformer whose decoder weights are the baseline's and whose encoder,
+zeta, read-out and post-sampler are freshly initialised: the starting point for fine-tuning a
+pretrained Llama into a Free Transformer.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from transformers import LlamaConfig
+
+from ..checkpoint import CheckpointError, load_model, resolve_checkpoint, save_checkpoint
+from ..config import ConfigError, ModelConfig
+from ..layers import rope_tables
+from ..model import FreeTransformer
+from .modeling import FreeTransformerForCausalLM
+
+FORMATS = ("checkpoint", "hf", "llama")
+# Files of a Hugging Face tokenizer, copied along when a Llama is converted to the HF format.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+LLAMA_NEEDS_BASELINE = ("only a baseline (latent_bits = 0) converts to Llama: a Free Transformer's encoder and "
+                        "latent injection have no Llama equivalent")
+
+
+class ConversionError(ValueError):
+    """A source that cannot be converted: unknown format, missing files, unsupported features."""
+
+
+# ---- reading directories -------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConversionError(f"missing {path}") from None
+    except json.JSONDecodeError as error:
+        raise ConversionError(f"corrupt {path}: {error}") from error
+
+
+def detect_format(path: str | Path) -> str:
+    """"checkpoint" (ours: a step_* or run directory), "hf" (FreeTransformerForCausalLM) or "llama"."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConversionError(f"{path} is not a directory")
+    if not (path / "config.json").is_file():
+        try:
+            resolve_checkpoint(path)  # a run directory
+            return "checkpoint"
+        except CheckpointError:
+            raise ConversionError(f"{path}: no config.json and no checkpoints/step_* inside") from None
+    config = read_json(path / "config.json")
+    if isinstance(config.get("model"), dict):  # ours: {"model": ModelConfig, "step": ..., ...}
+        return "checkpoint"
+    model_type = config.get("model_type")
+    if model_type == "free_transformer":
+        return "hf"
+    if model_type == "llama":
+        return "llama"
+    raise ConversionError(f"{path}: unsupported model_type {model_type!r} (expected 'free_transformer' or 'llama', "
+                          "or one of our checkpoint directories)")
+
+
+def source_latent_bits(path: str | Path) -> int:
+    """H of the model in a directory of any FORMATS, read from its config alone (0 for a Llama)."""
+    path, fmt = Path(path), detect_format(path)
+    if fmt == "checkpoint":
+        return int(read_json(resolve_checkpoint(path) / "config.json")["model"].get("latent_bits", 0))
+    return int(read_json(path / "config.json").get("latent_bits", 0))
+
+
+def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of model.safetensors, or of the shards listed in model.safetensors.index.json."""
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.is_file():
+        return load_file(single)
+    if index.is_file():
+        tensors = {}
+        for shard in sorted(set(read_json(index)["weight_map"].values())):
+            tensors.update(load_file(path / shard))
+        return tensors
+    raise ConversionError(f"{path}: no model.safetensors or model.safetensors.index.json "
+                          "(only safetensors weights are read; re-save .bin checkpoints with safe_serialization)")
+
+
+# ---- Llama ---------------------------------------------------------------------------------------
+
+
+def llama_rope_theta(config: dict) -> float:
+    """RoPE base of a Llama config written by transformers 4.x (rope_theta, rope_scaling) or 5.x
+    (rope_parameters); any rope scaling other than the default is refused."""
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type != "default":
+        raise ConversionError(f"unsupported Llama rope scaling {rope_type!r}: only the default RoPE is implemented")
+    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def llama_model_config(config: dict, max_seq_len: int | None = None) -> ModelConfig:
+    """Our baseline ModelConfig for a Llama config.json; raises on features we do not implement."""
+    if config.get("model_type") != "llama":
+        raise ConversionError(f"expected a Llama config (model_type 'llama'), got {config.get('model_type')!r}")
+    unsupported = []
+    if config.get("attention_bias"):
+        unsupported.append("attention_bias")
+    if config.get("mlp_bias"):
+        unsupported.append("mlp_bias")
+    if config.get("hidden_act", "silu") != "silu":
+        unsupported.append(f"hidden_act={config['hidden_act']!r}")
+    n_heads = config["num_attention_heads"]
+    if config.get("head_dim") not in (None, config["hidden_size"] // n_heads):
+        unsupported.append(f"head_dim={config['head_dim']} != hidden_size / num_attention_heads")
+    if unsupported:
+        raise ConversionError(f"unsupported Llama feature(s): {', '.join(unsupported)}")
+    try:
+        return ModelConfig(
+            vocab_size=config["vocab_size"],
+            dim=config["hidden_size"],
+            n_layers=config["num_hidden_layers"],
+            n_heads=n_heads,
+            n_kv_heads=config.get("num_key_value_heads") or n_heads,
+            ffn_hidden=config["intermediate_size"],
+            max_seq_len=max_seq_len or config.get("max_position_embeddings", 2048),
+            rope_theta=llama_rope_theta(config),
+            norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        )
+    except KeyError as error:
+        raise ConversionError(f"Llama config lacks {error}") from None
+
+
+def load_llama(path: str | Path, *, max_seq_len: int | None = None, dtype: torch.dtype | None = None
+               ) -> tuple[FreeTransformer, dict]:
+    """(our baseline holding the Llama's weights, the Llama's config.json dict)."""
+    path = Path(path)
+    llama_config = read_json(path / "config.json")
+    config = llama_model_config(llama_config, max_seq_len)
+    weights = read_safetensors_dir(path)
+    ours = {}
+    for name, tensor in weights.items():
+        if name.endswith("rotary_emb.inv_freq"):  # a derived buffer some old checkpoints saved
+            continue
+        key = name.removeprefix("model.")
+        if key == "lm_head.weight" and config.tie_embeddings:
+            continue  # tied: the read-out is the embedding table
+        ours[key] = tensor
+    return _materialize(config, ours, dtype or next(iter(ours.values())).dtype, source=path), llama_config
+
+
+def _materialize(config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, source) -> FreeTransformer:
+    """Our model holding exactly `weights`, built without a random initialisation (large models)."""
+    with torch.device("meta"):
+        model = FreeTransformer(config)
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise ConversionError(f"{source}: weights do not match a model of this config; missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")
+    model = model.to(dtype).to_empty(device="cpu")
+    model.load_state_dict(weights)
+    cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
+    model.rope_cos.copy_(cos)  # non-persistent buffers: derived from the config, as in init_weights
+    model.rope_sin.copy_(sin)
+    return model.eval()
+
+
+def llama_tokenizer_name(path: str | Path) -> str | None:
+    """"hf:<absolute path>" when the Llama directory holds a tokenizer (see hf.tokenizer), else None."""
+    path = Path(path)
+    if any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+        return f"hf:{path.resolve()}"
+    return None
+
+
+def save_llama(model: FreeTransformer, out_dir: str | Path, token_ids: dict | None = None) -> Path:
+    """Write a baseline as a LlamaForCausalLM directory (config.json + model.safetensors)."""
+    c = model.config
+    if c.is_free:
+        raise ConversionError(LLAMA_NEEDS_BASELINE)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = model.embed_tokens.weight.dtype
+    config = LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.ffn_hidden, num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
+        max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+        tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False,
+        **{key: None for key in TOKEN_ID_KEYS} | (token_ids or {}),
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    config.dtype = dtype
+    config.save_pretrained(out_dir)
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        key = name if name == "lm_head.weight" else f"model.{name}"
+        weights[key] = tensor.detach().contiguous().cpu()
+    save_file(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
+    return out_dir
+
+
+# ---- a Free Transformer from a baseline ----------------------------------------------------------
+
+
+def with_fresh_latent_path(baseline: FreeTransformer, latent_bits: int, latent_layer: int | None = None,
+                           seed: int = 0) -> FreeTransformer:
+    """A Free Transformer whose decoder (embeddings, every block, final norm, read-out) is a copy of
+    `baseline`'s, and whose encoder block, zeta, encoder read-out and post-sampler are freshly
+    initialised by `init_weights` from torch seed `seed`."""
+    if baseline.config.is_free:
+        raise ConversionError("the source already has a latent path (latent_bits > 0)")
+    if latent_bits <= 0:
+        raise ConversionError(f"latent_bits must be positive for a Free Transformer, got {latent_bits}")
+    config = baseline.config.replace(latent_bits=latent_bits, latent_layer=latent_layer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = FreeTransformer(config)
+    model = model.to(device=baseline.rope_cos.device, dtype=baseline.embed_tokens.weight.dtype)
+    missing, unexpected = model.load_state_dict(baseline.state_dict(), strict=False)
+    latent = set(model.state_dict()) - set(baseline.state_dict())
+    assert set(missing) == latent and not unexpected, (missing, unexpected)
+    return model.eval()
+
+
+# ---- our checkpoints <-> the Hugging Face format -------------------------------------------------
+
+
+def load_any(path: str | Path, *, max_seq_len: int | None = None, dtype: torch.dtype | None = None
+             ) -> tuple[FreeTransformer, dict]:
+    """(our model, metadata {"tokenizer", "token_ids", "format"}) from a directory in any FORMATS."""
+    fmt = detect_format(path)
+    if fmt == "llama":
+        model, llama_config = load_llama(path, max_seq_len=max_seq_len, dtype=dtype)
+        token_ids = {key: llama_config.get(key) for key in TOKEN_ID_KEYS if llama_config.get(key) is not None}
+        return model, {"format": fmt, "tokenizer": llama_tokenizer_name(path), "token_ids": token_ids}
+    if fmt == "checkpoint":
+        model, config = load_model(path)
+        meta = {"format": fmt, "tokenizer": config.get("tokenizer"), "token_ids": config.get("token_ids", {})}
+    else:
+        hf_model = FreeTransformerForCausalLM.from_pretrained(path, local_files_only=True)
+        model = hf_model.model
+        token_ids = {key: getattr(hf_model.config, key) for key in TOKEN_ID_KEYS
+                     if getattr(hf_model.config, key, None) is not None}
+        meta = {"format": fmt, "tokenizer": hf_model.config.tokenizer_name, "token_ids": token_ids}
+    if max_seq_len is not None and max_seq_len != model.config.max_seq_len:  # changes the RoPE tables only
+        model = _materialize(model.config.replace(max_seq_len=max_seq_len), model.state_dict(),
+                             model.embed_tokens.weight.dtype, source=path)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval(), meta
+
+
+def save_hf(model: FreeTransformer, out_dir: str | Path, *, tokenizer: str | None = None,
+            token_ids: dict | None = None) -> Path:
+    """Write `model` as a FreeTransformerForCausalLM directory (save_pretrained, safetensors)."""
+    hf_model = FreeTransformerForCausalLM.from_free_transformer(model, tokenizer_name=tokenizer, **(token_ids or {}))
+    hf_model.save_pretrained(out_dir)
+    if tokenizer and tokenizer.startswith("hf:"):  # make AutoTokenizer.from_pretrained(out_dir) work too
+        for name in TOKENIZER_FILES:
+            source = Path(tokenizer[3:]) / name
+            if source.is_file():
+                shutil.copy(source, Path(out_dir) / name)
+    return Path(out_dir)
+
+
+def convert(source: str | Path, destination: str | Path, to: str, *, latent_bits: int | None = None,
+            latent_layer: int | None = None, seed: int = 0, step: int = 0, max_seq_len: int | None = None,
+            dtype: torch.dtype | None = None) -> Path:
+    """Convert `source` (any FORMATS, detected) to format `to` at `destination`; return the written path.
+
+    With latent_bits, the source must be a baseline (ours or a Llama): the result is a Free
+    Transformer with that decoder and a fresh latent path (`with_fresh_latent_path`, seed `seed`).
+    A "checkpoint" destination is a run directory: the checkpoint goes to
+    destination/checkpoints/step_{step:08d}.
+    """
+    if to not in FORMATS:
+        raise ConversionError(f"unknown target format {to!r}; choose one of {', '.join(FORMATS)}")
+    destination = Path(destination)
+    if to in ("hf", "llama") and destination.exists() and any(destination.iterdir()):
+        raise ConversionError(f"{destination} exists and is not empty")
+    if to == "checkpoint" and (destination / "checkpoints" / f"step_{step:08d}").exists():
+        raise ConversionError(f"{destination / 'checkpoints' / f'step_{step:08d}'} already exists")
+    if latent_layer is not None and latent_bits is None:
+        raise ConversionError("latent_layer needs latent_bits (it places the fresh latent path)")
+    if to == "llama" and (latent_bits is not None or source_latent_bits(source) > 0):
+        raise ConversionError(LLAMA_NEEDS_BASELINE)
+    model, meta = load_any(source, max_seq_len=max_seq_len, dtype=dtype)
+    if latent_bits is not None:
+        try:
+            model = with_fresh_latent_path(model, latent_bits, latent_layer, seed)
+        except ConfigError as error:
+            raise ConversionError(str(error)) from error
+    if to == "checkpoint":
+        metadata = {"tokenizer": meta["tokenizer"], "token_ids": meta["token_ids"],
+                    "converted_from": {"format": meta["format"], "path": str(Path(source).resolve())}}
+        return save_checkpoint(destination, step, model, metadata, keep=0)
+    if to == "hf":
+        return save_hf(model, destination, tokenizer=meta["tokenizer"], token_ids=meta["token_ids"])
+    return save_llama(model, destination, token_ids=meta["token_ids"])

@@ -1,0 +1,288 @@
+"""`FreeTransformerForCausalLM`: our `FreeTransformer` behind Hugging Face's `PreTrainedModel` and
+`GenerationMixin` interfaces.
+
+The model is composed, not copied: `self.model` is a `free_transformer.FreeTransformer`, so the state
+dict is ours under the prefix "model." (`model.layers.0.self_attn.q_proj.weight`, `model.encoder...`,
+`model.post_sampler.weight`). Hugging Face's cache (a `DynamicCache` by default) reaches our attention
+through `HFCacheView`, which presents it with our `KVCache` interface; model.py knows nothing of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import Cache, DynamicCache, GenerationMixin, LogitsProcessorList, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ..generate import GenerationConfig, infer_latents, row_generators, shared_prior_latents
+from ..model import IGNORE_INDEX, FreeTransformer
+from .configuration import FreeTransformerConfig
+from .generation import LatentPlan, RowSeededSampler
+
+# Hugging Face's library defaults for the generation settings read here (GenerationConfig leaves them
+# unset and fills these in when generate runs).
+HF_GENERATION_DEFAULTS = {
+    "do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "num_beams": 1,
+    "num_return_sequences": 1, "max_length": 20, "max_new_tokens": None,
+}
+
+
+class HFCacheView:
+    """A Hugging Face `Cache` seen through our `KVCache` interface: `layers.Attention` calls
+    `update(layer, start, k, v)` and casts k, v to `keys.dtype` / `values.dtype` before storing; the
+    model sets `length` after each call. Hugging Face caches append, so `start` must equal the number
+    of positions already cached, and the cache must give back exactly the positions seen (a
+    DynamicCache does; static and sliding-window caches do not and are refused)."""
+
+    def __init__(self, cache: Cache, dtype: torch.dtype):
+        self.cache = cache
+        self.keys = self.values = torch.empty(0, dtype=dtype)  # only their dtype is read
+        self.length = cache.get_seq_length()
+
+    def update(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        cached = self.cache.get_seq_length(layer)
+        if cached != start:
+            raise ValueError(f"layer {layer}: the cache holds {cached} positions but the input starts at {start}")
+        keys, values = self.cache.update(k, v, layer)
+        if keys.shape[2] != start + k.shape[2]:  # a static or sliding-window cache: padded or truncated
+            raise ValueError(f"{type(self.cache).__name__} returned {keys.shape[2]} positions for "
+                             f"{start + k.shape[2]}: only caches that hold exactly the positions seen "
+                             "(DynamicCache) are supported")
+        return keys, values
+
+
+@dataclass
+class FreeTransformerCausalLMOutput(CausalLMOutputWithPast):
+    """Hugging Face's causal-LM output plus the loss's parts and the Z used (see `ModelOutput` in model.py)."""
+
+    cross_entropy_nats: Tensor | None = None
+    kl_nats: Tensor | None = None
+    latent_index: Tensor | None = None
+
+
+class FreeTransformerPreTrainedModel(PreTrainedModel):
+    config_class = FreeTransformerConfig
+    config: FreeTransformerConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["Block"]
+    _skip_keys_device_placement = ["past_key_values"]
+
+    def _init_weights(self, module) -> None:
+        """Our own scheme (FreeTransformer.init_weights) for every tensor, and nothing from Hugging Face's
+        generic one. from_pretrained runs this after loading: the guarded init functions then skip the
+        loaded tensors, initialise missing ones, and the RoPE tables (not checkpointed) are recomputed."""
+        if isinstance(module, FreeTransformer):
+            module.init_weights()
+
+
+class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin):
+    def __init__(self, config: FreeTransformerConfig):
+        super().__init__(config)
+        self.model = FreeTransformer(config.to_model_config())
+        self.post_init()
+
+    @classmethod
+    def from_free_transformer(cls, model: FreeTransformer, **config_kwargs) -> FreeTransformerForCausalLM:
+        """Wrap a copy of the weights of one of our models (same dtype and device)."""
+        config = FreeTransformerConfig.from_model_config(model.config, **config_kwargs)
+        hf_model = cls(config).to(device=model.rope_cos.device, dtype=model.embed_tokens.weight.dtype)
+        hf_model.model.load_state_dict(model.state_dict())
+        return hf_model.eval()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.model.lm_head
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | Tensor = 0,
+        latents: str | Tensor | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+        kappa_nats: float = 0.0,
+        latent_plan: LatentPlan | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> FreeTransformerCausalLMOutput | tuple:
+        """Logits for the positions of input_ids after those already in past_key_values.
+
+        latents (Free Transformer only): "posterior", "prior" or (B or 1, T) indices, as for our
+        `FreeTransformer.forward`; None means the posterior for a sequence starting at position 0 and
+        the prior for a continuation of a cache. generator: one, or one per row, for those draws.
+        labels: Hugging Face's convention, labels[:, t] is the token at t (shifted here); the loss is
+        cross-entropy + the free-bits KL term with threshold kappa_nats, as in our forward.
+        latent_plan: set by `generate`, it decides Z per position and records it.
+        """
+        if inputs_embeds is not None:
+            raise ValueError("inputs_embeds is not supported: pass input_ids")
+        if input_ids is None:
+            raise ValueError("input_ids is required")
+        T = input_ids.shape[1]
+        if use_cache is None:
+            use_cache = self.config.use_cache and not self.training
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        start = past_key_values.get_seq_length() if past_key_values is not None else 0
+        self._check_mask_and_positions(attention_mask, position_ids, start, T)
+
+        is_free = self.config.latent_bits > 0
+        source = latents
+        if latent_plan is not None:
+            if latents is not None:
+                raise ValueError("pass either latents or latent_plan, not both")
+            source, generator = latent_plan.source(start, T), latent_plan.generators
+        elif not is_free and latents is not None:
+            raise ValueError("latents need a Free Transformer (latent_bits > 0); this is a baseline decoder")
+        elif source is None:
+            source = "posterior" if start == 0 else "prior"
+
+        targets = None
+        if labels is not None:
+            targets = torch.full_like(labels, IGNORE_INDEX)
+            targets[:, :-1] = labels[:, 1:]
+        view = None if past_key_values is None else HFCacheView(past_key_values, self.model.embed_tokens.weight.dtype)
+        out = self.model(input_ids, targets, latents=source, kappa_nats=kappa_nats, generator=generator,
+                         cache=view, start=start)
+        if latent_plan is not None and is_free:
+            latent_plan.record(start, out.latent_index)
+
+        logits = out.logits
+        if isinstance(logits_to_keep, int):
+            logits = logits[:, -logits_to_keep:] if logits_to_keep > 0 else logits
+        else:
+            logits = logits[:, logits_to_keep]
+        output = FreeTransformerCausalLMOutput(
+            loss=out.loss, logits=logits, past_key_values=past_key_values if use_cache else None,
+            cross_entropy_nats=out.cross_entropy_nats, kl_nats=out.kl_nats, latent_index=out.latent_index,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+    @staticmethod
+    def _check_mask_and_positions(attention_mask, position_ids, start: int, T: int) -> None:
+        if attention_mask is not None and attention_mask.dim() == 2 and not bool((attention_mask == 1).all()):
+            raise ValueError("padded batches are not supported: the attention_mask must be all ones "
+                             "(generate from equal-length prompts, or one prompt at a time)")
+        if position_ids is not None:
+            expected = torch.arange(start, start + T, device=position_ids.device)
+            if not bool((position_ids == expected).all()):
+                raise ValueError(f"position_ids must be consecutive from the cache length {start}")
+
+    # ---- generation ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        inputs: Tensor | None = None,
+        generation_config=None,
+        *,
+        latents: str | Tensor | None = None,
+        latent_reference: Tensor | None = None,
+        latent_seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+        **kwargs,
+    ):
+        """Hugging Face's `generate` with the Free Transformer's latent choices as named arguments.
+
+        latents (Free Transformer only):
+            None or "posterior"  prompt Z from the encoder's posterior, then one prior draw per new token;
+            "prior"              every Z_t, prompt included, from the uniform prior;
+            "shared"             one prior sequence for every row: shared_prior_latents(model,
+                                 max_position_embeddings, torch.Generator().manual_seed(latent_seed));
+            (B or 1, N) tensor   explicit indices for positions [0, N), N >= prompt length; prior after.
+        latent_reference: (B or 1, T) token ids, T >= prompt length; Z for positions [0, T) sampled from
+            the encoder's posterior Q(Z | reference) (`infer_latents`, generator seeded latent_seed).
+        latent_seed: seeds the one-off draws of "shared" and latent_reference (global RNG when None).
+        seeds: one int per row. Row i's prompt posterior, prior draws and, with do_sample=True, token
+            sampling (temperature, top_k, top_p) come from torch.Generator().manual_seed(seeds[i]) in the
+            same order as `free_transformer.generate`, so the outputs equal ours for the same seeds and
+            latents. Without seeds the draws use the global RNG (torch.manual_seed), as Hugging Face does.
+
+        With return_dict_in_generate=True the output also has `latents`, (B, positions fed) the Z_t
+        used at every position, like `GenerationResult.latents`. Prompts must have equal lengths
+        (no padding); beam search and num_return_sequences > 1 are not supported with latents or seeds.
+        """
+        prompts = inputs if inputs is not None else kwargs.get("input_ids")
+        if not isinstance(prompts, Tensor) or prompts.dim() != 2 or prompts.shape[1] == 0:
+            raise ValueError("generate needs input_ids, a non-empty (B, P) tensor of token ids")
+        if kwargs.get("inputs_embeds") is not None:
+            raise ValueError("inputs_embeds is not supported: pass input_ids")
+        B, P = prompts.shape
+        device = self.model.rope_cos.device
+
+        def setting(name):
+            if kwargs.get(name) is not None:
+                return kwargs[name]
+            for source in (generation_config, self.generation_config):
+                if source is not None and getattr(source, name, None) is not None:
+                    return getattr(source, name)
+            return HF_GENERATION_DEFAULTS[name]
+
+        is_free = self.config.latent_bits > 0
+        wants_plan = latents is not None or latent_reference is not None or latent_seed is not None
+        if wants_plan and not is_free:
+            raise ValueError("latents, latent_reference and latent_seed need a Free Transformer (latent_bits > 0)")
+        if (is_free or seeds is not None) and (setting("num_beams") != 1 or setting("num_return_sequences") != 1):
+            raise ValueError("beam search and num_return_sequences > 1 are not supported with latents or seeds; "
+                             "repeat the prompt rows instead")
+        max_new = setting("max_new_tokens")
+        fed = P + max_new - 1 if max_new is not None else setting("max_length") - 1
+        if fed > self.config.max_position_embeddings:
+            raise ValueError(f"prompt ({P}) + new tokens - 1 = {fed} exceeds max_position_embeddings "
+                             f"{self.config.max_position_embeddings}")
+
+        generators = row_generators(seeds, B, device) if seeds is not None else None
+        plan = self._latent_plan(B, P, latents, latent_reference, latent_seed, generators) if is_free else None
+        if plan is not None:
+            kwargs["latent_plan"] = plan
+        if seeds is not None and setting("do_sample"):
+            top_k = setting("top_k")
+            sampling = GenerationConfig(temperature=setting("temperature"), top_k=top_k or None, top_p=setting("top_p"))
+            processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
+            processors.append(RowSeededSampler(sampling, generators))
+            kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None, logits_processor=processors)
+        output = super().generate(inputs, generation_config, **kwargs)
+        if plan is not None and not isinstance(output, Tensor):
+            output["latents"] = plan.latents(output.sequences.shape[1] - 1)
+        return output
+
+    def _latent_plan(self, B, P, latents, reference, latent_seed, generators) -> LatentPlan:
+        device = self.model.rope_cos.device
+        one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
+        if reference is not None:
+            if latents is not None:
+                raise ValueError("pass either latents or latent_reference, not both")
+            reference = torch.as_tensor(reference, dtype=torch.int64, device=device)
+            if reference.dim() != 2 or reference.shape[0] not in (1, B):
+                raise ValueError(f"latent_reference must have shape ({B} or 1, T), got {tuple(reference.shape)}")
+            latents = infer_latents(self.model, reference, generator=one_off)
+        elif isinstance(latents, str) and latents == "shared":
+            latents = shared_prior_latents(self.model, self.config.max_position_embeddings, generator=one_off)
+        if latents is None or isinstance(latents, str):
+            if latents not in (None, "posterior", "prior"):
+                raise ValueError("latents must be None, 'posterior', 'prior', 'shared' or an index tensor, "
+                                 f"got {latents!r}")
+            return LatentPlan(B, self.config.latent_bits, prompt_source=latents or "posterior",
+                              generators=generators)
+        latents = torch.as_tensor(latents, device=device)
+        if latents.dtype not in (torch.int64, torch.int32) or latents.dim() != 2 or latents.shape[0] not in (1, B) \
+                or latents.shape[1] < P:
+            raise ValueError(f"latents must be integer indices of shape ({B} or 1, N >= prompt length {P}), "
+                             f"got {tuple(latents.shape)} {latents.dtype}")
+        if latents.min() < 0 or latents.max() >= 2**self.config.latent_bits:
+            raise ValueError(f"latent indices must lie in [0, 2^{self.config.latent_bits})")
+        return LatentPlan(B, self.config.latent_bits, explicit=latents.to(torch.int64).expand(B, -1),
+                          generators=generators)
