@@ -13,7 +13,7 @@ import sys
 from .checkpoint import CheckpointError
 from .config import ConfigError
 
-COMMAND_MODULES = ["info"]
+COMMAND_MODULES = ["info", "eval", "compare"]
 
 
 class UserError(Exception):
