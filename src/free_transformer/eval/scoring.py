@@ -112,12 +112,15 @@ def continuation_logprobs(
     *,
     batch_tokens: int | None = None,
     progress: Callable[[int], None] | None = None,
+    greedy: list[Tensor] | None = None,
 ) -> list[Tensor]:
     """Per document a (choices, K) float64 tensor of log P(continuation | context, Z^(k)) in nats.
 
     requests[i] lists (context ids, continuation ids) per choice of document i; keys[i] names the
     document (it seeds its latent draws). Use `log_mean_exp` to combine the K draws. batch_tokens
-    bounds the tokens of one forward; by default the logits of a batch stay near 128 MiB."""
+    bounds the tokens of one forward; by default the logits of a batch stay near 128 MiB. Given a
+    list, `greedy` receives per document a (choices, K) bool tensor: is the continuation the argmax
+    at every position."""
     model.eval()
     if batch_tokens is None:
         batch_tokens = min(16384, max(256, 2**25 // model.config.vocab_size))
@@ -127,6 +130,7 @@ def continuation_logprobs(
     for i, (pairs, key) in enumerate(zip(requests, keys)):
         rows.extend(_document_rows(model, i, [fit_window(c, t, max_len) for c, t in pairs], key, policy))
     out = [torch.zeros(len(pairs), policy.draws(model), dtype=torch.float64) for pairs in requests]
+    is_greedy = [torch.zeros(len(pairs), policy.draws(model), dtype=torch.bool) for pairs in requests]
     rows.sort(key=lambda r: -len(r.tokens))
     start = 0
     while start < len(rows):
@@ -145,9 +149,12 @@ def continuation_logprobs(
             logp = torch.log_softmax(logits[b, positions].double(), dim=-1)
             target = torch.tensor(row.targets, device=logp.device)
             out[row.doc][row.choice, row.draw] = logp.gather(-1, target[:, None]).sum().cpu()
+            is_greedy[row.doc][row.choice, row.draw] = bool((logp.argmax(-1) == target).all())
         if progress is not None:
             progress(len(batch))
         start = stop
+    if greedy is not None:
+        greedy.extend(is_greedy)
     return out
 
 
