@@ -55,3 +55,21 @@ def test_paper_colours(change, colour):
 def test_lower_is_better_flips_colours():
     assert paper_colour(-12.0, higher_is_better=False) == "green"
     assert paper_colour(3.0, higher_is_better=False) == "red!10"
+
+
+def _run(scores, label):
+    per_doc = [{"id": str(i), "score": float(s), "group": None} for i, s in enumerate(scores)]
+    task = {"metric": "acc_char", "value": float(np.mean(scores)), "n": len(scores), "paper_name": "piqa",
+            "category": "Multi-choice general knowledge / common sense", "per_doc": per_doc}
+    return {"label": label, "tasks": {"piqa": task}}
+
+
+def test_comparison_rows_stars_only_intervals_on_enough_documents():
+    from free_transformer.eval.compare import build_rows, to_markdown
+
+    many = build_rows([_run([0, 1] * 30, "base"), _run([1, 1] * 30, "free")], samples=300)
+    cell = many[0].others[0]
+    assert cell.relative == pytest.approx(100.0) and cell.colour == "green" and cell.ci["low"] > 0
+    assert " * |" in to_markdown(many, ["base", "free"])
+    few = build_rows([_run([0, 1, 0], "base"), _run([1, 1, 1], "free")], samples=300)
+    assert "too few" in to_markdown(few, ["base", "free"]) and " * |" not in to_markdown(few, ["base", "free"])

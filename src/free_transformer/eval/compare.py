@@ -17,6 +17,7 @@ from .benchmarks import DEFAULT_TASKS
 # The paper's colours: |change| < 1% none, 1-10% light, >= 10% strong (LaTeX xcolor names).
 COLOURS = {"up": ("green!25", "green"), "down": ("red!10", "red!80")}
 HTML_COLOURS = {"green!25": "#bfffbf", "green": "#00ff00", "red!10": "#ffe6e6", "red!80": "#ff3333", "white": "#ffffff"}
+MIN_DOCS_FOR_SIGNIFICANCE = 20  # below this a bootstrap interval says little; no star is given
 CATEGORY_ORDER = ["Generative code/math", "Multi-choice general knowledge / common sense",
                   "Multi-choice text understanding", "Culture", "Held-out likelihood"]
 
@@ -165,6 +166,13 @@ def _fmt_change(cell: Cell | None) -> str:
     return f"{cell.relative:+.2f}%"
 
 
+def significant(cell: Cell | None) -> bool:
+    """The interval excludes 0 and rests on enough documents to mean something."""
+    if cell is None or not cell.ci or cell.ci["n"] < MIN_DOCS_FOR_SIGNIFICANCE:
+        return False
+    return cell.ci["low"] > 0 or cell.ci["high"] < 0
+
+
 def _fmt_ci(cell: Cell | None) -> str:
     if cell is None or not cell.ci:
         return "—"
@@ -172,7 +180,13 @@ def _fmt_ci(cell: Cell | None) -> str:
     text = f"[{ci['low']:+.3f}, {ci['high']:+.3f}]"
     if "relative_low" in ci:
         text += f" ({ci['relative_low']:+.1f}%, {ci['relative_high']:+.1f}%)"
-    return text + (" *" if ci["low"] > 0 or ci["high"] < 0 else "")
+    if ci["n"] < MIN_DOCS_FOR_SIGNIFICANCE:
+        return text + f" n={ci['n']}, too few"
+    return text + (" *" if significant(cell) else "")
+
+
+def _baseline_header(label: str) -> str:
+    return label if "baseline" in label.lower() else f"{label} (baseline)"
 
 
 def _grouped(rows: list[Row]):
@@ -183,7 +197,7 @@ def _grouped(rows: list[Row]):
 
 
 def to_markdown(rows: list[Row], labels: list[str], note: str = "") -> str:
-    head = ["benchmark", f"{labels[0]} (baseline)"]
+    head = ["benchmark", _baseline_header(labels[0])]
     for label in labels[1:]:
         head += [label, "change", f"95% CI of difference"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -200,7 +214,8 @@ def to_markdown(rows: list[Row], labels: list[str], note: str = "") -> str:
     lines.append("")
     lines.append("Change: relative to the baseline; colours as in the paper (|change| < 1%: none, "
                  "1-10%: light, >= 10%: strong; green better). CI: paired bootstrap over documents of "
-                 "(model - baseline), absolute and relative; * marks an interval that excludes 0.")
+                 "(model - baseline), absolute and relative; * marks an interval that excludes 0 "
+                 f"(given only from {MIN_DOCS_FOR_SIGNIFICANCE} documents on).")
     if note:
         lines.append(note)
     return "\n".join(lines) + "\n"
@@ -208,7 +223,7 @@ def to_markdown(rows: list[Row], labels: list[str], note: str = "") -> str:
 
 def to_html(rows: list[Row], labels: list[str], note: str = "") -> str:
     esc = html.escape
-    head = "<th>benchmark</th><th>" + esc(labels[0]) + " (baseline)</th>"
+    head = "<th>benchmark</th><th>" + esc(_baseline_header(labels[0])) + "</th>"
     for label in labels[1:]:
         head += f"<th>{esc(label)}</th><th>change</th><th>95% CI of difference</th>"
     width = 2 + 3 * (len(labels) - 1)
@@ -219,9 +234,8 @@ def to_html(rows: list[Row], labels: list[str], note: str = "") -> str:
             cells = f"<td>{esc(row.label)}</td><td>{_fmt_value(row.baseline)}</td>"
             for cell in row.others:
                 colour = HTML_COLOURS[cell.colour] if cell is not None else "#ffffff"
-                significant = cell is not None and cell.ci and (cell.ci["low"] > 0 or cell.ci["high"] < 0)
                 change = esc(_fmt_change(cell))
-                change = f"<b>{change}</b>" if significant else change
+                change = f"<b>{change}</b>" if significant(cell) else change
                 cells += (f"<td>{_fmt_value(cell)}</td><td style=\"background:{colour}\">{change}</td>"
                           f"<td>{esc(_fmt_ci(cell))}</td>")
             body.append(f"<tr>{cells}</tr>")
@@ -230,7 +244,7 @@ def to_html(rows: list[Row], labels: list[str], note: str = "") -> str:
              "td:first-child{text-align:left}tr.category td{text-align:center;font-style:italic;background:#eee}")
     legend = ("Change relative to the baseline, coloured as in the paper (|change| &lt; 1%: none, 1-10%: light, "
               "&ge; 10%: strong; green better). CI: paired bootstrap over documents of (model &minus; baseline); "
-              "bold / * when it excludes 0.")
+              f"bold / * when it excludes 0 (from {MIN_DOCS_FOR_SIGNIFICANCE} documents on).")
     return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Baseline vs Free Transformer</title>"
             f"<style>{style}</style></head><body>\n<table>\n<tr>{head}</tr>\n" + "\n".join(body)
             + f"\n</table>\n<p>{legend}</p>\n<p>{esc(note)}</p>\n</body></html>\n")
