@@ -87,7 +87,7 @@ def heldout_likelihood(
             logits = model(inputs[None], latents="prior").logits
             record["exact"] = float(_nll_rows(logits, targets[None])[0])
         else:
-            gens = [torch.Generator().manual_seed(stable_seed(seed, "heldout", w, k)) for k in range(K)]
+            gens = [torch.Generator(device=device).manual_seed(stable_seed(seed, "heldout", w, k)) for k in range(K)]
             batch, target_rows = inputs.expand(K, -1), targets.expand(K, -1)
             prior = model(batch, latents="prior", generator=gens)
             record["prior_ce"] = float(_nll_rows(prior.logits, target_rows).mean())

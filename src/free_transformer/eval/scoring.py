@@ -78,8 +78,9 @@ class LatentPolicy:
         return self.generation_samples if generation else self.samples
 
 
-def _generators(seed: int, key: str, count: int) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(stable_seed(seed, key, k)) for k in range(count)]
+def _generators(seed: int, key: str, count: int, device=None) -> list[torch.Generator]:
+    """One generator per draw, on the device whose random numbers it will make."""
+    return [torch.Generator(device=device or "cpu").manual_seed(stable_seed(seed, key, k)) for k in range(count)]
 
 
 def fit_window(context: Sequence[int], continuation: Sequence[int], max_len: int) -> tuple[list[int], list[int]]:
@@ -172,7 +173,7 @@ def _document_rows(model, doc: int, windows, key: str, policy: LatentPolicy) -> 
         for ctx, _ in windows:
             if tuple(ctx) not in encoded:  # the encoder sees the context only, never a choice
                 context = torch.tensor(ctx, device=device).expand(K, -1)
-                gens = _generators(policy.seed, key + "/encoder", K)
+                gens = _generators(policy.seed, key + "/encoder", K, device)
                 encoded[tuple(ctx)] = model(context, latents="posterior", generator=gens).latent_index.cpu()
     rows = []
     for c, (ctx, cont) in enumerate(windows):
