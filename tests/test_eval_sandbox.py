@@ -1,7 +1,6 @@
 """The sandbox against hostile programs. Each run is a fresh interpreter (~0.2 s); limits are small."""
 
 import os
-import signal
 import socket
 
 import pytest

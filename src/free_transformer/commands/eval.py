@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from pathlib import Path
 
@@ -85,10 +83,11 @@ def _task_names(spec: str) -> list[str]:
 
 
 def _list_tasks() -> int:
+    from ..eval.benchmarks import DEFAULT_TASKS
     from ..eval.sources import DataUnavailable
-    from ..eval.tasks import all_benchmarks
+    from ..eval.tasks import get_benchmark
 
-    for bench in all_benchmarks():
+    for bench in map(get_benchmark, DEFAULT_TASKS):
         try:
             if bench.needs_file:
                 raise DataUnavailable(bench.needs_file)
@@ -155,7 +154,6 @@ def run(args) -> int:
         "checkpoint": str(ckpt), "step": config.get("step"), "tokenizer": tokenizer.name,
         "label": run_dir.name, "model_config": model.config.to_dict(), "train_config": config.get("train"),
         "limit": args.limit, "seconds": round(time.monotonic() - started, 1),
-        "command": " ".join(["free-transformer", *sys.argv[1:]]) if sys.argv[1:2] == ["eval"] else None,
     })
     tag = "baseline" if not model.config.is_free else f"{args.latents}-k{args.latent_samples}"
     output = Path(args.output) if args.output else run_dir / "eval" / f"{ckpt.name}-{tag}.json"

