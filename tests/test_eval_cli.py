@@ -4,22 +4,12 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from free_transformer import FreeTransformer, ModelConfig
-from free_transformer.checkpoint import save_checkpoint
+from conftest import tiny_checkpoint
 from free_transformer.cli import main
 
 DATA = Path(__file__).parent / "data"
 TASKS = "arc_easy,winogrande,boolq,gsm8k,humaneval,race_high,humaneval_plus,race_middle"
-
-
-def _checkpoint(root: Path, name: str, latent_bits: int) -> Path:
-    torch.manual_seed(0)
-    config = ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64,
-                         latent_bits=latent_bits)
-    save_checkpoint(root / name, 1, FreeTransformer(config), {"tokenizer": "byte"})
-    return root / name
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +17,7 @@ def evaluated(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     outputs = {}
     for name, bits in (("baseline", 0), ("free", 4)):
-        run = _checkpoint(root, name, bits)
+        run = tiny_checkpoint(root, name, bits)
         code = main(["eval", str(run), "--tasks", TASKS, "--limit", "2", "--latent-samples", "2",
                      "--data", f"race_high={DATA / 'race_tiny.jsonl'}", "--max-new-tokens", "16",
                      "--heldout", str(DATA / "heldout_tiny.txt"), "--heldout-samples", "2", "--no-progress",
@@ -73,7 +63,7 @@ def test_compare_writes_the_paper_table_with_intervals(evaluated, capsys):
 
 
 def test_eval_errors_are_one_line(tmp_path, capsys):
-    run = _checkpoint(tmp_path, "m", 0)
+    run = tiny_checkpoint(tmp_path, "m", 0)
     assert main(["eval", str(run), "--tasks", "no_such_task"]) == 2
     assert "unknown task" in capsys.readouterr().err
     assert main(["eval", str(run), "--tasks", "arc_easy", "--data", "oops"]) == 2

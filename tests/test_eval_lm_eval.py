@@ -3,10 +3,8 @@
 from pathlib import Path
 
 import pytest
-import torch
 
-from free_transformer import FreeTransformer, ModelConfig
-from free_transformer.checkpoint import save_checkpoint
+from conftest import tiny_checkpoint
 
 DATA = Path(__file__).parent / "data" / "lm_eval"
 
@@ -22,13 +20,6 @@ def task_dir(tmp_path, monkeypatch):
     return tmp_path / "tasks"
 
 
-def _checkpoint(root, latent_bits):
-    torch.manual_seed(0)
-    config = ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64,
-                         latent_bits=latent_bits)
-    return save_checkpoint(root / f"run{latent_bits}", 1, FreeTransformer(config), {"tokenizer": "byte"})
-
-
 def test_adapter_runs_a_local_lm_eval_task(task_dir, tmp_path):
     import lm_eval
     from lm_eval.api.registry import get_model
@@ -37,7 +28,7 @@ def test_adapter_runs_a_local_lm_eval_task(task_dir, tmp_path):
     from free_transformer.eval.lm_eval_adapter import FreeTransformerLM
 
     assert get_model("free-transformer") is FreeTransformerLM  # registered under the model type name
-    lm = FreeTransformerLM(str(_checkpoint(tmp_path, 4)), samples=2)
+    lm = FreeTransformerLM(str(tiny_checkpoint(tmp_path, "run", 4)), samples=2)
     results = lm_eval.simple_evaluate(model=lm, tasks=["tiny_qa"], task_manager=TaskManager(include_path=str(task_dir),
                                       include_defaults=False), bootstrap_iters=0, log_samples=False)
     row = results["results"]["tiny_qa"]
@@ -50,7 +41,7 @@ def test_adapter_requests_match_our_scoring(tmp_path):
     from free_transformer.eval.lm_eval_adapter import FreeTransformerLM, _key
     from free_transformer.eval.scoring import continuation_logprobs, log_mean_exp
 
-    lm = FreeTransformerLM(str(_checkpoint(tmp_path, 4)), samples=3, seed=7)
+    lm = FreeTransformerLM(str(tiny_checkpoint(tmp_path, "run", 4)), samples=3, seed=7)
     request = Instance("loglikelihood", {}, ("Question: 2+2?\nAnswer:", " 4"), 0)
     (logprob, greedy), = lm.loglikelihood([request])
     tok = lm.tokenizer

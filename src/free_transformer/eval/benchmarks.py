@@ -49,9 +49,6 @@ class _QuestionChoices(Benchmark):
     def choices(self, row: dict) -> list[str]:
         return [" " + c.strip() for c in self.choice_texts(row)]
 
-    def shot(self, row: dict) -> str:
-        return self.query(row) + self.choices(row)[self.gold(row)]
-
 
 def _local_or(data_file: Path | None, *parts: str) -> list[dict]:
     return read_records(data_file) if data_file else olmo_dataset(*parts)
@@ -154,9 +151,6 @@ class HellaSwag(Benchmark):
     def gold(self, row):
         return int(row["label"])
 
-    def shot(self, row):
-        return self.query(row) + self.choices(row)[self.gold(row)]
-
     def doc_id(self, row, index):
         return str(row.get("ind", index))
 
@@ -213,9 +207,6 @@ class PIQA(Benchmark):
     def gold(self, row):
         return int(row["label"])
 
-    def shot(self, row):
-        return self.query(row) + self.choices(row)[self.gold(row)]
-
 
 @register
 class BoolQ(Benchmark):
@@ -237,9 +228,6 @@ class BoolQ(Benchmark):
     def gold(self, row):
         return 0 if row["answer"] else 1
 
-    def shot(self, row):
-        return self.query(row) + self.choices(row)[self.gold(row)]
-
 
 class _Race(Benchmark):
     category, kind, metric = MC_TEXT, "mc", "acc_char"
@@ -257,9 +245,6 @@ class _Race(Benchmark):
     def gold(self, row):
         answer = row["answer"]
         return "ABCDEFGH".index(answer) if isinstance(answer, str) else int(answer)
-
-    def shot(self, row):
-        return self.query(row) + self.choices(row)[self.gold(row)]
 
 
 _RACE_FORMAT = ("RACE ({level}) is shipped by no installed package: give the file with "

@@ -73,6 +73,9 @@ class Benchmark:
         raise NotImplementedError
 
     def shot(self, row: dict) -> str:
+        """A few-shot example: the query and its answer (for multiple choice, the gold choice)."""
+        if self.kind == "mc":
+            return self.query(row) + self.choices(row)[self.gold(row)]
         raise NotImplementedError
 
     # ---- multiple choice --------------------------------------------------------------------------
