@@ -21,6 +21,18 @@ def tiny_model(seed=0, dtype=torch.float64, **overrides) -> FreeTransformer:
     return model.eval()
 
 
+def tiny_checkpoint(root, name: str, latent_bits: int, **overrides):
+    """A byte-tokenizer run directory with one checkpoint of a small random model (vocab 256)."""
+    from free_transformer.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    values = dict(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64,
+                  latent_bits=latent_bits)
+    values.update(overrides)
+    save_checkpoint(root / name, 1, FreeTransformer(ModelConfig(**values)), {"tokenizer": "byte"})
+    return root / name
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(1234)

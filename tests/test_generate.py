@@ -115,3 +115,20 @@ def test_generation_errors():
         GenerationConfig(temperature=-1)
     with pytest.raises(ValueError, match="explicit latents need a Free Transformer"):
         generate(tiny_model(latent_bits=0), _prompts(), short, latents=torch.zeros(1, 5, dtype=torch.long))
+
+
+@pytest.mark.parametrize("latent_bits", [0, 4])
+def test_should_stop_finishes_rows_early(latent_bits):
+    model = tiny_model(latent_bits=latent_bits)
+    prompts = _prompts()
+    cfg = GenerationConfig(max_new_tokens=10, temperature=0)
+    full = generate(model, prompts, cfg, seeds=[0, 1, 2]).tokens
+    calls = []
+
+    def stop_after_three(tokens):
+        calls.append(len(tokens))
+        return len(tokens) >= 3
+
+    short = generate(model, prompts, cfg, seeds=[0, 1, 2], should_stop=stop_after_three).tokens
+    assert short == [row[:3] for row in full]  # same tokens, cut where the callback said so
+    assert max(calls) == 3

@@ -4,7 +4,7 @@ every new token's Z_t is drawn uniformly once and then kept in the cache with it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -87,6 +87,7 @@ def generate(
     *,
     seeds: Sequence[int] | None = None,
     latents: Tensor | None = None,
+    should_stop: Callable[[list[int]], bool] | None = None,
 ) -> GenerationResult:
     """Sample continuations of a batch of equal-length prompts with a KV cache.
 
@@ -94,7 +95,8 @@ def generate(
     others. latents (Free Transformer only): (B or 1, N) explicit Z indices for positions [0, N),
     N >= P; positions from N on draw Z_t from the uniform prior. A (1, N) tensor shares one latent
     sequence across the batch (the paper's green groups); see `shared_prior_latents` and
-    `infer_latents` to make one.
+    `infer_latents` to make one. should_stop: called with a row's new tokens after each step; True
+    finishes that row (for stop strings, which token ids cannot express).
     """
     config = config or GenerationConfig()
     device = model.rope_cos.device
@@ -129,6 +131,8 @@ def generate(
         token = sample_next(logits, config, generators)  # (B,)
         for row in (~finished).nonzero().flatten().tolist():
             new_tokens[row].append(int(token[row]))
+            if should_stop is not None and should_stop(new_tokens[row]):
+                finished[row] = True
         finished |= torch.isin(token, stop)
         if step == config.max_new_tokens - 1 or bool(finished.all()):
             break

@@ -1,0 +1,263 @@
+"""The comparison table of the paper (Tables 1-3): per benchmark the baseline's value, each Free
+Transformer's value and its relative change, coloured as the paper does, plus what the paper does
+not give: a paired bootstrap confidence interval of each difference, so that at small scale a
+reader sees which differences are noise."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import metrics
+from .benchmarks import DEFAULT_TASKS
+
+# The paper's colours: |change| < 1% none, 1-10% light, >= 10% strong (LaTeX xcolor names).
+COLOURS = {"up": ("green!25", "green"), "down": ("red!10", "red!80")}
+HTML_COLOURS = {"green!25": "#bfffbf", "green": "#00ff00", "red!10": "#ffe6e6", "red!80": "#ff3333", "white": "#ffffff"}
+MIN_DOCS_FOR_SIGNIFICANCE = 20  # below this a bootstrap interval says little; no star is given
+CATEGORY_ORDER = ["Generative code/math", "Multi-choice general knowledge / common sense",
+                  "Multi-choice text understanding", "Culture", "Held-out likelihood"]
+
+
+def paper_colour(relative_percent: float, higher_is_better: bool = True) -> str:
+    if relative_percent is None or math.isnan(relative_percent):
+        return "white"
+    gain = relative_percent if higher_is_better else -relative_percent
+    if abs(gain) < 1:
+        return "white"
+    light, strong = COLOURS["up" if gain > 0 else "down"]
+    return strong if abs(gain) >= 10 else light
+
+
+def load_results(path: str | Path) -> dict:
+    """An eval JSON file, or a run directory (its newest eval/*.json)."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted((path / "eval").glob("*.json"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise FileNotFoundError(f"no eval results in {path}/eval/ (run `free-transformer eval` first)")
+        path = found[-1]
+    if not path.is_file():
+        raise FileNotFoundError(f"no eval results at {path}")
+    results = json.loads(path.read_text())
+    if "tasks" not in results:
+        raise ValueError(f"{path} is not an eval results file")
+    results.setdefault("label", path.parent.parent.name if path.parent.name == "eval" else path.stem)
+    return results
+
+
+@dataclass
+class Cell:
+    value: float
+    relative: float | None = None  # % change against the baseline
+    ci: dict | None = None  # bootstrap interval of the difference (absolute and relative)
+    colour: str = "white"
+    n: int = 0
+
+
+@dataclass
+class Row:
+    name: str
+    label: str
+    category: str
+    higher_is_better: bool
+    baseline: Cell | None
+    others: list[Cell | None] = field(default_factory=list)
+
+
+def _paired_scores(base: dict, other: dict) -> tuple[list, list, list]:
+    """Per-document scores of the documents both runs evaluated, in the same order."""
+    theirs = {d["id"]: d for d in other["per_doc"]}
+    a, b, groups = [], [], []
+    for doc in base["per_doc"]:
+        if doc["id"] in theirs:
+            a.append(doc["score"])
+            b.append(theirs[doc["id"]]["score"])
+            groups.append(doc.get("group"))
+    return a, b, groups
+
+
+def _relative(base: float, other: float) -> float | None:
+    return None if base == 0 else 100.0 * (other - base) / abs(base)
+
+
+def _interval(a, b, groups, samples, seed, ratio=True) -> dict | None:
+    if len(a) < 2:
+        return None
+    ci = metrics.paired_bootstrap(a, b, groups, samples=samples, seed=seed)
+    base = metrics.aggregate(a, groups)
+    if ratio and base:
+        ci["relative_low"], ci["relative_high"] = 100 * ci["low"] / abs(base), 100 * ci["high"] / abs(base)
+    ci["n"] = len(a)
+    return ci
+
+
+def build_rows(runs: list[dict], *, samples: int = 2000, seed: int = 0) -> list[Row]:
+    """Rows comparing runs[1:] to runs[0] (the baseline), task by task in the paper's order."""
+    base_run, others = runs[0], runs[1:]
+    names = [t for t in DEFAULT_TASKS if any(t in r["tasks"] for r in runs)]
+    names += sorted({t for r in runs for t in r["tasks"]} - set(names))
+    rows = []
+    for name in names:
+        ref = next(r["tasks"][name] for r in runs if name in r["tasks"])
+        label = f"{ref.get('paper_name', name)} ({ref['metric']})"
+        base = base_run["tasks"].get(name)
+        row = Row(name, label, ref.get("category", "Other"), True, Cell(base["value"], n=base["n"]) if base else None)
+        for run in others:
+            mine = run["tasks"].get(name)
+            if mine is None:
+                row.others.append(None)
+                continue
+            cell = Cell(mine["value"], n=mine["n"])
+            if base is not None:
+                cell.relative = _relative(base["value"], mine["value"])
+                a, b, groups = _paired_scores(base, mine)
+                cell.ci = _interval(a, b, groups, samples, seed)
+                cell.colour = paper_colour(cell.relative if cell.relative is not None else float("nan"))
+            row.others.append(cell)
+        rows.append(row)
+    rows += _likelihood_rows(runs, samples, seed)
+    return rows
+
+
+def _likelihood_rows(runs: list[dict], samples: int, seed: int) -> list[Row]:
+    """Bits per byte on held-out text: the baseline's exact value against each Free model's prior
+    cross-entropy and IWAE bound (lower is better)."""
+    base = runs[0].get("likelihood")
+    if not base or not any(r.get("likelihood") for r in runs[1:]):
+        return []
+    base_measure = "exact" if "exact" in base else "iwae"
+    rows = []
+    for measure, title in (("iwae", "IWAE bound"), ("prior_ce", "prior cross-entropy")):
+        row = Row(f"bpb_{measure}", f"held-out bits/byte (Free: {title})", "Held-out likelihood", False,
+                  Cell(base[base_measure]["bits_per_byte"], n=base["windows"]))
+        for run in runs[1:]:
+            like = run.get("likelihood")
+            if not like or measure not in like:
+                row.others.append(None)
+                continue
+            cell = Cell(like[measure]["bits_per_byte"], n=like["windows"])
+            cell.relative = _relative(row.baseline.value, cell.value)
+            cell.colour = paper_colour(cell.relative, higher_is_better=False)
+            a_windows, b_windows = base["per_window"], like["per_window"]
+            if [w["bytes"] for w in a_windows] == [w["bytes"] for w in b_windows]:  # same windows: pair them
+                scale = math.log(2) * sum(w["bytes"] for w in a_windows) / len(a_windows)
+                a = [w[base_measure] / scale for w in a_windows]
+                b = [w[measure] / scale for w in b_windows]
+                cell.ci = _interval(a, b, None, samples, seed)
+            row.others.append(cell)
+        rows.append(row)
+    return rows
+
+
+# ---- rendering ---------------------------------------------------------------------------------------
+
+
+def _fmt_value(cell: Cell | None) -> str:
+    return "—" if cell is None else f"{cell.value:.3f}"
+
+
+def _fmt_change(cell: Cell | None) -> str:
+    if cell is None or cell.relative is None:
+        return "—"
+    return f"{cell.relative:+.2f}%"
+
+
+def significant(cell: Cell | None) -> bool:
+    """The interval excludes 0 and rests on enough documents to mean something."""
+    if cell is None or not cell.ci or cell.ci["n"] < MIN_DOCS_FOR_SIGNIFICANCE:
+        return False
+    return cell.ci["low"] > 0 or cell.ci["high"] < 0
+
+
+def _fmt_ci(cell: Cell | None) -> str:
+    if cell is None or not cell.ci:
+        return "—"
+    ci = cell.ci
+    text = f"[{ci['low']:+.3f}, {ci['high']:+.3f}]"
+    if "relative_low" in ci:
+        text += f" ({ci['relative_low']:+.1f}%, {ci['relative_high']:+.1f}%)"
+    if ci["n"] < MIN_DOCS_FOR_SIGNIFICANCE:
+        return text + f" n={ci['n']}, too few"
+    return text + (" *" if significant(cell) else "")
+
+
+def _baseline_header(label: str) -> str:
+    return label if "baseline" in label.lower() else f"{label} (baseline)"
+
+
+def _grouped(rows: list[Row]):
+    categories = [c for c in CATEGORY_ORDER if any(r.category == c for r in rows)]
+    categories += sorted({r.category for r in rows} - set(categories))
+    for category in categories:
+        yield category, [r for r in rows if r.category == category]
+
+
+def to_markdown(rows: list[Row], labels: list[str], note: str = "") -> str:
+    head = ["benchmark", _baseline_header(labels[0])]
+    for label in labels[1:]:
+        head += [label, "change", "95% CI of difference"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for category, members in _grouped(rows):
+        lines.append("| **" + category + "** |" + " |" * (len(head) - 1))
+        for row in members:
+            cells = [row.label, _fmt_value(row.baseline)]
+            for cell in row.others:
+                change = _fmt_change(cell)
+                if cell is not None and cell.colour != "white":
+                    change = f"{change} ({cell.colour})"
+                cells += [_fmt_value(cell), change, _fmt_ci(cell)]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Change: relative to the baseline; colours as in the paper (|change| < 1%: none, "
+                 "1-10%: light, >= 10%: strong; green better). CI: paired bootstrap over documents of "
+                 "(model - baseline), absolute and relative; * marks an interval that excludes 0 "
+                 f"(given only from {MIN_DOCS_FOR_SIGNIFICANCE} documents on).")
+    if note:
+        lines.append(note)
+    return "\n".join(lines) + "\n"
+
+
+def to_html(rows: list[Row], labels: list[str], note: str = "") -> str:
+    esc = html.escape
+    head = "<th>benchmark</th><th>" + esc(_baseline_header(labels[0])) + "</th>"
+    for label in labels[1:]:
+        head += f"<th>{esc(label)}</th><th>change</th><th>95% CI of difference</th>"
+    width = 2 + 3 * (len(labels) - 1)
+    body = []
+    for category, members in _grouped(rows):
+        body.append(f'<tr class="category"><td colspan="{width}">{esc(category)}</td></tr>')
+        for row in members:
+            cells = f"<td>{esc(row.label)}</td><td>{_fmt_value(row.baseline)}</td>"
+            for cell in row.others:
+                colour = HTML_COLOURS[cell.colour] if cell is not None else "#ffffff"
+                change = esc(_fmt_change(cell))
+                change = f"<b>{change}</b>" if significant(cell) else change
+                cells += (f"<td>{_fmt_value(cell)}</td><td style=\"background:{colour}\">{change}</td>"
+                          f"<td>{esc(_fmt_ci(cell))}</td>")
+            body.append(f"<tr>{cells}</tr>")
+    style = ("table{border-collapse:collapse;font-family:sans-serif;font-size:13px}"
+             "td,th{border:1px solid #999;padding:3px 8px;text-align:right}"
+             "td:first-child{text-align:left}tr.category td{text-align:center;font-style:italic;background:#eee}")
+    legend = ("Change relative to the baseline, coloured as in the paper (|change| &lt; 1%: none, 1-10%: light, "
+              "&ge; 10%: strong; green better). CI: paired bootstrap over documents of (model &minus; baseline); "
+              f"bold / * when it excludes 0 (from {MIN_DOCS_FOR_SIGNIFICANCE} documents on).")
+    return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Baseline vs Free Transformer</title>"
+            f"<style>{style}</style></head><body>\n<table>\n<tr>{head}</tr>\n" + "\n".join(body)
+            + f"\n</table>\n<p>{legend}</p>\n<p>{esc(note)}</p>\n</body></html>\n")
+
+
+def to_text(rows: list[Row], labels: list[str]) -> str:
+    width = max([len(r.label) for r in rows] + [10])
+    lines = [f"{'benchmark':<{width}}  {labels[0][:12]:>12}" + "".join(f"  {l[:12]:>12} {'change':>9}  {'95% CI':<34}" for l in labels[1:])]
+    for category, members in _grouped(rows):
+        lines.append(f"-- {category}")
+        for row in members:
+            line = f"{row.label:<{width}}  {_fmt_value(row.baseline):>12}"
+            for cell in row.others:
+                line += f"  {_fmt_value(cell):>12} {_fmt_change(cell):>9}  {_fmt_ci(cell):<34}"
+            lines.append(line.rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""Held-out likelihoods in bits per token and bits per byte.
+
+A baseline decoder gives log p(x) exactly. A Free Transformer's p(x) = sum_z p(z) p(x | z) is
+intractable (2^(H T) latent sequences), so three estimates are reported, each on the same windows:
+
+- prior cross-entropy: E_{z ~ p(z)} [-log p(x | z)] with K uniform draws: what the model pays when
+  it generates with prior latents, as the paper does. An upper bound on -log p(x) (Jensen).
+- ELBO: E_{z ~ q}[-log p(x | z)] + KL(q(z | x) || p(z)), the training objective without free bits,
+  with q the encoder's posterior; the KL is exact (closed form over the H independent bits).
+  Also an upper bound on -log p(x) (in expectation).
+- IWAE (Burda et al.): -log (1/K) sum_k p(x | z_k) p(z_k) / q(z_k | x), z_k ~ q. An upper bound on
+  -log p(x) that tightens as K grows and equals the single-sample ELBO estimate at K = 1;
+  log p(z) = -T H log 2, log q(z | x) = sum_t sum_h log P(B_th = b_th) from the bit-logits.
+
+The posterior cross-entropy alone is also given, for diagnosis only: it is not a likelihood (the
+encoder has read x). Text is cut into non-overlapping windows of max_seq_len + 1 tokens; the first
+token of each window is context only, and bytes are counted on the decoded predicted tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..model import FreeTransformer
+from .tasks import stable_seed
+
+LN2 = math.log(2.0)
+
+
+def windows(ids: Sequence[int], length: int) -> list[list[int]]:
+    """Non-overlapping windows of `length` + 1 tokens (the last may be shorter, at least 2)."""
+    out = []
+    for start in range(0, max(0, len(ids) - 1), length):
+        piece = list(ids[start : start + length + 1])
+        if len(piece) >= 2:
+            out.append(piece)
+    return out
+
+
+def log_q(bit_logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log q(z | x) summed over positions: bit_logits (K, T, H), index (K, T) -> (K,)."""
+    shifts = torch.arange(bit_logits.shape[-1], device=index.device)
+    bits = ((index.unsqueeze(-1) >> shifts) & 1).bool()
+    logp = torch.where(bits, F.logsigmoid(bit_logits), F.logsigmoid(-bit_logits))
+    return logp.double().sum(dim=(1, 2))
+
+
+def _nll_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(K, T, V) logits, (K, T) targets -> (K,) summed negative log-likelihood in nats."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).sum(-1)
+
+
+@torch.no_grad()
+def heldout_likelihood(
+    model: FreeTransformer,
+    tokenizer,
+    text: str,
+    *,
+    samples: int = 8,
+    seed: int = 0,
+    max_windows: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Bits per token and per byte of `text` under the model (see the module docstring)."""
+    model.eval()
+    device = model.rope_cos.device
+    chunks = windows(tokenizer.encode(text), model.config.max_seq_len)
+    if max_windows is not None:
+        chunks = chunks[:max_windows]
+    if not chunks:
+        raise ValueError("held-out text too short: it needs at least 2 tokens")
+    is_free, K = model.config.is_free, samples
+    totals = {"tokens": 0, "bytes": 0}
+    per_window = []
+    for w, chunk in enumerate(chunks):
+        ids = torch.tensor(chunk, device=device)
+        inputs, targets = ids[:-1], ids[1:]
+        T = inputs.numel()
+        n_bytes = len(tokenizer.decode(chunk[1:]).encode("utf-8"))
+        record = {"tokens": T, "bytes": n_bytes}
+        if not is_free:
+            logits = model(inputs[None], latents="prior").logits
+            record["exact"] = float(_nll_rows(logits, targets[None])[0])
+        else:
+            gens = [torch.Generator(device=device).manual_seed(stable_seed(seed, "heldout", w, k)) for k in range(K)]
+            batch, target_rows = inputs.expand(K, -1), targets.expand(K, -1)
+            prior = model(batch, latents="prior", generator=gens)
+            record["prior_ce"] = float(_nll_rows(prior.logits, target_rows).mean())
+            post = model(batch, latents="posterior", generator=gens)
+            nll = _nll_rows(post.logits, target_rows)  # (K,) -log p(x | z_k)
+            kl = float(post.kl_per_token_nats[0].double().sum())
+            log_prior = -T * model.config.latent_bits * LN2  # log p(z), uniform over 2^(H T)
+            log_ratio = -nll + log_prior - log_q(post.bit_logits, post.latent_index)
+            record["posterior_ce"] = float(nll.mean())
+            record["kl"] = kl
+            record["elbo"] = float(nll.mean()) + kl
+            record["iwae"] = float(-(torch.logsumexp(log_ratio, 0) - math.log(K)))
+        totals["tokens"] += T
+        totals["bytes"] += n_bytes
+        per_window.append(record)
+        if progress is not None:
+            progress(1)
+    measures = ["exact"] if not is_free else ["prior_ce", "elbo", "iwae", "posterior_ce", "kl"]
+    result = {"windows": len(chunks), "tokens": totals["tokens"], "bytes": totals["bytes"],
+              "samples": None if not is_free else K, "window_tokens": model.config.max_seq_len}
+    for name in measures:
+        nats = sum(r[name] for r in per_window)
+        result[name] = {"nats": nats, "bits_per_token": nats / (LN2 * totals["tokens"]),
+                        "bits_per_byte": nats / (LN2 * totals["bytes"])}
+    result["per_window"] = per_window
+    return result
+

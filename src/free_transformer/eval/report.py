@@ -1,0 +1,50 @@
+"""Printing one evaluation's results as a table, and writing them as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .benchmarks import DEFAULT_TASKS
+
+
+def _order(names) -> list[str]:
+    known = [t for t in DEFAULT_TASKS if t in names]
+    return known + sorted(n for n in names if n not in known)
+
+
+def format_table(results: dict) -> str:
+    lines = []
+    latents = results.get("latents", {})
+    lines.append(f"model: {results.get('checkpoint', '?')}  ({latents.get('latents', '')})")
+    if latents.get("mc_estimator"):
+        lines.append(f"multiple choice: {latents['mc_estimator']}; generations per prompt: "
+                     f"{latents['generation_samples']}")
+    header = f"{'task':<16} {'measure':<20} {'value':>7} {'n':>6} {'shots':>5} {'secs':>7}"
+    lines += [header, "-" * len(header)]
+    tasks = results.get("tasks", {})
+    for name in _order(tasks):
+        r = tasks[name]
+        lines.append(f"{name:<16} {r['metric']:<20} {r['value']:>7.3f} {r['n']:>6} {r['num_fewshot']:>5} "
+                     f"{r.get('seconds', 0):>7.1f}")
+    for name in _order(results.get("unavailable", {})):
+        lines.append(f"{name:<16} unavailable: {results['unavailable'][name]}")
+    like = results.get("likelihood")
+    if like:
+        lines.append("")
+        lines.append(f"held-out text: {like['tokens']} tokens, {like['bytes']} bytes, {like['windows']} windows"
+                     + (f", K={like['samples']}" if like.get("samples") else ""))
+        for measure in ("exact", "prior_ce", "elbo", "iwae", "posterior_ce", "kl"):
+            if measure in like:
+                m = like[measure]
+                lines.append(f"  {measure:<13} {m['bits_per_token']:.4f} bits/token  {m['bits_per_byte']:.4f} bits/byte")
+    return "\n".join(lines)
+
+
+def write_json(results: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(path)
+    return path

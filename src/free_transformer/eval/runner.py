@@ -1,0 +1,111 @@
+"""Evaluating one model on a list of benchmarks: prompts -> log-probabilities or generations ->
+the paper's measure, with every per-document score kept for the comparison's bootstrap."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from . import metrics
+from .programs import check_completion
+from .sandbox import SandboxLimits, isolation_report
+from .scoring import LatentPolicy, continuation_logprobs, generate_texts, log_mean_exp
+from .sources import DataUnavailable
+from .tasks import GenerationDoc, MultipleChoiceDoc, PreparedTask, prepare
+
+
+@dataclass
+class EvalOptions:
+    policy: LatentPolicy = field(default_factory=LatentPolicy)
+    num_fewshot: dict[str, int] = field(default_factory=dict)  # per task; "*" for every task
+    limit: int | None = None
+    data_files: dict[str, str] = field(default_factory=dict)
+    max_new_tokens: int | None = None  # overrides every generative task's budget
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
+    fewshot_seed: int = 1234
+    progress: bool = True
+
+
+def evaluate(model, tokenizer, task_names: Sequence[str], options: EvalOptions) -> dict:
+    """{"tasks": {name: result}, "unavailable": {name: reason}, "latents": ...} for the model."""
+    results, unavailable = {}, {}
+    for name in task_names:
+        shots = options.num_fewshot.get(name, options.num_fewshot.get("*"))
+        try:
+            task = prepare(name, num_fewshot=shots, limit=options.limit,
+                           data_file=options.data_files.get(name), seed=options.fewshot_seed)
+        except DataUnavailable as error:
+            unavailable[name] = str(error)
+            continue
+        started = time.monotonic()
+        if task.benchmark.kind == "mc":
+            result = _multiple_choice(model, tokenizer, task, options)
+        else:
+            result = _generative(model, tokenizer, task, options)
+        result["seconds"] = round(time.monotonic() - started, 2)
+        results[name] = result
+    return {"tasks": results, "unavailable": unavailable, "latents": options.policy.describe(model)}
+
+
+def _base_result(task: PreparedTask, value: float, per_doc: list[dict]) -> dict:
+    bench = task.benchmark
+    return {"metric": bench.metric, "value": value, "n": len(per_doc), "num_fewshot": task.num_fewshot,
+            "paper_name": bench.paper_name, "category": bench.category, "source": task.source,
+            "per_doc": per_doc}
+
+
+def _multiple_choice(model, tokenizer, task: PreparedTask, options: EvalOptions) -> dict:
+    docs: list[MultipleChoiceDoc] = task.docs  # type: ignore[assignment]
+    requests = [[(tokenizer.encode(c), tokenizer.encode(t)) for c, t in zip(d.contexts, d.continuations)]
+                for d in docs]
+    keys = [f"{task.benchmark.name}/{d.doc_id}" for d in docs]
+    rows = sum(len(r) for r in requests) * options.policy.draws(model)
+    with tqdm(total=rows, desc=task.benchmark.name, unit="seq", disable=not options.progress, leave=False) as bar:
+        draws = continuation_logprobs(model, requests, keys, options.policy, progress=bar.update)
+    per_doc = []
+    for doc, request, scores in zip(docs, requests, draws):
+        logprobs = log_mean_exp(scores).tolist()  # (choices,)
+        by_token = metrics.choose(logprobs, [len(t) for _, t in request])
+        by_char = metrics.choose(logprobs, [len(t) for t in doc.continuations])
+        raw = metrics.choose(logprobs, [1] * len(logprobs))
+        per_doc.append({"id": doc.doc_id, "group": doc.group, "gold": doc.gold,
+                        "acc_completion": float(by_token == doc.gold), "acc_char": float(by_char == doc.gold),
+                        "acc_raw": float(raw == doc.gold), "logprobs": [round(x, 4) for x in logprobs]})
+    primary = "acc_char" if task.benchmark.metric.endswith("acc_char") else "acc_completion"
+    groups = [d["group"] for d in per_doc]
+    for record in per_doc:
+        record["score"] = record[primary]
+    result = _base_result(task, metrics.aggregate([d["score"] for d in per_doc], groups), per_doc)
+    result["also"] = {m: metrics.aggregate([d[m] for d in per_doc], groups)
+                      for m in ("acc_completion", "acc_char", "acc_raw") if m != primary}
+    return result
+
+
+def _generative(model, tokenizer, task: PreparedTask, options: EvalOptions) -> dict:
+    bench = task.benchmark
+    docs: list[GenerationDoc] = task.docs  # type: ignore[assignment]
+    budget = options.max_new_tokens or bench.max_new_tokens
+    per_doc, truncated = [], 0
+    for doc in tqdm(docs, desc=bench.name, unit="doc", disable=not options.progress, leave=False):
+        texts, cut = generate_texts(model, tokenizer, doc.prompt, f"{bench.name}/{doc.doc_id}", options.policy,
+                                    max_new_tokens=budget, stop=bench.stop)
+        truncated += cut
+        if bench.kind == "code":
+            outcomes = [check_completion(doc.test, text, options.sandbox) for text in texts]
+            correct = [o.passed for o in outcomes]
+            detail = {"status": [o.status for o in outcomes]}
+        else:
+            correct = [bench.is_correct(t, doc) for t in texts]
+            detail = {}
+        per_doc.append({"id": doc.doc_id, "group": doc.group, "score": statistics.fmean(map(float, correct)),
+                        "generations": texts, **detail})
+    result = _base_result(task, metrics.aggregate([d["score"] for d in per_doc]), per_doc)
+    result["max_new_tokens"] = min(budget, model.config.max_seq_len // 2)
+    result["truncated_prompts"] = truncated
+    if bench.kind == "code":
+        result["sandbox"] = isolation_report(options.sandbox)
+    return result

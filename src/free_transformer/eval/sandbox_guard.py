@@ -1,0 +1,227 @@
+"""Runs inside the sandbox's child process (standard library only): confines the process, then
+executes the untrusted program. Started by sandbox.py as `python -I -S -B sandbox_guard.py CONFIG`.
+
+Layers, each applied when the kernel allows it and reported on the first line of stderr:
+1. namespaces: a new user + mount + network namespace; the whole file tree is remounted read-only
+   except the work directory, and the network namespace has no usable interface (loopback down);
+2. resource limits: CPU seconds, address space, file size, open files, no core dumps, processes;
+3. seccomp: no new processes (threads allowed), no exec, no sockets, no mount / namespace / ptrace
+   / io_uring calls, signals only to itself;
+4. a Python audit hook: refuses sockets, subprocesses, ctypes, and writes outside the work directory.
+"""
+
+import json
+import os
+import resource
+import sys
+
+REPORT_PREFIX = "@@sandbox "
+
+
+def _libc():
+    import ctypes
+
+    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def enter_namespaces(work: str) -> dict:
+    """User + mount + network namespaces; everything read-only except `work`."""
+    ctypes, libc = _libc()
+    report = {"network_namespace": False, "read_only_fs": False}
+    uid, gid = os.getuid(), os.getgid()
+    CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET) != 0:
+        report["error"] = f"unshare: {os.strerror(ctypes.get_errno())}"
+        return report
+    try:  # identity mapping: files keep their owners
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"{uid} {uid} 1")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"{gid} {gid} 1")
+    except OSError as error:
+        report["error"] = f"id maps: {error}"
+    report["network_namespace"] = True
+    MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 1 << 18
+    AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = -100, 0x8000, 0x1, 442
+
+    class MountAttr(ctypes.Structure):
+        _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                    ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+    def check(result, what):
+        if result != 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    try:  # private first: nothing done here may propagate to the host's mounts
+        check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+        check(libc.mount(work.encode(), work.encode(), None, MS_BIND | MS_REC, None), "bind work dir")
+        read_only, writable = MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0), MountAttr(0, MOUNT_ATTR_RDONLY, 0, 0)
+        syscall = libc.syscall
+        check(syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(read_only),
+                      ctypes.sizeof(read_only)), "read-only /")
+        check(syscall(SYS_MOUNT_SETATTR, AT_FDCWD, work.encode(), 0, ctypes.byref(writable),
+                      ctypes.sizeof(writable)), "writable work dir")
+        report["read_only_fs"] = True
+    except OSError as error:
+        report["error"] = str(error)
+    return report
+
+
+def set_limits(limits: dict) -> dict:
+    applied = {}
+    for name, value in limits.items():
+        which = getattr(resource, name)
+        try:
+            hard = value + 1 if name == "RLIMIT_CPU" else value  # SIGXCPU first, then SIGKILL
+            resource.setrlimit(which, (value, hard))
+            applied[name] = value
+        except (ValueError, OSError) as error:
+            applied[name] = f"failed: {error}"
+    return applied
+
+
+# Denied system calls per architecture: (audit arch, {name: number}).
+_ARCHES = {
+    "x86_64": (0xC000003E, dict(
+        socket=41, socketpair=53, fork=57, vfork=58, execve=59, execveat=322, ptrace=101, chroot=161,
+        mount=165, umount2=166, pivot_root=155, tkill=200, add_key=248, request_key=249, keyctl=250,
+        unshare=272, perf_event_open=298, setns=308, process_vm_readv=310, process_vm_writev=311,
+        bpf=321, userfaultfd=323, kexec_load=246, open_by_handle_at=304, name_to_handle_at=303)),
+    "aarch64": (0xC00000B7, dict(
+        socket=198, socketpair=199, execve=221, execveat=281, ptrace=117, chroot=51, mount=40,
+        umount2=39, pivot_root=41, tkill=130, add_key=217, request_key=218, keyctl=219, unshare=97,
+        perf_event_open=241, setns=268, process_vm_readv=270, process_vm_writev=271, bpf=280,
+        userfaultfd=282, kexec_load=104, open_by_handle_at=265, name_to_handle_at=264)),
+}
+_ARCH_CALLS = {"x86_64": dict(clone=56, kill=62, tgkill=234), "aarch64": dict(clone=220, kill=129, tgkill=131)}
+# Numbers shared by every architecture since Linux 5.1.
+_COMMON_DENIED = dict(pidfd_send_signal=424, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
+                      open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
+                      pidfd_getfd=438, mount_setattr=442)
+CLONE3 = 435
+
+
+def install_seccomp() -> dict:
+    ctypes, libc = _libc()
+    machine = os.uname().machine
+    if machine not in _ARCHES:
+        return {"seccomp": False, "error": f"no filter for architecture {machine}"}
+    audit_arch, denied = _ARCHES[machine]
+    calls = _ARCH_CALLS[machine]
+    denied = {**denied, **_COMMON_DENIED}
+    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+    ALLOW, KILL = 0x7FFF0000, 0x80000000
+    ERRNO = 0x00050000
+    EPERM, EAGAIN, ENOSYS = 1, 11, 38
+    CLONE_THREAD = 0x00010000
+    pid = os.getpid()
+    own = {0, pid, (-pid) & 0xFFFFFFFF}  # kill(2) targets: own process group, self
+    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, audit_arch), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
+    if machine == "x86_64":  # the x32 ABI's numbers alias ours with bit 30 set
+        prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, ERRNO | EPERM)]
+    for nr in denied.values():
+        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, ERRNO | EPERM)]
+    prog += [(JEQ, 0, 1, CLONE3), (RET, 0, 0, ERRNO | ENOSYS)]  # libc falls back to clone
+    # clone: only threads (CLONE_THREAD in the flags, args[0]), no new process
+    prog += [(JEQ, 0, 4, calls["clone"]), (LD, 0, 0, 16), (JSET, 0, 1, CLONE_THREAD), (RET, 0, 0, ALLOW),
+             (RET, 0, 0, ERRNO | EAGAIN)]
+    # kill / tgkill: only to itself or its own process group
+    for name, targets in (("kill", own), ("tgkill", {pid})):
+        checks = [(JEQ, 0, 0, t) for t in sorted(targets)]
+        block = [(LD, 0, 0, 16)]
+        for i, (code, _, _, k) in enumerate(checks):
+            block.append((code, len(checks) - i, 0, k))  # jump to ALLOW
+        block += [(RET, 0, 0, ERRNO | EPERM), (RET, 0, 0, ALLOW)]
+        prog += [(JEQ, 0, len(block), calls[name])] + block
+        prog += [(LD, 0, 0, 0)]  # reload the number for the next test
+    prog += [(RET, 0, 0, ALLOW)]
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
+
+    filters = (SockFilter * len(prog))(*[SockFilter(*ins) for ins in prog])
+    fprog = SockFprog(len(prog), filters)
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return {"seccomp": False, "error": f"no_new_privs: {os.strerror(ctypes.get_errno())}"}
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        return {"seccomp": False, "error": f"seccomp: {os.strerror(ctypes.get_errno())}"}
+    return {"seccomp": True}
+
+
+_BLOCKED_EVENTS = {
+    "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.sendto",
+    "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+    "os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function", "ctypes.cdata",
+    "ctypes.addressof", "os.chroot", "pty.spawn", "webbrowser.open",
+}
+_PATH_EVENTS = {  # event -> indices of path arguments that must lie inside the work directory
+    "os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.chmod": (0,), "os.chown": (0,),
+    "os.rename": (0, 1), "os.link": (0, 1), "os.symlink": (1,), "os.truncate": (0,), "os.utime": (0,),
+    "shutil.rmtree": (0,), "os.chflags": (0,), "os.setxattr": (0,), "os.removexattr": (0,),
+    "sqlite3.connect": (0,),
+}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def install_audit_hook(work: str) -> None:
+    root = os.path.realpath(work)
+    realpath, fspath, fsdecode = os.path.realpath, os.fspath, os.fsdecode
+
+    def inside(path) -> bool:
+        if isinstance(path, int):  # a descriptor: opened earlier, under the same rules
+            return True
+        full = realpath(fsdecode(fspath(path)))
+        return full == root or full.startswith(root + os.sep) or full == "/dev/null"
+
+    def hook(event, args):
+        if event in _BLOCKED_EVENTS:
+            raise PermissionError(f"sandbox: {event} is not allowed")
+        if event == "open":
+            path, mode, flags = args
+            writing = (flags or 0) & _WRITE_FLAGS or (isinstance(mode, str) and any(c in mode for c in "wax+"))
+            if writing and path is not None and not inside(path):
+                raise PermissionError(f"sandbox: writing outside the work directory: {path!r}")
+        elif event in _PATH_EVENTS:
+            for i in _PATH_EVENTS[event]:
+                if i < len(args) and args[i] is not None and not inside(args[i]):
+                    raise PermissionError(f"sandbox: {event} outside the work directory: {args[i]!r}")
+
+    sys.addaudithook(hook)
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    work = config["work_dir"]
+    report = {}
+    if config.get("namespaces", True):
+        report.update(enter_namespaces(work))
+    os.chdir(work)
+    report["limits"] = set_limits(config["limits"])
+    if config.get("seccomp", True):
+        report.update(install_seccomp())
+    for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
+        del sys.modules[name]  # the program gets no ready-made ctypes
+    import gc
+
+    gc.collect()
+    if config.get("audit_hook", True):
+        install_audit_hook(work)
+    report["audit_hook"] = config.get("audit_hook", True)
+    sys.stderr.write(REPORT_PREFIX + json.dumps(report) + "\n")
+    sys.stderr.flush()
+    with open(config["program"], encoding="utf-8") as handle:
+        source = handle.read()
+    sys.argv = [config["program"]]
+    namespace = {"__name__": "__main__", "__file__": config["program"], "__builtins__": __builtins__}
+    del config, report, handle
+    exec(compile(source, "program.py", "exec"), namespace)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Log-probabilities of continuations and greedy generations, with an explicit choice of latents.
+
+A Free Transformer's predictions depend on Z. The paper generates with Z_t drawn from the uniform
+prior, so scoring does the same by default, and never uses the encoder's posterior on a sequence
+that contains the answer: the encoder is non-causal, Q(Z | context + answer) has seen the answer,
+and a choice's probability under it is not a prediction (it rewards the choice the encoder copies
+into Z). Two sources of Z for the context positions are offered:
+
+- "prior": every Z_t uniform, context and continuation alike (what generation from scratch does);
+- "encoder": Z for the context positions sampled from the encoder run on the context alone (the
+  paper's KV-cache prefill), prior Z for the continuation positions.
+
+With K draws Z^(1..K), a continuation's log-probability is estimated as
+
+    log P(cont | ctx) ~= log (1/K) sum_k P(cont | ctx, Z^(k))     (log-mean-exp over draws)
+
+the Monte Carlo estimate of the probability that sampling with these latents produces exactly this
+continuation, E_Z[P(cont | ctx, Z)]. It is consistent as K grows, and its expectation is below the
+true log-probability by less than the mean of log-probabilities (Jensen), which would instead score
+E_Z[log P], penalising continuations whose probability depends on the latent decision: exactly
+the ones a latent variable model exists to represent. All choices of one question share the same
+draws (common random numbers), so their comparison is not blurred by independent noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ..generate import GenerationConfig, generate
+from ..latent import uniform_latents
+from ..model import FreeTransformer
+from .tasks import stable_seed
+
+
+@dataclass(frozen=True)
+class LatentPolicy:
+    """Where a Free Transformer's Z comes from during evaluation (ignored by a baseline)."""
+
+    context: Literal["prior", "encoder"] = "prior"
+    """Z for context positions: uniform prior, or the encoder run on the context only (prefill)."""
+    samples: int = 4
+    """K: latent draws averaged (log-mean-exp) for multiple-choice log-probabilities."""
+    generation_samples: int = 1
+    """Generations per prompt, each with its own latent draw; em and pass@1 average over them."""
+    seed: int = 0
+    """Seeds every draw, per document, so results do not depend on batching or --limit."""
+
+    def __post_init__(self) -> None:
+        if self.context not in ("prior", "encoder"):
+            raise ValueError(f"latent context must be 'prior' or 'encoder', got {self.context!r}")
+        if self.samples < 1 or self.generation_samples < 1:
+            raise ValueError("latent samples must be >= 1")
+
+    def describe(self, model: FreeTransformer) -> dict:
+        if not model.config.is_free:
+            return {"model": "baseline", "latents": "none (baseline decoder, exact probabilities)"}
+        context = ("encoder posterior on the context only (KV-cache prefill)" if self.context == "encoder"
+                   else "uniform prior")
+        return {
+            "model": "free",
+            "latents": f"context Z: {context}; continuation and generated Z: uniform prior",
+            "context": self.context,
+            "mc_estimator": f"log mean_k P(continuation | context, Z^k) over K={self.samples} draws",
+            "samples": self.samples,
+            "generation_samples": self.generation_samples,
+            "seed": self.seed,
+        }
+
+    def draws(self, model: FreeTransformer, generation: bool = False) -> int:
+        if not model.config.is_free:
+            return 1
+        return self.generation_samples if generation else self.samples
+
+
+def _generators(seed: int, key: str, count: int, device=None) -> list[torch.Generator]:
+    """One generator per draw, on the device whose random numbers it will make."""
+    return [torch.Generator(device=device or "cpu").manual_seed(stable_seed(seed, key, k)) for k in range(count)]
+
+
+def fit_window(context: Sequence[int], continuation: Sequence[int], max_len: int) -> tuple[list[int], list[int]]:
+    """Keep the last max_len + 1 tokens of context + continuation (dropping context first), with at
+    least one context token so that every kept continuation token is predicted."""
+    if not continuation:
+        raise ValueError("empty continuation")
+    seq = (list(context) + list(continuation))[-(max_len + 1) :]
+    n_cont = min(len(continuation), len(seq) - 1)
+    return seq[: len(seq) - n_cont], seq[len(seq) - n_cont :]
+
+
+@dataclass
+class _Row:
+    doc: int
+    choice: int
+    draw: int
+    tokens: list[int]  # context + continuation[:-1]
+    latents: Tensor | None  # (T,) latent indices, None for a baseline
+    n_context: int
+    targets: list[int]  # the continuation
+
+
+@torch.no_grad()
+def continuation_logprobs(
+    model: FreeTransformer,
+    requests: Sequence[Sequence[tuple[Sequence[int], Sequence[int]]]],
+    keys: Sequence[str],
+    policy: LatentPolicy,
+    *,
+    batch_tokens: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    greedy: list[Tensor] | None = None,
+) -> list[Tensor]:
+    """Per document a (choices, K) float64 tensor of log P(continuation | context, Z^(k)) in nats.
+
+    requests[i] lists (context ids, continuation ids) per choice of document i; keys[i] names the
+    document (it seeds its latent draws). Use `log_mean_exp` to combine the K draws. batch_tokens
+    bounds the tokens of one forward; by default the logits of a batch stay near 128 MiB. Given a
+    list, `greedy` receives per document a (choices, K) bool tensor: is the continuation the argmax
+    at every position."""
+    model.eval()
+    if batch_tokens is None:
+        batch_tokens = min(16384, max(256, 2**25 // model.config.vocab_size))
+    device = model.rope_cos.device
+    max_len = model.config.max_seq_len
+    rows: list[_Row] = []
+    for i, (pairs, key) in enumerate(zip(requests, keys)):
+        rows.extend(_document_rows(model, i, [fit_window(c, t, max_len) for c, t in pairs], key, policy))
+    out = [torch.zeros(len(pairs), policy.draws(model), dtype=torch.float64) for pairs in requests]
+    is_greedy = [torch.zeros(len(pairs), policy.draws(model), dtype=torch.bool) for pairs in requests]
+    rows.sort(key=lambda r: -len(r.tokens))
+    start = 0
+    while start < len(rows):
+        width = len(rows[start].tokens)
+        stop = min(len(rows), start + max(1, batch_tokens // width))
+        batch = rows[start:stop]
+        tokens = torch.zeros(len(batch), width, dtype=torch.int64)
+        latents = torch.zeros(len(batch), width, dtype=torch.int64)
+        for b, row in enumerate(batch):  # right padding: a causal decoder never looks at it
+            tokens[b, : len(row.tokens)] = torch.tensor(row.tokens)
+            if row.latents is not None:
+                latents[b, : len(row.tokens)] = row.latents
+        logits = model(tokens.to(device), latents=latents.to(device) if model.config.is_free else "prior").logits
+        for b, row in enumerate(batch):
+            positions = slice(row.n_context - 1, row.n_context - 1 + len(row.targets))
+            logp = torch.log_softmax(logits[b, positions].double(), dim=-1)
+            target = torch.tensor(row.targets, device=logp.device)
+            out[row.doc][row.choice, row.draw] = logp.gather(-1, target[:, None]).sum().cpu()
+            is_greedy[row.doc][row.choice, row.draw] = bool((logp.argmax(-1) == target).all())
+        if progress is not None:
+            progress(len(batch))
+        start = stop
+    if greedy is not None:
+        greedy.extend(is_greedy)
+    return out
+
+
+def _document_rows(model, doc: int, windows, key: str, policy: LatentPolicy) -> list[_Row]:
+    """The rows (choice x draw) of one document, with their latents drawn once per draw and shared
+    across the choices."""
+    if not model.config.is_free:
+        return [_Row(doc, c, 0, ctx + cont[:-1], None, len(ctx), cont) for c, (ctx, cont) in enumerate(windows)]
+    K, H = policy.samples, model.config.latent_bits
+    longest = max(len(ctx) + len(cont) - 1 for ctx, cont in windows)
+    prior = uniform_latents((K, longest), H, generator=_generators(policy.seed, key, K))  # (K, longest)
+    encoded: dict[tuple[int, ...], Tensor] = {}
+    if policy.context == "encoder":
+        device = model.rope_cos.device
+        for ctx, _ in windows:
+            if tuple(ctx) not in encoded:  # the encoder sees the context only, never a choice
+                context = torch.tensor(ctx, device=device).expand(K, -1)
+                gens = _generators(policy.seed, key + "/encoder", K, device)
+                encoded[tuple(ctx)] = model(context, latents="posterior", generator=gens).latent_index.cpu()
+    rows = []
+    for c, (ctx, cont) in enumerate(windows):
+        tokens = ctx + cont[:-1]
+        for k in range(K):
+            z = prior[k, : len(tokens)].clone()
+            if encoded:
+                z[: len(ctx)] = encoded[tuple(ctx)][k]
+            rows.append(_Row(doc, c, k, tokens, z, len(ctx), cont))
+    return rows
+
+
+def log_mean_exp(draws: Tensor) -> Tensor:
+    """(..., K) log-probabilities -> (...,) log of their mean probability."""
+    return torch.logsumexp(draws, dim=-1) - math.log(draws.shape[-1])
+
+
+@torch.no_grad()
+def generate_texts(
+    model: FreeTransformer,
+    tokenizer,
+    prompt: str,
+    key: str,
+    policy: LatentPolicy,
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+) -> tuple[list[str], bool]:
+    """Greedy continuations of a prompt, one per latent draw (one for a baseline), each cut at the
+    first stop string. Returns (texts, prompt_truncated): a prompt longer than the model's context
+    window loses its beginning."""
+    max_len = model.config.max_seq_len
+    steps = max(1, min(max_new_tokens, max_len // 2))
+    ids = tokenizer.encode(prompt)
+    keep = max_len - steps + 1
+    truncated = len(ids) > keep
+    ids = ids[-keep:] if truncated else ids
+    n = policy.draws(model, generation=True)
+    config = GenerationConfig(max_new_tokens=steps, temperature=0.0,
+                              prompt_latents="posterior" if policy.context == "encoder" else "prior")
+
+    def should_stop(tokens: list[int]) -> bool:
+        text = tokenizer.decode(tokens)
+        return any(s in text for s in stop)
+
+    prompts = torch.tensor([ids] * n, dtype=torch.int64)
+    seeds = [stable_seed(policy.seed, key, "generate", k) for k in range(n)]
+    result = generate(model, prompts, config, seeds=seeds, should_stop=should_stop if stop else None)
+    return [cut_at_stop(tokenizer.decode(t), stop) for t in result.tokens], truncated
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    cut = min((text.index(s) for s in stop if s in text), default=len(text))
+    return text[:cut]

@@ -1,0 +1,207 @@
+"""Benchmarks as prompts: the document types every benchmark turns its rows into, few-shot prompt
+assembly, and the registry of benchmarks (filled by `benchmarks.py`).
+
+A multiple-choice document is scored by the log-probability of each choice's continuation; a
+generation document by what the model writes after its prompt (exact match or, for code, running
+tests in the sandbox)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .sources import DataUnavailable
+
+Kind = Literal["mc", "em", "code"]
+
+
+@dataclass
+class MultipleChoiceDoc:
+    doc_id: str
+    contexts: list[str]  # one per choice; the same string except for partial scoring (WinoGrande)
+    continuations: list[str]  # each choice's text, with its leading separator (" Paris")
+    gold: int
+    group: str | None = None  # sub-category (MMLU subject) for macro averages
+
+
+@dataclass
+class GenerationDoc:
+    doc_id: str
+    prompt: str
+    answers: list[str] = field(default_factory=list)  # references for exact match
+    test: dict | None = None  # code tasks: what the checker needs (see code.py)
+    group: str | None = None
+
+
+Doc = MultipleChoiceDoc | GenerationDoc
+
+
+class Benchmark:
+    """One benchmark of the paper: where its rows come from and how a row becomes a prompt.
+
+    Subclasses set the class attributes and implement `rows`, `query`, `shot` and either
+    `choices`/`gold` (multiple choice) or `answers`/`test` (generation)."""
+
+    name: str  # CLI name
+    paper_name: str  # row label in the paper's tables
+    category: str  # section of the paper's tables
+    kind: Kind
+    metric: str  # the paper's measure: acc_char, acc_completion, macro_avg/acc_char, em, pass@1
+    default_shots: int = 0
+    fixed_shots: bool = False  # few-shot examples are a fixed, ordered list (take the first n)
+    max_new_tokens: int = 0  # generation budget (tokens of the model's tokenizer)
+    stop: tuple[str, ...] = ()  # generation stops at the first of these strings
+    source: str = ""  # human-readable origin of the data and split
+    needs_file: str | None = None  # not shipped by any package: why, and the expected format
+
+    # ---- data ---------------------------------------------------------------------------------------
+    def rows(self, data_file: Path | None) -> tuple[list[dict], list[dict] | None]:
+        """(documents to evaluate, few-shot pool); pool None means "the other documents"."""
+        raise NotImplementedError
+
+    def group(self, row: dict) -> str | None:
+        return None
+
+    def header(self, row: dict) -> str:
+        return ""
+
+    def query(self, row: dict) -> str:
+        raise NotImplementedError
+
+    def shot(self, row: dict) -> str:
+        """A few-shot example: the query and its answer (for multiple choice, the gold choice)."""
+        if self.kind == "mc":
+            return self.query(row) + self.choices(row)[self.gold(row)]
+        raise NotImplementedError
+
+    # ---- multiple choice --------------------------------------------------------------------------
+    def choices(self, row: dict) -> list[str]:
+        raise NotImplementedError
+
+    def gold(self, row: dict) -> int:
+        raise NotImplementedError
+
+    def contexts(self, row: dict, prefix: str) -> list[str]:
+        return [prefix + self.query(row)] * len(self.choices(row))
+
+    # ---- generation ---------------------------------------------------------------------------------
+    def answers(self, row: dict) -> list[str]:
+        return []
+
+    def test(self, row: dict) -> dict | None:
+        return None
+
+    def is_correct(self, generation: str, doc: GenerationDoc) -> bool:
+        """Exact match of a generation with a reference (em tasks; code tasks run tests instead)."""
+        from .metrics import exact_match
+
+        return exact_match(generation, doc.answers)
+
+    # ---- assembly -----------------------------------------------------------------------------------
+    def doc_id(self, row: dict, index: int) -> str:
+        return str(index)
+
+    def build(self, row: dict, doc_id: str, shots: Sequence[dict]) -> Doc:
+        prefix = self.header(row) + "".join(self.shot(s) + "\n\n" for s in shots)
+        group = self.group(row)
+        if self.kind == "mc":
+            return MultipleChoiceDoc(doc_id, self.contexts(row, prefix), self.choices(row), self.gold(row), group)
+        return GenerationDoc(doc_id, prefix + self.query(row), self.answers(row), self.test(row), group)
+
+
+REGISTRY: dict[str, Benchmark] = {}
+
+
+def register(cls: type[Benchmark]) -> type[Benchmark]:
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def get_benchmark(name: str) -> Benchmark:
+    from . import benchmarks  # noqa: F401  (fills the registry)
+
+    if name not in REGISTRY:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def all_benchmarks() -> list[Benchmark]:
+    from . import benchmarks  # noqa: F401
+
+    return list(REGISTRY.values())
+
+
+def stable_seed(*parts) -> int:
+    """A 63-bit seed from any printable parts, identical across runs, machines and Python hashing."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def choose_shots(pool: Sequence[dict], candidates: Sequence[int], n: int, *, fixed: bool,
+                 exclude: int | None, seed) -> list[dict]:
+    """n few-shot rows of `pool` among the indices `candidates`: the first n of a fixed list, or a
+    seeded sample that never contains the evaluated row itself (`exclude`, its index in the pool
+    when the pool is the evaluated split)."""
+    if n <= 0:
+        return []
+    if fixed:
+        if n > len(candidates):
+            raise ValueError(f"only {len(candidates)} fixed few-shot examples exist, asked for {n}")
+        return [pool[i] for i in candidates if i != exclude][:n]
+    available = len(candidates) - (exclude in candidates if exclude is not None else 0)
+    if n > available:
+        raise ValueError(f"only {available} few-shot candidates exist, asked for {n}")
+    drawn = random.Random(seed).sample(candidates, min(n + 1, len(candidates)))
+    return [pool[i] for i in drawn if i != exclude][:n]
+
+
+@dataclass
+class PreparedTask:
+    benchmark: Benchmark
+    docs: list[Doc]
+    num_fewshot: int
+    source: str
+
+
+def prepare(name: str, *, num_fewshot: int | None = None, limit: int | None = None,
+            data_file: str | Path | None = None, seed: int = 1234) -> PreparedTask:
+    """Load a benchmark's rows and turn the first `limit` of them into prompts (for a benchmark with
+    sub-categories, `limit` applies to each). Raises DataUnavailable when the data is absent."""
+    bench = get_benchmark(name)
+    if bench.needs_file and data_file is None:
+        raise DataUnavailable(bench.needs_file)
+    rows, pool = bench.rows(Path(data_file) if data_file else None)
+    shots = bench.default_shots if num_fewshot is None else num_fewshot
+    if shots < 0:
+        raise ValueError(f"{name}: the few-shot count must be >= 0, got {shots}")
+    selected = _limit(bench, list(enumerate(rows)), limit)
+    base = rows if pool is None else pool
+    by_group: dict = {}  # few-shot examples come from the row's own sub-category (MMLU subject)
+    for i, r in enumerate(base):
+        by_group.setdefault(bench.group(r), []).append(i)
+    docs = []
+    for index, row in selected:
+        chosen = choose_shots(base, by_group.get(bench.group(row), []), shots, fixed=bench.fixed_shots,
+                              exclude=index if pool is None else None, seed=stable_seed(name, seed, index))
+        docs.append(bench.build(row, bench.doc_id(row, index), chosen))
+    source = f"user file {data_file}" if data_file else bench.source
+    return PreparedTask(bench, docs, shots, source)
+
+
+def _limit(bench: Benchmark, indexed: list[tuple[int, dict]], limit: int | None) -> list[tuple[int, dict]]:
+    if limit is None:
+        return indexed
+    if limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}")
+    counts: dict = {}
+    kept = []
+    for index, row in indexed:
+        g = bench.group(row)
+        if counts.get(g, 0) < limit:
+            counts[g] = counts.get(g, 0) + 1
+            kept.append((index, row))
+    return kept
