@@ -162,7 +162,7 @@ def test_llama_tokenizer_travels_with_the_conversion(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from free_transformer.hf.tokenizer import tokenizer_from_name
+    from free_transformer.tokenizer import get_tokenizer as tokenizer_from_name
 
     _, directory = tiny_llama(tmp_path, tie=True)
     words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))

@@ -182,3 +182,9 @@ def test_sigkill_at_random_moments_never_corrupts_and_resume_continues(tmp_path)
     final = _run_cli(out, *args, "--resume")
     assert final.wait(timeout=300) == 0, final.stderr.read().decode()
     assert _losses(out) == _losses(reference)
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("configs/*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    config = load_train_config(path, ["data.path=/corpus"])
+    assert config.steps >= 1

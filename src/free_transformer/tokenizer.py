@@ -29,9 +29,14 @@ class ByteTokenizer:
 
 
 TOKENIZERS = {"byte": ByteTokenizer}
+HF_PREFIX = "hf:"  # "hf:<directory>": a Hugging Face tokenizer saved in a local directory
 
 
 def get_tokenizer(name: str) -> Tokenizer:
+    if name.startswith(HF_PREFIX):
+        from .hf.tokenizer import HFTokenizer  # needs the optional transformers package
+
+        return HFTokenizer(name[len(HF_PREFIX) :])
     if name not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}")
     return TOKENIZERS[name]()

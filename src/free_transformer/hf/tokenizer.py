@@ -1,8 +1,8 @@
 """A Hugging Face tokenizer from a local directory, behind our `Tokenizer` protocol (tokenizer.py).
 
 A Llama converted with `free-transformer convert` records its tokenizer as "hf:<directory>" (the
-Llama's own directory, which holds tokenizer.json or tokenizer.model); `tokenizer_from_name` resolves
-such names and defers every other name to `free_transformer.tokenizer.get_tokenizer`. Nothing is
+Llama's own directory, which holds tokenizer.json or tokenizer.model);
+`free_transformer.tokenizer.get_tokenizer` resolves such names with this class. Nothing is
 downloaded: the directory must exist.
 """
 
@@ -12,9 +12,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from ..tokenizer import Tokenizer, get_tokenizer
-
-PREFIX = "hf:"
+from ..tokenizer import HF_PREFIX
 
 
 class HFTokenizer:
@@ -23,7 +21,7 @@ class HFTokenizer:
         if not directory.is_dir():
             raise ValueError(f"tokenizer directory {directory} does not exist")
         self._tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        self.name = f"{PREFIX}{directory.resolve()}"
+        self.name = f"{HF_PREFIX}{directory.resolve()}"
         self.vocab_size = len(self._tokenizer)
 
     def encode(self, text: str) -> list[int]:
@@ -32,6 +30,3 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode([int(i) for i in ids])
 
-
-def tokenizer_from_name(name: str) -> Tokenizer:
-    return HFTokenizer(name[len(PREFIX):]) if name.startswith(PREFIX) else get_tokenizer(name)
