@@ -4,7 +4,6 @@ then generate their blue and green groups and measure what their latents encode.
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing
 import os
 import random
@@ -156,12 +155,9 @@ VALID = 0.7
 def judge_claims(results: list[ModelResult]) -> list[dict]:
     by_slug = {r.variant.slug: r.measures for r in results}
 
-    def m(slug, key):
+    def m(slug, key):  # a missing measure (e.g. no valid sequence to compare) fails every test
         value = by_slug[slug].get(key)
         return value if value is not None else float("nan")
-
-    def ok(condition: bool) -> bool:
-        return bool(condition) and not any(math.isnan(x) for x in ())
 
     claims = [
         ("kappa-1-64", "1/64 bit: behaves as a vanilla model",
