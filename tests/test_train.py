@@ -188,3 +188,21 @@ def test_sigkill_at_random_moments_never_corrupts_and_resume_continues(tmp_path)
 def test_shipped_configs_load(path):
     config = load_train_config(path, ["data.path=/corpus"])
     assert config.steps >= 1
+
+
+def test_kappa_annealing_and_units():
+    fixed = _config("kappa_bits=0.125")
+    assert fixed.kappa_nats(0) == pytest.approx(0.125 * 0.6931471805599453)
+    annealed = _config("kappa_bits=0.125", "kappa_start_bits=1", "kappa_anneal_steps=100")
+    assert annealed.kappa_nats(0) == pytest.approx(0.6931471805599453)
+    assert annealed.kappa_nats(50) == pytest.approx(0.5625 * 0.6931471805599453)
+    assert annealed.kappa_nats(100) == annealed.kappa_nats(10_000) == fixed.kappa_nats(0)
+    with pytest.raises(ConfigError, match="kappa_anneal_steps"):
+        _config("kappa_start_bits=1")
+
+
+def test_post_sampler_init_scale(tmp_path):
+    train(_config("steps=1", "post_sampler_init_std=0.5", "optim.lr=1e-9"), tmp_path)
+    model, _ = load_model(tmp_path)
+    assert 0.4 < float(model.post_sampler.weight.std()) < 0.6
+    assert float(model.layers[0].mlp.up_proj.weight.std()) < 0.05

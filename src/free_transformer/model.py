@@ -53,13 +53,13 @@ class FreeTransformer(nn.Module):
         self.init_weights()
 
     @torch.no_grad()
-    def init_weights(self, std: float = 0.02) -> None:
+    def init_weights(self, std: float = 0.02, post_sampler_std: float | None = None) -> None:
         """Every tensor's initialisation, in one place.
 
         Embeddings and input projections ~ N(0, std); output projections (o_proj, down_proj) of each
         block ~ N(0, std / sqrt(2 L)) so the residual stream keeps its scale with depth; norms = 1;
         zeta ~ N(0, 1) (it is normalised before use); encoder read-out ~ N(0, std) with zero bias
-        (bits start near p = 1/2, KL near 0); post-sampler rows ~ N(0, std).
+        (bits start near p = 1/2, KL near 0); post-sampler rows ~ N(0, post_sampler_std or std).
         """
         if self.rope_cos.device.type != "meta":
             cos, sin = rope_tables(self.config.head_dim, self.config.max_seq_len, self.config.rope_theta,
@@ -78,6 +78,8 @@ class FreeTransformer(nn.Module):
                 nn.init.zeros_(param)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(param, std=out_std)
+            elif name == "post_sampler.weight":
+                nn.init.normal_(param, std=post_sampler_std or std)
             else:
                 nn.init.normal_(param, std=std)
 

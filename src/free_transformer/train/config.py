@@ -41,6 +41,13 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     kappa_bits: float = 0.5
     """Free-bits threshold kappa of the KL term, in bits per token (the paper: 1/64 ... 8)."""
+    kappa_start_bits: float | None = None
+    """If set, kappa starts here and moves linearly to kappa_bits over kappa_anneal_steps (not in the
+    paper, which keeps kappa fixed: a larger early budget lets the decoder learn to read Z first)."""
+    kappa_anneal_steps: int = 0
+    post_sampler_init_std: float = 0.02
+    """Standard deviation of the post-sampler table's rows at initialisation (a larger R makes the
+    decoder read Z from the start)."""
     steps: int = 1000
     """Optimizer steps."""
     batch_size: int = 64
@@ -64,17 +71,22 @@ class TrainConfig:
     progress: bool = True
     """Show a progress bar."""
 
-    @property
-    def kappa_nats(self) -> float:
-        return bits_to_nats(self.kappa_bits)
+    def kappa_nats(self, step: int) -> float:
+        """kappa at optimizer step `step` (0-based), in nats per token."""
+        if self.kappa_start_bits is None or step >= self.kappa_anneal_steps:
+            return bits_to_nats(self.kappa_bits)
+        progress = step / self.kappa_anneal_steps
+        return bits_to_nats(self.kappa_start_bits + progress * (self.kappa_bits - self.kappa_start_bits))
 
     def validate(self) -> TrainConfig:
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
             raise ConfigError("steps, batch_size and grad_accum must be >= 1")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"grad_accum ({self.grad_accum}) must divide batch_size ({self.batch_size})")
-        if self.kappa_bits < 0:
-            raise ConfigError(f"kappa_bits must be >= 0, got {self.kappa_bits}")
+        if self.kappa_bits < 0 or (self.kappa_start_bits is not None and self.kappa_start_bits < 0):
+            raise ConfigError(f"kappa_bits and kappa_start_bits must be >= 0, got {self.kappa_bits}, {self.kappa_start_bits}")
+        if self.kappa_start_bits is not None and self.kappa_anneal_steps < 1:
+            raise ConfigError("kappa_start_bits needs kappa_anneal_steps >= 1")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"precision must be fp32 or bf16, got {self.precision!r}")
         if self.optim.schedule not in ("cosine", "constant"):

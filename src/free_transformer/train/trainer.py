@@ -128,6 +128,7 @@ def train(
         )
 
     model = FreeTransformer(config.model).to(device)
+    model.init_weights(post_sampler_std=config.post_sampler_init_std)
     if init_from is not None and not resume:
         fresh = init_from_checkpoint(model, init_from)
         print(f"initialised from {init_from}; fresh: {', '.join(sorted({n.split('.')[0] for n in fresh})) or 'none'}")
@@ -154,11 +155,12 @@ def train(
     model.train()
     for step in range(start_step, config.steps):
         lr = set_lr(optimizer, config.optim.lr, lr_factor(step, config.steps, config.optim))
+        kappa_nats = config.kappa_nats(step)
         batch = dataset.batch(step, config.batch_size).to(device)
         totals = torch.zeros(3, device=device)  # loss, cross-entropy, KL (nats)
         for rows in batch.split(micro_batch):
             with autocast_context(config.precision, device):
-                out = model(rows[:, :-1], rows[:, 1:], kappa_nats=config.kappa_nats)
+                out = model(rows[:, :-1], rows[:, 1:], kappa_nats=kappa_nats)
             (out.loss / config.grad_accum).backward()
             kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=device)
             totals += torch.stack([out.loss, out.cross_entropy_nats, kl]).detach() / config.grad_accum
@@ -182,7 +184,7 @@ def train(
             elapsed = time.perf_counter() - window_start
             last_metrics = {
                 "step": done, "loss": loss, "cross_entropy_bits": ce / LN2, "kl_bits": kl / LN2,
-                "kappa_bits": config.kappa_bits, "lr": lr, "grad_norm": grad_norm,
+                "kappa_bits": kappa_nats / LN2, "lr": lr, "grad_norm": grad_norm,
                 "tokens_per_s": window_steps * tokens_per_step / max(elapsed, 1e-9),
             }
             if config.eval_every and done % config.eval_every == 0:
@@ -210,7 +212,7 @@ def evaluate(model: FreeTransformer, dataset, config: TrainConfig, device: torch
     for index in range(config.eval_batches):
         batch = dataset.batch(index, config.batch_size, split="val").to(device)
         with autocast_context(config.precision, device):
-            out = model(batch[:, :-1], batch[:, 1:], kappa_nats=config.kappa_nats)
+            out = model(batch[:, :-1], batch[:, 1:], kappa_nats=config.kappa_nats(config.steps))
         ce += float(out.cross_entropy_nats) / config.eval_batches
         kl += float(out.kl_nats or 0.0) / config.eval_batches
     torch.set_rng_state(rng_state)
