@@ -15,17 +15,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--preset", choices=list(PRESETS), default="quick",
                         help="quick: ~10 minutes on 2 CPU cores; full: longer, for all four claims")
     parser.add_argument("--out", "-o", default="runs/demo", help="output directory (finished runs are reused)")
-    parser.add_argument("--steps", type=int, help="override the preset's training steps")
+    parser.add_argument("overrides", nargs="*", metavar="section.field=value",
+                        help="training overrides applied to every model, e.g. steps=500 precision=bf16")
+    parser.add_argument("--steps", type=int, help="training steps of every model (same as steps=N)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2, help="models trained side by side (one process each)")
 
 
 def run(args) -> int:
     preset = PRESETS[args.preset]
-    if args.steps is not None:
-        if args.steps < 1:
-            raise ValueError("--steps must be >= 1")
-        preset = dataclasses.replace(preset, steps=args.steps)
+    extra = [*args.overrides, *([f"steps={args.steps}"] if args.steps is not None else [])]
+    preset = dataclasses.replace(preset, extra=tuple(extra))
     if args.workers < 1:
         raise ValueError("--workers must be >= 1")
     report = run_demo(preset, Path(args.out), seed=args.seed, workers=args.workers)

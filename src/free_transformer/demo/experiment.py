@@ -16,9 +16,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..checkpoint import checkpoint_dirs, load_model
-from ..config import named_config
-from ..data import DataConfig, build_dataset
-from ..train.config import OptimConfig, TrainConfig
+from ..data import build_dataset
+from ..train.config import TrainConfig, load_train_config
 from ..train.metrics import read_metrics
 from ..train.trainer import evaluate, train
 from .groups import generate_groups, group_measures
@@ -42,38 +41,40 @@ VARIANTS = (
 
 @dataclass(frozen=True)
 class Preset:
+    """A demo setting: training overrides (`section.field=value`, as on the train command line) for
+    every model, for the Free Transformers, and per model; then the sizes of the generated groups."""
+
     name: str
-    steps: int
-    batch_size: int = 64
-    lr: float = 1e-3
-    warmup_steps: int = 200
-    schedule: str = "cosine"
-    latent_lr_scale: float = 1.0
-    model_size: str = "cpu-small"
-    latent_bits: int = 8
+    common: tuple[str, ...]
+    free: tuple[str, ...] = ()
+    per_model: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    extra: tuple[str, ...] = ()  # the user's own overrides, applied last to every model
     blue_size: int = 32
     green_groups: int = 8
     green_size: int = 12
 
+    def overrides(self, variant: Variant) -> list[str]:
+        latent = ["model.latent_bits=0"] if variant.kappa_bits is None else [f"kappa_bits={variant.kappa_bits}", *self.free]
+        return [*self.common, *latent, *self.per_model.get(variant.slug, ()), *self.extra]
 
+
+LETTERS = ("data.kind=letters", "model.size=cpu-small", "model.latent_bits=8", "batch_size=64", "optim.lr=1e-3")
 PRESETS = {
-    "quick": Preset("quick", steps=1000),
-    "full": Preset("full", steps=5000),
-    "smoke": Preset("smoke", steps=3, batch_size=8, warmup_steps=1, model_size="debug", latent_bits=4,
+    "quick": Preset("quick", (*LETTERS, "steps=1000", "optim.warmup_steps=100"),
+                    free=("post_sampler_init_std=0.3", "optim.latent_lr_scale=3")),
+    "full": Preset("full", (*LETTERS, "steps=3000", "optim.warmup_steps=200"),
+                   free=("post_sampler_init_std=0.3", "optim.latent_lr_scale=3")),
+    "smoke": Preset("smoke", ("data.kind=letters", "model.size=debug", "model.vocab_size=256", "model.max_seq_len=72",
+                              "model.latent_bits=4", "batch_size=8", "steps=3", "optim.warmup_steps=1"),
                     blue_size=4, green_groups=2, green_size=3),
 }
 
 
 def train_config(preset: Preset, variant: Variant, seed: int, threads: int) -> TrainConfig:
-    latent_bits = 0 if variant.kappa_bits is None else preset.latent_bits
-    model = named_config(preset.model_size, vocab_size=256, max_seq_len=max(65, named_config(preset.model_size).max_seq_len),
-                         latent_bits=latent_bits)
-    optim = OptimConfig(lr=preset.lr, warmup_steps=preset.warmup_steps, schedule=preset.schedule,
-                        latent_lr_scale=preset.latent_lr_scale)
-    return TrainConfig(model=model, data=DataConfig(kind="letters"), optim=optim,
-                       kappa_bits=variant.kappa_bits or 0.0, steps=preset.steps, batch_size=preset.batch_size,
-                       seed=seed, device="cpu", threads=threads, log_every=25,
-                       checkpoint_every=max(1, preset.steps // 4), keep_checkpoints=1, progress=False)
+    run = [f"seed={seed}", "device=cpu", f"threads={threads}", "log_every=25", "keep_checkpoints=1", "progress=false"]
+    config = load_train_config(None, [*preset.overrides(variant), *run])
+    config.checkpoint_every = max(1, config.steps // 4)
+    return config
 
 
 def _train_one(job: tuple[TrainConfig, str]) -> tuple[str, float]:
@@ -192,7 +193,8 @@ def run_demo(preset: Preset, out_dir: Path, *, seed: int = 0, workers: int = 2) 
         "preset": asdict(preset), "seed": seed, "workers": workers,
         "total_seconds": time.perf_counter() - started,
         "models": [{"slug": r.variant.slug, "label": r.variant.label, "kappa_bits": r.variant.kappa_bits,
-                    "train_seconds": r.wall_seconds, **r.measures} for r in results],
+                    "train_overrides": preset.overrides(r.variant), "train_seconds": r.wall_seconds, **r.measures}
+                   for r in results],
         "claims": claims,
     }
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))

@@ -127,6 +127,8 @@ def write_report(out_dir: Path, results, claims, summary: dict) -> Path:
         )
         panels += f"<div class='panel'><h3>{esc(r.variant.label)}</h3>{boxes}</div>"
     preset = summary["preset"]
+    settings = "".join(f"<li>{esc(m['label'])}: <code>{esc(' '.join(m['train_overrides']))}</code></li>"
+                       for m in summary["models"])
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Free Transformer: synthetic experiment</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1300px; }}
@@ -147,9 +149,9 @@ drawn from the uniform prior. Sequences of a green group agree on what Z encodes
 <p>Generation measures average two prompt letters; chance level for two independent valid samples: position
 agreement 0.018, noise Jaccard 0.03. KL and cross-entropy are on held-out data with latents from the encoder.</p>
 <table><tr><th>model</th>{header}<th>training (min)</th></tr>{table_rows}</table>
-<p>Preset <code>{esc(preset['name'])}</code>: {preset['steps']} steps of batch {preset['batch_size']}, model
-<code>{esc(preset['model_size'])}</code> with H = {preset['latent_bits']} bits, lr {preset['lr']} ({esc(preset['schedule'])});
-{summary['workers']} training processes; total wall time {summary['total_seconds'] / 60:.1f} min.</p>
+<p>Preset <code>{esc(preset['name'])}</code>, {summary['workers']} training processes side by side, total wall
+time {summary['total_seconds'] / 60:.1f} min. Training settings (<code>free-transformer train</code> overrides):</p>
+<ul>{settings}</ul>
 <h2>Generations</h2><div class="panels">{panels}</div>
 <h2>Training</h2><img src="{embed(curves)}" width="1000">
 <h2>As one picture</h2><img src="{embed(figure)}" width="1000">
