@@ -44,8 +44,8 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory, or a run directory (its newest checkpoint)."""
     path = Path(path)
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
-        return path
+    if (path / "config.json").is_file() and ((path / "model.safetensors").is_file() or (path / "dcp").is_dir()):
+        return path  # dcp/: a sharded checkpoint of a ddp / fsdp run (free_transformer.distributed)
     found = checkpoint_dirs(path)
     if found:
         return found[-1]
@@ -109,6 +109,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Fr
     """(model in eval mode, checkpoint config dict) from a checkpoint or run directory."""
     ckpt = resolve_checkpoint(path)
     config = read_checkpoint_config(ckpt)
+    if not (ckpt / "model.safetensors").exists() and (ckpt / "dcp").is_dir():
+        raise CheckpointError(f"{ckpt} is a sharded checkpoint: run `free-transformer consolidate {ckpt}` first")
     model = FreeTransformer(ModelConfig.from_dict(config["model"]))
     try:
         weights = load_file(ckpt / "model.safetensors")
