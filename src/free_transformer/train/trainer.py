@@ -220,7 +220,7 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                 "tokens_per_s": window_steps * tokens_per_step / max(elapsed, 1e-9),
             }
             if config.eval_every and done % config.eval_every == 0:
-                last_metrics.update(evaluate(runner, dataset, config, env))
+                last_metrics.update(evaluate(runner, dataset, config, device, env))
             if log is not None:
                 log.write(last_metrics)
             progress.set_postfix(ce=f"{ce / LN2:.3f}b", kl=f"{kl / LN2:.3f}b", lr=f"{lr:.2e}",
@@ -241,9 +241,11 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset, config: TrainConfig, env: ParallelEnv) -> dict:
-    """Validation cross-entropy (posterior latents, as in training) and KL, in bits per token; each rank
-    computes its slice of every validation batch."""
+def evaluate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch.device,
+             env: ParallelEnv | None = None) -> dict:
+    """Validation cross-entropy (posterior latents, as in training) and KL, in bits per token; under
+    ddp / fsdp (env given) each rank computes its slice of every validation batch."""
+    env = env or ParallelEnv("none", device)
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=env.device)  # cross-entropy, KL (nats)
     rows = env.rows(config.batch_size)
