@@ -116,10 +116,13 @@ def test_one_process_checkpoint_continues_on_two_with_ddp(runs):
     assert _compare(runs / "ddp-resumed", GOLDEN / "debug-baseline.json", ATOL) == 0
 
 
-def test_two_process_checkpoint_resumes_on_one(runs, tmp_path):
-    """Resharding: the 2-shard checkpoint of step 3 is read by a world of one process (no torchrun)."""
+@pytest.mark.parametrize("strategy", ["fsdp", "none"])
+def test_two_process_checkpoint_resumes_on_one(runs, tmp_path, strategy):
+    """Resharding: the 2-shard checkpoint of step 3 is read by one process (no torchrun): fsdp in a
+    world of one, or no process group at all."""
     run = _interrupted_copy(runs / "fsdp", tmp_path / "fsdp-on-one", 3)
-    train(load_train_config(run / "config.yaml"), run, resume=True)
+    train(load_train_config(run / "config.yaml", [f"distributed.strategy={strategy}"]), run, resume=True)
+    assert is_sharded(checkpoint_dirs(run)[-1]) == (strategy == "fsdp")
     assert _compare(run, GOLDEN / "debug-free.json", ATOL) == 0
     assert _compare(run, runs / "fsdp", ATOL) == 0
 

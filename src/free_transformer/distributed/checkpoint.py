@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -75,16 +76,23 @@ def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: to
     return final
 
 
+def _dcp_load(state: dict, checkpoint: Path) -> None:
+    """dcp.load in place into `state`; without a process group, in this process alone."""
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, checkpoint_id=checkpoint / DCP_DIR, no_dist=not dist.is_initialized())
+    except Exception as error:  # DCP raises CheckpointException / RuntimeError on missing or bad shards
+        raise CheckpointError(f"cannot load the sharded checkpoint {checkpoint}: {error}") from error
+
+
 def load_sharded(checkpoint: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Load model and optimizer state from a DCP checkpoint, whatever number of processes wrote it and
     whatever number (one included, without a process group) reads it. Returns the checkpoint's step."""
     checkpoint = Path(checkpoint)
     model_state, optim_state = get_state_dict(model, optimizer)  # this run's layout: what to read
     state = {"model": model_state, "optim": optim_state}
-    try:
-        dcp.load(state, checkpoint_id=checkpoint / DCP_DIR)
-    except Exception as error:  # DCP raises CheckpointException / RuntimeError on missing or bad shards
-        raise CheckpointError(f"cannot load the sharded checkpoint {checkpoint}: {error}") from error
+    _dcp_load(state, checkpoint)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return int(read_checkpoint_config(checkpoint)["step"])
 
@@ -129,12 +137,7 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     config = read_checkpoint_config(checkpoint)
     model = FreeTransformer(ModelConfig.from_dict(config["model"]))
     weights = model.state_dict()  # the model's own tensors, filled in place
-    try:
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load({"model": weights}, checkpoint_id=checkpoint / DCP_DIR, no_dist=True)
-    except Exception as error:
-        raise CheckpointError(f"cannot load the sharded checkpoint {checkpoint}: {error}") from error
+    _dcp_load({"model": weights}, checkpoint)
     target = checkpoint if out is None else Path(out)
     target.mkdir(parents=True, exist_ok=True)
     tmp = target / ".model.safetensors.tmp"

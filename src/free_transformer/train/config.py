@@ -68,8 +68,8 @@ class TrainConfig:
     grad_accum: int = 1
     seed: int = 0
     latent_noise: str = "global"
-    """Noise of the posterior sampling of Z: global (the torch RNG stream seeded by `seed`; with several
-    processes each rank's stream is reseeded every step from (seed, step, rank)) or row (one generator
+    """Noise of the posterior sampling of Z: global (the torch RNG stream seeded by `seed`; under ddp /
+    fsdp each rank's stream is reseeded every step from (seed, step, rank)) or row (one generator
     per batch row seeded from (seed, step, row): the same Z whatever the number of processes or
     grad_accum)."""
     device: str = "auto"

@@ -1,8 +1,8 @@
 """The noise of the posterior sampling of Z during training (config.latent_noise).
 
 global: the torch RNG stream. One process draws from one stream seeded once by `seed` (and saved in
-its checkpoints). Several processes must not draw the same noise for different rows, so each rank's
-stream is reseeded at every step from (seed, step, rank): independent across ranks and reproducible,
+its checkpoints). Several processes must not draw the same noise for different rows, so under ddp /
+fsdp each rank's stream is reseeded at every step from (seed, step, rank): independent across ranks and reproducible,
 also after a resume on the same number of processes, but not equal to a one-process run's.
 
 row: row i of the global batch of step s draws its bits from its own generator seeded from
