@@ -188,3 +188,28 @@ def test_sigkill_at_random_moments_never_corrupts_and_resume_continues(tmp_path)
 def test_shipped_configs_load(path):
     config = load_train_config(path, ["data.path=/corpus"])
     assert config.steps >= 1
+
+
+def test_kill_while_pruning_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch):
+    """Pruning an old checkpoint deletes file by file; a process killed half-way must not leave a step_*
+    directory that lacks some of its files (it used to: test_sigkill found one)."""
+    from free_transformer import FreeTransformer
+    from free_transformer import checkpoint as checkpoint_module
+
+    model = FreeTransformer(_config().model)
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, model, {"tokenizer": "byte"}, {"step": step}, keep=2)
+
+    def killed_half_way(path, ignore_errors=False):
+        if not Path(path).exists():
+            return
+        next(Path(path).iterdir()).unlink()
+        raise KeyboardInterrupt  # stands for SIGKILL: nothing after this line runs
+
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 3, model, {"tokenizer": "byte"}, {"step": 3}, keep=2)
+    monkeypatch.undo()
+    assert [d.name for d in checkpoint_dirs(tmp_path)] == ["step_00000002", "step_00000003"]
+    for checkpoint in checkpoint_dirs(tmp_path):
+        load_model(checkpoint)

@@ -60,6 +60,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def remove_checkpoint(path: Path) -> None:
+    """Rename a step directory out of the step_* namespace (atomic), then delete it: a process killed
+    mid-delete leaves a .tmp_step_* directory (removed when training starts), never a partial step_*."""
+    trash = path.with_name(f".tmp_{path.name}_removed")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -84,14 +93,14 @@ def save_checkpoint(
             with open(f, "rb") as handle:
                 os.fsync(handle.fileno())
         if final.exists():  # re-saving the same step: move the old one aside only once the new is complete
-            shutil.rmtree(final)
+            remove_checkpoint(final)
         os.replace(tmp, final)
         _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_checkpoint(old)
     return final
 
 

@@ -26,7 +26,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ..checkpoint import CheckpointError, checkpoint_dirs, load_training_state, read_checkpoint_config
+from ..checkpoint import (
+    CheckpointError,
+    checkpoint_dirs,
+    load_training_state,
+    read_checkpoint_config,
+    remove_checkpoint,
+)
 from ..config import ModelConfig
 from ..model import FreeTransformer
 from .env import ParallelEnv
@@ -67,11 +73,11 @@ def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: to
             os.fsync(handle.fileno())
         _fsync(tmp / DCP_DIR)
         if final.exists():
-            shutil.rmtree(final)
+            remove_checkpoint(final)
         os.replace(tmp, final)
         _fsync(root)
         for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_checkpoint(old)
     env.barrier()  # no rank goes on (and possibly writes the next checkpoint) before the rename
     return final
 
