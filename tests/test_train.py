@@ -207,3 +207,28 @@ def test_post_sampler_init_scale(tmp_path):
     with torch.no_grad():
         assert 0.4 < float(model.post_sampler.weight.std()) < 0.6
         assert float(model.layers[0].mlp.up_proj.weight.std()) < 0.05
+
+
+def test_kill_while_pruning_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch):
+    """Pruning an old checkpoint deletes file by file; a process killed half-way must not leave a step_*
+    directory that lacks some of its files (it used to: test_sigkill found one)."""
+    from free_transformer import FreeTransformer
+    from free_transformer import checkpoint as checkpoint_module
+
+    model = FreeTransformer(_config().model)
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, model, {"tokenizer": "byte"}, {"step": step}, keep=2)
+
+    def killed_half_way(path, ignore_errors=False):
+        if not Path(path).exists():
+            return
+        next(Path(path).iterdir()).unlink()
+        raise KeyboardInterrupt  # stands for SIGKILL: nothing after this line runs
+
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 3, model, {"tokenizer": "byte"}, {"step": 3}, keep=2)
+    monkeypatch.undo()
+    assert [d.name for d in checkpoint_dirs(tmp_path)] == ["step_00000002", "step_00000003"]
+    for checkpoint in checkpoint_dirs(tmp_path):
+        load_model(checkpoint)

@@ -44,8 +44,8 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory, or a run directory (its newest checkpoint)."""
     path = Path(path)
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
-        return path
+    if (path / "config.json").is_file() and ((path / "model.safetensors").is_file() or (path / "dcp").is_dir()):
+        return path  # dcp/: a sharded checkpoint of a ddp / fsdp run (free_transformer.distributed)
     found = checkpoint_dirs(path)
     if found:
         return found[-1]
@@ -58,6 +58,15 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Rename a step directory out of the step_* namespace (atomic), then delete it: a process killed
+    mid-delete leaves a .tmp_step_* directory (removed when training starts), never a partial step_*."""
+    trash = path.with_name(f".tmp_{path.name}_removed")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def save_checkpoint(
@@ -84,14 +93,14 @@ def save_checkpoint(
             with open(f, "rb") as handle:
                 os.fsync(handle.fileno())
         if final.exists():  # re-saving the same step: move the old one aside only once the new is complete
-            shutil.rmtree(final)
+            remove_checkpoint(final)
         os.replace(tmp, final)
         _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_checkpoint(old)
     return final
 
 
@@ -109,6 +118,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Fr
     """(model in eval mode, checkpoint config dict) from a checkpoint or run directory."""
     ckpt = resolve_checkpoint(path)
     config = read_checkpoint_config(ckpt)
+    if not (ckpt / "model.safetensors").exists() and (ckpt / "dcp").is_dir():
+        raise CheckpointError(f"{ckpt} is a sharded checkpoint: run `free-transformer consolidate {ckpt}` first")
     model = FreeTransformer(ModelConfig.from_dict(config["model"]))
     try:
         weights = load_file(ckpt / "model.safetensors")

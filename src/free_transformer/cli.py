@@ -12,7 +12,7 @@ import sys
 
 from .errors import UserError
 
-COMMAND_MODULES = ["demo", "train", "generate", "eval", "compare", "info", "convert"]
+COMMAND_MODULES = ["demo", "train", "generate", "eval", "compare", "info", "convert", "consolidate"]
 
 
 def build_parser() -> argparse.ArgumentParser:

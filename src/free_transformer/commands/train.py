@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..train.config import load_train_config
@@ -31,6 +32,8 @@ def run(args) -> int:
     config = load_train_config(config_path, args.overrides)
     result = train(config, out, resume=args.resume, init_from=args.init_from)
     m = result.metrics
+    if int(os.environ.get("RANK", 0)) != 0:  # under torchrun, rank 0 reports for all
+        return 0
     print(f"done: step {result.step}, cross-entropy {m.get('cross_entropy_bits', float('nan')):.4f} bits/token, "
           f"KL {m.get('kl_bits', float('nan')):.4f} bits/token; run in {out}")
     return 0

@@ -35,10 +35,30 @@ class OptimConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """How `torchrun` processes share the work (docs/distributed.md). Without torchrun, ddp and fsdp run
+    as a world of one process."""
+
+    strategy: str = "none"
+    """none (one process, no process group), ddp (replicated weights, all-reduced gradients) or fsdp
+    (FSDP2: fully_shard on each block and the encoder block, then the root)."""
+    backend: str = "auto"
+    """Process-group backend: auto (nccl on cuda, gloo on cpu), nccl or gloo."""
+    param_dtype: str = "fp32"
+    """fsdp mixed precision: dtype of the all-gathered parameters that forward and backward use (fp32 or
+    bf16); the sharded master weights and the optimizer state stay fp32."""
+    reduce_dtype: str = "fp32"
+    """fsdp mixed precision: dtype in which gradients are reduce-scattered (fp32 or bf16)."""
+    reshard_after_forward: bool = True
+    """fsdp: free each block's gathered parameters after its forward (gathered again for backward)."""
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=lambda: named_config("cpu-small"))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     kappa_bits: float = 0.5
     """Free-bits threshold kappa of the KL term, in bits per token (the paper: 1/64 ... 8)."""
     kappa_start_bits: float | None = None
@@ -54,6 +74,11 @@ class TrainConfig:
     """Sequences per optimizer step (split into grad_accum micro-batches)."""
     grad_accum: int = 1
     seed: int = 0
+    latent_noise: str = "global"
+    """Noise of the posterior sampling of Z: global (the torch RNG stream seeded by `seed`; under ddp /
+    fsdp each rank's stream is reseeded every step from (seed, step, rank)) or row (one generator
+    per batch row seeded from (seed, step, row): the same Z whatever the number of processes or
+    grad_accum)."""
     device: str = "auto"
     """auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
     precision: str = "fp32"
@@ -91,6 +116,19 @@ class TrainConfig:
             raise ConfigError(f"precision must be fp32 or bf16, got {self.precision!r}")
         if self.optim.schedule not in ("cosine", "constant"):
             raise ConfigError(f"optim.schedule must be cosine or constant, got {self.optim.schedule!r}")
+        if self.latent_noise not in ("global", "row"):
+            raise ConfigError(f"latent_noise must be global or row, got {self.latent_noise!r}")
+        dist = self.distributed
+        if dist.strategy not in ("none", "ddp", "fsdp"):
+            raise ConfigError(f"distributed.strategy must be none, ddp or fsdp, got {dist.strategy!r}")
+        if dist.backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"distributed.backend must be auto, gloo or nccl, got {dist.backend!r}")
+        for name in ("param_dtype", "reduce_dtype"):
+            value = getattr(dist, name)
+            if value not in ("fp32", "bf16"):
+                raise ConfigError(f"distributed.{name} must be fp32 or bf16, got {value!r}")
+            if value != "fp32" and dist.strategy != "fsdp":
+                raise ConfigError(f"distributed.{name}={value} needs strategy fsdp (use precision=bf16 otherwise)")
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError("checkpoint_every and log_every must be >= 1")
         return self

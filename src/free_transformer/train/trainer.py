@@ -1,5 +1,8 @@
 """The training loop: seeded, resumable to the bit on CPU, checkpointed atomically, stopped with a clear
-message on a non-finite loss (the last good checkpoint is kept)."""
+message on a non-finite loss (the last good checkpoint is kept).
+
+Under torchrun (distributed.strategy ddp or fsdp) every rank runs this same loop on its own slice of
+each global batch; rank 0 alone logs and writes; checkpoints are sharded (DCP). docs/distributed.md."""
 
 from __future__ import annotations
 
@@ -19,11 +22,15 @@ from tqdm.auto import tqdm
 from ..checkpoint import CheckpointError, checkpoint_dirs, load_training_state, resolve_checkpoint, save_checkpoint
 from ..config import ConfigError
 from ..data import build_dataset
+from ..distributed import ParallelEnv, setup
+from ..distributed.checkpoint import is_sharded, load_sharded, load_single_file, save_sharded
+from ..distributed.parallelize import clip_grad_norm, gradient_sync, parallelize
 from ..errors import UserError
 from ..model import FreeTransformer
 from ..tokenizer import get_tokenizer
 from .config import TrainConfig, save_train_config
 from .metrics import MetricsLog
+from .noise import latent_generators
 from .optim import LATENT_PREFIXES, build_optimizer, lr_factor, set_lr
 
 LN2 = math.log(2.0)
@@ -100,22 +107,35 @@ def train(
 ) -> TrainResult:
     """Train (or resume) the run in `run_dir` to config.steps optimizer steps."""
     config.validate()
-    run_dir = Path(run_dir)
+    env = setup(config.distributed.strategy, config.distributed.backend, resolve_device(config.device))
+    try:
+        return _train(config, Path(run_dir), env, resume, init_from)
+    finally:
+        env.close()
+
+
+def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, init_from) -> TrainResult:
     if not resume:
         _check_fresh_run_dir(run_dir)
     elif not checkpoint_dirs(run_dir):
         raise TrainingError(f"nothing to resume: no checkpoint in {run_dir}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
-        shutil.rmtree(stale, ignore_errors=True)
+    if config.batch_size % (env.world_size * config.grad_accum):
+        raise ConfigError(f"batch_size ({config.batch_size}) must be a multiple of processes ({env.world_size}) "
+                          f"x grad_accum ({config.grad_accum})")
+    env.barrier()  # every rank has checked the run directory before rank 0 writes into it
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
+            shutil.rmtree(stale, ignore_errors=True)
 
     if config.threads:
         torch.set_num_threads(config.threads)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.seed)  # the same initial weights on every rank
     random.seed(config.seed)
     np.random.seed(config.seed)
-    device = resolve_device(config.device)
-    dataset = build_dataset(config.data, config.seed)
+    device = env.device
+    with env.main_first():  # rank 0 tokenizes a text corpus into its cache once; the others read the cache
+        dataset = build_dataset(config.data, config.seed)
     tokenizer = get_tokenizer(dataset.tokenizer_name)
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(
@@ -131,40 +151,55 @@ def train(
     model.init_weights(post_sampler_std=config.post_sampler_init_std)
     if init_from is not None and not resume:
         fresh = init_from_checkpoint(model, init_from)
-        print(f"initialised from {init_from}; fresh: {', '.join(sorted({n.split('.')[0] for n in fresh})) or 'none'}")
+        if env.is_main:
+            print(f"initialised from {init_from}; fresh: "
+                  f"{', '.join(sorted({n.split('.')[0] for n in fresh})) or 'none'}")
+    runner = parallelize(model, env, config.distributed)  # what forward calls: model, or DDP around it
     optimizer = build_optimizer(model, config.optim)
     metadata = {"tokenizer": tokenizer.name, "train": config.to_dict()}
     start_step = 0
     if resume:
         checkpoint = resolve_checkpoint(run_dir)
-        model.load_state_dict(load_file(checkpoint / "model.safetensors", device=str(device)))
-        state = load_training_state(checkpoint)
-        optimizer.load_state_dict(state["optimizer"])
-        _set_rng_state(state["rng"], device)
-        start_step = state["step"]
-    else:
+        if is_sharded(checkpoint):  # written by ddp / fsdp, on any number of processes
+            start_step = load_sharded(checkpoint, model, optimizer)
+        elif env.distributed:  # a one-process run continued on several
+            start_step = load_single_file(checkpoint, model, optimizer)
+        else:
+            model.load_state_dict(load_file(checkpoint / "model.safetensors", device=str(device)))
+            state = load_training_state(checkpoint)
+            optimizer.load_state_dict(state["optimizer"])
+            _set_rng_state(state["rng"], device)
+            start_step = state["step"]
+    elif env.is_main:
         save_train_config(config, run_dir / "config.yaml")
 
-    log = MetricsLog(run_dir, resume_step=start_step, tensorboard=config.tensorboard)
-    micro_batch = config.batch_size // config.grad_accum
+    log = MetricsLog(run_dir, resume_step=start_step, tensorboard=config.tensorboard) if env.is_main else None
+    rows = env.rows(config.batch_size)  # this rank's slice of every global batch
+    micro_batch = len(rows) // config.grad_accum
     tokens_per_step = config.batch_size * dataset.sequence_length
-    progress = tqdm(total=config.steps, initial=start_step, desc=run_dir.name, disable=not config.progress,
-                    dynamic_ncols=True, leave=True)
+    progress = tqdm(total=config.steps, initial=start_step, desc=run_dir.name,
+                    disable=not (config.progress and env.is_main), dynamic_ncols=True, leave=True)
     last_metrics: dict = {}
     window_start, window_steps = time.perf_counter(), 0
     model.train()
     for step in range(start_step, config.steps):
         lr = set_lr(optimizer, config.optim.lr, lr_factor(step, config.steps, config.optim))
         kappa_nats = config.kappa_nats(step)
-        batch = dataset.batch(step, config.batch_size).to(device)
+        batch = dataset.batch(step, config.batch_size)[rows.start : rows.stop].to(device)
+        generators = latent_generators(config.latent_noise, config.seed, step, rows, device,
+                                       rank=env.rank if env.distributed else None)
         totals = torch.zeros(3, device=device)  # loss, cross-entropy, KL (nats)
-        for rows in batch.split(micro_batch):
-            with autocast_context(config.precision, device):
-                out = model(rows[:, :-1], rows[:, 1:], kappa_nats=kappa_nats)
-            (out.loss / config.grad_accum).backward()
+        for first in range(0, len(rows), micro_batch):
+            tokens = batch[first : first + micro_batch]
+            generator = None if generators is None else generators[first : first + micro_batch]
+            # gradients are averaged over ranks (ddp / fsdp) once, after the last micro-batch
+            with gradient_sync(runner, enabled=first + micro_batch == len(rows)):
+                with autocast_context(config.precision, device):
+                    out = runner(tokens[:, :-1], tokens[:, 1:], kappa_nats=kappa_nats, generator=generator)
+                (out.loss / config.grad_accum).backward()
             kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=device)
             totals += torch.stack([out.loss, out.cross_entropy_nats, kl]).detach() / config.grad_accum
-        loss, ce, kl = totals.tolist()
+        loss, ce, kl = env.mean(totals).tolist()  # over ranks: the global batch's means
         if not math.isfinite(loss):
             progress.close()
             kept = checkpoint_dirs(run_dir)
@@ -173,8 +208,7 @@ def train(
                 f"last good checkpoint: {kept[-1] if kept else 'none'}"
             )
         grad_norm = (
-            float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip))
-            if config.optim.grad_clip > 0 else float("nan")
+            clip_grad_norm(model.parameters(), config.optim.grad_clip) if config.optim.grad_clip > 0 else float("nan")
         )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -188,33 +222,45 @@ def train(
                 "tokens_per_s": window_steps * tokens_per_step / max(elapsed, 1e-9),
             }
             if config.eval_every and done % config.eval_every == 0:
-                last_metrics.update(evaluate(model, dataset, config, device))
-            log.write(last_metrics)
+                last_metrics.update(evaluate(runner, dataset, config, device, env))
+            if log is not None:
+                log.write(last_metrics)
             progress.set_postfix(ce=f"{ce / LN2:.3f}b", kl=f"{kl / LN2:.3f}b", lr=f"{lr:.2e}",
                                  tok_s=f"{last_metrics['tokens_per_s']:.0f}")
             window_start, window_steps = time.perf_counter(), 0
         progress.update(1)
         if done % config.checkpoint_every == 0 or done == config.steps:
-            state = {"optimizer": optimizer.state_dict(), "rng": _rng_state(device), "step": done}
-            save_checkpoint(run_dir, done, model, metadata, state, keep=config.keep_checkpoints)
+            if env.distributed:
+                save_sharded(run_dir, done, model, optimizer, metadata, env, keep=config.keep_checkpoints)
+            else:
+                state = {"optimizer": optimizer.state_dict(), "rng": _rng_state(device), "step": done}
+                save_checkpoint(run_dir, done, model, metadata, state, keep=config.keep_checkpoints)
     progress.close()
-    log.close()
-    log.plot(run_dir / "training_curves.png")
+    if log is not None:
+        log.close()
+        log.plot(run_dir / "training_curves.png")
     return TrainResult(run_dir, config.steps, last_metrics)
 
 
 @torch.no_grad()
-def evaluate(model: FreeTransformer, dataset, config: TrainConfig, device: torch.device) -> dict:
-    """Validation cross-entropy (posterior latents, as in training) and KL, in bits per token."""
+def evaluate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch.device,
+             env: ParallelEnv | None = None) -> dict:
+    """Validation cross-entropy (posterior latents, as in training) and KL, in bits per token; under
+    ddp / fsdp (env given) each rank computes its slice of every validation batch."""
+    env = env or ParallelEnv("none", device)
     model.eval()
-    ce = kl = 0.0
+    totals = torch.zeros(2, dtype=torch.float64, device=env.device)  # cross-entropy, KL (nats)
+    rows = env.rows(config.batch_size)
     rng_state = torch.get_rng_state()  # keep the training RNG stream independent of evaluation
     for index in range(config.eval_batches):
-        batch = dataset.batch(index, config.batch_size, split="val").to(device)
-        with autocast_context(config.precision, device):
-            out = model(batch[:, :-1], batch[:, 1:], kappa_nats=config.kappa_nats(config.steps))
-        ce += float(out.cross_entropy_nats) / config.eval_batches
-        kl += float(out.kl_nats or 0.0) / config.eval_batches
+        batch = dataset.batch(index, config.batch_size, split="val")[rows.start : rows.stop].to(env.device)
+        generator = latent_generators(config.latent_noise, config.seed, index, rows, env.device, split="val")
+        with autocast_context(config.precision, env.device):
+            out = model(batch[:, :-1], batch[:, 1:], kappa_nats=config.kappa_nats(config.steps),
+                        generator=generator)
+        kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=env.device)
+        totals += torch.stack([out.cross_entropy_nats.double(), kl.double()]) / config.eval_batches
     torch.set_rng_state(rng_state)
     model.train()
+    ce, kl = env.mean(totals).tolist()
     return {"val_cross_entropy_bits": ce / LN2, "val_kl_bits": kl / LN2}

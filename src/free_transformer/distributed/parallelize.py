@@ -1,0 +1,80 @@
+"""The parallelisation plan, kept out of the model file (as torchtitan's infra/parallelize.py).
+
+fsdp (FSDP2): `fully_shard` on every decoder block and on the encoder block, then on the root, which
+takes what is left (embeddings, final norm, read-out, zeta, encoder norm and read-out, post-sampler
+table). Each block's parameters are all-gathered just before it runs and freed after; gradients are
+reduce-scattered (averaged) as backward leaves each block. ddp: one full replica per rank, gradients
+all-reduced (averaged) in buckets during backward.
+
+Either way the optimizer sees ordinary parameters (DTensor shards under fsdp) with the model's own
+names, so parameter groups, clipping and checkpoints need no special case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from ..model import FreeTransformer
+from .env import ParallelEnv
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_DDP_OPTIONS = inspect.signature(DistributedDataParallel.__init__).parameters
+
+# FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip a hook). The
+# training loop only reads the model's outputs, never modifies them in place.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+
+def apply_fsdp(model: FreeTransformer, param_dtype: str = "fp32", reduce_dtype: str = "fp32",
+               reshard_after_forward: bool = True) -> FreeTransformer:
+    """Shard `model` in place over the default process group: each block, the encoder, then the root."""
+    mp_policy = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
+    for block in model.layers:
+        fully_shard(block, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    if model.config.is_free:
+        fully_shard(model.encoder, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    # FSDP2 keeps the root's parameters (embeddings, read-outs) gathered between forward and backward.
+    fully_shard(model, mp_policy=mp_policy)
+    return model
+
+
+def parallelize(model: FreeTransformer, env: ParallelEnv, config) -> nn.Module:
+    """The module the training loop calls: `model` itself under fsdp (sharded in place) or none, a
+    DDP wrapper around it under ddp. `config` is the run's DistributedConfig. The optimizer is built
+    on `model` after this call."""
+    if env.strategy == "fsdp":
+        return apply_fsdp(model, config.param_dtype, config.reduce_dtype, config.reshard_after_forward)
+    if env.strategy == "ddp":
+        device_ids = [env.device.index] if env.device.type == "cuda" else None
+        # RoPE tables are buffers computed from the config on every rank: nothing to sync at each forward
+        # (the option was renamed in recent torch).
+        no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_OPTIONS
+                   else {"broadcast_buffers": False})
+        return DistributedDataParallel(model, device_ids=device_ids, **no_sync)
+    return model
+
+
+def gradient_sync(runner: nn.Module, enabled: bool):
+    """Context for one micro-batch's forward + backward: with enabled=False (all but the last
+    micro-batch of a step) gradients accumulate locally, without communication."""
+    if isinstance(runner, DistributedDataParallel) and not enabled:
+        return runner.no_sync()
+    if isinstance(runner, FSDPModule):
+        runner.set_requires_gradient_sync(enabled)
+    return contextlib.nullcontext()
+
+
+def clip_grad_norm(parameters, max_norm: float) -> float:
+    """Clip the global gradient norm (over every rank's shards) and return it as a float."""
+    norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
+    if isinstance(norm, DTensor):  # fsdp: the norm of sharded gradients is a partial result
+        norm = norm.full_tensor()
+    return float(norm)
