@@ -129,6 +129,11 @@ def write_report(out_dir: Path, results, claims, summary: dict) -> Path:
     preset = summary["preset"]
     settings = "".join(f"<li>{esc(m['label'])}: <code>{esc(' '.join(m['train_overrides']))}</code></li>"
                        for m in summary["models"])
+    annealed = [m["label"] for m in summary["models"] if any(o.startswith("kappa_start_bits=") for o in m["train_overrides"])]
+    if annealed:
+        settings += (f"<li><b>Not in the paper:</b> for {esc(', '.join(annealed))}, κ starts at a larger value and "
+                     "decreases linearly to its final value (<code>kappa_start_bits</code>, <code>kappa_anneal_steps</code>); "
+                     "the paper keeps κ fixed. Measures are taken at the end, with the final κ.</li>")
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Free Transformer: synthetic experiment</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1300px; }}
