@@ -114,7 +114,7 @@ def proc_status_kib(field):
     return int(re.search(rf"{field}:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
 
 
-def peak_memory(variant, config, device_name):
+def peak_memory(variant, config, device_name, threads):
     """Extra peak bytes of one forward + backward beyond its inputs; meant to run in a fresh process.
 
     CUDA: max_memory_allocated minus memory_allocated before the step.
@@ -129,6 +129,7 @@ def peak_memory(variant, config, device_name):
     reset, and a spawned child can inherit its parent's.
     """
     device = torch.device(device_name)
+    torch.set_num_threads(threads)
     if device.type == "cpu":
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024)
@@ -149,9 +150,9 @@ def peak_memory(variant, config, device_name):
     return (proc_status_kib("VmHWM") - before) * 1024
 
 
-def peak_memory_in_fresh_process(variant, config, device_name):
+def peak_memory_in_fresh_process(variant, config, device_name, threads):
     with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(peak_memory, (variant, config, device_name))
+        return pool.apply(peak_memory, (variant, config, device_name, threads))
 
 
 def verdict(config, speedup, memory_ratio):
@@ -166,19 +167,24 @@ def main():
     parser.add_argument("--quick", action="store_true", help="H in {8, 16}, N=4096, D=256, 3 rounds")
     parser.add_argument("--repeats", type=int, help="timing rounds per config (default 5, 3 with --quick)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
     args = parser.parse_args()
     grid = QUICK_GRID if args.quick else FULL_GRID
     rounds = args.repeats or (3 if args.quick else 5)
     device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
 
     print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds, "
-          f"load average {os.getloadavg()[0]:.1f} (a shared machine slows both variants, the fused one more)")
+          f"load average {os.getloadavg()[0]:.1f} (above the core count, times are not reliable: see --threads)")
     print(f"target at H={TARGET_BITS}, N={TARGET_TOKENS}: fused >= {TARGET_SPEEDUP:g}x faster, "
           f">= {TARGET_MEMORY:g}x less peak memory")
     rows = []
     for config in tqdm(grid, desc="configs"):
         fused_s, naive_s, speedup, grad_err = time_config(config, device, rounds)
-        fused_mem, naive_mem = (peak_memory_in_fresh_process(v, config, args.device) for v in VARIANTS)
+        fused_mem, naive_mem = (
+            peak_memory_in_fresh_process(variant, config, args.device, args.threads) for variant in VARIANTS
+        )
         memory_ratio = naive_mem / fused_mem
         rows.append((*config, fused_s * 1e3, naive_s * 1e3, speedup, fused_mem / MIB, naive_mem / MIB,
                      memory_ratio, grad_err, verdict(config, speedup, memory_ratio)))
