@@ -175,8 +175,10 @@ def main():
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
 
-    print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds, "
-          f"load average {os.getloadavg()[0]:.1f} (above the core count, times are not reliable: see --threads)")
+    load = os.getloadavg()[0]
+    busy = " (more than the cores: times are not reliable, see --threads)" if load > os.cpu_count() else ""
+    print(f"device {device}, torch {torch.__version__}, threads: {torch.get_num_threads()}, rounds: {rounds}, "
+          f"load average {load:.1f}{busy}")
     print(f"target at H={TARGET_BITS}, N={TARGET_TOKENS}: fused >= {TARGET_SPEEDUP:g}x faster, "
           f">= {TARGET_MEMORY:g}x less peak memory")
     rows = []
