@@ -13,7 +13,7 @@ cancels most of the drift of a shared machine.
 Memory: the extra peak memory of one forward + backward beyond its inputs, measured for each variant
 in a fresh process (so nothing cached by an earlier run is reused). See peak_memory.
 
-    PYTHONPATH=src python bench/mapper.py [--quick] [--repeats R] [--device cpu|cuda]
+    PYTHONPATH=src python bench/mapper.py [--quick] [--repeats R] [--device cpu|cuda] [--threads T]
 """
 
 from __future__ import annotations
