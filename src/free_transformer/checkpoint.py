@@ -52,7 +52,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise CheckpointError(f"no checkpoint found at {path} (expected a step_* directory or a run directory)")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries (renames, new files) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -95,7 +96,7 @@ def save_checkpoint(
         if final.exists():  # re-saving the same step: move the old one aside only once the new is complete
             remove_checkpoint(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -90,10 +90,10 @@ class FreeTransformer(nn.Module):
         h = self.norm(x)
         return F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)
 
-    def encode(self, x_half: Tensor, start: int = 0) -> Tensor:
+    def encode(self, x_half: Tensor) -> Tensor:
         """Encoder: (B, T, D) first-half output -> (B, T, H) bit-logits. Non-causal over the T tokens."""
         B, T, D = x_half.shape
-        cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         queries = self.zeta.to(x_half.dtype).expand(B, T, D)
         y = self.encoder(queries, cos, sin, kv_input=x_half, causal=False)
         return self.encoder_readout(self.encoder_norm(y))

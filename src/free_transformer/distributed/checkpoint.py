@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from ..checkpoint import (
     CheckpointError,
     checkpoint_dirs,
+    fsync_dir,
     load_training_state,
     read_checkpoint_config,
     remove_checkpoint,
@@ -42,14 +43,6 @@ DCP_DIR = "dcp"
 
 def is_sharded(checkpoint: str | Path) -> bool:
     return (Path(checkpoint) / DCP_DIR / ".metadata").is_file()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -71,11 +64,11 @@ def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: to
             handle.write(json.dumps(config, indent=2))
             handle.flush()
             os.fsync(handle.fileno())
-        _fsync(tmp / DCP_DIR)
+        fsync_dir(tmp / DCP_DIR)
         if final.exists():
             remove_checkpoint(final)
         os.replace(tmp, final)
-        _fsync(root)
+        fsync_dir(root)
         for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
             remove_checkpoint(old)
     env.barrier()  # no rank goes on (and possibly writes the next checkpoint) before the rename
@@ -148,7 +141,7 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     tmp = target / ".model.safetensors.tmp"
     save_file({k: v.contiguous() for k, v in weights.items()}, tmp, metadata={"format": "pt"})
-    _fsync(tmp)
+    fsync_dir(tmp)
     if out is not None:
         (target / "config.json").write_text(json.dumps(config, indent=2))
     os.replace(tmp, target / "model.safetensors")
