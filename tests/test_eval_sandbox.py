@@ -98,3 +98,13 @@ def test_code_checkers_pass_the_reference_and_fail_a_wrong_answer():
     assert check_completion(plus, "    return x * (1 / 3)\n", FAST).passed  # equal within the tolerance
     assert not check_completion(plus, "    return x // 3\n", FAST).passed
     assert "check(inc)" in build_program(humaneval, "    return x + 1\n")
+
+
+
+def test_cpu_limit_counts_as_the_timeout(monkeypatch):
+    """RLIMIT_CPU (derived from the timeout) can stop a busy loop just before the wall clock does:
+    that is a timeout too, not a failure. Here the CPU limit is forced to come first."""
+    limits = SandboxLimits(timeout_s=10.0, memory_mb=512)
+    monkeypatch.setattr(SandboxLimits, "rlimits", lambda self: {"RLIMIT_CPU": 1, "RLIMIT_AS": 512 * 2**20})
+    result = run_python("while True:\n    pass\n", limits)
+    assert result.status == "timeout" and result.duration_s < 8

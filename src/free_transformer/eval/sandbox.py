@@ -120,6 +120,9 @@ def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResul
         first, _, rest = stderr.partition("\n")
         if first.startswith(REPORT_PREFIX):
             isolation, stderr = json.loads(first[len(REPORT_PREFIX) :]), rest
+        # RLIMIT_CPU is derived from the timeout: a CPU-bound program can reach it (SIGXCPU) a moment
+        # before the wall clock does, and that is the same verdict.
+        timed_out = timed_out or returncode == -signal.SIGXCPU
         status = "timeout" if timed_out else ("passed" if returncode == 0 else "failed")
         return SandboxResult(status, returncode, _tail(root / "stdout", limits.output_chars),
                              stderr[-limits.output_chars :], duration, isolation)
