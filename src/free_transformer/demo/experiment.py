@@ -20,7 +20,7 @@ from ..data import build_dataset
 from ..train.config import TrainConfig, load_train_config
 from ..train.metrics import read_metrics
 from ..train.trainer import evaluate, train
-from .groups import generate_groups, group_measures
+from .groups import generate_groups, group_measures, mean_of_present
 
 
 @dataclass(frozen=True)
@@ -147,15 +147,10 @@ def evaluate_all(preset: Preset, out_dir: Path, *, seed: int, wall: dict[str, fl
             shown = shown or groups
             for key, value in group_measures(groups).items():
                 measures.setdefault(key, []).append(value)
-        measures = {k: _mean(v) if isinstance(v, list) else v for k, v in measures.items()}
+        measures = {k: mean_of_present(v) if isinstance(v, list) else v for k, v in measures.items()}
         results.append(ModelResult(variant, measures, asdict(shown), wall.get(variant.slug, 0.0),
                                    read_metrics(run_dir / "metrics.jsonl")))
     return results
-
-
-def _mean(values):
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 # What each of the paper's claims needs to be called reproduced. Reference values of the data itself:

@@ -63,7 +63,8 @@ def _noise_jaccard(bodies: list[str], letter: str) -> float | None:
     return _pair_mean(noises, lambda a, b: len(a & b) / len(a | b) if a | b else None)
 
 
-def _mean(values: list[float | None]) -> float | None:
+def mean_of_present(values: list[float | None]) -> float | None:
+    """Mean of the values that exist (None: nothing to measure, e.g. no valid sequence)."""
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
 
@@ -74,7 +75,7 @@ def group_measures(groups: Groups) -> dict:
     return {
         "valid": sum(analyse_letters(b, letter).valid for b in everything) / len(everything),
         "blue_position_agreement": _position_agreement(groups.blue, letter),
-        "green_position_agreement": _mean([_position_agreement(g, letter) for g in groups.greens]),
+        "green_position_agreement": mean_of_present([_position_agreement(g, letter) for g in groups.greens]),
         "blue_noise_jaccard": _noise_jaccard(groups.blue, letter),
-        "green_noise_jaccard": _mean([_noise_jaccard(g, letter) for g in groups.greens]),
+        "green_noise_jaccard": mean_of_present([_noise_jaccard(g, letter) for g in groups.greens]),
     }
