@@ -19,18 +19,15 @@ in a fresh process (so nothing cached by an earlier run is reused). See peak_mem
 from __future__ import annotations
 
 import argparse
-import ctypes
-import math
-import multiprocessing as mp
+import functools
 import os
-import re
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from common import MIB, describe_machine, interleaved_times, median_ratio, peak_memory_in_fresh_process
 from free_transformer.latent import binary_mapper_project, index_to_bits, sample_bits
 
 # (H, N tokens, D)
@@ -38,9 +35,6 @@ FULL_GRID = [(h, n, d) for h in (8, 12, 16) for n in (1024, 4096) for d in (256,
 QUICK_GRID = [(8, 4096, 256), (16, 4096, 256)]
 # Target at H=16, 4,096 tokens: fused at least this many times faster / lighter than naive.
 TARGET_BITS, TARGET_TOKENS, TARGET_SPEEDUP, TARGET_MEMORY = 16, 4096, 4.0, 15.0
-MIN_SAMPLE_S = 0.05  # a timing sample repeats the step until it lasts at least this long
-MIB = 2**20
-M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h
 
 
 def naive_mapper_project(bit_logits, weight, generator=None):
@@ -73,86 +67,29 @@ def step(variant, bit_logits, weight, grad_out):
     return torch.autograd.grad((r * grad_out).sum(), (bit_logits, weight))
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def seconds_per_step(variant, inputs, n_steps):
-    device = inputs[0].device
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(n_steps):
-        step(variant, *inputs)
-    sync(device)
-    return (time.perf_counter() - start) / n_steps
-
-
 def time_config(config, device, rounds):
     """Median seconds per step of each variant, median per-round ratio naive / fused, gradient mismatch."""
     inputs = make_inputs(*config, device)
-    grads, first = {}, {}
-    for variant in VARIANTS:  # warm-up; its gradients are compared and its time sets the sample length
-        start = time.perf_counter()
-        grads[variant] = step(variant, *inputs)
-        sync(device)
-        first[variant] = time.perf_counter() - start
+    grads = {variant: step(variant, *inputs) for variant in VARIANTS}  # compared, and a first warm-up
     grad_err = max(
         ((f - n).abs().max() / n.abs().max()).item() for f, n in zip(grads["fused"], grads["naive"])
     )
     del grads
-    n_steps = {v: max(1, math.ceil(MIN_SAMPLE_S / first[v])) for v in VARIANTS}
-    times = {v: [] for v in VARIANTS}
-    for _ in range(rounds):
-        for variant in VARIANTS:
-            times[variant].append(seconds_per_step(variant, inputs, n_steps[variant]))
-    ratio = statistics.median(n / f for f, n in zip(times["fused"], times["naive"]))
+    times = interleaved_times({v: functools.partial(step, v, *inputs) for v in VARIANTS}, rounds, device)
+    ratio = median_ratio(times["naive"], times["fused"])
     return statistics.median(times["fused"]), statistics.median(times["naive"]), ratio, grad_err
 
 
-def proc_status_kib(field):
-    return int(re.search(rf"{field}:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
+def setup_inputs(config, device_name):
+    return make_inputs(*config, torch.device(device_name))
 
 
 def peak_memory(variant, config, device_name, threads):
-    """Extra peak bytes of one forward + backward beyond its inputs; meant to run in a fresh process.
-
-    CUDA: max_memory_allocated minus memory_allocated before the step.
-    CPU: PyTorch's CPU allocator keeps no statistics, so we read the kernel's resident-set figures
-    (VmRSS, and its peak VmHWM). glibc is told to give every block of 64 KiB or more its own
-    mapping (M_MMAP_THRESHOLD; left dynamic, it moves freed 16 MiB chunks to its heaps and the
-    peak wanders by +-30% from run to run), so freed tensors go back to the kernel and the
-    resident set follows the live tensors. A step at 8 tokens loads kernels and thread pools, the
-    inputs are allocated, malloc_trim hands back what glibc still holds (the step could otherwise
-    reuse it unseen), and writing 5 to /proc/self/clear_refs resets VmHWM to VmRSS. VmHWM after
-    the step minus VmRSS before it is what the step added. ru_maxrss is not used: it cannot be
-    reset, and a spawned child can inherit its parent's.
-    """
-    device = torch.device(device_name)
-    torch.set_num_threads(threads)
-    if device.type == "cpu":
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024)
-    step(variant, *make_inputs(config[0], 8, config[2], device))  # warm-up at 8 tokens
-    inputs = make_inputs(*config, device)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        step(variant, *inputs)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before
-    libc.malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = proc_status_kib("VmRSS")
-    step(variant, *inputs)
-    return (proc_status_kib("VmHWM") - before) * 1024
-
-
-def peak_memory_in_fresh_process(variant, config, device_name, threads):
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(peak_memory, (variant, config, device_name, threads))
+    """Extra peak bytes of one forward + backward beyond its inputs, in a fresh process (see bench/common.py)."""
+    return peak_memory_in_fresh_process(
+        setup_inputs, functools.partial(step, variant), (config, device_name), device_name=device_name,
+        threads=threads, warmup_args=((config[0], 8, config[2]), device_name),
+    )
 
 
 def verdict(config, speedup, memory_ratio):
@@ -175,17 +112,14 @@ def main():
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
 
-    load = os.getloadavg()[0]
-    busy = " (more than the cores: times are not reliable, see --threads)" if load > os.cpu_count() else ""
-    print(f"device {device}, torch {torch.__version__}, threads: {torch.get_num_threads()}, rounds: {rounds}, "
-          f"load average {load:.1f}{busy}")
+    print(f"{describe_machine(device)}, rounds: {rounds}")
     print(f"target at H={TARGET_BITS}, N={TARGET_TOKENS}: fused >= {TARGET_SPEEDUP:g}x faster, "
           f">= {TARGET_MEMORY:g}x less peak memory")
     rows = []
     for config in tqdm(grid, desc="configs"):
         fused_s, naive_s, speedup, grad_err = time_config(config, device, rounds)
         fused_mem, naive_mem = (
-            peak_memory_in_fresh_process(variant, config, args.device, args.threads) for variant in VARIANTS
+            peak_memory(variant, config, args.device, args.threads) for variant in VARIANTS
         )
         memory_ratio = naive_mem / fused_mem
         rows.append((*config, fused_s * 1e3, naive_s * 1e3, speedup, fused_mem / MIB, naive_mem / MIB,

@@ -1,0 +1,123 @@
+"""What every benchmark here shares: interleaved timing, peak memory in a fresh process, the machine's limit.
+
+The machines are shared and noisy, so a benchmark never compares two separate runs: variants are timed
+in interleaved rounds (A, B, A, B, ...) in one process and we report medians of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import multiprocessing as mp
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+MIN_SAMPLE_S = 0.05  # a timing sample repeats the step until it lasts at least this long
+MIB = 2**20
+M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def seconds_per_call(fn: Callable[[], object], n_calls: int, device: torch.device) -> float:
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(n_calls):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / n_calls
+
+
+def interleaved_times(variants: dict[str, Callable[[], object]], rounds: int, device: torch.device,
+                      min_sample_s: float = MIN_SAMPLE_S) -> dict[str, list[float]]:
+    """Seconds per call of each variant, one sample per round, the variants taking turns within a round.
+
+    Each variant is called once first (warm-up; its time sets how many calls make one sample).
+    """
+    first = {name: seconds_per_call(fn, 1, device) for name, fn in variants.items()}
+    n_calls = {name: max(1, math.ceil(min_sample_s / first[name])) for name in variants}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            times[name].append(seconds_per_call(fn, n_calls[name], device))
+    return times
+
+
+def median_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """Median of the per-round ratios: cancels most of the drift of a shared machine."""
+    return statistics.median(n / d for n, d in zip(numerator, denominator))
+
+
+def _proc_status_kib(field: str) -> int:
+    return int(re.search(rf"{field}:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
+
+
+def _peak_memory(setup: Callable, step: Callable, setup_args: tuple, warmup_args: tuple | None,
+                 device_name: str, threads: int) -> int:
+    """Extra peak bytes of step(*setup(*setup_args)) beyond what setup allocated; run in a fresh process.
+
+    CUDA: max_memory_allocated minus memory_allocated before the step.
+    CPU: PyTorch's CPU allocator keeps no statistics, so we read the kernel's resident-set figures
+    (VmRSS, and its peak VmHWM). glibc is told to give every block of 64 KiB or more its own mapping
+    (M_MMAP_THRESHOLD; left dynamic, it keeps freed chunks on its heaps and the peak wanders by +-30%
+    from run to run), so freed tensors go back to the kernel and the resident set follows the live
+    tensors. A warm-up step (setup(*warmup_args), small) loads kernels and thread pools, the inputs
+    are built, malloc_trim hands back what glibc still holds, and writing 5 to /proc/self/clear_refs
+    resets VmHWM to VmRSS. VmHWM after the step minus VmRSS before it is what the step added.
+    """
+    device = torch.device(device_name)
+    torch.set_num_threads(threads)
+    if device.type == "cpu":
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024)
+    if warmup_args is not None:
+        step(*setup(*warmup_args))
+    inputs = setup(*setup_args)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step(*inputs)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    libc.malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _proc_status_kib("VmRSS")
+    step(*inputs)
+    return (_proc_status_kib("VmHWM") - before) * 1024
+
+
+def peak_memory_in_fresh_process(setup: Callable, step: Callable, setup_args: tuple, *, device_name: str,
+                                 threads: int, warmup_args: tuple | None = None) -> int:
+    """Peak bytes one step adds, measured in a spawned process (nothing cached by earlier runs is reused).
+
+    setup and step must be module-level functions (they are pickled); setup returns a tuple of inputs.
+    """
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_peak_memory, (setup, step, setup_args, warmup_args, device_name, threads))
+
+
+def matmul_flops_per_second(device: torch.device, dtype: torch.dtype, size: int = 2048, rounds: int = 5) -> float:
+    """The machine's limit: median FLOP/s of a (size x size) @ (size x size) matmul in this dtype."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    times = interleaved_times({"matmul": lambda: a @ b}, rounds, device, min_sample_s=0.2)["matmul"]
+    return 2 * size**3 / statistics.median(times)
+
+
+def describe_machine(device: torch.device) -> str:
+    """One line: device, torch, threads, load average (with a warning when it exceeds the cores)."""
+    load = os.getloadavg()[0]
+    busy = " (more than the cores: times are not reliable, see --threads)" if load > os.cpu_count() else ""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{os.cpu_count()}"
+    return (f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
+            f"load average {load:.1f}{busy}")
