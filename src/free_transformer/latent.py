@@ -87,34 +87,43 @@ class _BinaryMapperProject(torch.autograd.Function):
 
 
 def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor) -> Tensor:
-    """dL_h = sum_d (dR . W_d) G_d (U_h(d) - p_h), chunked over d. bit_logits (N, H), weight (2^H, D)."""
+    """dL_h = sum_d (dR . W_d) G_d (U_h(d) - p_h), chunked over d. bit_logits (N, H), weight (2^H, D).
+
+    Per chunk of 2^c values: g = dR @ W[chunk]^T into one reused buffer, g *= low factor in place,
+    then one matmul with [1 | U_low] gives sum_d g_d G_d and sum_d g_d G_d U_h(d) for the c low bits
+    at once; the chunk's high-bit factor, a scalar per row, scales those (N, 1 + c) sums only.
+    """
     compute_dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
     logits = bit_logits.to(compute_dtype)
     grad_r = grad_r.to(weight.dtype)
     n_rows, n_bits = logits.shape
     log_p1 = F.logsigmoid(logits)  # (N, H) log P(B_h = 1)
     log_p0 = F.logsigmoid(-logits)  # (N, H) log P(B_h = 0)
+    log_ratio = log_p1 - log_p0
 
     # Chunks of 2^c consecutive values share their H - c high bits.
     low_bits = min(n_bits, max(1, int(math.log2(max(1, CHUNK_ENTRIES // max(1, n_rows))))))
     chunk = 2**low_bits
     low_pattern = index_to_bits(torch.arange(chunk, device=logits.device), low_bits).to(compute_dtype)  # (C, c)
     # G restricted to the low bits: (N, C) = exp(sum_h log p0_h + U_h (log p1_h - log p0_h))
-    low_factor = torch.exp(log_p0[:, :low_bits].sum(-1, keepdim=True) + (log_p1 - log_p0)[:, :low_bits] @ low_pattern.T)
+    low_factor = torch.exp(log_p0[:, :low_bits].sum(-1, keepdim=True) + log_ratio[:, :low_bits] @ low_pattern.T)
+    ones_and_low = torch.cat([low_pattern.new_ones(chunk, 1), low_pattern], dim=1)  # (C, 1 + c)
+    high_base = log_p0[:, low_bits:].sum(-1, keepdim=True)  # (N, 1)
 
-    weighted_sum = logits.new_zeros(n_rows)  # sum_d g_d G_d
-    weighted_bits = logits.new_zeros(n_rows, n_bits)  # sum_d g_d G_d U_h(d)
+    weighted = logits.new_zeros(n_rows, 1 + n_bits)  # [sum_d g_d G_d, sum_d g_d G_d U_h(d) for each h]
+    g = grad_r.new_empty(n_rows, chunk)  # (N, C), reused by every chunk
+    sums = logits.new_empty(n_rows, 1 + low_bits)
     for start in range(0, 2**n_bits, chunk):
         high_bits = index_to_bits(torch.tensor(start >> low_bits, device=logits.device), n_bits - low_bits)
         high_bits = high_bits.to(compute_dtype)  # (H - c,)
-        log_high = (log_p0[:, low_bits:] + high_bits * (log_p1 - log_p0)[:, low_bits:]).sum(-1, keepdim=True)
-        g = (grad_r @ weight[start : start + chunk].T).to(compute_dtype)  # (N, C)
-        gG = g * low_factor * torch.exp(log_high)  # (N, C)
-        chunk_sum = gG.sum(-1)  # (N,)
-        weighted_sum += chunk_sum
-        weighted_bits[:, :low_bits] += gG @ low_pattern
-        weighted_bits[:, low_bits:] += chunk_sum[:, None] * high_bits
-    return weighted_bits - torch.sigmoid(logits) * weighted_sum[:, None]
+        high_factor = torch.exp(high_base + log_ratio[:, low_bits:] @ high_bits[:, None])  # (N, 1)
+        torch.mm(grad_r, weight[start : start + chunk].T, out=g)
+        gG = g.mul_(low_factor) if g.dtype == compute_dtype else g.to(compute_dtype).mul_(low_factor)
+        torch.mm(gG, ones_and_low, out=sums)  # (N, 1 + c)
+        sums.mul_(high_factor)
+        weighted[:, : 1 + low_bits] += sums
+        weighted[:, 1 + low_bits :] += sums[:, :1] * high_bits
+    return weighted[:, 1:] - torch.sigmoid(logits) * weighted[:, :1]
 
 
 def project_latents(bit_logits: Tensor | None, weight: Tensor, index: Tensor) -> Tensor:
