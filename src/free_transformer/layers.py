@@ -56,7 +56,7 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x_q: Tensor,  # (B, T, D)
+        x_q: Tensor,  # (B, T, D), or (1, 1, D): one query row shared by every position (projected once)
         x_kv: Tensor,  # (B, T, D)
         cos: Tensor,  # (T, head_dim), for positions [start, start+T)
         sin: Tensor,
@@ -66,8 +66,8 @@ class Attention(nn.Module):
         layer: int = 0,
         start: int = 0,
     ) -> Tensor:
-        B, T, _ = x_q.shape
-        q = self.q_proj(x_q).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, hd)
+        B, T, _ = x_kv.shape
+        q = self.q_proj(x_q).expand(B, T, -1).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, hd)
         k = self.k_proj(x_kv).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv, T, hd)
         v = self.v_proj(x_kv).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -98,7 +98,10 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block. Queries come from `x`, keys/values from `kv_input` (default: `x` itself)."""
+    """Pre-norm block. Queries come from `x`, keys/values from `kv_input` (default: `x` itself).
+
+    `x` may be a single (1, 1, D) row broadcast to every position (the encoder's constant query
+    zeta): its norm and query projection are then computed once, and the output is (B, T, D)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

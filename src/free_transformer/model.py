@@ -92,10 +92,10 @@ class FreeTransformer(nn.Module):
 
     def encode(self, x_half: Tensor) -> Tensor:
         """Encoder: (B, T, D) first-half output -> (B, T, H) bit-logits. Non-causal over the T tokens."""
-        B, T, D = x_half.shape
+        T, D = x_half.shape[1:]
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        queries = self.zeta.to(x_half.dtype).expand(B, T, D)
-        y = self.encoder(queries, cos, sin, kv_input=x_half, causal=False)
+        query = self.zeta.to(x_half.dtype).view(1, 1, D)  # the same for every position: normed and projected once
+        y = self.encoder(query, cos, sin, kv_input=x_half, causal=False)  # (B, T, D)
         return self.encoder_readout(self.encoder_norm(y))
 
     def forward(
