@@ -114,17 +114,24 @@ class ModelConfig:
         return encoder + (2**self.latent_bits) * self.dim
 
     def training_flops_per_token(self, seq_len: int) -> float:
-        """Forward + backward FLOPs per token of a training step at this sequence length.
+        """Forward + backward FLOPs per token of a training step at this sequence length: what the design
+        needs, counted exactly.
 
-        Matmuls count 6 FLOPs per weight (2 forward, 4 backward); attention scores and values count
-        12 * T * D per layer (full context, the usual convention). The post-sampler's forward is a
-        row lookup (no FLOPs); its exact backward needs dR @ W^T, 2 * 2^H * D per token.
+        Matmuls count 6 FLOPs per weight (2 forward, 4 backward). Attention scores and values count
+        12 * D FLOPs per (query, key) pair: a causal query sees (T + 1) / 2 keys on average, the
+        encoder's non-causal queries all T. The encoder's query is the constant zeta, one row for
+        every position: its query projection costs nothing per token. Its read-out to H bit-logits
+        counts 6 * D * H. The post-sampler's forward is a row lookup (no FLOPs); its exact backward
+        needs dR @ W^T, 2 * 2^H * D per token (the O(2^H) products with G and sums over the values
+        are left out, as norms and activations are everywhere).
         """
-        per_block = 6 * (self.block_params() - 2 * self.dim) + 12 * seq_len * self.dim
-        flops = self.n_layers * per_block + 6 * self.vocab_size * self.dim
+        matmul_weights = self.block_params() - 2 * self.dim  # q, k, v, o and the SwiGLU
+        causal_block = 6 * matmul_weights + 12 * self.dim * (seq_len + 1) / 2
+        flops = self.n_layers * causal_block + 6 * self.vocab_size * self.dim
         if self.is_free:
-            flops += per_block + 6 * (self.dim * self.latent_bits)
-            flops += 2 * (2**self.latent_bits) * self.dim
+            flops += 6 * (matmul_weights - self.dim * self.dim) + 12 * self.dim * seq_len  # encoder block
+            flops += 6 * self.dim * self.latent_bits  # encoder read-out
+            flops += 2 * (2**self.latent_bits) * self.dim  # dR @ W^T in the mapper's backward
         return float(flops)
 
 
