@@ -1,4 +1,5 @@
-"""The parallelisation plan, kept out of the model file (as torchtitan's infra/parallelize.py).
+"""The parallelisation plan, kept out of the model file (as torchtitan's infra/parallelize.py):
+activation checkpointing and torch.compile per block, then FSDP2 or DDP.
 
 fsdp (FSDP2): `fully_shard` on every decoder block and on the encoder block, then on the root, which
 takes what is left (embeddings, final norm, read-out, zeta, encoder norm and read-out, post-sampler
@@ -13,6 +14,7 @@ names, so parameter groups, clipping and checkpoints need no special case.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import warnings
 
@@ -21,6 +23,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 
 from ..model import FreeTransformer
 from .env import ParallelEnv
@@ -31,6 +34,30 @@ _DDP_OPTIONS = inspect.signature(DistributedDataParallel.__init__).parameters
 # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip a hook). The
 # training loop only reads the model's outputs, never modifies them in place.
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+
+def blocks(model: FreeTransformer) -> list[nn.Module]:
+    """The decoder blocks and, in a Free Transformer, the encoder block."""
+    return [*model.layers, *([model.encoder] if model.config.is_free else [])]
+
+
+def apply_activation_checkpointing(model: FreeTransformer) -> FreeTransformer:
+    """Checkpoint every block in place (non-reentrant torch.utils.checkpoint around its forward): only its
+    inputs are kept, the block runs again in backward. Module and parameter names do not change. The
+    blocks draw no random numbers (Z is sampled between them), and checkpoint restores the RNG state
+    for the recomputation anyway, so the results are those of the plain model."""
+    for block in blocks(model):
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    return model
+
+
+def apply_compile(model: FreeTransformer) -> FreeTransformer:
+    """torch.compile every block in place (Module.compile: names and state dict unchanged). The blocks
+    share one code path, so the decoder blocks reuse the same compiled graphs; the latent path
+    (a custom autograd Function with a chunked backward), the read-out and the loss stay eager."""
+    for block in blocks(model):
+        block.compile()
+    return model
 
 
 def apply_fsdp(model: FreeTransformer, param_dtype: str = "fp32", reduce_dtype: str = "fp32",

@@ -24,7 +24,8 @@ from ..config import ConfigError
 from ..data import build_dataset
 from ..distributed import ParallelEnv, setup
 from ..distributed.checkpoint import is_sharded, load_sharded, load_single_file, save_sharded
-from ..distributed.parallelize import clip_grad_norm, gradient_sync, parallelize
+from ..distributed.parallelize import (apply_activation_checkpointing, apply_compile, clip_grad_norm,
+                                       gradient_sync, parallelize)
 from ..errors import UserError
 from ..model import FreeTransformer
 from ..tokenizer import get_tokenizer
@@ -154,6 +155,10 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
         if env.is_main:
             print(f"initialised from {init_from}; fresh: "
                   f"{', '.join(sorted({n.split('.')[0] for n in fresh})) or 'none'}")
+    if config.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if config.compile:
+        apply_compile(model)
     runner = parallelize(model, env, config.distributed)  # what forward calls: model, or DDP around it
     optimizer = build_optimizer(model, config.optim)
     metadata = {"tokenizer": tokenizer.name, "train": config.to_dict()}
