@@ -50,6 +50,22 @@ def test_mapper_keeps_leading_shape_and_float32():
     assert logits.grad.shape == logits.shape and logits.grad.dtype == torch.float32
 
 
+def test_mapper_backward_matmul_follows_autocast():
+    """Under bf16 autocast dR @ W^T runs in bf16 like every other matmul: close to float32, not equal.
+    The table's gradient (a scatter-add) and the values stay float32."""
+    logits, weight, grad_out = (t.float().detach() for t in _inputs(n_rows=64, n_bits=8, dim=32))
+    grads = {}
+    for name, context in (("fp32", torch.autocast("cpu", enabled=False)), ("bf16", torch.autocast("cpu", torch.bfloat16))):
+        x, w = logits.clone().requires_grad_(), weight.clone().requires_grad_()
+        with context:
+            r, _ = binary_mapper_project(x, w, generator=torch.Generator().manual_seed(1))
+        grads[name] = torch.autograd.grad((r * grad_out).sum(), (x, w))
+    (x32, w32), (x16, w16) = grads["fp32"], grads["bf16"]
+    assert x16.dtype == torch.float32 and torch.equal(w16, w32)
+    assert not torch.equal(x16, x32)
+    torch.testing.assert_close(x16, x32, rtol=0, atol=2e-2 * x32.abs().max().item())
+
+
 def test_mapper_rejects_wrong_table_size():
     with pytest.raises(ValueError, match="2\\^H"):
         binary_mapper_project(torch.randn(3, 4), torch.randn(15, 8))

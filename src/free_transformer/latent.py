@@ -73,6 +73,10 @@ class _BinaryMapperProject(torch.autograd.Function):
     @staticmethod
     def forward(ctx, bit_logits: Tensor, weight: Tensor, index: Tensor) -> Tensor:
         ctx.save_for_backward(bit_logits, weight, index)
+        # Under autocast the backward's matmul dR @ W^T runs in the autocast dtype, as every other matmul.
+        device_type = weight.device.type
+        autocast = torch.is_autocast_enabled(device_type) and weight.dtype == torch.float32
+        ctx.matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
         return weight[index]  # (N, D)
 
     @staticmethod
@@ -82,12 +86,15 @@ class _BinaryMapperProject(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_weight = torch.zeros_like(weight).index_add_(0, index, grad_r.to(weight.dtype))
         if ctx.needs_input_grad[0]:
-            grad_logits = _bit_logit_grad(bit_logits, weight, grad_r).to(bit_logits.dtype)
+            grad_logits = _bit_logit_grad(bit_logits, weight, grad_r, ctx.matmul_dtype).to(bit_logits.dtype)
         return grad_logits, grad_weight, None
 
 
-def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor) -> Tensor:
+def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_dtype: torch.dtype | None = None
+                    ) -> Tensor:
     """dL_h = sum_d (dR . W_d) G_d (U_h(d) - p_h), chunked over d. bit_logits (N, H), weight (2^H, D).
+    The matmul runs in matmul_dtype (default weight's; bf16 under autocast), everything after it in
+    float32 (float64 for a float64 table).
 
     Per chunk of 2^c values: g = dR @ W[chunk]^T into one reused buffer, g *= low factor in place,
     then one matmul with [1 | U_low] gives sum_d g_d G_d and sum_d g_d G_d U_h(d) for the c low bits
@@ -95,7 +102,8 @@ def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor) -> Tenso
     """
     compute_dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
     logits = bit_logits.to(compute_dtype)
-    grad_r = grad_r.to(weight.dtype)
+    matmul_dtype = matmul_dtype or weight.dtype
+    grad_r = grad_r.to(matmul_dtype)
     n_rows, n_bits = logits.shape
     log_p1 = F.logsigmoid(logits)  # (N, H) log P(B_h = 1)
     log_p0 = F.logsigmoid(-logits)  # (N, H) log P(B_h = 0)
@@ -112,13 +120,16 @@ def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor) -> Tenso
 
     weighted = logits.new_zeros(n_rows, 1 + n_bits)  # [sum_d g_d G_d, sum_d g_d G_d U_h(d) for each h]
     g = grad_r.new_empty(n_rows, chunk)  # (N, C), reused by every chunk
+    gG = g if g.dtype == compute_dtype else logits.new_empty(n_rows, chunk)
     sums = logits.new_empty(n_rows, 1 + low_bits)
     for start in range(0, 2**n_bits, chunk):
         high_bits = index_to_bits(torch.tensor(start >> low_bits, device=logits.device), n_bits - low_bits)
         high_bits = high_bits.to(compute_dtype)  # (H - c,)
         high_factor = torch.exp(high_base + log_ratio[:, low_bits:] @ high_bits[:, None])  # (N, 1)
-        torch.mm(grad_r, weight[start : start + chunk].T, out=g)
-        gG = g.mul_(low_factor) if g.dtype == compute_dtype else g.to(compute_dtype).mul_(low_factor)
+        torch.mm(grad_r, weight[start : start + chunk].to(matmul_dtype).T, out=g)
+        if gG is not g:
+            gG.copy_(g)
+        gG.mul_(low_factor)
         torch.mm(gG, ones_and_low, out=sums)  # (N, 1 + c)
         sums.mul_(high_factor)
         weighted[:, : 1 + low_bits] += sums
