@@ -37,7 +37,7 @@ from tqdm import tqdm
 from common import (MIB, describe_machine, interleaved_times, matmul_flops_per_second, median_ratio,
                     peak_memory_in_fresh_process)
 from free_transformer.config import ModelConfig
-from free_transformer.distributed.parallelize import clip_grad_norm
+from free_transformer.distributed.parallelize import apply_compile, clip_grad_norm
 from free_transformer.model import FreeTransformer
 from free_transformer.train.config import OptimConfig
 from free_transformer.train.optim import build_optimizer
@@ -90,21 +90,22 @@ def build(cfg: ModelConfig, device, compile_model: bool = False):
     model = FreeTransformer(cfg).to(device)
     model.train()
     optimizer = build_optimizer(model, OptimConfig())
-    runner = torch.compile(model) if compile_model else model
-    return model, runner, optimizer
+    if compile_model:
+        apply_compile(model)  # as the trainer's compile=true: each block, in place
+    return model, optimizer
 
 
-def train_step(model, runner, optimizer, tokens, precision: str) -> None:
+def train_step(model, optimizer, tokens, precision: str) -> None:
     """The trainer's step for one batch (no gradient accumulation, one process)."""
     with autocast_context(precision, tokens.device):
-        out = runner(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS)
+        out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS)
     out.loss.backward()
     clip_grad_norm(model.parameters(), GRAD_CLIP)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def saved_bytes(model, runner, tokens, precision: str) -> int:
+def saved_bytes(model, tokens, precision: str) -> int:
     """Bytes of the unique storages autograd saves in one forward (what backward will read)."""
     storages = {}
 
@@ -114,7 +115,7 @@ def saved_bytes(model, runner, tokens, precision: str) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with autocast_context(precision, tokens.device):
-            out = runner(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS)
+            out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     params |= {b.untyped_storage().data_ptr() for b in model.buffers()}
     del out
@@ -131,9 +132,9 @@ def memory_setup(n_bits, n_layers, batch, seq_len, device_name):
 
 def memory_step(precision, cfg, tokens):
     """Build the model and optimizer and run two steps (the first creates the Adam moments)."""
-    model, runner, optimizer = build(cfg, tokens.device)
+    model, optimizer = build(cfg, tokens.device)
     for _ in range(2):
-        train_step(model, runner, optimizer, tokens, precision)
+        train_step(model, optimizer, tokens, precision)
 
 
 def peak_memory(n_bits, n_layers, args) -> int:
@@ -151,7 +152,7 @@ def time_config(n_bits, n_layers, device, rounds, precision, compile_model):
     configs = {"free": free_cfg, "base": free_cfg.replace(latent_bits=0)}
     tokens = make_batch(free_cfg, BATCH, SEQ_LEN, device)
     states = {name: build(cfg, device, compile_model) for name, cfg in configs.items()}
-    saved = {name: saved_bytes(*states[name][:2], tokens, precision) for name in configs}
+    saved = {name: saved_bytes(states[name][0], tokens, precision) for name in configs}
     steps = {name: functools.partial(train_step, *states[name], tokens, precision) for name in configs}
     for fn in steps.values():  # optimizer state, compilation, first-call allocations
         fn()
@@ -168,7 +169,7 @@ def main():
                         help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
     parser.add_argument("--dtype", dest="precision", choices=("fp32", "bf16"), default="fp32",
                         help="bf16: autocast, as the trainer's precision=bf16 (weights and Adam stay fp32)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile both models (as train.compile=true)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every block of both models, as the trainer's compile=true")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the fresh-process peak memory")
     args = parser.parse_args()
     grid = QUICK_GRID if args.quick else FULL_GRID
