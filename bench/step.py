@@ -58,21 +58,22 @@ def model_config(n_bits: int, n_layers: int) -> ModelConfig:
 
 
 def saved_floats_per_token(cfg: ModelConfig) -> int:
-    """Floats autograd keeps per token for backward (fp32), what this implementation saves.
+    """Floats autograd keeps per token for backward (fp32): what this implementation saves, op by op.
 
-    Each block: its input and the first norm's output (2D), q, k, v after RoPE (D + 2 kv), the
-    attention output and its (B, T, D) copy read by o_proj (2D), the second norm's input and output
-    (2D), gate, up, silu(gate) and their product (4F). The read-out: final norm input and output
-    (2D), logits and their log-softmax (2V). The Free path adds the encoder block (the same, its
-    query being one broadcast row), the encoder norm's input and output (2D), x + R and its norm
-    for the injection block's keys and values (2D), the bit-logits (H). Per-row scalars (norm rstd,
-    softmax log-sum-exp) are left out.
+    An RMSNorm keeps its input, the normalised input (for its weight's gradient) and its output (the
+    next matmul's input): 3D. Each block: two norms (6D), q, k, v after RoPE (D + 2 kv), the attention
+    output (D, read by o_proj as a view), gate, up, silu(gate) and their product (4F). The read-out:
+    the final norm (3D) and the log-softmax (V). The Free path adds the encoder block (the same count:
+    its input is the next block's, already counted, but its attention output is copied for o_proj
+    because the broadcast query gives SDPA another layout), the encoder norm (3D), x + R with its
+    norm for the injection block's keys and values (3D), and a few (B, T, H) bit-logit tensors (8H).
+    Per-row scalars (norm rstd, attention log-sum-exp) and targets are left out.
     """
     kv = cfg.n_kv_heads * cfg.head_dim
-    block = 7 * cfg.dim + 2 * kv + 4 * cfg.ffn_hidden
-    floats = cfg.n_layers * block + 2 * cfg.dim + 2 * cfg.vocab_size
+    block = 8 * cfg.dim + 2 * kv + 4 * cfg.ffn_hidden
+    floats = cfg.n_layers * block + 3 * cfg.dim + cfg.vocab_size
     if cfg.is_free:
-        floats += block + 2 * cfg.dim + 2 * cfg.dim + cfg.latent_bits
+        floats += block + 3 * cfg.dim + 3 * cfg.dim + 8 * cfg.latent_bits
     return floats
 
 
