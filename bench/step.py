@@ -227,6 +227,9 @@ def main():
               f"{model_saved['base']:>8.1f}")
     print(f"\nt/F = time ratio / FLOP ratio, m/M = memory ratio / analytic memory ratio; target <= {TARGET}. "
           f"machine limit fp32 {limits['fp32']:.0f}, bf16 {limits['bf16']:.0f} GFLOP/s")
+    if args.precision == "bf16":
+        print("bf16: the analytic memory counts every activation in fp32 (autocast keeps matmul outputs in "
+              "bf16, norms and the residual stream in fp32), so its columns only bound the measured ones")
     print(f"load average at the end {os.getloadavg()[0]:.1f}; {time.perf_counter() - began:.0f} s")
 
 
