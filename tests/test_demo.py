@@ -22,6 +22,9 @@ def test_group_measures_tell_shared_decisions_apart():
     measures = group_measures(Groups("K", blue, [green]))
     assert measures["valid"] == 1.0
     assert measures["blue_position_agreement"] == 0.0 and measures["green_position_agreement"] == 1.0
+    assert measures["blue_position_near"] == 0.0 and measures["green_position_near"] == 1.0
+    roughly = group_measures(Groups("K", [], [[_body(p) for p in (20, 21, 22, 25)]]))  # pairs 1, 2, 5, 1, 4, 3 apart
+    assert roughly["green_position_agreement"] == 0.0 and roughly["green_position_near"] == pytest.approx(3 / 6)
     assert measures["blue_noise_jaccard"] == 0.0 and measures["green_noise_jaccard"] == 1.0
     broken = group_measures(Groups("K", ["_" * 64, _body(3)], [["J" * 64]]))
     assert broken["valid"] == pytest.approx(1 / 3) and broken["blue_position_agreement"] is None

@@ -14,6 +14,8 @@ MEASURES = [  # key, column title, format
     ("valid", "valid generations", "{:.2f}"),
     ("blue_position_agreement", "position agreement, blue", "{:.3f}"),
     ("green_position_agreement", "position agreement, green", "{:.3f}"),
+    ("blue_position_near", "position within ±2, blue", "{:.3f}"),
+    ("green_position_near", "position within ±2, green", "{:.3f}"),
     ("blue_noise_jaccard", "noise Jaccard, blue", "{:.3f}"),
     ("green_noise_jaccard", "noise Jaccard, green", "{:.3f}"),
     ("val_kl_bits", "KL (bits/token)", "{:.3f}"),
