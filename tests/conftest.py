@@ -36,3 +36,19 @@ def tiny_checkpoint(root, name: str, latent_bits: int, **overrides):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(1234)
+
+
+def fake_corpus(tmp_path, monkeypatch, texts: dict[str, str], heldout: tuple[str, ...]):
+    """Register corpus:fake, a NamedCorpus whose files are `texts` inside an importable package."""
+    from free_transformer.data.corpora import CORPORA, NamedCorpus
+
+    folder = tmp_path / "site" / "fakecorpusdata" / "texts"
+    folder.mkdir(parents=True)
+    (folder.parent / "__init__.py").write_text("")
+    for name, text in texts.items():
+        (folder / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    corpus = NamedCorpus(name="fake", module="fakecorpusdata", folder="texts", pattern="*_m.txt", heldout=heldout,
+                         install="pip install fake", about="a test corpus")
+    monkeypatch.setitem(CORPORA, "fake", corpus)
+    return corpus

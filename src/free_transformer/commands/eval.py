@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from ..checkpoint import load_model, resolve_checkpoint
+from ..data.corpora import is_named, named_corpus, read_heldout
 from ..tokenizer import get_tokenizer
 
 NAME = "eval"
@@ -18,7 +19,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", nargs="?", help="checkpoint directory, or run directory (newest checkpoint)")
     parser.add_argument("--tasks", default="all",
                         help="comma-separated task names, or all (default), paper, mc, generative; "
-                             "see --list-tasks")
+                             "none: only the --heldout likelihoods; see --list-tasks")
     parser.add_argument("--list-tasks", action="store_true", help="list the benchmarks, their measures and availability")
     parser.add_argument("--num-fewshot", action="append", default=[], metavar="N | TASK=N",
                         help="few-shot examples for every task (N) or one task (TASK=N); repeatable")
@@ -39,7 +40,8 @@ def add_arguments(parser) -> None:
     latents.add_argument("--seed", type=int, default=0, help="seed of the latent draws")
     like = parser.add_argument_group("held-out likelihood")
     like.add_argument("--heldout", action="append", default=[], metavar="FILE",
-                      help="text file(s) for bits/token and bits/byte (baseline exact; Free: prior CE, ELBO, IWAE)")
+                      help="text file(s) for bits/token and bits/byte (baseline exact; Free: prior CE, ELBO, IWAE), "
+                           "or corpus:NAME for a named corpus's held-out documents (e.g. corpus:shakespeare)")
     like.add_argument("--heldout-samples", type=int, default=8, help="K samples for the prior CE and IWAE bound")
     like.add_argument("--heldout-windows", type=int, default=None, help="use at most this many windows")
     gen = parser.add_argument_group("generation and code execution")
@@ -66,6 +68,8 @@ def _task_names(spec: str) -> list[str]:
     from ..eval.benchmarks import DEFAULT_TASKS, PAPER_TASKS
     from ..eval.tasks import get_benchmark
 
+    if spec.strip() == "none":
+        return []
     names: list[str] = []
     for part in [p.strip() for p in spec.split(",") if p.strip()]:
         if part == "all":
@@ -122,6 +126,8 @@ def run(args) -> int:
     from ..eval.scoring import LatentPolicy
 
     tasks = _task_names(args.tasks)
+    if not tasks and not args.heldout:
+        raise ValueError("--tasks none evaluates nothing without --heldout")
     policy = LatentPolicy(context=args.latents, samples=args.latent_samples,
                           generation_samples=args.generation_samples, seed=args.seed)
     options = EvalOptions(policy=policy, num_fewshot=_fewshot(args.num_fewshot), limit=args.limit,
@@ -129,7 +135,9 @@ def run(args) -> int:
                           sandbox=SandboxLimits(timeout_s=args.code_timeout, memory_mb=args.code_memory_mb),
                           progress=not args.no_progress)
     for path in args.heldout:
-        if not Path(path).is_file():
+        if is_named(path):
+            named_corpus(path).files()  # raises if unknown or not installed
+        elif not Path(path).is_file():
             raise FileNotFoundError(f"held-out text not found: {path}")
     ckpt = resolve_checkpoint(args.checkpoint)
     model, config = load_model(ckpt, args.device)
@@ -141,7 +149,7 @@ def run(args) -> int:
     started = time.monotonic()
     results = evaluate(model, tokenizer, tasks, options)
     if args.heldout:
-        text = "\n".join(Path(p).read_text(encoding="utf-8") for p in args.heldout)
+        text = "\n".join(read_heldout(p) if is_named(p) else Path(p).read_text(encoding="utf-8") for p in args.heldout)
         from tqdm.auto import tqdm
 
         with tqdm(desc="held-out", unit="window", disable=args.no_progress, leave=False) as bar:

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..tokenizer import get_tokenizer
+from ..tokenizer import Tokenizer, get_tokenizer
 from .config import DataConfig
+from .corpora import is_named, named_corpus
 from .synthetic import coinflip_batch, letters_batch
 
 SPLIT_STREAMS = {"train": 0, "val": 1}
@@ -63,25 +64,36 @@ class CoinFlipDataset:
 
 
 class TextDataset:
-    """Random windows of a tokenized corpus, memory-mapped from disk (corpora larger than RAM work)."""
+    """Random windows of a tokenized corpus, memory-mapped from disk (corpora larger than RAM work).
+
+    A file or folder: the last `val_fraction` of its tokens is the validation split. A named corpus
+    (`corpus:NAME`, data/corpora.py): its held-out documents are, so no validation window overlaps a
+    training document."""
 
     def __init__(self, config: DataConfig, seed: int):
         self.seed, self.sequence_length = seed, config.seq_len
         self.tokenizer_name = config.tokenizer
-        self.tokens = tokenize_corpus(config)
-        split_at = int(len(self.tokens) * (1 - config.val_fraction))
-        self.splits = {"train": (0, split_at), "val": (split_at, len(self.tokens))}
-        for split, (lo, hi) in self.splits.items():
-            if hi - lo < self.sequence_length + 1 and (split == "train" or config.val_fraction > 0):
+        tokenizer = get_tokenizer(config.tokenizer)
+        if is_named(config.path):
+            train_files, val_files = named_corpus(config.path).files()
+            self.splits = {"train": tokenize_files(train_files, tokenizer, _cache_dir(config)),
+                           "val": tokenize_files(val_files, tokenizer, _cache_dir(config))}
+        else:
+            tokens = tokenize_files(corpus_files(config.path), tokenizer, _cache_dir(config))
+            split_at = int(len(tokens) * (1 - config.val_fraction))
+            self.splits = {"train": tokens[:split_at], "val": tokens[split_at:]}
+        for split, tokens in self.splits.items():
+            if len(tokens) < self.sequence_length + 1 and (split == "train" or config.val_fraction > 0 or is_named(config.path)):
                 raise DataError(
-                    f"the {split} split of {config.path} has {hi - lo} tokens, fewer than seq_len + 1 = "
+                    f"the {split} split of {config.path} has {len(tokens)} tokens, fewer than seq_len + 1 = "
                     f"{self.sequence_length + 1}"
                 )
 
     def batch(self, step, batch_size, split="train"):
-        lo, hi = self.splits[split]
-        starts = torch.randint(lo, hi - self.sequence_length, (batch_size,), generator=_generator(self.seed, step, split))
-        rows = [np.asarray(self.tokens[s : s + self.sequence_length + 1], dtype=np.int64) for s in starts.tolist()]
+        tokens = self.splits[split]
+        starts = torch.randint(0, len(tokens) - self.sequence_length, (batch_size,),
+                               generator=_generator(self.seed, step, split))
+        rows = [np.asarray(tokens[s : s + self.sequence_length + 1], dtype=np.int64) for s in starts.tolist()]
         return torch.from_numpy(np.stack(rows))
 
 
@@ -99,16 +111,24 @@ def corpus_files(path: str | None) -> list[Path]:
     raise DataError(f"corpus not found: {root}")
 
 
-def tokenize_corpus(config: DataConfig, chunk_chars: int = 1 << 20) -> np.memmap:
-    """Tokenize the corpus once into a flat binary file (streamed, chunk by chunk) and memory-map it."""
-    files = corpus_files(config.path)
-    tokenizer = get_tokenizer(config.tokenizer)
-    fingerprint = hashlib.sha256(
-        json.dumps([tokenizer.name] + [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]).encode()
-    ).hexdigest()[:16]
-    cache_dir = Path(config.cache_dir) if config.cache_dir else Path(str(Path(config.path).resolve()) + ".tokens")
+def _cache_dir(config: DataConfig) -> Path:
+    if config.cache_dir:
+        return Path(config.cache_dir)
+    if is_named(config.path):  # the package's folder may be read-only
+        home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(home) / "free-transformer" / "tokens"
+    return Path(str(Path(config.path).resolve()) + ".tokens")  # beside the corpus
+
+
+def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, chunk_chars: int = 1 << 20) -> np.memmap:
+    """Tokenize files once into a flat binary file (streamed, chunk by chunk) and memory-map it. Each
+    document is followed by the tokenizer's document separator (GPT-2: end-of-text; bytes: a line break)."""
+    separator = tokenizer.document_separator
+    fingerprint = hashlib.sha256(json.dumps(
+        [tokenizer.name, separator] + [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    ).encode()).hexdigest()[:16]
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    target = cache_dir / f"{tokenizer.name}-{fingerprint}.bin"
+    target = cache_dir / f"{tokenizer.name.replace('/', '_')}-{fingerprint}.bin"
     if not target.exists():
         cache_dir.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".partial{os.getpid()}")
@@ -118,7 +138,7 @@ def tokenize_corpus(config: DataConfig, chunk_chars: int = 1 << 20) -> np.memmap
                     while chunk := handle.read(chunk_chars):
                         chunk += handle.readline()  # end chunks at a line break, not inside a token
                         out.write(np.asarray(tokenizer.encode(chunk), dtype=dtype).tobytes())
-                out.write(np.asarray(tokenizer.encode("\n"), dtype=dtype).tobytes())
+                out.write(np.asarray(separator, dtype=dtype).tobytes())
         os.replace(partial, target)
     return np.memmap(target, dtype=dtype, mode="r")
 

@@ -23,6 +23,7 @@ class HFTokenizer:
         self._tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         self.name = f"{HF_PREFIX}{directory.resolve()}"
         self.vocab_size = len(self._tokenizer)
+        self.document_separator = self.encode("\n")  # what the text dataset writes between documents
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False)
