@@ -5,7 +5,8 @@
     cache, sampling at temperature 1 with one generator per row, prompt_latents = "prior". Every
     Z_t, prompt included, is drawn from the uniform prior: the encoder is never run and Z_t is one
     row of the post-sampler table. Reported: tokens/s of each and the median per-round ratio
-    Free / baseline. Target: >= 0.95.
+    Free / baseline. Target: >= 0.95. A control times the baseline a second time in every round
+    (an A/A comparison): its ratio to the first baseline shows how far noise alone moves a ratio.
 (b) KV cache vs recompute. The Free Transformer decodes greedily --recompute-tokens new tokens
     twice with the same latents (drawn once from the prior): with generate (KV cache: one token per
     step), and by running the full forward on the whole growing sequence at each step and taking
@@ -83,16 +84,18 @@ def recompute_greedy(model: FreeTransformer, prompts: torch.Tensor, new_tokens: 
 
 
 def free_vs_baseline(config, batch, args, device):
-    """Median seconds of each, median per-round ratio (Free tokens/s over baseline tokens/s)."""
-    models = {"free": build_model(config, device), "baseline": build_model(config.replace(latent_bits=0), device)}
+    """Median seconds of each, median per-round ratios Free / baseline and baseline again / baseline
+    (tokens/s; the second is the A/A control)."""
+    baseline = build_model(config.replace(latent_bits=0), device)
+    models = {"free": build_model(config, device), "baseline": baseline, "control": baseline}
     prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
     gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0, prompt_latents="prior")
     seeds = list(range(batch))
     times = interleaved_times(
         {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds) for name, model in models.items()},
         args.rounds, device)
-    return statistics.median(times["free"]), statistics.median(times["baseline"]), median_ratio(
-        times["baseline"], times["free"])
+    return (statistics.median(times["free"]), statistics.median(times["baseline"]),
+            median_ratio(times["baseline"], times["free"]), median_ratio(times["baseline"], times["control"]))
 
 
 def cache_vs_recompute(config, args, device):
@@ -121,10 +124,10 @@ def main():
     parser.add_argument("--bits", type=int, default=16, help="latent bits H of the Free Transformer")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes for part (a)")
-    parser.add_argument("--new-tokens", type=int, default=256, help="tokens generated per call in part (a)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per call in part (a)")
     parser.add_argument("--recompute-tokens", type=int, default=TARGET_CACHE_TOKENS,
                         help="tokens generated per call in part (b); 0 skips it")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds of part (a)")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds of part (a)")
     parser.add_argument("--recompute-rounds", type=int, default=3, help="interleaved timing rounds of part (b)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
@@ -144,13 +147,14 @@ def main():
 
     print(f"(a) Free vs baseline, KV cache, {args.new_tokens} new tokens, temperature 1, prior latents, "
           f"{args.rounds} rounds; target Free / baseline >= {TARGET_FREE_VS_BASELINE}")
-    print(f"{'B':>3} | {'free tok/s':>10} {'base tok/s':>10} {'free/base':>9} | model GFLOP/s free base | target")
+    print(f"{'B':>3} | {'free tok/s':>10} {'base tok/s':>10} {'free/base':>9} {'control':>7} | "
+          f"model GFLOP/s free base | target")
     for batch in args.batch:
-        free_s, base_s, ratio = free_vs_baseline(config, batch, args, device)
+        free_s, base_s, ratio, control = free_vs_baseline(config, batch, args, device)
         flops = cached_decode_flops(config, batch, args.prompt_len, args.new_tokens)
         tokens = batch * args.new_tokens
         target = "PASS" if ratio >= TARGET_FREE_VS_BASELINE else "FAIL"
-        print(f"{batch:>3} | {tokens / free_s:>10.1f} {tokens / base_s:>10.1f} {ratio:>9.3f} | "
+        print(f"{batch:>3} | {tokens / free_s:>10.1f} {tokens / base_s:>10.1f} {ratio:>9.3f} {control:>7.3f} | "
               f"{'':>14}{flops / free_s / 1e9:>4.1f} {flops / base_s / 1e9:>4.1f} | {target}", flush=True)
 
     if args.recompute_tokens:
@@ -165,6 +169,8 @@ def main():
         for name, seconds, flops in (("cached", cached_s, cached_flops), ("recompute", recompute_s, recompute_flops)):
             print(f"{name:>9} | {n / seconds:>8.1f} {seconds:>8.2f} {flops / 1e9:>7.1f} {flops / seconds / 1e9:>7.1f}")
         print(f"recompute / cached time: {speedup:.1f}x {target}; same tokens: {same}")
+    print("control: the baseline timed twice per round (A/A), tokens/s of the second run / the first: "
+          "what noise alone does to a ratio")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -104,7 +104,8 @@ def measure(config, batch, device_name, rounds, threads):
     losses = {variant: train_step(*inputs[variant]) for variant in VARIANTS}  # before any update: comparable
     times = interleaved_times({v: functools.partial(train_step, *inputs[v]) for v in VARIANTS}, rounds, device)
     del inputs
-    return {v: (statistics.median(times[v]), peak_memory(v, config, batch, device_name, threads)) for v in VARIANTS}, losses
+    results = {v: (statistics.median(times[v]), peak_memory(v, config, batch, device_name, threads)) for v in VARIANTS}
+    return results, losses
 
 
 def sweep(name, points, make_config, args):
@@ -155,7 +156,8 @@ def plot(seq_rows, bits_rows, args, path: Path):
                         label="ours" if variant == "ours" else "naive Binary Mapper (Y, G materialised)")
             first = rows[0][2]["ours"][k] * scale
             for (ref_label, fn), ls in zip(refs.items(), ("--", ":")):
-                ax.plot(xs, [first * fn(x, xs[0]) for x in xs], ls, color="gray", label=f"{ref_label} from ours' first point")
+                ax.plot(xs, [first * fn(x, xs[0]) for x in xs], ls, color="gray",
+                        label=f"{ref_label} from ours' first point")
             ax.set_xlabel(label)
             ax.set_ylabel(unit)
             ax.set_yscale("log")
