@@ -132,3 +132,15 @@ def test_should_stop_finishes_rows_early(latent_bits):
     short = generate(model, prompts, cfg, seeds=[0, 1, 2], should_stop=stop_after_three).tokens
     assert short == [row[:3] for row in full]  # same tokens, cut where the callback said so
     assert max(calls) == 3
+
+
+def test_returned_latents_are_ordinary_tensors():
+    """generate decodes under inference_mode; the latents it returns must still feed a training forward."""
+    model = tiny_model()
+    prompts = _prompts()
+    result = generate(model, prompts, GenerationConfig(max_new_tokens=6), seeds=[0, 1, 2])
+    assert not result.latents.is_inference()
+    tokens = torch.cat([prompts, torch.tensor(result.tokens)[:, :-1]], 1)  # the positions the latents were fed at
+    model.train()
+    model(tokens, tokens, latents=result.latents).loss.backward()
+    assert model.post_sampler.weight.grad is not None

@@ -1,0 +1,178 @@
+"""Decoding speed: the Free Transformer against the baseline decoder, and the KV cache against recomputing the prefix.
+
+(a) Free vs baseline. Two models of the same size, one with H latent bits and one without (the
+    baseline: latent_bits = 0, the same blocks), generate with free_transformer.generate: a KV
+    cache, sampling at temperature 1 with one generator per row, prompt_latents = "prior". Every
+    Z_t, prompt included, is drawn from the uniform prior: the encoder is never run and Z_t is one
+    row of the post-sampler table. Reported: tokens/s of each and the median per-round ratio
+    Free / baseline. Target: >= 0.95. A control times the baseline a second time in every round
+    (an A/A comparison): its ratio to the first baseline shows how far noise alone moves a ratio.
+(b) KV cache vs recompute. The Free Transformer decodes greedily --recompute-tokens new tokens
+    twice with the same latents (drawn once from the prior): with generate (KV cache: one token per
+    step), and by running the full forward on the whole growing sequence at each step and taking
+    the last position's logits (no cache, the naive loop of tests/test_generate.py). Both must
+    produce the same tokens (checked). Reported: the median per-round time ratio. Target: >= 10x
+    at 512 new tokens.
+
+Both parts time the variants in interleaved rounds in this one process (bench/common.py).
+
+FLOPs (to print the achieved GFLOP/s beside the machine's matmul limit): a token fed at position t
+costs 2 FLOPs per weight of every matmul (q, k, v, o, gate, up, down of each block and the logit
+read-out; the embedding and the post-sampler are lookups, the Free Transformer's encoder is not run)
+plus 4 * (t + 1) * D per block for attention scores and values over its t + 1 visible keys. A
+full forward of T tokens costs the sum of that over t < T. Norms, RoPE and sampling are not counted.
+
+    PYTHONPATH=src python bench/generate.py [--batch 1 8] [--new-tokens N] [--recompute-tokens N]
+                                            [--rounds R] [--threads T] [--device cpu|cuda]
+                                            [--dim D --layers L --heads h --kv-heads k --ffn F
+                                             --vocab V --bits H --prompt-len P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+
+import torch
+
+from common import describe_machine, interleaved_times, matmul_flops_per_second, median_ratio
+from free_transformer.config import ModelConfig
+from free_transformer.generate import GenerationConfig, generate, shared_prior_latents
+from free_transformer.model import FreeTransformer
+
+TARGET_FREE_VS_BASELINE = 0.95
+TARGET_CACHE_SPEEDUP, TARGET_CACHE_TOKENS = 10.0, 512
+
+
+def matmul_weights(config: ModelConfig) -> int:
+    """Weights that a decoded token multiplies: every block's projections and the logit read-out."""
+    return config.n_layers * (config.block_params() - 2 * config.dim) + config.vocab_size * config.dim
+
+
+def tokens_flops(config: ModelConfig, first: int, last: int) -> float:
+    """FLOPs to feed positions [first, last) given a cache of the positions before (see the docstring)."""
+    n = last - first
+    visible = (last * (last + 1) - first * (first + 1)) // 2  # sum over t in [first, last) of (t + 1)
+    return 2.0 * matmul_weights(config) * n + 4.0 * config.n_layers * config.dim * visible
+
+
+def cached_decode_flops(config: ModelConfig, batch: int, prompt_len: int, new_tokens: int) -> float:
+    """Prefill of the prompt, then one token per step (the last sampled token is never fed)."""
+    return batch * tokens_flops(config, 0, prompt_len + new_tokens - 1)
+
+
+def recompute_decode_flops(config: ModelConfig, batch: int, prompt_len: int, new_tokens: int) -> float:
+    return batch * sum(tokens_flops(config, 0, prompt_len + step) for step in range(new_tokens))
+
+
+def build_model(config: ModelConfig, device) -> FreeTransformer:
+    torch.manual_seed(0)
+    return FreeTransformer(config).to(device).eval()
+
+
+@torch.no_grad()
+def recompute_greedy(model: FreeTransformer, prompts: torch.Tensor, new_tokens: int, latents: torch.Tensor) -> list:
+    """Greedy decoding without a cache: the full forward on the whole sequence at every step."""
+    seq = prompts
+    for _ in range(new_tokens):
+        length = seq.shape[1]
+        logits = model(seq, latents=latents[:, :length]).logits[:, -1]  # (B, V)
+        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], 1)
+    return seq[:, prompts.shape[1]:].tolist()
+
+
+def free_vs_baseline(config, batch, args, device):
+    """Median seconds of each, median per-round ratios Free / baseline and baseline again / baseline
+    (tokens/s; the second is the A/A control)."""
+    baseline = build_model(config.replace(latent_bits=0), device)
+    models = {"free": build_model(config, device), "baseline": baseline, "control": baseline}
+    prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0, prompt_latents="prior")
+    seeds = list(range(batch))
+    times = interleaved_times(
+        {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds) for name, model in models.items()},
+        args.rounds, device)
+    return (statistics.median(times["free"]), statistics.median(times["baseline"]),
+            median_ratio(times["baseline"], times["free"]), median_ratio(times["baseline"], times["control"]))
+
+
+def cache_vs_recompute(config, args, device):
+    """Median seconds of each, median per-round ratio recompute / cached, and whether the tokens agree."""
+    model = build_model(config, device)
+    prompts = torch.randint(0, config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    n = args.recompute_tokens
+    latents = shared_prior_latents(model, args.prompt_len + n - 1, torch.Generator().manual_seed(2))
+    gen_config = GenerationConfig(max_new_tokens=n, temperature=0.0)
+    cached = functools.partial(generate, model, prompts, gen_config, latents=latents)
+    recompute = functools.partial(recompute_greedy, model, prompts, n, latents)
+    same = cached().tokens == recompute()
+    times = interleaved_times({"cached": cached, "recompute": recompute}, args.recompute_rounds, device)
+    return (statistics.median(times["cached"]), statistics.median(times["recompute"]),
+            median_ratio(times["recompute"], times["cached"]), same)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--ffn", type=int, default=768, help="SwiGLU hidden size")
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--bits", type=int, default=16, help="latent bits H of the Free Transformer")
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes for part (a)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per call in part (a)")
+    parser.add_argument("--recompute-tokens", type=int, default=TARGET_CACHE_TOKENS,
+                        help="tokens generated per call in part (b); 0 skips it")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds of part (a)")
+    parser.add_argument("--recompute-rounds", type=int, default=3, help="interleaved timing rounds of part (b)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    max_len = args.prompt_len + max(args.new_tokens, args.recompute_tokens)
+    config = ModelConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
+                         n_kv_heads=args.kv_heads, ffn_hidden=args.ffn, max_seq_len=max_len, latent_bits=args.bits)
+
+    print(describe_machine(device))
+    fp32, bf16 = (matmul_flops_per_second(device, dtype) for dtype in (torch.float32, torch.bfloat16))
+    print(f"machine limit: matmul 2048^3 fp32 {fp32 / 1e9:.0f} GFLOP/s, bf16 {bf16 / 1e9:.0f} GFLOP/s")
+    print(f"size: L={args.layers} D={args.dim} heads {args.heads}/{args.kv_heads} ffn {args.ffn} vocab {args.vocab} "
+          f"H={args.bits}, prompt {args.prompt_len} tokens, float32")
+
+    print(f"(a) Free vs baseline, KV cache, {args.new_tokens} new tokens, temperature 1, prior latents, "
+          f"{args.rounds} rounds; target Free / baseline >= {TARGET_FREE_VS_BASELINE}")
+    print(f"{'B':>3} | {'free tok/s':>10} {'base tok/s':>10} {'free/base':>9} {'control':>7} | "
+          f"model GFLOP/s free base | target")
+    for batch in args.batch:
+        free_s, base_s, ratio, control = free_vs_baseline(config, batch, args, device)
+        flops = cached_decode_flops(config, batch, args.prompt_len, args.new_tokens)
+        tokens = batch * args.new_tokens
+        target = "PASS" if ratio >= TARGET_FREE_VS_BASELINE else "FAIL"
+        print(f"{batch:>3} | {tokens / free_s:>10.1f} {tokens / base_s:>10.1f} {ratio:>9.3f} {control:>7.3f} | "
+              f"{'':>14}{flops / free_s / 1e9:>4.1f} {flops / base_s / 1e9:>4.1f} | {target}", flush=True)
+
+    if args.recompute_tokens:
+        n = args.recompute_tokens
+        print(f"(b) Free Transformer, B=1, greedy, {n} new tokens: KV cache vs recomputing the prefix, "
+              f"{args.recompute_rounds} rounds; target >= {TARGET_CACHE_SPEEDUP:g}x at {TARGET_CACHE_TOKENS} tokens")
+        cached_s, recompute_s, speedup, same = cache_vs_recompute(config, args, device)
+        cached_flops = cached_decode_flops(config, 1, args.prompt_len, n)
+        recompute_flops = recompute_decode_flops(config, 1, args.prompt_len, n)
+        target = ("PASS" if speedup >= TARGET_CACHE_SPEEDUP else "FAIL") if n == TARGET_CACHE_TOKENS else ""
+        print(f"{'':>9} | {'tok/s':>8} {'seconds':>8} {'GFLOP':>7} {'GFLOP/s':>7}")
+        for name, seconds, flops in (("cached", cached_s, cached_flops), ("recompute", recompute_s, recompute_flops)):
+            print(f"{name:>9} | {n / seconds:>8.1f} {seconds:>8.2f} {flops / 1e9:>7.1f} {flops / seconds / 1e9:>7.1f}")
+        print(f"recompute / cached time: {speedup:.1f}x {target}; same tokens: {same}")
+    print("control: the baseline timed twice per round (A/A), tokens/s of the second run / the first: "
+          "what noise alone does to a ratio")
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

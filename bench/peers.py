@@ -1,0 +1,215 @@
+"""Our Free Transformer against x-transformers' (PyPI x-transformers==2.31.10, x_transformers.free_transformer):
+time and peak memory of one training step at the same size.
+
+A training step is forward + backward + one AdamW step (torch.optim.AdamW, fused where the device
+supports it, the same settings for both), on a batch of B sequences of T tokens, loss = next-token
+cross-entropy + the free-bits KL term with a threshold of 1 bit (x-transformers' default; ours is
+given kappa = log 2). Both models run in float32.
+
+Built to match (x-transformers keywords in brackets):
+  depth        L blocks, L/2 before Z and L/2 after  [dec_head_depth = L/2, dec_tail_depth = L/2]
+  width        D                                     [dim]
+  heads        query heads, KV heads (GQA)           [heads, attn_dim_head = D / heads, attn_kv_heads]
+  feed-forward SwiGLU of hidden size F, no bias      [ff_glu, ff_swish, ff_mult = F / D, ff_no_bias]
+  positions    RoPE on the whole head, base 10000    [rotary_pos_emb, rotary_emb_dim = D / heads]
+  attention    scaled_dot_product_attention          [attn_flash = True]
+  norm         pre-norm RMSNorm, final norm          [use_rmsnorm]
+  encoder      one non-causal block, queries a learned constant, keys/values the first half's output
+               [enc_depth = 1, only_cross: a cross-attention + feed-forward block], then a final norm
+               and a linear read-out to H bit-logits
+  latent       H bits, one Z_t per token, R = post-sampler(Z) added to the keys/values input of block
+               L/2 + 1 only                          [latent_bits, self_attn_kv_residuals]
+Parameter counts then agree to 0.2% (x-transformers has a bias on the GLU input projection).
+
+What differs and cannot be matched by its options:
+  * The Binary Mapper. x-transformers materialises the one-hot Y and G as (B*T, 2^H) float tensors
+    and applies the post-sampler as a dense nn.Linear(2^H, D) to Y + G - detach(G): forward, weight
+    gradient and input gradient are three B*T x 2^H x D matmuls over a mostly-zero input. Ours
+    looks the row up in the forward, scatter-adds the weight gradient and needs only the one matmul
+    dR @ W^T for the bit-logit gradient, chunked, without an N x 2^H tensor (free_transformer.latent).
+    Both compute the same gradients; this is what the comparison measures at large H.
+  * Where R enters: x-transformers adds R after the block's input RMSNorm (k/v input = norm(x) + R);
+    ours normalises x + R (the paper's block applied to in_kv = x + r). Same cost.
+  * The encoder block normalises only its queries in x-transformers, both inputs in ours; it passes
+    an all-true padding mask (pad_id) to the encoder's attention; its bit read-out has no bias.
+  * Its forward takes B x (T + 1) tokens and shifts them itself; ours takes inputs and targets.
+  * Initialisations differ (irrelevant to the cost of a step).
+
+    PYTHONPATH=src python bench/peers.py [--bits 8 16] [--rounds R] [--threads T] [--device cpu|cuda]
+                                         [--dim D --layers L --heads h --kv-heads k --ffn F --vocab V
+                                          --seq-len T --batch B]
+
+Time: both models are built in this process, run once (warm-up), then timed in interleaved rounds
+(ours, x-transformers, ours, ...); we report each median and the median of the per-round ratios.
+Memory: the extra peak memory of one step, each implementation in a fresh process, after one earlier
+step so that AdamW's state already exists (see bench/common.py, peak_memory_in_fresh_process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import statistics
+
+import torch
+
+from common import (MIB, describe_machine, interleaved_times, matmul_flops_per_second, median_ratio,
+                    peak_memory_in_fresh_process)
+from free_transformer.config import ModelConfig
+from free_transformer.model import FreeTransformer
+
+IMPLEMENTATIONS = ("ours", "x-transformers")
+KAPPA_NATS = math.log(2.0)  # x-transformers' default free-bits threshold, one bit
+# H: (ours at least this many times faster, at least this many times less peak memory or None)
+TARGETS = {16: (1.5, 3.0), 8: (1.0, None)}
+
+
+def build_x_transformers(config: ModelConfig):
+    from x_transformers.free_transformer import FreeTransformer as XFreeTransformer
+
+    return XFreeTransformer(
+        num_tokens=config.vocab_size, dim=config.dim, max_seq_len=config.max_seq_len,
+        dec_head_depth=config.injection_layer, dec_tail_depth=config.n_layers - config.injection_layer,
+        enc_depth=1, heads=config.n_heads, attn_dim_head=config.head_dim, attn_kv_heads=config.n_kv_heads,
+        attn_flash=True, ff_glu=True, ff_swish=True, ff_mult=config.ffn_hidden / config.dim, ff_no_bias=True,
+        rotary_emb_dim=config.head_dim, latent_bits=config.latent_bits, kl_loss_threshold=KAPPA_NATS,
+        verbose=False,
+    )
+
+
+def build(impl: str, config: ModelConfig, batch: int, seq_len: int, device_name: str):
+    """(impl, model, optimizer, tokens (B, T + 1)) on the device, seeded."""
+    device = torch.device(device_name)
+    torch.manual_seed(0)
+    model = (FreeTransformer(config) if impl == "ours" else build_x_transformers(config)).to(device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    tokens = torch.randint(0, config.vocab_size, (batch, seq_len + 1), device=device)
+    return impl, model, optimizer, tokens
+
+
+def train_step(impl: str, model, optimizer, tokens) -> torch.Tensor:
+    """Forward + backward + AdamW step; returns the loss."""
+    if impl == "ours":
+        loss = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS).loss
+    else:
+        loss = model(tokens)  # shifts tokens into inputs and targets itself
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def setup_after_one_step(impl, config, batch, seq_len, device_name):
+    """Build, then take one step so that the optimizer state and every kernel exist before measuring."""
+    inputs = build(impl, config, batch, seq_len, device_name)
+    train_step(*inputs)
+    return inputs
+
+
+def peak_memory(impl, config, batch, seq_len, device_name, threads) -> int | None:
+    """Extra peak bytes of one training step in a fresh process; None if it runs out of memory."""
+    try:
+        return peak_memory_in_fresh_process(
+            setup_after_one_step, train_step, (impl, config, batch, seq_len, device_name),
+            device_name=device_name, threads=threads,
+            warmup_args=(impl, config.replace(latent_bits=4), 1, 16, device_name),
+        )
+    except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+        print(f"  {impl}: peak memory run failed: {str(error).splitlines()[0][:200]}")
+        return None
+
+
+def time_pair(config, batch, seq_len, device, rounds):
+    """Median seconds per step of each implementation, median per-round ratio x-transformers / ours,
+    first losses. An implementation that fails (out of memory) is reported as None."""
+    variants, losses = {}, {}
+    for impl in IMPLEMENTATIONS:
+        try:
+            inputs = build(impl, config, batch, seq_len, str(device))
+            losses[impl] = float(train_step(*inputs))
+            variants[impl] = functools.partial(train_step, *inputs)
+        except (RuntimeError, MemoryError) as error:
+            print(f"  {impl}: failed at H={config.latent_bits}: {str(error).splitlines()[0][:200]}")
+    times = interleaved_times(variants, rounds, device)
+    medians = {impl: statistics.median(times[impl]) if impl in times else None for impl in IMPLEMENTATIONS}
+    ratio = median_ratio(times["x-transformers"], times["ours"]) if len(times) == 2 else None
+    return medians, ratio, losses
+
+
+def verdict(bits, speedup, memory_ratio) -> str:
+    if bits not in TARGETS or speedup is None:
+        return ""
+    min_speedup, min_memory = TARGETS[bits]
+    ok = speedup >= min_speedup and (min_memory is None or (memory_ratio is not None and memory_ratio >= min_memory))
+    return "PASS" if ok else "FAIL"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bits", type=int, nargs="+", default=[8, 16], help="latent bits H to compare")
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--ffn", type=int, default=768, help="SwiGLU hidden size")
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+
+    print(describe_machine(device))
+    fp32, bf16 = (matmul_flops_per_second(device, dtype) for dtype in (torch.float32, torch.bfloat16))
+    print(f"machine limit: matmul 2048^3 fp32 {fp32 / 1e9:.0f} GFLOP/s, bf16 {bf16 / 1e9:.0f} GFLOP/s")
+    print(f"size: L={args.layers} D={args.dim} heads {args.heads}/{args.kv_heads} ffn {args.ffn} vocab {args.vocab} "
+          f"T={args.seq_len} B={args.batch}, float32, {args.rounds} rounds")
+    print("targets: H=16 ours >= 1.5x faster and >= 3x less peak memory; H=8 ours not slower")
+
+    rows = []
+    for bits in args.bits:
+        config = ModelConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
+                             n_kv_heads=args.kv_heads, ffn_hidden=args.ffn, max_seq_len=args.seq_len,
+                             latent_bits=bits)
+        medians, speedup, losses = time_pair(config, args.batch, args.seq_len, device, args.rounds)
+        memory = {impl: peak_memory(impl, config, args.batch, args.seq_len, args.device, args.threads)
+                  for impl in IMPLEMENTATIONS}
+        memory_ratio = (memory["x-transformers"] / memory["ours"]
+                        if None not in memory.values() else None)
+        flops = config.training_flops_per_token(args.seq_len) * args.batch * args.seq_len
+        rows.append((bits, medians, speedup, memory, memory_ratio, flops, losses,
+                     verdict(bits, speedup, memory_ratio)))
+        print(f"  H={bits}: first losses {', '.join(f'{k} {v:.3f}' for k, v in losses.items())}")
+
+    def ms(seconds):
+        return f"{seconds * 1e3:>9.1f}" if seconds is not None else f"{'failed':>9}"
+
+    def mib(nbytes):
+        return f"{nbytes / MIB:>9.1f}" if nbytes is not None else f"{'failed':>9}"
+
+    def gflops(flops, seconds):
+        return f"{flops / seconds / 1e9:>6.1f}" if seconds is not None else f"{'-':>6}"
+
+    def times_x(value):
+        return f"{value:>6.2f}" if value is not None else f"{'-':>6}"
+
+    print(f"{'H':>3} | {'ours ms':>9} {'x-tf ms':>9} {'time x':>6} | {'ours MiB':>9} {'x-tf MiB':>9} {'mem x':>6} "
+          f"| model GFLOP/s ours x-tf | target")
+    for bits, medians, speedup, memory, memory_ratio, flops, _, target in rows:
+        print(f"{bits:>3} | {ms(medians['ours'])} {ms(medians['x-transformers'])} {times_x(speedup)} | "
+              f"{mib(memory['ours'])} {mib(memory['x-transformers'])} {times_x(memory_ratio)} | "
+              f"{'':>8}{gflops(flops, medians['ours'])} {gflops(flops, medians['x-transformers'])} | {target}")
+    print("time x = median of per-round (x-transformers / ours); mem x = x-transformers / ours peak; model GFLOP/s "
+          "= ModelConfig.training_flops_per_token(T) * B * T / median step time, the same useful work for both")
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
