@@ -14,6 +14,8 @@ low bits and a scalar per row for the high bits, so that no N x 2^H tensor ever 
 
 from __future__ import annotations
 
+import functools
+
 import math
 from collections.abc import Sequence
 
@@ -35,6 +37,8 @@ def rand_rows(shape: tuple[int, ...], generator: Generators, device=None) -> Ten
         return torch.rand(shape, generator=generator, device=device)
     if len(generator) != shape[0]:
         raise ValueError(f"got {len(generator)} generators for {shape[0]} rows")
+    if len(generator) == 1:  # one-row decoding: no stack copy
+        return torch.rand(shape[1:], generator=generator[0], device=device).unsqueeze(0)
     return torch.stack([torch.rand(shape[1:], generator=g, device=device) for g in generator])
 
 
@@ -50,10 +54,16 @@ def sample_bits(bit_logits: Tensor, generator: Generators = None) -> Tensor:
     return bits_to_index(bits)
 
 
+@functools.lru_cache(maxsize=64)
+def _powers_of_two(n_bits: int, device: torch.device) -> Tensor:
+    """(n_bits,) int64 2^h, built once per size and device (decoding needs it at every token)."""
+    with torch.inference_mode(False):  # an ordinary tensor even when first asked for while decoding
+        return 2 ** torch.arange(n_bits, device=device, dtype=torch.int64)
+
+
 def bits_to_index(bits: Tensor) -> Tensor:
     """(..., H) booleans -> (...,) int64 with bit h worth 2^h."""
-    powers = 2 ** torch.arange(bits.shape[-1], device=bits.device, dtype=torch.int64)
-    return (bits.to(torch.int64) * powers).sum(-1)
+    return (bits * _powers_of_two(bits.shape[-1], bits.device)).sum(-1)  # bool * int64 -> int64
 
 
 def index_to_bits(index: Tensor, n_bits: int) -> Tensor:
