@@ -122,14 +122,13 @@ class FreeTransformer(nn.Module):
         cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         x = self.embed_tokens(tokens)  # (B, T, D)
         out = ModelOutput(logits=x)  # logits filled below
-        split = self.config.injection_layer if self.config.is_free else self.config.n_layers
-        for i, block in enumerate(self.layers[:split]):
-            x = block(x, cos, sin, cache=cache, layer=i, start=start)
-        if self.config.is_free:
-            r = self._latent_residual(x, latents, generator, start, out)  # (B, T, D)
-            x = self.layers[split](x, cos, sin, kv_input=x + r.to(x.dtype), cache=cache, layer=split, start=start)
-            for i, block in enumerate(self.layers[split + 1 :], start=split + 1):
-                x = block(x, cos, sin, cache=cache, layer=i, start=start)
+        injection = self.config.injection_layer if self.config.is_free else None
+        for i, block in enumerate(self.layers):
+            kv_input = None
+            if i == injection:  # queries from X, keys and values from X + R
+                r = self._latent_residual(x, latents, generator, start, out)  # (B, T, D)
+                kv_input = x + r.to(x.dtype)
+            x = block(x, cos, sin, kv_input=kv_input, cache=cache, layer=i, start=start)
         out.logits = self.readout(x)
         if targets is not None:
             out.cross_entropy_nats = F.cross_entropy(
