@@ -6,6 +6,7 @@ in interleaved rounds (A, B, A, B, ...) in one process and we report medians of 
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import math
 import multiprocessing as mp
@@ -16,6 +17,8 @@ import time
 from collections.abc import Callable
 
 import torch
+
+from free_transformer.config import ModelConfig
 
 MIN_SAMPLE_S = 0.05  # a timing sample repeats the step until it lasts at least this long
 MIB = 2**20
@@ -121,3 +124,46 @@ def describe_machine(device: torch.device) -> str:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{os.cpu_count()}"
     return (f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
             f"load average {load:.1f}{busy}")
+
+
+def matmul_limits_gflops(device: torch.device) -> dict[str, float]:
+    """The machine's fp32 and bf16 matmul GFLOP/s, measured now (see matmul_flops_per_second)."""
+    return {name: matmul_flops_per_second(device, dtype) / 1e9
+            for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+
+
+def describe_limits(limits: dict[str, float]) -> str:
+    return f"machine limit: matmul 2048^3 fp32 {limits['fp32']:.0f} GFLOP/s, bf16 {limits['bf16']:.0f} GFLOP/s"
+
+
+def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device and --threads, as every benchmark takes them."""
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
+
+
+def setup_machine(args: argparse.Namespace) -> torch.device:
+    """Applies --threads; returns the --device."""
+    torch.set_num_threads(args.threads)
+    return torch.device(args.device)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, dim: int, layers: int, ffn: int) -> None:
+    """The model's size: --dim --layers --heads --kv-heads --ffn --vocab."""
+    parser.add_argument("--dim", type=int, default=dim)
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--ffn", type=int, default=ffn, help="SwiGLU hidden size")
+    parser.add_argument("--vocab", type=int, default=256)
+
+
+def model_config(args: argparse.Namespace, **fields) -> ModelConfig:
+    """The ModelConfig of add_model_arguments' options, plus `fields` (max_seq_len, latent_bits, ...)."""
+    return ModelConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
+                       n_kv_heads=args.kv_heads, ffn_hidden=args.ffn, **fields)
+
+
+def describe_size(args: argparse.Namespace) -> str:
+    return f"size: L={args.layers} D={args.dim} heads {args.heads}/{args.kv_heads} ffn {args.ffn} vocab {args.vocab}"

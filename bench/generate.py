@@ -38,7 +38,9 @@ import statistics
 
 import torch
 
-from common import describe_machine, interleaved_times, matmul_flops_per_second, median_ratio
+from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine,
+                    describe_size, interleaved_times, matmul_limits_gflops, median_ratio, model_config,
+                    setup_machine)
 from free_transformer.config import ModelConfig
 from free_transformer.generate import GenerationConfig, generate, shared_prior_latents
 from free_transformer.model import FreeTransformer
@@ -123,12 +125,7 @@ def cache_vs_recompute(config, args, device):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--ffn", type=int, default=768, help="SwiGLU hidden size")
-    parser.add_argument("--vocab", type=int, default=256)
+    add_model_arguments(parser, dim=256, layers=8, ffn=768)
     parser.add_argument("--bits", type=int, default=16, help="latent bits H of the Free Transformer")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes for part (a)")
@@ -137,20 +134,15 @@ def main():
                         help="tokens generated per call in part (b); 0 skips it")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds of part (a)")
     parser.add_argument("--recompute-rounds", type=int, default=3, help="interleaved timing rounds of part (b)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
+    add_machine_arguments(parser)
     args = parser.parse_args()
-    device = torch.device(args.device)
-    torch.set_num_threads(args.threads)
+    device = setup_machine(args)
     max_len = args.prompt_len + max(args.new_tokens, args.recompute_tokens)
-    config = ModelConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
-                         n_kv_heads=args.kv_heads, ffn_hidden=args.ffn, max_seq_len=max_len, latent_bits=args.bits)
+    config = model_config(args, max_seq_len=max_len, latent_bits=args.bits)
 
     print(describe_machine(device))
-    fp32, bf16 = (matmul_flops_per_second(device, dtype) for dtype in (torch.float32, torch.bfloat16))
-    print(f"machine limit: matmul 2048^3 fp32 {fp32 / 1e9:.0f} GFLOP/s, bf16 {bf16 / 1e9:.0f} GFLOP/s")
-    print(f"size: L={args.layers} D={args.dim} heads {args.heads}/{args.kv_heads} ffn {args.ffn} vocab {args.vocab} "
+    print(describe_limits(matmul_limits_gflops(device)))
+    print(f"{describe_size(args)} "
           f"H={args.bits}, prompt {args.prompt_len} tokens, float32")
 
     print(f"(a) Free vs baseline, KV cache, {args.new_tokens} new tokens, temperature 1, prior latents, "

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common import MIB, describe_machine, interleaved_times, median_ratio, peak_memory_in_fresh_process
+from common import (MIB, add_machine_arguments, describe_machine, interleaved_times, median_ratio,
+                    peak_memory_in_fresh_process, setup_machine)
 from free_transformer.latent import binary_mapper_project, index_to_bits, sample_bits
 
 # (H, N tokens, D)
@@ -103,14 +104,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="H in {8, 16}, N=4096, D=256, 3 rounds")
     parser.add_argument("--repeats", type=int, help="timing rounds per config (default 5, 3 with --quick)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
+    add_machine_arguments(parser)
     args = parser.parse_args()
     grid = QUICK_GRID if args.quick else FULL_GRID
     rounds = args.repeats or (3 if args.quick else 5)
-    device = torch.device(args.device)
-    torch.set_num_threads(args.threads)
+    device = setup_machine(args)
 
     print(f"{describe_machine(device)}, rounds: {rounds}")
     print(f"target at H={TARGET_BITS}, N={TARGET_TOKENS}: fused >= {TARGET_SPEEDUP:g}x faster, "

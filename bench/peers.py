@@ -55,8 +55,9 @@ import statistics
 
 import torch
 
-from common import (MIB, describe_machine, interleaved_times, matmul_flops_per_second, median_ratio,
-                    peak_memory_in_fresh_process)
+from common import (MIB, add_machine_arguments, add_model_arguments, describe_limits, describe_machine,
+                    describe_size, interleaved_times, matmul_limits_gflops, median_ratio, model_config,
+                    peak_memory_in_fresh_process, setup_machine)
 from free_transformer.config import ModelConfig
 from free_transformer.model import FreeTransformer
 
@@ -150,34 +151,23 @@ def verdict(bits, speedup, memory_ratio) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bits", type=int, nargs="+", default=[8, 16], help="latent bits H to compare")
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--ffn", type=int, default=768, help="SwiGLU hidden size")
-    parser.add_argument("--vocab", type=int, default=256)
+    add_model_arguments(parser, dim=256, layers=8, ffn=768)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
+    add_machine_arguments(parser)
     args = parser.parse_args()
-    device = torch.device(args.device)
-    torch.set_num_threads(args.threads)
+    device = setup_machine(args)
 
     print(describe_machine(device))
-    fp32, bf16 = (matmul_flops_per_second(device, dtype) for dtype in (torch.float32, torch.bfloat16))
-    print(f"machine limit: matmul 2048^3 fp32 {fp32 / 1e9:.0f} GFLOP/s, bf16 {bf16 / 1e9:.0f} GFLOP/s")
-    print(f"size: L={args.layers} D={args.dim} heads {args.heads}/{args.kv_heads} ffn {args.ffn} vocab {args.vocab} "
+    print(describe_limits(matmul_limits_gflops(device)))
+    print(f"{describe_size(args)} "
           f"T={args.seq_len} B={args.batch}, float32, {args.rounds} rounds")
     print("targets: H=16 ours >= 1.5x faster and >= 3x less peak memory; H=8 ours not slower")
 
     rows = []
     for bits in args.bits:
-        config = ModelConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
-                             n_kv_heads=args.kv_heads, ffn_hidden=args.ffn, max_seq_len=args.seq_len,
-                             latent_bits=bits)
+        config = model_config(args, max_seq_len=args.seq_len, latent_bits=bits)
         medians, speedup, losses = time_pair(config, args.batch, args.seq_len, device, args.rounds)
         memory = {impl: peak_memory(impl, config, args.batch, args.seq_len, args.device, args.threads)
                   for impl in IMPLEMENTATIONS}

@@ -36,8 +36,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from common import (MIB, describe_machine, interleaved_times, matmul_flops_per_second,  # noqa: E402
-                    peak_memory_in_fresh_process)
+from common import (MIB, add_machine_arguments, add_model_arguments, describe_limits, describe_machine,  # noqa: E402
+                    describe_size, interleaved_times, matmul_limits_gflops, model_config,
+                    peak_memory_in_fresh_process, setup_machine)
 from free_transformer.config import ModelConfig  # noqa: E402
 from free_transformer.latent import at_least_float32, kl_to_uniform  # noqa: E402
 from free_transformer.model import FreeTransformer  # noqa: E402
@@ -178,28 +179,18 @@ def main():
     parser.add_argument("--seq-bits", type=int, default=12, help="H during the sequence-length sweep")
     parser.add_argument("--bits", type=int, nargs="+", default=[8, 10, 12, 14, 16])
     parser.add_argument("--bits-seq-len", type=int, default=1024, help="T during the H sweep")
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--ffn", type=int, default=384, help="SwiGLU hidden size")
-    parser.add_argument("--vocab", type=int, default=256)
+    add_model_arguments(parser, dim=128, layers=4, ffn=384)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per point")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("scaling.png"))
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
+    add_machine_arguments(parser)
     args = parser.parse_args()
-    device = torch.device(args.device)
-    torch.set_num_threads(args.threads)
-    base = ModelConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
-                       n_kv_heads=args.kv_heads, ffn_hidden=args.ffn)
+    device = setup_machine(args)
+    base = model_config(args)
 
     print(describe_machine(device))
-    fp32, bf16 = (matmul_flops_per_second(device, dtype) for dtype in (torch.float32, torch.bfloat16))
-    print(f"machine limit: matmul 2048^3 fp32 {fp32 / 1e9:.0f} GFLOP/s, bf16 {bf16 / 1e9:.0f} GFLOP/s")
-    print(f"size: L={args.layers} D={args.dim} heads {args.heads}/{args.kv_heads} ffn {args.ffn} vocab {args.vocab} "
+    print(describe_limits(matmul_limits_gflops(device)))
+    print(f"{describe_size(args)} "
           f"B={args.batch}, float32, {args.rounds} rounds")
     seq_rows = sweep("T", args.seq_lens, lambda t: base.replace(max_seq_len=t, latent_bits=args.seq_bits), args)
     bits_rows = sweep("H", args.bits, lambda h: base.replace(max_seq_len=args.bits_seq_len, latent_bits=h), args)

@@ -34,8 +34,8 @@ import time
 import torch
 from tqdm import tqdm
 
-from common import (MIB, describe_machine, interleaved_times, matmul_flops_per_second, median_ratio,
-                    peak_memory_in_fresh_process)
+from common import (MIB, add_machine_arguments, describe_limits, describe_machine, interleaved_times,
+                    matmul_limits_gflops, median_ratio, peak_memory_in_fresh_process, setup_machine)
 from free_transformer.config import ModelConfig
 from free_transformer.distributed.parallelize import apply_compile, clip_grad_norm
 from free_transformer.model import FreeTransformer
@@ -165,9 +165,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="L=8 only (H in {8, 16}), 3 rounds")
     parser.add_argument("--repeats", type=int, help="timing rounds per config (default 5, 3 with --quick)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
+    add_machine_arguments(parser)
     parser.add_argument("--dtype", dest="precision", choices=("fp32", "bf16"), default="fp32",
                         help="bf16: autocast, as the trainer's precision=bf16 (weights and Adam stay fp32)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every block of both models, as the trainer's compile=true")
@@ -175,16 +173,14 @@ def main():
     args = parser.parse_args()
     grid = QUICK_GRID if args.quick else FULL_GRID
     rounds = args.repeats or (3 if args.quick else 5)
-    device = torch.device(args.device)
-    torch.set_num_threads(args.threads)
+    device = setup_machine(args)
 
     began = time.perf_counter()
     print(f"{describe_machine(device)}, rounds: {rounds}, precision {args.precision}"
           f"{', compiled' if args.compile else ''}")
     print(f"dims {DIMS}, T={SEQ_LEN}, batch {BATCH} ({SEQ_LEN * BATCH} tokens per step)")
-    limits = {dtype: matmul_flops_per_second(device, getattr(torch, name)) / 1e9
-              for dtype, name in (("fp32", "float32"), ("bf16", "bfloat16"))}
-    print(f"machine limit (2048^3 matmul): fp32 {limits['fp32']:.0f} GFLOP/s, bf16 {limits['bf16']:.0f} GFLOP/s")
+    limits = matmul_limits_gflops(device)
+    print(describe_limits(limits))
     rows = []
     for n_bits, n_layers in tqdm(grid, desc="configs"):
         configs, times, saved = time_config(n_bits, n_layers, device, rounds, args.precision, args.compile)
