@@ -44,8 +44,9 @@ def test_bounds_bracket_the_exact_marginal():
     model = _model()
     exact = _exact_nll(model)
     few = heldout_likelihood(model, _Bytes(), TEXT, samples=2)
-    many = heldout_likelihood(model, _Bytes(), TEXT, samples=256)
-    assert many["iwae"]["nats"] == pytest.approx(exact, abs=0.03)  # IWAE -> -log p(x) (seeded draws)
+    many = heldout_likelihood(model, _Bytes(), TEXT, samples=4096)
+    # IWAE -> -log p(x): with 4096 samples five seeds all landed within 0.003 nats (256 samples: 0.034)
+    assert many["iwae"]["nats"] == pytest.approx(exact, abs=0.01)
     assert many["elbo"]["nats"] >= exact - 1e-6  # ELBO (analytic KL) is an upper bound in expectation
     assert many["elbo"]["nats"] >= many["iwae"]["nats"]
     assert many["prior_ce"]["nats"] >= exact - 0.01  # Jensen: E_prior[-log p(x|z)] >= -log p(x)

@@ -82,6 +82,10 @@ def test_uniform_prior_is_uniform():
     index = uniform_latents((60000,), 3, generator=torch.Generator().manual_seed(0))
     counts = torch.bincount(index, minlength=8).double() / 60000
     torch.testing.assert_close(counts, torch.full((8,), 1 / 8, dtype=torch.float64), atol=0.006, rtol=0)
+    # at H = 16 every one of the 16 bits is a fair coin and no index reaches 2^16
+    index = uniform_latents((4, 10000), 16, generator=torch.Generator().manual_seed(1))
+    assert 0 <= index.min() and index.max() < 2**16
+    torch.testing.assert_close(index_to_bits(index, 16).mean((0, 1)), torch.full((16,), 0.5), atol=0.01, rtol=0)
 
 
 def test_per_row_generators_make_rows_independent_of_batch():

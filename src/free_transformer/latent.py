@@ -14,8 +14,6 @@ low bits and a scalar per row for the high bits, so that no N x 2^H tensor ever 
 
 from __future__ import annotations
 
-import functools
-
 import math
 from collections.abc import Sequence
 
@@ -30,16 +28,21 @@ CHUNK_ENTRIES = 2**22
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
 
-def rand_rows(shape: tuple[int, ...], generator: Generators, device=None) -> Tensor:
-    """Uniform [0, 1) floats of `shape`; a sequence of generators draws row i (dim 0) from generator i,
-    so each row is reproducible on its own whatever the batch it sits in."""
+def _draw_rows(draw, shape: tuple[int, ...], generator: Generators) -> Tensor:
+    """draw(shape, generator) for the whole batch, or row by row when given one generator per row
+    (dim 0), so that each row is reproducible on its own whatever the batch it sits in."""
     if generator is None or isinstance(generator, torch.Generator):
-        return torch.rand(shape, generator=generator, device=device)
+        return draw(shape, generator)
     if len(generator) != shape[0]:
         raise ValueError(f"got {len(generator)} generators for {shape[0]} rows")
     if len(generator) == 1:  # one-row decoding: no stack copy
-        return torch.rand(shape[1:], generator=generator[0], device=device).unsqueeze(0)
-    return torch.stack([torch.rand(shape[1:], generator=g, device=device) for g in generator])
+        return draw(shape[1:], generator[0]).unsqueeze(0)
+    return torch.stack([draw(shape[1:], g) for g in generator])
+
+
+def rand_rows(shape: tuple[int, ...], generator: Generators, device=None) -> Tensor:
+    """Uniform [0, 1) floats of `shape`, row i from generator i when given one per row."""
+    return _draw_rows(lambda size, g: torch.rand(size, generator=g, device=device), shape, generator)
 
 
 def at_least_float32(x: Tensor) -> Tensor:
@@ -54,16 +57,10 @@ def sample_bits(bit_logits: Tensor, generator: Generators = None) -> Tensor:
     return bits_to_index(bits)
 
 
-@functools.lru_cache(maxsize=64)
-def _powers_of_two(n_bits: int, device: torch.device) -> Tensor:
-    """(n_bits,) int64 2^h, built once per size and device (decoding needs it at every token)."""
-    with torch.inference_mode(False):  # an ordinary tensor even when first asked for while decoding
-        return 2 ** torch.arange(n_bits, device=device, dtype=torch.int64)
-
-
 def bits_to_index(bits: Tensor) -> Tensor:
     """(..., H) booleans -> (...,) int64 with bit h worth 2^h."""
-    return (bits * _powers_of_two(bits.shape[-1], bits.device)).sum(-1)  # bool * int64 -> int64
+    powers = 2 ** torch.arange(bits.shape[-1], device=bits.device, dtype=torch.int64)
+    return (bits * powers).sum(-1)  # bool * int64 -> int64
 
 
 def index_to_bits(index: Tensor, n_bits: int) -> Tensor:
@@ -73,8 +70,9 @@ def index_to_bits(index: Tensor, n_bits: int) -> Tensor:
 
 
 def uniform_latents(shape: tuple[int, ...], n_bits: int, *, generator: Generators = None, device=None) -> Tensor:
-    """Indices drawn from the uniform prior P(Z_t = z) = 2^-H, independently per position: H fair bits."""
-    return bits_to_index(rand_rows((*shape, n_bits), generator, device) < 0.5)
+    """Indices drawn from the uniform prior P(Z_t = z) = 2^-H, independently per position (H fair
+    bits). One randint, not H bits: it is drawn at every decoded token."""
+    return _draw_rows(lambda size, g: torch.randint(0, 2**n_bits, size, generator=g, device=device), shape, generator)
 
 
 class _BinaryMapperProject(torch.autograd.Function):
