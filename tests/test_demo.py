@@ -1,10 +1,15 @@
 import json
 
 import pytest
+import torch
+
+from conftest import tiny_model
 
 from free_transformer.cli import main
 from free_transformer.demo.experiment import VARIANTS, ModelResult, judge_claims
 from free_transformer.demo.groups import Groups, group_measures
+from free_transformer.data.synthetic import letters_batch
+from free_transformer.demo.information import latent_bits, target_starts
 
 BLOCK = "KKKKKKKK"
 
@@ -36,19 +41,70 @@ def _result(slug, **measures):
 
 
 def test_claims_follow_the_paper():
+    ignored = dict(latent_bits_position=0.0, latent_bits_noise=0.0)
     paper_like = [
         _result("baseline", valid=0.95, val_cross_entropy_bits=0.42),
-        _result("kappa-1-64", valid=0.9, green_position_agreement=0.02, green_noise_jaccard=0.04),
-        _result("kappa-1-8", valid=0.85, green_position_agreement=0.6, green_noise_jaccard=0.05),
+        _result("kappa-1-64", valid=0.9, green_position_agreement=0.02, green_noise_jaccard=0.04, **ignored),
+        _result("kappa-1-8", valid=0.85, green_position_near=0.6, blue_position_near=0.1, green_noise_jaccard=0.05,
+                latent_bits_position=2.5, latent_bits_noise=0.0),
         _result("kappa-1", valid=0.8, green_position_agreement=0.7, green_noise_jaccard=0.5),
         _result("kappa-8", valid=0.1, val_cross_entropy_bits=0.05),
     ]
     assert [c["reproduced"] for c in judge_claims(paper_like)] == [True] * 4
     vanilla_everywhere = [_result(r.variant.slug, valid=0.9, green_position_agreement=0.02, green_noise_jaccard=0.03,
-                                  val_cross_entropy_bits=0.42) for r in paper_like]
+                                  green_position_near=0.1, blue_position_near=0.1, val_cross_entropy_bits=0.42,
+                                  **ignored) for r in paper_like]
     assert [c["reproduced"] for c in judge_claims(vanilla_everywhere)] == [True, False, False, False]
     missing = [_result(r.variant.slug) for r in paper_like]  # nothing valid to measure: no claim holds
     assert not any(c["reproduced"] for c in judge_claims(missing))
+    # at 1/8 bit, a latent that also carries the noise, or that the generations do not show, is not the claim
+    for change in (dict(latent_bits_noise=0.5), dict(green_position_near=0.15)):
+        results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1-8" else {})})
+                   for r in paper_like]
+        assert [c["reproduced"] for c in judge_claims(results)] == [True, False, True, True]
+
+
+def test_target_starts_are_exact_or_flagged():
+    body = list("_" * 10 + "K" * 8 + "_" * 46)
+    rows = ["".join(body)]
+    body[10] = "!"  # the first letter hidden by noise: the start is ambiguous
+    rows.append("".join(body))
+    body[10], body[12] = "K", "!"  # noise inside the block: the start is still known
+    rows.append("".join(body))
+    tokens = torch.tensor([list(b"K>" + row.encode()) for row in rows])
+    assert target_starts(tokens).tolist() == [10, -1, 10]
+
+
+class _ReadsThePositionFromZ(torch.nn.Module):
+    """A stand-in decoder for known sequences: uniform over 256 bytes everywhere, except that with
+    the posterior Z it is certain of the target's first letter (and only of that token)."""
+
+    config = tiny_model(latent_bits=4).config
+
+    def __init__(self, tokens):
+        super().__init__()
+        self.register_buffer("rope_cos", torch.zeros(1))
+        self.tokens = tokens
+
+    def forward(self, inputs, latents, generator):
+        assert torch.equal(inputs, self.tokens[:, :-1])
+        logits = torch.zeros(*inputs.shape, 256)
+        if latents == "posterior":
+            for row, start in enumerate(target_starts(self.tokens).tolist()):
+                if start >= 0:  # position start + 1 predicts body character `start`
+                    logits[row, start + 1, int(self.tokens[row, 0])] = 1e4
+        return type("Out", (), {"logits": logits})
+
+
+def test_latent_bits_read_the_target_start_and_the_noise():
+    tokens = letters_batch(64, torch.Generator().manual_seed(0))  # the sequences latent_bits draws with seed 0
+    bits = latent_bits(_ReadsThePositionFromZ(tokens), sequences=64, samples=1)
+    assert bits["latent_bits_position"] == pytest.approx(8.0) and bits["latent_bits_noise"] == pytest.approx(0.0)
+    model = tiny_model(vocab_size=256, max_seq_len=72, latent_bits=4)
+    with torch.no_grad():
+        model.post_sampler.weight.zero_()  # Z has no effect on the decoder
+    assert latent_bits(model, sequences=16, samples=1) == {"latent_bits_position": 0.0, "latent_bits_noise": 0.0}
+    assert latent_bits(tiny_model(vocab_size=256, max_seq_len=72, latent_bits=0)) == {}  # the baseline has no Z
 
 
 def test_demo_smoke_run_writes_the_report(tmp_path, capsys):

@@ -1,0 +1,54 @@
+"""What the decoder takes from Z, read off fresh letters sequences rather than off generations.
+
+For a token, the cross-entropy with Z drawn from the prior minus the cross-entropy with Z drawn from
+the encoder's posterior is how many bits knowing the sequence's own Z saves the decoder there. At the
+target's first letter it measures the position decision; at each '!' the noise decision. A model
+that ignores Z scores 0 on both; the baseline has no Z and no score.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..data.synthetic import TARGET_LENGTH, letters_batch
+from ..model import FreeTransformer
+
+PROMPT_LENGTH = 2  # "<letter>>"
+
+
+def target_starts(tokens: torch.Tensor) -> torch.Tensor:
+    """(B, 66) letters sequences -> (B,) body index of the target's first letter, or -1 where noise
+    hides the block's first or last letter (about 12% of sequences; their start is ambiguous)."""
+    body = tokens[:, PROMPT_LENGTH:]
+    is_letter = body == tokens[:, :1]  # (B, 64)
+    index = torch.arange(body.shape[1])
+    first = torch.where(is_letter, index, body.shape[1]).min(1).values
+    last = torch.where(is_letter, index, -1).max(1).values
+    return torch.where(last - first == TARGET_LENGTH - 1, first, -1)
+
+
+@torch.no_grad()
+def latent_bits(model: FreeTransformer, *, sequences: int = 256, samples: int = 2, seed: int = 0) -> dict:
+    """Bits the decoder takes from Z at the target's first letter and per '!' (means over `sequences`
+    fresh sequences and `samples` draws of Z each)."""
+    if not model.config.is_free:
+        return {}
+    model.eval()
+    device = model.rope_cos.device
+    tokens = letters_batch(sequences, torch.Generator().manual_seed(seed)).to(device)  # (B, 66)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # targets[:, i + 1] is body character i
+    saved = torch.zeros(targets.shape, dtype=torch.float64, device=device)  # (B, 65) prior CE - posterior CE
+    for k in range(samples):
+        for source, sign in (("prior", 1.0), ("posterior", -1.0)):
+            generator = torch.Generator(device=device).manual_seed(seed + k)
+            logits = model(inputs, latents=source, generator=generator).logits  # (B, 65, V)
+            nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, 65)
+            saved += sign * nats.double() / (samples * math.log(2))
+    starts = target_starts(tokens)
+    known = starts >= 0
+    at_start = saved[known, starts[known] + PROMPT_LENGTH - 1]
+    at_noise = saved[targets == ord("!")]
+    return {"latent_bits_position": at_start.mean().item(), "latent_bits_noise": at_noise.mean().item()}
