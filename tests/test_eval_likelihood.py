@@ -64,7 +64,7 @@ def test_a_latent_the_decoder_ignores_gives_the_baseline_likelihood():
     result = heldout_likelihood(model, _Bytes(), TEXT, samples=3)
     exact = _exact_nll(model)
     for measure in ("prior_ce", "elbo", "iwae", "posterior_ce"):
-        assert result[measure]["nats"] == pytest.approx(exact, abs=1e-9)
+        assert result[measure]["nats"] == pytest.approx(exact, abs=1e-5)  # float32 logsumexp: ~1e-7 nats per token
     assert result["kl"]["nats"] == pytest.approx(0.0, abs=1e-12)
 
 
@@ -79,7 +79,7 @@ def test_baseline_reports_the_exact_cross_entropy():
             w = torch.tensor(w)
             logp = torch.log_softmax(model(w[None, :-1]).logits[0].double(), -1)
             total -= float(logp.gather(-1, w[1:, None]).sum())
-    assert result["exact"]["nats"] == pytest.approx(total, abs=1e-9)
+    assert result["exact"]["nats"] == pytest.approx(total, abs=1e-5)  # float32 logsumexp: ~1e-7 nats per token
     assert result["windows"] == 3 and result["tokens"] == 9
 
 
