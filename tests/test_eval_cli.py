@@ -90,3 +90,9 @@ def test_eval_heldout_only_on_a_named_corpus(tmp_path, monkeypatch):
     assert results["tasks"] == {} and results["likelihood"]["files"] == ["corpus:fake"]
     assert results["likelihood"]["bytes"] == len(text) - 1  # every byte but the first is predicted
     assert main(["eval", str(run), "--tasks", "none"]) == 2  # nothing to evaluate: a one-line error
+    # default names say the K that was used, and a second run never overwrites the first
+    for _ in range(2):
+        assert main(["eval", str(run), "--tasks", "none", "--heldout", "corpus:fake", "--heldout-samples", "2",
+                     "--no-progress"]) == 0
+    names = sorted(p.name for p in (run / "eval").glob("*.json"))
+    assert names == ["step_00000001-heldout-k2-2.json", "step_00000001-heldout-k2.json"]

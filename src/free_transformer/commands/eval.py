@@ -49,7 +49,7 @@ def add_arguments(parser) -> None:
     gen.add_argument("--code-timeout", type=float, default=10.0, help="seconds per generated program (sandbox)")
     gen.add_argument("--code-memory-mb", type=int, default=1024, help="address-space limit per generated program")
     parser.add_argument("--output", default=None,
-                        help="results JSON (default: RUN_DIR/eval/<checkpoint>-<latents>.json)")
+                        help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json, never overwritten)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -163,9 +163,26 @@ def run(args) -> int:
         "label": run_dir.name, "model_config": model.config.to_dict(), "train_config": config.get("train"),
         "limit": args.limit, "seconds": round(time.monotonic() - started, 1),
     })
-    tag = "baseline" if not model.config.is_free else f"{args.latents}-k{args.latent_samples}"
-    output = Path(args.output) if args.output else run_dir / "eval" / f"{ckpt.name}-{tag}.json"
+    output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, _tag(args, model, tasks))
     write_json(results, output)
     print(format_table(results))
     print(f"results: {output}")
     return 0
+
+
+def _tag(args, model, tasks: list[str]) -> str:
+    """What the default results name says: the latent policy of the tasks, the K of the held-out part."""
+    if not model.config.is_free:
+        return "baseline"
+    parts = [f"{args.latents}-k{args.latent_samples}"] if tasks else []
+    if args.heldout:
+        parts.append(f"heldout-k{args.heldout_samples}")
+    return "-".join(parts)
+
+
+def _free_path(folder: Path, checkpoint: str, tag: str) -> Path:
+    """folder/<checkpoint>-<tag>.json, or -2, -3, ... after it: earlier results are never overwritten."""
+    path, n = folder / f"{checkpoint}-{tag}.json", 2
+    while path.exists():
+        path, n = folder / f"{checkpoint}-{tag}-{n}.json", n + 1
+    return path
