@@ -66,7 +66,7 @@ LETTERS = ("data.kind=letters", "model.size=cpu-small", "model.latent_bits=8", "
 # ~1000 steps instead of ~3000 (measured on these CPUs; see README).
 FAST_LATENT = ("post_sampler_init_std=0.3", "optim.latent_lr_scale=3")
 PRESETS = {
-    # kappa fixed as in the paper; about 11 minutes on 2 quiet cores (see README for the measured time).
+    # kappa fixed as in the paper; about 10 minutes on 2 quiet cores (measured: 9 min 37 s; see README).
     "quick": Preset("quick", (*LETTERS, "steps=400", "optim.warmup_steps=100"), free=FAST_LATENT,
                     per_model={"kappa-1": ("steps=900",), "kappa-8": ("steps=450",)}),
     # kappa = 1/8 bit: kappa starts at 1 bit and reaches 1/8 half-way (the paper keeps kappa fixed): the
