@@ -24,7 +24,7 @@ def target_starts(tokens: torch.Tensor) -> torch.Tensor:
     hides the block's first or last letter (about 12% of sequences; their start is ambiguous)."""
     body = tokens[:, PROMPT_LENGTH:]
     is_letter = body == tokens[:, :1]  # (B, 64)
-    index = torch.arange(body.shape[1])
+    index = torch.arange(body.shape[1], device=tokens.device)
     first = torch.where(is_letter, index, body.shape[1]).min(1).values
     last = torch.where(is_letter, index, -1).max(1).values
     return torch.where(last - first == TARGET_LENGTH - 1, first, -1)
