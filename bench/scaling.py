@@ -39,8 +39,8 @@ import torch  # noqa: E402
 from common import (MIB, add_machine_arguments, add_model_arguments, describe_limits, describe_machine,  # noqa: E402
                     describe_size, interleaved_times, matmul_limits_gflops, model_config,
                     peak_memory_in_fresh_process, setup_machine)
-from free_transformer.config import ModelConfig  # noqa: E402
-from free_transformer.latent import at_least_float32, kl_to_uniform  # noqa: E402
+from free_transformer.config import LatentConfig, ModelConfig  # noqa: E402
+from free_transformer.latent import BinaryMapper, register_latent_kind  # noqa: E402
 from free_transformer.model import FreeTransformer  # noqa: E402
 from mapper import naive_mapper_project  # noqa: E402
 
@@ -48,30 +48,24 @@ VARIANTS = ("ours", "naive")
 KAPPA_NATS = math.log(2.0)
 
 
-class NaiveMapperFreeTransformer(FreeTransformer):
-    """The posterior branch of FreeTransformer._latent_residual with the naive Binary Mapper.
+@register_latent_kind("naive_binary_mapper")
+class NaiveBinaryMapper(BinaryMapper):
+    """The Binary Mapper as the paper writes it, Y and G materialised (a latent kind registered here,
+    as a researcher would add one). Same table, same init and the same sample_bits calls as
+    BinaryMapper, so Z, the loss and, up to rounding, every gradient equal ours."""
 
-    It samples with the same generator calls (sample_bits on the same bit-logits), so Z, the loss
-    and, up to rounding, every gradient equal those of FreeTransformer."""
-
-    def _latent_residual(self, x_half, latents, generator, start, out):
-        if not (isinstance(latents, str) and latents == "posterior"):
-            return super()._latent_residual(x_half, latents, generator, start, out)
-        B, T, _ = x_half.shape
-        bit_logits = at_least_float32(self.encode(x_half))  # (B, T, H)
-        out.bit_logits = bit_logits
-        out.kl_per_token_nats = kl_to_uniform(bit_logits)
-        out.kl_nats = out.kl_per_token_nats.mean()
-        r, index = naive_mapper_project(bit_logits.reshape(B * T, -1), self.post_sampler.weight, generator)
-        out.latent_index = index.reshape(B, T)
-        return r.reshape(B, T, -1)  # (B, T, D)
+    def sample(self, bit_logits, generator=None):
+        lead = bit_logits.shape[:-1]
+        r, index = naive_mapper_project(bit_logits.reshape(-1, self.bits), self.weight, generator)
+        return r.reshape(*lead, -1), index.reshape(lead)  # (B, T, D), (B, T)
 
 
 def build(variant: str, config: ModelConfig, batch: int, device_name: str):
     """(model, optimizer, tokens (B, T + 1)), seeded: both variants get the same weights and tokens."""
     device = torch.device(device_name)
     torch.manual_seed(0)
-    model = (FreeTransformer if variant == "ours" else NaiveMapperFreeTransformer)(config).to(device).train()
+    kind = "binary_mapper" if variant == "ours" else "naive_binary_mapper"
+    model = FreeTransformer(config.replace(latent=LatentConfig(kind))).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     tokens = torch.randint(0, config.vocab_size, (batch, config.max_seq_len + 1), device=device)
     return model, optimizer, tokens

@@ -16,8 +16,8 @@ def tiny_model(seed=0, dtype=torch.float64, **overrides) -> FreeTransformer:
     model = FreeTransformer(tiny_config(**overrides)).to(dtype)
     with torch.no_grad():  # non-trivial latent path: larger table, biased encoder bits
         if model.config.is_free:
-            model.post_sampler.weight.normal_(0, 0.5)
-            model.encoder_readout.weight.normal_(0, 0.5)
+            model.latent.mapper.weight.normal_(0, 0.5)
+            model.latent.readout.weight.normal_(0, 0.5)
     return model.eval()
 
 

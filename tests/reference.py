@@ -78,11 +78,17 @@ def naive_forward(model, tokens, latent_index=None):
     bit_logits = None
     for n in range(cfg.n_layers):
         if cfg.is_free and n == cfg.injection_layer:
-            zeta = p["zeta"].expand_as(x)
-            y = naive_block(p, "encoder", zeta, x, cfg, causal=False)
-            bit_logits = _rms_norm(y, p["encoder_norm.weight"], cfg.norm_eps) @ p["encoder_readout.weight"].T
-            bit_logits = bit_logits + p["encoder_readout.bias"]
-            r = F.one_hot(latent_index, 2**cfg.latent_bits).to(x.dtype) @ p["post_sampler.weight"]
+            zeta = p["latent.zeta"].expand_as(x)
+            y = naive_block(p, "latent.encoder.0", zeta, x, cfg, causal=False)
+            for k in range(1, cfg.latent.encoder_layers):  # further blocks: non-causal self-attention
+                y = naive_block(p, f"latent.encoder.{k}", y, y, cfg, causal=False)
+            bit_logits = _rms_norm(y, p["latent.norm.weight"], cfg.norm_eps) @ p["latent.readout.weight"].T
+            bit_logits = bit_logits + p["latent.readout.bias"]
+            if cfg.latent.kind == "binary_mapper":  # one-hot Y of size 2^H through the post-sampler
+                r = F.one_hot(latent_index, 2**cfg.latent_bits).to(x.dtype) @ p["latent.mapper.weight"]
+            else:  # bit_linear: the +-1 bits through a (D, H) map
+                bits = (latent_index[..., None] >> torch.arange(cfg.latent_bits)) & 1
+                r = (2 * bits - 1).to(x.dtype) @ p["latent.mapper.weight"].T
             x = naive_block(p, f"layers.{n}", x, x + r, cfg, causal=True)
         else:
             x = naive_block(p, f"layers.{n}", x, x, cfg, causal=True)

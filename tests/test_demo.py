@@ -89,7 +89,7 @@ class _ReadsThePositionFromZ(torch.nn.Module):
     def forward(self, inputs, latents, generator):
         assert torch.equal(inputs, self.tokens[:, :-1])
         logits = torch.zeros(*inputs.shape, 256)
-        if latents == "posterior":
+        if latents == "encoder":
             for row, start in enumerate(target_starts(self.tokens).tolist()):
                 if start >= 0:  # position start + 1 predicts body character `start`
                     logits[row, start + 1, int(self.tokens[row, 0])] = 1e4
@@ -102,7 +102,7 @@ def test_latent_bits_read_the_target_start_and_the_noise():
     assert bits["latent_bits_position"] == pytest.approx(8.0) and bits["latent_bits_noise"] == pytest.approx(0.0)
     model = tiny_model(vocab_size=256, max_seq_len=72, latent_bits=4)
     with torch.no_grad():
-        model.post_sampler.weight.zero_()  # Z has no effect on the decoder
+        model.latent.mapper.weight.zero_()  # Z has no effect on the decoder
     assert latent_bits(model, sequences=16, samples=1) == {"latent_bits_position": 0.0, "latent_bits_noise": 0.0}
     assert latent_bits(tiny_model(vocab_size=256, max_seq_len=72, latent_bits=0)) == {}  # the baseline has no Z
 

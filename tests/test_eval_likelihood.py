@@ -27,7 +27,7 @@ def _model(**overrides):
     model = tiny_model(**{"latent_bits": 2, "max_seq_len": 4, "vocab_size": 256, **overrides})
     if model.config.is_free:
         with torch.no_grad():
-            model.encoder_readout.weight.mul_(0.1)  # a mild posterior: the IWAE converges with few samples
+            model.latent.readout.weight.mul_(0.1)  # a mild posterior: the IWAE converges with few samples
     return model
 
 
@@ -58,9 +58,9 @@ def test_bounds_bracket_the_exact_marginal():
 def test_a_latent_the_decoder_ignores_gives_the_baseline_likelihood():
     model = _model()
     with torch.no_grad():
-        model.post_sampler.weight.zero_()  # Z has no effect on p(x | z)
-        model.encoder_readout.weight.zero_()
-        model.encoder_readout.bias.zero_()  # q(z | x) uniform = p(z)
+        model.latent.mapper.weight.zero_()  # Z has no effect on p(x | z)
+        model.latent.readout.weight.zero_()
+        model.latent.readout.bias.zero_()  # q(z | x) uniform = p(z)
     result = heldout_likelihood(model, _Bytes(), TEXT, samples=3)
     exact = _exact_nll(model)
     for measure in ("prior_ce", "elbo", "iwae", "posterior_ce"):

@@ -58,8 +58,8 @@ def test_encoder_prefill_sees_the_context_only():
     seen = []
     original = model.forward
 
-    def spy(tokens, *args, latents="posterior", **kwargs):
-        if isinstance(latents, str) and latents == "posterior":
+    def spy(tokens, *args, latents="encoder", **kwargs):
+        if isinstance(latents, str) and latents == "encoder":
             seen.append(tokens[0].tolist())
         return original(tokens, *args, latents=latents, **kwargs)
 
@@ -69,12 +69,12 @@ def test_encoder_prefill_sees_the_context_only():
     assert sorted(tuple(s) for s in seen) == contexts  # once per distinct context, never with a choice
 
 
-def test_encoder_prefill_uses_posterior_latents_on_context_positions():
+def test_encoder_prefill_uses_encoder_latents_on_context_positions():
     model = tiny_model(latent_bits=4)
     policy = LatentPolicy(context="encoder", samples=2, seed=1)
     got = continuation_logprobs(model, REQUESTS[:1], KEYS[:1], policy)[0]
     ctx = REQUESTS[0][0][0]
-    enc = model(torch.tensor([ctx] * 2), latents="posterior", generator=_generators(1, "doc/a/encoder", 2)).latent_index
+    enc = model(torch.tensor([ctx] * 2), latents="encoder", generator=_generators(1, "doc/a/encoder", 2)).latent_index
     prior = uniform_latents((2, 6), 4, generator=_generators(1, "doc/a", 2))
     for c, (_, cont) in enumerate(REQUESTS[0]):
         for k in range(2):

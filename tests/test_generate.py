@@ -107,12 +107,16 @@ def test_generation_errors():
     short = GenerationConfig(max_new_tokens=4)
     with pytest.raises(ValueError, match="exceeds max_seq_len"):
         generate(model, _prompts(P=30), GenerationConfig(max_new_tokens=20))
-    with pytest.raises(ValueError, match="latents must have shape"):
+    with pytest.raises(ValueError, match="latents must be integer indices of shape"):
         generate(model, _prompts(P=5), short, latents=torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="seeds"):
         generate(model, _prompts(B=3), short, seeds=[1])
     with pytest.raises(ValueError, match="temperature"):
         GenerationConfig(temperature=-1)
+    with pytest.raises(ValueError, match="latent indices must lie in \\[0, 2\\^4\\)"):
+        generate(model, _prompts(P=5), short, latents=torch.full((1, 5), 16))
+    with pytest.raises(ValueError, match="token ids must lie in"):
+        generate(model, torch.full((1, 3), 50), short)
     with pytest.raises(ValueError, match="explicit latents need a Free Transformer"):
         generate(tiny_model(latent_bits=0), _prompts(), short, latents=torch.zeros(1, 5, dtype=torch.long))
 
@@ -143,4 +147,4 @@ def test_returned_latents_are_ordinary_tensors():
     tokens = torch.cat([prompts, torch.tensor(result.tokens)[:, :-1]], 1)  # the positions the latents were fed at
     model.train()
     model(tokens, tokens, latents=result.latents).loss.backward()
-    assert model.post_sampler.weight.grad is not None
+    assert model.latent.mapper.weight.grad is not None

@@ -2,6 +2,7 @@
 transformers implementation), our baseline -> Llama, and a Free Transformer initialised from a Llama."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,14 +102,14 @@ def test_free_transformer_from_llama(tmp_path):
     torch.manual_seed(3)
     fresh = FreeTransformer(model.config)  # the latent path is exactly a fresh init with the given seed
     latent = set(model.state_dict()) - decoder
-    assert latent == {n for n in fresh.state_dict() if n.startswith(("encoder", "zeta", "post_sampler"))}
+    assert latent == {n for n in fresh.state_dict() if n.startswith("latent.")}
     for name in latent:
         assert torch.equal(model.state_dict()[name], fresh.state_dict()[name]), name
     model.train()  # and it trains: loss with the KL term, gradients reach the encoder
     tokens = torch.randint(0, 64, (2, 16))
     out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.0)
     out.loss.backward()
-    assert torch.isfinite(out.loss) and model.encoder_readout.weight.grad.abs().sum() > 0
+    assert torch.isfinite(out.loss) and model.latent.readout.weight.grad.abs().sum() > 0
 
 
 def test_unsupported_llama_features_are_refused():
@@ -175,3 +176,15 @@ def test_llama_tokenizer_travels_with_the_conversion(tmp_path):
     assert tokenizer.decode([2, 1]) == "world hello" and tokenizer_from_name("byte").vocab_size == 256
     assert main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
     assert AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True).encode("world") == [2]
+
+
+def test_an_export_written_before_the_latent_path_module_loads():
+    """tests/data/legacy-hf was written by 0.1's `convert tests/data/legacy-run OUT --to hf`."""
+    from transformers import AutoModelForCausalLM
+
+    data = Path(__file__).parent / "data"
+    ours, _ = load_model(data / "legacy-run")
+    hf_model = AutoModelForCausalLM.from_pretrained(data / "legacy-hf", local_files_only=True)
+    loaded = hf_model.model.state_dict()
+    assert loaded.keys() == ours.state_dict().keys()
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in ours.state_dict().items())

@@ -87,14 +87,14 @@ def test_forward_with_hf_cache_equals_full_forward(free_pair):
 def _ours(model, prompts, seeds, latents=None, **sampling):
     config = GenerationConfig(max_new_tokens=NEW, temperature=sampling.get("temperature", 0.0),
                               top_k=sampling.get("top_k"), top_p=sampling.get("top_p"),
-                              prompt_latents=sampling.get("prompt_latents", "posterior"))
+                              prompt_latents=sampling.get("prompt_latents", "encoder"))
     return generate(model, prompts, config, seeds=seeds, latents=latents)
 
 
 SAMPLING = dict(temperature=0.8, top_k=20, top_p=0.9)
 
 
-@pytest.mark.parametrize("choice", ["explicit", "posterior", "prior", "shared", "reference", "sampled"])
+@pytest.mark.parametrize("choice", ["explicit", "encoder", "prior", "shared", "reference", "sampled"])
 def test_hf_generate_equals_our_generate(free_pair, choice):
     model, hf_model = free_pair
     prompts, seeds = _prompts(), [7, 8, 9]
@@ -103,7 +103,7 @@ def test_hf_generate_equals_our_generate(free_pair, choice):
     if choice == "explicit":  # shorter than the generation: the prior takes over after 10 positions
         latents = torch.randint(0, 16, (3, 10))
         ours, hf_args["latents"] = _ours(model, prompts, seeds, latents), latents
-    elif choice == "posterior":
+    elif choice == "encoder":
         ours = _ours(model, prompts, seeds)
     elif choice == "prior":
         ours, hf_args["latents"] = _ours(model, prompts, seeds, prompt_latents="prior"), "prior"

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from free_transformer import latent
+from free_transformer.latent import BitLinear, binary_mapper
 from free_transformer.latent import (
     binary_mapper_project,
     free_bits_kl,
@@ -27,7 +27,7 @@ def _inputs(n_rows, n_bits, dim, seed=0):
 @pytest.mark.parametrize("n_bits", [1, 3, 6, 10])
 @pytest.mark.parametrize("chunk_entries", [2**22, 64])  # one chunk, and many chunks
 def test_mapper_matches_paper_formula(n_bits, chunk_entries, monkeypatch):
-    monkeypatch.setattr(latent, "CHUNK_ENTRIES", chunk_entries)
+    monkeypatch.setitem(binary_mapper.CHUNK_BYTES, "cpu", chunk_entries * 8)  # float64 entries
     logits, weight, grad_out = _inputs(n_rows=7, n_bits=n_bits, dim=5)
     r, index = binary_mapper_project(logits, weight, generator=torch.Generator().manual_seed(1))
     grad_logits, grad_weight = torch.autograd.grad((r * grad_out).sum(), (logits, weight))
@@ -123,3 +123,44 @@ def test_explicit_latents_are_a_lookup_without_logit_gradient():
     assert torch.equal(r, weight[index])
     r.sum().backward()
     assert weight.grad[1].eq(2).all() and weight.grad[2].eq(0).all()
+
+
+def test_bit_linear_gradient_is_the_per_bit_straight_through():
+    """R = W s with s = 2B - 1; from s + (2p - 1) - detach(2p - 1): dL_h = (dR . W_h) 2 p_h (1 - p_h), dW = dR^T s."""
+    g = torch.Generator().manual_seed(0)
+    logits = (2 * torch.randn(7, 5, generator=g, dtype=torch.float64)).requires_grad_()
+    mapper = BitLinear(5, 3).double()
+    torch.nn.init.normal_(mapper.weight, generator=g)
+    grad_out = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    r, index = mapper.sample(logits, torch.Generator().manual_seed(1))
+    grad_logits, grad_weight = torch.autograd.grad((r * grad_out).sum(), (logits, mapper.weight))
+
+    bits = index_to_bits(index, 5).double()
+    assert torch.equal(index, sample_bits(logits, torch.Generator().manual_seed(1)))  # the same draws as the mapper
+    signs = 2 * bits - 1
+    p = torch.sigmoid(logits.detach())
+    torch.testing.assert_close(r, signs @ mapper.weight.detach().T, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad_logits, (grad_out @ mapper.weight.detach()) * 2 * p * (1 - p), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_weight, grad_out.T @ signs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mapper.lookup(index), r.detach())
+
+
+def test_mapper_chunks_follow_the_device_budget():
+    # paper-1.5b on a GPU: 8192 tokens, bf16 g plus its float32 copy -> 4 chunks of 2^14 values
+    assert binary_mapper.chunk_bits(8192, 16, 6, torch.device("cuda")) == 14
+    assert binary_mapper.chunk_bits(8192, 16, 4, torch.device("cpu")) == 10
+    assert binary_mapper.chunk_bits(10**9, 16, 4, torch.device("cpu")) == 1  # never below one bit
+    assert binary_mapper.chunk_bits(3, 6, 4, torch.device("cuda")) == 6  # one chunk holds every value
+
+
+def test_compiled_chunk_body_gives_the_eager_gradient(monkeypatch):
+    monkeypatch.setitem(binary_mapper.CHUNK_BYTES, "cpu", 64 * 4)  # several chunks
+    logits, weight, grad_out = (t.float().detach() for t in _inputs(n_rows=16, n_bits=8, dim=8))
+    eager = binary_mapper._bit_logit_grad(logits, weight, grad_out)
+    binary_mapper.use_compiled_chunks(True)
+    try:
+        compiled = binary_mapper._bit_logit_grad(logits, weight, grad_out)
+    finally:
+        binary_mapper.use_compiled_chunks(False)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    assert eager.abs().max() > 0

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from free_transformer import ConfigError, FreeTransformer, ModelConfig, named_config
-from free_transformer.latent import free_bits_kl
+from free_transformer.config import LatentConfig
+from free_transformer.latent import check_latent_indices, free_bits_kl
 from conftest import tiny_config, tiny_model
 from reference import naive_forward
 
@@ -21,6 +22,11 @@ def _tokens(B=2, T=12, vocab=50, seed=0):
         (dict(latent_bits=-1), "latent_bits"),
         (dict(vocab_size=0), "vocab_size"),
         (dict(n_layers=1), "n_layers >= 2"),
+        (dict(latent_bits=25), "latent_bits must be an integer in \\[0, 24\\] for latent kind binary_mapper"),
+        (dict(latent_bits=63, latent=LatentConfig(kind="bit_linear")), "\\[0, 62\\]"),
+        (dict(latent=LatentConfig(kind="vq")), "unknown latent kind 'vq'; choose one of binary_mapper, bit_linear"),
+        (dict(latent=LatentConfig(encoder_layers=0)), "encoder_layers must be a positive integer"),
+        (dict(latent={"kind": "binary_mapper", "depth": 2}), "unknown model.latent field"),
     ],
 )
 def test_config_errors(overrides, message):
@@ -29,17 +35,20 @@ def test_config_errors(overrides, message):
 
 
 def test_config_round_trip_and_unknown_field():
-    cfg = tiny_config(latent_layer=1)
+    cfg = tiny_config(latent_layer=1, latent=LatentConfig(kind="bit_linear", encoder_layers=2))
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    old = {k: v for k, v in cfg.to_dict().items() if k != "latent"}  # a config.json written by 0.1
+    assert ModelConfig.from_dict(old).latent == LatentConfig()
     with pytest.raises(ConfigError, match="unknown model config field"):
         ModelConfig.from_dict({**cfg.to_dict(), "n_experts": 8})
     with pytest.raises(ConfigError, match="unknown model size"):
         named_config("gigantic")
 
 
+@pytest.mark.parametrize("latent", [LatentConfig(), LatentConfig("bit_linear", encoder_layers=3)])
 @pytest.mark.parametrize("name", ["debug", "cpu-small", "paper-1.5b", "paper-8b"])
-def test_param_count_matches_model_built_on_meta(name):
-    cfg = named_config(name)
+def test_param_count_matches_model_built_on_meta(name, latent):
+    cfg = named_config(name, latent=latent)
     with torch.device("meta"):
         model = FreeTransformer(cfg)
         baseline = FreeTransformer(cfg.replace(latent_bits=0))
@@ -53,7 +62,12 @@ def test_paper_overhead_is_about_one_block():
     assert 1.03 < ratio < 1.06  # one extra block of 28 (3.6%) plus the post-sampler's backward
 
 
-@pytest.mark.parametrize("overrides", [dict(latent_bits=0), dict(latent_bits=4), dict(latent_bits=3, tie_embeddings=True)])
+VARIANTS = [dict(latent=LatentConfig("bit_linear")), dict(latent=LatentConfig(encoder_layers=2)),
+            dict(latent=LatentConfig("bit_linear", encoder_layers=3), latent_bits=5)]
+
+
+@pytest.mark.parametrize("overrides", [dict(latent_bits=0), dict(latent_bits=4), dict(latent_bits=3, tie_embeddings=True),
+                                       *VARIANTS])
 def test_forward_matches_naive_algorithm(overrides):
     model = tiny_model(**overrides)
     tokens = _tokens()
@@ -63,10 +77,11 @@ def test_forward_matches_naive_algorithm(overrides):
     torch.testing.assert_close(out.logits, ref_logits, rtol=1e-9, atol=1e-9)
 
 
-def test_posterior_bit_logits_match_naive_encoder():
-    model = tiny_model()
+@pytest.mark.parametrize("overrides", [{}, *VARIANTS])
+def test_encoder_bit_logits_match_naive_encoder(overrides):
+    model = tiny_model(**overrides)
     tokens = _tokens()
-    out = model(tokens, latents="posterior")
+    out = model(tokens, latents="encoder")
     ref_logits, ref_bits = naive_forward(model, tokens, out.latent_index)
     torch.testing.assert_close(out.bit_logits, ref_bits, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(out.logits, ref_logits, rtol=1e-9, atol=1e-9)
@@ -75,7 +90,7 @@ def test_posterior_bit_logits_match_naive_encoder():
 def test_free_model_with_zero_post_sampler_equals_baseline():
     free = tiny_model()
     with torch.no_grad():
-        free.post_sampler.weight.zero_()
+        free.latent.mapper.weight.zero_()
     baseline = FreeTransformer(free.config.replace(latent_bits=0)).double()
     missing, unexpected = baseline.load_state_dict(free.state_dict(), strict=False)
     assert not missing and unexpected  # the baseline is the Free Transformer minus the latent path
@@ -127,23 +142,41 @@ def test_gqa_equals_repeated_kv_heads():
 
 
 def test_bad_inputs_raise_clear_errors():
+    """Shapes are checked by forward; value ranges by the entry points' checks (they read the values)."""
     model = tiny_model()
     with pytest.raises(ValueError, match="token ids must lie in"):
-        model(torch.tensor([[1, 50]]))
+        model.check_tokens(torch.tensor([[1, 50]]))
     with pytest.raises(ValueError, match="token ids must lie in"):
-        model(torch.tensor([[-1, 2]]))
+        model.check_tokens(torch.tensor([[-1, 2]]))
+    model.check_tokens(torch.tensor([[0, 49]]))
     with pytest.raises(ValueError, match="exceeds max_seq_len"):
         model(torch.zeros(1, 41, dtype=torch.long))
     with pytest.raises(ValueError, match="explicit latents"):
         model(torch.zeros(1, 5, dtype=torch.long), latents=torch.zeros(1, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match="latent indices"):
-        model(torch.zeros(1, 3, dtype=torch.long), latents=torch.tensor([[0, 16, 1]]))
-    with pytest.raises(ValueError, match="posterior latents need the whole sequence"):
+    with pytest.raises(ValueError, match="latent indices must lie in \\[0, 2\\^4\\)"):
+        check_latent_indices(torch.tensor([[0, 16, 1]]), 4, 1)
+    with pytest.raises(ValueError, match="integer indices of shape"):
+        check_latent_indices(torch.zeros(1, 3), 4, 1)
+    with pytest.raises(ValueError, match="need a Free Transformer"):
+        check_latent_indices(torch.zeros(1, 3, dtype=torch.long), 0, 1)
+    with pytest.raises(ValueError, match="encoder latents need the whole sequence"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(1), start=2)
+    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or a tensor"):
+        model(torch.zeros(1, 3, dtype=torch.long), latents="posteriour")
 
 
-def test_gradients_reach_every_parameter():
-    model = tiny_model(dtype=torch.float32).train()
+def test_old_spelling_of_encoder_latents_still_works_with_a_warning():
+    model = tiny_model()
+    tokens = _tokens()
+    with pytest.warns(DeprecationWarning, match="'posterior' is deprecated .* use 'encoder'"):
+        old = model(tokens, latents="posterior", generator=torch.Generator().manual_seed(3))
+    new = model(tokens, latents="encoder", generator=torch.Generator().manual_seed(3))
+    assert torch.equal(old.latent_index, new.latent_index) and torch.equal(old.logits, new.logits)
+
+
+@pytest.mark.parametrize("overrides", [{}, *VARIANTS])
+def test_gradients_reach_every_parameter(overrides):
+    model = tiny_model(dtype=torch.float32, **overrides).train()
     tokens = _tokens(T=13)
     model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.0).loss.backward()
     no_grad = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().max() == 0]
@@ -157,4 +190,4 @@ def test_bf16_autocast_forward_backward():
         out = model(tokens[:, :-1], tokens[:, 1:])
     out.loss.backward()
     assert torch.isfinite(out.loss) and out.logits.dtype == torch.bfloat16
-    assert model.encoder_readout.weight.grad.abs().max() > 0
+    assert model.latent.readout.weight.grad.abs().max() > 0

@@ -95,8 +95,8 @@ def test_lr_schedule_and_parameter_groups():
     for group in parameter_groups(model, config.optim):
         group_names = [names[id(p)] for p in group["params"]]
         if group["weight_decay"] > 0:
-            assert not any("norm" in n or "embed" in n or "post_sampler" in n or n == "zeta" for n in group_names)
-        assert (group["lr_scale"] == 3) == group_names[0].startswith(("encoder", "zeta", "post_sampler"))
+            assert not any("norm" in n or "embed" in n or "mapper" in n or n.endswith("zeta") for n in group_names)
+        assert (group["lr_scale"] == 3) == group_names[0].startswith("latent.")
 
 
 @pytest.mark.parametrize(
@@ -204,7 +204,7 @@ def test_post_sampler_init_scale(tmp_path):
     train(_config("steps=1", "post_sampler_init_std=0.5", "optim.lr=1e-9"), tmp_path)
     model, _ = load_model(tmp_path)
     with torch.no_grad():
-        assert 0.4 < float(model.post_sampler.weight.std()) < 0.6
+        assert 0.4 < float(model.latent.mapper.weight.std()) < 0.6
         assert float(model.layers[0].mlp.up_proj.weight.std()) < 0.05
 
 
@@ -231,3 +231,16 @@ def test_kill_while_pruning_never_leaves_a_partial_checkpoint(tmp_path, monkeypa
     assert [d.name for d in checkpoint_dirs(tmp_path)] == ["step_00000002", "step_00000003"]
     for checkpoint in checkpoint_dirs(tmp_path):
         load_model(checkpoint)
+
+
+LEGACY_RUN = Path(__file__).parent / "data" / "legacy-run"  # written by 0.1: the latent path as loose attributes
+
+
+def test_a_run_written_before_the_latent_path_module_loads_and_resumes_to_the_same_losses(tmp_path):
+    model, _ = load_model(LEGACY_RUN)
+    assert model.latent.mapper.weight.shape == (8, 16) and model.latent.zeta.abs().sum() > 0
+    run = tmp_path / "run"
+    shutil.copytree(LEGACY_RUN, run)
+    shutil.rmtree(run / "checkpoints" / "step_00000004")
+    train(load_train_config(run / "config.yaml", ["progress=false"]), run, resume=True)
+    assert _losses(run) == _losses(LEGACY_RUN)  # steps 3 and 4 as 0.1 computed them, bit for bit

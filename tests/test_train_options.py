@@ -39,7 +39,7 @@ def test_activation_checkpointing_gives_the_same_gradients_and_keeps_less():
     torch.manual_seed(0)
     plain = FreeTransformer(tiny_config(n_layers=4, latent_bits=4)).double().train()
     with torch.no_grad():
-        plain.post_sampler.weight.normal_(0, 0.5)  # a latent path that matters
+        plain.latent.mapper.weight.normal_(0, 0.5)  # a latent path that matters
     checkpointed = apply_activation_checkpointing(copy.deepcopy(plain))
     tokens = torch.randint(0, plain.config.vocab_size, (3, 21))
 
@@ -73,7 +73,7 @@ def test_compiled_blocks_give_eager_losses_and_gradients():
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
         scale = p.grad.abs().max().item()
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
-    assert any(p.grad.abs().max() > 0 for p in compiled.post_sampler.parameters())
+    assert any(p.grad.abs().max() > 0 for p in compiled.latent.mapper.parameters())
 
 
 @pytest.mark.parametrize("option", ["activation_checkpointing", "compile"])

@@ -1,16 +1,37 @@
-"""Model configuration: one flat dataclass, named sizes from a tiny debug model to the paper's 8B."""
+"""Model configuration: a flat dataclass (with the latent path's mechanism in its own small section),
+named sizes from a tiny debug model to the paper's 8B."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import UserError
 
 
 class ConfigError(UserError, ValueError):
     """A configuration that cannot describe a valid model."""
+
+
+@dataclass(frozen=True)
+class LatentConfig:
+    """How the latent path works (its size, latent_bits, and place, latent_layer, are ModelConfig fields)."""
+
+    kind: str = "binary_mapper"
+    """How the H sampled bits become the residual R: binary_mapper (the paper: a 2^H x D post-sampler
+    table, exact gradient of Y + G - detach(G)), bit_linear (the ±1 bits through a D x H linear map,
+    per-bit straight-through; H up to 62), or any kind registered with register_latent_kind."""
+    encoder_layers: int = 1
+    """Non-causal encoder blocks (the paper: 1). The first takes its queries from zeta and its
+    keys/values from the first half; each further one attends over the encoder's own stream."""
+
+
+def _latent_config(values: dict) -> LatentConfig:
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(LatentConfig)})
+    if unknown:
+        raise ConfigError(f"unknown model.latent field(s): {', '.join(unknown)}")
+    return LatentConfig(**values)
 
 
 @dataclass(frozen=True)
@@ -39,8 +60,12 @@ class ModelConfig:
     """H, bits of the latent Z_t (2^H values per token). 0 gives the plain baseline decoder."""
     latent_layer: int | None = None
     """Number of decoder blocks before Z is injected; None means L // 2 (the paper's middle)."""
+    latent: LatentConfig = field(default_factory=LatentConfig)
+    """The latent path's mechanism: model.latent.kind, model.latent.encoder_layers."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.latent, dict):  # from a saved config.json or a YAML section
+            object.__setattr__(self, "latent", _latent_config(self.latent))
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -51,8 +76,7 @@ class ModelConfig:
             raise ConfigError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
         if self.head_dim % 2:
             raise ConfigError(f"head dim dim/n_heads = {self.head_dim} must be even for RoPE")
-        if not (isinstance(self.latent_bits, int) and 0 <= self.latent_bits <= 24):
-            raise ConfigError(f"latent_bits must be an integer in [0, 24], got {self.latent_bits!r}")
+        self._check_latent()
         if self.latent_layer is not None and not (1 <= self.latent_layer <= self.n_layers - 1):
             raise ConfigError(
                 f"latent_layer must be in [1, n_layers-1] = [1, {self.n_layers - 1}], got {self.latent_layer}"
@@ -61,6 +85,20 @@ class ModelConfig:
             raise ConfigError("a Free Transformer needs n_layers >= 2 (Z is injected between two blocks)")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ConfigError("rope_theta and norm_eps must be positive")
+
+    def _check_latent(self) -> None:
+        from .latent import LATENT_KINDS  # the registry of latent kinds (it imports nothing of ours)
+
+        kind, layers = self.latent.kind, self.latent.encoder_layers
+        if kind not in LATENT_KINDS:
+            raise ConfigError(f"unknown latent kind {kind!r}; choose one of {', '.join(sorted(LATENT_KINDS))}")
+        max_bits = LATENT_KINDS[kind].max_bits
+        if not (isinstance(self.latent_bits, int) and not isinstance(self.latent_bits, bool)
+                and 0 <= self.latent_bits <= max_bits):
+            raise ConfigError(f"latent_bits must be an integer in [0, {max_bits}] for latent kind {kind}, "
+                              f"got {self.latent_bits!r}")
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+            raise ConfigError(f"latent.encoder_layers must be a positive integer, got {layers!r}")
 
     @property
     def head_dim(self) -> int:
@@ -87,7 +125,7 @@ class ModelConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
-        return cls(**values)
+        return cls(**values)  # a config.json written before `latent` existed gets its defaults
 
     # ---- analytic sizes -------------------------------------------------------------------------
 
@@ -107,11 +145,14 @@ class ModelConfig:
         return total
 
     def latent_params(self) -> int:
-        """Encoder block, zeta, encoder norm + readout, and the 2^H x D post-sampler table."""
+        """Encoder blocks, zeta, encoder norm + readout, and the mapper's (2^H x D for the Binary Mapper)."""
         if not self.is_free:
             return 0
-        encoder = self.block_params() + self.dim + self.dim + self.dim * self.latent_bits + self.latent_bits
-        return encoder + (2**self.latent_bits) * self.dim
+        from .latent import latent_kind
+
+        encoder = self.latent.encoder_layers * self.block_params() + self.dim + self.dim
+        readout = self.dim * self.latent_bits + self.latent_bits
+        return encoder + readout + latent_kind(self.latent.kind).num_params(self.latent_bits, self.dim)
 
     def training_flops_per_token(self, seq_len: int) -> float:
         """Forward + backward FLOPs per token of a training step at this sequence length: what the design
@@ -119,19 +160,21 @@ class ModelConfig:
 
         Matmuls count 6 FLOPs per weight (2 forward, 4 backward). Attention scores and values count
         12 * D FLOPs per (query, key) pair: a causal query sees (T + 1) / 2 keys on average, the
-        encoder's non-causal queries all T. The encoder's query is the constant zeta, one row for
-        every position: its query projection costs nothing per token. Its read-out to H bit-logits
-        counts 6 * D * H. The post-sampler's forward is a row lookup (no FLOPs); its exact backward
-        needs dR @ W^T, 2 * 2^H * D per token (the O(2^H) products with G and sums over the values
-        are left out, as norms and activations are everywhere).
+        encoder's non-causal queries all T. The first encoder block's query is the constant zeta, one
+        row for every position: its query projection costs nothing per token. The read-out to H
+        bit-logits counts 6 * D * H. The mapper counts what its kind says: for the Binary Mapper the
+        forward is a row lookup (no FLOPs) and the exact backward needs dR @ W^T, 2 * 2^H * D per token.
         """
         matmul_weights = self.block_params() - 2 * self.dim  # q, k, v, o and the SwiGLU
         causal_block = 6 * matmul_weights + 12 * self.dim * (seq_len + 1) / 2
         flops = self.n_layers * causal_block + 6 * self.vocab_size * self.dim
         if self.is_free:
-            flops += 6 * (matmul_weights - self.dim * self.dim) + 12 * self.dim * seq_len  # encoder block
+            from .latent import latent_kind
+
+            non_causal_block = 6 * matmul_weights + 12 * self.dim * seq_len
+            flops += self.latent.encoder_layers * non_causal_block - 6 * self.dim * self.dim  # zeta's q_proj: once
             flops += 6 * self.dim * self.latent_bits  # encoder read-out
-            flops += 2 * (2**self.latent_bits) * self.dim  # dR @ W^T in the mapper's backward
+            flops += latent_kind(self.latent.kind).training_flops_per_token(self.latent_bits, self.dim)
         return float(flops)
 
 

@@ -1,24 +1,42 @@
 """The Free Transformer (Algorithm 2 of the paper) and, with latent_bits = 0, the baseline decoder
-(Algorithm 1). Both share every block; the Free Transformer adds one non-causal encoder block with a
-learned constant query zeta, an RMSNorm + linear readout to H bit-logits, and the post-sampler table
-whose row Z_t is added to the keys/values input of block `injection_layer`."""
+(Algorithm 1). Both share every block; the Free Transformer adds one module, `LatentPath` (the
+non-causal encoder with its learned query zeta, the read-out to H bit-logits and the mapper from bits
+to R), whose residual R is added to the keys/values input of block `injection_layer`."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .latent import Generators, at_least_float32, free_bits_kl, kl_to_uniform, project_latents, sample_bits, uniform_latents
+from .latent import ENCODER, Generators, LatentSource, at_least_float32, free_bits_kl, latent_source
+from .latent.path import LatentPath, LatentSample
 from .layers import Block, KVCache, rope_tables
 
-LatentSource = Literal["posterior", "prior"]
 IGNORE_INDEX = -100
+# Parameter names of checkpoints written before the latent path was one module (0.1): old prefix -> new.
+LEGACY_LATENT_NAMES = {
+    "encoder.": "latent.encoder.0.",
+    "zeta": "latent.zeta",
+    "encoder_norm.": "latent.norm.",
+    "encoder_readout.": "latent.readout.",
+    "post_sampler.weight": "latent.mapper.weight",
+}
+
+
+def upgrade_state_dict(state: dict, prefix: str = "") -> dict:
+    """Rename, in place, the latent-path tensors of a state dict written before 0.2; others are kept."""
+    for name in [n for n in state if n.startswith(prefix)]:
+        local = name[len(prefix):]
+        for old, new in LEGACY_LATENT_NAMES.items():
+            if local.startswith(old):
+                state[prefix + new + local[len(old):]] = state.pop(name)
+                break
+    return state
 
 
 @dataclass
@@ -26,10 +44,18 @@ class ModelOutput:
     logits: Tensor  # (B, T, V)
     loss: Tensor | None = None  # cross-entropy + free-bits KL term (nats), when targets are given
     cross_entropy_nats: Tensor | None = None  # mean over predicted tokens
-    kl_nats: Tensor | None = None  # mean KL(Q(Z_t|S) || uniform) per token, posterior latents only
+    kl_nats: Tensor | None = None  # mean KL(Q(Z_t|S) || uniform) per token, encoder latents only
     kl_per_token_nats: Tensor | None = None  # (B, T)
-    bit_logits: Tensor | None = None  # (B, T, H) encoder read-out, posterior latents only
+    bit_logits: Tensor | None = None  # (B, T, H) encoder read-out, encoder latents only
     latent_index: Tensor | None = None  # (B, T) the Z_t used, each in [0, 2^H)
+
+    @classmethod
+    def from_parts(cls, logits: Tensor, sample: LatentSample | None) -> ModelOutput:
+        if sample is None:
+            return cls(logits=logits)
+        kl = sample.kl_per_token_nats
+        return cls(logits=logits, kl_nats=None if kl is None else kl.mean(), kl_per_token_nats=kl,
+                   bit_logits=sample.bit_logits, latent_index=sample.index)
 
 
 class FreeTransformer(nn.Module):
@@ -40,17 +66,17 @@ class FreeTransformer(nn.Module):
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
-        if config.is_free:
-            self.encoder = Block(config)
-            self.zeta = nn.Parameter(torch.empty(config.dim))
-            self.encoder_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
-            self.encoder_readout = nn.Linear(config.dim, config.latent_bits)
-            self.post_sampler = nn.Embedding(2**config.latent_bits, config.dim)
+        self.latent = LatentPath(config) if config.latent_bits else None  # None: the baseline decoder
         # RoPE tables are derived from the config, never checkpointed.
         cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_load_state_dict_pre_hook(self._upgrade_legacy_names)
         self.init_weights()
+
+    @staticmethod
+    def _upgrade_legacy_names(module, state_dict, prefix, *args) -> None:
+        upgrade_state_dict(state_dict, prefix)
 
     @torch.no_grad()
     def init_weights(self, std: float = 0.02, post_sampler_std: float | None = None) -> None:
@@ -58,8 +84,8 @@ class FreeTransformer(nn.Module):
 
         Embeddings and input projections ~ N(0, std); output projections (o_proj, down_proj) of each
         block ~ N(0, std / sqrt(2 L)) so the residual stream keeps its scale with depth; norms = 1;
-        zeta ~ N(0, 1) (it is normalised before use); encoder read-out ~ N(0, std) with zero bias
-        (bits start near p = 1/2, KL near 0); post-sampler rows ~ N(0, post_sampler_std or std).
+        the latent path as `LatentPath.init_weights` says, its mapper giving R a standard deviation
+        of post_sampler_std (default std). Tensors on the meta device are skipped.
         """
         if self.rope_cos.device.type != "meta":
             cos, sin = rope_tables(self.config.head_dim, self.config.max_seq_len, self.config.rope_theta,
@@ -67,21 +93,33 @@ class FreeTransformer(nn.Module):
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
         out_std = std / math.sqrt(2 * self.config.n_layers)
-        for name, param in self.named_parameters():
-            if param.device.type == "meta":
-                continue
-            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
-                nn.init.ones_(param)
-            elif name == "zeta":
-                nn.init.normal_(param, std=1.0)
-            elif name.endswith("bias"):
-                nn.init.zeros_(param)
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                nn.init.normal_(param, std=out_std)
-            elif name == "post_sampler.weight":
-                nn.init.normal_(param, std=post_sampler_std or std)
-            else:
-                nn.init.normal_(param, std=std)
+
+        def init_block(block: Block) -> None:
+            for name, param in block.named_parameters():
+                if param.device.type == "meta":
+                    continue
+                if name.endswith("norm.weight"):
+                    nn.init.ones_(param)
+                elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                    nn.init.normal_(param, std=out_std)
+                else:
+                    nn.init.normal_(param, std=std)
+
+        # The draws keep the order of 0.1 (zeta, embeddings, blocks, head, rest of the latent path), so
+        # a seed gives the weights it gave before.
+        latent = self.latent if self.latent is not None and self.latent.zeta.device.type != "meta" else None
+        if latent is not None:
+            nn.init.normal_(latent.zeta, std=1.0)  # normalised before use
+        if self.embed_tokens.weight.device.type != "meta":
+            nn.init.normal_(self.embed_tokens.weight, std=std)
+        for block in self.layers:
+            init_block(block)
+        if self.norm.weight.device.type != "meta":
+            nn.init.ones_(self.norm.weight)
+        if self.lm_head is not None and self.lm_head.weight.device.type != "meta":
+            nn.init.normal_(self.lm_head.weight, std=std)
+        if latent is not None:
+            latent.init_weights(init_block, std, post_sampler_std or std)
 
     # ---- pieces of the forward pass ------------------------------------------------------------
 
@@ -90,20 +128,12 @@ class FreeTransformer(nn.Module):
         h = self.norm(x)
         return F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)
 
-    def encode(self, x_half: Tensor) -> Tensor:
-        """Encoder: (B, T, D) first-half output -> (B, T, H) bit-logits. Non-causal over the T tokens."""
-        T, D = x_half.shape[1:]
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        query = self.zeta.to(x_half.dtype).view(1, 1, D)  # the same for every position: normed and projected once
-        y = self.encoder(query, cos, sin, kv_input=x_half, causal=False)  # (B, T, D)
-        return self.encoder_readout(self.encoder_norm(y))
-
     def forward(
         self,
         tokens: Tensor,  # (B, T) int64
         targets: Tensor | None = None,  # (B, T) int64, IGNORE_INDEX for positions without a target
         *,
-        latents: LatentSource | Tensor = "posterior",
+        latents: LatentSource = ENCODER,
         kappa_nats: float = 0.0,
         generator: Generators = None,
         cache: KVCache | None = None,
@@ -111,25 +141,30 @@ class FreeTransformer(nn.Module):
     ) -> ModelOutput:
         """Logits for positions [start, start+T) and, given targets, the training loss.
 
-        latents: where Z comes from (Free Transformer only): "posterior" samples it with the encoder
-        (training, KV-cache prefill; needs the whole sequence, start = 0), "prior" draws every Z_t
-        uniformly and independently, and an int tensor (B or 1, T) gives the indices explicitly.
-        kappa_nats: the free-bits threshold of the KL term, in nats per token.
-        generator: one generator, or one per row (each row then reproducible on its own).
+        latents: where Z comes from (Free Transformer only; free_transformer.latent.sources): "encoder"
+        samples it from the encoder's posterior (training, KV-cache prefill; needs the whole sequence,
+        start = 0), "prior" draws every Z_t uniformly and independently, and an int tensor (B or 1, T)
+        gives the indices explicitly. kappa_nats: the free-bits threshold of the KL term, in nats per
+        token. generator: one generator, or one per row (each row then reproducible on its own).
+
+        Shapes are checked here; the ranges of token ids and latent indices are not (that reads values
+        on the host): entry points check them once, with `check_tokens` and `check_latent_indices`.
         """
-        self._check_tokens(tokens, start)
-        B, T = tokens.shape
+        B, T = self._check_shape(tokens, start)
         cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         x = self.embed_tokens(tokens)  # (B, T, D)
-        out = ModelOutput(logits=x)  # logits filled below
-        injection = self.config.injection_layer if self.config.is_free else None
+        sample = None
         for i, block in enumerate(self.layers):
             kv_input = None
-            if i == injection:  # queries from X, keys and values from X + R
-                r = self._latent_residual(x, latents, generator, start, out)  # (B, T, D)
+            if i == self.config.injection_layer and self.latent is not None:  # queries from X, keys/values from X + R
+                source = latent_source(latents)
+                if start and isinstance(source, str) and source == ENCODER:
+                    raise ValueError("encoder latents need the whole sequence: the encoder is non-causal "
+                                     "(start must be 0)")
+                r, sample = self.latent(x, source, cos, sin, generator)  # (B, T, D)
                 kv_input = x + r.to(x.dtype)
             x = block(x, cos, sin, kv_input=kv_input, cache=cache, layer=i, start=start)
-        out.logits = self.readout(x)
+        out = ModelOutput.from_parts(self.readout(x), sample)
         if targets is not None:
             out.cross_entropy_nats = F.cross_entropy(
                 at_least_float32(out.logits).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX
@@ -141,38 +176,18 @@ class FreeTransformer(nn.Module):
             cache.length = start + T
         return out
 
-    def _latent_residual(self, x_half, latents, generator, start, out: ModelOutput) -> Tensor:
-        B, T, _ = x_half.shape
-        weight = self.post_sampler.weight
-        if isinstance(latents, Tensor):
-            if latents.dim() != 2 or latents.shape[1] != T or latents.shape[0] not in (1, B):
-                raise ValueError(f"explicit latents must have shape ({B} or 1, {T}), got {tuple(latents.shape)}")
-            if latents.min() < 0 or latents.max() >= 2**self.config.latent_bits:
-                raise ValueError(f"latent indices must lie in [0, 2^{self.config.latent_bits})")
-            out.latent_index = latents.expand(B, T)
-            return project_latents(None, weight, out.latent_index)
-        if latents == "prior":
-            out.latent_index = uniform_latents((B, T), self.config.latent_bits, generator=generator, device=x_half.device)
-            return project_latents(None, weight, out.latent_index)
-        if latents != "posterior":
-            raise ValueError(f"latents must be 'posterior', 'prior' or an index tensor, got {latents!r}")
-        if start != 0:
-            raise ValueError("posterior latents need the whole sequence: the encoder is non-causal (start must be 0)")
-        bit_logits = at_least_float32(self.encode(x_half))  # (B, T, H)
-        out.bit_logits = bit_logits
-        out.kl_per_token_nats = kl_to_uniform(bit_logits)
-        out.kl_nats = out.kl_per_token_nats.mean()
-        out.latent_index = sample_bits(bit_logits, generator)
-        return project_latents(bit_logits, weight, out.latent_index)
-
-    def _check_tokens(self, tokens: Tensor, start: int) -> None:
+    def _check_shape(self, tokens: Tensor, start: int) -> tuple[int, int]:
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an integer tensor of shape (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
         if start + tokens.shape[1] > self.config.max_seq_len:
             raise ValueError(
                 f"sequence length {start + tokens.shape[1]} exceeds max_seq_len {self.config.max_seq_len}"
             )
-        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
+        return tokens.shape
+
+    def check_tokens(self, tokens: Tensor) -> None:
+        """Token ids in [0, vocab_size), or a ValueError. Reads the values on the host: for entry points."""
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
             raise ValueError(
                 f"token ids must lie in [0, {self.config.vocab_size}), got min {int(tokens.min())} max {int(tokens.max())}"
             )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from ..checkpoint import load_model
 from ..generate import GenerationConfig, generate, infer_latents, shared_prior_latents
+from ..latent import ENCODER, PRIOR
 from ..tokenizer import get_tokenizer
 from ..train.trainer import resolve_device
 
@@ -23,12 +26,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--stop", action="append", default=[], help="stop string (its tokens' last id); repeatable")
     parser.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
-    parser.add_argument("--latents", choices=["independent", "shared", "reference"], default="independent",
-                        help="Free Transformer: Z drawn per sample (independent), one Z sequence for all samples "
-                             "(shared), or inferred by the encoder from --reference")
-    parser.add_argument("--reference", help="text whose posterior latents condition generation (--latents reference)")
-    parser.add_argument("--prompt-latents", choices=["posterior", "prior"], default="posterior",
-                        help="Z for prompt positions: encoder posterior (the paper's prefill) or uniform prior")
+    parser.add_argument("--latents", choices=["encoder", "prior", "shared", "reference", "independent"],
+                        default="encoder",
+                        help="Free Transformer: where Z comes from. encoder: the prompt's Z from the encoder (the "
+                             "paper's prefill), each new token's from the prior, per sample; prior: every Z from "
+                             "the prior, per sample; shared: one prior Z sequence for all samples; reference: Z "
+                             "inferred by the encoder from --reference (independent: deprecated name of encoder)")
+    parser.add_argument("--reference", help="text whose encoder latents condition generation (--latents reference)")
+    parser.add_argument("--prompt-latents", choices=["posterior", "encoder", "prior"],
+                        help="deprecated: use --latents encoder or --latents prior")
     parser.add_argument("--device", default="auto")
 
 
@@ -42,15 +48,17 @@ def run(args) -> int:
     if args.num_samples < 1:
         raise ValueError("--num-samples must be >= 1")
     stop_tokens = tuple(tokenizer.encode(s)[-1] for s in args.stop if s)
+    source = _latent_choice(args)
     gen_config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p, stop_tokens=stop_tokens, prompt_latents=args.prompt_latents)
+                                  top_p=args.top_p, stop_tokens=stop_tokens,
+                                  prompt_latents=source if source in (ENCODER, PRIOR) else ENCODER)
+    if source not in (ENCODER, PRIOR) and model.latent is None:
+        raise ValueError(f"--latents {source} needs a Free Transformer; this checkpoint is a baseline")
     latents = None
-    if args.latents != "independent" and not model.config.is_free:
-        raise ValueError(f"--latents {args.latents} needs a Free Transformer; this checkpoint is a baseline")
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    if args.latents == "shared":
+    if source == "shared":
         latents = shared_prior_latents(model, len(prompt) + args.max_new_tokens - 1, generator)
-    elif args.latents == "reference":
+    elif source == "reference":
         if not args.reference:
             raise ValueError("--latents reference needs --reference TEXT")
         reference = tokenizer.encode(args.reference)
@@ -63,3 +71,17 @@ def run(args) -> int:
     for tokens in result.tokens:
         print(tokenizer.decode(prompt + tokens).replace("\n", "\\n"))
     return 0
+
+
+def _latent_choice(args) -> str:
+    """--latents, with the spellings of 0.1 (--latents independent, --prompt-latents) mapped onto it."""
+    source = args.latents
+    if source == "independent":
+        print("warning: --latents independent is deprecated; use --latents encoder", file=sys.stderr)
+        source = ENCODER
+    if args.prompt_latents is not None:
+        print("warning: --prompt-latents is deprecated; use --latents encoder or --latents prior", file=sys.stderr)
+        if source != ENCODER:
+            raise ValueError(f"--prompt-latents cannot be combined with --latents {source}")
+        source = PRIOR if args.prompt_latents == PRIOR else ENCODER
+    return source

@@ -40,9 +40,9 @@ def latent_bits(model: FreeTransformer, *, sequences: int = 256, samples: int = 
     device = model.rope_cos.device
     tokens = letters_batch(sequences, torch.Generator().manual_seed(seed)).to(device)  # (B, 66)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # targets[:, i + 1] is body character i
-    saved = torch.zeros(targets.shape, dtype=torch.float64, device=device)  # (B, 65) prior CE - posterior CE
+    saved = torch.zeros(targets.shape, dtype=torch.float64, device=device)  # (B, 65) prior CE - encoder CE
     for k in range(samples):
-        for source, sign in (("prior", 1.0), ("posterior", -1.0)):
+        for source, sign in (("prior", 1.0), ("encoder", -1.0)):
             generator = torch.Generator(device=device).manual_seed(seed + k)
             logits = model(inputs, latents=source, generator=generator).logits  # (B, 65, V)
             nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, 65)

@@ -35,7 +35,7 @@ from ..checkpoint import (
     remove_checkpoint,
 )
 from ..config import ModelConfig
-from ..model import FreeTransformer
+from ..model import FreeTransformer, upgrade_state_dict
 from .env import ParallelEnv
 
 DCP_DIR = "dcp"
@@ -101,7 +101,7 @@ def load_single_file(checkpoint: str | Path, model: nn.Module, optimizer: torch.
     the optimizer state of state.pt, whose parameters are numbered in optimizer order, renamed by
     parameter name so that every rank takes its own shards. Returns the checkpoint's step."""
     checkpoint = Path(checkpoint)
-    weights = load_file(checkpoint / "model.safetensors")
+    weights = upgrade_state_dict(load_file(checkpoint / "model.safetensors"))  # 0.1 latent-path names
     state = load_training_state(checkpoint)
     names = {id(param): name for name, param in model.named_parameters()}
     order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]

@@ -1,9 +1,9 @@
 """The parallelisation plan, kept out of the model file (as torchtitan's infra/parallelize.py):
 activation checkpointing and torch.compile per block, then FSDP2 or DDP.
 
-fsdp (FSDP2): `fully_shard` on every decoder block and on the encoder block, then on the root, which
-takes what is left (embeddings, final norm, read-out, zeta, encoder norm and read-out, post-sampler
-table). Each block's parameters are all-gathered just before it runs and freed after; gradients are
+fsdp (FSDP2): `fully_shard` on every decoder block and on each encoder block, then on the root, which
+takes what is left (embeddings, final norm, read-out, and of the latent path zeta, its norm and
+read-out, and the mapper, e.g. the post-sampler table). Each block's parameters are all-gathered just before it runs and freed after; gradients are
 reduce-scattered (averaged) as backward leaves each block. ddp: one full replica per rank, gradients
 all-reduced (averaged) in buckets during backward.
 
@@ -37,8 +37,8 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 
 
 def blocks(model: FreeTransformer) -> list[nn.Module]:
-    """The decoder blocks and, in a Free Transformer, the encoder block."""
-    return [*model.layers, *([model.encoder] if model.config.is_free else [])]
+    """The decoder blocks and, in a Free Transformer, the encoder blocks."""
+    return [*model.layers, *(model.latent.encoder if model.latent is not None else [])]
 
 
 def apply_activation_checkpointing(model: FreeTransformer) -> FreeTransformer:
@@ -62,12 +62,10 @@ def apply_compile(model: FreeTransformer) -> FreeTransformer:
 
 def apply_fsdp(model: FreeTransformer, param_dtype: str = "fp32", reduce_dtype: str = "fp32",
                reshard_after_forward: bool = True) -> FreeTransformer:
-    """Shard `model` in place over the default process group: each block, the encoder, then the root."""
+    """Shard `model` in place over the default process group: each block (decoder and encoder), then the root."""
     mp_policy = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
-    for block in model.layers:
+    for block in blocks(model):
         fully_shard(block, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
-    if model.config.is_free:
-        fully_shard(model.encoder, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
     # FSDP2 keeps the root's parameters (embeddings, read-outs) gathered between forward and backward.
     fully_shard(model, mp_policy=mp_policy)
     return model

@@ -95,7 +95,7 @@ def heldout_likelihood(
             batch, target_rows = inputs.expand(K, -1), targets.expand(K, -1)
             prior = model(batch, latents="prior", generator=gens)
             record["prior_ce"] = float(_nll_rows(prior.logits, target_rows).mean())
-            post = model(batch, latents="posterior", generator=gens)
+            post = model(batch, latents="encoder", generator=gens)
             nll = _nll_rows(post.logits, target_rows)  # (K,) -log p(x | z_k)
             kl = float(post.kl_per_token_nats[0].double().sum())
             log_prior = -T * model.config.latent_bits * LN2  # log p(z), uniform over 2^(H T)

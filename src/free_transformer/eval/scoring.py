@@ -144,7 +144,7 @@ def continuation_logprobs(
             tokens[b, : len(row.tokens)] = torch.tensor(row.tokens)
             if row.latents is not None:
                 latents[b, : len(row.tokens)] = row.latents
-        logits = model(tokens.to(device), latents=latents.to(device) if model.config.is_free else "prior").logits
+        logits = model(tokens.to(device), latents=latents.to(device)).logits  # a baseline ignores latents
         for b, row in enumerate(batch):
             positions = slice(row.n_context - 1, row.n_context - 1 + len(row.targets))
             logp = torch.log_softmax(logits[b, positions].double(), dim=-1)
@@ -174,7 +174,7 @@ def _document_rows(model, doc: int, windows, key: str, policy: LatentPolicy) -> 
             if tuple(ctx) not in encoded:  # the encoder sees the context only, never a choice
                 context = torch.tensor(ctx, device=device).expand(K, -1)
                 gens = _generators(policy.seed, key + "/encoder", K, device)
-                encoded[tuple(ctx)] = model(context, latents="posterior", generator=gens).latent_index.cpu()
+                encoded[tuple(ctx)] = model(context, latents="encoder", generator=gens).latent_index.cpu()
     rows = []
     for c, (ctx, cont) in enumerate(windows):
         tokens = ctx + cont[:-1]
@@ -213,7 +213,7 @@ def generate_texts(
     ids = ids[-keep:] if truncated else ids
     n = policy.draws(model, generation=True)
     config = GenerationConfig(max_new_tokens=steps, temperature=0.0,
-                              prompt_latents="posterior" if policy.context == "encoder" else "prior")
+                              prompt_latents=policy.context)
 
     def should_stop(tokens: list[int]) -> bool:
         text = tokenizer.decode(tokens)

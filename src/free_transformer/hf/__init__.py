@@ -8,7 +8,8 @@ Importing this package registers `FreeTransformerConfig` and `FreeTransformerFor
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .configuration import FreeTransformerConfig
-from .generation import LatentPlan, RowSeededSampler
+from ..latent import LatentPlan  # the decoding plan, shared with free_transformer.generate
+from .generation import RowSeededSampler
 from .modeling import FreeTransformerCausalLMOutput, FreeTransformerForCausalLM, FreeTransformerPreTrainedModel
 
 AutoConfig.register(FreeTransformerConfig.model_type, FreeTransformerConfig, exist_ok=True)

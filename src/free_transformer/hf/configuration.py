@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from ..config import ModelConfig
+from ..config import LatentConfig, ModelConfig
 
 # HF field name -> ModelConfig field name
 FIELD_MAP = {
@@ -27,6 +27,8 @@ FIELD_MAP = {
     "latent_bits": "latent_bits",
     "latent_layer": "latent_layer",
 }
+# HF field name -> LatentConfig field name (ModelConfig.latent, flat here as Hugging Face configs are)
+LATENT_FIELD_MAP = {"latent_kind": "kind", "latent_encoder_layers": "encoder_layers"}
 
 
 class FreeTransformerConfig(PretrainedConfig):
@@ -49,6 +51,10 @@ class FreeTransformerConfig(PretrainedConfig):
     """H, bits of the latent Z_t (2^H values per token); 0 gives the baseline decoder."""
     latent_layer: int | None = None
     """Decoder blocks before Z is injected; None means num_hidden_layers // 2 (the paper's middle)."""
+    latent_kind: str = "binary_mapper"
+    """How the sampled bits become the residual R (ModelConfig.latent.kind)."""
+    latent_encoder_layers: int = 1
+    """Non-causal encoder blocks (ModelConfig.latent.encoder_layers; the paper: 1)."""
     tokenizer_name: str | None = None
     """Name of the free_transformer tokenizer the model was trained with (informational)."""
     use_cache: bool = True
@@ -70,9 +76,11 @@ class FreeTransformerConfig(PretrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
     def to_model_config(self) -> ModelConfig:
-        return ModelConfig(**{ours: getattr(self, hf) for hf, ours in FIELD_MAP.items()})
+        latent = LatentConfig(**{ours: getattr(self, hf) for hf, ours in LATENT_FIELD_MAP.items()})
+        return ModelConfig(**{ours: getattr(self, hf) for hf, ours in FIELD_MAP.items()}, latent=latent)
 
     @classmethod
     def from_model_config(cls, config: ModelConfig, **kwargs) -> FreeTransformerConfig:
         values = {hf: getattr(config, ours) for hf, ours in FIELD_MAP.items()}
+        values |= {hf: getattr(config.latent, ours) for hf, ours in LATENT_FIELD_MAP.items()}
         return cls(**values, **kwargs)

@@ -2,13 +2,15 @@
 `GenerationMixin` interfaces.
 
 The model is composed, not copied: `self.model` is a `free_transformer.FreeTransformer`, so the state
-dict is ours under the prefix "model." (`model.layers.0.self_attn.q_proj.weight`, `model.encoder...`,
-`model.post_sampler.weight`). Hugging Face's cache (a `DynamicCache` by default) reaches our attention
-through `HFCacheView`, which presents it with our `KVCache` interface; model.py knows nothing of it.
+dict is ours under the prefix "model." (`model.layers.0.self_attn.q_proj.weight`,
+`model.latent.encoder.0...`, `model.latent.mapper.weight`). Hugging Face's cache (a `DynamicCache` by
+default) reaches our attention through `HFCacheView`, which presents it with our `KVCache` interface;
+model.py knows nothing of it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,9 +20,13 @@ from transformers import Cache, DynamicCache, GenerationMixin, LogitsProcessorLi
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..generate import GenerationConfig, infer_latents, row_generators, shared_prior_latents
-from ..model import IGNORE_INDEX, FreeTransformer
+from ..latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source
+from ..model import IGNORE_INDEX, LEGACY_LATENT_NAMES, FreeTransformer
 from .configuration import FreeTransformerConfig
-from .generation import LatentPlan, RowSeededSampler
+from .generation import RowSeededSampler
+
+# Tensor names of exports written before 0.2 (regular expressions, as from_pretrained's key_mapping takes them).
+LEGACY_KEY_MAPPING = {rf"^model\.{re.escape(old)}": f"model.{new}" for old, new in LEGACY_LATENT_NAMES.items()}
 
 # Hugging Face's library defaults for the generation settings read here (GenerationConfig leaves them
 # unset and fills these in when generate runs).
@@ -85,6 +91,13 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         self.post_init()
 
     @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """Hugging Face's from_pretrained; exports written before 0.2 (the latent path's old tensor
+        names) load too, renamed on the way in."""
+        kwargs.setdefault("key_mapping", LEGACY_KEY_MAPPING)
+        return super().from_pretrained(*args, **kwargs)
+
+    @classmethod
     def from_free_transformer(cls, model: FreeTransformer, **config_kwargs) -> FreeTransformerForCausalLM:
         """Wrap a copy of the weights of one of our models (same dtype and device)."""
         config = FreeTransformerConfig.from_model_config(model.config, **config_kwargs)
@@ -120,8 +133,8 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
     ) -> FreeTransformerCausalLMOutput | tuple:
         """Logits for the positions of input_ids after those already in past_key_values.
 
-        latents (Free Transformer only): "posterior", "prior" or (B or 1, T) indices, as for our
-        `FreeTransformer.forward`; None means the posterior for a sequence starting at position 0 and
+        latents (Free Transformer only): "encoder", "prior" or (B or 1, T) indices, as for our
+        `FreeTransformer.forward`; None means the encoder for a sequence starting at position 0 and
         the prior for a continuation of a cache. generator: one, or one per row, for those draws.
         labels: Hugging Face's convention, labels[:, t] is the token at t (shifted here); the loss is
         cross-entropy + the free-bits KL term with threshold kappa_nats, as in our forward.
@@ -139,16 +152,19 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         start = past_key_values.get_seq_length() if past_key_values is not None else 0
         self._check_mask_and_positions(attention_mask, position_ids, start, T)
 
-        is_free = self.config.latent_bits > 0
-        source = latents
+        self.model.check_tokens(input_ids)
         if latent_plan is not None:
             if latents is not None:
                 raise ValueError("pass either latents or latent_plan, not both")
-            source, generator = latent_plan.source(start, T), latent_plan.generators
-        elif not is_free and latents is not None:
+            source, generator = latent_plan.source(start, T, input_ids.device), latent_plan.generators
+        elif latents is None:
+            source = ENCODER if start == 0 else PRIOR
+        elif self.model.latent is None:
             raise ValueError("latents need a Free Transformer (latent_bits > 0); this is a baseline decoder")
-        elif source is None:
-            source = "posterior" if start == 0 else "prior"
+        elif isinstance(latents, str):
+            source = latent_source(latents)
+        else:
+            source = check_latent_indices(latents, self.config.latent_bits, input_ids.shape[0], min_length=T)
 
         targets = None
         if labels is not None:
@@ -157,7 +173,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         view = None if past_key_values is None else HFCacheView(past_key_values, self.model.embed_tokens.weight.dtype)
         out = self.model(input_ids, targets, latents=source, kappa_nats=kappa_nats, generator=generator,
                          cache=view, start=start)
-        if latent_plan is not None and is_free:
+        if latent_plan is not None:
             latent_plan.record(start, out.latent_index)
 
         logits = out.logits
@@ -198,7 +214,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         """Hugging Face's `generate` with the Free Transformer's latent choices as named arguments.
 
         latents (Free Transformer only):
-            None or "posterior"  prompt Z from the encoder's posterior, then one prior draw per new token;
+            None or "encoder"    prompt Z from the encoder's posterior, then one prior draw per new token;
             "prior"              every Z_t, prompt included, from the uniform prior;
             "shared"             one prior sequence for every row: shared_prior_latents(model,
                                  max_position_embeddings, torch.Generator().manual_seed(latent_seed));
@@ -272,17 +288,9 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         elif isinstance(latents, str) and latents == "shared":
             latents = shared_prior_latents(self.model, self.config.max_position_embeddings, generator=one_off)
         if latents is None or isinstance(latents, str):
-            if latents not in (None, "posterior", "prior"):
-                raise ValueError("latents must be None, 'posterior', 'prior', 'shared' or an index tensor, "
+            if latents not in (None, ENCODER, PRIOR, "posterior"):
+                raise ValueError("latents must be None, 'encoder', 'prior', 'shared' or an index tensor, "
                                  f"got {latents!r}")
-            return LatentPlan(B, self.config.latent_bits, prompt_source=latents or "posterior",
-                              generators=generators)
-        latents = torch.as_tensor(latents, device=device)
-        if latents.dtype not in (torch.int64, torch.int32) or latents.dim() != 2 or latents.shape[0] not in (1, B) \
-                or latents.shape[1] < P:
-            raise ValueError(f"latents must be integer indices of shape ({B} or 1, N >= prompt length {P}), "
-                             f"got {tuple(latents.shape)} {latents.dtype}")
-        if latents.min() < 0 or latents.max() >= 2**self.config.latent_bits:
-            raise ValueError(f"latent indices must lie in [0, 2^{self.config.latent_bits})")
-        return LatentPlan(B, self.config.latent_bits, explicit=latents.to(torch.int64).expand(B, -1),
-                          generators=generators)
+            return LatentPlan(B, self.config.latent_bits, prompt_source=latents or ENCODER, generators=generators)
+        latents = check_latent_indices(latents, self.config.latent_bits, B, min_length=P, device=device)
+        return LatentPlan(B, self.config.latent_bits, explicit=latents, generators=generators)

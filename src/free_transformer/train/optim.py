@@ -9,18 +9,20 @@ import torch
 from ..model import FreeTransformer
 from .config import OptimConfig
 
-LATENT_PREFIXES = ("encoder.", "zeta", "encoder_norm.", "encoder_readout.", "post_sampler.")
-
 
 def parameter_groups(model: FreeTransformer, config: OptimConfig) -> list[dict]:
-    """Weight decay on matrices of the blocks and read-outs only; the latent path may get its own lr."""
+    """Weight decay on matrices of the blocks and read-outs only (never on norms, biases, zeta, the token
+    embeddings or the latent mapper); the latent path (model.latent) may get its own lr."""
+    latent = set() if model.latent is None else {id(p) for p in model.latent.parameters()}
+    never_decayed = {id(p) for p in model.embed_tokens.parameters()}
+    if model.latent is not None:
+        never_decayed |= {id(p) for p in model.latent.mapper.parameters()}
     groups: dict[tuple[bool, bool], list] = {}
-    for name, param in model.named_parameters():
+    for param in model.parameters():
         if not param.requires_grad:
             continue
-        no_decay = param.dim() < 2 or name.startswith(("embed_tokens.", "post_sampler.")) or name == "zeta"
-        is_latent = name.startswith(LATENT_PREFIXES)
-        groups.setdefault((no_decay, is_latent), []).append(param)
+        no_decay = param.dim() < 2 or id(param) in never_decayed
+        groups.setdefault((no_decay, id(param) in latent), []).append(param)
     return [
         {
             "params": params,

@@ -32,7 +32,7 @@ from ..tokenizer import get_tokenizer
 from .config import TrainConfig, save_train_config
 from .metrics import MetricsLog
 from .noise import latent_generators
-from .optim import LATENT_PREFIXES, build_optimizer, lr_factor, set_lr
+from .optim import build_optimizer, lr_factor, set_lr
 
 LN2 = math.log(2.0)
 
@@ -71,7 +71,7 @@ def init_from_checkpoint(model: FreeTransformer, path: str | Path) -> list[str]:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as error:  # shape mismatch: another architecture
         raise CheckpointError(f"cannot initialise from {path}: {error}") from None
-    not_latent = [name for name in missing if not name.startswith(LATENT_PREFIXES)]
+    not_latent = [name for name in missing if not name.startswith("latent.")]
     if unexpected or not_latent:
         raise CheckpointError(
             f"cannot initialise from {path}: unexpected {unexpected[:5]}, missing decoder weights {not_latent[:5]}"

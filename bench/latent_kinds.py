@@ -1,0 +1,65 @@
+"""Training-step time of the latent kinds side by side: the baseline decoder, the paper's Binary Mapper
+(`binary_mapper`, a 2^H x D table with the exact gradient) and the ±1 bits through a D x H linear map
+(`bit_linear`, per-bit straight-through), at the same sizes and H.
+
+One step is bench/step.py's (forward with targets, backward, clipping, fused AdamW). All models are
+built in this one process and timed in interleaved rounds; we print each median, its ratio to the
+baseline, and the analytic FLOP ratio of ModelConfig.training_flops_per_token for comparison.
+
+    PYTHONPATH=src python bench/latent_kinds.py [--bits 8 16] [--rounds R] [--threads T] [--device cpu|cuda]
+                                                [--dtype fp32|bf16] [--seq-len T] [--batch B]
+                                                [--dim D --layers L --heads h --kv-heads k --ffn F --vocab V]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+
+from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
+                    interleaved_times, matmul_limits_gflops, median_ratio, model_config, setup_machine)
+from free_transformer.config import LatentConfig
+from step import build, make_batch, train_step
+
+KINDS = ("binary_mapper", "bit_linear")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_machine_arguments(parser)
+    add_model_arguments(parser, dim=128, layers=4, ffn=384)  # cpu-small, the letters demo's size
+    parser.add_argument("--bits", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--seq-len", type=int, default=65)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    args = parser.parse_args()
+    device = setup_machine(args)
+    print(describe_machine(device))
+    print(describe_limits(matmul_limits_gflops(device)))
+    print(describe_size(args) + f"; T={args.seq_len} B={args.batch} {args.dtype}")
+
+    configs = {"baseline": model_config(args, max_seq_len=args.seq_len, latent_bits=0)}
+    for bits in args.bits:
+        for kind in KINDS:
+            configs[f"{kind} H={bits}"] = model_config(args, max_seq_len=args.seq_len, latent_bits=bits,
+                                                       latent=LatentConfig(kind))
+    tokens = make_batch(configs["baseline"], args.batch, args.seq_len, device)
+    steps = {}
+    for name, config in configs.items():
+        model, optimizer = build(config, device)
+        steps[name] = functools.partial(train_step, model, optimizer, tokens, args.dtype)
+    times = interleaved_times(steps, args.rounds, device)
+
+    base_flops = configs["baseline"].training_flops_per_token(args.seq_len)
+    print(f"\n{'model':<20} {'ms/step':>9} {'vs baseline':>12} {'FLOP ratio':>11} {'params':>11}")
+    for name, config in configs.items():
+        ratio = median_ratio(times[name], times["baseline"])
+        flop_ratio = config.training_flops_per_token(args.seq_len) / base_flops
+        print(f"{name:<20} {statistics.median(times[name]) * 1e3:9.1f} {ratio:12.3f} {flop_ratio:11.3f} "
+              f"{config.num_params():11,}")
+
+
+if __name__ == "__main__":
+    main()

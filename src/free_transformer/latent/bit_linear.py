@@ -1,0 +1,51 @@
+"""The ±1 bits through a linear map (`model.latent.kind=bit_linear`), as one public reproduction does:
+no 2^H table, so H may go far beyond 16.
+
+    s_h = 2 B_h - 1 in {-1, +1},   R = W s with W (D, H),
+    gradient: per-bit straight-through, s + (2 p - 1) - detach(2 p - 1), p_h = sigmoid(L_h)
+
+The value is exactly W s; the bit-logits get d(2 p_h - 1)/dL_h times dR . W_h, each bit on its own
+(the Binary Mapper instead weights all 2^H values by their joint probability).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .mappers import LatentMapper, register_latent_kind
+from .sampling import Generators, at_least_float32, bits_to_index, index_to_bits, sample_bit_values
+
+
+@register_latent_kind("bit_linear")
+class BitLinear(LatentMapper):
+    max_bits = 62  # indices d = sum_h 2^h B_h stay int64
+
+    def __init__(self, bits: int, dim: int):
+        super().__init__(bits, dim)
+        self.weight = nn.Parameter(torch.empty(dim, bits))  # (D, H): column h is what bit h adds or removes
+        self.reset_parameters(1.0)  # the model's init_weights sets the scale it wants
+
+    def sample(self, bit_logits: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
+        bits = sample_bit_values(bit_logits, generator)  # (..., H), the same draws as the Binary Mapper's
+        soft = 2 * torch.sigmoid(at_least_float32(bit_logits)) - 1  # (..., H) E[s]
+        signs = (2 * bits.to(soft.dtype) - 1) + soft - soft.detach()  # value: exactly the ±1 bits
+        return F.linear(signs.to(self.weight.dtype), self.weight), bits_to_index(bits)
+
+    def lookup(self, index: Tensor) -> Tensor:
+        signs = 2 * index_to_bits(index, self.bits) - 1  # (..., H)
+        return F.linear(signs.to(self.weight.dtype), self.weight)
+
+    def reset_parameters(self, std: float) -> None:
+        nn.init.normal_(self.weight, std=std / math.sqrt(self.bits))  # R sums H terms ±W_h
+
+    @classmethod
+    def num_params(cls, bits: int, dim: int) -> int:
+        return dim * bits
+
+    @classmethod
+    def training_flops_per_token(cls, bits: int, dim: int) -> float:
+        return 6.0 * dim * bits  # an ordinary (D, H) linear map, forward and backward

@@ -1,0 +1,89 @@
+"""Drawing Z and measuring it: independent bits from the encoder's bit-logits, uniform prior draws,
+index <-> bits, and the KL to the uniform prior in closed form.
+
+Bit h of Z_t is 1 with probability p_h = sigmoid(L_{t,h}); the index is d = sum_h 2^h B_h.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def _draw_rows(draw, shape: tuple[int, ...], generator: Generators) -> Tensor:
+    """draw(shape, generator) for the whole batch, or row by row when given one generator per row
+    (dim 0), so that each row is reproducible on its own whatever the batch it sits in."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return draw(shape, generator)
+    if len(generator) != shape[0]:
+        raise ValueError(f"got {len(generator)} generators for {shape[0]} rows")
+    if len(generator) == 1:  # one-row decoding: no stack copy
+        return draw(shape[1:], generator[0]).unsqueeze(0)
+    return torch.stack([draw(shape[1:], g) for g in generator])
+
+
+def rand_rows(shape: tuple[int, ...], generator: Generators, device=None) -> Tensor:
+    """Uniform [0, 1) floats of `shape`, row i from generator i when given one per row."""
+    return _draw_rows(lambda size, g: torch.rand(size, generator=g, device=device), shape, generator)
+
+
+def at_least_float32(x: Tensor) -> Tensor:
+    """Upcast half-precision values (bit-logits under autocast); keep float32 and float64 as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def sample_bit_values(bit_logits: Tensor, generator: Generators = None) -> Tensor:
+    """(..., H) booleans drawn independently, P(B_h = 1) = sigmoid(L_h)."""
+    uniform = rand_rows(tuple(bit_logits.shape), generator, bit_logits.device)
+    return uniform < torch.sigmoid(bit_logits.detach().float())
+
+
+def sample_bits(bit_logits: Tensor, generator: Generators = None) -> Tensor:
+    """Draw the H bits independently, P(B_h = 1) = sigmoid(L_h), and return index = sum_h 2^h B_h."""
+    return bits_to_index(sample_bit_values(bit_logits, generator))
+
+
+def bits_to_index(bits: Tensor) -> Tensor:
+    """(..., H) booleans -> (...,) int64 with bit h worth 2^h."""
+    powers = 2 ** torch.arange(bits.shape[-1], device=bits.device, dtype=torch.int64)
+    return (bits * powers).sum(-1)  # bool * int64 -> int64
+
+
+def index_to_bits(index: Tensor, n_bits: int) -> Tensor:
+    """(...,) integer indices -> (..., n_bits) float 0/1, bit h worth 2^h."""
+    shifts = torch.arange(n_bits, device=index.device, dtype=torch.int64)
+    return ((index.unsqueeze(-1) >> shifts) & 1).float()
+
+
+def uniform_latents(shape: tuple[int, ...], n_bits: int, *, generator: Generators = None, device=None) -> Tensor:
+    """Indices drawn from the uniform prior P(Z_t = z) = 2^-H, independently per position (H fair
+    bits). One randint, not H bits: it is drawn at every decoded token."""
+    return _draw_rows(lambda size, g: torch.randint(0, 2**n_bits, size, generator=g, device=device), shape, generator)
+
+
+def kl_to_uniform(bit_logits: Tensor) -> Tensor:
+    """KL(Q(Z_t | S) || uniform) in nats, shape (...,): H log 2 + sum_z Q(z) log Q(z).
+
+    With independent bits the sum over 2^H values splits into H Bernoulli terms:
+    sum_h [log 2 + p_h log p_h + (1 - p_h) log(1 - p_h)].
+    """
+    return kl_per_bit(bit_logits).sum(-1)
+
+
+def kl_per_bit(bit_logits: Tensor) -> Tensor:
+    """(..., H) the KL of each bit to a fair coin, in nats: log 2 + p log p + (1 - p) log(1 - p)."""
+    logits = at_least_float32(bit_logits)
+    p1 = torch.sigmoid(logits)
+    neg_entropy = p1 * F.logsigmoid(logits) + (1 - p1) * F.logsigmoid(-logits)
+    return math.log(2.0) + neg_entropy
+
+
+def free_bits_kl(kl_per_token: Tensor, kappa_nats: float) -> Tensor:
+    """The paper's KL term: (1/T) sum_t max(0, KL_t - kappa), averaged over the batch too."""
+    return torch.clamp(kl_per_token - kappa_nats, min=0.0).mean()
