@@ -148,3 +148,37 @@ def test_returned_latents_are_ordinary_tensors():
     model.train()
     model(tokens, tokens, latents=result.latents).loss.backward()
     assert model.latent.mapper.weight.grad is not None
+
+
+@pytest.mark.parametrize("latent_bits", [0, 4])
+def test_static_decoding_gives_the_eager_tokens_and_latents(latent_bits):
+    """compile=True decodes through StaticDecodeStep (the step a GPU captures as a CUDA graph: device
+    position, whole static cache under a mask); on CPU it runs eagerly and must match the eager path."""
+    model = tiny_model(latent_bits=latent_bits)
+    prompts, seeds = _prompts(B=3, P=4), [11, 12, 13]
+    stop = generate(model, prompts, GenerationConfig(max_new_tokens=12), seeds=seeds).tokens[0][4]
+    config = GenerationConfig(max_new_tokens=12, temperature=1.0, stop_tokens=(stop,))
+    eager = generate(model, prompts, config, seeds=seeds)
+    static = generate(model, prompts, config, seeds=seeds, compile=True)
+    assert static.tokens == eager.tokens
+    assert any(len(t) < 12 for t in eager.tokens)  # a stop token cut a row short: the stop check is exercised
+    if latent_bits:
+        assert torch.equal(static.latents, eager.latents)
+    else:
+        assert static.latents is None and eager.latents is None
+
+
+def test_static_step_matches_the_cached_forward():
+    model = tiny_model()
+    tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    latents = torch.randint(0, 16, (2, 9), generator=torch.Generator().manual_seed(1))
+    full = model(tokens, latents=latents).logits
+    cache = model.new_cache(2)
+    model(tokens[:, :5], latents=latents[:, :5], cache=cache)
+    assert cache.length == 5 and int(cache.position) == 5
+    for t in range(5, 9):
+        step = model(tokens[:, t : t + 1], latents=latents[:, t : t + 1], cache=cache, start=cache.position)
+        torch.testing.assert_close(step.logits[:, 0], full[:, t], rtol=1e-10, atol=1e-10)
+    assert int(cache.position) == 9
+    with pytest.raises(ValueError, match="static decoding step"):
+        model(tokens[:, :2], latents=latents[:, :2], cache=cache, start=cache.position)

@@ -191,3 +191,39 @@ def test_bf16_autocast_forward_backward():
     out.loss.backward()
     assert torch.isfinite(out.loss) and out.logits.dtype == torch.bfloat16
     assert model.latent.readout.weight.grad.abs().max() > 0
+
+
+def test_gqa_route_policy():
+    from free_transformer.layers import gqa_route
+
+    assert gqa_route("cpu", torch.float32, 128, masked=False) == "native"
+    assert gqa_route("cuda", torch.bfloat16, 128, masked=False) == "native"  # flash takes GQA itself
+    assert gqa_route("cuda", torch.float32, 128, masked=False) == "expand"  # else the math kernel
+    assert gqa_route("cuda", torch.bfloat16, 1, masked=False) == "fold"
+    assert gqa_route("cuda", torch.float32, 4, masked=True) == "fold"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_gqa_routes_give_the_native_attention(dtype, monkeypatch):
+    """The routes a GPU takes (rows folded, K/V repeated), run here on CPU: the same logits as SDPA's
+    own enable_gqa, for a full forward, a masked chunk after a cache, one-token steps and a static step."""
+    from free_transformer import layers
+
+    model = tiny_model(dtype=torch.float32)
+    tokens, latents = _tokens(T=12), torch.randint(0, 16, (2, 12))
+
+    def run():
+        cache = model.new_cache(2)
+        pieces = [model(tokens[:, :5], latents=latents[:, :5], cache=cache).logits,
+                  model(tokens[:, 5:8], latents=latents[:, 5:8], cache=cache).logits,
+                  model(tokens[:, 8:9], latents=latents[:, 8:9], cache=cache).logits,
+                  model(tokens[:, 9:10], latents=latents[:, 9:10], cache=cache, start=cache.position).logits]
+        with torch.autocast("cpu", dtype, enabled=dtype != torch.float32):
+            return model(tokens, latents=latents).logits.float(), torch.cat(pieces, 1)
+
+    native = run()
+    cuda_route = layers.gqa_route
+    monkeypatch.setattr(layers, "gqa_route", lambda device, dt, T, masked: cuda_route("cuda", dt, T, masked))
+    routed = run()
+    for a, b in zip(native, routed):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 2e-2)

@@ -63,22 +63,67 @@ def filter_logits(logits: Tensor, top_k: int | None, top_p: float | None) -> Ten
     return logits
 
 
-def sample_next(logits: Tensor, config: GenerationConfig, generators: Sequence[torch.Generator]) -> Tensor:
+def sample_next(logits: Tensor, config: GenerationConfig, generators: Sequence[torch.Generator],
+                validate: bool = True) -> Tensor:
     """(B, V) logits -> (B,) token ids, row i drawn with generators[i].
 
     The draw is torch.multinomial(probs[i], 1, generator=generators[i]) for every row, computed as
     multinomial computes one sample, argmax(p / q) with q ~ Exp(1) drawn from the row's generator
     (the exponential race), but with the division and argmax done once for the batch and without
-    multinomial's per-row validity check, which synchronises (one check covers the batch here)."""
+    multinomial's per-row validity check, which synchronises (one check covers the batch here;
+    validate=False leaves it to the caller)."""
     if config.temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(filter_logits(logits.float() / config.temperature, config.top_k, config.top_p), -1)
-    if bool(probs.isnan().any()):
-        raise ValueError("the next-token probabilities contain NaN (non-finite logits)")
+    if validate and bool(probs.isnan().any()):
+        raise ValueError(NON_FINITE)
     race = torch.empty_like(probs)  # (B, V)
     for row, generator in zip(race, generators):
         row.exponential_(generator=generator)
     return (probs / race).argmax(-1)
+
+
+NON_FINITE = "the next-token probabilities contain NaN (non-finite logits)"
+
+
+class StaticDecodeStep:
+    """One decoding step whose inputs live in fixed device buffers (the token, the latent index, the
+    cache's device position): on CUDA it is captured once as a CUDA graph and replayed, one launch
+    instead of the ~600 kernels of a step; elsewhere the same step runs eagerly. The first call is a
+    warm-up (run on a side stream, as graph capture requires), the second captures and replays."""
+
+    def __init__(self, model: FreeTransformer, cache, batch_size: int):
+        device = cache.keys.device
+        self.model, self.cache = model, cache
+        self.token = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)  # (B, 1)
+        self.latent = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)  # (B, 1), ignored by a baseline
+        self.use_graph = device.type == "cuda"
+        self.graph, self.logits, self.warm = None, None, False
+
+    def _run(self) -> Tensor:
+        return self.model(self.token, latents=self.latent, cache=self.cache, start=self.cache.position).logits[:, -1]
+
+    def __call__(self, token: Tensor, latent: Tensor | None) -> Tensor:
+        """(B, V) logits of the next position given token (B,) and latent (B, 1); the cache advances."""
+        self.token.copy_(token[:, None])
+        if latent is not None:
+            self.latent.copy_(latent)
+        if not self.use_graph:
+            return self._run()
+        if not self.warm:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                logits = self._run()
+            torch.cuda.current_stream().wait_stream(side)
+            self.warm = True
+            return logits
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self._run()
+        self.graph.replay()
+        return self.logits
 
 
 def row_generators(seeds: Sequence[int] | None, batch_size: int, device) -> list[torch.Generator]:
@@ -98,6 +143,7 @@ def generate(
     seeds: Sequence[int] | None = None,
     latents: Tensor | None = None,
     should_stop: Callable[[list[int]], bool] | None = None,
+    compile: bool = False,
 ) -> GenerationResult:
     """Sample continuations of a batch of equal-length prompts with a KV cache.
 
@@ -106,7 +152,9 @@ def generate(
     N >= P; positions from N on draw Z_t from the uniform prior. A (1, N) tensor shares one latent
     sequence across the batch (the paper's green groups); see `shared_prior_latents` and
     `infer_latents` to make one. should_stop: called with a row's new tokens after each step; True
-    finishes that row (for stop strings, which token ids cannot express).
+    finishes that row (for stop strings, which token ids cannot express). compile: decode with
+    `StaticDecodeStep` (a CUDA graph on a GPU; the same static step eagerly elsewhere): the same
+    tokens and latents as without it, up to float rounding.
     """
     config = config or GenerationConfig()
     device = model.rope_cos.device
@@ -133,26 +181,56 @@ def generate(
         cache = model.new_cache(B)
         out = model(prompts, latents=plan.source(0, P), generator=generators, cache=cache)
         plan.record(0, out.latent_index)
-        logits = out.logits[:, -1]
-        new_tokens: list[list[int]] = [[] for _ in range(B)]
-        finished = [False] * B
-        stop = set(config.stop_tokens)
-        for step in range(config.max_new_tokens):
-            token = sample_next(logits, config, generators)  # (B,)
-            for row, value in enumerate(token.tolist()):  # one transfer; the rest is Python on ints
-                if finished[row]:
-                    continue
-                new_tokens[row].append(value)
-                if (should_stop is not None and should_stop(new_tokens[row])) or value in stop:
-                    finished[row] = True
-            if step == config.max_new_tokens - 1 or all(finished):
-                break
-            position = P + step
-            out = model(token[:, None], latents=plan.source(position, 1, device), cache=cache, start=position)
-            plan.record(position, out.latent_index)
-            logits = out.logits[:, -1]
+        step_fn = StaticDecodeStep(model, cache, B) if compile else None
+        new_tokens = _decode(model, cache, plan, out.logits[:, -1], config, generators, should_stop, step_fn)
         used = plan.used
     return GenerationResult(new_tokens, None if model.latent is None else torch.cat(used, dim=1))
+
+
+# Static decoding on a GPU reads its stop flags back every this many steps (eager decoding: every step).
+STOP_CHECK_EVERY = 16
+
+
+def _decode(model, cache, plan: LatentPlan, logits: Tensor, config: GenerationConfig, generators,
+            should_stop, step_fn: StaticDecodeStep | None) -> list[list[int]]:
+    """The new tokens of each row, cut after its first stop token. Tokens and stop flags stay on the
+    device; they are read back every step when eager or given should_stop (which needs the tokens),
+    else every STOP_CHECK_EVERY steps (then a few steps may be computed after every row stopped)."""
+    B, device = logits.shape[0], logits.device
+    stop_ids = torch.tensor(sorted(set(config.stop_tokens)), dtype=torch.int64, device=device)
+    tokens = torch.zeros(B, config.max_new_tokens, dtype=torch.int64, device=device)  # (B, N)
+    lengths = torch.full((B,), config.max_new_tokens, dtype=torch.int64, device=device)  # tokens kept per row
+    non_finite = torch.zeros((), dtype=torch.bool, device=device)
+    host_rows: list[list[int]] = [[] for _ in range(B)]  # should_stop's view of each row
+    check_every = 1 if step_fn is None or not step_fn.use_graph or should_stop is not None else STOP_CHECK_EVERY
+    position = cache.length  # the next position to feed
+    for step in range(config.max_new_tokens):
+        non_finite |= logits.isnan().any()
+        token = sample_next(logits, config, generators, validate=False)  # (B,)
+        tokens[:, step] = token
+        stopped = torch.isin(token, stop_ids) if len(stop_ids) else torch.zeros_like(token, dtype=torch.bool)
+        if should_stop is not None:
+            for row, value in enumerate(token.tolist()):
+                host_rows[row].append(value)
+                if should_stop(host_rows[row]):
+                    stopped[row] = True
+        lengths = torch.where(stopped & (lengths > step), step + 1, lengths)
+        last = step == config.max_new_tokens - 1
+        if last or (step + 1) % check_every == 0:
+            if bool(non_finite):
+                raise ValueError(NON_FINITE)
+            if last or bool((lengths <= step + 1).all()):
+                break
+        latent = plan.source(position, 1, device)  # (B, 1) a prior draw or an explicit index; a baseline: "prior"
+        explicit = latent if isinstance(latent, Tensor) else None
+        if step_fn is None:
+            logits = model(token[:, None], latents=latent, cache=cache, start=position).logits[:, -1]
+        else:
+            logits = step_fn(token, explicit)
+        plan.record(position, explicit)
+        position += 1
+    kept = lengths.tolist()
+    return [row[:n] for row, n in zip(tokens[:, : step + 1].tolist(), kept)]
 
 
 @torch.no_grad()

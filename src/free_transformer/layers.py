@@ -28,13 +28,19 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class KVCache:
-    """Keys and values of every attention layer for a batch, filled up to `length` positions."""
+    """Keys and values of every attention layer for a batch, of static size max_seq_len.
+
+    The filled length lives in the cache twice: `length` (a Python int, read and advanced by every
+    eager forward that is given the cache without an explicit start) and `position` (the same on the
+    device, read and advanced by `FreeTransformer.decode_step`, which has no host value that changes
+    between steps and can therefore be captured as a CUDA graph)."""
 
     def __init__(self, config: ModelConfig, batch_size: int, *, device=None, dtype=torch.float32):
         shape = (config.n_layers, batch_size, config.n_kv_heads, config.max_seq_len, config.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
+        self.position = torch.zeros((), dtype=torch.int64, device=device)  # () the next position, on the device
 
     def update(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v (B, kv_heads, T, head_dim) at positions [start, start+T); return all up to there."""
@@ -42,6 +48,45 @@ class KVCache:
         self.keys[layer, :, :, start:end] = k
         self.values[layer, :, :, start:end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def write_at(self, layer: int, position: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Store one position's k, v (B, kv_heads, 1, head_dim) at the device index `position` (shape ());
+        return the whole static cache of the layer and the mask (1, max_seq_len) of the keys up to it."""
+        index = position.view(1)
+        self.keys[layer].index_copy_(2, index, k)
+        self.values[layer].index_copy_(2, index, v)
+        key_positions = torch.arange(self.keys.shape[3], device=position.device)
+        return self.keys[layer], self.values[layer], (key_positions <= position)[None, :]
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+    """Scaled dot-product attention of q (B, h, T, hd) over k, v (B, kv, S, hd), kv dividing h, on the
+    fastest kernel SDPA has for the case. Grouped-query attention (kv < h) goes through one of three
+    exact routes (`gqa_route`): SDPA's own enable_gqa; the query heads of each kv head folded into
+    rows (no copy of K/V; for masked or one-token queries, which every kernel takes); or K/V repeated
+    to h heads (where enable_gqa would fall back to the math kernel: float32 on CUDA)."""
+    B, h, T, hd = q.shape
+    groups = h // k.shape[1]
+    route = gqa_route(q.device.type, q.dtype, T, mask is not None) if groups > 1 else "native"
+    if route == "fold":  # row g * T + t of kv head j is query head j * groups + g at position t
+        rows = q.reshape(B, k.shape[1], groups * T, hd)
+        mask = mask.repeat(groups, 1) if mask is not None and mask.shape[0] > 1 else mask
+        return F.scaled_dot_product_attention(rows, k, v, attn_mask=mask).view(B, h, T, hd)
+    if route == "expand":
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=route == "native")
+
+
+def gqa_route(device_type: str, dtype: torch.dtype, query_len: int, masked: bool) -> str:
+    """How `attend` runs grouped-query attention. On CPU SDPA's enable_gqa is fast in every case. On CUDA
+    enable_gqa runs on flash attention only (half precision, no mask: measured 0.40 ms vs 5.73 ms for
+    float32 on the math kernel, GPU-NOTES.md): masked and one-token queries are folded into rows (the
+    memory-efficient kernel takes masks and float32), unmasked float32 gets K/V repeated."""
+    if device_type != "cuda":
+        return "native"
+    if masked or query_len == 1:
+        return "fold"
+    return "expand" if dtype == torch.float32 else "native"
 
 
 class Attention(nn.Module):
@@ -64,25 +109,27 @@ class Attention(nn.Module):
         causal: bool,
         cache: KVCache | None = None,
         layer: int = 0,
-        start: int = 0,
+        start: int | Tensor = 0,  # a () device tensor: one position of a static decoding step (T = 1)
     ) -> Tensor:
         B, T, _ = x_kv.shape
         q = self.q_proj(x_q).expand(B, T, -1).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, hd)
         k = self.k_proj(x_kv).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv, T, hd)
         v = self.v_proj(x_kv).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(layer, start, k.to(cache.keys.dtype), v.to(cache.values.dtype))
-            k, v = k.to(q.dtype), v.to(q.dtype)
         mask, is_causal = None, False
-        if causal and start == 0:
-            is_causal = T > 1
-        elif causal and T > 1:  # a chunk after cached positions: query i sees keys [0, start + i]
-            key_pos = torch.arange(start + T, device=q.device)
-            mask = key_pos[None, :] <= (start + torch.arange(T, device=q.device))[:, None]  # (T, start+T)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_heads != self.n_heads
-        )  # (B, h, T, hd)
+        if isinstance(start, Tensor):  # static step: the whole cache, keys after `start` masked out
+            k, v, mask = cache.write_at(layer, start, k.to(cache.keys.dtype), v.to(cache.values.dtype))
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        else:
+            if cache is not None:
+                k, v = cache.update(layer, start, k.to(cache.keys.dtype), v.to(cache.values.dtype))
+                k, v = k.to(q.dtype), v.to(q.dtype)
+            if causal and start == 0:
+                is_causal = T > 1
+            elif causal and T > 1:  # a chunk after cached positions: query i sees keys [0, start + i]
+                key_pos = torch.arange(start + T, device=q.device)
+                mask = key_pos[None, :] <= (start + torch.arange(T, device=q.device))[:, None]  # (T, start+T)
+        y = attend(q, k, v, mask, is_causal)  # (B, h, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -120,7 +167,7 @@ class Block(nn.Module):
         causal: bool = True,
         cache: KVCache | None = None,
         layer: int = 0,
-        start: int = 0,
+        start: int | Tensor = 0,
     ) -> Tensor:
         h_q = self.input_layernorm(x)
         h_kv = h_q if kv_input is None else self.input_layernorm(kv_input)

@@ -137,9 +137,14 @@ class FreeTransformer(nn.Module):
         kappa_nats: float = 0.0,
         generator: Generators = None,
         cache: KVCache | None = None,
-        start: int = 0,
+        start: int | Tensor | None = None,
     ) -> ModelOutput:
         """Logits for positions [start, start+T) and, given targets, the training loss.
+
+        start: the position of the first token; by default the cache's length (0 without a cache). A
+        () int64 device tensor (the cache's `position`) makes this a static decoding step: one token,
+        explicit latents, the whole static cache attended with a mask, nothing read back to the host,
+        so that it can be captured as a CUDA graph (free_transformer.generate with compile=True).
 
         latents: where Z comes from (Free Transformer only; free_transformer.latent.sources): "encoder"
         samples it from the encoder's posterior (training, KV-cache prefill; needs the whole sequence,
@@ -150,15 +155,20 @@ class FreeTransformer(nn.Module):
         Shapes are checked here; the ranges of token ids and latent indices are not (that reads values
         on the host): entry points check them once, with `check_tokens` and `check_latent_indices`.
         """
-        B, T = self._check_shape(tokens, start)
-        cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+        if start is None:
+            start = cache.length if cache is not None else 0
+        B, T = self._check_shape(tokens, start, cache)
+        if isinstance(start, Tensor):
+            cos, sin = self.rope_cos.index_select(0, start.view(1)), self.rope_sin.index_select(0, start.view(1))
+        else:
+            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         x = self.embed_tokens(tokens)  # (B, T, D)
         sample = None
         for i, block in enumerate(self.layers):
             kv_input = None
             if i == self.config.injection_layer and self.latent is not None:  # queries from X, keys/values from X + R
                 source = latent_source(latents)
-                if start and isinstance(source, str) and source == ENCODER:
+                if isinstance(source, str) and source == ENCODER and (isinstance(start, Tensor) or start):
                     raise ValueError("encoder latents need the whole sequence: the encoder is non-causal "
                                      "(start must be 0)")
                 r, sample = self.latent(x, source, cos, sin, generator)  # (B, T, D)
@@ -172,13 +182,20 @@ class FreeTransformer(nn.Module):
             out.loss = out.cross_entropy_nats
             if out.kl_per_token_nats is not None:
                 out.loss = out.loss + free_bits_kl(out.kl_per_token_nats, kappa_nats)
-        if cache is not None:
+        if isinstance(start, Tensor):
+            cache.position.add_(1)
+        elif cache is not None:
             cache.length = start + T
+            cache.position.fill_(start + T)
         return out
 
-    def _check_shape(self, tokens: Tensor, start: int) -> tuple[int, int]:
+    def _check_shape(self, tokens: Tensor, start: int | Tensor, cache: KVCache | None) -> tuple[int, int]:
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an integer tensor of shape (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
+        if isinstance(start, Tensor):  # its value stays on the device: the caller keeps it below max_seq_len
+            if tokens.shape[1] != 1 or cache is None:
+                raise ValueError("a static decoding step (start given as a tensor) takes one token and a cache")
+            return tokens.shape
         if start + tokens.shape[1] > self.config.max_seq_len:
             raise ValueError(
                 f"sequence length {start + tokens.shape[1]} exceeds max_seq_len {self.config.max_seq_len}"
