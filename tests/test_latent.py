@@ -157,10 +157,6 @@ def test_compiled_chunk_body_gives_the_eager_gradient(monkeypatch):
     monkeypatch.setitem(binary_mapper.CHUNK_BYTES, "cpu", 64 * 4)  # several chunks
     logits, weight, grad_out = (t.float().detach() for t in _inputs(n_rows=16, n_bits=8, dim=8))
     eager = binary_mapper._bit_logit_grad(logits, weight, grad_out)
-    binary_mapper.use_compiled_chunks(True)
-    try:
-        compiled = binary_mapper._bit_logit_grad(logits, weight, grad_out)
-    finally:
-        binary_mapper.use_compiled_chunks(False)
+    compiled = binary_mapper._bit_logit_grad(logits, weight, grad_out, compiled=True)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     assert eager.abs().max() > 0

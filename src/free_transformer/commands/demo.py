@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from ..demo.experiment import PRESETS, run_demo
+from ..train.trainer import resolve_device
 
 NAME = "demo"
 HELP = "train a baseline and Free Transformers at kappa = 1/64, 1/8, 1, 8 bits on the synthetic letters; report"
@@ -19,16 +20,19 @@ def add_arguments(parser) -> None:
                         help="training overrides applied to every model, e.g. steps=500 precision=bf16")
     parser.add_argument("--steps", type=int, help="training steps of every model (same as steps=N)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=2, help="models trained side by side (one process each)")
+    parser.add_argument("--workers", type=int,
+                        help="models trained side by side, one process each (default: 2 on CPU, all 5 on a GPU)")
+    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
 
 
 def run(args) -> int:
     preset = PRESETS[args.preset]
     extra = [*args.overrides, *([f"steps={args.steps}"] if args.steps is not None else [])]
     preset = dataclasses.replace(preset, extra=tuple(extra))
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise ValueError("--workers must be >= 1")
-    report = run_demo(preset, Path(args.out), seed=args.seed, workers=args.workers)
+    device = str(resolve_device(args.device))
+    report = run_demo(preset, Path(args.out), seed=args.seed, workers=args.workers, device=device)
     print(f"report: {report.resolve()}")
     print(f"figure: {(report.parent / 'report.png').resolve()}")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..checkpoint import load_model, resolve_checkpoint
 from ..data.corpora import is_named, named_corpus, read_heldout
 from ..tokenizer import get_tokenizer
+from ..train.trainer import resolve_device
 
 NAME = "eval"
 HELP = "evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table"
@@ -50,7 +51,7 @@ def add_arguments(parser) -> None:
     gen.add_argument("--code-memory-mb", type=int, default=1024, help="address-space limit per generated program")
     parser.add_argument("--output", default=None,
                         help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json, never overwritten)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -140,7 +141,7 @@ def run(args) -> int:
         elif not Path(path).is_file():
             raise FileNotFoundError(f"held-out text not found: {path}")
     ckpt = resolve_checkpoint(args.checkpoint)
-    model, config = load_model(ckpt, args.device)
+    model, config = load_model(ckpt, resolve_device(args.device))
     if "tokenizer" not in config:
         raise ValueError(f"{ckpt}/config.json names no tokenizer")
     tokenizer = get_tokenizer(config["tokenizer"])

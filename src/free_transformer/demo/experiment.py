@@ -85,8 +85,9 @@ PRESETS = {
 }
 
 
-def train_config(preset: Preset, variant: Variant, seed: int, threads: int) -> TrainConfig:
-    run = [f"seed={seed}", "device=cpu", f"threads={threads}", "log_every=25", "keep_checkpoints=1", "progress=false"]
+def train_config(preset: Preset, variant: Variant, seed: int, threads: int, device: str = "cpu") -> TrainConfig:
+    run = [f"seed={seed}", f"device={device}", f"threads={threads}", "log_every=25", "keep_checkpoints=1",
+           "progress=false"]
     config = load_train_config(None, [*preset.overrides(variant), *run])
     config.checkpoint_every = max(1, config.steps // 4)
     return config
@@ -101,11 +102,11 @@ def _train_one(job: tuple[TrainConfig, str]) -> tuple[str, float]:
     return run_dir, time.perf_counter() - started
 
 
-def train_all(preset: Preset, out_dir: Path, *, seed: int, workers: int) -> dict[str, float]:
-    """Train every variant, `workers` processes side by side (each with its share of the cores).
-    One progress bar follows all runs through their metrics.jsonl files."""
+def train_all(preset: Preset, out_dir: Path, *, seed: int, workers: int, device: str = "cpu") -> dict[str, float]:
+    """Train every variant, `workers` processes side by side (each with its share of the cores; on a GPU
+    they share the device). One progress bar follows all runs through their metrics.jsonl files."""
     threads = max(1, (os.cpu_count() or 1) // workers)
-    jobs = [(train_config(preset, v, seed, threads), str(out_dir / v.slug)) for v in VARIANTS]
+    jobs = [(train_config(preset, v, seed, threads, device), str(out_dir / v.slug)) for v in VARIANTS]
     jobs.sort(key=lambda job: -job[0].steps)  # longest first: the runs finish close together
     total = sum(config.steps for config, _ in jobs)
     wall: dict[str, float] = {}
@@ -134,7 +135,8 @@ class ModelResult:
     curves: list[dict] = field(default_factory=list)
 
 
-def evaluate_all(preset: Preset, out_dir: Path, *, seed: int, wall: dict[str, float]) -> list[ModelResult]:
+def evaluate_all(preset: Preset, out_dir: Path, *, seed: int, wall: dict[str, float],
+                 device: str = "cpu") -> list[ModelResult]:
     # One token at a time is far too little work to split over threads: with a core busy elsewhere,
     # two threads made generation 40x slower than one (measured: 26.5 s vs 0.64 s per model).
     torch.set_num_threads(1)
@@ -143,9 +145,9 @@ def evaluate_all(preset: Preset, out_dir: Path, *, seed: int, wall: dict[str, fl
     results = []
     for variant in tqdm(VARIANTS, desc="generating groups", dynamic_ncols=True):
         run_dir = out_dir / variant.slug
-        model, _ = load_model(run_dir)
-        config = train_config(preset, variant, seed, threads=0)
-        measures = dict(evaluate(model, build_dataset(config.data, seed), config, torch.device("cpu")))
+        model, _ = load_model(run_dir, device)
+        config = train_config(preset, variant, seed, threads=0, device=device)
+        measures = dict(evaluate(model, build_dataset(config.data, seed), config, torch.device(device)))
         measures.update(latent_bits(model, seed=seed))
         shown = None
         for index, prompt_letter in enumerate((letter, second_letter)):  # measures average two prompts
@@ -205,16 +207,20 @@ def judge_claims(results: list[ModelResult]) -> list[dict]:
             for slug, claim, test, passed in claims]
 
 
-def run_demo(preset: Preset, out_dir: Path, *, seed: int = 0, workers: int = 2) -> Path:
+def run_demo(preset: Preset, out_dir: Path, *, seed: int = 0, workers: int | None = None, device: str = "cpu") -> Path:
+    """device: cpu, cuda or cuda:N. workers: models trained side by side; by default one per 1 of 2 CPU
+    cores, and on a GPU all five at once (they share it)."""
     from .report import write_report
 
+    if workers is None:
+        workers = len(VARIANTS) if device.startswith("cuda") else 2
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    wall = train_all(preset, out_dir, seed=seed, workers=workers)
-    results = evaluate_all(preset, out_dir, seed=seed, wall=wall)
+    wall = train_all(preset, out_dir, seed=seed, workers=workers, device=device)
+    results = evaluate_all(preset, out_dir, seed=seed, wall=wall, device=device)
     claims = judge_claims(results)
     summary = {
-        "preset": asdict(preset), "seed": seed, "workers": workers,
+        "preset": asdict(preset), "seed": seed, "workers": workers, "device": device,
         "total_seconds": time.perf_counter() - started,
         "models": [{"slug": r.variant.slug, "label": r.variant.label, "kappa_bits": r.variant.kappa_bits,
                     "train_overrides": preset.overrides(r.variant), "train_seconds": r.wall_seconds, **r.measures}

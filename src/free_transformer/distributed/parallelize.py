@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from ..latent import BinaryMapper
 from ..model import FreeTransformer
 from .env import ParallelEnv
 
@@ -53,10 +54,13 @@ def apply_activation_checkpointing(model: FreeTransformer) -> FreeTransformer:
 
 def apply_compile(model: FreeTransformer) -> FreeTransformer:
     """torch.compile every block in place (Module.compile: names and state dict unchanged). The blocks
-    share one code path, so the decoder blocks reuse the same compiled graphs; the latent path
-    (a custom autograd Function with a chunked backward), the read-out and the loss stay eager."""
+    share one code path, so the decoder blocks reuse the same compiled graphs. The Binary Mapper's
+    backward (a custom autograd Function with a chunk loop) stays eager, each chunk's elementwise
+    product and reduction fused by torch.compile; the read-out and the loss stay eager."""
     for block in blocks(model):
         block.compile()
+    if model.latent is not None and isinstance(model.latent.mapper, BinaryMapper):
+        model.latent.mapper.compiled_backward = True
     return model
 
 

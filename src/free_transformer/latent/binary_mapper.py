@@ -16,6 +16,7 @@ creates no tensor from Python values, so on a GPU it is bound by its matmuls, no
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -28,7 +29,6 @@ from .sampling import Generators, index_to_bits, sample_bits
 # Bytes the backward's per-chunk buffers may take: g = dR @ W[chunk]^T and its float32 copy. On a CPU
 # larger chunks gain nothing (measured: bench/mapper.py); on a GPU fewer, larger chunks mean fewer launches.
 CHUNK_BYTES = {"cpu": 2**25, "cuda": 2**30}
-_compiled_weighted_sums = None
 
 
 def chunk_bits(n_rows: int, n_bits: int, bytes_per_entry: int, device: torch.device) -> int:
@@ -38,24 +38,24 @@ def chunk_bits(n_rows: int, n_bits: int, bytes_per_entry: int, device: torch.dev
     return min(n_bits, max(1, int(math.log2(entries))))
 
 
-def use_compiled_chunks(enabled: bool) -> None:
-    """Fuse each chunk's elementwise product and its reduction with torch.compile (the trainer turns it
-    on with `compile=true`). Same values as the eager body up to float rounding."""
-    global _compiled_weighted_sums
-    _compiled_weighted_sums = torch.compile(_weighted_sums, dynamic=False) if enabled else None
-
-
 def _weighted_sums(g: Tensor, low_factor: Tensor, ones_and_low: Tensor) -> Tensor:
     """(N, 1 + c): sum_d g_d G_low_d and sum_d g_d G_low_d U_h(d) for each of the c low bits."""
     return (g.to(low_factor.dtype) * low_factor) @ ones_and_low
+
+
+@functools.cache
+def _compiled_weighted_sums():
+    """_weighted_sums with its elementwise product fused into the reduction (torch.compile, built once)."""
+    return torch.compile(_weighted_sums, dynamic=False)
 
 
 class _BinaryMapperProject(torch.autograd.Function):
     """r = (Y + G - detach(G)) @ W for a given sampled index, without materialising Y or G."""
 
     @staticmethod
-    def forward(ctx, bit_logits: Tensor, weight: Tensor, index: Tensor) -> Tensor:
+    def forward(ctx, bit_logits: Tensor, weight: Tensor, index: Tensor, compiled: bool) -> Tensor:
         ctx.save_for_backward(bit_logits, weight, index)
+        ctx.compiled = compiled
         # Under autocast the backward's matmul dR @ W^T runs in the autocast dtype, as every other matmul.
         device_type = weight.device.type
         autocast = torch.is_autocast_enabled(device_type) and weight.dtype == torch.float32
@@ -69,15 +69,16 @@ class _BinaryMapperProject(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_weight = torch.zeros_like(weight).index_add_(0, index, grad_r.to(weight.dtype))
         if ctx.needs_input_grad[0]:
-            grad_logits = _bit_logit_grad(bit_logits, weight, grad_r, ctx.matmul_dtype).to(bit_logits.dtype)
-        return grad_logits, grad_weight, None
+            grad_logits = _bit_logit_grad(bit_logits, weight, grad_r, ctx.matmul_dtype, ctx.compiled)
+            grad_logits = grad_logits.to(bit_logits.dtype)
+        return grad_logits, grad_weight, None, None
 
 
-def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_dtype: torch.dtype | None = None
-                    ) -> Tensor:
+def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_dtype: torch.dtype | None = None,
+                    compiled: bool = False) -> Tensor:
     """dL_h = sum_d (dR . W_d) G_d (U_h(d) - p_h), chunked over d. bit_logits (N, H), weight (2^H, D).
     The matmul runs in matmul_dtype (default weight's; bf16 under autocast), everything after it in
-    float32 (float64 for a float64 table).
+    float32 (float64 for a float64 table); compiled fuses each chunk's product and reduction.
 
     Chunk k holds the 2^c values whose high bits spell k. Per chunk: g = dR @ W[chunk]^T into one
     reused buffer, then g * G_low summed against [1 | U_low] gives sum_d g_d G_d and sum_d g_d G_d U_h(d)
@@ -105,7 +106,7 @@ def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_d
     high_factor = torch.exp(log_p0[:, low_bits:].sum(-1, keepdim=True) + log_ratio[:, low_bits:] @ high_pattern.T)
     ones_and_low = torch.cat([low_pattern.new_ones(chunk, 1), low_pattern], dim=1)  # (C, 1 + c)
 
-    weighted_sums = _compiled_weighted_sums or _weighted_sums
+    weighted_sums = _compiled_weighted_sums() if compiled else _weighted_sums
     low_sums = logits.new_zeros(n_rows, 1 + low_bits)  # [sum_d g_d G_d, sum_d g_d G_d U_h(d), h < c]
     chunk_mass = logits.new_empty(n_rows, n_chunks)  # sum over chunk k of g_d G_d
     g = grad_r.new_empty(n_rows, chunk)  # (N, C), reused by every chunk
@@ -119,20 +120,21 @@ def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_d
     return weighted - torch.sigmoid(logits) * low_sums[:, :1]
 
 
-def project_latents(bit_logits: Tensor | None, weight: Tensor, index: Tensor) -> Tensor:
+def project_latents(bit_logits: Tensor | None, weight: Tensor, index: Tensor, compiled: bool = False) -> Tensor:
     """R = post-sampler(Z) for given indices (..., ); gradients flow to bit_logits as the paper's
-    Y + G - detach(G) estimator prescribes. Without bit_logits (prior or explicit latents) it is a lookup."""
+    Y + G - detach(G) estimator prescribes. Without bit_logits (prior or explicit latents) it is a lookup.
+    compiled: fuse the backward's per-chunk elementwise work with torch.compile."""
     if bit_logits is None:
         return F.embedding(index, weight)
     lead_shape = index.shape
     r = _BinaryMapperProject.apply(
-        bit_logits.reshape(-1, bit_logits.shape[-1]), weight, index.reshape(-1)
+        bit_logits.reshape(-1, bit_logits.shape[-1]), weight, index.reshape(-1), compiled
     )  # (N, D)
     return r.reshape(*lead_shape, weight.shape[-1])
 
 
 def binary_mapper_project(
-    bit_logits: Tensor, weight: Tensor, generator: Generators = None
+    bit_logits: Tensor, weight: Tensor, generator: Generators = None, compiled: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Sample Z from the bit-logits and project it: returns (r (..., D), index (...,)).
 
@@ -142,7 +144,7 @@ def binary_mapper_project(
     if weight.shape[0] != 2 ** bit_logits.shape[-1]:
         raise ValueError(f"weight has {weight.shape[0]} rows, expected 2^H = {2 ** bit_logits.shape[-1]}")
     index = sample_bits(bit_logits, generator)
-    return project_latents(bit_logits, weight, index), index
+    return project_latents(bit_logits, weight, index, compiled), index
 
 
 @register_latent_kind("binary_mapper")
@@ -156,9 +158,10 @@ class BinaryMapper(LatentMapper):
         super().__init__(bits, dim)
         self.weight = nn.Parameter(torch.empty(2**bits, dim))  # (2^H, D), rows contiguous like an embedding
         self.reset_parameters(1.0)  # as nn.Embedding does (the same draws as 0.1's post_sampler); init_weights rescales
+        self.compiled_backward = False  # set by distributed.parallelize.apply_compile (compile=true)
 
     def sample(self, bit_logits: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
-        return binary_mapper_project(bit_logits, self.weight, generator)
+        return binary_mapper_project(bit_logits, self.weight, generator, self.compiled_backward)
 
     def lookup(self, index: Tensor) -> Tensor:
         return F.embedding(index, self.weight)
