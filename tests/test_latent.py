@@ -160,3 +160,30 @@ def test_compiled_chunk_body_gives_the_eager_gradient(monkeypatch):
     compiled = binary_mapper._bit_logit_grad(logits, weight, grad_out, compiled=True)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     assert eager.abs().max() > 0
+
+
+def test_the_readme_example_registers_a_latent_variant_that_trains():
+    """README's "Adding a latent variant" block, run as written: the kind builds, trains, and its
+    encoder gets no gradient through R (only the KL's, which is zero here: kappa above any KL)."""
+    from pathlib import Path
+
+    from free_transformer import FreeTransformer, named_config
+    from free_transformer.config import LatentConfig
+    from free_transformer.latent import LATENT_KINDS
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("### Adding a latent variant", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(block.splitlines()) <= 50
+    LATENT_KINDS.pop("table_no_encoder_gradient", None)
+    exec(compile(block, "README.md", "exec"), {})
+    try:
+        config = named_config("debug", latent=LatentConfig("table_no_encoder_gradient"))
+        model = FreeTransformer(config)
+        assert model.num_params() == config.num_params()
+        tokens = torch.randint(0, config.vocab_size, (2, 9))
+        out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=100.0)
+        out.loss.backward()
+        assert model.latent.mapper.weight.grad.abs().sum() > 0
+        assert model.latent.readout.weight.grad is None or model.latent.readout.weight.grad.abs().sum() == 0
+    finally:
+        LATENT_KINDS.pop("table_no_encoder_gradient", None)

@@ -244,3 +244,16 @@ def test_a_run_written_before_the_latent_path_module_loads_and_resumes_to_the_sa
     shutil.rmtree(run / "checkpoints" / "step_00000004")
     train(load_train_config(run / "config.yaml", ["progress=false"]), run, resume=True)
     assert _losses(run) == _losses(LEGACY_RUN)  # steps 3 and 4 as 0.1 computed them, bit for bit
+
+
+def test_latent_kind_and_encoder_depth_from_the_command_line(tmp_path):
+    from free_transformer.config import LatentConfig
+
+    assert main(["train", "--out", str(tmp_path), *TINY, "steps=2", "model.latent.kind=bit_linear",
+                 "model.latent.encoder_layers=2"]) == 0
+    model, config = load_model(tmp_path)
+    assert model.config.latent == LatentConfig("bit_linear", encoder_layers=2)
+    assert len(model.latent.encoder) == 2 and model.latent.mapper.weight.shape == (32, 4)
+    assert load_train_config(tmp_path / "config.yaml").model.latent == LatentConfig("bit_linear", 2)
+    with pytest.raises(ConfigError, match="unknown latent kind 'vq'"):
+        _config("model.latent.kind=vq")

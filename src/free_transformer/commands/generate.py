@@ -36,6 +36,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-latents", choices=["posterior", "encoder", "prior"],
                         help="deprecated: use --latents encoder or --latents prior")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--compile", action="store_true",
+                        help="decode through one static step, captured as a CUDA graph on a GPU (same samples)")
 
 
 def run(args) -> int:
@@ -67,7 +69,7 @@ def run(args) -> int:
         latents = infer_latents(model, torch.tensor([reference]), generator)
     prompts = torch.tensor([prompt] * args.num_samples)
     seeds = [args.seed + i for i in range(args.num_samples)]
-    result = generate(model, prompts, gen_config, seeds=seeds, latents=latents)
+    result = generate(model, prompts, gen_config, seeds=seeds, latents=latents, compile=args.compile)
     for tokens in result.tokens:
         print(tokenizer.decode(prompt + tokens).replace("\n", "\\n"))
     return 0
