@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import UserError
+from .errors import Stopped, UserError
 
 COMMAND_MODULES = ["demo", "train", "generate", "eval", "compare", "info", "convert", "consolidate"]
 
@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except (UserError, ValueError, FileNotFoundError) as error:
-        print("error: " + " ".join(str(error).split()), file=sys.stderr)  # always one line
-        return 2
+        prefix = "" if isinstance(error, Stopped) else "error: "  # a saved, resumable stop is no error
+        print(prefix + " ".join(str(error).split()), file=sys.stderr)  # always one line
+        return getattr(error, "exit_code", 2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -7,7 +7,7 @@ import torch
 from ..checkpoint import load_model
 from ..generate import GenerationConfig, generate, infer_latents, shared_prior_latents
 from ..tokenizer import get_tokenizer
-from ..train.trainer import resolve_device
+from ..devices import parse_device
 
 NAME = "generate"
 HELP = "sample continuations of a prompt from a checkpoint (one sample per line)"
@@ -33,7 +33,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    device = resolve_device(args.device)
+    device = parse_device(args.device)
     model, config = load_model(args.checkpoint, device)
     tokenizer = get_tokenizer(config.get("tokenizer", "byte"))
     prompt = tokenizer.encode(args.prompt)

@@ -1,0 +1,151 @@
+"""Nothing saved is lost, nothing breaks with a traceback: preemption signals, damaged checkpoints,
+resuming with another model, and the fault-injection run (SIGTERM, a damaged checkpoint, a full disk)."""
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from free_transformer.checkpoint import checkpoint_dirs, load_model, load_training_state, verify_checkpoint
+from free_transformer.cli import main
+from free_transformer.train.config import load_train_config
+from free_transformer.train.metrics import read_metrics
+from free_transformer.train.trainer import TrainingError, train
+
+TINY = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=4", "log_every=1",
+        "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25"]
+
+
+def _config(*overrides):
+    return load_train_config(None, TINY + list(overrides))
+
+
+def _losses(run_dir):
+    return [(m["step"], m["loss"]) for m in read_metrics(Path(run_dir) / "metrics.jsonl")]
+
+
+def _cli(out, *args, preexec_fn=None):
+    """A real `free-transformer train` process (this checkout's package)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(out), *args],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=preexec_fn)
+
+
+def _wait_for_step(out, step, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if len(read_metrics(out / "metrics.jsonl")) >= step:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the run did not reach step {step}: {process.poll()} {process.stderr.read()}")
+
+
+def _every_checkpoint_loads(run_dir):
+    for checkpoint in checkpoint_dirs(run_dir):
+        assert verify_checkpoint(checkpoint) is None, checkpoint
+        load_model(checkpoint)
+        load_training_state(checkpoint)
+
+
+# -- preemption ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, signum, code):
+    """No checkpoint is due before step 1000: everything saved comes from the signal."""
+    args = [*TINY, "steps=14", "checkpoint_every=1000"]
+    reference = tmp_path / "reference"
+    train(_config(*args[len(TINY):]), reference)
+    out = tmp_path / "stopped"
+    process = _cli(out, *args)
+    _wait_for_step(out, 3, process)
+    process.send_signal(signum)
+    assert process.wait(timeout=120) == code
+    message = process.stderr.read().strip().splitlines()[-1]
+    assert message.startswith(f"stopped by {signal.Signals(signum).name} after step ")
+    assert f"free-transformer train --out {out} --resume" in message
+    [saved] = checkpoint_dirs(out)
+    step = int(saved.name.split("_")[1])
+    assert 3 <= step < 14 and f"after step {step} of 14" in message
+    _every_checkpoint_loads(out)
+    assert [s for s, _ in _losses(out)] == list(range(1, step + 1))
+    assert main(["train", "--out", str(out), "--resume"]) == 0
+    assert _losses(out) == _losses(reference)
+
+
+def test_a_run_dir_without_checkpoint_resumes_from_step_0(tmp_path, capsys):
+    config = _config("steps=3")
+    train(config, tmp_path / "reference")
+    shutil.copytree(tmp_path / "reference", tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "checkpoints")  # as a run killed before its first checkpoint leaves it
+    with pytest.raises(TrainingError, match="already holds a run"):
+        train(config, tmp_path / "run")
+    train(config, tmp_path / "run", resume=True)
+    assert "from step 0" in capsys.readouterr().err
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "reference")
+
+
+def test_non_finite_loss_before_the_first_checkpoint_says_how_to_go_on(tmp_path, capsys):
+    args = [*TINY, "steps=20", "checkpoint_every=100", "optim.lr=1e12", "optim.grad_clip=0", "optim.warmup_steps=1"]
+    assert main(["train", "--out", str(tmp_path), *args]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "non-finite loss" in error and "--resume" in error and len(error.splitlines()) == 1
+
+
+# -- damaged checkpoints -----------------------------------------------------------------------------
+
+def _truncate(path):
+    os.truncate(path, 100_000 if path.stat().st_size > 100_000 else path.stat().st_size // 2)
+
+
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) * 2 // 3] ^= 0x01  # inside the tensor data: safetensors itself cannot tell
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name, damage", [("model.safetensors", _truncate), ("model.safetensors", _flip_a_byte),
+                                          ("state.pt", _flip_a_byte), ("config.json", _truncate)],
+                         ids=["truncated-weights", "flipped-weights", "flipped-state", "truncated-config"])
+def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, capsys, name, damage):
+    config = _config("steps=6", "checkpoint_every=2")
+    train(config, tmp_path / "reference")
+    shutil.copytree(tmp_path / "reference", tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_00000006")  # as if killed after step 4's
+    newest = tmp_path / "run" / "checkpoints" / "step_00000004"
+    damage(newest / name)
+    train(config, tmp_path / "run", resume=True)
+    err = capsys.readouterr().err
+    assert f"checkpoint {newest} is damaged" in err and name in err
+    assert (newest.parent / "step_00000004.damaged" / name).exists()  # kept aside, not deleted
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "reference")  # resumed from step 2
+    _every_checkpoint_loads(tmp_path / "run")
+
+
+def test_resume_with_every_checkpoint_damaged_starts_again(tmp_path, capsys):
+    config = _config("steps=2", "checkpoint_every=1", "keep_checkpoints=1")
+    train(config, tmp_path / "run")
+    _truncate(tmp_path / "run" / "checkpoints" / "step_00000002" / "model.safetensors")
+    first = _losses(tmp_path / "run")
+    train(config, tmp_path / "run", resume=True)
+    err = capsys.readouterr().err
+    assert "is damaged" in err and "from step 0" in err
+    assert _losses(tmp_path / "run") == first
+
+
+@pytest.mark.parametrize("change", [["model.dim=64"], ["model.latent_bits=6"]])
+def test_resume_with_another_model_is_one_line(tmp_path, capsys, change):
+    assert main(["train", "--out", str(tmp_path), *TINY, "steps=1"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(tmp_path), "--resume", "steps=2", *change]) == 2
+    error = capsys.readouterr().err.strip()
+    field = change[0].split("=")[0].split(".")[1]
+    assert error.startswith("error: cannot resume") and f"{field} " in error and len(error.splitlines()) == 1
