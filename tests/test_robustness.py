@@ -149,3 +149,35 @@ def test_resume_with_another_model_is_one_line(tmp_path, capsys, change):
     error = capsys.readouterr().err.strip()
     field = change[0].split("=")[0].split(".")[1]
     assert error.startswith("error: cannot resume") and f"{field} " in error and len(error.splitlines()) == 1
+
+
+# -- devices -------------------------------------------------------------------------------------------
+
+def _bad_devices():
+    """Device names that fail on this machine: typos always, CUDA and MPS where absent."""
+    names = ["foo", "cuda:x", "CPU0", "meta"]
+    if not torch.cuda.is_available():
+        names += ["cuda", "cuda:0"]
+    if not torch.backends.mps.is_available():
+        names.append("mps")
+    return names
+
+
+@pytest.mark.parametrize("device", _bad_devices())
+def test_every_entry_point_rejects_a_bad_device_in_one_line(tmp_path, capsys, device):
+    from conftest import tiny_checkpoint
+
+    checkpoint = tiny_checkpoint(tmp_path, "run", 4)
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "--device", device]) == 2
+    assert main(["eval", str(checkpoint), "--tasks", "none", "--heldout", __file__, "--device", device]) == 2
+    assert main(["train", "--out", str(tmp_path / "t"), *TINY, "steps=1", f"device={device}"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(e.startswith("error: ") and "device" in e for e in errors), errors
+    assert not (tmp_path / "t").exists()
+
+
+def test_parse_device_accepts_what_exists():
+    from free_transformer.devices import parse_device
+
+    assert parse_device("cpu") == torch.device("cpu") and parse_device(" CPU ") == torch.device("cpu")
+    assert parse_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")

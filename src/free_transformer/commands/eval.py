@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..checkpoint import load_model, resolve_checkpoint
 from ..data.corpora import is_named, named_corpus, read_heldout
+from ..devices import parse_device
 from ..tokenizer import get_tokenizer
 
 NAME = "eval"
@@ -50,7 +51,7 @@ def add_arguments(parser) -> None:
     gen.add_argument("--code-memory-mb", type=int, default=1024, help="address-space limit per generated program")
     parser.add_argument("--output", default=None,
                         help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json, never overwritten)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -125,6 +126,7 @@ def run(args) -> int:
     from ..eval.sandbox import SandboxLimits
     from ..eval.scoring import LatentPolicy
 
+    device = parse_device(args.device)
     tasks = _task_names(args.tasks)
     if not tasks and not args.heldout:
         raise ValueError("--tasks none evaluates nothing without --heldout")
@@ -140,7 +142,7 @@ def run(args) -> int:
         elif not Path(path).is_file():
             raise FileNotFoundError(f"held-out text not found: {path}")
     ckpt = resolve_checkpoint(args.checkpoint)
-    model, config = load_model(ckpt, args.device)
+    model, config = load_model(ckpt, device)
     if "tokenizer" not in config:
         raise ValueError(f"{ckpt}/config.json names no tokenizer")
     tokenizer = get_tokenizer(config["tokenizer"])
