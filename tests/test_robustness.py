@@ -181,3 +181,57 @@ def test_parse_device_accepts_what_exists():
 
     assert parse_device("cpu") == torch.device("cpu") and parse_device(" CPU ") == torch.device("cpu")
     assert parse_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# -- first-try examples --------------------------------------------------------------------------------
+
+def test_the_example_in_train_help_runs(tmp_path, capsys):
+    from free_transformer.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    [example] = [line.split() for line in capsys.readouterr().out.splitlines()
+                 if line.strip().startswith("free-transformer train")]
+    argv = [str(tmp_path / "try") if word == "runs/try" else word for word in example[1:]]
+    assert main([*argv, "steps=2", "progress=false"]) == 0  # later overrides win: 2 steps, not 100
+
+
+def test_overrides_may_come_before_and_after_options(tmp_path):
+    assert main(["train", *TINY[:4], "--out", str(tmp_path), *TINY[4:], "steps=1", "steps=2"]) == 0
+    assert [s for s, _ in _losses(tmp_path)] == [1, 2]
+    with pytest.raises(SystemExit):
+        main(["train", "--out", str(tmp_path / "x"), "steps=1", "--nope"])
+
+
+def test_a_failed_start_leaves_no_run_directory(tmp_path):
+    assert main(["train", "--out", str(tmp_path / "run"), "model.size=debug"]) == 2  # vocab 64 < 256
+    assert not (tmp_path / "run").exists()
+
+
+def test_generate_caps_its_default_length_to_the_model(tmp_path, capsys, monkeypatch):
+    from conftest import tiny_checkpoint
+
+    from free_transformer.commands import generate as command
+
+    lengths = []
+    real = command.generate
+    monkeypatch.setattr(command, "generate", lambda model, prompts, config, **kw: lengths.append(
+        config.max_new_tokens) or real(model, prompts, config, **kw))
+    checkpoint = tiny_checkpoint(tmp_path, "run", 4, max_seq_len=16)
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "-n", "1"]) == 0
+    assert lengths == [15]  # 2 prompt tokens + 15 new ones: 16 fed positions, the model's context
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "--max-new-tokens", "64"]) == 2  # asked: refused
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "--reference", "K>abc"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert "max_seq_len" in errors[0] and "--latents reference" in errors[1]
+
+
+def test_cli_version_and_generate_defaults_in_help(capsys):
+    from free_transformer import __version__
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"free-transformer {__version__}"
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "(default: 4)" in capsys.readouterr().out

@@ -11,16 +11,20 @@ from ..devices import parse_device
 
 NAME = "generate"
 HELP = "sample continuations of a prompt from a checkpoint (one sample per line)"
+DEFAULT_NEW_TOKENS = 64
+FORMATTER = "defaults"  # cli.py: --help shows every default
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
-    parser.add_argument("--prompt", default="", help="text to continue")
-    parser.add_argument("--num-samples", "-n", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompt", default="", help="text to continue (required)")
+    parser.add_argument("--num-samples", "-n", type=int, default=4, help="samples, one per line")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, or fewer if the model's context "
+                             "is shorter)")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
-    parser.add_argument("--top-k", type=int)
-    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--top-k", type=int, help="sample among the k likeliest tokens (default: all)")
+    parser.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: none)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (its tokens' last id); repeatable")
     parser.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
     parser.add_argument("--latents", choices=["independent", "shared", "reference"], default="independent",
@@ -41,15 +45,21 @@ def run(args) -> int:
         raise ValueError("--prompt must not be empty (give at least one character)")
     if args.num_samples < 1:
         raise ValueError("--num-samples must be >= 1")
+    room = model.config.max_seq_len - len(prompt) + 1  # the last new token is never fed back
+    if room < 1:
+        raise ValueError(f"the prompt has {len(prompt)} tokens; this model reads at most {model.config.max_seq_len}")
+    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
     stop_tokens = tuple(tokenizer.encode(s)[-1] for s in args.stop if s)
-    gen_config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, stop_tokens=stop_tokens, prompt_latents=args.prompt_latents)
     latents = None
+    if args.reference and args.latents != "reference":
+        raise ValueError("--reference is only used with --latents reference; add it, or drop --reference")
     if args.latents != "independent" and not model.config.is_free:
         raise ValueError(f"--latents {args.latents} needs a Free Transformer; this checkpoint is a baseline")
     generator = torch.Generator(device=device).manual_seed(args.seed)
     if args.latents == "shared":
-        latents = shared_prior_latents(model, len(prompt) + args.max_new_tokens - 1, generator)
+        latents = shared_prior_latents(model, len(prompt) + max_new_tokens - 1, generator)
     elif args.latents == "reference":
         if not args.reference:
             raise ValueError("--latents reference needs --reference TEXT")

@@ -180,12 +180,6 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
     if config.batch_size % (env.world_size * config.grad_accum):
         raise ConfigError(f"batch_size ({config.batch_size}) must be a multiple of processes ({env.world_size}) "
                           f"x grad_accum ({config.grad_accum})")
-    env.barrier()  # every rank has checked the run directory before rank 0 writes into it
-    if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
-            shutil.rmtree(stale, ignore_errors=True)
-
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)  # the same initial weights on every rank
@@ -198,12 +192,21 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(
             f"model.vocab_size ({config.model.vocab_size}) is smaller than the {tokenizer.name} tokenizer's "
-            f"({tokenizer.vocab_size})"
+            f"({tokenizer.vocab_size}): add model.vocab_size={tokenizer.vocab_size}"
         )
     if dataset.sequence_length > config.model.max_seq_len:
         raise ConfigError(
-            f"sequences of {dataset.sequence_length} tokens exceed model.max_seq_len ({config.model.max_seq_len})"
+            f"sequences of {dataset.sequence_length} tokens exceed model.max_seq_len ({config.model.max_seq_len}): "
+            f"add model.max_seq_len={dataset.sequence_length}"
         )
+
+    # every rank has checked the run directory and the config before rank 0 writes: a failed start leaves no
+    # empty run directory behind
+    env.barrier()
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
+            shutil.rmtree(stale, ignore_errors=True)
 
     model = FreeTransformer(config.model).to(device)
     model.init_weights(post_sampler_std=config.post_sampler_init_std)
