@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         return int(args.run(args) or 0)
-    except (UserError, ValueError, FileNotFoundError) as error:
+    except (UserError, ValueError, FileNotFoundError, FileExistsError) as error:
         prefix = "" if isinstance(error, Stopped) else "error: "  # a saved, resumable stop is no error
         print(prefix + " ".join(str(error).split()), file=sys.stderr)  # always one line
         return getattr(error, "exit_code", 2)

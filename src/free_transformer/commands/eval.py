@@ -50,7 +50,8 @@ def add_arguments(parser) -> None:
     gen.add_argument("--code-timeout", type=float, default=10.0, help="seconds per generated program (sandbox)")
     gen.add_argument("--code-memory-mb", type=int, default=1024, help="address-space limit per generated program")
     parser.add_argument("--output", default=None,
-                        help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json, never overwritten)")
+                        help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json); an existing file is "
+                             "never overwritten")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -127,6 +128,8 @@ def run(args) -> int:
     from ..eval.scoring import LatentPolicy
 
     device = parse_device(args.device)
+    if args.output and Path(args.output).exists():  # before hours of evaluation, not after
+        raise FileExistsError(f"--output {args.output} already exists: it is kept; choose another name")
     tasks = _task_names(args.tasks)
     if not tasks and not args.heldout:
         raise ValueError("--tasks none evaluates nothing without --heldout")
@@ -166,7 +169,7 @@ def run(args) -> int:
         "limit": args.limit, "seconds": round(time.monotonic() - started, 1),
     })
     output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, _tag(args, model, tasks))
-    write_json(results, output)
+    write_json(results, output, exclusive=True)
     print(format_table(results))
     print(f"results: {output}")
     return 0

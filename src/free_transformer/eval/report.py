@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .benchmarks import DEFAULT_TASKS
@@ -41,10 +42,20 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def write_json(results: dict, path: str | Path) -> Path:
+def write_json(results: dict, path: str | Path, exclusive: bool = False) -> Path:
+    """Write whole (a temporary sibling, then a rename); exclusive: never replace an existing file (the
+    temporary file is hard-linked into place, which fails if `path` exists: no check-then-write race)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(path)
+    if not exclusive:
+        tmp.replace(path)
+        return path
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(f"{path} already exists: it is kept; choose another --output") from None
+    finally:
+        tmp.unlink()
     return path
