@@ -235,3 +235,23 @@ def test_cli_version_and_generate_defaults_in_help(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     assert "(default: 4)" in capsys.readouterr().out
+
+
+# -- permissions ---------------------------------------------------------------------------------------
+
+def _modes(root):
+    return {(p.is_dir(), p.stat().st_mode & 0o777) for p in [root, *root.rglob("*")]}
+
+
+def test_checkpoints_and_exports_are_readable_as_the_umask_allows(tmp_path):
+    """mkdtemp made step directories 0700 and safetensors wrote weights 0600, while config.json was 0644."""
+    pytest.importorskip("transformers")
+    old = os.umask(0o022)
+    try:
+        train(_config("steps=1", "model.latent_bits=0"), tmp_path / "run")  # a baseline converts to Llama too
+        assert _modes(checkpoint_dirs(tmp_path / "run")[-1]) == {(True, 0o755), (False, 0o644)}
+        for to in ("hf", "llama"):
+            assert main(["convert", str(tmp_path / "run"), str(tmp_path / to), "--to", to]) == 0
+            assert _modes(tmp_path / to) == {(True, 0o755), (False, 0o644)}, to
+    finally:
+        os.umask(old)
