@@ -255,3 +255,48 @@ def test_checkpoints_and_exports_are_readable_as_the_umask_allows(tmp_path):
             assert _modes(tmp_path / to) == {(True, 0o755), (False, 0o644)}, to
     finally:
         os.umask(old)
+
+
+# -- smaller ones --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, message", [
+    ("- 1\n- 2\n", "must be a mapping"), ("hello\n", "must be a mapping"), ("", "is empty"),
+    ("# only a comment\n", "is empty"), ("steps: 1\nsteps: 2\n", "duplicate key 'steps'"),
+    ("optim:\n  lr: 1\n  lr: 2\n", "duplicate key 'lr'"), ("steps: [1\n", "cannot read config"),
+])
+def test_bad_yaml_configs_are_one_line(tmp_path, capsys, text, message):
+    (tmp_path / "c.yaml").write_text(text)
+    assert main(["train", "--out", str(tmp_path / "run"), "--config", str(tmp_path / "c.yaml")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and message in error and len(error.splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_override_into_a_value_is_one_line(capsys):
+    assert main(["train", "--out", "unused", "model=3", "model.dim=4"]) == 2
+    assert "model was given a value" in capsys.readouterr().err
+
+
+def test_resuming_a_finished_run_reports_its_last_losses(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path), *TINY, "steps=2"]) == 0
+    first = capsys.readouterr().out
+    assert main(["train", "--out", str(tmp_path), "--resume"]) == 0
+    captured = capsys.readouterr()
+    assert "nan" not in captured.out and "cross-entropy" in captured.out
+    assert captured.out.split("cross-entropy")[1] == first.split("cross-entropy")[1]
+    assert "nothing to train" in captured.err and [s for s, _ in _losses(tmp_path)] == [1, 2]
+
+
+def test_info_rejects_a_negative_sequence_length(capsys):
+    assert main(["info", "debug", "--seq-len", "-5"]) == 2
+    assert "--seq-len must be >= 1" in capsys.readouterr().err
+
+
+def test_eval_notes_answers_longer_than_the_context(tmp_path, capsys):
+    from conftest import tiny_checkpoint
+
+    checkpoint = tiny_checkpoint(tmp_path, "run", 0, max_seq_len=16)  # PIQA-like answers are far longer
+    assert main(["eval", str(checkpoint), "--tasks", "arc_easy", "--limit", "3", "--no-progress",
+                 "--output", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "note: arc_easy:" in out and "answer longer than the model's context (16 tokens)" in out

@@ -38,6 +38,7 @@ def run(args) -> int:
     m = result.metrics
     if int(os.environ.get("RANK", 0)) != 0:  # under torchrun, rank 0 reports for all
         return 0
-    print(f"done: step {result.step}, cross-entropy {m.get('cross_entropy_bits', float('nan')):.4f} bits/token, "
-          f"KL {m.get('kl_bits', float('nan')):.4f} bits/token; run in {out}")
+    losses = (f", cross-entropy {m['cross_entropy_bits']:.4f} bits/token, KL {m['kl_bits']:.4f} bits/token"
+              if "cross_entropy_bits" in m else "")  # nothing logged: say nothing rather than nan
+    print(f"done: step {result.step}{losses}; run in {out}")
     return 0

@@ -28,6 +28,14 @@ def format_table(results: dict) -> str:
         r = tasks[name]
         lines.append(f"{name:<16} {r['metric']:<20} {r['value']:>7.3f} {r['n']:>6} {r['num_fewshot']:>5} "
                      f"{r.get('seconds', 0):>7.1f}")
+    for name in _order(tasks):
+        r, max_len = tasks[name], results.get("model_config", {}).get("max_seq_len", "?")
+        if r.get("truncated_answers"):
+            lines.append(f"note: {name}: {r['truncated_answers']} of {r['n']} documents have an answer longer than "
+                         f"the model's context ({max_len} tokens); its start was cut, so their choices may score alike")
+        if r.get("truncated_prompts"):
+            lines.append(f"note: {name}: {r['truncated_prompts']} of {r['n']} prompts were longer than the "
+                         f"context ({max_len} tokens) and lost their start")
     for name in _order(results.get("unavailable", {})):
         lines.append(f"{name:<16} unavailable: {results['unavailable'][name]}")
     like = results.get("likelihood")

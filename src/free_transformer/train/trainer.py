@@ -38,7 +38,7 @@ from ..errors import Stopped, UserError
 from ..model import FreeTransformer
 from ..tokenizer import get_tokenizer
 from .config import TrainConfig, save_train_config
-from .metrics import MetricsLog
+from .metrics import MetricsLog, read_metrics
 from .noise import latent_generators
 from .optim import LATENT_PREFIXES, build_optimizer, lr_factor, set_lr
 
@@ -244,6 +244,12 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
     elif env.is_main and not (run_dir / "config.yaml").is_file():
         save_train_config(config, run_dir / "config.yaml")
 
+    if start_step >= config.steps:  # a finished run: nothing to train, its last metrics to report
+        logged = read_metrics(run_dir / "metrics.jsonl")
+        if env.is_main:
+            print(f"{run_dir} already reached step {start_step} (steps={config.steps}): nothing to train; "
+                  f"pass steps=N with N > {start_step} to train further", file=sys.stderr)
+        return TrainResult(run_dir, start_step, logged[-1] if logged else {})
     log = MetricsLog(run_dir, resume_step=start_step, tensorboard=config.tensorboard) if env.is_main else None
     rows = env.rows(config.batch_size)  # this rank's slice of every global batch
     micro_batch = len(rows) // config.grad_accum
