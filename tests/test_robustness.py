@@ -300,3 +300,47 @@ def test_eval_notes_answers_longer_than_the_context(tmp_path, capsys):
                  "--output", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
     assert "note: arc_easy:" in out and "answer longer than the model's context (16 tokens)" in out
+
+
+# -- fault injection -----------------------------------------------------------------------------------
+
+def _file_size_limit(limit):
+    """preexec_fn: files of the child larger than `limit` bytes fail to write (EFBIG; Python ignores
+    SIGXFSZ), as on a full disk or over a quota."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_faults_never_lose_what_was_saved_and_resume_reproduces_the_losses(tmp_path):
+    """In the style of test_sigkill_at_random_moments: one run meets SIGTERM, a disk that fills up
+    during a checkpoint, and a damaged newest checkpoint; every checkpoint on disk loads after each
+    fault, and the run ends with the losses of an uninterrupted one."""
+    args = [*TINY, "steps=24", "checkpoint_every=4", "keep_checkpoints=3"]
+    reference = tmp_path / "reference"
+    assert _cli(reference, *args).wait(timeout=300) == 0
+    out = tmp_path / "faults"
+
+    process = _cli(out, *args)  # 1. SIGTERM: a checkpoint at the next step boundary
+    _wait_for_step(out, 6, process)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 143
+    stopped_at = int(checkpoint_dirs(out)[-1].name.split("_")[1])
+    assert stopped_at >= 6
+    _every_checkpoint_loads(out)
+
+    # 2. the disk fills up: weights (183 kB) fit under the limit, the training state (397 kB) does not
+    process = _cli(out, *args, "--resume", preexec_fn=_file_size_limit(250_000))
+    assert process.wait(timeout=120) == 2
+    error = process.stderr.read().strip().splitlines()[-1]
+    assert error.startswith("error: cannot write the checkpoint of step") and "disk full" in error
+    assert int(checkpoint_dirs(out)[-1].name.split("_")[1]) == stopped_at  # nothing newer, nothing partial
+    assert not list((out / "checkpoints").glob(".tmp*"))
+    _every_checkpoint_loads(out)
+
+    # 3. the newest checkpoint is damaged (a flipped byte): resume falls back to the one before
+    newest = checkpoint_dirs(out)[-1]
+    _flip_a_byte(newest / "model.safetensors")
+    process = _cli(out, *args, "--resume")
+    assert process.wait(timeout=300) == 0, process.stderr.read()
+    assert f"checkpoint {newest} is damaged" in process.stderr.read()
+    _every_checkpoint_loads(out)
+    assert _losses(out) == _losses(reference)

@@ -105,8 +105,14 @@ def save_checkpoint(
             remove_checkpoint(final)
         os.replace(tmp, final)
         fsync_dir(root)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, (OSError, RuntimeError, SafetensorError)):  # a full disk, a file-size or quota limit
+            raise CheckpointError(
+                f"cannot write the checkpoint of step {step} in {root}: is the disk full, or a quota or file-size "
+                f"limit reached? ({error}); nothing partial was left and the checkpoints already there are intact: "
+                "make room, then continue with --resume"
+            ) from error
         raise
     for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
         remove_checkpoint(old)
