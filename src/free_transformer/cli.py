@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .errors import Stopped, UserError
@@ -48,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except (UserError, ValueError, FileNotFoundError, FileExistsError) as error:
-        prefix = "" if isinstance(error, Stopped) else "error: "  # a saved, resumable stop is no error
-        print(prefix + " ".join(str(error).split()), file=sys.stderr)  # always one line
+        if isinstance(error, Stopped):  # a saved, resumable stop is no error; under torchrun rank 0 says it
+            if int(os.environ.get("RANK", 0)) == 0:
+                print(" ".join(str(error).split()), file=sys.stderr)
+        else:
+            print("error: " + " ".join(str(error).split()), file=sys.stderr)  # always one line
         return getattr(error, "exit_code", 2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

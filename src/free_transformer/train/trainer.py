@@ -154,8 +154,9 @@ def train(
         env.close()
 
 
-def _resume_hint(run_dir: Path) -> str:
-    return f"free-transformer train --out {run_dir} --resume"
+def _resume_hint(run_dir: Path, distributed: bool = False) -> str:
+    hint = f"free-transformer train --out {run_dir} --resume"
+    return hint + " (under torchrun, the same torchrun command)" if distributed else hint
 
 
 def _check_same_model(config: TrainConfig, checkpoint: Path) -> None:
@@ -321,7 +322,8 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                 log.close()
             signum = signals.received or signal.SIGTERM  # another rank's signal
             raise Stopped(f"stopped by {signal.Signals(signum).name} after step {done} of {config.steps}; "
-                          f"checkpoint saved in {run_dir / 'checkpoints'}; continue with: {_resume_hint(run_dir)}",
+                          f"checkpoint saved in {run_dir / 'checkpoints'}; continue with: "
+                          f"{_resume_hint(run_dir, env.distributed)}",
                           signum)
     progress.close()
     if log is not None:
