@@ -33,11 +33,21 @@ def _losses(run_dir):
 
 def _cli(out, *args, preexec_fn=None):
     """A real `free-transformer train` process (this checkout's package)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",  # as _one_thread here
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(out), *args],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=preexec_fn)
+
+
+@pytest.fixture()
+def _one_thread():
+    """In-process runs compared bit for bit with _cli's runs use one thread as they do (and two threads on
+    a shared 2-core machine are many times slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _wait_for_step(out, step, process, timeout=120):
@@ -59,7 +69,7 @@ def _every_checkpoint_loads(run_dir):
 # -- preemption ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, signum, code):
+def test_a_signal_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, signum, code, _one_thread):
     """No checkpoint is due before step 1000: everything saved comes from the signal."""
     args = [*TINY, "steps=14", "checkpoint_every=1000"]
     reference = tmp_path / "reference"
@@ -310,21 +320,21 @@ def _file_size_limit(limit):
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
-def test_faults_never_lose_what_was_saved_and_resume_reproduces_the_losses(tmp_path):
+def test_faults_never_lose_what_was_saved_and_resume_reproduces_the_losses(tmp_path, _one_thread):
     """In the style of test_sigkill_at_random_moments: one run meets SIGTERM, a disk that fills up
     during a checkpoint, and a damaged newest checkpoint; every checkpoint on disk loads after each
     fault, and the run ends with the losses of an uninterrupted one."""
-    args = [*TINY, "steps=24", "checkpoint_every=4", "keep_checkpoints=3"]
+    args = [*TINY, "steps=16", "checkpoint_every=4", "keep_checkpoints=3"]
     reference = tmp_path / "reference"
-    assert _cli(reference, *args).wait(timeout=300) == 0
+    train(_config(*args[len(TINY):]), reference)
     out = tmp_path / "faults"
 
     process = _cli(out, *args)  # 1. SIGTERM: a checkpoint at the next step boundary
-    _wait_for_step(out, 6, process)
+    _wait_for_step(out, 5, process)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 143
     stopped_at = int(checkpoint_dirs(out)[-1].name.split("_")[1])
-    assert stopped_at >= 6
+    assert 5 <= stopped_at < 16
     _every_checkpoint_loads(out)
 
     # 2. the disk fills up: weights (183 kB) fit under the limit, the training state (397 kB) does not
