@@ -120,7 +120,8 @@ def test_gpt2_text_dataset_ends_every_document_with_end_of_text(tmp_path):
     stream = _stream(dataset, "train") + _stream(dataset, "val")
     assert stream == gpt2.encode(a) + [50256] + gpt2.encode(b) + [50256]
     assert len(dataset.splits["val"]) == len(stream) - int(len(stream) * 0.8)
-    assert dataset.batch(3, 4).max() <= 50256 and list((tmp_path / "cache" / "free-transformer" / "tokens").glob("gpt2-*.bin"))
+    assert dataset.batch(3, 4).max() <= 50256
+    assert list((tmp_path / "cache" / "free-transformer" / "tokens").glob("gpt2-*.bin"))
 
 
 CORPUS = {"a_m.txt": "first play\n" * 30, "b_m.txt": "second play\n" * 30, "c_m.txt": "third play\n" * 30,

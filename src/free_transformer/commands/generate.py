@@ -33,7 +33,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--reference", help="text whose posterior latents condition generation (--latents reference)")
     parser.add_argument("--prompt-latents", choices=["posterior", "prior"], default="posterior",
                         help="Z for prompt positions: encoder posterior (the paper's prefill) or uniform prior")
-    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
 
 
 def run(args) -> int:

@@ -4,11 +4,12 @@ that any lm-eval task whose data is on the machine runs on it (from Python, or f
 checkpoint=RUN_DIR --tasks ... --include_path TASK_DIR`).
 
 model_args: checkpoint (required), device, latents (prior | encoder), samples (K), seed,
-max_new_tokens. A `device` in model_args wins over lm-eval's --device; lm-eval's own default (cuda:0)
-falls back to cpu on a machine without CUDA, while a device asked for explicitly must exist. Latents follow scoring.py: prior by default, never the encoder on the answer;
-requests that share a context share their latent draws. loglikelihood_rolling returns, for a Free
-Transformer, the IWAE lower bound of log p(x) (a baseline's is exact), text cut into model-sized
-windows whose first token is context only.
+max_new_tokens. A `device` in model_args wins over lm-eval's --device; lm-eval's own default
+(cuda:0) falls back to cpu on a machine without CUDA, while a device asked for explicitly must
+exist. Latents follow scoring.py: prior by default, never the encoder on the answer; requests that
+share a context share their latent draws. loglikelihood_rolling returns, for a Free Transformer, the
+IWAE lower bound of log p(x) (a baseline's is exact), text cut into model-sized windows whose first
+token is context only.
 """
 
 from __future__ import annotations

@@ -169,7 +169,8 @@ def _check_same_model(config: TrainConfig, checkpoint: Path) -> None:
     if changed:
         raise TrainingError(f"cannot resume {checkpoint}: the model differs from the checkpoint's "
                             f"({', '.join(changed)}); resume without model overrides or another --config, "
-                            "or train into another --out (where --init-from reuses its decoder if only the latent path changed)")
+                            "or train into another --out (where --init-from reuses its decoder if only the latent "
+                            "path changed)")
 
 
 def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, init_from,
