@@ -354,3 +354,13 @@ def test_faults_never_lose_what_was_saved_and_resume_reproduces_the_losses(tmp_p
     assert f"checkpoint {newest} is damaged" in process.stderr.read()
     _every_checkpoint_loads(out)
     assert _losses(out) == _losses(reference)
+
+
+def test_a_fresh_run_writes_its_own_config_over_a_lone_one(tmp_path):
+    """A process killed after writing config.yaml and before any step leaves config.yaml alone: a new run
+    there (not --resume) saves its own config, which is the one --resume will read."""
+    train(_config("steps=1", "seed=3"), tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    shutil.copy(tmp_path / "a" / "config.yaml", tmp_path / "b" / "config.yaml")
+    train(_config("steps=1", "seed=5"), tmp_path / "b")
+    assert load_train_config(tmp_path / "b" / "config.yaml").seed == 5

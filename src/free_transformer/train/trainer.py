@@ -243,7 +243,7 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
             optimizer.load_state_dict(state["optimizer"])
             _set_rng_state(state["rng"], device)
             start_step = state["step"]
-    elif env.is_main and not (run_dir / "config.yaml").is_file():
+    elif env.is_main and (not resume or not (run_dir / "config.yaml").is_file()):  # resumed from step 0: kept
         save_train_config(config, run_dir / "config.yaml")
 
     if start_step >= config.steps:  # a finished run: nothing to train, its last metrics to report
