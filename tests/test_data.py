@@ -7,6 +7,12 @@ from free_transformer.data import DataConfig, DataError, build_dataset
 from free_transformer.data.synthetic import analyse_letters, coinflip_batch, letters_batch
 
 
+@pytest.fixture(autouse=True)
+def _token_cache(tmp_path, monkeypatch):
+    """Token caches go to the user's cache folder: here, one per test."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 def test_letters_batches_follow_the_paper_recipe():
     batch = letters_batch(4000, torch.Generator().manual_seed(0))
     assert batch.shape == (4000, 66)
@@ -64,7 +70,24 @@ def test_text_dataset_from_folder(tmp_path):
     assert batch.shape == (5, 17) and batch.dtype == torch.int64
     text = bytes(batch[0].tolist()).decode()
     assert text in ("hello world\n" * 50 + "\n" + "free transformer\n" * 50 + "\n")
-    assert list((tmp_path / "corpus.tokens").glob("byte-*.bin"))  # tokenized once, cached
+    assert list((tmp_path / "cache" / "free-transformer" / "tokens").glob("byte-*.bin"))  # tokenized once, cached
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "corpus"]  # nothing beside the user's data
+
+
+def test_an_unwritable_token_cache_is_one_line(tmp_path, monkeypatch, capsys):
+    """A read-only corpus folder no longer matters (the cache is elsewhere); an unwritable cache is a
+    DataError naming data.cache_dir. (A file stands in for a read-only folder: tests may run as root.)"""
+    from free_transformer.cli import main
+
+    (tmp_path / "a.txt").write_text("hello world\n" * 50)
+    (tmp_path / "blocker").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocker"))
+    with pytest.raises(DataError, match="data.cache_dir"):
+        build_dataset(DataConfig(kind="text", path=str(tmp_path / "a.txt"), seq_len=8), seed=0)
+    assert main(["train", "--out", str(tmp_path / "run"), "data.kind=text", f"data.path={tmp_path / 'a.txt'}",
+                 "data.seq_len=8", "model.size=debug", "model.vocab_size=256", "steps=1"]) == 2
+    assert "cannot tokenize the corpus" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_text_dataset_errors(tmp_path):
@@ -97,7 +120,8 @@ def test_gpt2_text_dataset_ends_every_document_with_end_of_text(tmp_path):
     stream = _stream(dataset, "train") + _stream(dataset, "val")
     assert stream == gpt2.encode(a) + [50256] + gpt2.encode(b) + [50256]
     assert len(dataset.splits["val"]) == len(stream) - int(len(stream) * 0.8)
-    assert dataset.batch(3, 4).max() <= 50256 and list((tmp_path / "c.tokens").glob("gpt2-*.bin"))
+    assert dataset.batch(3, 4).max() <= 50256
+    assert list((tmp_path / "cache" / "free-transformer" / "tokens").glob("gpt2-*.bin"))
 
 
 CORPUS = {"a_m.txt": "first play\n" * 30, "b_m.txt": "second play\n" * 30, "c_m.txt": "third play\n" * 30,

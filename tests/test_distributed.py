@@ -183,3 +183,36 @@ def test_compare_script_fails_beyond_tolerance(tmp_path):
     rows["steps"].pop()
     (tmp_path / "short.json").write_text(json.dumps(rows))
     assert _compare(tmp_path / "short.json", GOLDEN / "debug-free.json", 1.0) == 1
+
+
+def test_sigterm_to_torchrun_saves_a_sharded_checkpoint_that_resumes(tmp_path):
+    """torchrun passes SIGTERM on to its workers: every rank stops after the same step (the signal
+    travels in the loss all-reduce), the sharded checkpoint of that step is written, and one process
+    continues it with the losses of an uninterrupted one-process run."""
+    import signal
+    import time
+
+    from free_transformer.train.metrics import read_metrics
+
+    args = [*ARGS, "steps=20", "checkpoint_every=1000", "distributed.strategy=fsdp"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(free_transformer.__file__).parents[1]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "stopped"
+    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                "-m", "free_transformer.cli", "train", "--out", str(out), *args],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(read_metrics(out / "metrics.jsonl")) < 3 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode != 0
+    assert stderr.count("stopped by SIGTERM after step") == 1, stderr[-3000:]  # rank 0 says it, once
+    [checkpoint] = checkpoint_dirs(out)
+    step = int(checkpoint.name.split("_")[1])
+    assert 3 <= step < 20 and is_sharded(checkpoint)
+    assert [m["step"] for m in read_metrics(out / "metrics.jsonl")] == list(range(1, step + 1))
+    train(load_train_config(out / "config.yaml"), out, resume=True)  # one process, fsdp in a world of one
+    train(load_train_config(None, args), tmp_path / "one")
+    assert _compare(out, tmp_path / "one", ATOL) == 0

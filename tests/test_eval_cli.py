@@ -96,3 +96,33 @@ def test_eval_heldout_only_on_a_named_corpus(tmp_path, monkeypatch):
                      "--no-progress"]) == 0
     names = sorted(p.name for p in (run / "eval").glob("*.json"))
     assert names == ["step_00000001-heldout-k2-2.json", "step_00000001-heldout-k2.json"]
+
+
+def test_eval_output_is_never_overwritten(tmp_path, capsys):
+    run = tiny_checkpoint(tmp_path, "base", 0)
+    out = tmp_path / "mine.json"
+    out.write_text("earlier results")
+    assert main(["eval", str(run), "--tasks", "none", "--heldout", str(DATA / "heldout_tiny.txt"),
+                 "--no-progress", "--output", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err and out.read_text() == "earlier results"
+    from free_transformer.eval.report import write_json
+
+    with pytest.raises(FileExistsError):  # the final write is exclusive too (a file that appeared meanwhile)
+        write_json({}, out, exclusive=True)
+    assert out.read_text() == "earlier results" and not list(tmp_path.glob("*.tmp"))
+
+
+def test_compare_shows_no_change_between_heldout_results_on_other_text(tmp_path, capsys):
+    text = DATA / "heldout_tiny.txt"
+    outputs = []
+    for name, bits, extra in (("base", 0, []), ("free", 4, ["--heldout-windows", "1"])):
+        run = tiny_checkpoint(tmp_path, name, bits, max_seq_len=16)
+        outputs.append(tmp_path / f"{name}.json")
+        assert main(["eval", str(run), "--tasks", "none", "--heldout", str(text), "--heldout-samples", "2",
+                     "--no-progress", "--output", str(outputs[-1]), *extra]) == 0
+    capsys.readouterr()
+    assert main(["compare", *map(str, outputs), "--output", str(tmp_path / "table"), "--bootstrap", "100"]) == 0
+    printed = capsys.readouterr().out
+    assert "measured on other text" in printed and "1 windows" in printed
+    rows = [line for line in printed.splitlines() if "held-out bits/byte" in line]
+    assert rows and not any("%" in line for line in rows)

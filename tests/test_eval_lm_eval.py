@@ -54,3 +54,23 @@ def test_adapter_requests_match_our_scoring(tmp_path):
     assert isinstance(text, str) and "\n" not in text
     (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("some held-out text",), 0)])
     assert rolling < 0
+
+
+def test_adapter_device_from_model_args_and_from_lm_eval(tmp_path):
+    """lm-eval passes its own device (default cuda:0) beside model_args: a model_args device wins (it used
+    to raise "multiple values for keyword argument 'device'"), lm-eval's default means cpu without CUDA,
+    and a device that does not exist is a DeviceError (one line from the CLI)."""
+    import torch
+
+    from free_transformer.devices import DeviceError
+    from free_transformer.eval.lm_eval_adapter import FreeTransformerLM
+
+    checkpoint = str(tiny_checkpoint(tmp_path, "run", 4))
+    harness = {"batch_size": 1, "max_batch_size": None, "device": "cuda:0"}
+    lm = FreeTransformerLM.create_from_arg_string(f"checkpoint={checkpoint},device=cpu", harness)
+    assert next(lm.model.parameters()).device.type == "cpu"
+    lm = FreeTransformerLM.create_from_arg_obj({"checkpoint": checkpoint}, harness)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert next(lm.model.parameters()).device.type == expected
+    with pytest.raises(DeviceError, match="unknown device 'foo'"):
+        FreeTransformerLM.create_from_arg_string(f"checkpoint={checkpoint},device=foo", harness)

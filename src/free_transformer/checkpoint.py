@@ -4,9 +4,12 @@
         model.safetensors   weights (safetensors: no pickle, memory-mappable)
         config.json         {"model": ModelConfig, "train": ..., "tokenizer": name, "step": N}
         state.pt            optimizer, scheduler, RNG and data position (training only)
+        SHA256SUMS          the other files' digests (`sha256sum -c SHA256SUMS` checks them by hand)
 
 A checkpoint is written into a temporary sibling directory and renamed into place once complete, so a
-killed process never leaves a partial `step_*` directory; only the newest `keep` are kept.
+killed process never leaves a partial `step_*` directory; only the newest `keep` are kept. A checkpoint
+damaged afterwards (a truncated copy, a flipped bit) fails `verify_checkpoint`; `--resume` then moves it
+aside as step_N.damaged and continues from the newest intact one.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from safetensors.torch import load_file, save_file
 
 from .config import ConfigError, ModelConfig
 from .errors import UserError
+from .fileio import sha256_file, share_like_umask
 from .model import FreeTransformer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
+CHECKSUMS = "SHA256SUMS"
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -90,6 +95,9 @@ def save_checkpoint(
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         if training_state is not None:
             torch.save(training_state, tmp / "state.pt")
+        sums = "".join(f"{sha256_file(f)}  {f.name}\n" for f in sorted(tmp.iterdir()))
+        (tmp / CHECKSUMS).write_text(sums)
+        share_like_umask(tmp)
         for f in tmp.iterdir():
             with open(f, "rb") as handle:
                 os.fsync(handle.fileno())
@@ -97,8 +105,14 @@ def save_checkpoint(
             remove_checkpoint(final)
         os.replace(tmp, final)
         fsync_dir(root)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, (OSError, RuntimeError, SafetensorError)):  # a full disk, a file-size or quota limit
+            raise CheckpointError(
+                f"cannot write the checkpoint of step {step} in {root}: is the disk full, or a quota or file-size "
+                f"limit reached? ({error}); nothing partial was left and the checkpoints already there are intact: "
+                "make room, then continue with --resume"
+            ) from error
         raise
     for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
         remove_checkpoint(old)
@@ -122,12 +136,20 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Fr
     if not (ckpt / "model.safetensors").exists() and (ckpt / "dcp").is_dir():
         raise CheckpointError(f"{ckpt} is a sharded checkpoint: run `free-transformer consolidate {ckpt}` first")
     model = FreeTransformer(ModelConfig.from_dict(config["model"]))
+    weights = load_weights(ckpt)
     try:
-        weights = load_file(ckpt / "model.safetensors")
         model.load_state_dict(weights)
-    except (OSError, SafetensorError, RuntimeError) as error:
+    except RuntimeError as error:
         raise CheckpointError(f"corrupt checkpoint weights {ckpt / 'model.safetensors'}: {error}") from error
     return model.to(device).eval(), config
+
+
+def load_weights(ckpt: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """model.safetensors of a checkpoint directory; a missing or unreadable file is a CheckpointError."""
+    try:
+        return load_file(ckpt / "model.safetensors", device=device)
+    except (OSError, SafetensorError) as error:
+        raise CheckpointError(f"corrupt checkpoint weights {ckpt / 'model.safetensors'}: {error}") from error
 
 
 def load_training_state(path: str | Path) -> dict:
@@ -136,3 +158,46 @@ def load_training_state(path: str | Path) -> dict:
         return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False)
     except Exception as error:  # torch.load raises many types on a truncated or garbled file
         raise CheckpointError(f"corrupt or missing training state {ckpt / 'state.pt'}: {error}") from error
+
+
+def verify_checkpoint(path: str | Path) -> str | None:
+    """None if the checkpoint directory is intact, else what is wrong with it (one line). Reads every
+    file: the recorded digests, config.json, the safetensors header and tensors, state.pt."""
+    path = Path(path)
+    try:
+        sums = (path / CHECKSUMS).read_text() if (path / CHECKSUMS).is_file() else ""
+        for line in sums.splitlines():  # absent in checkpoints written before it existed: then no digests
+            digest, _, name = line.partition("  ")
+            if not (path / name).is_file():
+                return f"{name} is missing"
+            if sha256_file(path / name) != digest:
+                return f"{name} does not match its SHA-256 in {CHECKSUMS}"
+        read_checkpoint_config(path)
+        if (path / "dcp").is_dir() and not (path / "model.safetensors").exists():
+            if not (path / "dcp" / ".metadata").is_file():
+                return "dcp/.metadata is missing"
+            return None  # the shards themselves are read (and reported) at load time
+        load_file(path / "model.safetensors")
+        if (path / "state.pt").exists():
+            load_training_state(path)
+    except CheckpointError as error:
+        return str(error)
+    except (OSError, SafetensorError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def newest_intact_checkpoint(run_dir: str | Path, report=print) -> Path | None:
+    """The newest checkpoint of a run that `verify_checkpoint` passes, or None. Each damaged one on the
+    way is reported and renamed step_N.damaged (kept for inspection, out of the way of new saves)."""
+    for checkpoint in reversed(checkpoint_dirs(run_dir)):
+        problem = verify_checkpoint(checkpoint)
+        if problem is None:
+            return checkpoint
+        aside, n = checkpoint.with_name(checkpoint.name + ".damaged"), 2
+        while aside.exists():
+            aside, n = checkpoint.with_name(f"{checkpoint.name}.damaged{n}"), n + 1
+        os.replace(checkpoint, aside)
+        report(f"warning: checkpoint {checkpoint} is damaged ({' '.join(problem.split())}); "
+               f"moved to {aside.name}, trying the previous one")
+    return None

@@ -8,31 +8,53 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from .errors import UserError
+from .errors import Stopped, UserError
 
 COMMAND_MODULES = ["demo", "train", "generate", "eval", "compare", "info", "convert", "consolidate"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="free-transformer", description="The Free Transformer (Fleuret, 2025).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in COMMAND_MODULES:
         module = importlib.import_module(f"free_transformer.commands.{module_name}")
-        sub = subparsers.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        formatter = (argparse.ArgumentDefaultsHelpFormatter if getattr(module, "FORMATTER", None) == "defaults"
+                     else argparse.RawDescriptionHelpFormatter)
+        sub = subparsers.add_parser(module.NAME, help=module.HELP, description=module.HELP,
+                                    epilog=getattr(module, "EPILOG", None), formatter_class=formatter)
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None):
+    """parse_args, except that section.field=value overrides may also come after options (`train a=1 --out
+    D b=2`): argparse takes one run of positionals and rejects the rest as unrecognized."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]  # later ones win, as on the command line
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         return int(args.run(args) or 0)
-    except (UserError, ValueError, FileNotFoundError) as error:
-        print("error: " + " ".join(str(error).split()), file=sys.stderr)  # always one line
-        return 2
+    except (UserError, ValueError, FileNotFoundError, FileExistsError) as error:
+        if isinstance(error, Stopped):  # a saved, resumable stop is no error; under torchrun rank 0 says it
+            if int(os.environ.get("RANK", 0)) == 0:
+                print(" ".join(str(error).split()), file=sys.stderr)
+        else:
+            print("error: " + " ".join(str(error).split()), file=sys.stderr)  # always one line
+        return getattr(error, "exit_code", 2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -11,8 +12,36 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     file or the new one, never a half-written one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. a full disk: leave no stray temporary file
+        raise
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def share_like_umask(path: str | Path) -> None:
+    """Give a file or directory tree the permissions an ordinary `open` / `mkdir` would (0666 / 0777 less
+    the umask): tempfile.mkdtemp makes 0700 directories and safetensors 0600 files, which other users of a
+    shared checkpoint folder could not read."""
+    mask = _umask()
+    path = Path(path)
+    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~mask)

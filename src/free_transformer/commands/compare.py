@@ -20,7 +20,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..eval.compare import build_rows, load_results, to_html, to_markdown, to_text
+    from ..eval.compare import build_rows, heldout_mismatch, load_results, to_html, to_markdown, to_text
 
     if len(args.runs) < 2:
         raise ValueError("compare needs a baseline and at least one other run")
@@ -35,6 +35,12 @@ def run(args) -> int:
     for label, r in zip(labels, runs):
         notes.append(f"{label}: {r.get('latents', {}).get('latents', '?')}")
     note = "Latents: " + "; ".join(notes)
+    base_like = runs[0].get("likelihood")
+    for label, r in zip(labels[1:], runs[1:]):
+        why = base_like and r.get("likelihood") and heldout_mismatch(base_like, r["likelihood"])
+        if why:
+            note += (f". Held-out likelihood of {label} was measured on other text than {labels[0]}'s ({why}): "
+                     "its change is not shown")
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     md, page = output.with_suffix(".md"), output.with_suffix(".html")

@@ -7,6 +7,8 @@ Llama, or one of our baselines) into a Free Transformer with the same decoder an
 
 from __future__ import annotations
 
+from ..fileio import share_like_umask
+
 NAME = "convert"
 HELP = "convert between our checkpoints, Hugging Face directories and Llama checkpoints (needs the hf extra)"
 
@@ -47,5 +49,6 @@ def run(args) -> int:
         seed=args.seed, step=args.step, max_seq_len=args.max_seq_len,
         dtype=getattr(torch, args.dtype) if args.dtype else None,
     )
+    share_like_umask(written)  # save_pretrained / safetensors write 0600: readable by its owner alone
     print(f"converted {source_format} {args.source} -> {args.to} {written}")
     return 0

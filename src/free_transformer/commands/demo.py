@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from ..demo.experiment import PRESETS, run_demo
-from ..train.trainer import resolve_device
+from ..devices import parse_device
 
 NAME = "demo"
 HELP = "train a baseline and Free Transformers at kappa = 1/64, 1/8, 1, 8 bits on the synthetic letters; report"
@@ -31,7 +31,7 @@ def run(args) -> int:
     preset = dataclasses.replace(preset, extra=tuple(extra))
     if args.workers is not None and args.workers < 1:
         raise ValueError("--workers must be >= 1")
-    device = str(resolve_device(args.device))
+    device = str(parse_device(args.device))
     report = run_demo(preset, Path(args.out), seed=args.seed, workers=args.workers, device=device)
     print(f"report: {report.resolve()}")
     print(f"figure: {(report.parent / 'report.png').resolve()}")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ..checkpoint import load_model, resolve_checkpoint
 from ..data.corpora import is_named, named_corpus, read_heldout
+from ..devices import parse_device
 from ..tokenizer import get_tokenizer
-from ..train.trainer import resolve_device
 
 NAME = "eval"
 HELP = "evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table"
@@ -50,8 +50,10 @@ def add_arguments(parser) -> None:
     gen.add_argument("--code-timeout", type=float, default=10.0, help="seconds per generated program (sandbox)")
     gen.add_argument("--code-memory-mb", type=int, default=1024, help="address-space limit per generated program")
     parser.add_argument("--output", default=None,
-                        help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json, never overwritten)")
-    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
+                        help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json); an existing file is "
+                             "never overwritten")
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -126,6 +128,9 @@ def run(args) -> int:
     from ..eval.sandbox import SandboxLimits
     from ..eval.scoring import LatentPolicy
 
+    device = parse_device(args.device)
+    if args.output and Path(args.output).exists():  # before hours of evaluation, not after
+        raise FileExistsError(f"--output {args.output} already exists: it is kept; choose another name")
     tasks = _task_names(args.tasks)
     if not tasks and not args.heldout:
         raise ValueError("--tasks none evaluates nothing without --heldout")
@@ -141,7 +146,7 @@ def run(args) -> int:
         elif not Path(path).is_file():
             raise FileNotFoundError(f"held-out text not found: {path}")
     ckpt = resolve_checkpoint(args.checkpoint)
-    model, config = load_model(ckpt, resolve_device(args.device))
+    model, config = load_model(ckpt, device)
     if "tokenizer" not in config:
         raise ValueError(f"{ckpt}/config.json names no tokenizer")
     tokenizer = get_tokenizer(config["tokenizer"])
@@ -165,7 +170,7 @@ def run(args) -> int:
         "limit": args.limit, "seconds": round(time.monotonic() - started, 1),
     })
     output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, _tag(args, model, tasks))
-    write_json(results, output)
+    write_json(results, output, exclusive=True)
     print(format_table(results))
     print(f"results: {output}")
     return 0

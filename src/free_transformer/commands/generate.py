@@ -7,23 +7,27 @@ import sys
 import torch
 
 from ..checkpoint import load_model
+from ..devices import parse_device
 from ..generate import GenerationConfig, generate, infer_latents, shared_prior_latents
 from ..latent import ENCODER, PRIOR
 from ..tokenizer import get_tokenizer
-from ..train.trainer import resolve_device
 
 NAME = "generate"
 HELP = "sample continuations of a prompt from a checkpoint (one sample per line)"
+DEFAULT_NEW_TOKENS = 64
+FORMATTER = "defaults"  # cli.py: --help shows every default
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
-    parser.add_argument("--prompt", default="", help="text to continue")
-    parser.add_argument("--num-samples", "-n", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompt", default="", help="text to continue (required)")
+    parser.add_argument("--num-samples", "-n", type=int, default=4, help="samples, one per line")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, or fewer if the model's context "
+                             "is shorter)")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
-    parser.add_argument("--top-k", type=int)
-    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--top-k", type=int, help="sample among the k likeliest tokens (default: all)")
+    parser.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: none)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (its tokens' last id); repeatable")
     parser.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
     parser.add_argument("--latents", choices=["encoder", "prior", "shared", "reference", "independent"],
@@ -35,13 +39,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--reference", help="text whose encoder latents condition generation (--latents reference)")
     parser.add_argument("--prompt-latents", choices=["posterior", "encoder", "prior"],
                         help="deprecated: use --latents encoder or --latents prior")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
     parser.add_argument("--compile", action="store_true",
                         help="decode through one static step, captured as a CUDA graph on a GPU (same samples)")
 
 
 def run(args) -> int:
-    device = resolve_device(args.device)
+    device = parse_device(args.device)
     model, config = load_model(args.checkpoint, device)
     tokenizer = get_tokenizer(config.get("tokenizer", "byte"))
     prompt = tokenizer.encode(args.prompt)
@@ -49,17 +53,23 @@ def run(args) -> int:
         raise ValueError("--prompt must not be empty (give at least one character)")
     if args.num_samples < 1:
         raise ValueError("--num-samples must be >= 1")
+    room = model.config.max_seq_len - len(prompt) + 1  # the last new token is never fed back
+    if room < 1:
+        raise ValueError(f"the prompt has {len(prompt)} tokens; this model reads at most {model.config.max_seq_len}")
+    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
     stop_tokens = tuple(tokenizer.encode(s)[-1] for s in args.stop if s)
     source = _latent_choice(args)
-    gen_config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, stop_tokens=stop_tokens,
                                   prompt_latents=source if source in (ENCODER, PRIOR) else ENCODER)
+    if args.reference and source != "reference":
+        raise ValueError("--reference is only used with --latents reference; add it, or drop --reference")
     if source not in (ENCODER, PRIOR) and model.latent is None:
         raise ValueError(f"--latents {source} needs a Free Transformer; this checkpoint is a baseline")
     latents = None
     generator = torch.Generator(device=device).manual_seed(args.seed)
     if source == "shared":
-        latents = shared_prior_latents(model, len(prompt) + args.max_new_tokens - 1, generator)
+        latents = shared_prior_latents(model, len(prompt) + max_new_tokens - 1, generator)
     elif source == "reference":
         if not args.reference:
             raise ValueError("--latents reference needs --reference TEXT")

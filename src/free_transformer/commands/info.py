@@ -18,6 +18,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     config = named_config(args.size)
+    if args.seq_len is not None and args.seq_len < 1:
+        raise ValueError(f"--seq-len must be >= 1, got {args.seq_len}")
     seq_len = args.seq_len or config.max_seq_len
     with torch.device("meta"):
         model = FreeTransformer(config)

@@ -19,8 +19,8 @@ class DataConfig:
     """text: share of the corpus (its end) held out for validation; a named corpus holds out its own
     documents instead."""
     cache_dir: str | None = None
-    """text: where the tokenized corpus is cached (default: <path>.tokens/ beside the corpus; for a
-    named corpus, ~/.cache/free-transformer/tokens/)."""
+    """text: where the tokenized corpus is cached (default: $XDG_CACHE_HOME or ~/.cache, then
+    free-transformer/tokens/; never beside the corpus, whose folder may be read-only)."""
     coinflip_length: int = 64
     """coinflip: number of coin values X_t per sequence."""
     coinflip_epsilon: float = 0.1

@@ -3,6 +3,7 @@ so a resumed run sees exactly the batches an uninterrupted one would, with no lo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -112,12 +113,12 @@ def corpus_files(path: str | None) -> list[Path]:
 
 
 def _cache_dir(config: DataConfig) -> Path:
+    """data.cache_dir, else the user's cache: never beside the corpus, whose folder may be read-only or
+    someone else's (the file names hold a fingerprint of the corpus's resolved paths, so corpora never mix)."""
     if config.cache_dir:
         return Path(config.cache_dir)
-    if is_named(config.path):  # the package's folder may be read-only
-        home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        return Path(home) / "free-transformer" / "tokens"
-    return Path(str(Path(config.path).resolve()) + ".tokens")  # beside the corpus
+    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(home) / "free-transformer" / "tokens"
 
 
 def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, chunk_chars: int = 1 << 20) -> np.memmap:
@@ -130,16 +131,22 @@ def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, chu
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
     target = cache_dir / f"{tokenizer.name.replace('/', '_')}-{fingerprint}.bin"
     if not target.exists():
-        cache_dir.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".partial{os.getpid()}")
-        with open(partial, "wb") as out:
-            for file in files:
-                with open(file, encoding="utf-8", errors="replace") as handle:
-                    while chunk := handle.read(chunk_chars):
-                        chunk += handle.readline()  # end chunks at a line break, not inside a token
-                        out.write(np.asarray(tokenizer.encode(chunk), dtype=dtype).tobytes())
-                out.write(np.asarray(separator, dtype=dtype).tobytes())
-        os.replace(partial, target)
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            with open(partial, "wb") as out:
+                for file in files:
+                    with open(file, encoding="utf-8", errors="replace") as handle:
+                        while chunk := handle.read(chunk_chars):
+                            chunk += handle.readline()  # end chunks at a line break, not inside a token
+                            out.write(np.asarray(tokenizer.encode(chunk), dtype=dtype).tobytes())
+                    out.write(np.asarray(separator, dtype=dtype).tobytes())
+            os.replace(partial, target)
+        except OSError as error:  # unreadable corpus, unwritable cache, full disk
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise DataError(f"cannot tokenize the corpus into the cache {cache_dir}: {error.strerror or error} "
+                            f"({error.filename}); set data.cache_dir= to a writable folder") from None
     return np.memmap(target, dtype=dtype, mode="r")
 
 

@@ -35,6 +35,7 @@ from ..checkpoint import (
     remove_checkpoint,
 )
 from ..config import ModelConfig
+from ..fileio import share_like_umask
 from ..model import FreeTransformer, upgrade_state_dict
 from .env import ParallelEnv
 
@@ -141,6 +142,7 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     tmp = target / ".model.safetensors.tmp"
     save_file({k: v.contiguous() for k, v in weights.items()}, tmp, metadata={"format": "pt"})
+    share_like_umask(tmp)  # safetensors writes 0600
     fsync_dir(tmp)
     if out is not None:
         (target / "config.json").write_text(json.dumps(config, indent=2))

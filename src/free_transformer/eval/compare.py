@@ -123,6 +123,17 @@ def build_rows(runs: list[dict], *, samples: int = 2000, seed: int = 0) -> list[
     return rows
 
 
+def heldout_mismatch(base: dict, other: dict) -> str | None:
+    """Why two held-out likelihoods were not measured on the same text (None if they were): other
+    files, or another number of bytes (e.g. --heldout-windows)."""
+    if base.get("files") and other.get("files") and base["files"] != other["files"]:
+        return f"files {', '.join(other['files'])} vs {', '.join(base['files'])}"
+    if base.get("bytes") != other.get("bytes"):
+        return (f"{other.get('windows')} windows, {other.get('bytes')} bytes vs "
+                f"{base.get('windows')} windows, {base.get('bytes')} bytes")
+    return None
+
+
 def _likelihood_rows(runs: list[dict], samples: int, seed: int) -> list[Row]:
     """Bits per byte on held-out text: the baseline's exact value against each Free model's prior
     cross-entropy and IWAE bound (lower is better)."""
@@ -140,6 +151,9 @@ def _likelihood_rows(runs: list[dict], samples: int, seed: int) -> list[Row]:
                 row.others.append(None)
                 continue
             cell = Cell(like[measure]["bits_per_byte"], n=like["windows"])
+            if heldout_mismatch(base, like):  # other text: the values stand, their difference means nothing
+                row.others.append(cell)
+                continue
             cell.relative = _relative(row.baseline.value, cell.value)
             cell.colour = paper_colour(cell.relative, higher_is_better=False)
             a_windows, b_windows = base["per_window"], like["per_window"]

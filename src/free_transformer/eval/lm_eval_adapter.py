@@ -4,16 +4,20 @@ that any lm-eval task whose data is on the machine runs on it (from Python, or f
 checkpoint=RUN_DIR --tasks ... --include_path TASK_DIR`).
 
 model_args: checkpoint (required), device, latents (prior | encoder), samples (K), seed,
-max_new_tokens. Latents follow scoring.py: prior by default, never the encoder on the answer;
-requests that share a context share their latent draws. loglikelihood_rolling returns, for a Free
-Transformer, the IWAE lower bound of log p(x) (a baseline's is exact), text cut into model-sized
-windows whose first token is context only.
+max_new_tokens. A `device` in model_args wins over lm-eval's --device; lm-eval's own default
+(cuda:0) falls back to cpu on a machine without CUDA, while a device asked for explicitly must
+exist. Latents follow scoring.py: prior by default, never the encoder on the answer; requests that
+share a context share their latent draws. loglikelihood_rolling returns, for a Free Transformer, the
+IWAE lower bound of log p(x) (a baseline's is exact), text cut into model-sized windows whose first
+token is context only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+
+import torch
 
 from .sources import require
 
@@ -23,6 +27,8 @@ from lm_eval.api.model import LM  # noqa: E402
 from lm_eval.api.registry import register_model  # noqa: E402
 
 from ..checkpoint import load_model  # noqa: E402
+from ..devices import parse_device  # noqa: E402
+from ..errors import UserError  # noqa: E402
 from ..tokenizer import get_tokenizer  # noqa: E402
 from .likelihood import heldout_likelihood  # noqa: E402
 from .scoring import LatentPolicy, continuation_logprobs, generate_texts, log_mean_exp  # noqa: E402
@@ -32,12 +38,44 @@ def _key(text: str) -> str:
     return "lm-eval/" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm_eval.config.evaluate_config.EvaluateConfig.device
+
+
+def _pick_device(device: str | None, harness_device: str | None):
+    """model_args' device if given; else lm-eval's --device, whose default cuda:0 means cpu where
+    there is no CUDA; else cpu."""
+    if device is not None:
+        return parse_device(device)
+    if harness_device == LM_EVAL_DEFAULT_DEVICE and not torch.cuda.is_available():
+        print(f"free-transformer: no CUDA here, running on cpu (lm-eval's default device is {harness_device})",
+              file=sys.stderr)
+        return torch.device("cpu")
+    return parse_device(harness_device or "cpu")
+
+
 @register_model("free-transformer")
 class FreeTransformerLM(LM):
-    def __init__(self, checkpoint: str, device: str = "cpu", latents: str = "prior", samples: int = 4,
-                 seed: int = 0, max_new_tokens: int = 256, batch_size=None, **_ignored) -> None:
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval passes its own options (batch_size, device) beside model_args; a key in both is the
+        user's model_args value (lm-eval's would raise "got multiple values for keyword argument")."""
+        args = dict(arg_dict)
+        for key, value in (additional_config or {}).items():
+            if value is not None:
+                args.setdefault("harness_device" if key == "device" else key, value)
+        return cls(**args)
+
+    def __init__(self, checkpoint: str, device: str | None = None, latents: str = "prior", samples: int = 4,
+                 seed: int = 0, max_new_tokens: int = 256, batch_size=None, harness_device: str | None = None,
+                 **_ignored) -> None:
         super().__init__()
-        self.model, config = load_model(checkpoint, device)
+        self.model, config = load_model(checkpoint, _pick_device(device, harness_device))
         self.tokenizer = get_tokenizer(config.get("tokenizer", "byte"))
         self.policy = LatentPolicy(context=latents, samples=int(samples), generation_samples=1, seed=int(seed))
         self.max_new_tokens = int(max_new_tokens)
@@ -76,7 +114,11 @@ def main() -> None:
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv[0] = "lm-eval"
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except UserError as error:  # a bad checkpoint or device: one line, as in free-transformer's own CLI
+        print("error: " + " ".join(str(error).split()), file=sys.stderr)
+        sys.exit(error.exit_code)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .benchmarks import DEFAULT_TASKS
@@ -27,6 +28,14 @@ def format_table(results: dict) -> str:
         r = tasks[name]
         lines.append(f"{name:<16} {r['metric']:<20} {r['value']:>7.3f} {r['n']:>6} {r['num_fewshot']:>5} "
                      f"{r.get('seconds', 0):>7.1f}")
+    for name in _order(tasks):
+        r, max_len = tasks[name], results.get("model_config", {}).get("max_seq_len", "?")
+        if r.get("truncated_answers"):
+            lines.append(f"note: {name}: {r['truncated_answers']} of {r['n']} documents have an answer longer than "
+                         f"the model's context ({max_len} tokens); its start was cut, so their choices may score alike")
+        if r.get("truncated_prompts"):
+            lines.append(f"note: {name}: {r['truncated_prompts']} of {r['n']} prompts were longer than the "
+                         f"context ({max_len} tokens) and lost their start")
     for name in _order(results.get("unavailable", {})):
         lines.append(f"{name:<16} unavailable: {results['unavailable'][name]}")
     like = results.get("likelihood")
@@ -41,10 +50,20 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def write_json(results: dict, path: str | Path) -> Path:
+def write_json(results: dict, path: str | Path, exclusive: bool = False) -> Path:
+    """Write whole (a temporary sibling, then a rename); exclusive: never replace an existing file (the
+    temporary file is hard-linked into place, which fails if `path` exists: no check-then-write race)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(path)
+    if not exclusive:
+        tmp.replace(path)
+        return path
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(f"{path} already exists: it is kept; choose another --output") from None
+    finally:
+        tmp.unlink()
     return path

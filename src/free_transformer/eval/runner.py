@@ -82,6 +82,11 @@ def _multiple_choice(model, tokenizer, task: PreparedTask, options: EvalOptions)
     result = _base_result(task, metrics.aggregate([d["score"] for d in per_doc], groups), per_doc)
     result["also"] = {m: metrics.aggregate([d[m] for d in per_doc], groups)
                       for m in ("acc_completion", "acc_char", "acc_raw") if m != primary}
+    # What fit_window cuts to fit the model's context: the context's start (usually harmless), or, when an
+    # answer alone is longer than the context, the answer's start (its choices may then score alike)
+    max_len = model.config.max_seq_len
+    result["truncated_contexts"] = sum(any(len(c) + len(t) > max_len + 1 for c, t in r) for r in requests)
+    result["truncated_answers"] = sum(any(len(t) > max_len for _, t in r) for r in requests)
     return result
 
 

@@ -25,6 +25,7 @@ from ..config import ConfigError, ModelConfig
 from ..layers import rope_tables
 from ..model import FreeTransformer
 from .modeling import FreeTransformerForCausalLM
+from .remote_code import write_remote_code, write_tokenizer
 
 FORMATS = ("checkpoint", "hf", "llama")
 # Files of a Hugging Face tokenizer, copied along when a Llama is converted to the HF format.
@@ -273,6 +274,8 @@ def save_hf(model: FreeTransformer, out_dir: str | Path, *, tokenizer: str | Non
             source = Path(tokenizer[3:]) / name
             if source.is_file():
                 shutil.copy(source, Path(out_dir) / name)
+    write_remote_code(out_dir)  # self-contained: trust_remote_code=True needs no free_transformer package
+    write_tokenizer(out_dir, tokenizer)  # byte / gpt2 as tokenizer.json
     return Path(out_dir)
 
 

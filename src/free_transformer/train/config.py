@@ -227,18 +227,41 @@ def parse_overrides(overrides: list[str]) -> dict:
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part} was given a value, it is a section")
         node[leaf] = yaml.safe_load(raw) if raw else ""
     return result
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, except that a key given twice in one mapping is an error (YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A YAML config file as a mapping; every way it can be wrong is a one-line ConfigError."""
+    try:
+        loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read config {path}: {error}") from None
+    if loaded is None:
+        raise ConfigError(f"config {path} is empty: give at least one field, or leave --config out for the defaults")
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config {path} must be a mapping (section: fields), not a {type(loaded).__name__}: "
+                          f"{str(loaded)[:60]!r}")
+    return loaded
+
+
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    values: dict = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as error:
-            raise ConfigError(f"cannot read config {path}: {error}") from None
-        values = loaded or {}
+    values: dict = read_config_file(path) if path is not None else {}
     values = _merge(values, parse_overrides(overrides or []))
     model_values = values.get("model", {})
     if isinstance(model_values, dict) and "size" not in model_values:  # fields override the default size

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import UserError
 from ..fileio import atomic_write_text
 
 
@@ -39,8 +40,11 @@ class MetricsLog:
             self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
 
     def write(self, metrics: dict) -> None:
-        self.handle.write(json.dumps(metrics) + "\n")
-        self.handle.flush()
+        try:
+            self.handle.write(json.dumps(metrics) + "\n")
+            self.handle.flush()
+        except OSError as error:  # a full disk: the checkpoints are intact, the resumed run rewrites this
+            raise UserError(f"cannot write {self.path} ({error}): make room, then continue with --resume") from None
         if self.writer is not None:
             for key, value in metrics.items():
                 if key != "step":

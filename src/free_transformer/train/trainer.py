@@ -1,6 +1,10 @@
 """The training loop: seeded, resumable to the bit on CPU, checkpointed atomically, stopped with a clear
 message on a non-finite loss (the last good checkpoint is kept).
 
+SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) stops the run at the next step boundary with a
+checkpoint of that step (a second signal stops at once); `--resume` continues it. On resume the newest
+checkpoint is verified first, and a damaged one is moved aside for the newest intact one.
+
 Under torchrun (distributed.strategy ddp or fsdp) every rank runs this same loop on its own slice of
 each global batch; rank 0 alone logs and writes; checkpoints are sharded (DCP). docs/distributed.md."""
 
@@ -10,27 +14,31 @@ import contextlib
 import math
 import random
 import shutil
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from ..checkpoint import CheckpointError, checkpoint_dirs, load_training_state, resolve_checkpoint, save_checkpoint
-from ..config import ConfigError
+from ..checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_weights, newest_intact_checkpoint,
+                          read_checkpoint_config, resolve_checkpoint, save_checkpoint)
+from ..config import ConfigError, ModelConfig
+from ..devices import parse_device
 from ..data import build_dataset
 from ..distributed import ParallelEnv, setup
 from ..distributed.checkpoint import is_sharded, load_sharded, load_single_file, save_sharded
 from ..distributed.parallelize import (apply_activation_checkpointing, apply_compile, clip_grad_norm,
                                        gradient_sync, parallelize)
-from ..errors import UserError
+from ..errors import Stopped, UserError
 from ..model import FreeTransformer
 from ..tokenizer import get_tokenizer
 from .config import TrainConfig, save_train_config
-from .metrics import MetricsLog
+from .metrics import MetricsLog, read_metrics
 from .noise import latent_generators
 from .optim import build_optimizer, lr_factor, set_lr
 
@@ -48,13 +56,35 @@ class TrainResult:
     metrics: dict  # the last logged metrics
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} requested but CUDA is not available")
-    return device
+resolve_device = parse_device  # the name other modules import
+
+
+class StopSignals:
+    """Record SIGTERM / SIGINT instead of dying mid-step: the loop checks `received` at each step
+    boundary. A second signal raises KeyboardInterrupt at once (checkpoints are atomic: nothing breaks).
+    Installed only in the main thread (Python allows no handler elsewhere); the old handlers come back
+    on exit."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: int | None = None
+        self.previous: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
 
 def autocast_context(precision: str, device: torch.device):
@@ -66,7 +96,7 @@ def autocast_context(precision: str, device: torch.device):
 def init_from_checkpoint(model: FreeTransformer, path: str | Path) -> list[str]:
     """Load decoder weights from another checkpoint; latent-path tensors absent there stay fresh.
     Returns the names left at their initialisation."""
-    weights = load_file(resolve_checkpoint(path) / "model.safetensors")
+    weights = load_weights(resolve_checkpoint(path))
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as error:  # shape mismatch: another architecture
@@ -94,6 +124,14 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
 def _check_fresh_run_dir(run_dir: Path) -> None:
     if checkpoint_dirs(run_dir) or (run_dir / "metrics.jsonl").exists():
         raise TrainingError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another --out")
@@ -108,27 +146,42 @@ def train(
 ) -> TrainResult:
     """Train (or resume) the run in `run_dir` to config.steps optimizer steps."""
     config.validate()
-    env = setup(config.distributed.strategy, config.distributed.backend, resolve_device(config.device))
+    env = setup(config.distributed.strategy, config.distributed.backend, parse_device(config.device))
     try:
-        return _train(config, Path(run_dir), env, resume, init_from)
+        with StopSignals() as signals:
+            return _train(config, Path(run_dir), env, resume, init_from, signals)
     finally:
         env.close()
 
 
-def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, init_from) -> TrainResult:
+def _resume_hint(run_dir: Path, distributed: bool = False) -> str:
+    hint = f"free-transformer train --out {run_dir} --resume"
+    return hint + " (under torchrun, the same torchrun command)" if distributed else hint
+
+
+def _check_same_model(config: TrainConfig, checkpoint: Path) -> None:
+    """--resume must rebuild the checkpoint's model: name the fields that differ instead of a page of
+    size mismatches."""
+    saved = ModelConfig.from_dict(read_checkpoint_config(checkpoint)["model"]).to_dict()  # defaults filled in
+    ours = config.model.to_dict()
+    changed = [f"{key} {saved.get(key)} -> {ours.get(key)}" for key in sorted(set(saved) | set(ours))
+               if saved.get(key) != ours.get(key)]
+    if changed:
+        raise TrainingError(f"cannot resume {checkpoint}: the model differs from the checkpoint's "
+                            f"({', '.join(changed)}); resume without model overrides or another --config, "
+                            "or train into another --out (where --init-from reuses its decoder if only the latent "
+                            "path changed)")
+
+
+def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, init_from,
+           signals: StopSignals) -> TrainResult:
     if not resume:
         _check_fresh_run_dir(run_dir)
-    elif not checkpoint_dirs(run_dir):
-        raise TrainingError(f"nothing to resume: no checkpoint in {run_dir}")
+    elif not checkpoint_dirs(run_dir) and not (run_dir / "config.yaml").is_file():
+        raise TrainingError(f"nothing to resume: no run in {run_dir} (no config.yaml, no checkpoint)")
     if config.batch_size % (env.world_size * config.grad_accum):
         raise ConfigError(f"batch_size ({config.batch_size}) must be a multiple of processes ({env.world_size}) "
                           f"x grad_accum ({config.grad_accum})")
-    env.barrier()  # every rank has checked the run directory before rank 0 writes into it
-    if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
-            shutil.rmtree(stale, ignore_errors=True)
-
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)  # the same initial weights on every rank
@@ -141,12 +194,21 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(
             f"model.vocab_size ({config.model.vocab_size}) is smaller than the {tokenizer.name} tokenizer's "
-            f"({tokenizer.vocab_size})"
+            f"({tokenizer.vocab_size}): add model.vocab_size={tokenizer.vocab_size}"
         )
     if dataset.sequence_length > config.model.max_seq_len:
         raise ConfigError(
-            f"sequences of {dataset.sequence_length} tokens exceed model.max_seq_len ({config.model.max_seq_len})"
+            f"sequences of {dataset.sequence_length} tokens exceed model.max_seq_len ({config.model.max_seq_len}): "
+            f"add model.max_seq_len={dataset.sequence_length}"
         )
+
+    # every rank has checked the run directory and the config before rank 0 writes: a failed start leaves no
+    # empty run directory behind
+    env.barrier()
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
+            shutil.rmtree(stale, ignore_errors=True)
 
     model = FreeTransformer(config.model).to(device)
     model.init_weights(post_sampler_std=config.post_sampler_init_std)
@@ -163,21 +225,33 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
     optimizer = build_optimizer(model, config.optim)
     metadata = {"tokenizer": tokenizer.name, "train": config.to_dict()}
     start_step = 0
+    checkpoint = None
     if resume:
-        checkpoint = resolve_checkpoint(run_dir)
+        with env.main_first():  # rank 0 verifies and moves damaged checkpoints aside; the others then agree
+            checkpoint = newest_intact_checkpoint(run_dir, report=_stderr if env.is_main else _quiet)
+        if checkpoint is None and env.is_main:
+            print(f"resuming {run_dir} from step 0: it holds no intact checkpoint", file=sys.stderr)
+    if checkpoint is not None:
+        _check_same_model(config, checkpoint)
         if is_sharded(checkpoint):  # written by ddp / fsdp, on any number of processes
             start_step = load_sharded(checkpoint, model, optimizer)
         elif env.distributed:  # a one-process run continued on several
             start_step = load_single_file(checkpoint, model, optimizer)
         else:
-            model.load_state_dict(load_file(checkpoint / "model.safetensors", device=str(device)))
+            model.load_state_dict(load_weights(checkpoint, str(device)))
             state = load_training_state(checkpoint)
             optimizer.load_state_dict(state["optimizer"])
             _set_rng_state(state["rng"], device)
             start_step = state["step"]
-    elif env.is_main:
+    elif env.is_main and (not resume or not (run_dir / "config.yaml").is_file()):  # resumed from step 0: kept
         save_train_config(config, run_dir / "config.yaml")
 
+    if start_step >= config.steps:  # a finished run: nothing to train, its last metrics to report
+        logged = read_metrics(run_dir / "metrics.jsonl")
+        if env.is_main:
+            print(f"{run_dir} already reached step {start_step} (steps={config.steps}): nothing to train; "
+                  f"pass steps=N with N > {start_step} to train further", file=sys.stderr)
+        return TrainResult(run_dir, start_step, logged[-1] if logged else {})
     log = MetricsLog(run_dir, resume_step=start_step, tensorboard=config.tensorboard) if env.is_main else None
     rows = env.rows(config.batch_size)  # this rank's slice of every global batch
     micro_batch = len(rows) // config.grad_accum
@@ -193,7 +267,7 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
         batch = dataset.batch(step, config.batch_size)[rows.start : rows.stop].to(device)
         generators = latent_generators(config.latent_noise, config.seed, step, rows, device,
                                        rank=env.rank if env.distributed else None)
-        totals = torch.zeros(3, device=device)  # loss, cross-entropy, KL (nats)
+        totals = torch.zeros(4, device=device)  # loss, cross-entropy, KL (nats); 4th: a stop signal
         for first in range(0, len(rows), micro_batch):
             tokens = batch[first : first + micro_batch]
             generator = None if generators is None else generators[first : first + micro_batch]
@@ -203,14 +277,17 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                     out = runner(tokens[:, :-1], tokens[:, 1:], kappa_nats=kappa_nats, generator=generator)
                 (out.loss / config.grad_accum).backward()
             kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=device)
-            totals += torch.stack([out.loss, out.cross_entropy_nats, kl]).detach() / config.grad_accum
-        loss, ce, kl = env.mean(totals).tolist()  # over ranks: the global batch's means
+            totals[:3] += torch.stack([out.loss, out.cross_entropy_nats, kl]).detach() / config.grad_accum
+        totals[3] = float(signals.received is not None)  # any rank's signal stops every rank, same step
+        loss, ce, kl, stop = env.mean(totals).tolist()  # over ranks: the global batch's means
         if not math.isfinite(loss):
             progress.close()
             kept = checkpoint_dirs(run_dir)
             raise TrainingError(
                 f"non-finite loss ({loss}) at step {step + 1}; training stopped, "
-                f"last good checkpoint: {kept[-1] if kept else 'none'}"
+                + (f"last good checkpoint: {kept[-1]}" if kept else
+                   f"no checkpoint yet: `{_resume_hint(run_dir)}` starts it again from step 0 with its saved "
+                   "config (or choose another --out with other settings)")
             )
         grad_norm = (
             clip_grad_norm(model.parameters(), config.optim.grad_clip) if config.optim.grad_clip > 0 else float("nan")
@@ -234,12 +311,21 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                                  tok_s=f"{last_metrics['tokens_per_s']:.0f}")
             window_start, window_steps = time.perf_counter(), 0
         progress.update(1)
-        if done % config.checkpoint_every == 0 or done == config.steps:
+        if done % config.checkpoint_every == 0 or done == config.steps or stop:
             if env.distributed:
                 save_sharded(run_dir, done, model, optimizer, metadata, env, keep=config.keep_checkpoints)
             else:
                 state = {"optimizer": optimizer.state_dict(), "rng": _rng_state(device), "step": done}
                 save_checkpoint(run_dir, done, model, metadata, state, keep=config.keep_checkpoints)
+        if stop and done < config.steps:
+            progress.close()
+            if log is not None:
+                log.close()
+            signum = signals.received or signal.SIGTERM  # another rank's signal
+            raise Stopped(f"stopped by {signal.Signals(signum).name} after step {done} of {config.steps}; "
+                          f"checkpoint saved in {run_dir / 'checkpoints'}; continue with: "
+                          f"{_resume_hint(run_dir, env.distributed)}",
+                          signum)
     progress.close()
     if log is not None:
         log.close()

@@ -1,0 +1,45 @@
+"""One parser for every `--device` / `device=` an entry point accepts: a typo or a device this machine
+lacks is one clear line (DeviceError, exit 2), never a torch traceback at first use."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import UserError
+
+CHOICES = "auto, cpu, cuda, cuda:N or mps"
+
+
+class DeviceError(UserError, ValueError):
+    pass
+
+
+def _available(kind: str) -> int:
+    """How many devices of this kind the machine has (0: none)."""
+    if kind == "cpu":
+        return 1
+    if kind == "cuda":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "mps":
+        return int(torch.backends.mps.is_available())
+    return 0
+
+
+def parse_device(name: str | torch.device | None) -> torch.device:
+    """auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps, checked against this machine."""
+    text = "auto" if name is None else str(name).strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if _available("cuda") else "cpu")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise DeviceError(f"unknown device {str(name)!r}: choose {CHOICES}") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise DeviceError(f"device {str(name)!r} is not supported: choose {CHOICES}")
+    count = _available(device.type)
+    if count == 0:
+        raise DeviceError(f"device {str(name)!r} requested but this machine has no {device.type.upper()} "
+                          f"device available (torch {torch.__version__}); use --device cpu or auto")
+    if device.index is not None and device.index >= count:
+        raise DeviceError(f"device {str(name)!r} requested but this machine has {count} {device.type} device(s)")
+    return device

@@ -1,0 +1,87 @@
+"""A Hugging Face export is self-contained: it loads with trust_remote_code=True in a Python where
+free_transformer cannot be imported, gives our logits, and its tokenizer loads with AutoTokenizer with
+our ids (byte and GPT-2)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from conftest import tiny_checkpoint  # noqa: E402
+from free_transformer.checkpoint import load_model  # noqa: E402
+from free_transformer.cli import main  # noqa: E402
+from free_transformer.tokenizer import get_tokenizer  # noqa: E402
+
+# Run in a fresh interpreter whose import system refuses free_transformer: what a virtual environment
+# with transformers and torch but without our package sees.
+WITHOUT_US = textwrap.dedent(r"""
+    import importlib.abc, json, sys
+    class NoFreeTransformer(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "free_transformer" or name.startswith("free_transformer."):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+    sys.meta_path.insert(0, NoFreeTransformer())
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    text, results = sys.argv[1], {}
+    for directory in sys.argv[2:]:
+        model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True).eval()
+        tokenizer = AutoTokenizer.from_pretrained(directory)  # asks about the config's custom code: stdin: no
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        free = {"latents": "prior", "generator": torch.Generator().manual_seed(0)} if model.config.latent_bits else {}
+        with torch.no_grad():
+            logits = model(torch.tensor([ids]), **free).logits[0]
+        results[directory] = {"ids": ids, "decoded": tokenizer.decode(ids), "logits": logits.tolist(),
+                              "class": type(model).__module__}
+    results["imported"] = [m for m in sys.modules if m.startswith("free_transformer")]
+    print("\n" + json.dumps(results))
+""")
+TEXT = "Exit, pursued by a bear. Ça va ? 3+4=7\n"
+
+
+def _export(tmp_path, tokenizer: str, latent_bits: int) -> Path:
+    """A tiny random checkpoint for `tokenizer`, converted with `free-transformer convert --to hf`."""
+    run = tiny_checkpoint(tmp_path, f"run-{tokenizer}", latent_bits, vocab_size=get_tokenizer(tokenizer).vocab_size)
+    step = run / "checkpoints" / "step_00000001"
+    config = json.loads((step / "config.json").read_text())
+    (step / "config.json").write_text(json.dumps({**config, "tokenizer": tokenizer}))
+    (step / "SHA256SUMS").unlink()  # config.json was edited on purpose
+    assert main(["convert", str(run), str(tmp_path / f"hf-{tokenizer}"), "--to", "hf"]) == 0
+    assert "auto_map" in json.loads((tmp_path / f"hf-{tokenizer}" / "config.json").read_text())
+    return run
+
+
+def test_hf_export_loads_without_our_package(tmp_path):
+    """Byte tokenizer with a Free Transformer, GPT-2's with a baseline: both load where free_transformer
+    cannot be imported, with our token ids, a lossless decode, and our logits."""
+    tokenizers = ["byte"]
+    try:
+        get_tokenizer("gpt2")
+        tokenizers.append("gpt2")
+    except Exception:  # the text extra is not installed: the byte export is still checked
+        pass
+    runs = {name: _export(tmp_path, name, 4 if name == "byte" else 0) for name in tokenizers}
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "hf-modules"), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", WITHOUT_US, TEXT, *(str(tmp_path / f"hf-{n}") for n in runs)],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.splitlines()[-1])
+    assert loaded.pop("imported") == []
+    for name, run in runs.items():
+        got = loaded[str(tmp_path / f"hf-{name}")]
+        assert got["class"].startswith("transformers_modules.")  # the code beside the weights
+        assert got["ids"] == get_tokenizer(name).encode(TEXT) and got["decoded"] == TEXT, name
+        model, _ = load_model(run)
+        free = {"latents": "prior", "generator": torch.Generator().manual_seed(0)} if model.config.is_free else {}
+        with torch.no_grad():
+            expected = model(torch.tensor([got["ids"]]), **free).logits[0]
+        torch.testing.assert_close(torch.tensor(got["logits"]), expected, rtol=1e-5, atol=1e-5, msg=name)

@@ -1,0 +1,366 @@
+"""Nothing saved is lost, nothing breaks with a traceback: preemption signals, damaged checkpoints,
+resuming with another model, and the fault-injection run (SIGTERM, a damaged checkpoint, a full disk)."""
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from free_transformer.checkpoint import checkpoint_dirs, load_model, load_training_state, verify_checkpoint
+from free_transformer.cli import main
+from free_transformer.train.config import load_train_config
+from free_transformer.train.metrics import read_metrics
+from free_transformer.train.trainer import TrainingError, train
+
+TINY = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=4", "log_every=1",
+        "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25"]
+
+
+def _config(*overrides):
+    return load_train_config(None, TINY + list(overrides))
+
+
+def _losses(run_dir):
+    return [(m["step"], m["loss"]) for m in read_metrics(Path(run_dir) / "metrics.jsonl")]
+
+
+def _cli(out, *args, preexec_fn=None):
+    """A real `free-transformer train` process (this checkout's package)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",  # as _one_thread here
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(out), *args],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=preexec_fn)
+
+
+@pytest.fixture()
+def _one_thread():
+    """In-process runs compared bit for bit with _cli's runs use one thread as they do (and two threads on
+    a shared 2-core machine are many times slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _wait_for_step(out, step, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if len(read_metrics(out / "metrics.jsonl")) >= step:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the run did not reach step {step}: {process.poll()} {process.stderr.read()}")
+
+
+def _every_checkpoint_loads(run_dir):
+    for checkpoint in checkpoint_dirs(run_dir):
+        assert verify_checkpoint(checkpoint) is None, checkpoint
+        load_model(checkpoint)
+        load_training_state(checkpoint)
+
+
+# -- preemption ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, signum, code, _one_thread):
+    """No checkpoint is due before step 1000: everything saved comes from the signal."""
+    args = [*TINY, "steps=14", "checkpoint_every=1000"]
+    reference = tmp_path / "reference"
+    train(_config(*args[len(TINY):]), reference)
+    out = tmp_path / "stopped"
+    process = _cli(out, *args)
+    _wait_for_step(out, 3, process)
+    process.send_signal(signum)
+    assert process.wait(timeout=120) == code
+    message = process.stderr.read().strip().splitlines()[-1]
+    assert message.startswith(f"stopped by {signal.Signals(signum).name} after step ")
+    assert f"free-transformer train --out {out} --resume" in message
+    [saved] = checkpoint_dirs(out)
+    step = int(saved.name.split("_")[1])
+    assert 3 <= step < 14 and f"after step {step} of 14" in message
+    _every_checkpoint_loads(out)
+    assert [s for s, _ in _losses(out)] == list(range(1, step + 1))
+    assert main(["train", "--out", str(out), "--resume"]) == 0
+    assert _losses(out) == _losses(reference)
+
+
+def test_a_run_dir_without_checkpoint_resumes_from_step_0(tmp_path, capsys):
+    config = _config("steps=3")
+    train(config, tmp_path / "reference")
+    shutil.copytree(tmp_path / "reference", tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "checkpoints")  # as a run killed before its first checkpoint leaves it
+    with pytest.raises(TrainingError, match="already holds a run"):
+        train(config, tmp_path / "run")
+    train(config, tmp_path / "run", resume=True)
+    assert "from step 0" in capsys.readouterr().err
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "reference")
+
+
+def test_non_finite_loss_before_the_first_checkpoint_says_how_to_go_on(tmp_path, capsys):
+    args = [*TINY, "steps=20", "checkpoint_every=100", "optim.lr=1e12", "optim.grad_clip=0", "optim.warmup_steps=1"]
+    assert main(["train", "--out", str(tmp_path), *args]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "non-finite loss" in error and "--resume" in error and len(error.splitlines()) == 1
+
+
+# -- damaged checkpoints -----------------------------------------------------------------------------
+
+def _truncate(path):
+    os.truncate(path, 100_000 if path.stat().st_size > 100_000 else path.stat().st_size // 2)
+
+
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) * 2 // 3] ^= 0x01  # inside the tensor data: safetensors itself cannot tell
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name, damage", [("model.safetensors", _truncate), ("model.safetensors", _flip_a_byte),
+                                          ("state.pt", _flip_a_byte), ("config.json", _truncate)],
+                         ids=["truncated-weights", "flipped-weights", "flipped-state", "truncated-config"])
+def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, capsys, name, damage):
+    config = _config("steps=6", "checkpoint_every=2")
+    train(config, tmp_path / "reference")
+    shutil.copytree(tmp_path / "reference", tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_00000006")  # as if killed after step 4's
+    newest = tmp_path / "run" / "checkpoints" / "step_00000004"
+    damage(newest / name)
+    train(config, tmp_path / "run", resume=True)
+    err = capsys.readouterr().err
+    assert f"checkpoint {newest} is damaged" in err and name in err
+    assert (newest.parent / "step_00000004.damaged" / name).exists()  # kept aside, not deleted
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "reference")  # resumed from step 2
+    _every_checkpoint_loads(tmp_path / "run")
+
+
+def test_resume_with_every_checkpoint_damaged_starts_again(tmp_path, capsys):
+    config = _config("steps=2", "checkpoint_every=1", "keep_checkpoints=1")
+    train(config, tmp_path / "run")
+    _truncate(tmp_path / "run" / "checkpoints" / "step_00000002" / "model.safetensors")
+    first = _losses(tmp_path / "run")
+    train(config, tmp_path / "run", resume=True)
+    err = capsys.readouterr().err
+    assert "is damaged" in err and "from step 0" in err
+    assert _losses(tmp_path / "run") == first
+
+
+@pytest.mark.parametrize("change", [["model.dim=64"], ["model.latent_bits=6"]])
+def test_resume_with_another_model_is_one_line(tmp_path, capsys, change):
+    assert main(["train", "--out", str(tmp_path), *TINY, "steps=1"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(tmp_path), "--resume", "steps=2", *change]) == 2
+    error = capsys.readouterr().err.strip()
+    field = change[0].split("=")[0].split(".")[1]
+    assert error.startswith("error: cannot resume") and f"{field} " in error and len(error.splitlines()) == 1
+
+
+# -- devices -------------------------------------------------------------------------------------------
+
+def _bad_devices():
+    """Device names that fail on this machine: typos always, CUDA and MPS where absent."""
+    names = ["foo", "cuda:x", "CPU0", "meta"]
+    if not torch.cuda.is_available():
+        names += ["cuda", "cuda:0"]
+    if not torch.backends.mps.is_available():
+        names.append("mps")
+    return names
+
+
+@pytest.mark.parametrize("device", _bad_devices())
+def test_every_entry_point_rejects_a_bad_device_in_one_line(tmp_path, capsys, device):
+    from conftest import tiny_checkpoint
+
+    checkpoint = tiny_checkpoint(tmp_path, "run", 4)
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "--device", device]) == 2
+    assert main(["eval", str(checkpoint), "--tasks", "none", "--heldout", __file__, "--device", device]) == 2
+    assert main(["train", "--out", str(tmp_path / "t"), *TINY, "steps=1", f"device={device}"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(e.startswith("error: ") and "device" in e for e in errors), errors
+    assert not (tmp_path / "t").exists()
+
+
+def test_parse_device_accepts_what_exists():
+    from free_transformer.devices import parse_device
+
+    assert parse_device("cpu") == torch.device("cpu") and parse_device(" CPU ") == torch.device("cpu")
+    assert parse_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# -- first-try examples --------------------------------------------------------------------------------
+
+def test_the_example_in_train_help_runs(tmp_path, capsys):
+    from free_transformer.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    [example] = [line.split() for line in capsys.readouterr().out.splitlines()
+                 if line.strip().startswith("free-transformer train")]
+    argv = [str(tmp_path / "try") if word == "runs/try" else word for word in example[1:]]
+    assert main([*argv, "steps=2", "progress=false"]) == 0  # later overrides win: 2 steps, not 100
+
+
+def test_overrides_may_come_before_and_after_options(tmp_path):
+    assert main(["train", *TINY[:4], "--out", str(tmp_path), *TINY[4:], "steps=1", "steps=2"]) == 0
+    assert [s for s, _ in _losses(tmp_path)] == [1, 2]
+    with pytest.raises(SystemExit):
+        main(["train", "--out", str(tmp_path / "x"), "steps=1", "--nope"])
+
+
+def test_a_failed_start_leaves_no_run_directory(tmp_path):
+    assert main(["train", "--out", str(tmp_path / "run"), "model.size=debug"]) == 2  # vocab 64 < 256
+    assert not (tmp_path / "run").exists()
+
+
+def test_generate_caps_its_default_length_to_the_model(tmp_path, capsys, monkeypatch):
+    from conftest import tiny_checkpoint
+
+    from free_transformer.commands import generate as command
+
+    lengths = []
+    real = command.generate
+    monkeypatch.setattr(command, "generate", lambda model, prompts, config, **kw: lengths.append(
+        config.max_new_tokens) or real(model, prompts, config, **kw))
+    checkpoint = tiny_checkpoint(tmp_path, "run", 4, max_seq_len=16)
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "-n", "1"]) == 0
+    assert lengths == [15]  # 2 prompt tokens + 15 new ones: 16 fed positions, the model's context
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "--max-new-tokens", "64"]) == 2  # asked: refused
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "--reference", "K>abc"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert "max_seq_len" in errors[0] and "--latents reference" in errors[1]
+
+
+def test_cli_version_and_generate_defaults_in_help(capsys):
+    from free_transformer import __version__
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"free-transformer {__version__}"
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "(default: 4)" in capsys.readouterr().out
+
+
+# -- permissions ---------------------------------------------------------------------------------------
+
+def _modes(root):
+    return {(p.is_dir(), p.stat().st_mode & 0o777) for p in [root, *root.rglob("*")]}
+
+
+def test_checkpoints_and_exports_are_readable_as_the_umask_allows(tmp_path):
+    """mkdtemp made step directories 0700 and safetensors wrote weights 0600, while config.json was 0644."""
+    pytest.importorskip("transformers")
+    old = os.umask(0o022)
+    try:
+        train(_config("steps=1", "model.latent_bits=0"), tmp_path / "run")  # a baseline converts to Llama too
+        assert _modes(checkpoint_dirs(tmp_path / "run")[-1]) == {(True, 0o755), (False, 0o644)}
+        for to in ("hf", "llama"):
+            assert main(["convert", str(tmp_path / "run"), str(tmp_path / to), "--to", to]) == 0
+            assert _modes(tmp_path / to) == {(True, 0o755), (False, 0o644)}, to
+    finally:
+        os.umask(old)
+
+
+# -- smaller ones --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, message", [
+    ("- 1\n- 2\n", "must be a mapping"), ("hello\n", "must be a mapping"), ("", "is empty"),
+    ("# only a comment\n", "is empty"), ("steps: 1\nsteps: 2\n", "duplicate key 'steps'"),
+    ("optim:\n  lr: 1\n  lr: 2\n", "duplicate key 'lr'"), ("steps: [1\n", "cannot read config"),
+])
+def test_bad_yaml_configs_are_one_line(tmp_path, capsys, text, message):
+    (tmp_path / "c.yaml").write_text(text)
+    assert main(["train", "--out", str(tmp_path / "run"), "--config", str(tmp_path / "c.yaml")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and message in error and len(error.splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_override_into_a_value_is_one_line(capsys):
+    assert main(["train", "--out", "unused", "model=3", "model.dim=4"]) == 2
+    assert "model was given a value" in capsys.readouterr().err
+
+
+def test_resuming_a_finished_run_reports_its_last_losses(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path), *TINY, "steps=2"]) == 0
+    first = capsys.readouterr().out
+    assert main(["train", "--out", str(tmp_path), "--resume"]) == 0
+    captured = capsys.readouterr()
+    assert "nan" not in captured.out and "cross-entropy" in captured.out
+    assert captured.out.split("cross-entropy")[1] == first.split("cross-entropy")[1]
+    assert "nothing to train" in captured.err and [s for s, _ in _losses(tmp_path)] == [1, 2]
+
+
+def test_info_rejects_a_negative_sequence_length(capsys):
+    assert main(["info", "debug", "--seq-len", "-5"]) == 2
+    assert "--seq-len must be >= 1" in capsys.readouterr().err
+
+
+def test_eval_notes_answers_longer_than_the_context(tmp_path, capsys):
+    from conftest import tiny_checkpoint
+
+    checkpoint = tiny_checkpoint(tmp_path, "run", 0, max_seq_len=16)  # PIQA-like answers are far longer
+    assert main(["eval", str(checkpoint), "--tasks", "arc_easy", "--limit", "3", "--no-progress",
+                 "--output", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "note: arc_easy:" in out and "answer longer than the model's context (16 tokens)" in out
+
+
+# -- fault injection -----------------------------------------------------------------------------------
+
+def _file_size_limit(limit):
+    """preexec_fn: files of the child larger than `limit` bytes fail to write (EFBIG; Python ignores
+    SIGXFSZ), as on a full disk or over a quota."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_faults_never_lose_what_was_saved_and_resume_reproduces_the_losses(tmp_path, _one_thread):
+    """In the style of test_sigkill_at_random_moments: one run meets SIGTERM, a disk that fills up
+    during a checkpoint, and a damaged newest checkpoint; every checkpoint on disk loads after each
+    fault, and the run ends with the losses of an uninterrupted one."""
+    args = [*TINY, "steps=16", "checkpoint_every=4", "keep_checkpoints=3"]
+    reference = tmp_path / "reference"
+    train(_config(*args[len(TINY):]), reference)
+    out = tmp_path / "faults"
+
+    process = _cli(out, *args)  # 1. SIGTERM: a checkpoint at the next step boundary
+    _wait_for_step(out, 5, process)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 143
+    stopped_at = int(checkpoint_dirs(out)[-1].name.split("_")[1])
+    assert 5 <= stopped_at < 16
+    _every_checkpoint_loads(out)
+
+    # 2. the disk fills up: weights (183 kB) fit under the limit, the training state (397 kB) does not
+    process = _cli(out, *args, "--resume", preexec_fn=_file_size_limit(250_000))
+    assert process.wait(timeout=120) == 2
+    error = process.stderr.read().strip().splitlines()[-1]
+    assert error.startswith("error: cannot write the checkpoint of step") and "disk full" in error
+    assert int(checkpoint_dirs(out)[-1].name.split("_")[1]) == stopped_at  # nothing newer, nothing partial
+    assert not list((out / "checkpoints").glob(".tmp*"))
+    _every_checkpoint_loads(out)
+
+    # 3. the newest checkpoint is damaged (a flipped byte): resume falls back to the one before
+    newest = checkpoint_dirs(out)[-1]
+    _flip_a_byte(newest / "model.safetensors")
+    process = _cli(out, *args, "--resume")
+    assert process.wait(timeout=300) == 0, process.stderr.read()
+    assert f"checkpoint {newest} is damaged" in process.stderr.read()
+    _every_checkpoint_loads(out)
+    assert _losses(out) == _losses(reference)
+
+
+def test_a_fresh_run_writes_its_own_config_over_a_lone_one(tmp_path):
+    """A process killed after writing config.yaml and before any step leaves config.yaml alone: a new run
+    there (not --resume) saves its own config, which is the one --resume will read."""
+    train(_config("steps=1", "seed=3"), tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    shutil.copy(tmp_path / "a" / "config.yaml", tmp_path / "b" / "config.yaml")
+    train(_config("steps=1", "seed=5"), tmp_path / "b")
+    assert load_train_config(tmp_path / "b" / "config.yaml").seed == 5
