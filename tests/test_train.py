@@ -257,3 +257,17 @@ def test_latent_kind_and_encoder_depth_from_the_command_line(tmp_path):
     assert load_train_config(tmp_path / "config.yaml").model.latent == LatentConfig("bit_linear", 2)
     with pytest.raises(ConfigError, match="unknown latent kind 'vq'"):
         _config("model.latent.kind=vq")
+
+
+def test_a_non_finite_step_found_later_is_named_and_never_checkpointed(tmp_path, capsys):
+    """The step reads nothing back from the device: a non-finite loss is seen at the next log or
+    checkpoint, named by its own step; the fused optimizer skipped it, and no checkpoint holds it."""
+    diverging = [*TINY, "steps=20", "optim.lr=1e12", "optim.grad_clip=0", "optim.warmup_steps=1"]
+    assert main(["train", "--out", str(tmp_path / "every"), *diverging, "checkpoint_every=1"]) == 2
+    first_bad = capsys.readouterr().err.split("non-finite loss at step ")[1].split(";")[0]
+    assert main(["train", "--out", str(tmp_path / "later"), *diverging, "checkpoint_every=8", "log_every=8"]) == 2
+    assert f"non-finite loss at step {first_bad};" in capsys.readouterr().err
+    for kept in checkpoint_dirs(tmp_path / "later"):
+        assert int(kept.name[5:]) < int(first_bad)
+        model, _ = load_model(kept)
+        assert all(torch.isfinite(p).all() for p in model.parameters())

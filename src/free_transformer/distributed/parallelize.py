@@ -101,9 +101,10 @@ def gradient_sync(runner: nn.Module, enabled: bool):
     return contextlib.nullcontext()
 
 
-def clip_grad_norm(parameters, max_norm: float) -> float:
-    """Clip the global gradient norm (over every rank's shards) and return it as a float."""
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm (over every rank's shards); return it as a () tensor on the
+    device, read back only when logged (no host synchronisation per step)."""
     norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
     if isinstance(norm, DTensor):  # fsdp: the norm of sharded gradients is a partial result
         norm = norm.full_tensor()
-    return float(norm)
+    return norm

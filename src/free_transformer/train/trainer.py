@@ -260,11 +260,19 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                     disable=not (config.progress and env.is_main), dynamic_ncols=True, leave=True)
     last_metrics: dict = {}
     window_start, window_steps = time.perf_counter(), 0
+    # Nothing in a step reads a value back from the device (a GPU then runs ahead of Python): losses and
+    # the gradient norm stay tensors until they are logged; a non-finite loss makes the fused optimizer
+    # skip its step on the device (found_inf) and is reported at the next read-back (logging,
+    # checkpointing, the end), before any checkpoint is written. Elsewhere (no fused AdamW) it is
+    # checked every step.
+    skip_on_device = bool(optimizer.defaults.get("fused"))
+    first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # () the first non-finite step, or -1
     model.train()
     for step in range(start_step, config.steps):
         lr = set_lr(optimizer, config.optim.lr, lr_factor(step, config.steps, config.optim))
         kappa_nats = config.kappa_nats(step)
-        batch = dataset.batch(step, config.batch_size)[rows.start : rows.stop].to(device)
+        batch = dataset.batch(step, config.batch_size)[rows.start : rows.stop]
+        batch = batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch.to(device)
         generators = latent_generators(config.latent_noise, config.seed, step, rows, device,
                                        rank=env.rank if env.distributed else None)
         totals = torch.zeros(4, device=device)  # loss, cross-entropy, KL (nats); 4th: a stop signal
@@ -279,16 +287,15 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
             kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=device)
             totals[:3] += torch.stack([out.loss, out.cross_entropy_nats, kl]).detach() / config.grad_accum
         totals[3] = float(signals.received is not None)  # any rank's signal stops every rank, same step
-        loss, ce, kl, stop = env.mean(totals).tolist()  # over ranks: the global batch's means
-        if not math.isfinite(loss):
-            progress.close()
-            kept = checkpoint_dirs(run_dir)
-            raise TrainingError(
-                f"non-finite loss ({loss}) at step {step + 1}; training stopped, "
-                + (f"last good checkpoint: {kept[-1]}" if kept else
-                   f"no checkpoint yet: `{_resume_hint(run_dir)}` starts it again from step 0 with its saved "
-                   "config (or choose another --out with other settings)")
-            )
+        means = env.mean(totals)  # over ranks: the global batch's means (on the device)
+        # a signal on any rank stops every rank at the same step: that needs the reduced flag on the host
+        stop = bool(means[3] > 0) if env.distributed else signals.received is not None
+        non_finite = ~torch.isfinite(means[0])
+        first_bad_step = torch.where(non_finite & (first_bad_step < 0), step, first_bad_step)
+        if skip_on_device:
+            optimizer.found_inf = non_finite.float()
+        elif bool(non_finite):
+            _stop_on_non_finite(step, run_dir, progress)
         grad_norm = (
             clip_grad_norm(model.parameters(), config.optim.grad_clip) if config.optim.grad_clip > 0 else float("nan")
         )
@@ -296,11 +303,16 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
         optimizer.zero_grad(set_to_none=True)
         window_steps += 1
         done = step + 1
-        if done % config.log_every == 0 or done == config.steps:
+        logging = done % config.log_every == 0 or done == config.steps
+        checkpointing = done % config.checkpoint_every == 0 or done == config.steps or stop
+        if (logging or checkpointing) and int(first_bad_step) >= 0:
+            _stop_on_non_finite(int(first_bad_step), run_dir, progress)
+        if logging:
+            loss, ce, kl = means[:3].tolist()
             elapsed = time.perf_counter() - window_start
             last_metrics = {
                 "step": done, "loss": loss, "cross_entropy_bits": ce / LN2, "kl_bits": kl / LN2,
-                "kappa_bits": kappa_nats / LN2, "lr": lr, "grad_norm": grad_norm,
+                "kappa_bits": kappa_nats / LN2, "lr": lr, "grad_norm": float(grad_norm),
                 "tokens_per_s": window_steps * tokens_per_step / max(elapsed, 1e-9),
             }
             if config.eval_every and done % config.eval_every == 0:
@@ -311,7 +323,7 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                                  tok_s=f"{last_metrics['tokens_per_s']:.0f}")
             window_start, window_steps = time.perf_counter(), 0
         progress.update(1)
-        if done % config.checkpoint_every == 0 or done == config.steps or stop:
+        if checkpointing:
             if env.distributed:
                 save_sharded(run_dir, done, model, optimizer, metadata, env, keep=config.keep_checkpoints)
             else:
@@ -331,6 +343,17 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
         log.close()
         log.plot(run_dir / "training_curves.png")
     return TrainResult(run_dir, config.steps, last_metrics)
+
+
+def _stop_on_non_finite(step: int, run_dir: Path, progress) -> None:
+    progress.close()
+    kept = checkpoint_dirs(run_dir)
+    raise TrainingError(
+        f"non-finite loss at step {step + 1}; training stopped, "
+        + (f"last good checkpoint: {kept[-1]}" if kept else
+           f"no checkpoint yet: `{_resume_hint(run_dir)}` starts it again from step 0 with its saved "
+           "config (or choose another --out with other settings)")
+    )
 
 
 @torch.no_grad()
