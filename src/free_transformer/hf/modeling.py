@@ -153,7 +153,8 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         start = past_key_values.get_seq_length() if past_key_values is not None else 0
         self._check_mask_and_positions(attention_mask, position_ids, start, T)
 
-        self.model.check_tokens(input_ids)
+        if start == 0:  # decoding steps feed back sampled tokens: checked once, without a sync per step
+            self.model.check_tokens(input_ids)
         if latent_plan is not None:
             if latents is not None:
                 raise ValueError("pass either latents or latent_plan, not both")
