@@ -40,8 +40,8 @@ def tiny_checkpoint(root, name: str, latent_bits: int, **overrides):
 def pytest_addoption(parser):
     parser.addoption("--device", default="cpu",
                      help="device for the tests that take the `device` fixture (default cpu). With cuda, tests "
-                          "without that fixture are skipped (they are device-independent: plain `pytest` runs them), "
-                          "as are tests marked cpu_only")
+                          "without that fixture are deselected (they are device-independent: plain `pytest` runs "
+                          "them) and tests marked cpu_only are skipped")
 
 
 def pytest_configure(config):
@@ -56,22 +56,33 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Without CUDA, tests marked cuda are skipped. Under --device cuda, tests that do not take the
+    `device` fixture are deselected (they do not depend on the device: plain `pytest` runs them on the
+    CPU), and tests marked cpu_only are skipped with their reason."""
     device = torch.device(config.getoption("--device"))
     no_cuda = pytest.mark.skip(reason="needs a CUDA device (none here); run `pytest --device cuda` on a GPU machine")
-    off_device = pytest.mark.skip(reason=f"device-independent (no `device` fixture): plain `pytest` runs it on the CPU")
+    kept, deselected = [], []
     for item in items:
         if item.get_closest_marker("cuda"):
             if not torch.cuda.is_available():
                 item.add_marker(no_cuda)
+            kept.append(item)
             continue
         if device.type == "cpu":
+            kept.append(item)
             continue
         cpu_only = item.get_closest_marker("cpu_only")
         if cpu_only:
             reason = cpu_only.kwargs.get("reason") or (cpu_only.args[0] if cpu_only.args else "")
             item.add_marker(pytest.mark.skip(reason=f"cpu_only: {reason}"))
-        elif "device" not in item.fixturenames:
-            item.add_marker(off_device)
+            kept.append(item)
+        elif "device" in item.fixturenames:
+            kept.append(item)
+        else:
+            deselected.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 @pytest.fixture
