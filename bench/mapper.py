@@ -112,15 +112,17 @@ def time_config(config, device, rounds, precision):
             grad_err)
 
 
-def setup_inputs(config, device_name):
+def setup_inputs(config, device_name, compiled_chunks=False):
+    binary_mapper.use_compiled_chunks(compiled_chunks)  # a fresh process starts with the eager chunks
     return make_inputs(*config, torch.device(device_name))
 
 
-def peak_memory(variant, config, device_name, threads, precision):
+def peak_memory(variant, config, device_name, threads, precision, compiled_chunks=False):
     """Extra peak bytes of one forward + backward beyond its inputs, in a fresh process (see bench/common.py)."""
     return peak_memory_in_fresh_process(
-        setup_inputs, functools.partial(step, variant, precision=precision), (config, device_name),
-        device_name=device_name, threads=threads, warmup_args=((config[0], 8, config[2]), device_name),
+        setup_inputs, functools.partial(step, variant, precision=precision), (config, device_name, compiled_chunks),
+        device_name=device_name, threads=threads,
+        warmup_args=((config[0], 8, config[2]), device_name, compiled_chunks),
     )
 
 
@@ -164,7 +166,8 @@ def main():
     for config in tqdm(grid, desc="configs"):
         medians, speedup, matmul_x, grad_err = time_config(config, device, rounds, args.precision)
         fused_mem, naive_mem = (
-            peak_memory(variant, config, args.device, args.threads, args.precision) for variant in VARIANTS
+            peak_memory(variant, config, args.device, args.threads, args.precision, args.compile)
+            for variant in VARIANTS
         )
         memory_ratio = naive_mem / fused_mem
         fused_flops = matmul_flops(config) / medians["fused"]  # the fused step's one matmul, per second
