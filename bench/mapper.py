@@ -122,7 +122,8 @@ def peak_memory(variant, config, device_name, threads, precision, compiled_chunk
     return peak_memory_in_fresh_process(
         setup_inputs, functools.partial(step, variant, precision=precision), (config, device_name, compiled_chunks),
         device_name=device_name, threads=threads,
-        warmup_args=((config[0], 8, config[2]), device_name, compiled_chunks),
+        # compiled chunks compile per shape (dynamic=False): warm up on the measured shape, or the step compiles
+        warmup_args=(config if compiled_chunks else (config[0], 8, config[2]), device_name, compiled_chunks),
     )
 
 
