@@ -202,18 +202,6 @@ def mfu(flops_per_second: float, limits: dict[str, float], precision: str) -> fl
     return flops_per_second / 1e9 / peak_gflops(limits, precision)
 
 
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        release_cached_memory()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory_mib(device: torch.device) -> float:
-    """CUDA: max_memory_allocated since the last reset_peak_memory, in MiB; NaN on a CPU (no allocator
-    statistics there; the benchmarks measure CPU peaks in a fresh process instead)."""
-    return torch.cuda.max_memory_allocated(device) / MIB if device.type == "cuda" else float("nan")
-
-
 def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     """--device and --threads, as every benchmark takes them."""
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
