@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import math
 import multiprocessing as mp
 import os
@@ -26,8 +27,19 @@ M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h
 
 
 def sync(device: torch.device) -> None:
+    """Wait for the device's queued work: CUDA kernels run asynchronously, so a timer read without this
+    measures the launches, not the work."""
     if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release_cached_memory() -> None:
+    """Hand the CUDA caching allocator's free blocks back to the driver: a spawned process measuring
+    peak memory cannot use what this process still keeps reserved (a no-op without CUDA)."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def seconds_per_call(fn: Callable[[], object], n_calls: int, device: torch.device) -> float:
@@ -104,17 +116,47 @@ def peak_memory_in_fresh_process(setup: Callable, step: Callable, setup_args: tu
     """Peak bytes one step adds, measured in a spawned process (nothing cached by earlier runs is reused).
 
     setup and step must be module-level functions (they are pickled); setup returns a tuple of inputs.
+    On CUDA this process's cached blocks are released first, so that the fresh process can use them.
     """
+    release_cached_memory()
     with mp.get_context("spawn").Pool(1) as pool:
         return pool.apply(_peak_memory, (setup, step, setup_args, warmup_args, device_name, threads))
 
 
-def matmul_flops_per_second(device: torch.device, dtype: torch.dtype, size: int = 2048, rounds: int = 5) -> float:
-    """The machine's limit: median FLOP/s of a (size x size) @ (size x size) matmul in this dtype."""
+def matmul_size(device: torch.device) -> int:
+    """The square matmul that measures the limit: 2048 on a CPU (a few ms), 8192 on a GPU (2048 leaves
+    an H100 under-filled: its bf16 figure there is far below the 8192 one)."""
+    return 8192 if device.type == "cuda" else 2048
+
+
+def matmul_flops_per_second(device: torch.device, dtype: torch.dtype, size: int | None = None,
+                            rounds: int = 5) -> float:
+    """The machine's limit: median FLOP/s of a (size x size) @ (size x size) matmul in this dtype.
+
+    fp32 on CUDA follows torch.backends.cuda.matmul.allow_tf32 (off by default: true fp32), the same
+    setting the benchmarked step runs under."""
+    size = size or matmul_size(device)
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
-    times = interleaved_times({"matmul": lambda: a @ b}, rounds, device, min_sample_s=0.2)["matmul"]
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    times = interleaved_times({"matmul": lambda: torch.mm(a, b, out=out)}, rounds, device, min_sample_s=0.2)["matmul"]
+    del a, b, out
+    release_cached_memory()
     return 2 * size**3 / statistics.median(times)
+
+
+def copy_bandwidth_gbps(device: torch.device, nbytes: int | None = None, rounds: int = 5) -> float:
+    """The machine's memory bandwidth: GB/s of dst.copy_(src) on one large tensor, counting the bytes
+    read and the bytes written (2 x nbytes per copy, as STREAM's copy does). 1 GiB on a GPU (far
+    beyond its L2 cache), 256 MiB on a CPU. Decoding one token reads every weight once, so this is
+    the roofline it is measured against (bench/generate.py)."""
+    nbytes = nbytes or (2**30 if device.type == "cuda" else 2**28)
+    src = torch.ones(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    times = interleaved_times({"copy": lambda: dst.copy_(src)}, rounds, device, min_sample_s=0.2)["copy"]
+    del src, dst
+    release_cached_memory()
+    return 2 * nbytes / statistics.median(times) / 1e9
 
 
 def describe_machine(device: torch.device) -> str:
@@ -122,18 +164,42 @@ def describe_machine(device: torch.device) -> str:
     load = os.getloadavg()[0]
     busy = " (more than the cores: times are not reliable, see --threads)" if load > os.cpu_count() else ""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{os.cpu_count()}"
+    if device.type == "cuda":
+        name += f", CUDA {torch.version.cuda}"
     return (f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
             f"load average {load:.1f}{busy}")
 
 
-def matmul_limits_gflops(device: torch.device) -> dict[str, float]:
-    """The machine's fp32 and bf16 matmul GFLOP/s, measured now (see matmul_flops_per_second)."""
-    return {name: matmul_flops_per_second(device, dtype) / 1e9
-            for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+def matmul_limits_gflops(device: torch.device, *, bandwidth: bool = False) -> dict[str, float]:
+    """The machine's fp32 and bf16 matmul GFLOP/s, measured now (see matmul_flops_per_second), and with
+    bandwidth=True its copy bandwidth in GB/s under "copy_gbps" (see copy_bandwidth_gbps).
+    "size" records the matmul's side."""
+    limits = {name: matmul_flops_per_second(device, dtype) / 1e9
+              for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    limits["size"] = matmul_size(device)
+    if bandwidth:
+        limits["copy_gbps"] = copy_bandwidth_gbps(device)
+    return limits
 
 
 def describe_limits(limits: dict[str, float]) -> str:
-    return f"machine limit: matmul 2048^3 fp32 {limits['fp32']:.0f} GFLOP/s, bf16 {limits['bf16']:.0f} GFLOP/s"
+    line = (f"machine limit: matmul {limits['size']}^3 fp32 {limits['fp32']:.0f} GFLOP/s, "
+            f"bf16 {limits['bf16']:.0f} GFLOP/s")
+    if "copy_gbps" in limits:
+        line += f"; copy bandwidth {limits['copy_gbps']:.0f} GB/s (read + write)"
+    return line
+
+
+def peak_gflops(limits: dict[str, float], precision: str) -> float:
+    """The matmul limit of the dtype a step runs its matmuls in: bf16 under bf16 autocast, else fp32."""
+    return limits["bf16" if precision == "bf16" else "fp32"]
+
+
+def mfu(flops_per_second: float, limits: dict[str, float], precision: str) -> float:
+    """Model FLOP utilisation: achieved FLOP/s (the model's analytic count) / the measured matmul limit
+    of the step's dtype. Against a measured limit, not the datasheet's: 100% means as fast as one large
+    matmul on this machine."""
+    return flops_per_second / 1e9 / peak_gflops(limits, precision)
 
 
 def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,9 +210,14 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def setup_machine(args: argparse.Namespace) -> torch.device:
-    """Applies --threads; returns the --device."""
+    """Applies --threads; returns the --device. A CUDA device that is not there is one clear error."""
     torch.set_num_threads(args.threads)
-    return torch.device(args.device)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: no CUDA device here (torch {torch.__version__})")
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    return device
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, dim: int, layers: int, ffn: int) -> None:

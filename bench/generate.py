@@ -17,6 +17,19 @@
 
 Both parts time the variants in interleaved rounds in this one process (bench/common.py).
 
+Roofline (part (a)): decoding a token reads every matmul weight once and the cached keys and values
+of the positions it attends to, whatever the batch. Bytes read by one generate call: per fed call
+(the prefill and each of the new_tokens - 1 steps) the matmul weights (q, k, v, o, gate, up, down of
+every block and the logit read-out, in the model's dtype), plus the KV cache read by attention,
+2 * L * B * kv_heads * head_dim * (positions visible) elements. Embedding rows, norms and the
+post-sampler row are left out (B * D each). Those bytes / the measured copy bandwidth
+(bench/common.copy_bandwidth_gbps) is the fastest the call could run; "roof" is that time over the
+measured one (1.0 = at the memory roofline; target on a GPU at paper-1.5b bf16, B=1: >= 0.60).
+
+Options for a GPU (issue #13): --size paper-1.5b (the named size's dims and H=16), --dtype bf16
+(weights and KV cache in bf16; the RoPE tables stay float32), --compile (generate(..., compile=True):
+the decoding step captured as a CUDA graph; the same static step, eager, on a CPU).
+
 FLOPs (to print the achieved GFLOP/s beside the machine's matmul limit): a token fed at position t
 costs 2 FLOPs per weight of every matmul (q, k, v, o, gate, up, down of each block and the logit
 read-out; the embedding and the post-sampler are lookups, the Free Transformer's encoder is not run)
@@ -25,6 +38,7 @@ full forward of T tokens costs the sum of that over t < T. Norms, RoPE and sampl
 
     PYTHONPATH=src python bench/generate.py [--batch 1 8] [--new-tokens N] [--recompute-tokens N]
                                             [--rounds R] [--threads T] [--device cpu|cuda]
+                                            [--size paper-1.5b] [--dtype fp32|bf16] [--compile]
                                             [--dim D --layers L --heads h --kv-heads k --ffn F
                                              --vocab V --bits H --prompt-len P]
 """
@@ -41,12 +55,14 @@ import torch
 from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine,
                     describe_size, interleaved_times, matmul_limits_gflops, median_ratio, model_config,
                     setup_machine)
-from free_transformer.config import ModelConfig
+from free_transformer.config import ModelConfig, named_config
 from free_transformer.generate import GenerationConfig, generate, shared_prior_latents
 from free_transformer.model import FreeTransformer
 
 TARGET_FREE_VS_BASELINE = 0.95
 TARGET_CACHE_SPEEDUP, TARGET_CACHE_TOKENS = 10.0, 512
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SIZES = ("paper-1.5b",)
 
 
 def matmul_weights(config: ModelConfig) -> int:
@@ -70,9 +86,24 @@ def recompute_decode_flops(config: ModelConfig, batch: int, prompt_len: int, new
     return batch * sum(tokens_flops(config, 0, prompt_len + step) for step in range(new_tokens))
 
 
-def build_model(config: ModelConfig, device, seed: int = 0) -> FreeTransformer:
+def cached_decode_bytes(config: ModelConfig, batch: int, prompt_len: int, new_tokens: int, element_bytes: int) -> float:
+    """Bytes one generate call must read (see the docstring's roofline): the matmul weights once per fed
+    call, and the KV cache's visible positions at each call."""
+    calls = new_tokens  # the prefill, then new_tokens - 1 steps (the last sampled token is never fed)
+    kv_per_position = 2 * config.n_layers * batch * config.n_kv_heads * config.head_dim
+    visible = prompt_len + sum(prompt_len + step + 1 for step in range(new_tokens - 1))
+    return float(element_bytes) * (calls * matmul_weights(config) + kv_per_position * visible)
+
+
+def build_model(config: ModelConfig, device, seed: int = 0, dtype: torch.dtype = torch.float32) -> FreeTransformer:
+    """Initialised on its device (a 1.5B model on the host takes minutes), in `dtype`; the RoPE tables stay float32."""
     torch.manual_seed(seed)
-    return FreeTransformer(config).to(device).eval()
+    with torch.device(device):
+        model = FreeTransformer(config)
+    rope = model.rope_cos, model.rope_sin
+    model = model.to(dtype).eval()
+    model.rope_cos, model.rope_sin = rope
+    return model
 
 
 @torch.no_grad()
@@ -94,13 +125,14 @@ def free_vs_baseline(config, batch, args, device):
     decode at speeds up to ~5% apart on these CPUs (measured), so one instance of each would measure
     where their weights landed as much as the design. Each round times all four; the ratio uses the
     sum of each model's two instances, and the control compares the two baseline instances."""
-    models = {f"{name}{i}": build_model(config.replace(latent_bits=bits), device, seed=i)
+    models = {f"{name}{i}": build_model(config.replace(latent_bits=bits), device, seed=i, dtype=DTYPES[args.dtype])
               for i in (0, 1) for name, bits in (("free", config.latent_bits), ("baseline", 0))}
     prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
     gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0, prompt_latents="prior")
     seeds = list(range(batch))
     times = interleaved_times(
-        {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds) for name, model in models.items()},
+        {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds, compile=args.compile)
+         for name, model in models.items()},
         args.rounds, device)
     free = [a + b for a, b in zip(times["free0"], times["free1"])]
     baseline = [a + b for a, b in zip(times["baseline0"], times["baseline1"])]
@@ -110,12 +142,12 @@ def free_vs_baseline(config, batch, args, device):
 
 def cache_vs_recompute(config, args, device):
     """Median seconds of each, median per-round ratio recompute / cached, and whether the tokens agree."""
-    model = build_model(config, device)
+    model = build_model(config, device, dtype=DTYPES[args.dtype])
     prompts = torch.randint(0, config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
     n = args.recompute_tokens
-    latents = shared_prior_latents(model, args.prompt_len + n - 1, torch.Generator().manual_seed(2))
+    latents = shared_prior_latents(model, args.prompt_len + n - 1, torch.Generator(device).manual_seed(2))
     gen_config = GenerationConfig(max_new_tokens=n, temperature=0.0)
-    cached = functools.partial(generate, model, prompts, gen_config, latents=latents)
+    cached = functools.partial(generate, model, prompts, gen_config, latents=latents, compile=args.compile)
     recompute = functools.partial(recompute_greedy, model, prompts, n, latents)
     same = cached().tokens == recompute()
     times = interleaved_times({"cached": cached, "recompute": recompute}, args.recompute_rounds, device)
@@ -126,7 +158,7 @@ def cache_vs_recompute(config, args, device):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(parser, dim=256, layers=8, ffn=768)
-    parser.add_argument("--bits", type=int, default=16, help="latent bits H of the Free Transformer")
+    parser.add_argument("--bits", type=int, default=None, help="latent bits H of the Free Transformer (default 16)")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes for part (a)")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per call in part (a)")
@@ -134,28 +166,46 @@ def main():
                         help="tokens generated per call in part (b); 0 skips it")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds of part (a)")
     parser.add_argument("--recompute-rounds", type=int, default=3, help="interleaved timing rounds of part (b)")
+    parser.add_argument("--size", choices=SIZES, help="a named size's dims (overrides --dim ... --vocab; H=16 "
+                                                        "unless --bits is given)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="weights and KV cache dtype")
+    parser.add_argument("--compile", action="store_true",
+                        help="generate(..., compile=True): graph-captured decoding on CUDA")
     add_machine_arguments(parser)
     args = parser.parse_args()
     device = setup_machine(args)
     max_len = args.prompt_len + max(args.new_tokens, args.recompute_tokens)
-    config = model_config(args, max_seq_len=max_len, latent_bits=args.bits)
+    if args.size:
+        named = named_config(args.size)
+        args.dim, args.layers, args.heads, args.kv_heads = named.dim, named.n_layers, named.n_heads, named.n_kv_heads
+        args.ffn, args.vocab = named.ffn_hidden, named.vocab_size
+        args.bits = args.bits if args.bits is not None else named.latent_bits
+        config = named.replace(max_seq_len=max_len, latent_bits=args.bits)
+    else:
+        args.bits = args.bits if args.bits is not None else 16
+        config = model_config(args, max_seq_len=max_len, latent_bits=args.bits)
+    element_bytes = DTYPES[args.dtype].itemsize
 
     print(describe_machine(device))
-    print(describe_limits(matmul_limits_gflops(device)))
-    print(f"{describe_size(args)} "
-          f"H={args.bits}, prompt {args.prompt_len} tokens, float32")
+    limits = matmul_limits_gflops(device, bandwidth=True)
+    print(describe_limits(limits))
+    print(f"{describe_size(args)}{' (' + args.size + ')' if args.size else ''} "
+          f"H={args.bits}, prompt {args.prompt_len} tokens, {args.dtype}{', compiled decoding' if args.compile else ''}")
 
     print(f"(a) Free vs baseline, KV cache, {args.new_tokens} new tokens, temperature 1, prior latents, "
           f"{args.rounds} rounds; target Free / baseline >= {TARGET_FREE_VS_BASELINE}")
     print(f"{'B':>3} | {'free tok/s':>10} {'base tok/s':>10} {'free/base':>9} {'control':>7} | "
-          f"model GFLOP/s free base | target")
+          f"model GFLOP/s free base | roof free  base | target")
     for batch in args.batch:
         free_s, base_s, ratio, control = free_vs_baseline(config, batch, args, device)
         flops = cached_decode_flops(config, batch, args.prompt_len, args.new_tokens)
+        roofline_s = (cached_decode_bytes(config, batch, args.prompt_len, args.new_tokens, element_bytes)
+                      / (limits["copy_gbps"] * 1e9))
         tokens = batch * args.new_tokens
         target = "PASS" if ratio >= TARGET_FREE_VS_BASELINE else "FAIL"
         print(f"{batch:>3} | {tokens / free_s:>10.1f} {tokens / base_s:>10.1f} {ratio:>9.3f} {control:>7.3f} | "
-              f"{'':>14}{flops / free_s / 1e9:>4.1f} {flops / base_s / 1e9:>4.1f} | {target}", flush=True)
+              f"{'':>14}{flops / free_s / 1e9:>4.1f} {flops / base_s / 1e9:>4.1f} | "
+              f"{'':>4}{roofline_s / free_s:>5.1%} {roofline_s / base_s:>5.1%} | {target}", flush=True)
 
     if args.recompute_tokens:
         n = args.recompute_tokens
@@ -170,7 +220,9 @@ def main():
             print(f"{name:>9} | {n / seconds:>8.1f} {seconds:>8.2f} {flops / 1e9:>7.1f} {flops / seconds / 1e9:>7.1f}")
         print(f"recompute / cached time: {speedup:.1f}x {target}; same tokens: {same}")
     print("control: two baseline instances timed in every round (A/A), tokens/s of the second / the first: "
-          "what noise and memory placement alone do to a ratio")
+          "what noise and memory placement alone do to a ratio; roof = (weights + KV-cache bytes read) / copy "
+          "bandwidth / measured time (issue #13 on a GPU, paper-1.5b bf16: B=1 roof >= 60% and free/base >= 0.97; "
+          "B=16 free/base >= 0.98)")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

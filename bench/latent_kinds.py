@@ -4,7 +4,10 @@
 
 One step is bench/step.py's (forward with targets, backward, clipping, fused AdamW). All models are
 built in this one process and timed in interleaved rounds; we print each median, its ratio to the
-baseline, and the analytic FLOP ratio of ModelConfig.training_flops_per_token for comparison.
+baseline, and the analytic FLOP ratio of ModelConfig.training_flops_per_token for comparison, and
+each model's achieved TFLOP/s (that count / the median step) and MFU (over the matmul limit of the
+step's dtype, measured now). --device cuda runs it on a GPU (the step synchronises before each timer
+read: bench/common.py).
 
     PYTHONPATH=src python bench/latent_kinds.py [--bits 8 16] [--rounds R] [--threads T] [--device cpu|cuda]
                                                 [--dtype fp32|bf16] [--seq-len T] [--batch B]
@@ -18,7 +21,7 @@ import functools
 import statistics
 
 from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
-                    interleaved_times, matmul_limits_gflops, median_ratio, model_config, setup_machine)
+                    interleaved_times, matmul_limits_gflops, median_ratio, mfu, model_config, setup_machine)
 from free_transformer.config import LatentConfig
 from step import build, make_batch, train_step
 
@@ -37,7 +40,8 @@ def main() -> None:
     args = parser.parse_args()
     device = setup_machine(args)
     print(describe_machine(device))
-    print(describe_limits(matmul_limits_gflops(device)))
+    limits = matmul_limits_gflops(device)
+    print(describe_limits(limits))
     print(describe_size(args) + f"; T={args.seq_len} B={args.batch} {args.dtype}")
 
     configs = {"baseline": model_config(args, max_seq_len=args.seq_len, latent_bits=0)}
@@ -53,12 +57,15 @@ def main() -> None:
     times = interleaved_times(steps, args.rounds, device)
 
     base_flops = configs["baseline"].training_flops_per_token(args.seq_len)
-    print(f"\n{'model':<20} {'ms/step':>9} {'vs baseline':>12} {'FLOP ratio':>11} {'params':>11}")
+    print(f"\n{'model':<20} {'ms/step':>9} {'vs baseline':>12} {'FLOP ratio':>11} {'params':>11} "
+          f"{'TFLOP/s':>8} {'MFU':>6}")
     for name, config in configs.items():
         ratio = median_ratio(times[name], times["baseline"])
-        flop_ratio = config.training_flops_per_token(args.seq_len) / base_flops
-        print(f"{name:<20} {statistics.median(times[name]) * 1e3:9.1f} {ratio:12.3f} {flop_ratio:11.3f} "
-              f"{config.num_params():11,}")
+        flops = config.training_flops_per_token(args.seq_len)
+        achieved = flops * args.seq_len * args.batch / statistics.median(times[name])
+        print(f"{name:<20} {statistics.median(times[name]) * 1e3:9.1f} {ratio:12.3f} {flops / base_flops:11.3f} "
+              f"{config.num_params():11,} {achieved / 1e12:8.3f} {mfu(achieved, limits, args.dtype):6.1%}")
+    print(f"TFLOP/s = training_flops_per_token(T) * B * T / median step; MFU = that / the {args.dtype} matmul limit")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from common import (MIB, add_machine_arguments, add_model_arguments, describe_limits, describe_machine,  # noqa: E402
-                    describe_size, interleaved_times, matmul_limits_gflops, model_config,
+                    describe_size, interleaved_times, matmul_limits_gflops, mfu, model_config,
                     peak_memory_in_fresh_process, setup_machine)
 from free_transformer.config import LatentConfig, ModelConfig  # noqa: E402
 from free_transformer.latent import BinaryMapper, register_latent_kind  # noqa: E402
@@ -117,13 +117,13 @@ def sweep(name, points, make_config, args):
     return rows
 
 
-def print_table(name, rows, batch, proportional):
+def print_table(name, rows, batch, proportional, limits):
     """proportional: {label: function of (x, x0) -> growth factor} for the reference columns."""
     x0 = rows[0][0]
     base_s, base_mem = rows[0][2]["ours"]
     refs = " ".join(f"{label:>7}" for label in proportional)
     print(f"{name:>5} | {'ours ms':>9} {'naive ms':>9} {'time x':>6} | {'ours MiB':>9} {'naive MiB':>9} {'mem x':>6} | "
-          f"growth ours: time {'mem':>6} | naive growth: {refs} | ours GFLOP/s")
+          f"growth ours: time {'mem':>6} | naive growth: {refs} | ours GFLOP/s   MFU")
     for x, config, results in rows:
         (ours_s, ours_mem), (naive_s, naive_mem) = results["ours"], results["naive"]
         seq_len = config.max_seq_len
@@ -131,7 +131,8 @@ def print_table(name, rows, batch, proportional):
         growth = " ".join(f"{fn(x, x0):>7.1f}" for fn in proportional.values())
         print(f"{x:>5} | {ours_s * 1e3:>9.1f} {naive_s * 1e3:>9.1f} {naive_s / ours_s:>6.2f} | "
               f"{ours_mem / MIB:>9.1f} {naive_mem / MIB:>9.1f} {naive_mem / ours_mem:>6.2f} | "
-              f"{'':>12}{ours_s / base_s:>5.1f} {ours_mem / base_mem:>6.1f} | {'':>13}{growth} | {gflops:>6.1f}")
+              f"{'':>12}{ours_s / base_s:>5.1f} {ours_mem / base_mem:>6.1f} | {'':>13}{growth} | {gflops:>6.1f} "
+              f"{mfu(gflops * 1e9, limits, 'fp32'):>5.1%}")
 
 
 def plot(seq_rows, bits_rows, args, path: Path):
@@ -183,18 +184,20 @@ def main():
     base = model_config(args)
 
     print(describe_machine(device))
-    print(describe_limits(matmul_limits_gflops(device)))
+    limits = matmul_limits_gflops(device)
+    print(describe_limits(limits))
     print(f"{describe_size(args)} "
           f"B={args.batch}, float32, {args.rounds} rounds")
     seq_rows = sweep("T", args.seq_lens, lambda t: base.replace(max_seq_len=t, latent_bits=args.seq_bits), args)
     bits_rows = sweep("H", args.bits, lambda h: base.replace(max_seq_len=args.bits_seq_len, latent_bits=h), args)
 
     print(f"sequence length sweep, H={args.seq_bits}")
-    print_table("T", seq_rows, args.batch, {"T": lambda x, x0: x / x0, "T^2": lambda x, x0: (x / x0) ** 2})
+    print_table("T", seq_rows, args.batch, {"T": lambda x, x0: x / x0, "T^2": lambda x, x0: (x / x0) ** 2}, limits)
     print(f"latent bits sweep, T={args.bits_seq_len}")
-    print_table("H", bits_rows, args.batch, {"2^H": lambda x, x0: 2.0 ** (x - x0)})
+    print_table("H", bits_rows, args.batch, {"2^H": lambda x, x0: 2.0 ** (x - x0)}, limits)
     print("time x, mem x = naive / ours; growth = this point / the sweep's first point (ours); "
-          "GFLOP/s = ModelConfig.training_flops_per_token(T) * B * T / ours' median step time")
+          "GFLOP/s = ModelConfig.training_flops_per_token(T) * B * T / ours' median step time; MFU = that / the "
+          "fp32 matmul limit")
     plot(seq_rows, bits_rows, args, args.out)
     print(f"plot written to {args.out}; load average at the end {os.getloadavg()[0]:.1f}")
 

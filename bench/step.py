@@ -16,11 +16,23 @@ of the step at its peak. Its ratio free / base is divided by the analytic ratio 
 (see saved_floats_per_token). A "saved MiB" column checks that activation count against what
 autograd really saves in one forward (saved_tensors_hooks, unique storages).
 
-The machine's limit: fp32 and bf16 (2048 x 2048) matmul FLOP/s, printed beside the FLOP/s each model
-achieves.
+The machine's limit: fp32 and bf16 matmul FLOP/s (2048^3 on a CPU, 8192^3 on a GPU). Each model's
+achieved TFLOP/s (the analytic count above / median step time) and its MFU, that figure over the
+matmul limit of the dtype the step runs its matmuls in (bf16 with --dtype bf16, else fp32).
+
+Sizes (--size): `narrow` (default) is dim 256 at the paper's depths, L in {8, 28}, T=256, B=8;
+`paper-1.5b` is free_transformer.config's named size (L=28, D=1536, 12/2 heads, vocab 2^17, tied),
+H in {16, 8}, T=2048, B=4 by default: the issue #13 GPU figures, about 60 GiB at its peak in bf16
+(a GPU with 80 GB; never on a CPU). At that size the two models of a pair share one decoder: the
+baseline is made of the Free Transformer's own embedding, blocks and read-out (no copy) and both
+steps use one optimizer (AdamW skips the latent path's parameters, which get no gradient in the
+baseline's step); two separate models with their Adam state would not fit in 80 GB beside a step's
+activations. Both still run exactly their own forward, backward, clipping and AdamW update.
 
     PYTHONPATH=src python bench/step.py [--quick] [--threads T] [--repeats R] [--device cpu|cuda]
                                         [--dtype fp32|bf16] [--compile] [--no-memory]
+                                        [--size narrow|paper-1.5b] [--bits H ...] [--seq-len T] [--batch B]
+                                        [--[no-]shared-decoder]
 """
 
 from __future__ import annotations
@@ -35,8 +47,8 @@ import torch
 from tqdm import tqdm
 
 from common import (MIB, add_machine_arguments, describe_limits, describe_machine, interleaved_times,
-                    matmul_limits_gflops, median_ratio, peak_memory_in_fresh_process, setup_machine)
-from free_transformer.config import ModelConfig
+                    matmul_limits_gflops, median_ratio, mfu, peak_memory_in_fresh_process, setup_machine)
+from free_transformer.config import ModelConfig, named_config
 from free_transformer.distributed.parallelize import apply_compile, clip_grad_norm
 from free_transformer.model import FreeTransformer
 from free_transformer.train.config import OptimConfig
@@ -48,12 +60,17 @@ DIMS = dict(vocab_size=256, dim=256, n_heads=4, n_kv_heads=2, ffn_hidden=768, ma
 SEQ_LEN, BATCH = 256, 8  # 2,048 tokens per step
 FULL_GRID = [(h, n_layers) for n_layers in (8, 28) for h in (8, 16)]
 QUICK_GRID = [(8, 8), (16, 8)]
+PAPER = "paper-1.5b"
+PAPER_SEQ_LEN, PAPER_BATCH = 2048, 4  # 8,192 tokens per step
+PAPER_BITS = (16, 8)
 TARGET = 1.10  # (time ratio) / (FLOP ratio) and (memory ratio) / (analytic memory ratio) at most this
 KAPPA_NATS = 0.5 * 0.6931471805599453  # the trainer's default kappa_bits = 0.5
 GRAD_CLIP = OptimConfig().grad_clip
 
 
-def model_config(n_bits: int, n_layers: int) -> ModelConfig:
+def model_config(n_bits: int, n_layers: int, size: str = "narrow") -> ModelConfig:
+    if size == PAPER:
+        return named_config(PAPER, latent_bits=n_bits)  # n_layers is the named size's (28)
     return ModelConfig(**DIMS, n_layers=n_layers, latent_bits=n_bits)
 
 
@@ -88,12 +105,25 @@ def make_batch(cfg: ModelConfig, batch: int, seq_len: int, device) -> torch.Tens
 
 def build(cfg: ModelConfig, device, compile_model: bool = False):
     torch.manual_seed(0)
-    model = FreeTransformer(cfg).to(device)
+    with torch.device(device):  # initialised where it runs (a 1.5B model initialised on the host takes minutes)
+        model = FreeTransformer(cfg)
     model.train()
     optimizer = build_optimizer(model, OptimConfig())
     if compile_model:
         apply_compile(model)  # as the trainer's compile=true: each block, in place
     return model, optimizer
+
+
+def decoder_of(free: FreeTransformer) -> FreeTransformer:
+    """The baseline decoder made of `free`'s own embedding, blocks, final norm and read-out (shared, not
+    copied): the Free Transformer minus its latent path, as test_free_model_with_zero_post_sampler_equals_baseline
+    states. Built on the meta device, so it allocates nothing."""
+    with torch.device("meta"):
+        base = FreeTransformer(free.config.replace(latent_bits=0))
+    for name in ("embed_tokens", "layers", "norm", "lm_head"):
+        setattr(base, name, getattr(free, name))
+    base.rope_cos, base.rope_sin = free.rope_cos, free.rope_sin
+    return base.train(free.training)
 
 
 def train_step(model, optimizer, tokens, precision: str) -> None:
@@ -126,33 +156,41 @@ def saved_bytes(model, tokens, precision: str) -> int:
 # ---- peak memory in a fresh process (module-level functions: they are pickled) -------------------
 
 
-def memory_setup(n_bits, n_layers, batch, seq_len, device_name):
-    cfg = model_config(n_bits, n_layers)
+def memory_setup(n_bits, n_layers, batch, seq_len, device_name, size="narrow"):
+    cfg = model_config(n_bits, n_layers, size)
+    if size == PAPER and n_layers != cfg.n_layers:  # the warm-up's small model of the same width
+        cfg = cfg.replace(n_layers=n_layers, max_seq_len=max(seq_len, 16))
     return cfg, make_batch(cfg, batch, seq_len, torch.device(device_name))
 
 
-def memory_step(precision, cfg, tokens):
+def memory_step(precision, compile_model, cfg, tokens):
     """Build the model and optimizer and run two steps (the first creates the Adam moments)."""
-    model, optimizer = build(cfg, tokens.device)
+    model, optimizer = build(cfg, tokens.device, compile_model)
     for _ in range(2):
         train_step(model, optimizer, tokens, precision)
 
 
 def peak_memory(n_bits, n_layers, args) -> int:
     return peak_memory_in_fresh_process(
-        memory_setup, functools.partial(memory_step, args.precision), (n_bits, n_layers, BATCH, SEQ_LEN, args.device),
-        device_name=args.device, threads=args.threads, warmup_args=(n_bits and 4, 2, 1, 8, args.device),
+        memory_setup, functools.partial(memory_step, args.precision, args.compile),
+        (n_bits, n_layers, args.batch, args.seq_len, args.device, args.size),
+        device_name=args.device, threads=args.threads,
+        warmup_args=(n_bits and 4, 2, 1, 8, args.device, args.size),
     )
 
 
 # ---- main ------------------------------------------------------------------------------------------
 
 
-def time_config(n_bits, n_layers, device, rounds, precision, compile_model):
-    free_cfg = model_config(n_bits, n_layers)
+def time_config(n_bits, n_layers, device, rounds, precision, compile_model, args):
+    free_cfg = model_config(n_bits, n_layers, args.size)
     configs = {"free": free_cfg, "base": free_cfg.replace(latent_bits=0)}
-    tokens = make_batch(free_cfg, BATCH, SEQ_LEN, device)
-    states = {name: build(cfg, device, compile_model) for name, cfg in configs.items()}
+    tokens = make_batch(free_cfg, args.batch, args.seq_len, device)
+    if args.shared_decoder:
+        free, optimizer = build(free_cfg, device, compile_model)  # compiles the shared blocks once
+        states = {"free": (free, optimizer), "base": (decoder_of(free), optimizer)}
+    else:
+        states = {name: build(cfg, device, compile_model) for name, cfg in configs.items()}
     saved = {name: saved_bytes(states[name][0], tokens, precision) for name in configs}
     steps = {name: functools.partial(train_step, *states[name], tokens, precision) for name in configs}
     for fn in steps.values():  # optimizer state, compilation, first-call allocations
@@ -170,26 +208,51 @@ def main():
                         help="bf16: autocast, as the trainer's precision=bf16 (weights and Adam stay fp32)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every block of both models, as the trainer's compile=true")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the fresh-process peak memory")
+    parser.add_argument("--size", choices=("narrow", PAPER), default="narrow",
+                        help=f"narrow: dim 256 at L in {{8, 28}}; {PAPER}: the named size, B=4, T=2048 (a GPU only)")
+    parser.add_argument("--bits", type=int, nargs="+",
+                        help=f"latent bits H to compare (default: the grid's; {PAPER}: {' '.join(map(str, PAPER_BITS))})")
+    parser.add_argument("--seq-len", type=int, help=f"T (default {SEQ_LEN}; {PAPER}: {PAPER_SEQ_LEN})")
+    parser.add_argument("--batch", type=int, help=f"B (default {BATCH}; {PAPER}: {PAPER_BATCH})")
+    parser.add_argument("--shared-decoder", action=argparse.BooleanOptionalAction, default=None,
+                        help=f"the baseline made of the Free Transformer's decoder, one optimizer (default: on at "
+                             f"{PAPER}, off otherwise; --no-shared-decoder at {PAPER} needs more than 80 GB)")
     args = parser.parse_args()
-    grid = QUICK_GRID if args.quick else FULL_GRID
+    paper = args.size == PAPER
+    args.seq_len = args.seq_len or (PAPER_SEQ_LEN if paper else SEQ_LEN)
+    args.batch = args.batch or (PAPER_BATCH if paper else BATCH)
+    args.shared_decoder = paper if args.shared_decoder is None else args.shared_decoder
+    if paper:
+        grid = [(h, named_config(PAPER).n_layers) for h in (args.bits or PAPER_BITS)]
+    else:
+        grid = QUICK_GRID if args.quick else FULL_GRID
+        if args.bits:
+            grid = [(h, n_layers) for n_layers in sorted({n for _, n in grid}) for h in args.bits]
     rounds = args.repeats or (3 if args.quick else 5)
     device = setup_machine(args)
+    tokens_per_step = args.seq_len * args.batch
 
     began = time.perf_counter()
     print(f"{describe_machine(device)}, rounds: {rounds}, precision {args.precision}"
           f"{', compiled' if args.compile else ''}")
-    print(f"dims {DIMS}, T={SEQ_LEN}, batch {BATCH} ({SEQ_LEN * BATCH} tokens per step)")
+    if paper:
+        print(f"size {PAPER}: {named_config(PAPER)}, T={args.seq_len}, batch {args.batch} "
+              f"({tokens_per_step} tokens per step)")
+    else:
+        print(f"dims {DIMS}, T={args.seq_len}, batch {args.batch} ({tokens_per_step} tokens per step)")
+    if args.shared_decoder:
+        print("the baseline shares the Free Transformer's decoder weights and optimizer (see the docstring)")
     limits = matmul_limits_gflops(device)
     print(describe_limits(limits))
     rows = []
     for n_bits, n_layers in tqdm(grid, desc="configs"):
-        configs, times, saved = time_config(n_bits, n_layers, device, rounds, args.precision, args.compile)
-        flops = {name: cfg.training_flops_per_token(SEQ_LEN) * SEQ_LEN * BATCH for name, cfg in configs.items()}
+        configs, times, saved = time_config(n_bits, n_layers, device, rounds, args.precision, args.compile, args)
+        flops = {name: cfg.training_flops_per_token(args.seq_len) * tokens_per_step for name, cfg in configs.items()}
         ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         time_ratio = median_ratio(times["free"], times["base"])
         flop_ratio = flops["free"] / flops["base"]
         gflops = {name: flops[name] / ms[name] / 1e6 for name in configs}
-        analytic = {name: analytic_memory_bytes(cfg, SEQ_LEN * BATCH) for name, cfg in configs.items()}
+        analytic = {name: analytic_memory_bytes(cfg, tokens_per_step) for name, cfg in configs.items()}
         if args.memory:
             mem = {name: peak_memory(cfg.latent_bits, n_layers, args) for name, cfg in configs.items()}
             mem_ratio = mem["free"] / mem["base"]
@@ -202,27 +265,31 @@ def main():
                          analytic=analytic, mem_excess=mem_excess, saved=saved))
 
     print(f"\n{'H':>2} {'L':>2} | {'free ms':>8} {'base ms':>8} {'time x':>6} {'FLOP x':>6} {'t/F':>5}       | "
-          f"{'free GF/s':>9} {'base GF/s':>9}")
+          f"{'free TF/s':>9} {'base TF/s':>9} {'free MFU':>8} {'base MFU':>8} | {'free tok/s':>10} {'base tok/s':>10}")
     for r in rows:
         verdict = "PASS" if r["excess"] <= TARGET else "FAIL"
+        util = {name: mfu(r["gflops"][name] * 1e9, limits, args.precision) for name in ("free", "base")}
         print(f"{r['n_bits']:>2} {r['n_layers']:>2} | {r['ms']['free']:>8.1f} {r['ms']['base']:>8.1f} "
               f"{r['time_ratio']:>6.3f} {r['flop_ratio']:>6.3f} {r['excess']:>5.3f} {verdict} | "
-              f"{r['gflops']['free']:>9.1f} {r['gflops']['base']:>9.1f}")
+              f"{r['gflops']['free'] / 1e3:>9.2f} {r['gflops']['base'] / 1e3:>9.2f} {util['free']:>8.1%} "
+              f"{util['base']:>8.1%} | {tokens_per_step / r['ms']['free'] * 1e3:>10.0f} "
+              f"{tokens_per_step / r['ms']['base'] * 1e3:>10.0f}")
     print(f"\n{'H':>2} {'L':>2} | {'free MiB':>8} {'base MiB':>8} {'mem x':>6} {'model x':>7} {'m/M':>5}       | "
           f"{'saved MiB free':>14} {'(model)':>8} {'base':>6} {'(model)':>8}")
     for r in rows:
         verdict = "PASS" if r["mem_excess"] <= TARGET else ("FAIL" if r["mem_excess"] > TARGET else "")
         model_ratio = r["analytic"]["free"] / r["analytic"]["base"]
-        tokens = SEQ_LEN * BATCH
-        model_saved = {name: 4 * tokens * saved_floats_per_token(model_config(r["n_bits"] if name == "free" else 0,
-                                                                               r["n_layers"])) / MIB
+        model_saved = {name: 4 * tokens_per_step * saved_floats_per_token(
+                           model_config(r["n_bits"] if name == "free" else 0, r["n_layers"], args.size)) / MIB
                        for name in ("free", "base")}
         print(f"{r['n_bits']:>2} {r['n_layers']:>2} | {r['mem']['free'] / MIB:>8.1f} {r['mem']['base'] / MIB:>8.1f} "
               f"{r['mem_ratio']:>6.3f} {model_ratio:>7.3f} {r['mem_excess']:>5.3f} {verdict:<4} | "
               f"{r['saved']['free'] / MIB:>14.1f} {model_saved['free']:>8.1f} {r['saved']['base'] / MIB:>6.1f} "
               f"{model_saved['base']:>8.1f}")
-    print(f"\nt/F = time ratio / FLOP ratio, m/M = memory ratio / analytic memory ratio; target <= {TARGET}. "
-          f"machine limit fp32 {limits['fp32']:.0f}, bf16 {limits['bf16']:.0f} GFLOP/s")
+    print(f"\nt/F = time ratio / FLOP ratio, m/M = memory ratio / analytic memory ratio; target <= {TARGET} "
+          f"(issue #13 on a GPU at {PAPER} bf16 H=16: t/F <= 1.05, baseline MFU compiled >= 55%). "
+          f"TF/s = training_flops_per_token(T) * B * T / median step time; MFU = TF/s / the {args.precision} matmul "
+          f"limit (fp32 {limits['fp32']:.0f}, bf16 {limits['bf16']:.0f} GFLOP/s)")
     if args.precision == "bf16":
         print("bf16: the analytic memory counts every activation in fp32 (autocast keeps matmul outputs in "
               "bf16, norms and the residual stream in fp32), so its columns only bound the measured ones")

@@ -11,14 +11,15 @@ def tiny_config(**overrides) -> ModelConfig:
     return ModelConfig(**values)
 
 
-def tiny_model(seed=0, dtype=torch.float64, **overrides) -> FreeTransformer:
+def tiny_model(seed=0, dtype=torch.float64, device="cpu", **overrides) -> FreeTransformer:
+    """Initialised on the CPU from `seed` (the same weights on every device), then moved to `device`."""
     torch.manual_seed(seed)
     model = FreeTransformer(tiny_config(**overrides)).to(dtype)
     with torch.no_grad():  # non-trivial latent path: larger table, biased encoder bits
         if model.config.is_free:
             model.latent.mapper.weight.normal_(0, 0.5)
             model.latent.readout.weight.normal_(0, 0.5)
-    return model.eval()
+    return model.to(device).eval()
 
 
 def tiny_checkpoint(root, name: str, latent_bits: int, **overrides):
@@ -31,6 +32,70 @@ def tiny_checkpoint(root, name: str, latent_bits: int, **overrides):
     values.update(overrides)
     save_checkpoint(root / name, 1, FreeTransformer(ModelConfig(**values)), {"tokenizer": "byte"})
     return root / name
+
+
+# ---- the device the numerical tests run on: `pytest` (cpu, what CI runs) or `pytest --device cuda` -----------
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="device for the tests that take the `device` fixture (default cpu). With cuda, tests "
+                          "without that fixture are deselected (they are device-independent: plain `pytest` runs "
+                          "them) and tests marked cpu_only are skipped")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu_only(reason): takes the device fixture but only makes sense on the CPU; "
+                                       "skipped under --device cuda")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped cleanly without one")
+    device = torch.device(config.getoption("--device"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--device {device}: no CUDA device here (torch {torch.__version__})")
+    if device.type not in ("cpu", "cuda"):
+        raise pytest.UsageError(f"--device must be cpu or cuda, got {device}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without CUDA, tests marked cuda are skipped. Under --device cuda, tests that do not take the
+    `device` fixture are deselected (they do not depend on the device: plain `pytest` runs them on the
+    CPU), and tests marked cpu_only are skipped with their reason."""
+    device = torch.device(config.getoption("--device"))
+    no_cuda = pytest.mark.skip(reason="needs a CUDA device (none here); run `pytest --device cuda` on a GPU machine")
+    kept, deselected = [], []
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            if not torch.cuda.is_available():
+                item.add_marker(no_cuda)
+            kept.append(item)
+            continue
+        if device.type == "cpu":
+            kept.append(item)
+            continue
+        cpu_only = item.get_closest_marker("cpu_only")
+        if cpu_only:
+            reason = cpu_only.kwargs.get("reason") or (cpu_only.args[0] if cpu_only.args else "")
+            item.add_marker(pytest.mark.skip(reason=f"cpu_only: {reason}"))
+            kept.append(item)
+        elif "device" in item.fixturenames:
+            kept.append(item)
+        else:
+            deselected.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+@pytest.fixture
+def device(request) -> torch.device:
+    """The device of `pytest --device` (cpu by default)."""
+    return torch.device(request.config.getoption("--device"))
+
+
+def on_cpu(model: FreeTransformer) -> FreeTransformer:
+    """A CPU copy of a model, for the naive references (written for CPU tensors)."""
+    import copy
+
+    return copy.deepcopy(model).cpu()
 
 
 @pytest.fixture(autouse=True)

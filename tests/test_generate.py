@@ -6,15 +6,19 @@ from free_transformer.generate import filter_logits
 from conftest import tiny_model
 
 
-def _prompts(B=3, P=5):
-    return torch.randint(0, 50, (B, P), generator=torch.Generator().manual_seed(3))
+def _prompts(B=3, P=5, device="cpu"):
+    return torch.randint(0, 50, (B, P), generator=torch.Generator().manual_seed(3)).to(device)
+
+
+def _generators(seeds, device):
+    return [torch.Generator(device).manual_seed(s) for s in seeds]
 
 
 @pytest.mark.parametrize("latent_bits", [0, 4])
-def test_cached_decoding_equals_full_forward(latent_bits):
-    model = tiny_model(latent_bits=latent_bits)
-    tokens = torch.randint(0, 50, (2, 20))
-    latents = torch.randint(0, 16, (2, 20)) if latent_bits else "prior"
+def test_cached_decoding_equals_full_forward(latent_bits, device):
+    model = tiny_model(latent_bits=latent_bits, device=device)
+    tokens = torch.randint(0, 50, (2, 20), device=device)
+    latents = torch.randint(0, 16, (2, 20), device=device) if latent_bits else "prior"
     full = model(tokens, latents=latents).logits
     cache = model.new_cache(2)
     pieces = [model(tokens[:, :6], latents=latents[:, :6] if latent_bits else "prior", cache=cache).logits]
@@ -38,28 +42,29 @@ def _naive_greedy(model, prompts, steps, latents):
 
 
 @pytest.mark.parametrize("latent_bits", [0, 4])
-def test_greedy_generation_equals_naive_loop(latent_bits):
-    model = tiny_model(latent_bits=latent_bits)
-    prompts = _prompts()
+def test_greedy_generation_equals_naive_loop(latent_bits, device):
+    model = tiny_model(latent_bits=latent_bits, device=device)
+    prompts = _prompts(device=device)
     cfg = GenerationConfig(max_new_tokens=12, temperature=0)
     result = generate(model, prompts, cfg, seeds=[0, 1, 2])
     expected = _naive_greedy(model, prompts, 12, result.latents)
     assert result.tokens == expected.tolist()
-    if latent_bits:  # Z for the 5 prompt positions + 11 fed new tokens, none redrawn
+    if latent_bits:
+        assert result.latents.device.type == device.type  # Z for the 5 prompt positions + 11 fed new tokens, none redrawn
         assert result.latents.shape == (3, 16)
 
 
-def test_prompt_latents_come_from_the_posterior():
-    model = tiny_model()
-    prompts = _prompts()
+def test_prompt_latents_come_from_the_posterior(device):
+    model = tiny_model(device=device)
+    prompts = _prompts(device=device)
     result = generate(model, prompts, GenerationConfig(max_new_tokens=2), seeds=[4, 5, 6])
-    posterior = infer_latents(model, prompts, generator=[torch.Generator().manual_seed(s) for s in (4, 5, 6)])
+    posterior = infer_latents(model, prompts, generator=_generators((4, 5, 6), device))
     assert torch.equal(result.latents[:, :5], posterior)
 
 
-def test_sampled_generation_is_reproducible_per_row():
-    model = tiny_model()
-    prompts = _prompts()
+def test_sampled_generation_is_reproducible_per_row(device):
+    model = tiny_model(device=device)
+    prompts = _prompts(device=device)
     cfg = GenerationConfig(max_new_tokens=10, temperature=1.0, top_k=20, top_p=0.9)
     batch = generate(model, prompts, cfg, seeds=[7, 8, 9])
     alone = generate(model, prompts[1:2], cfg, seeds=[8])
@@ -69,10 +74,10 @@ def test_sampled_generation_is_reproducible_per_row():
     assert again.tokens == batch.tokens
 
 
-def test_shared_latents_are_used_by_every_row():
-    model = tiny_model()
-    prompts = _prompts(P=4)
-    shared = shared_prior_latents(model, 4 + 9, torch.Generator().manual_seed(0))
+def test_shared_latents_are_used_by_every_row(device):
+    model = tiny_model(device=device)
+    prompts = _prompts(P=4, device=device)
+    shared = shared_prior_latents(model, 4 + 9, torch.Generator(device).manual_seed(0))
     result = generate(model, prompts, GenerationConfig(max_new_tokens=10), latents=shared)
     assert torch.equal(result.latents, shared.expand(3, -1))
 
@@ -86,9 +91,9 @@ def test_shared_latents_shorter_than_generation_fall_back_to_prior():
     assert result.latents.shape == (3, 13)
 
 
-def test_stop_tokens_end_rows():
-    model = tiny_model(latent_bits=0)
-    prompts = _prompts()
+def test_stop_tokens_end_rows(device):
+    model = tiny_model(latent_bits=0, device=device)
+    prompts = _prompts(device=device)
     free_run = generate(model, prompts, GenerationConfig(max_new_tokens=8, temperature=0))
     stop = free_run.tokens[0][2]
     stopped = generate(model, prompts, GenerationConfig(max_new_tokens=8, temperature=0, stop_tokens=(stop,)))
@@ -122,9 +127,9 @@ def test_generation_errors():
 
 
 @pytest.mark.parametrize("latent_bits", [0, 4])
-def test_should_stop_finishes_rows_early(latent_bits):
-    model = tiny_model(latent_bits=latent_bits)
-    prompts = _prompts()
+def test_should_stop_finishes_rows_early(latent_bits, device):
+    model = tiny_model(latent_bits=latent_bits, device=device)
+    prompts = _prompts(device=device)
     cfg = GenerationConfig(max_new_tokens=10, temperature=0)
     full = generate(model, prompts, cfg, seeds=[0, 1, 2]).tokens
     calls = []
@@ -138,13 +143,13 @@ def test_should_stop_finishes_rows_early(latent_bits):
     assert max(calls) == 3
 
 
-def test_returned_latents_are_ordinary_tensors():
+def test_returned_latents_are_ordinary_tensors(device):
     """generate decodes under inference_mode; the latents it returns must still feed a training forward."""
-    model = tiny_model()
-    prompts = _prompts()
+    model = tiny_model(device=device)
+    prompts = _prompts(device=device)
     result = generate(model, prompts, GenerationConfig(max_new_tokens=6), seeds=[0, 1, 2])
     assert not result.latents.is_inference()
-    tokens = torch.cat([prompts, torch.tensor(result.tokens)[:, :-1]], 1)  # the positions the latents were fed at
+    tokens = torch.cat([prompts, torch.tensor(result.tokens, device=device)[:, :-1]], 1)  # the positions the latents were fed at
     model.train()
     model(tokens, tokens, latents=result.latents).loss.backward()
     assert model.latent.mapper.weight.grad is not None

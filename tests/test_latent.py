@@ -16,33 +16,36 @@ from free_transformer.latent import (
 from reference import naive_kl_to_uniform, naive_mapper_project
 
 
-def _inputs(n_rows, n_bits, dim, seed=0):
+def _inputs(n_rows, n_bits, dim, seed=0, device="cpu"):
+    """Drawn on the CPU (the same values on every device), then moved."""
     g = torch.Generator().manual_seed(seed)
-    logits = (2 * torch.randn(n_rows, n_bits, generator=g, dtype=torch.float64)).requires_grad_()
-    weight = torch.randn(2**n_bits, dim, generator=g, dtype=torch.float64).requires_grad_()
-    grad_out = torch.randn(n_rows, dim, generator=g, dtype=torch.float64)
+    logits = (2 * torch.randn(n_rows, n_bits, generator=g, dtype=torch.float64)).to(device).requires_grad_()
+    weight = torch.randn(2**n_bits, dim, generator=g, dtype=torch.float64).to(device).requires_grad_()
+    grad_out = torch.randn(n_rows, dim, generator=g, dtype=torch.float64).to(device)
     return logits, weight, grad_out
 
 
 @pytest.mark.parametrize("n_bits", [1, 3, 6, 10])
 @pytest.mark.parametrize("chunk_entries", [2**22, 64])  # one chunk, and many chunks
-def test_mapper_matches_paper_formula(n_bits, chunk_entries, monkeypatch):
-    monkeypatch.setitem(binary_mapper.CHUNK_BYTES, "cpu", chunk_entries * 8)  # float64 entries
-    logits, weight, grad_out = _inputs(n_rows=7, n_bits=n_bits, dim=5)
-    r, index = binary_mapper_project(logits, weight, generator=torch.Generator().manual_seed(1))
+def test_mapper_matches_paper_formula(n_bits, chunk_entries, monkeypatch, device):
+    monkeypatch.setitem(binary_mapper.CHUNK_BYTES, device.type, chunk_entries * 8)  # float64 entries
+    logits, weight, grad_out = _inputs(n_rows=7, n_bits=n_bits, dim=5, device=device)
+    r, index = binary_mapper_project(logits, weight, generator=torch.Generator(device).manual_seed(1))
     grad_logits, grad_weight = torch.autograd.grad((r * grad_out).sum(), (logits, weight))
 
-    r_ref = naive_mapper_project(logits, weight, index)
-    ref_logits, ref_weight = torch.autograd.grad((r_ref * grad_out).sum(), (logits, weight))
-    torch.testing.assert_close(r, r_ref, rtol=0, atol=1e-12)
-    torch.testing.assert_close(grad_logits, ref_logits, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(grad_weight, ref_weight, rtol=0, atol=1e-12)
+    # the reference: the paper's formula on the CPU, float64, with the same sampled index
+    cpu_logits, cpu_weight = (t.detach().cpu().requires_grad_() for t in (logits, weight))
+    r_ref = naive_mapper_project(cpu_logits, cpu_weight, index.cpu())
+    ref_logits, ref_weight = torch.autograd.grad((r_ref * grad_out.cpu()).sum(), (cpu_logits, cpu_weight))
+    torch.testing.assert_close(r.cpu(), r_ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad_logits.cpu(), ref_logits, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad_weight.cpu(), ref_weight, rtol=0, atol=1e-12)
     assert grad_logits.abs().max() > 0  # the check is not vacuous
 
 
-def test_mapper_keeps_leading_shape_and_float32():
-    logits = torch.randn(2, 3, 4, requires_grad=True)
-    weight = torch.randn(16, 8, requires_grad=True)
+def test_mapper_keeps_leading_shape_and_float32(device):
+    logits = torch.randn(2, 3, 4, device=device, requires_grad=True)
+    weight = torch.randn(16, 8, device=device, requires_grad=True)
     r, index = binary_mapper_project(logits, weight)
     assert r.shape == (2, 3, 8) and index.shape == (2, 3)
     assert torch.equal(r, weight[index])
@@ -50,15 +53,16 @@ def test_mapper_keeps_leading_shape_and_float32():
     assert logits.grad.shape == logits.shape and logits.grad.dtype == torch.float32
 
 
-def test_mapper_backward_matmul_follows_autocast():
+def test_mapper_backward_matmul_follows_autocast(device):
     """Under bf16 autocast dR @ W^T runs in bf16 like every other matmul: close to float32, not equal.
     The table's gradient (a scatter-add) and the values stay float32."""
-    logits, weight, grad_out = (t.float().detach() for t in _inputs(n_rows=64, n_bits=8, dim=32))
+    logits, weight, grad_out = (t.float().detach() for t in _inputs(n_rows=64, n_bits=8, dim=32, device=device))
     grads = {}
-    for name, context in (("fp32", torch.autocast("cpu", enabled=False)), ("bf16", torch.autocast("cpu", torch.bfloat16))):
+    for name, context in (("fp32", torch.autocast(device.type, enabled=False)),
+                          ("bf16", torch.autocast(device.type, torch.bfloat16))):
         x, w = logits.clone().requires_grad_(), weight.clone().requires_grad_()
         with context:
-            r, _ = binary_mapper_project(x, w, generator=torch.Generator().manual_seed(1))
+            r, _ = binary_mapper_project(x, w, generator=torch.Generator(device).manual_seed(1))
         grads[name] = torch.autograd.grad((r * grad_out).sum(), (x, w))
     (x32, w32), (x16, w16) = grads["fp32"], grads["bf16"]
     assert x16.dtype == torch.float32 and torch.equal(w16, w32)
@@ -71,21 +75,22 @@ def test_mapper_rejects_wrong_table_size():
         binary_mapper_project(torch.randn(3, 4), torch.randn(15, 8))
 
 
-def test_bit_frequencies_follow_sigmoid():
-    logits = torch.tensor([-2.0, -0.5, 0.0, 1.0, 3.0])
-    index = sample_bits(logits.expand(40000, 5), torch.Generator().manual_seed(0))
-    freq = index_to_bits(index, 5).mean(0)
+def test_bit_frequencies_follow_sigmoid(device):
+    logits = torch.tensor([-2.0, -0.5, 0.0, 1.0, 3.0], device=device)
+    index = sample_bits(logits.expand(40000, 5), torch.Generator(device).manual_seed(0))
+    freq = index_to_bits(index, 5).float().mean(0)
     torch.testing.assert_close(freq, torch.sigmoid(logits), atol=0.01, rtol=0)
 
 
-def test_uniform_prior_is_uniform():
-    index = uniform_latents((60000,), 3, generator=torch.Generator().manual_seed(0))
-    counts = torch.bincount(index, minlength=8).double() / 60000
+def test_uniform_prior_is_uniform(device):
+    index = uniform_latents((60000,), 3, generator=torch.Generator(device).manual_seed(0), device=device)
+    assert index.device.type == device.type
+    counts = torch.bincount(index, minlength=8).double().cpu() / 60000
     torch.testing.assert_close(counts, torch.full((8,), 1 / 8, dtype=torch.float64), atol=0.006, rtol=0)
     # at H = 16 every one of the 16 bits is a fair coin and no index reaches 2^16
-    index = uniform_latents((4, 10000), 16, generator=torch.Generator().manual_seed(1))
+    index = uniform_latents((4, 10000), 16, generator=torch.Generator(device).manual_seed(1), device=device).cpu()
     assert 0 <= index.min() and index.max() < 2**16
-    torch.testing.assert_close(index_to_bits(index, 16).mean((0, 1)), torch.full((16,), 0.5), atol=0.01, rtol=0)
+    torch.testing.assert_close(index_to_bits(index, 16).float().mean((0, 1)), torch.full((16,), 0.5), atol=0.01, rtol=0)
 
 
 def test_per_row_generators_make_rows_independent_of_batch():
@@ -153,9 +158,9 @@ def test_mapper_chunks_follow_the_device_budget():
     assert binary_mapper.chunk_bits(3, 6, 4, torch.device("cuda")) == 6  # one chunk holds every value
 
 
-def test_compiled_chunk_body_gives_the_eager_gradient(monkeypatch):
-    monkeypatch.setitem(binary_mapper.CHUNK_BYTES, "cpu", 64 * 4)  # several chunks
-    logits, weight, grad_out = (t.float().detach() for t in _inputs(n_rows=16, n_bits=8, dim=8))
+def test_compiled_chunk_body_gives_the_eager_gradient(monkeypatch, device):
+    monkeypatch.setitem(binary_mapper.CHUNK_BYTES, device.type, 64 * 4)  # several chunks
+    logits, weight, grad_out = (t.float().detach() for t in _inputs(n_rows=16, n_bits=8, dim=8, device=device))
     eager = binary_mapper._bit_logit_grad(logits, weight, grad_out)
     compiled = binary_mapper._bit_logit_grad(logits, weight, grad_out, compiled=True)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

@@ -4,12 +4,12 @@ import torch
 from free_transformer import ConfigError, FreeTransformer, ModelConfig, named_config
 from free_transformer.config import LatentConfig
 from free_transformer.latent import check_latent_indices, free_bits_kl
-from conftest import tiny_config, tiny_model
+from conftest import on_cpu, tiny_config, tiny_model
 from reference import naive_forward
 
 
-def _tokens(B=2, T=12, vocab=50, seed=0):
-    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+def _tokens(B=2, T=12, vocab=50, seed=0, device="cpu"):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
 @pytest.mark.parametrize(
@@ -68,50 +68,50 @@ VARIANTS = [dict(latent=LatentConfig("bit_linear")), dict(latent=LatentConfig(en
 
 @pytest.mark.parametrize("overrides", [dict(latent_bits=0), dict(latent_bits=4), dict(latent_bits=3, tie_embeddings=True),
                                        *VARIANTS])
-def test_forward_matches_naive_algorithm(overrides):
-    model = tiny_model(**overrides)
+def test_forward_matches_naive_algorithm(overrides, device):
+    model = tiny_model(device=device, **overrides)
     tokens = _tokens()
     latents = torch.randint(0, 2 ** max(1, model.config.latent_bits), tokens.shape)
-    out = model(tokens, latents=latents)
-    ref_logits, _ = naive_forward(model, tokens, latents)
-    torch.testing.assert_close(out.logits, ref_logits, rtol=1e-9, atol=1e-9)
+    out = model(tokens.to(device), latents=latents.to(device))
+    ref_logits, _ = naive_forward(on_cpu(model), tokens, latents)
+    torch.testing.assert_close(out.logits.cpu(), ref_logits, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("overrides", [{}, *VARIANTS])
-def test_encoder_bit_logits_match_naive_encoder(overrides):
-    model = tiny_model(**overrides)
+def test_encoder_bit_logits_match_naive_encoder(overrides, device):
+    model = tiny_model(device=device, **overrides)
     tokens = _tokens()
-    out = model(tokens, latents="encoder")
-    ref_logits, ref_bits = naive_forward(model, tokens, out.latent_index)
-    torch.testing.assert_close(out.bit_logits, ref_bits, rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(out.logits, ref_logits, rtol=1e-9, atol=1e-9)
+    out = model(tokens.to(device), latents="encoder")
+    ref_logits, ref_bits = naive_forward(on_cpu(model), tokens, out.latent_index.cpu())
+    torch.testing.assert_close(out.bit_logits.cpu(), ref_bits, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(out.logits.cpu(), ref_logits, rtol=1e-9, atol=1e-9)
 
 
-def test_free_model_with_zero_post_sampler_equals_baseline():
-    free = tiny_model()
+def test_free_model_with_zero_post_sampler_equals_baseline(device):
+    free = tiny_model(device=device)
     with torch.no_grad():
         free.latent.mapper.weight.zero_()
-    baseline = FreeTransformer(free.config.replace(latent_bits=0)).double()
+    baseline = FreeTransformer(free.config.replace(latent_bits=0)).double().to(device)
     missing, unexpected = baseline.load_state_dict(free.state_dict(), strict=False)
     assert not missing and unexpected  # the baseline is the Free Transformer minus the latent path
-    tokens = _tokens()
+    tokens = _tokens(device=device)
     torch.testing.assert_close(free(tokens).logits, baseline(tokens).logits, rtol=0, atol=1e-12)
 
 
-def test_loss_is_cross_entropy_plus_free_bits_kl():
-    model = tiny_model()
-    tokens = _tokens(T=13)
-    out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05, generator=torch.Generator().manual_seed(0))
+def test_loss_is_cross_entropy_plus_free_bits_kl(device):
+    model = tiny_model(device=device)
+    tokens = _tokens(T=13, device=device)
+    out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05, generator=torch.Generator(device).manual_seed(0))
     ce = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), tokens[:, 1:].flatten())
     torch.testing.assert_close(out.cross_entropy_nats, ce)
     torch.testing.assert_close(out.loss, ce + free_bits_kl(out.kl_per_token_nats, 0.05))
     assert out.kl_per_token_nats.shape == (2, 12) and out.kl_nats > 0.05
 
 
-def test_decoder_is_causal_given_fixed_latents():
-    model = tiny_model()
-    tokens = _tokens(B=1)
-    latents = torch.randint(0, 16, tokens.shape)
+def test_decoder_is_causal_given_fixed_latents(device):
+    model = tiny_model(device=device)
+    tokens = _tokens(B=1, device=device)
+    latents = torch.randint(0, 16, tokens.shape, device=device)
     changed = tokens.clone()
     changed[0, 8] = (changed[0, 8] + 1) % 50
     a, b = model(tokens, latents=latents).logits, model(changed, latents=latents).logits
@@ -128,16 +128,16 @@ def test_encoder_is_not_causal():
     assert (a[0, 0] - b[0, 0]).abs().max() > 1e-6  # the last token changes the first position's bits
 
 
-def test_gqa_equals_repeated_kv_heads():
-    gqa = tiny_model(n_heads=4, n_kv_heads=2)
-    mha = FreeTransformer(gqa.config.replace(n_kv_heads=4)).double().eval()
+def test_gqa_equals_repeated_kv_heads(device):
+    gqa = tiny_model(n_heads=4, n_kv_heads=2, device=device)
+    mha = FreeTransformer(gqa.config.replace(n_kv_heads=4)).double().to(device).eval()
     state = gqa.state_dict()
     hd = gqa.config.head_dim
     for key, value in list(state.items()):
         if key.endswith(("k_proj.weight", "v_proj.weight")):  # (kv*hd, D) -> each kv head used twice
             state[key] = value.view(2, hd, -1).repeat_interleave(2, dim=0).reshape(4 * hd, -1)
     mha.load_state_dict(state)
-    tokens, latents = _tokens(), torch.randint(0, 16, (2, 12))
+    tokens, latents = _tokens(device=device), torch.randint(0, 16, (2, 12), device=device)
     torch.testing.assert_close(gqa(tokens, latents=latents).logits, mha(tokens, latents=latents).logits)
 
 
@@ -175,18 +175,18 @@ def test_old_spelling_of_encoder_latents_still_works_with_a_warning():
 
 
 @pytest.mark.parametrize("overrides", [{}, *VARIANTS])
-def test_gradients_reach_every_parameter(overrides):
-    model = tiny_model(dtype=torch.float32, **overrides).train()
-    tokens = _tokens(T=13)
+def test_gradients_reach_every_parameter(overrides, device):
+    model = tiny_model(dtype=torch.float32, device=device, **overrides).train()
+    tokens = _tokens(T=13, device=device)
     model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.0).loss.backward()
     no_grad = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().max() == 0]
     assert not no_grad, no_grad
 
 
-def test_bf16_autocast_forward_backward():
-    model = tiny_model(dtype=torch.float32).train()
-    tokens = _tokens(T=13)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+def test_bf16_autocast_forward_backward(device):
+    model = tiny_model(dtype=torch.float32, device=device).train()
+    tokens = _tokens(T=13, device=device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         out = model(tokens[:, :-1], tokens[:, 1:])
     out.loss.backward()
     assert torch.isfinite(out.loss) and out.logits.dtype == torch.bfloat16

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Check a GPU machine in one command: the test suite on the GPU, then the GPU benchmarks at their default
+# sizes, written to OUT_DIR/gpu-report.md (each command, its exit status, time and output; nvidia-smi and
+# the versions). See docs/gpu.md for what each figure is compared against.
+#
+#     bash scripts/gpu-check.sh [OUT_DIR]          (default OUT_DIR: gpu-check-<date>-<time>)
+#     PYTHON=/path/to/python bash scripts/gpu-check.sh   (default: python)
+#
+# Exits 2 with one line when no CUDA device is visible; otherwise 0 when every command succeeded, 1 when
+# one failed or ran past its time limit (the report says which). Benchmarks that miss a target print
+# FAIL in their table but still exit 0: the report is where targets are read.
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 2
+PYTHON=${PYTHON:-python}
+OUT=${1:-gpu-check-$(date +%Y%m%d-%H%M%S)}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "gpu-check: no CUDA device ($PYTHON: torch missing or torch.cuda.is_available() is False)" >&2
+    exit 2
+fi
+
+mkdir -p "$OUT" || exit 2
+REPORT="$OUT/gpu-report.md"
+START=$(date +%s)
+FAILED=()
+STEP=0
+
+fence() { echo '```'; cat; echo '```'; }
+
+{
+    echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)'), host $(hostname)"
+    echo
+    echo "## Versions"
+    "$PYTHON" -c "import platform, torch; print('python', platform.python_version()); print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'cuDNN', torch.backends.cudnn.version()); print('device', torch.cuda.get_device_name(0), '| devices visible:', torch.cuda.device_count())" 2>&1 | fence
+    echo
+    echo "## nvidia-smi"
+    if command -v nvidia-smi > /dev/null; then nvidia-smi 2>&1; else echo "nvidia-smi not found"; fi | fence
+} > "$REPORT"
+
+# run NAME LIMIT_SECONDS COMMAND...: runs it with a time limit, appends command, status and output to the report.
+run() {
+    local name=$1 limit=$2
+    shift 2
+    STEP=$((STEP + 1))
+    local log
+    log="$OUT/$(printf '%02d' "$STEP")-$name.log"
+    echo "[gpu-check] $name: $*" >&2
+    local began=$SECONDS
+    timeout --kill-after=30 "$limit" "$@" > "$log" 2>&1
+    local rc=$? elapsed=$((SECONDS - began))
+    local status="ok"
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        status="TIMED OUT after ${limit} s"
+    elif [ "$rc" -ne 0 ]; then
+        status="FAILED (exit $rc)"
+    fi
+    [ "$status" = ok ] || FAILED+=("$name: $status")
+    echo "[gpu-check] $name: $status, ${elapsed} s" >&2
+    {
+        echo
+        echo "## $name: $status, ${elapsed} s"
+        echo
+        echo "\`$*\`"
+        echo
+        # progress bars rewrite one line with carriage returns: keep the last state of each line
+        sed 's/.*\r//' "$log" | fence
+    } >> "$REPORT"
+}
+
+run pytest 300 "$PYTHON" -m pytest --device cuda -q -rs -p no:cacheprovider
+run mapper 240 "$PYTHON" bench/mapper.py --quick --dtype bf16
+run step-eager 360 "$PYTHON" bench/step.py --size paper-1.5b --dtype bf16 --bits 16
+run step-compiled 420 "$PYTHON" bench/step.py --size paper-1.5b --dtype bf16 --bits 16 --compile --no-memory
+GENERATE=(bench/generate.py --size paper-1.5b --dtype bf16 --batch 1 16 --new-tokens 64 --recompute-tokens 0 --rounds 5)
+run generate-eager 300 "$PYTHON" "${GENERATE[@]}"
+run generate-compiled 300 "$PYTHON" "${GENERATE[@]}" --compile
+# x-transformers 2.31.10 (pip install x-transformers==2.31.10): the issue #13 comparison size.
+PEERS=(bench/peers.py --layers 16 --dim 1024 --heads 16 --kv-heads 4 --ffn 2816 --vocab 32000 --seq-len 1024 --batch 8 --rounds 3)
+if "$PYTHON" -c "import x_transformers.free_transformer" 2>/dev/null; then
+    run peers-fp32 300 "$PYTHON" "${PEERS[@]}" --dtype fp32
+    run peers-bf16 300 "$PYTHON" "${PEERS[@]}" --dtype bf16
+else
+    printf '\n## peers: skipped\n\nx_transformers is not importable (pip install x-transformers==2.31.10 to compare).\n' >> "$REPORT"
+    echo "[gpu-check] peers: skipped (x_transformers not importable)" >&2
+fi
+run latent-kinds 180 "$PYTHON" bench/latent_kinds.py --rounds 5
+
+TOTAL=$(( $(date +%s) - START ))
+{
+    echo
+    echo "## Summary"
+    echo
+    echo "$STEP commands in ${TOTAL} s."
+    if [ ${#FAILED[@]} -eq 0 ]; then
+        echo "Every command succeeded (targets: the PASS/FAIL columns above; docs/gpu.md)."
+    else
+        echo "Failed:"
+        for failure in "${FAILED[@]}"; do echo "- $failure"; done
+    fi
+} >> "$REPORT"
+echo "[gpu-check] report: $REPORT (${TOTAL} s)" >&2
+[ ${#FAILED[@]} -eq 0 ]

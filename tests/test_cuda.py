@@ -1,0 +1,138 @@
+"""What only a CUDA device can show: the attention kernel SDPA picks, host synchronisations in a training
+step and a decoding step, and the numbers of the GPU against the CPU. Skipped without a CUDA device
+(`pytest` on a CPU machine); `pytest --device cuda` on a GPU machine runs them with the device tests."""
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from free_transformer import FreeTransformer, ModelConfig
+from free_transformer.latent import binary_mapper, binary_mapper_project
+from free_transformer.train.config import OptimConfig
+from free_transformer.train.optim import build_optimizer
+from conftest import tiny_model
+from reference import naive_mapper_project
+
+pytestmark = pytest.mark.cuda
+CUDA = torch.device("cuda")
+# Head dim 64 and grouped-query attention (4 query / 2 key-value heads), as the paper's sizes have.
+GPU_CONFIG = dict(vocab_size=256, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=512, max_seq_len=256,
+                  latent_bits=8)
+
+
+def _model(dtype=torch.float32, seed=0) -> FreeTransformer:
+    torch.manual_seed(seed)
+    return FreeTransformer(ModelConfig(**GPU_CONFIG)).to(device=CUDA, dtype=dtype)
+
+
+def _tokens(B=2, T=128, vocab=256, seed=0):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed)).to(CUDA)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_attention_runs_a_fast_sdpa_kernel(precision):
+    """Every attention of a forward (decoder blocks, the encoder's broadcast query, GQA) runs flash or
+    memory-efficient attention: sdpa_kernel with only those backends raises when SDPA would need its
+    math kernel (which materialises the T x T scores: in fp32 with enable_gqa it did, GPU-NOTES.md)."""
+    model = _model().train()
+    tokens = _tokens()
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = model(tokens[:, :-1], tokens[:, 1:])
+        out.loss.backward()
+    assert torch.isfinite(out.loss)
+
+
+def test_training_step_and_cached_decode_step_never_synchronise():
+    """A training step (forward with targets, backward, the trainer's fused AdamW) and one cached decoding
+    step queue their work without waiting for the GPU: any host synchronisation (.item(), a host-side
+    comparison of a device value, a device-to-host copy) raises under sync debug mode "error". That
+    is what CUDA-graph capture and a launch-bound decoding loop need."""
+    model = _model().train()
+    optimizer = build_optimizer(model, OptimConfig())
+    tokens = _tokens()
+
+    def train_step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.3)
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    train_step()  # first-call set-up (optimizer state, cuBLAS handles) outside the check
+    model.eval()
+    B, P = 2, 16
+    with torch.inference_mode():
+        cache = model.new_cache(B)
+        prefill = model(tokens[:, :P], latents=torch.zeros(B, P, dtype=torch.long, device=CUDA), cache=cache)
+        token = prefill.logits[:, -1].argmax(-1)  # (B,) stays on the device
+    torch.cuda.synchronize()
+    model.train()
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        train_step()
+        model.eval()
+        with torch.inference_mode():
+            step = model(token[:, None], latents=torch.zeros(B, 1, dtype=torch.long, device=CUDA), cache=cache,
+                         start=P)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert step.logits.shape == (B, 1, GPU_CONFIG["vocab_size"]) and cache.length == P + 1
+    assert torch.isfinite(step.logits).all()
+
+
+def _mapper_inputs(n_rows, n_bits, dim, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = 2 * torch.randn(n_rows, n_bits, generator=g, dtype=torch.float64)
+    weight = torch.randn(2**n_bits, dim, generator=g, dtype=torch.float64) * dim**-0.5
+    grad_out = torch.randn(n_rows, dim, generator=g, dtype=torch.float64)
+    return logits, weight, grad_out
+
+
+def _mapper_grads(logits, weight, grad_out, index=None, autocast=False):
+    """(r, index, d logits, d weight) of (r * grad_out).sum(): the fused mapper when index is None (it
+    samples the index), else the paper's formula for that index (float64 on the CPU)."""
+    x, w = logits.clone().requires_grad_(), weight.clone().requires_grad_()
+    if index is None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            r, index = binary_mapper_project(x, w, generator=torch.Generator(x.device).manual_seed(1))
+    else:
+        r = naive_mapper_project(x, w, index)
+    return (r, index, *torch.autograd.grad((r * grad_out).sum(), (x, w)))
+
+
+@pytest.mark.parametrize("n_bits, dtype, autocast, rtol", [
+    (10, torch.float64, False, 1e-10),  # the same arithmetic as the CPU: agreement to rounding
+    (12, torch.float32, False, 1e-4),
+    (16, torch.float32, False, 1e-4),
+    (12, torch.float32, True, 2e-2),  # dR @ W^T in bf16 (measured 2.9e-3 relative)
+])
+def test_mapper_gradients_on_cuda_match_the_paper_formula_in_float64(n_bits, dtype, autocast, rtol, monkeypatch):
+    """The fused Binary Mapper on the GPU, several chunks, against (Y + G - detach(G)) @ W on the CPU in float64
+    with the same sampled index (see test_latent.py's test_mapper_matches_paper_formula)."""
+    logits, weight, grad_out = _mapper_inputs(n_rows=64, n_bits=n_bits, dim=32)
+    entry_bytes = 6 if autocast else dtype.itemsize  # the chunk buffers' bytes per entry (binary_mapper.chunk_bits)
+    monkeypatch.setitem(binary_mapper.CHUNK_BYTES, "cuda", 64 * 2 ** (n_bits - 3) * entry_bytes)  # 8 chunks
+    r, index, grad_logits, grad_weight = _mapper_grads(*(t.to(CUDA, dtype) for t in (logits, weight, grad_out)),
+                                                       autocast=autocast)
+    r_ref, _, ref_logits, ref_weight = _mapper_grads(logits, weight, grad_out, index=index.cpu())
+    scale = ref_logits.abs().max()
+    assert scale > 0
+    torch.testing.assert_close(r.cpu().double(), r_ref, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-12)
+    torch.testing.assert_close(grad_logits.cpu().double(), ref_logits, rtol=0, atol=rtol * scale)
+    torch.testing.assert_close(grad_weight.cpu().double(), ref_weight, rtol=0,
+                               atol=(1e-6 if dtype == torch.float32 else 1e-12) * ref_weight.abs().max())
+
+
+@pytest.mark.parametrize("latent_bits", [0, 4])
+def test_cpu_and_cuda_logits_agree(latent_bits):
+    """The same weights and latents give the same logits on both devices, float32 (GPU-NOTES: 4.5e-7);
+    the encoder's bit-logits too."""
+    cpu = tiny_model(dtype=torch.float32, latent_bits=latent_bits)
+    gpu = tiny_model(dtype=torch.float32, latent_bits=latent_bits, device=CUDA)
+    tokens = torch.randint(0, 50, (3, 20), generator=torch.Generator().manual_seed(0))
+    latents = torch.randint(0, 16, (3, 20), generator=torch.Generator().manual_seed(1)) if latent_bits else "prior"
+    on_gpu = gpu(tokens.to(CUDA), latents=latents.to(CUDA) if latent_bits else latents).logits
+    torch.testing.assert_close(on_gpu.cpu(), cpu(tokens, latents=latents).logits, rtol=1e-4, atol=1e-5)
+    if latent_bits:
+        torch.testing.assert_close(gpu(tokens.to(CUDA)).bit_logits.cpu(), cpu(tokens).bit_logits, rtol=1e-4, atol=1e-5)
