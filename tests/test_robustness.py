@@ -364,3 +364,9 @@ def test_a_fresh_run_writes_its_own_config_over_a_lone_one(tmp_path):
     shutil.copy(tmp_path / "a" / "config.yaml", tmp_path / "b" / "config.yaml")
     train(_config("steps=1", "seed=5"), tmp_path / "b")
     assert load_train_config(tmp_path / "b" / "config.yaml").seed == 5
+
+
+def test_an_out_path_that_cannot_be_a_directory_is_one_line(capsys):
+    assert main(["train", "--out", "/dev/null/run", *TINY, "steps=1"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and "/dev/null/run" in error and len(error.splitlines()) == 1

@@ -1,7 +1,8 @@
 """`free-transformer` command line: one subcommand per module in free_transformer.commands.
 
 Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`. Errors
-that a user can fix (bad config, corrupt checkpoint, bad data) are printed as one line with exit 2.
+that a user can fix (bad config, corrupt checkpoint, bad data, a path that cannot be read or written)
+are printed as one line with exit 2.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
         return int(args.run(args) or 0)
-    except (UserError, ValueError, FileNotFoundError, FileExistsError) as error:
+    except (UserError, ValueError, OSError) as error:  # OSError: a path that cannot be read or written
         if isinstance(error, Stopped):  # a saved, resumable stop is no error; under torchrun rank 0 says it
             if int(os.environ.get("RANK", 0)) == 0:
                 print(" ".join(str(error).split()), file=sys.stderr)
