@@ -78,5 +78,6 @@ class LatentPath(nn.Module):
         if source != ENCODER:
             raise ValueError(f"latents must be 'encoder', 'prior' or an index tensor, got {source!r}")
         bit_logits = self.encode(x_half, cos, sin)  # (B, T, H)
+        kl = kl_to_uniform(bit_logits)  # before sampling: the order of 0.1's graph, so the same gradient sums
         r, index = self.mapper.sample(bit_logits, generator)
-        return r, LatentSample(index, bit_logits, kl_to_uniform(bit_logits))
+        return r, LatentSample(index, bit_logits, kl)
