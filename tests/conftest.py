@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -117,3 +119,21 @@ def fake_corpus(tmp_path, monkeypatch, texts: dict[str, str], heldout: tuple[str
                          install="pip install fake", about="a test corpus")
     monkeypatch.setitem(CORPORA, "fake", corpus)
     return corpus
+
+
+# A tiny training run (debug size, byte letters) for the training and robustness tests.
+TINY = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=4", "log_every=1",
+        "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25"]
+
+
+def tiny_run_config(*overrides):
+    from free_transformer.train.config import load_train_config
+
+    return load_train_config(None, TINY + list(overrides))
+
+
+def run_losses(run_dir):
+    """[(step, loss)] of a run's metrics.jsonl."""
+    from free_transformer.train.metrics import read_metrics
+
+    return [(m["step"], m["loss"]) for m in read_metrics(Path(run_dir) / "metrics.jsonl")]

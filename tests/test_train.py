@@ -17,6 +17,7 @@ from free_transformer.checkpoint import (
     load_training_state,
     save_checkpoint,
 )
+from conftest import TINY, tiny_run_config as _config, run_losses as _losses
 from free_transformer.cli import main
 from free_transformer.config import ConfigError
 from free_transformer.train.config import load_train_config
@@ -24,16 +25,6 @@ from free_transformer.train.metrics import read_metrics
 from free_transformer.train.optim import lr_factor, parameter_groups
 from free_transformer.train.trainer import TrainingError, train
 
-TINY = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=4", "log_every=1",
-        "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25"]
-
-
-def _config(*overrides):
-    return load_train_config(None, TINY + list(overrides))
-
-
-def _losses(run_dir):
-    return [(m["step"], m["loss"]) for m in read_metrics(Path(run_dir) / "metrics.jsonl")]
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
