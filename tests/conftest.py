@@ -137,3 +137,17 @@ def run_losses(run_dir):
     from free_transformer.train.metrics import read_metrics
 
     return [(m["step"], m["loss"]) for m in read_metrics(Path(run_dir) / "metrics.jsonl")]
+
+
+def wait_for_step(out, step, process, timeout=120):
+    """Wait until a `train` subprocess writing to `out` has logged `step` steps."""
+    import time
+
+    from free_transformer.train.metrics import read_metrics
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if len(read_metrics(Path(out) / "metrics.jsonl")) >= step:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the run did not reach step {step}: {process.poll()} {process.stderr.read()}")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from free_transformer.checkpoint import checkpoint_dirs, load_model, load_training_state, verify_checkpoint
-from conftest import TINY, tiny_run_config as _config, run_losses as _losses
+from conftest import TINY, tiny_run_config as _config, run_losses as _losses, wait_for_step as _wait_for_step
 from free_transformer.cli import main
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics
@@ -40,14 +40,6 @@ def _one_thread():
     yield
     torch.set_num_threads(before)
 
-
-def _wait_for_step(out, step, process, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        if len(read_metrics(out / "metrics.jsonl")) >= step:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"the run did not reach step {step}: {process.poll()} {process.stderr.read()}")
 
 
 def _every_checkpoint_loads(run_dir):

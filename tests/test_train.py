@@ -17,7 +17,7 @@ from free_transformer.checkpoint import (
     load_training_state,
     save_checkpoint,
 )
-from conftest import TINY, tiny_run_config as _config, run_losses as _losses
+from conftest import TINY, tiny_run_config as _config, run_losses as _losses, wait_for_step as _wait_for_step
 from free_transformer.cli import main
 from free_transformer.config import ConfigError
 from free_transformer.train.config import load_train_config
@@ -143,13 +143,6 @@ def _run_cli(out, *extra):
     return subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(out), *extra],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
-
-def _wait_for_step(out, step, process, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        if len(read_metrics(out / "metrics.jsonl")) >= step:
-            return
-        time.sleep(0.01)
 
 
 def test_sigkill_at_random_moments_never_corrupts_and_resume_continues(tmp_path):
