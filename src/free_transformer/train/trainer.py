@@ -10,7 +10,6 @@ each global batch; rank 0 alone logs and writes; checkpoints are sharded (DCP). 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import shutil
@@ -25,19 +24,39 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_weights, newest_intact_checkpoint,
-                          read_checkpoint_config, resolve_checkpoint, save_checkpoint)
+from ..checkpoint import (
+    CheckpointError,
+    checkpoint_dirs,
+    load_training_state,
+    load_weights,
+    newest_intact_checkpoint,
+    read_checkpoint_config,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from ..config import ConfigError, ModelConfig
-from ..devices import parse_device
 from ..data import build_dataset
+from ..data.datasets import Dataset
+from ..devices import parse_device
 from ..distributed import ParallelEnv, setup
-from ..distributed.checkpoint import is_sharded, load_sharded, load_single_file, save_sharded
-from ..distributed.parallelize import (apply_activation_checkpointing, apply_compile, clip_grad_norm,
-                                       gradient_sync, parallelize)
+from ..distributed.checkpoint import (
+    is_sharded,
+    load_sharded,
+    load_single_file,
+    save_sharded,
+)
+from ..distributed.parallelize import (
+    apply_activation_checkpointing,
+    apply_compile,
+    clip_grad_norm,
+    gradient_sync,
+    parallelize,
+)
 from ..errors import Stopped, UserError
 from ..model import FreeTransformer
 from ..tokenizer import get_tokenizer
 from .config import TrainConfig, save_train_config
+from .evaluation import autocast_context, evaluate
 from .metrics import MetricsLog, read_metrics
 from .noise import latent_generators
 from .optim import build_optimizer, lr_factor, set_lr
@@ -85,12 +104,6 @@ class StopSignals:
     def __exit__(self, *exc):
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
-
-
-def autocast_context(precision: str, device: torch.device):
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def init_from_checkpoint(model: FreeTransformer, path: str | Path) -> list[str]:
@@ -173,8 +186,38 @@ def _check_same_model(config: TrainConfig, checkpoint: Path) -> None:
                             "path changed)")
 
 
-def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, init_from,
-           signals: StopSignals) -> TrainResult:
+@dataclass
+class Run:
+    """What one training run holds from build to its last step."""
+
+    config: TrainConfig
+    run_dir: Path
+    env: ParallelEnv
+    dataset: Dataset
+    model: FreeTransformer
+    runner: torch.nn.Module  # what forward calls: the model, or DDP around it
+    optimizer: torch.optim.Optimizer
+    metadata: dict  # saved with every checkpoint
+
+    @property
+    def device(self) -> torch.device:
+        return self.env.device
+
+
+@dataclass
+class StepResult:
+    """One optimizer step, still on the device (nothing read back)."""
+
+    means: torch.Tensor  # (4,) loss, cross-entropy, KL (nats), stop flag: the global batch's means
+    grad_norm: torch.Tensor | float
+    lr: float
+    kappa_nats: float
+    stop: bool  # a signal asked every rank to stop after this step
+
+
+def build(config: TrainConfig, run_dir: Path, env: ParallelEnv, *, resume: bool, init_from) -> Run:
+    """Check the run directory and the config against the data, then build the dataset, the model (seeded,
+    optionally initialised from another checkpoint, transformed by the config's options) and the optimizer."""
     if not resume:
         _check_fresh_run_dir(run_dir)
     elif not checkpoint_dirs(run_dir) and not (run_dir / "config.yaml").is_file():
@@ -187,10 +230,37 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     random.seed(config.seed)
     np.random.seed(config.seed)
-    device = env.device
     with env.main_first():  # rank 0 tokenizes a text corpus into its cache once; the others read the cache
         dataset = build_dataset(config.data, config.seed)
     tokenizer = get_tokenizer(dataset.tokenizer_name)
+    _check_data_fits_model(config, dataset, tokenizer)
+
+    # every rank has checked the run directory and the config before rank 0 writes: a failed start leaves no
+    # empty run directory behind
+    env.barrier()
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
+            shutil.rmtree(stale, ignore_errors=True)
+
+    model = FreeTransformer(config.model).to(env.device)
+    model.init_weights(post_sampler_std=config.post_sampler_init_std)
+    if init_from is not None and not resume:
+        fresh = init_from_checkpoint(model, init_from)
+        if env.is_main:
+            print(f"initialised from {init_from}; fresh: "
+                  f"{', '.join(sorted({n.split('.')[0] for n in fresh})) or 'none'}")
+    if config.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if config.compile:
+        apply_compile(model)
+    runner = parallelize(model, env, config.distributed)
+    optimizer = build_optimizer(model, config.optim)
+    metadata = {"tokenizer": tokenizer.name, "train": config.to_dict()}
+    return Run(config, run_dir, env, dataset, model, runner, optimizer, metadata)
+
+
+def _check_data_fits_model(config: TrainConfig, dataset: Dataset, tokenizer) -> None:
     if tokenizer.vocab_size > config.model.vocab_size:
         raise ConfigError(
             f"model.vocab_size ({config.model.vocab_size}) is smaller than the {tokenizer.name} tokenizer's "
@@ -202,50 +272,105 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
             f"add model.max_seq_len={dataset.sequence_length}"
         )
 
-    # every rank has checked the run directory and the config before rank 0 writes: a failed start leaves no
-    # empty run directory behind
-    env.barrier()
-    if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
-            shutil.rmtree(stale, ignore_errors=True)
 
-    model = FreeTransformer(config.model).to(device)
-    model.init_weights(post_sampler_std=config.post_sampler_init_std)
-    if init_from is not None and not resume:
-        fresh = init_from_checkpoint(model, init_from)
-        if env.is_main:
-            print(f"initialised from {init_from}; fresh: "
-                  f"{', '.join(sorted({n.split('.')[0] for n in fresh})) or 'none'}")
-    if config.activation_checkpointing:
-        apply_activation_checkpointing(model)
-    if config.compile:
-        apply_compile(model)
-    runner = parallelize(model, env, config.distributed)  # what forward calls: model, or DDP around it
-    optimizer = build_optimizer(model, config.optim)
-    metadata = {"tokenizer": tokenizer.name, "train": config.to_dict()}
-    start_step = 0
+def restore(run: Run, *, resume: bool) -> int:
+    """Load the newest intact checkpoint when resuming (weights, optimizer, RNG streams); save the config of
+    a fresh run. Returns the step to start from."""
+    env, run_dir, config = run.env, run.run_dir, run.config
     checkpoint = None
     if resume:
         with env.main_first():  # rank 0 verifies and moves damaged checkpoints aside; the others then agree
             checkpoint = newest_intact_checkpoint(run_dir, report=_stderr if env.is_main else _quiet)
         if checkpoint is None and env.is_main:
             print(f"resuming {run_dir} from step 0: it holds no intact checkpoint", file=sys.stderr)
-    if checkpoint is not None:
-        _check_same_model(config, checkpoint)
-        if is_sharded(checkpoint):  # written by ddp / fsdp, on any number of processes
-            start_step = load_sharded(checkpoint, model, optimizer)
-        elif env.distributed:  # a one-process run continued on several
-            start_step = load_single_file(checkpoint, model, optimizer)
-        else:
-            model.load_state_dict(load_weights(checkpoint, str(device)))
-            state = load_training_state(checkpoint)
-            optimizer.load_state_dict(state["optimizer"])
-            _set_rng_state(state["rng"], device)
-            start_step = state["step"]
-    elif env.is_main and (not resume or not (run_dir / "config.yaml").is_file()):  # resumed from step 0: kept
-        save_train_config(config, run_dir / "config.yaml")
+    if checkpoint is None:
+        if env.is_main and (not resume or not (run_dir / "config.yaml").is_file()):  # resumed from step 0: kept
+            save_train_config(config, run_dir / "config.yaml")
+        return 0
+    _check_same_model(config, checkpoint)
+    if is_sharded(checkpoint):  # written by ddp / fsdp, on any number of processes
+        return load_sharded(checkpoint, run.model, run.optimizer)
+    if env.distributed:  # a one-process run continued on several
+        return load_single_file(checkpoint, run.model, run.optimizer)
+    run.model.load_state_dict(load_weights(checkpoint, str(run.device)))
+    state = load_training_state(checkpoint)
+    run.optimizer.load_state_dict(state["optimizer"])
+    _set_rng_state(state["rng"], run.device)
+    return state["step"]
 
+
+def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
+    """Forward and backward over this rank's micro-batches of batch `step`, then the optimizer step.
+
+    Nothing here reads a value back from the device (a GPU then runs ahead of Python): losses and the
+    gradient norm stay tensors until they are logged. A non-finite loss makes the fused optimizer skip
+    its step on the device (found_inf); the caller reports it at the next read-back. Without a fused
+    AdamW the loss is checked here, every step."""
+    config, env, device = run.config, run.env, run.device
+    rows = env.rows(config.batch_size)  # this rank's slice of every global batch
+    micro_batch = len(rows) // config.grad_accum
+    lr = set_lr(run.optimizer, config.optim.lr, lr_factor(step, config.steps, config.optim))
+    kappa_nats = config.kappa_nats(step)
+    batch = run.dataset.batch(step, config.batch_size)[rows.start : rows.stop]
+    batch = batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch.to(device)
+    generators = latent_generators(config.latent_noise, config.seed, step, rows, device,
+                                   rank=env.rank if env.distributed else None)
+    totals = torch.zeros(4, device=device)  # loss, cross-entropy, KL (nats); 4th: a stop signal
+    for first in range(0, len(rows), micro_batch):
+        tokens = batch[first : first + micro_batch]
+        generator = None if generators is None else generators[first : first + micro_batch]
+        # gradients are averaged over ranks (ddp / fsdp) once, after the last micro-batch
+        with gradient_sync(run.runner, enabled=first + micro_batch == len(rows)):
+            with autocast_context(config.precision, device):
+                out = run.runner(tokens[:, :-1], tokens[:, 1:], kappa_nats=kappa_nats, generator=generator)
+            (out.loss / config.grad_accum).backward()
+        kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=device)
+        totals[:3] += torch.stack([out.loss, out.cross_entropy_nats, kl]).detach() / config.grad_accum
+    totals[3] = float(signals.received is not None)  # any rank's signal stops every rank, same step
+    means = env.mean(totals)  # over ranks: the global batch's means (on the device)
+    # a signal on any rank stops every rank at the same step: that needs the reduced flag on the host
+    stop = bool(means[3] > 0) if env.distributed else signals.received is not None
+    non_finite = ~torch.isfinite(means[0])
+    if run.optimizer.defaults.get("fused"):
+        run.optimizer.found_inf = non_finite.float()
+    elif bool(non_finite):
+        _stop_on_non_finite(step, run.run_dir)
+    grad_norm = (clip_grad_norm(run.model.parameters(), config.optim.grad_clip) if config.optim.grad_clip > 0
+                 else float("nan"))
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return StepResult(means, grad_norm, lr, kappa_nats, stop)
+
+
+def save(run: Run, step: int) -> None:
+    """Checkpoint after `step` optimizer steps: sharded (DCP) under ddp / fsdp, else one safetensors file
+    with the optimizer and RNG state beside it."""
+    config = run.config
+    if run.env.distributed:
+        save_sharded(run.run_dir, step, run.model, run.optimizer, run.metadata, run.env, keep=config.keep_checkpoints)
+    else:
+        state = {"optimizer": run.optimizer.state_dict(), "rng": _rng_state(run.device), "step": step}
+        save_checkpoint(run.run_dir, step, run.model, run.metadata, state, keep=config.keep_checkpoints)
+
+
+def step_metrics(run: Run, done: int, result: StepResult, seconds_per_step: float) -> dict:
+    """The logged metrics after `done` steps (reads the step's values back from the device)."""
+    config = run.config
+    loss, ce, kl = result.means[:3].tolist()
+    metrics = {
+        "step": done, "loss": loss, "cross_entropy_bits": ce / LN2, "kl_bits": kl / LN2,
+        "kappa_bits": result.kappa_nats / LN2, "lr": result.lr, "grad_norm": float(result.grad_norm),
+        "tokens_per_s": config.batch_size * run.dataset.sequence_length / max(seconds_per_step, 1e-9),
+    }
+    if config.eval_every and done % config.eval_every == 0:
+        metrics.update(evaluate(run.runner, run.dataset, config, run.device, run.env))
+    return metrics
+
+
+def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, init_from,
+           signals: StopSignals) -> TrainResult:
+    run = build(config, run_dir, env, resume=resume, init_from=init_from)
+    start_step = restore(run, resume=resume)
     if start_step >= config.steps:  # a finished run: nothing to train, its last metrics to report
         logged = read_metrics(run_dir / "metrics.jsonl")
         if env.is_main:
@@ -253,100 +378,49 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                   f"pass steps=N with N > {start_step} to train further", file=sys.stderr)
         return TrainResult(run_dir, start_step, logged[-1] if logged else {})
     log = MetricsLog(run_dir, resume_step=start_step, tensorboard=config.tensorboard) if env.is_main else None
-    rows = env.rows(config.batch_size)  # this rank's slice of every global batch
-    micro_batch = len(rows) // config.grad_accum
-    tokens_per_step = config.batch_size * dataset.sequence_length
     progress = tqdm(total=config.steps, initial=start_step, desc=run_dir.name,
                     disable=not (config.progress and env.is_main), dynamic_ncols=True, leave=True)
+    first_bad_step = torch.full((), -1, dtype=torch.int64, device=env.device)  # () the first non-finite step, or -1
     last_metrics: dict = {}
     window_start, window_steps = time.perf_counter(), 0
-    # Nothing in a step reads a value back from the device (a GPU then runs ahead of Python): losses and
-    # the gradient norm stay tensors until they are logged; a non-finite loss makes the fused optimizer
-    # skip its step on the device (found_inf) and is reported at the next read-back (logging,
-    # checkpointing, the end), before any checkpoint is written. Elsewhere (no fused AdamW) it is
-    # checked every step.
-    skip_on_device = bool(optimizer.defaults.get("fused"))
-    first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # () the first non-finite step, or -1
-    model.train()
-    for step in range(start_step, config.steps):
-        lr = set_lr(optimizer, config.optim.lr, lr_factor(step, config.steps, config.optim))
-        kappa_nats = config.kappa_nats(step)
-        batch = dataset.batch(step, config.batch_size)[rows.start : rows.stop]
-        batch = batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch.to(device)
-        generators = latent_generators(config.latent_noise, config.seed, step, rows, device,
-                                       rank=env.rank if env.distributed else None)
-        totals = torch.zeros(4, device=device)  # loss, cross-entropy, KL (nats); 4th: a stop signal
-        for first in range(0, len(rows), micro_batch):
-            tokens = batch[first : first + micro_batch]
-            generator = None if generators is None else generators[first : first + micro_batch]
-            # gradients are averaged over ranks (ddp / fsdp) once, after the last micro-batch
-            with gradient_sync(runner, enabled=first + micro_batch == len(rows)):
-                with autocast_context(config.precision, device):
-                    out = runner(tokens[:, :-1], tokens[:, 1:], kappa_nats=kappa_nats, generator=generator)
-                (out.loss / config.grad_accum).backward()
-            kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=device)
-            totals[:3] += torch.stack([out.loss, out.cross_entropy_nats, kl]).detach() / config.grad_accum
-        totals[3] = float(signals.received is not None)  # any rank's signal stops every rank, same step
-        means = env.mean(totals)  # over ranks: the global batch's means (on the device)
-        # a signal on any rank stops every rank at the same step: that needs the reduced flag on the host
-        stop = bool(means[3] > 0) if env.distributed else signals.received is not None
-        non_finite = ~torch.isfinite(means[0])
-        first_bad_step = torch.where(non_finite & (first_bad_step < 0), step, first_bad_step)
-        if skip_on_device:
-            optimizer.found_inf = non_finite.float()
-        elif bool(non_finite):
-            _stop_on_non_finite(step, run_dir, progress)
-        grad_norm = (
-            clip_grad_norm(model.parameters(), config.optim.grad_clip) if config.optim.grad_clip > 0 else float("nan")
-        )
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        window_steps += 1
-        done = step + 1
-        logging = done % config.log_every == 0 or done == config.steps
-        checkpointing = done % config.checkpoint_every == 0 or done == config.steps or stop
-        if (logging or checkpointing) and int(first_bad_step) >= 0:
-            _stop_on_non_finite(int(first_bad_step), run_dir, progress)
-        if logging:
-            loss, ce, kl = means[:3].tolist()
-            elapsed = time.perf_counter() - window_start
-            last_metrics = {
-                "step": done, "loss": loss, "cross_entropy_bits": ce / LN2, "kl_bits": kl / LN2,
-                "kappa_bits": kappa_nats / LN2, "lr": lr, "grad_norm": float(grad_norm),
-                "tokens_per_s": window_steps * tokens_per_step / max(elapsed, 1e-9),
-            }
-            if config.eval_every and done % config.eval_every == 0:
-                last_metrics.update(evaluate(runner, dataset, config, device, env))
-            if log is not None:
-                log.write(last_metrics)
-            progress.set_postfix(ce=f"{ce / LN2:.3f}b", kl=f"{kl / LN2:.3f}b", lr=f"{lr:.2e}",
-                                 tok_s=f"{last_metrics['tokens_per_s']:.0f}")
-            window_start, window_steps = time.perf_counter(), 0
-        progress.update(1)
-        if checkpointing:
-            if env.distributed:
-                save_sharded(run_dir, done, model, optimizer, metadata, env, keep=config.keep_checkpoints)
-            else:
-                state = {"optimizer": optimizer.state_dict(), "rng": _rng_state(device), "step": done}
-                save_checkpoint(run_dir, done, model, metadata, state, keep=config.keep_checkpoints)
-        if stop and done < config.steps:
-            progress.close()
-            if log is not None:
-                log.close()
-            signum = signals.received or signal.SIGTERM  # another rank's signal
-            raise Stopped(f"stopped by {signal.Signals(signum).name} after step {done} of {config.steps}; "
-                          f"checkpoint saved in {run_dir / 'checkpoints'}; continue with: "
-                          f"{_resume_hint(run_dir, env.distributed)}",
-                          signum)
-    progress.close()
+    run.model.train()
+    try:
+        for step in range(start_step, config.steps):
+            result = train_step(run, step, signals)
+            first_bad_step = torch.where(~torch.isfinite(result.means[0]) & (first_bad_step < 0), step, first_bad_step)
+            window_steps += 1
+            done = step + 1
+            logging = done % config.log_every == 0 or done == config.steps
+            checkpointing = done % config.checkpoint_every == 0 or done == config.steps or result.stop
+            if (logging or checkpointing) and int(first_bad_step) >= 0:  # before any checkpoint is written
+                _stop_on_non_finite(int(first_bad_step), run_dir)
+            if logging:
+                last_metrics = step_metrics(run, done, result, (time.perf_counter() - window_start) / window_steps)
+                if log is not None:
+                    log.write(last_metrics)
+                progress.set_postfix(ce=f"{last_metrics['cross_entropy_bits']:.3f}b",
+                                     kl=f"{last_metrics['kl_bits']:.3f}b", lr=f"{result.lr:.2e}",
+                                     tok_s=f"{last_metrics['tokens_per_s']:.0f}")
+                window_start, window_steps = time.perf_counter(), 0
+            progress.update(1)
+            if checkpointing:
+                save(run, done)
+            if result.stop and done < config.steps:
+                signum = signals.received or signal.SIGTERM  # another rank's signal
+                raise Stopped(f"stopped by {signal.Signals(signum).name} after step {done} of {config.steps}; "
+                              f"checkpoint saved in {run_dir / 'checkpoints'}; continue with: "
+                              f"{_resume_hint(run_dir, env.distributed)}",
+                              signum)
+    finally:
+        progress.close()
+        if log is not None:
+            log.close()
     if log is not None:
-        log.close()
         log.plot(run_dir / "training_curves.png")
     return TrainResult(run_dir, config.steps, last_metrics)
 
 
-def _stop_on_non_finite(step: int, run_dir: Path, progress) -> None:
-    progress.close()
+def _stop_on_non_finite(step: int, run_dir: Path) -> None:
     kept = checkpoint_dirs(run_dir)
     raise TrainingError(
         f"non-finite loss at step {step + 1}; training stopped, "
@@ -354,27 +428,3 @@ def _stop_on_non_finite(step: int, run_dir: Path, progress) -> None:
            f"no checkpoint yet: `{_resume_hint(run_dir)}` starts it again from step 0 with its saved "
            "config (or choose another --out with other settings)")
     )
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch.device,
-             env: ParallelEnv | None = None) -> dict:
-    """Validation cross-entropy (posterior latents, as in training) and KL, in bits per token; under
-    ddp / fsdp (env given) each rank computes its slice of every validation batch."""
-    env = env or ParallelEnv("none", device)
-    model.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=env.device)  # cross-entropy, KL (nats)
-    rows = env.rows(config.batch_size)
-    rng_state = torch.get_rng_state()  # keep the training RNG stream independent of evaluation
-    for index in range(config.eval_batches):
-        batch = dataset.batch(index, config.batch_size, split="val")[rows.start : rows.stop].to(env.device)
-        generator = latent_generators(config.latent_noise, config.seed, index, rows, env.device, split="val")
-        with autocast_context(config.precision, env.device):
-            out = model(batch[:, :-1], batch[:, 1:], kappa_nats=config.kappa_nats(config.steps),
-                        generator=generator)
-        kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=env.device)
-        totals += torch.stack([out.cross_entropy_nats.double(), kl.double()]) / config.eval_batches
-    torch.set_rng_state(rng_state)
-    model.train()
-    ce, kl = env.mean(totals).tolist()
-    return {"val_cross_entropy_bits": ce / LN2, "val_kl_bits": kl / LN2}
