@@ -4,8 +4,6 @@ then generate their blue and green groups and measure what their latents encode.
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import random
 import string
 import time
@@ -15,11 +13,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoint import checkpoint_dirs, load_model
+from ..checkpoint import load_model
 from ..data import build_dataset
 from ..train.config import TrainConfig, load_train_config
+from ..train.evaluation import evaluate
 from ..train.metrics import read_metrics
-from ..train.trainer import evaluate, train
+from ..train.pool import threads_per_run, train_runs
 from .groups import generate_groups, group_measures, mean_of_present
 from .information import latent_bits
 
@@ -93,37 +92,12 @@ def train_config(preset: Preset, variant: Variant, seed: int, threads: int, devi
     return config
 
 
-def _train_one(job: tuple[TrainConfig, str]) -> tuple[str, float]:
-    config, run_dir = job
-    started = time.perf_counter()
-    done = checkpoint_dirs(run_dir)
-    if not (done and int(done[-1].name[5:]) >= config.steps):  # finished runs are reused, partial ones resumed
-        train(config, run_dir, resume=bool(done))
-    return run_dir, time.perf_counter() - started
-
-
 def train_all(preset: Preset, out_dir: Path, *, seed: int, workers: int, device: str = "cpu") -> dict[str, float]:
-    """Train every variant, `workers` processes side by side (each with its share of the cores; on a GPU
-    they share the device). One progress bar follows all runs through their metrics.jsonl files."""
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    jobs = [(train_config(preset, v, seed, threads, device), str(out_dir / v.slug)) for v in VARIANTS]
-    jobs.sort(key=lambda job: -job[0].steps)  # longest first: the runs finish close together
-    total = sum(config.steps for config, _ in jobs)
-    wall: dict[str, float] = {}
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, maxtasksperchild=1) as pool, tqdm(total=total, desc="training 5 models",
-                                                                   unit="step", dynamic_ncols=True) as bar:
-        pending = pool.map_async(_train_one, jobs, chunksize=1)
-        while not pending.ready():
-            pending.wait(2.0)
-            latest = {Path(d).name: (read_metrics(Path(d) / "metrics.jsonl") or [{}])[-1] for _, d in jobs}
-            bar.n = sum(m.get("step", 0) for m in latest.values())
-            bar.set_postfix_str(" ".join(f"{k}:{m['kl_bits']:.2f}b" for k, m in latest.items() if "kl_bits" in m))
-            bar.refresh()
-        for run_dir, seconds in pending.get():
-            wall[Path(run_dir).name] = seconds
-        bar.n = total
-    return wall
+    """Train every variant, `workers` processes side by side; the wall seconds of each, by slug."""
+    threads = threads_per_run(workers)
+    jobs = [(train_config(preset, v, seed, threads, device), out_dir / v.slug) for v in VARIANTS]
+    wall = train_runs(jobs, workers, desc="training 5 models")
+    return {Path(run_dir).name: seconds for run_dir, seconds in wall.items()}
 
 
 @dataclass
@@ -149,14 +123,14 @@ def evaluate_all(preset: Preset, out_dir: Path, *, seed: int, wall: dict[str, fl
         config = train_config(preset, variant, seed, threads=0, device=device)
         measures = dict(evaluate(model, build_dataset(config.data, seed), config, torch.device(device)))
         measures.update(latent_bits(model, seed=seed))
-        shown = None
+        shown, per_prompt = None, {}
         for index, prompt_letter in enumerate((letter, second_letter)):  # measures average two prompts
             groups = generate_groups(model, prompt_letter, blue_size=preset.blue_size, green_groups=preset.green_groups,
                                      green_size=preset.green_size, seed=seed + 97 * index)
             shown = shown or groups
             for key, value in group_measures(groups).items():
-                measures.setdefault(key, []).append(value)
-        measures = {k: mean_of_present(v) if isinstance(v, list) else v for k, v in measures.items()}
+                per_prompt.setdefault(key, []).append(value)
+        measures.update({key: mean_of_present(values) for key, values in per_prompt.items()})
         results.append(ModelResult(variant, measures, asdict(shown), wall.get(variant.slug, 0.0),
                                    read_metrics(run_dir / "metrics.jsonl")))
     return results
