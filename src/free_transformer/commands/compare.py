@@ -20,7 +20,14 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..eval.compare import build_rows, heldout_mismatch, load_results, to_html, to_markdown, to_text
+    from ..eval.compare import (
+        build_rows,
+        heldout_mismatch,
+        load_results,
+        to_html,
+        to_markdown,
+        to_text,
+    )
 
     if len(args.runs) < 2:
         raise ValueError("compare needs a baseline and at least one other run")

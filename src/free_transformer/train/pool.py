@@ -21,33 +21,52 @@ def threads_per_run(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
+def _finished(config: TrainConfig, run_dir: str) -> bool:
+    done = checkpoint_dirs(run_dir)
+    return bool(done) and int(done[-1].name[5:]) >= config.steps
+
+
 def _train_one(job: tuple[TrainConfig, str]) -> tuple[str, float]:
     config, run_dir = job
     started = time.perf_counter()
-    done = checkpoint_dirs(run_dir)
-    if not (done and int(done[-1].name[5:]) >= config.steps):  # finished runs are reused, partial ones resumed
-        train(config, run_dir, resume=bool(done))
+    if not _finished(config, run_dir):  # finished runs are reused, partial ones resumed
+        train(config, run_dir, resume=bool(checkpoint_dirs(run_dir)))
     return run_dir, time.perf_counter() - started
 
 
 def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) -> dict[str, float]:
     """Train every (config, run directory), `workers` at a time, longest first (so they finish close
-    together). Returns the wall seconds of each run, by run directory."""
-    jobs = sorted(((config, str(run_dir)) for config, run_dir in jobs), key=lambda job: -job[0].steps)
+    together); one worker trains in this process. Returns the wall seconds of each run trained now, by
+    run directory (finished runs are not started again)."""
+    jobs = [(config, str(run_dir)) for config, run_dir in jobs]
+    todo = sorted((job for job in jobs if not _finished(*job)), key=lambda job: -job[0].steps)
     total = sum(config.steps for config, _ in jobs)
     wall: dict[str, float] = {}
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, maxtasksperchild=1) as pool, tqdm(total=total, desc=desc, unit="step",
-                                                                   dynamic_ncols=True) as bar:
-        pending = pool.map_async(_train_one, jobs, chunksize=1)
-        while not pending.ready():
-            pending.wait(2.0)
-            latest = {Path(d).name: (read_metrics(Path(d) / "metrics.jsonl") or [{}])[-1] for _, d in jobs}
-            bar.n = sum(m.get("step", 0) for m in latest.values())
-            if len(jobs) <= 6:
-                bar.set_postfix_str(" ".join(f"{k}:{m['kl_bits']:.2f}b" for k, m in latest.items() if "kl_bits" in m))
-            bar.refresh()
-        for run_dir, seconds in pending.get():
-            wall[run_dir] = seconds
+    with tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True) as bar:
+        if workers == 1 or len(todo) <= 1:
+            for job in todo:
+                run_dir, wall[run_dir] = _train_one(job)
+                bar.n = _steps_logged(jobs)
+                bar.refresh()
+        elif todo:
+            context = multiprocessing.get_context("spawn")
+            with context.Pool(workers, maxtasksperchild=1) as pool:
+                pending = pool.map_async(_train_one, todo, chunksize=1)
+                while not pending.ready():
+                    pending.wait(2.0)
+                    bar.n = _steps_logged(jobs)
+                    if len(jobs) <= 6:
+                        bar.set_postfix_str(" ".join(f"{Path(d).name}:{m['kl_bits']:.2f}b"
+                                                     for d, m in _latest(jobs).items() if "kl_bits" in m))
+                    bar.refresh()
+                wall.update(pending.get())
         bar.n = total
     return wall
+
+
+def _latest(jobs) -> dict[str, dict]:
+    return {run_dir: (read_metrics(Path(run_dir) / "metrics.jsonl") or [{}])[-1] for _, run_dir in jobs}
+
+
+def _steps_logged(jobs) -> int:
+    return sum(m.get("step", 0) for m in _latest(jobs).values())
