@@ -6,7 +6,8 @@ import json
 import pytest
 
 from free_transformer.cli import main
-from free_transformer.commands.study import parse_kappas, parse_seeds
+from free_transformer.commands.arguments import parse_seeds
+from free_transformer.commands.study import parse_kappas
 from free_transformer.study.plan import PRESETS, StudyPlan, variants
 from free_transformer.study.report import summarize
 

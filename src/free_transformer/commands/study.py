@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..devices import parse_device
+from .arguments import parse_seeds
 from ..study.plan import PRESETS, StudyPlan
 from ..study.run import run_study
 
@@ -33,18 +34,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="models trained side by side (default: 2 on CPU, 6 on a GPU)")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
-
-
-def parse_seeds(text: str | None, default: int) -> tuple[int, ...]:
-    if text is None:
-        return tuple(range(default))
-    try:
-        seeds = tuple(range(int(text))) if "," not in text else tuple(int(s) for s in text.split(","))
-    except ValueError:
-        raise ValueError(f"--seeds takes a count or a comma-separated list of integers, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds must name at least one seed, each once, got {text!r}")
-    return seeds
 
 
 def parse_kappas(text: str | None, default: tuple[float, ...]) -> tuple[float, ...]:
