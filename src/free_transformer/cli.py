@@ -14,7 +14,7 @@ import sys
 
 from .errors import Stopped, UserError
 
-COMMAND_MODULES = ["demo", "train", "generate", "eval", "compare", "info", "convert", "consolidate"]
+COMMAND_MODULES = ["demo", "train", "generate", "eval", "compare", "info", "convert", "consolidate", "tokenize"]
 
 
 def build_parser() -> argparse.ArgumentParser:

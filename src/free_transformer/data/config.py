@@ -46,13 +46,28 @@ class TextConfig:
 
 
 @dataclass
+class TokensConfig:
+    path: str | None = None
+    """pre-tokenized shards in llm.c's format (`free-transformer tokenize` writes them): a glob such as
+    /data/fineweb10B/fineweb_*.bin, a folder (its *.bin files) or one file. Shards whose name has the
+    word val (valid, validation) are the validation split, as in llm.c."""
+    tokenizer: str = "gpt2"
+    """the tokenizer the shards were written with (the vocabulary, and how samples are decoded)."""
+    seq_len: int = 256
+    """tokens per training sequence (model input length)."""
+    val_fraction: float = 0.01
+    """without validation shards: share of the tokens (the last ones) held out for validation."""
+
+
+@dataclass
 class DataConfig:
     kind: str = "letters"
     """letters: the paper's synthetic task; coinflip: the Motivation section's example; text: documents
-    (files of any supported format, or a named corpus)."""
+    (files of any supported format, or a named corpus); tokens: pre-tokenized shards."""
     letters: LettersConfig = field(default_factory=LettersConfig)
     coinflip: CoinflipConfig = field(default_factory=CoinflipConfig)
     text: TextConfig = field(default_factory=TextConfig)
+    tokens: TokensConfig = field(default_factory=TokensConfig)
 
     def __post_init__(self):
         if self.kind not in data_kinds():

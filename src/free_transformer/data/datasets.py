@@ -2,7 +2,7 @@
 so a resumed run sees exactly the batches an uninterrupted one would, with no loader state to save.
 
 Each kind of dataset registers here the function that builds it from its config section
-(`register_data_kind`); `build_dataset` is one lookup. text.py registers its own."""
+(`register_data_kind`); `build_dataset` is one lookup. text.py and shards.py register theirs."""
 
 from __future__ import annotations
 
