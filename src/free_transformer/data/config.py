@@ -28,7 +28,7 @@ class TextConfig:
     path: str | None = None
     """a file; a folder (recursively, its .txt, .jsonl, .jsonl.gz, .parquet and .arrow files); a Hugging Face
     save_to_disk folder (a DatasetDict's validation, else test, split is the validation split); or
-    corpus:NAME, a named corpus (corpus:shakespeare; see data/corpora.py)."""
+    corpus:NAME, a named corpus (corpus:shakespeare, corpus:python-stdlib; see data/corpora.py)."""
     field: str = "text"
     """.jsonl, .parquet, .arrow: the key or column that holds each document's text."""
     tokenizer: str = "byte"
