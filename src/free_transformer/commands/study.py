@@ -24,7 +24,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--preset", choices=list(PRESETS), default="cpu")
     parser.add_argument("--out", "-o", default="runs/study", help="output directory (runs, report.md, report.png)")
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
-                        help="training overrides for every model, e.g. data.path=corpus:python-stdlib steps=1000")
+                        help="training overrides for every model, e.g. data.text.path=corpus:python-stdlib steps=1000")
     parser.add_argument("--seeds", default=None,
                         help="number of seeds (0..N-1), or a comma-separated list (default: the preset's)")
     parser.add_argument("--kappas", default=None, help="comma-separated kappa values in bits (default: 0.5,1,2,4)")

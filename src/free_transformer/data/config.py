@@ -1,27 +1,113 @@
+"""The data section of a run's config: `kind` picks a dataset, and each kind reads its own sub-section
+(`data.kind=text` reads `data.text.*`, `data.coinflip.length`, ...). A new kind is a new section here
+and one `register_data_kind` in its module (datasets.py), not more flat fields."""
+
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..config import ConfigError
+
+
+@dataclass
+class LettersConfig:
+    """The paper's synthetic task (data/synthetic.py) has no options."""
+
+
+@dataclass
+class CoinflipConfig:
+    length: int = 64
+    """number of coin values X_t per sequence."""
+    epsilon: float = 0.1
+    """probability that each X_t differs from the hidden coin Z."""
+
+
+@dataclass
+class TextConfig:
+    path: str | None = None
+    """a file; a folder (recursively, its .txt, .jsonl, .jsonl.gz, .parquet and .arrow files); a Hugging Face
+    save_to_disk folder (a DatasetDict's validation, else test, split is the validation split); or
+    corpus:NAME, a named corpus (corpus:shakespeare, corpus:python-stdlib; see data/corpora.py)."""
+    field: str = "text"
+    """.jsonl, .parquet, .arrow: the key or column that holds each document's text."""
+    tokenizer: str = "byte"
+    """tokenizer name: byte, gpt2 (GPT-2's BPE, offline; needs the text extra) or hf:<directory>."""
+    seq_len: int = 256
+    """tokens per training sequence (model input length)."""
+    val_fraction: float = 0.01
+    """share of the corpus (its last tokens) held out for validation; a corpus with its own held-out
+    documents (a named corpus, a DatasetDict's validation split) holds those out instead."""
+    workers: int = 0
+    """processes that tokenize the corpus the first time (0: min(CPU count, 8)); the tokens do not depend on it."""
+    cache_dir: str | None = None
+    """where the tokenized corpus is cached (default: $XDG_CACHE_HOME or ~/.cache, then
+    free-transformer/tokens/; never beside the corpus, whose folder may be read-only)."""
+
+
+@dataclass
+class TokensConfig:
+    path: str | None = None
+    """pre-tokenized shards in llm.c's format (`free-transformer tokenize` writes them): a glob such as
+    /data/fineweb10B/fineweb_*.bin, a folder (its *.bin files) or one file. Shards whose name has the
+    word val (valid, validation) are the validation split, as in llm.c."""
+    tokenizer: str = "gpt2"
+    """the tokenizer the shards were written with (the vocabulary, and how samples are decoded)."""
+    seq_len: int = 256
+    """tokens per training sequence (model input length)."""
+    val_fraction: float = 0.01
+    """without validation shards: share of the tokens (the last ones) held out for validation."""
 
 
 @dataclass
 class DataConfig:
-    kind: Literal["letters", "coinflip", "text"] = "letters"
-    """letters: the paper's synthetic task; coinflip: the Motivation section's example; text: your files."""
-    path: str | None = None
-    """text: a file, a folder whose *.txt files (recursively) are the corpus, or corpus:NAME, a corpus
-    shipped in an installed package (corpus:shakespeare; see data/corpora.py)."""
-    tokenizer: str = "byte"
-    """text: tokenizer name: byte, gpt2 (GPT-2's BPE, offline; needs the text extra) or hf:<directory>."""
-    seq_len: int = 256
-    """text: tokens per training sequence (model input length)."""
-    val_fraction: float = 0.01
-    """text: share of the corpus (its end) held out for validation; a named corpus holds out its own
-    documents instead."""
-    cache_dir: str | None = None
-    """text: where the tokenized corpus is cached (default: $XDG_CACHE_HOME or ~/.cache, then
-    free-transformer/tokens/; never beside the corpus, whose folder may be read-only)."""
-    coinflip_length: int = 64
-    """coinflip: number of coin values X_t per sequence."""
-    coinflip_epsilon: float = 0.1
-    """coinflip: probability that each X_t differs from the hidden coin Z."""
+    kind: str = "letters"
+    """letters: the paper's synthetic task; coinflip: the Motivation section's example; text: documents
+    (files of any supported format, or a named corpus); tokens: pre-tokenized shards."""
+    letters: LettersConfig = field(default_factory=LettersConfig)
+    coinflip: CoinflipConfig = field(default_factory=CoinflipConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    tokens: TokensConfig = field(default_factory=TokensConfig)
+
+    def __post_init__(self):
+        if self.kind not in data_kinds():
+            raise ConfigError(f"data.kind: {self.kind!r} is not one of {', '.join(data_kinds())}")
+
+    def section(self):
+        """The options of the chosen kind (data.<kind>.*)."""
+        return getattr(self, self.kind)
+
+
+def data_kinds() -> list[str]:
+    """The kinds a config can name: one section of DataConfig each."""
+    return [f.name for f in dataclasses.fields(DataConfig) if f.name != "kind"]
+
+
+# The flat fields of configs written before the sections (tests/data/legacy-run/config.yaml, and the
+# documented `data.path=... data.seq_len=... data.tokenizer=gpt2`): each still means what it meant.
+FLAT_FIELDS = {
+    "path": ("text", "path"),
+    "tokenizer": ("text", "tokenizer"),
+    "seq_len": ("text", "seq_len"),
+    "val_fraction": ("text", "val_fraction"),
+    "cache_dir": ("text", "cache_dir"),
+    "coinflip_length": ("coinflip", "length"),
+    "coinflip_epsilon": ("coinflip", "epsilon"),
+}
+
+
+def nest_flat_fields(values: dict) -> dict:
+    """A `data` mapping (from one YAML file, or from the overrides) with its flat fields moved into their
+    sections: {"path": P, "coinflip_length": 8} -> {"text": {"path": P}, "coinflip": {"length": 8}}."""
+    nested = {key: value for key, value in values.items() if key not in FLAT_FIELDS}
+    for flat, (section, name) in FLAT_FIELDS.items():
+        if flat not in values:
+            continue
+        target = nested.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"data.{section}: expected a mapping, got {target!r}")
+        if name in target and target[name] != values[flat]:
+            raise ConfigError(f"data.{flat} ({values[flat]!r}) and data.{section}.{name} ({target[name]!r}) "
+                              f"disagree: give data.{section}.{name} only")
+        nested[section] = {**target, name: values[flat]}
+    return nested

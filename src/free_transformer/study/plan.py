@@ -45,8 +45,8 @@ class StudyPreset:
 # tokens, a fifth of an epoch). The latent path gets the demo's larger post-sampler initialisation and 3x
 # learning rate (not the paper's, which reuses the baseline's settings: with them a model this small and
 # this short-trained leaves Z unused; see docs/study.md).
-TEXT_CPU = ("data.kind=text", "data.path=corpus:shakespeare", "data.tokenizer=byte", "data.seq_len=128",
-            "model.size=cpu-small", "model.max_seq_len=128", "model.latent_bits=8", "batch_size=32", "steps=500",
+TEXT_CPU = ("data.kind=text", "data.text.path=corpus:shakespeare", "data.text.tokenizer=byte",
+            "data.text.seq_len=128", "model.size=cpu-small", "model.max_seq_len=128", "model.latent_bits=8", "batch_size=32", "steps=500",
             "optim.lr=2e-3", "optim.warmup_steps=50", "log_every=25", "eval_every=50", "eval_batches=4",
             "checkpoint_every=250", "keep_checkpoints=1")
 FAST_LATENT = ("post_sampler_init_std=0.3", "optim.latent_lr_scale=3")
@@ -54,8 +54,9 @@ PRESETS = {
     "cpu": StudyPreset("cpu", TEXT_CPU, FAST_LATENT,
                        about="byte-level Shakespeare, 1.1 M-parameter models, 500 steps, 2 seeds: ~45 min on 2 cores"),
     # GPT-2's BPE, 8 blocks of width 512, H = 16 as in the paper, 3 seeds. Not yet run (no GPU here).
-    "gpu": StudyPreset("gpu", ("data.kind=text", "data.path=corpus:shakespeare", "data.tokenizer=gpt2",
-                               "data.seq_len=512", "model.size=cpu-small", "model.vocab_size=50257", "model.dim=512",
+    "gpu": StudyPreset("gpu", ("data.kind=text", "data.text.path=corpus:shakespeare", "data.text.tokenizer=gpt2",
+                               "data.text.seq_len=512", "model.size=cpu-small", "model.vocab_size=50257",
+                               "model.dim=512",
                                "model.n_layers=8", "model.n_heads=8", "model.n_kv_heads=4", "model.ffn_hidden=1536",
                                "model.max_seq_len=512", "model.tie_embeddings=true", "model.latent_bits=16",
                                "batch_size=64", "steps=5000", "optim.lr=1e-3", "optim.warmup_steps=200",
@@ -63,8 +64,9 @@ PRESETS = {
                                "checkpoint_every=1000", "keep_checkpoints=1"),
                        FAST_LATENT, seeds=3, heldout_windows=1024,
                        about="GPT-2 BPE Shakespeare, 8 x 512 models, H = 16, 5,000 steps, 3 seeds, bf16 (one GPU)"),
-    "smoke": StudyPreset("smoke", ("data.kind=text", "data.path=corpus:shakespeare", "data.tokenizer=byte",
-                                   "data.seq_len=32", "model.size=debug", "model.vocab_size=256", "model.max_seq_len=32",
+    "smoke": StudyPreset("smoke", ("data.kind=text", "data.text.path=corpus:shakespeare",
+                                   "data.text.tokenizer=byte", "data.text.seq_len=32", "model.size=debug",
+                                   "model.vocab_size=256", "model.max_seq_len=32",
                                    "model.latent_bits=4", "batch_size=4", "steps=4", "optim.warmup_steps=1",
                                    "log_every=2", "eval_every=2", "eval_batches=1", "keep_checkpoints=1"),
                          kappas=(0.5, 4.0), seeds=2, heldout_windows=4, heldout_samples=2,

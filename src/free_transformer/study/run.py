@@ -21,9 +21,9 @@ def heldout_text(plan: StudyPlan, heldout: str | None) -> str:
     if heldout is not None:
         return read_heldout(heldout) if is_named(heldout) else Path(heldout).read_text(encoding="utf-8")
     data = plan.train_config(plan.variants()[0], plan.seeds[0], threads=1).data
-    if not is_named(data.path):
-        raise UserError(f"the study's corpus {data.path} has no held-out documents of its own: give --heldout FILE")
-    return read_heldout(data.path)
+    if not is_named(data.text.path):
+        raise UserError(f"the study's corpus {data.text.path} has no held-out documents of its own: give --heldout FILE")
+    return read_heldout(data.text.path)
 
 
 def run_study(plan: StudyPlan, *, workers: int, heldout: str | None = None) -> Path:

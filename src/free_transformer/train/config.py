@@ -13,6 +13,7 @@ import yaml
 
 from ..config import ConfigError, ModelConfig, bits_to_nats, named_config
 from ..data import DataConfig
+from ..data.config import nest_flat_fields
 from ..fileio import atomic_write_text
 
 
@@ -266,8 +267,11 @@ def read_config_file(path: str | Path) -> dict:
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    values: dict = read_config_file(path) if path is not None else {}
-    values = _merge(values, parse_overrides(overrides or []))
+    layers = [read_config_file(path) if path is not None else {}, parse_overrides(overrides or [])]
+    for layer in layers:  # data's flat fields of older configs and commands, each layer on its own
+        if isinstance(layer.get("data"), dict):
+            layer["data"] = nest_flat_fields(layer["data"])
+    values = _merge(*layers)
     model_values = values.get("model", {})
     if isinstance(model_values, dict) and "size" not in model_values:  # fields override the default size
         values["model"] = {**named_config("cpu-small").to_dict(), **model_values}

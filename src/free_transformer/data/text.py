@@ -1,0 +1,42 @@
+"""The `text` kind: documents in files of any format readers.py reads, or a named corpus (corpora.py),
+tokenized once into a memory-mapped cache (tokenizing.py); batches are random windows of the tokens.
+
+Validation: a named corpus's held-out documents, or a DatasetDict's validation (else test) split, so no
+validation window overlaps a training document; otherwise the last `val_fraction` of the tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..tokenizer import get_tokenizer
+from .config import TextConfig
+from .corpora import is_named, named_corpus
+from .datasets import DataError, Split, TokenWindows, register_data_kind
+from .readers import corpus_files
+from .tokenizing import default_cache_dir, tokenize_files
+
+
+def corpus_splits(path: str | None) -> tuple[list[Path], list[Path] | None]:
+    """(training files, validation files or None) of data.text.path: a named corpus or a path (readers.py)."""
+    return named_corpus(path).files() if is_named(path) else corpus_files(path)
+
+
+@register_data_kind("text")
+def build_text(config: TextConfig, seed: int) -> TokenWindows:
+    if config.seq_len < 1:
+        raise DataError(f"data.text.seq_len must be >= 1, got {config.seq_len}")
+    tokenizer = get_tokenizer(config.tokenizer)
+    train_files, val_files = corpus_splits(config.path)
+    cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+
+    def tokenize(files):
+        return tokenize_files(files, tokenizer, cache_dir, config.field, config.workers)
+
+    if val_files is not None:
+        splits = {"train": Split([tokenize(train_files)]), "val": Split([tokenize(val_files)])}
+    else:
+        tokens = tokenize(train_files)
+        split_at = int(len(tokens) * (1 - config.val_fraction))
+        splits = {"train": Split([tokens[:split_at]]), "val": Split([tokens[split_at:]])}
+    return TokenWindows(splits, config.seq_len, seed, config.tokenizer, config.path,
+                        val_required=val_files is not None or config.val_fraction > 0)
