@@ -186,6 +186,13 @@ def test_last_third_average_equals_a_hand_computation(tmp_path, capsys):
     page = out.with_suffix(".html").read_text()
     assert "Average (last third)" in page and "data:image/png;base64," in page
     assert "last third: steps 8-12 (3)" in capsys.readouterr().out
+    # a baseline given as one eval results file: no last third of its own, the other run keeps its colour
+    (tmp_path / "base.json").write_text(json.dumps(load_curve(base).final()))
+    assert main(["compare", str(tmp_path / "base.json"), str(free), "--output", str(out), "--bootstrap", "100"]) == 0
+    row = next(line for line in out.with_suffix(".md").read_text().splitlines() if line.startswith("| arc_easy"))
+    assert [c.strip() for c in row.strip("|").split("|")][5:8] == ["—", f"{free_third:.3f}", "—"]
+    panel = curve_panels([None, load_curve(free)])[0]
+    assert [line.run for line in panel.lines] == [1] and panel.span is None
 
 
 def test_curves_contain_every_scored_step(runs, tmp_path):

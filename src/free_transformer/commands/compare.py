@@ -63,8 +63,7 @@ def run(args) -> int:
     if any(curves):
         from ..eval.figures import curve_panels, draw
 
-        figure = draw(curve_panels([c for c in curves if c is not None], args.axis), output.with_suffix(".png"),
-                      args.axis)
+        figure = draw(curve_panels(curves, args.axis), output.with_suffix(".png"), args.axis)
     md.write_text(to_markdown(rows, labels, note, averaged) + (f"\n![scores during training]({figure.name})\n"
                                                                 if figure else ""))
     page.write_text(to_html(rows, labels, note, averaged, figure))

@@ -33,29 +33,35 @@ class Panel:
     span: tuple[float, float] | None = None  # the baseline's last third, shaded
 
 
-def curve_panels(curves: list[Curve], axis: str = "step") -> list[Panel]:
+def curve_panels(runs: list[Curve | None], axis: str = "step") -> list[Panel]:
     """One panel per benchmark scored in any curve (in the paper's order), one for held-out bits per byte
-    when measured, and the training cross-entropy and KL when the runs logged them. curves[0] is the
-    baseline."""
+    when measured, and the training cross-entropy and KL when the runs logged them. runs[0] is the
+    baseline (black, its last third shaded); a run without a curve (None) keeps its colour unused."""
+    curves = [c for c in runs if c is not None]
     names = [t for t in DEFAULT_TASKS if any(t in e["tasks"] for c in curves for e in c.entries)]
     names += sorted({t for c in curves for e in c.entries for t in e["tasks"]} - set(names))
     panels = []
     for name in names:
         ref = next(e["tasks"][name] for c in curves for e in c.entries if name in e["tasks"])
         panel = Panel(f"{ref.get('paper_name', name)} ({ref['metric']})", ref["metric"])
-        for run, curve in enumerate(curves):
+        for run, curve in _present(runs):
             scored = [e for e in curve.entries if name in e["tasks"]]
             if scored:
                 panel.lines.append(Line(run, curve.label, [curve.x(e, axis) for e in scored],
                                         [e["tasks"][name]["value"] for e in scored]))
         panels.append(panel)
     if any("likelihood" in e for c in curves for e in c.entries):
-        panels.append(_likelihood_panel(curves, axis))
-    panels += _training_panels(curves, axis)
-    span = _last_third_span(curves[0], axis)
-    for panel in panels:
-        panel.span = span
+        panels.append(_likelihood_panel(runs, axis))
+    panels += _training_panels(runs, axis)
+    if runs[0] is not None:
+        span = _last_third_span(runs[0], axis)
+        for panel in panels:
+            panel.span = span
     return panels
+
+
+def _present(runs: list[Curve | None]):
+    return [(run, curve) for run, curve in enumerate(runs) if curve is not None]
 
 
 def _last_third_span(curve: Curve, axis: str) -> tuple[float, float]:
@@ -63,11 +69,11 @@ def _last_third_span(curve: Curve, axis: str) -> tuple[float, float]:
     return min(xs), max(xs)
 
 
-def _likelihood_panel(curves: list[Curve], axis: str) -> Panel:
+def _likelihood_panel(runs: list[Curve | None], axis: str) -> Panel:
     """Bits per byte: a baseline's exact value; a Free model's IWAE bound (solid) and prior
     cross-entropy (dashed), as in compare's rows."""
     panel = Panel("held-out bits/byte (Free: IWAE, dashed: prior CE)", "bits / byte")
-    for run, curve in enumerate(curves):
+    for run, curve in _present(runs):
         scored = [e for e in curve.entries if "likelihood" in e]
         for measure, dashed in (("exact", False), ("iwae", False), ("prior_ce", True)):
             points = [(curve.x(e, axis), e["likelihood"][measure]["bits_per_byte"])
@@ -77,11 +83,11 @@ def _likelihood_panel(curves: list[Curve], axis: str) -> Panel:
     return panel
 
 
-def _training_panels(curves: list[Curve], axis: str) -> list[Panel]:
+def _training_panels(runs: list[Curve | None], axis: str) -> list[Panel]:
     """Training cross-entropy and KL (bits per token) from each run's metrics.jsonl, kappa dashed."""
     ce = Panel("training cross-entropy", "bits / token")
     kl = Panel("KL per token (dashed: kappa)", "bits / token")
-    for run, curve in enumerate(curves):
+    for run, curve in _present(runs):
         logged = read_metrics(curve.run_dir / "metrics.jsonl")
         if not logged:
             continue
@@ -94,7 +100,7 @@ def _training_panels(curves: list[Curve], axis: str) -> list[Panel]:
     return [p for p in (ce, kl) if p.lines]
 
 
-def draw(panels: list[Panel], path: str | Path, axis: str = "step", title: str | None = None) -> Path:
+def draw(panels: list[Panel], path: str | Path, axis: str = "step") -> Path:
     """The panels in a grid of up to four columns, one legend for the runs, as a PNG."""
     import matplotlib
 
@@ -124,8 +130,6 @@ def draw(panels: list[Panel], path: str | Path, axis: str = "step", title: str |
         legend["last third (baseline)"] = Patch(color="0.92")
     fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(6, len(legend)), fontsize=8,
                frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.06 if rows > 1 else 0.1, 1, 1))
     fig.savefig(path, dpi=72)
     plt.close(fig)
