@@ -107,16 +107,25 @@ def test_latent_bits_read_the_target_start_and_the_noise():
     assert latent_bits(tiny_model(vocab_size=256, max_seq_len=72, latent_bits=0)) == {}  # the baseline has no Z
 
 
-def test_demo_smoke_run_writes_the_report(tmp_path, capsys):
+def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert main(["demo", "--preset", "smoke", "--workers", "1", "--out", str(out)]) == 0
+    args = ["demo", "--preset", "smoke", "--workers", "1", "--out", str(out), "--seeds", "2", "--device", "cpu"]
+    assert main(args) == 0
     assert "report:" in capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
-    assert [m["slug"] for m in results["models"]] == [v.slug for v in VARIANTS]
-    assert len(results["claims"]) == 4
+    assert results["seeds"] == [0, 1]
+    for seed in ("0", "1"):
+        assert [m["slug"] for m in results["per_seed"][seed]["models"]] == [v.slug for v in VARIANTS]
+        assert (out / f"seed-{seed}" / "kappa-1" / "metrics.jsonl").is_file()
+    claims = results["claims"]
+    assert len(claims) == 4 and all(c["seeds"] == 2 for c in claims)
+    for index, claim in enumerate(claims):  # the count is the per-seed verdicts' sum
+        per_seed = [results["per_seed"][seed]["claims"][index]["reproduced"] for seed in ("0", "1")]
+        assert claim["reproduced"] == sum(per_seed) and list(claim["per_seed"].values()) == per_seed
     html = (out / "report.html").read_text()
-    assert "class='blue'" in html and "class='green'" in html and "κ = 1/8 bit" in html
-    assert (out / "report.png").stat().st_size > 10_000
-    first = (out / "kappa-1" / "metrics.jsonl").read_text()
-    assert main(["demo", "--preset", "smoke", "--workers", "1", "--out", str(out)]) == 0  # reuses finished runs
-    assert (out / "kappa-1" / "metrics.jsonl").read_text() == first
+    assert "class='blue'" in html and "class='green'" in html and "κ = 1/8 bit" in html and "seed 1" in html
+    assert (out / "report.png").stat().st_size > 10_000 and (out / "spread.png").stat().st_size > 0
+    first = (out / "seed-1" / "kappa-1" / "metrics.jsonl").read_text()
+    assert main(args) == 0  # reuses finished runs
+    assert (out / "seed-1" / "kappa-1" / "metrics.jsonl").read_text() == first
+    assert main(["demo", "--seed", "1", "--seeds", "2", "--out", str(out)]) == 2

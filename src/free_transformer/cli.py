@@ -14,7 +14,7 @@ import sys
 
 from .errors import Stopped, UserError
 
-COMMAND_MODULES = ["demo", "train", "generate", "eval", "compare", "info", "convert", "consolidate"]
+COMMAND_MODULES = ["demo", "study", "train", "inspect", "generate", "eval", "compare", "info", "convert", "consolidate"]
 
 
 def build_parser() -> argparse.ArgumentParser:

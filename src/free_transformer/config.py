@@ -116,6 +116,17 @@ class ModelConfig:
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
+    def matched_baseline(self) -> ModelConfig:
+        """The control of a Free Transformer: the baseline decoder with one more block per encoder block,
+        so that it has the encoder's parameters and about its FLOPs (a causal block instead of a
+        non-causal one). What it lacks is the latent itself: the read-out to H bits and the mapper (for the
+        Binary Mapper a 2^H x D table, whose forward is a lookup). A gain over this baseline is the
+        latent's, not the extra block's."""
+        if not self.is_free:
+            raise ConfigError("the matched baseline is that of a Free Transformer: this config has no latent")
+        return self.replace(latent_bits=0, latent_layer=None, latent=LatentConfig(),
+                            n_layers=self.n_layers + self.latent.encoder_layers)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..demo.experiment import PRESETS, run_demo
 from ..devices import parse_device
+from .arguments import parse_seeds
 
 NAME = "demo"
 HELP = "train a baseline and Free Transformers at kappa = 1/64, 1/8, 1, 8 bits on the synthetic letters; report"
@@ -19,7 +20,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
                         help="training overrides applied to every model, e.g. steps=500 precision=bf16")
     parser.add_argument("--steps", type=int, help="training steps of every model (same as steps=N)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None, help="one seed (default 0)")
+    parser.add_argument("--seeds", default=None,
+                        help="several seeds: a count N (seeds 0..N-1) or a comma-separated list; the report gives "
+                             "each claim's success count and every seed's figures (runs in OUT/seed-S/)")
     parser.add_argument("--workers", type=int,
                         help="models trained side by side, one process each (default: 2 on CPU, all 5 on a GPU)")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
@@ -32,7 +36,10 @@ def run(args) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError("--workers must be >= 1")
     device = str(parse_device(args.device))
-    report = run_demo(preset, Path(args.out), seed=args.seed, workers=args.workers, device=device)
+    if args.seed is not None and args.seeds is not None:
+        raise ValueError("give --seed or --seeds, not both")
+    seeds = parse_seeds(args.seeds, 1) if args.seeds is not None else (args.seed or 0,)
+    report = run_demo(preset, Path(args.out), seeds=seeds, workers=args.workers, device=device)
     print(f"report: {report.resolve()}")
     print(f"figure: {(report.parent / 'report.png').resolve()}")
     return 0

@@ -24,6 +24,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out from its newest checkpoint, with its saved config")
     parser.add_argument("--init-from", help="checkpoint whose decoder weights initialise the model")
+    parser.add_argument("--matched-baseline", action="store_true",
+                        help="train the control of the configured Free Transformer: no latent, one more block per "
+                             "encoder block (the same parameters and about the same FLOPs; docs/real-text.md)")
 
 
 def run(args) -> int:
@@ -34,6 +37,10 @@ def run(args) -> int:
         if not config_path.exists():
             raise TrainingError(f"nothing to resume: {config_path} not found")
     config = load_train_config(config_path, args.overrides)
+    if args.matched_baseline:
+        if args.resume:
+            raise TrainingError("--matched-baseline makes a new run's config; --resume reads the run's own")
+        config.model = config.model.matched_baseline()
     result = train(config, out, resume=args.resume, init_from=args.init_from)
     m = result.metrics
     if int(os.environ.get("RANK", 0)) != 0:  # under torchrun, rank 0 reports for all

@@ -4,8 +4,6 @@ then generate their blue and green groups and measure what their latents encode.
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import random
 import string
 import time
@@ -15,11 +13,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoint import checkpoint_dirs, load_model
+from ..checkpoint import load_model
 from ..data import build_dataset
 from ..train.config import TrainConfig, load_train_config
+from ..train.evaluation import evaluate
 from ..train.metrics import read_metrics
-from ..train.trainer import evaluate, train
+from ..train.pool import threads_per_run, train_runs
 from .groups import generate_groups, group_measures, mean_of_present
 from .information import latent_bits
 
@@ -93,37 +92,19 @@ def train_config(preset: Preset, variant: Variant, seed: int, threads: int, devi
     return config
 
 
-def _train_one(job: tuple[TrainConfig, str]) -> tuple[str, float]:
-    config, run_dir = job
-    started = time.perf_counter()
-    done = checkpoint_dirs(run_dir)
-    if not (done and int(done[-1].name[5:]) >= config.steps):  # finished runs are reused, partial ones resumed
-        train(config, run_dir, resume=bool(done))
-    return run_dir, time.perf_counter() - started
+def seed_dir(out_dir: Path, seed: int, seeds: tuple[int, ...]) -> Path:
+    """Where a seed's five runs live: OUT itself for one seed (as before seeds existed), else OUT/seed-S."""
+    return out_dir if len(seeds) == 1 else out_dir / f"seed-{seed}"
 
 
-def train_all(preset: Preset, out_dir: Path, *, seed: int, workers: int, device: str = "cpu") -> dict[str, float]:
-    """Train every variant, `workers` processes side by side (each with its share of the cores; on a GPU
-    they share the device). One progress bar follows all runs through their metrics.jsonl files."""
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    jobs = [(train_config(preset, v, seed, threads, device), str(out_dir / v.slug)) for v in VARIANTS]
-    jobs.sort(key=lambda job: -job[0].steps)  # longest first: the runs finish close together
-    total = sum(config.steps for config, _ in jobs)
-    wall: dict[str, float] = {}
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, maxtasksperchild=1) as pool, tqdm(total=total, desc="training 5 models",
-                                                                   unit="step", dynamic_ncols=True) as bar:
-        pending = pool.map_async(_train_one, jobs, chunksize=1)
-        while not pending.ready():
-            pending.wait(2.0)
-            latest = {Path(d).name: (read_metrics(Path(d) / "metrics.jsonl") or [{}])[-1] for _, d in jobs}
-            bar.n = sum(m.get("step", 0) for m in latest.values())
-            bar.set_postfix_str(" ".join(f"{k}:{m['kl_bits']:.2f}b" for k, m in latest.items() if "kl_bits" in m))
-            bar.refresh()
-        for run_dir, seconds in pending.get():
-            wall[Path(run_dir).name] = seconds
-        bar.n = total
-    return wall
+def train_all(preset: Preset, out_dir: Path, *, seeds: tuple[int, ...], workers: int,
+              device: str = "cpu") -> dict[str, float]:
+    """Train every variant of every seed, `workers` processes side by side; the wall seconds of each run
+    trained now, by run directory."""
+    threads = threads_per_run(workers)
+    jobs = [(train_config(preset, v, seed, threads, device), seed_dir(out_dir, seed, seeds) / v.slug)
+            for seed in seeds for v in VARIANTS]
+    return train_runs(jobs, workers, desc=f"training {len(jobs)} models")
 
 
 @dataclass
@@ -149,15 +130,15 @@ def evaluate_all(preset: Preset, out_dir: Path, *, seed: int, wall: dict[str, fl
         config = train_config(preset, variant, seed, threads=0, device=device)
         measures = dict(evaluate(model, build_dataset(config.data, seed), config, torch.device(device)))
         measures.update(latent_bits(model, seed=seed))
-        shown = None
+        shown, per_prompt = None, {}
         for index, prompt_letter in enumerate((letter, second_letter)):  # measures average two prompts
             groups = generate_groups(model, prompt_letter, blue_size=preset.blue_size, green_groups=preset.green_groups,
                                      green_size=preset.green_size, seed=seed + 97 * index)
             shown = shown or groups
             for key, value in group_measures(groups).items():
-                measures.setdefault(key, []).append(value)
-        measures = {k: mean_of_present(v) if isinstance(v, list) else v for k, v in measures.items()}
-        results.append(ModelResult(variant, measures, asdict(shown), wall.get(variant.slug, 0.0),
+                per_prompt.setdefault(key, []).append(value)
+        measures.update({key: mean_of_present(values) for key, values in per_prompt.items()})
+        results.append(ModelResult(variant, measures, asdict(shown), wall.get(str(run_dir), 0.0),
                                    read_metrics(run_dir / "metrics.jsonl")))
     return results
 
@@ -207,25 +188,39 @@ def judge_claims(results: list[ModelResult]) -> list[dict]:
             for slug, claim, test, passed in claims]
 
 
-def run_demo(preset: Preset, out_dir: Path, *, seed: int = 0, workers: int | None = None, device: str = "cpu") -> Path:
+def claims_over_seeds(claims_by_seed: dict[int, list[dict]]) -> list[dict]:
+    """Per claim: on how many seeds it was reproduced, and which."""
+    first = next(iter(claims_by_seed.values()))
+    return [{**{k: claim[k] for k in ("model", "claim", "test")},
+             "per_seed": {seed: claims[index]["reproduced"] for seed, claims in claims_by_seed.items()},
+             "reproduced": sum(claims[index]["reproduced"] for claims in claims_by_seed.values()),
+             "seeds": len(claims_by_seed)}
+            for index, claim in enumerate(first)]
+
+
+def run_demo(preset: Preset, out_dir: Path, *, seeds: tuple[int, ...] = (0,), workers: int | None = None,
+             device: str = "cpu") -> Path:
     """device: cpu, cuda or cuda:N. workers: models trained side by side; by default one per 1 of 2 CPU
-    cores, and on a GPU all five at once (they share it)."""
+    cores, and on a GPU every model of every seed at once (they share it)."""
     from .report import write_report
 
     if workers is None:
-        workers = len(VARIANTS) if device.startswith("cuda") else 2
+        workers = len(VARIANTS) * len(seeds) if device.startswith("cuda") else 2
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    wall = train_all(preset, out_dir, seed=seed, workers=workers, device=device)
-    results = evaluate_all(preset, out_dir, seed=seed, wall=wall, device=device)
-    claims = judge_claims(results)
+    wall = train_all(preset, out_dir, seeds=seeds, workers=workers, device=device)
+    results = {seed: evaluate_all(preset, seed_dir(out_dir, seed, seeds), seed=seed, wall=wall, device=device)
+               for seed in seeds}
+    claims = {seed: judge_claims(seed_results) for seed, seed_results in results.items()}
     summary = {
-        "preset": asdict(preset), "seed": seed, "workers": workers, "device": device,
+        "preset": asdict(preset), "seeds": list(seeds), "workers": workers, "device": device,
         "total_seconds": time.perf_counter() - started,
-        "models": [{"slug": r.variant.slug, "label": r.variant.label, "kappa_bits": r.variant.kappa_bits,
-                    "train_overrides": preset.overrides(r.variant), "train_seconds": r.wall_seconds, **r.measures}
-                   for r in results],
-        "claims": claims,
+        "per_seed": {seed: {"models": [{"slug": r.variant.slug, "label": r.variant.label,
+                                        "kappa_bits": r.variant.kappa_bits, "train_overrides": preset.overrides(r.variant),
+                                        "train_seconds": r.wall_seconds, **r.measures} for r in seed_results],
+                            "claims": claims[seed]}
+                     for seed, seed_results in results.items()},
+        "claims": claims_over_seeds(claims),
     }
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
-    return write_report(out_dir, results, claims, summary)
+    return write_report(out_dir, results, summary)

@@ -1,5 +1,6 @@
 """report.html and report.png: the groups drawn as in the paper's figure (monospace rows in blue and
-green boxes), the measures per model, the verdict on each of the paper's four claims, training curves."""
+green boxes), the measures per model, the verdict on each of the paper's four claims (on how many
+seeds), training curves; with several seeds, spread.png: each claim's measures, one dot per seed."""
 
 from __future__ import annotations
 
@@ -65,11 +66,11 @@ def _figure_png(results, claims) -> bytes:
                      f"KL {_fmt(m.get('val_kl_bits'), '{:.2f}')} bits/token", fontsize=10)
     last = axes.flat[-1]
     last.set_axis_off()
-    verdicts = "\n".join(f"{'REPRODUCED' if c['reproduced'] else 'NOT reproduced':15s} {c['claim']}" for c in claims)
-    last.text(0.0, 0.95, "The paper's claims, in this run:\n\n" + verdicts, family="monospace", fontsize=8, va="top",
+    verdicts = "\n".join(f"{c['reproduced']}/{c['seeds']} seeds  {c['claim']}" for c in claims)
+    last.text(0.0, 0.95, "The paper's claims, reproduced on:\n\n" + verdicts, family="monospace", fontsize=8, va="top",
               transform=last.transAxes, parse_math=False)
-    fig.suptitle("Free Transformer, synthetic letters: blue = latents drawn per sequence, green = one latent "
-                 "sequence per group", fontsize=11)
+    fig.suptitle("Free Transformer, synthetic letters (groups of the first seed): blue = latents drawn per sequence, "
+                 "green = one latent sequence per group", fontsize=11)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
@@ -103,24 +104,77 @@ def _curves_png(results) -> bytes:
     return buffer.getvalue()
 
 
-def write_report(out_dir: Path, results, claims, summary: dict) -> Path:
+# The measures each claim's test reads, drawn per seed in spread.png: (model, measure key, title, its threshold)
+SPREAD = [
+    ("kappa-1-64", "latent_bits_position", "1/64 bit: bits Z saves at target start", 0.1),
+    ("kappa-1-8", "latent_bits_position", "1/8 bit: bits Z saves at target start", 1.0),
+    ("kappa-1-8", "latent_bits_noise", "1/8 bit: bits Z saves per '!'", 0.1),
+    ("kappa-1", "green_position_agreement", "1 bit: green position agreement", 0.3),
+    ("kappa-1", "green_noise_jaccard", "1 bit: green noise Jaccard", 0.3),
+    ("kappa-8", "valid", "8 bits: valid generations", 0.7),
+]
+
+
+def _spread_png(results_by_seed: dict) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(SPREAD), figsize=(2.6 * len(SPREAD), 3.2))
+    for ax, (slug, key, title, threshold) in zip(axes, SPREAD):
+        for seed, results in results_by_seed.items():
+            value = next(r.measures.get(key) for r in results if r.variant.slug == slug)
+            if value is not None:
+                ax.scatter([0], [value], s=30)
+                ax.annotate(f"seed {seed}", (0, value), xytext=(6, 0), textcoords="offset points", fontsize=7)
+        ax.axhline(threshold, color="k", linestyle="--", linewidth=0.8)
+        ax.set_xticks([])
+        ax.set_title(title, fontsize=8)
+    fig.suptitle("Each claim's measures, one dot per seed (dashed: the test's threshold)", fontsize=10)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _measure_rows(results, seed: int | None) -> str:
+    label = "" if seed is None else f" (seed {seed})"
+    return "".join(
+        f"<tr><td>{html.escape(r.variant.label + label)}</td>"
+        + "".join(f"<td>{_fmt(r.measures.get(key), pattern)}</td>" for key, _, pattern in MEASURES)
+        + f"<td>{r.wall_seconds / 60:.1f}</td></tr>"
+        for r in results
+    )
+
+
+def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
+    """results_by_seed: {seed: [ModelResult per variant]}; summary: what run_demo saves in results.json."""
+    seeds = list(results_by_seed)
+    results = results_by_seed[seeds[0]]  # whose groups are drawn
+    claims = summary["claims"]
     figure = _figure_png(results, claims)
     (out_dir / "report.png").write_bytes(figure)
     curves = _curves_png(results)
     (out_dir / "training_curves.png").write_bytes(curves)
     embed = lambda png: "data:image/png;base64," + base64.b64encode(png).decode()
     esc = html.escape
+    spread = ""
+    if len(seeds) > 1:
+        png = _spread_png(results_by_seed)
+        (out_dir / "spread.png").write_bytes(png)
+        spread = f"<h2>Over seeds</h2><img src='{embed(png)}' width='1000'>"
 
     header = "".join(f"<th>{esc(title)}</th>" for _, title, _ in MEASURES)
-    table_rows = "".join(
-        f"<tr><td>{esc(r.variant.label)}</td>"
-        + "".join(f"<td>{_fmt(r.measures.get(key), pattern)}</td>" for key, _, pattern in MEASURES)
-        + f"<td>{r.wall_seconds / 60:.1f}</td></tr>"
-        for r in results
-    )
+    table_rows = "".join(_measure_rows(seed_results, seed if len(seeds) > 1 else None)
+                         for seed, seed_results in results_by_seed.items())
+    seed_header = "".join(f"<th>seed {seed}</th>" for seed in seeds) if len(seeds) > 1 else ""
     claim_rows = "".join(
-        f"<tr class='{'yes' if c['reproduced'] else 'no'}'><td>{'✔ reproduced' if c['reproduced'] else '✘ not reproduced'}"
-        f"</td><td>{esc(c['claim'])}</td><td>{esc(c['test'])}</td></tr>"
+        f"<tr class='{'yes' if c['reproduced'] == c['seeds'] else 'no' if not c['reproduced'] else 'some'}'>"
+        f"<td>{c['reproduced']}/{c['seeds']} seed{'s' if c['seeds'] > 1 else ''}</td>"
+        + ("".join(f"<td>{'✔' if c['per_seed'][seed] else '✘'}</td>" for seed in seeds) if len(seeds) > 1 else "")
+        + f"<td>{esc(c['claim'])}</td><td>{esc(c['test'])}</td></tr>"
         for c in claims
     )
     panels = ""
@@ -131,9 +185,10 @@ def write_report(out_dir: Path, results, claims, summary: dict) -> Path:
         )
         panels += f"<div class='panel'><h3>{esc(r.variant.label)}</h3>{boxes}</div>"
     preset = summary["preset"]
+    models = summary["per_seed"][seeds[0]]["models"]
     settings = "".join(f"<li>{esc(m['label'])}: <code>{esc(' '.join(m['train_overrides']))}</code></li>"
-                       for m in summary["models"])
-    annealed = [m["label"] for m in summary["models"] if any(o.startswith("kappa_start_bits=") for o in m["train_overrides"])]
+                       for m in models)
+    annealed = [m["label"] for m in models if any(o.startswith("kappa_start_bits=") for o in m["train_overrides"])]
     if annealed:
         settings += (f"<li><b>Not in the paper:</b> for {esc(', '.join(annealed))}, κ starts at a larger value and "
                      "decreases linearly to its final value (<code>kappa_start_bits</code>, <code>kappa_anneal_steps</code>); "
@@ -146,14 +201,16 @@ pre.blue {{ background: {BLUE}; }} pre.green {{ background: {GREEN}; }}
 .panels {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 1em; }}
 table {{ border-collapse: collapse; margin: 1em 0; }} td, th {{ border: 1px solid #ccc; padding: 4px 8px; }}
 tr.yes td:first-child {{ color: #176917; font-weight: bold; }} tr.no td:first-child {{ color: #a11; font-weight: bold; }}
+tr.some td:first-child {{ color: #a60; font-weight: bold; }}
 </style></head><body>
 <h1>The Free Transformer on the paper's synthetic letters</h1>
 <p>Each training sequence: a letter and “&gt;”, then 64 underscores holding one block of that letter repeated 8 times at a
 random position, every character replaced by “!” with probability 1/16. For each model and one random prompt letter,
 the <b>blue</b> group's sequences each draw their own latents Z; each <b>green</b> group shares one Z sequence
 drawn from the uniform prior. Sequences of a green group agree on what Z encodes.</p>
-<h2>The paper's claims in this run</h2>
-<table><tr><th>verdict</th><th>claim</th><th>measured test</th></tr>{claim_rows}</table>
+<h2>The paper's claims, seed by seed</h2>
+<table><tr><th>reproduced</th>{seed_header}<th>claim</th><th>measured test</th></tr>{claim_rows}</table>
+{spread}
 <h2>Measures</h2>
 <p>Generation measures average two prompt letters; chance level for two independent valid samples: position
 agreement 0.018 (within ±2: 0.086), noise Jaccard 0.03. KL and cross-entropy are on held-out data with latents
@@ -161,11 +218,12 @@ from the encoder. “Bits Z saves”: on fresh sequences, the cross-entropy of t
 position decision) and of each “!” (a noise decision) with Z from the prior minus with Z from the encoder; 0
 when the decoder ignores Z.</p>
 <table><tr><th>model</th>{header}<th>training (min)</th></tr>{table_rows}</table>
-<p>Preset <code>{esc(preset['name'])}</code>, {summary['workers']} training processes side by side, total wall
-time {summary['total_seconds'] / 60:.1f} min. Training settings (<code>free-transformer train</code> overrides):</p>
+<p>Preset <code>{esc(preset['name'])}</code>, seeds {', '.join(map(str, seeds))}, {summary['workers']} training processes
+side by side, total wall time {summary['total_seconds'] / 60:.1f} min. Training settings (<code>free-transformer
+train</code> overrides; each seed adds <code>seed=S</code>):</p>
 <ul>{settings}</ul>
-<h2>Generations</h2><div class="panels">{panels}</div>
-<h2>Training</h2><img src="{embed(curves)}" width="1000">
+<h2>Generations (seed {seeds[0]})</h2><div class="panels">{panels}</div>
+<h2>Training (seed {seeds[0]})</h2><img src="{embed(curves)}" width="1000">
 <h2>As one picture</h2><img src="{embed(figure)}" width="1000">
 </body></html>"""
     path = out_dir / "report.html"

@@ -152,12 +152,17 @@ class TrainConfig:
     """CPU threads for torch (0: torch's default)."""
     log_every: int = 10
     eval_every: int = 0
-    """Validation loss every N steps (0: never)."""
+    """Validation measures every N steps (0: never): cross-entropy and KL and, for a Free Transformer, the
+    cross-entropy with prior Z, the bits Z saves, the KL of each bit, and a warning when Z is unused or
+    carries the tokens (train/evaluation.py)."""
     eval_batches: int = 4
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
     tensorboard: bool = False
     """Also write TensorBoard events (needs the tensorboard package)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs the wandb package; WANDB_MODE=offline keeps it on disk)."""
+    wandb_project: str = "free-transformer"
     progress: bool = True
     """Show a progress bar."""
 

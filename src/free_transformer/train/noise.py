@@ -18,7 +18,7 @@ import hashlib
 import torch
 
 
-def _seed(*parts) -> int:
+def seed_of(*parts) -> int:
     digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # manual_seed takes a non-negative int64
 
@@ -26,7 +26,7 @@ def _seed(*parts) -> int:
 def row_generators(seed: int, step: int, rows: range, device: torch.device,
                    split: str = "train") -> list[torch.Generator]:
     """One generator per global row index in `rows`, for the model's `generator=` argument."""
-    return [torch.Generator(device).manual_seed(_seed(seed, "latent", split, step, row)) for row in rows]
+    return [torch.Generator(device).manual_seed(seed_of(seed, "latent", split, step, row)) for row in rows]
 
 
 def latent_generators(latent_noise: str, seed: int, step: int, rows: range, device: torch.device, *,
@@ -37,5 +37,5 @@ def latent_generators(latent_noise: str, seed: int, step: int, rows: range, devi
     if latent_noise == "row":
         return row_generators(seed, step, rows, device, split)
     if rank is not None:
-        torch.manual_seed(_seed(seed, "stream", split, step, rank))
+        torch.manual_seed(seed_of(seed, "stream", split, step, rank))
     return None

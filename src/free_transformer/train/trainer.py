@@ -56,7 +56,7 @@ from ..errors import Stopped, UserError
 from ..model import FreeTransformer
 from ..tokenizer import get_tokenizer
 from .config import TrainConfig, save_train_config
-from .evaluation import autocast_context, evaluate
+from .evaluation import autocast_context, evaluate, latent_warning
 from .metrics import MetricsLog, read_metrics
 from .noise import latent_generators
 from .optim import build_optimizer, lr_factor, set_lr
@@ -365,6 +365,11 @@ def step_metrics(run: Run, done: int, result: StepResult, seconds_per_step: floa
     }
     if config.eval_every and done % config.eval_every == 0:
         metrics.update(evaluate(run.runner, run.dataset, config, run.device, run.env))
+        # Z is unused early in every run: only a quarter into training, and past the warm-up, is that news
+        settled = done > max(config.optim.warmup_steps, config.steps // 4)
+        warning = latent_warning(metrics, metrics["kappa_bits"], settled=settled)
+        if warning:
+            metrics["latent_warning"] = warning
     return metrics
 
 
@@ -381,11 +386,14 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
     benchmarks = periodic_evaluation(run)  # None unless config.eval.every
     if benchmarks is not None:
         benchmarks.at(start_step)  # a due step not scored yet (a stop signal skips the evaluation)
-    log = MetricsLog(run_dir, resume_step=start_step, tensorboard=config.tensorboard) if env.is_main else None
+    log = MetricsLog(run_dir, resume_step=start_step, tensorboard=config.tensorboard,
+                     wandb_project=config.wandb_project if config.wandb else None, config=config.to_dict()) \
+        if env.is_main else None
     progress = tqdm(total=config.steps, initial=start_step, desc=run_dir.name,
                     disable=not (config.progress and env.is_main), dynamic_ncols=True, leave=True)
     first_bad_step = torch.full((), -1, dtype=torch.int64, device=env.device)  # () the first non-finite step, or -1
     last_metrics: dict = {}
+    shown_warning = None  # the kind of latent warning in force ("Z is unused", ...), printed when it starts
     window_start, window_steps = time.perf_counter(), 0
     run.model.train()
     try:
@@ -402,6 +410,11 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                 last_metrics = step_metrics(run, done, result, (time.perf_counter() - window_start) / window_steps)
                 if log is not None:
                     log.write(last_metrics)
+                    warning = last_metrics.get("latent_warning")
+                    if warning is not None and warning.split(":")[0] != shown_warning:  # said once per kind
+                        progress.write(f"{run_dir.name} step {done}: {warning}", file=sys.stderr)
+                    if "val_cross_entropy_bits" in last_metrics:  # an evaluation: the state it found
+                        shown_warning = warning and warning.split(":")[0]
                 progress.set_postfix(ce=f"{last_metrics['cross_entropy_bits']:.3f}b",
                                      kl=f"{last_metrics['kl_bits']:.3f}b", lr=f"{result.lr:.2e}",
                                      tok_s=f"{last_metrics['tokens_per_s']:.0f}")

@@ -1,0 +1,61 @@
+"""What the study measures of each trained run, on the held-out text: honest likelihoods (exact for a
+baseline; prior cross-entropy, IWAE and ELBO for a Free Transformer) in bits per token and per byte, the
+bits Z saves, the KL, whether Z collapsed or carries the tokens; and the run's validation curves.
+Cached in RUN/study-measures.json, so a study that is run again measures only what is new."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..checkpoint import load_model, resolve_checkpoint
+from ..eval.likelihood import heldout_likelihood
+from ..fileio import atomic_write_text
+from ..tokenizer import get_tokenizer
+from ..train.evaluation import COLLAPSED_SAVING, latent_warning
+from ..train.metrics import read_metrics
+
+CACHE = "study-measures.json"
+
+
+def measure_run(run_dir: Path, heldout: str, *, samples: int, windows: int, device: str, seed: int = 0) -> dict:
+    checkpoint = resolve_checkpoint(run_dir)
+    cache = run_dir / CACHE
+    settings = {"checkpoint": checkpoint.name, "samples": samples, "windows": windows, "seed": seed,
+                "heldout_chars": len(heldout)}
+    if cache.is_file():
+        cached = json.loads(cache.read_text())
+        if cached.get("settings") == settings:
+            return cached
+    model, metadata = load_model(checkpoint, device)
+    tokenizer = get_tokenizer(metadata.get("tokenizer", "byte"))
+    like = heldout_likelihood(model, tokenizer, heldout, samples=samples, seed=seed, max_windows=windows)
+    like.pop("per_window")
+    free = model.config.is_free
+    measures = {"settings": settings, "free": free, "params": model.num_params(), "likelihood": like}
+    if free:
+        saved = like["prior_ce"]["bits_per_token"] - like["posterior_ce"]["bits_per_token"]
+        kl = like["kl"]["bits_per_token"]
+        metrics = read_metrics(run_dir / "metrics.jsonl")
+        kappa = metrics[-1]["kappa_bits"]
+        measures.update({
+            "bits_saved": saved, "kl_bits": kl, "kappa_bits": kappa, "collapsed": saved < COLLAPSED_SAVING,
+            "copying": latent_warning({"latent_bits_saved": saved, "val_kl_bits": kl,
+                                       "val_prior_cross_entropy_bits": like["prior_ce"]["bits_per_token"]},
+                                      kappa, settled=False) is not None,
+        })
+    atomic_write_text(cache, json.dumps(measures, indent=1))
+    return measures
+
+
+def honest_bits(measures: dict, unit: str = "bits_per_byte") -> float:
+    """The tightest honest estimate of -log2 P(x): exact for a baseline, IWAE for a Free Transformer."""
+    like = measures["likelihood"]
+    return like["exact" if not measures["free"] else "iwae"][unit]
+
+
+def curves(run_dir: Path) -> list[dict]:
+    """The run's validation measures over training (step, cross-entropies, bits Z saves, KL)."""
+    keep = ("step", "val_cross_entropy_bits", "val_prior_cross_entropy_bits", "latent_bits_saved", "val_kl_bits")
+    return [{k: m[k] for k in keep if k in m} for m in read_metrics(run_dir / "metrics.jsonl")
+            if "val_cross_entropy_bits" in m]

@@ -1,0 +1,56 @@
+"""A run at a glance, from its config.yaml and metrics.jsonl: training and validation losses and, for a
+Free Transformer, what Z does (the bits it saves, its KL against kappa, the bits that carry nothing,
+warnings). What `free-transformer inspect RUN` prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ..checkpoint import checkpoint_dirs
+from ..errors import UserError
+from .evaluation import DEAD_BIT_KL
+from .metrics import read_metrics
+
+
+def summarize_run(run_dir: str | Path, history: int = 8) -> str:
+    """The summary as text; `history` evaluations of the bits Z saves are listed (evenly spread)."""
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise UserError(f"{run_dir} is not a training run (no config.yaml)")
+    config = yaml.safe_load(config_path.read_text())
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    model, bits = config["model"], config["model"]["latent_bits"]
+    kind = (f"Free Transformer, H = {bits} bits ({model.get('latent', {}).get('kind', 'binary_mapper')}), "
+            f"kappa {config['kappa_bits']:g} bits" if bits else "baseline decoder (no latent)")
+    kept = checkpoint_dirs(run_dir)
+    lines = [f"run {run_dir}: {kind}; {model['n_layers']} blocks of width {model['dim']}",
+             f"steps: {metrics[-1]['step'] if metrics else 0} logged of {config['steps']}; checkpoints: "
+             + (", ".join(d.name for d in kept) if kept else "none")]
+    if not metrics:
+        return "\n".join(lines + ["nothing logged yet"])
+    last = metrics[-1]
+    lines.append(f"training (step {last['step']}): cross-entropy {last['cross_entropy_bits']:.4f} bits/token"
+                 + (f", KL {last['kl_bits']:.4f} (kappa {last['kappa_bits']:g})" if bits else ""))
+    evaluated = [m for m in metrics if "val_cross_entropy_bits" in m]
+    if not evaluated:
+        return "\n".join(lines + ["no validation measures: train with eval_every=N to see what Z does"])
+    val = evaluated[-1]
+    if not bits:
+        return "\n".join(lines + [f"validation (step {val['step']}): cross-entropy {val['val_cross_entropy_bits']:.4f}"])
+    lines.append(f"validation (step {val['step']}): cross-entropy {val['val_cross_entropy_bits']:.4f} with the "
+                 f"encoder's Z, {val['val_prior_cross_entropy_bits']:.4f} with prior Z (as generated); "
+                 f"Z saves {val['latent_bits_saved']:.4f} bits/token for a KL of {val['val_kl_bits']:.4f}")
+    per_bit = val["val_kl_bits_per_bit"]
+    dead = [str(h) for h, value in enumerate(per_bit) if value < DEAD_BIT_KL]
+    lines.append("KL per bit (bits/token): " + " ".join(f"{value:.3f}" for value in per_bit)
+                 + (f"; carrying nothing (< {DEAD_BIT_KL}): bit {', '.join(dead)}" if dead else ""))
+    shown = evaluated[:: max(1, len(evaluated) // history)][-history:]
+    lines.append("bits Z saves over training: " + ", ".join(f"{m['step']}: {m['latent_bits_saved']:.3f}" for m in shown))
+    warnings = [m for m in evaluated if "latent_warning" in m]
+    if warnings:
+        lines.append(f"warnings at {len(warnings)} of {len(evaluated)} evaluations (steps {warnings[0]['step']}"
+                     f"-{warnings[-1]['step']}); latest: {warnings[-1]['latent_warning']}")
+    return "\n".join(lines)
