@@ -179,7 +179,8 @@ def test_last_third_average_equals_a_hand_computation(tmp_path, capsys):
     cells = [c.strip() for c in row.strip("|").split("|")]
     free_final, free_third = 3 / 4, (3 / 4 + 3 / 4) / 2
     base_final, base_third = 1.0, 0.75
-    assert cells[1:4] == [f"{base_final:.3f}", f"{free_final:.3f}", f"{100 * (free_final - base_final):+.2f}% (red!80)"]
+    change = f"{100 * (free_final - base_final):+.2f}% (red!80)"  # -25%: strong red, as in the paper
+    assert cells[1:4] == [f"{base_final:.3f}", f"{free_final:.3f}", change]
     assert cells[5:8] == [f"{base_third:.3f}", f"{free_third:.3f}", "+0.00%"]
     assert cells[4].startswith("[") and cells[8].startswith("[")  # an interval for each
     assert "Base (baseline) [final]" in md and "Base (baseline) [last third]" in md and "![scores during training](table.png)" in md

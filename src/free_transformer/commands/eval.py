@@ -19,7 +19,8 @@ TASK_GROUPS = {"mc": "multiple-choice tasks", "generative": "em and pass@1 tasks
 
 def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT | RUN",
-                        help="checkpoint directory, or run directory (newest checkpoint; with --checkpoints, those chosen)")
+                        help="checkpoint directory, or run directory (its newest checkpoint; with --checkpoints, "
+                             "those chosen)")
     parser.add_argument("--checkpoints", metavar="all | every:K | last-third", default=None,
                         help="score several checkpoints of the run RUN, appending one line each to "
                              "RUN/eval/curve.jsonl; those already scored under the same settings are skipped")
@@ -152,7 +153,8 @@ def run(args) -> int:
         "label": run_dir.name, "model_config": model.config.to_dict(), "train_config": config.get("train"),
         "limit": args.limit, "seconds": round(time.monotonic() - started, 1),
     })
-    output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, _tag(args, model, settings.tasks))
+    tag = _tag(args, model, settings.tasks)
+    output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, tag)
     write_json(results, output, exclusive=True)
     print(format_table(results))
     print(f"results: {output}")

@@ -91,7 +91,8 @@ class BenchmarkEvalConfig:
         return EvalSettings(
             tasks=tuple(task_names(self.tasks)), limit=self.limit, latents=self.latents,
             latent_samples=self.latent_samples, generation_samples=self.generation_samples, seed=self.seed,
-            data=tuple(sorted((key.strip(), path.strip()) for key, _, path in pairs)), max_new_tokens=self.max_new_tokens,
+            data=tuple(sorted((key.strip(), path.strip()) for key, _, path in pairs)),
+            max_new_tokens=self.max_new_tokens,
             heldout=tuple(p.strip() for p in self.heldout.split(",") if p.strip()),
             heldout_samples=self.heldout_samples, heldout_windows=self.heldout_windows)
 
