@@ -1,59 +1,103 @@
 """`free-transformer compare`: the paper's baseline-vs-Free table from eval results, with bootstrap
-confidence intervals of every difference."""
+confidence intervals of every difference; for runs with an evaluation record (RUN/eval/curve.jsonl),
+also the last-third averages (Table 3) and the scores during training (the appendix figures)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 NAME = "compare"
-HELP = "compare eval results (baseline first) in the paper's table form, as markdown + HTML, with bootstrap CIs"
+HELP = ("compare eval results (baseline first) in the paper's table form, as markdown + HTML, with bootstrap CIs; "
+        "with evaluation records, last-third averages and curves during training (PNG)")
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="eval results JSON files or run directories (newest RUN/eval/*.json); the first is "
-                             "the baseline")
+                        help="run directories or eval results JSON files; the first is the baseline. A run "
+                             "directory with an evaluation record (RUN/eval/curve.jsonl, written by training's "
+                             "eval section or `eval --checkpoints`) is read as its curve: final and last-third "
+                             "columns, and curves; otherwise its newest RUN/eval/*.json")
     parser.add_argument("--labels", default=None, help="comma-separated column labels (default: run names)")
-    parser.add_argument("--output", default="comparison", help="writes OUTPUT.md and OUTPUT.html (default: comparison)")
+    parser.add_argument("--output", default="comparison",
+                        help="writes OUTPUT.md and OUTPUT.html, and OUTPUT.png with curves (default: comparison)")
+    parser.add_argument("--settings", default=None, metavar="KEY[,KEY...]",
+                        help="the evaluation settings whose curve is read from each record (one key for all runs, "
+                             "or one per run); default: those of each record's newest evaluation")
+    parser.add_argument("--x", dest="axis", choices=["step", "tokens"], default="step",
+                        help="x axis of the curves: optimizer steps or tokens seen")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples per difference")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def run(args) -> int:
-    from ..eval.compare import (
-        build_rows,
-        heldout_mismatch,
-        load_results,
-        to_html,
-        to_markdown,
-        to_text,
-    )
+    from ..eval.compare import build_rows, load_results, to_html, to_markdown, to_text
+    from ..eval.curves import has_curve, load_curve
 
     if len(args.runs) < 2:
         raise ValueError("compare needs a baseline and at least one other run")
     if args.bootstrap < 100:
         raise ValueError("--bootstrap needs at least 100 resamples")
-    runs = [load_results(r) for r in args.runs]
-    labels = [r["label"] for r in runs] if args.labels is None else [s.strip() for s in args.labels.split(",")]
-    if len(labels) != len(runs):
-        raise ValueError(f"--labels has {len(labels)} names for {len(runs)} runs")
+    labels = None if args.labels is None else [s.strip() for s in args.labels.split(",")]
+    if labels is not None and len(labels) != len(args.runs):
+        raise ValueError(f"--labels has {len(labels)} names for {len(args.runs)} runs")
+    keys = [None] * len(args.runs) if args.settings is None else [k.strip() for k in args.settings.split(",")]
+    if len(keys) == 1:
+        keys *= len(args.runs)
+    if len(keys) != len(args.runs):
+        raise ValueError(f"--settings has {len(keys)} keys for {len(args.runs)} runs (give one, or one per run)")
+    curves = [load_curve(r, key) if has_curve(r) else None for r, key in zip(args.runs, keys)]
+    runs = [c.final() if c is not None else load_results(r) for c, r in zip(curves, args.runs)]
+    labels = labels or [r["label"] for r in runs]
+    for curve, label in zip(curves, labels):
+        if curve is not None:
+            curve.label = label
     rows = build_rows(runs, samples=args.bootstrap, seed=args.seed)
-    notes = []
-    for label, r in zip(labels, runs):
-        notes.append(f"{label}: {r.get('latents', {}).get('latents', '?')}")
-    note = "Latents: " + "; ".join(notes)
+    averaged = None
+    if any(curves):
+        averages = [c.last_third_average() if c is not None else {"tasks": {}} for c in curves]
+        averaged = build_rows(averages, samples=args.bootstrap, seed=args.seed)
+    note = _note(labels, runs, curves)
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    md, page, figure = output.with_suffix(".md"), output.with_suffix(".html"), None
+    if any(curves):
+        from ..eval.figures import curve_panels, draw
+
+        figure = draw(curve_panels(curves, args.axis), output.with_suffix(".png"), args.axis)
+    md.write_text(to_markdown(rows, labels, note, averaged) + (f"\n![scores during training]({figure.name})\n"
+                                                                if figure else ""))
+    page.write_text(to_html(rows, labels, note, averaged, figure))
+    print(to_text(rows, labels, averaged))
+    print(note)
+    print(f"wrote {md}, {page}" + (f" and {figure}" if figure else ""))
+    return 0
+
+
+def _note(labels: list[str], runs: list[dict], curves: list) -> str:
+    """What the table rests on: each run's latents, the evaluations of each curve, and what is not compared."""
+    from ..eval.compare import heldout_mismatch
+    from ..eval.curves import LATENT_SETTINGS, settings_difference
+
+    note = "Latents: " + "; ".join(f"{label}: {r.get('latents', {}).get('latents', '?')}"
+                                   for label, r in zip(labels, runs))
     base_like = runs[0].get("likelihood")
     for label, r in zip(labels[1:], runs[1:]):
         why = base_like and r.get("likelihood") and heldout_mismatch(base_like, r["likelihood"])
         if why:
             note += (f". Held-out likelihood of {label} was measured on other text than {labels[0]}'s ({why}): "
                      "its change is not shown")
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    md, page = output.with_suffix(".md"), output.with_suffix(".html")
-    md.write_text(to_markdown(rows, labels, note))
-    page.write_text(to_html(rows, labels, note))
-    print(to_text(rows, labels))
-    print(note)
-    print(f"wrote {md} and {page}")
-    return 0
+    for label, curve in zip(labels, curves):
+        if curve is None:
+            continue
+        steps = [e["step"] for e in curve.entries]
+        third = [e["step"] for e in curve.last_third()]
+        note += (f". {label}: {len(steps)} evaluations at steps {steps[0]}-{steps[-1]} under settings "
+                 f"{curve.settings_key}, last third: steps {third[0]}-{third[-1]} ({len(third)})")
+        difference = settings_difference(curve.settings, next(c for c in curves if c).settings, LATENT_SETTINGS)
+        if difference:
+            note += f"; its settings differ from the first curve's: {difference}"
+        for key, entries in curve.others.items():
+            note += (f"; its record also holds {len(entries)} evaluation(s) under settings {key} ("
+                     f"{settings_difference(entries[-1]['settings'], curve.settings)}), not mixed in: "
+                     f"--settings {key} shows them")
+    return note

@@ -1,23 +1,29 @@
-"""`free-transformer eval`: the paper's benchmarks (and held-out likelihoods) for one checkpoint."""
+"""`free-transformer eval`: the paper's benchmarks (and held-out likelihoods) for one checkpoint, or for several
+checkpoints of a run, each appended to its evaluation record (RUN/eval/curve.jsonl, eval/record.py)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from ..checkpoint import load_model, resolve_checkpoint
-from ..data.corpora import is_named, named_corpus, read_heldout
+from ..checkpoint import STEP_DIR, checkpoint_dirs, load_model, resolve_checkpoint
 from ..devices import parse_device
 from ..tokenizer import get_tokenizer
 
 NAME = "eval"
-HELP = "evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table"
+HELP = ("evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table "
+        "(--checkpoints: a run's checkpoints, into its evaluation record)")
 
 TASK_GROUPS = {"mc": "multiple-choice tasks", "generative": "em and pass@1 tasks", "paper": "the paper's 16 rows"}
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("checkpoint", nargs="?", help="checkpoint directory, or run directory (newest checkpoint)")
+    parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT | RUN",
+                        help="checkpoint directory, or run directory (its newest checkpoint; with --checkpoints, "
+                             "those chosen)")
+    parser.add_argument("--checkpoints", metavar="all | every:K | last-third", default=None,
+                        help="score several checkpoints of the run RUN, appending one line each to "
+                             "RUN/eval/curve.jsonl; those already scored under the same settings are skipped")
     parser.add_argument("--tasks", default="all",
                         help="comma-separated task names, or all (default), paper, mc, generative; "
                              "none: only the --heldout likelihoods; see --list-tasks")
@@ -67,28 +73,6 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
     return out
 
 
-def _task_names(spec: str) -> list[str]:
-    from ..eval.benchmarks import DEFAULT_TASKS, PAPER_TASKS
-    from ..eval.tasks import get_benchmark
-
-    if spec.strip() == "none":
-        return []
-    names: list[str] = []
-    for part in [p.strip() for p in spec.split(",") if p.strip()]:
-        if part == "all":
-            names += DEFAULT_TASKS
-        elif part == "paper":
-            names += PAPER_TASKS
-        elif part in ("mc", "generative"):
-            names += [t for t in DEFAULT_TASKS if (get_benchmark(t).kind == "mc") == (part == "mc")]
-        else:
-            get_benchmark(part)  # raises ValueError on an unknown name
-            names.append(part)
-    if not names:
-        raise ValueError("--tasks is empty")
-    return list(dict.fromkeys(names))
-
-
 def _list_tasks() -> int:
     from ..eval.benchmarks import DEFAULT_TASKS
     from ..eval.sources import DataUnavailable
@@ -117,66 +101,122 @@ def _fewshot(values: list[str]) -> dict[str, int]:
     return out
 
 
+def _settings(args):
+    from ..eval.settings import EvalSettings, task_names
+
+    settings = EvalSettings(
+        tasks=tuple(task_names(args.tasks)), limit=args.limit, latents=args.latents,
+        latent_samples=args.latent_samples, generation_samples=args.generation_samples, seed=args.seed,
+        num_fewshot=tuple(sorted(_fewshot(args.num_fewshot).items())),
+        data=tuple(sorted(_pairs(args.data, "--data").items())), max_new_tokens=args.max_new_tokens,
+        heldout=tuple(args.heldout), heldout_samples=args.heldout_samples, heldout_windows=args.heldout_windows)
+    settings.check_heldout()
+    return settings
+
+
+def _load(checkpoint, device):
+    model, config = load_model(checkpoint, device)
+    if "tokenizer" not in config:
+        raise ValueError(f"{checkpoint}/config.json names no tokenizer")
+    tokenizer = get_tokenizer(config["tokenizer"])
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(f"tokenizer {tokenizer.name} has {tokenizer.vocab_size} ids, the model only {model.config.vocab_size}")
+    return model, config, tokenizer
+
+
 def run(args) -> int:
     if args.list_tasks:
         return _list_tasks()
     if not args.checkpoint:
         raise ValueError("give a CHECKPOINT (or --list-tasks)")
-    from ..eval.likelihood import heldout_likelihood
     from ..eval.report import format_table, write_json
-    from ..eval.runner import EvalOptions, evaluate
     from ..eval.sandbox import SandboxLimits
-    from ..eval.scoring import LatentPolicy
+    from ..eval.settings import score
 
     device = parse_device(args.device)
+    if args.checkpoints and args.output:
+        raise ValueError("--checkpoints appends to RUN/eval/curve.jsonl: leave --output out")
     if args.output and Path(args.output).exists():  # before hours of evaluation, not after
         raise FileExistsError(f"--output {args.output} already exists: it is kept; choose another name")
-    tasks = _task_names(args.tasks)
-    if not tasks and not args.heldout:
-        raise ValueError("--tasks none evaluates nothing without --heldout")
-    policy = LatentPolicy(context=args.latents, samples=args.latent_samples,
-                          generation_samples=args.generation_samples, seed=args.seed)
-    options = EvalOptions(policy=policy, num_fewshot=_fewshot(args.num_fewshot), limit=args.limit,
-                          data_files=_pairs(args.data, "--data"), max_new_tokens=args.max_new_tokens,
-                          sandbox=SandboxLimits(timeout_s=args.code_timeout, memory_mb=args.code_memory_mb),
-                          progress=not args.no_progress)
-    for path in args.heldout:
-        if is_named(path):
-            named_corpus(path).files()  # raises if unknown or not installed
-        elif not Path(path).is_file():
-            raise FileNotFoundError(f"held-out text not found: {path}")
+    choose = checkpoint_choice(args.checkpoints) if args.checkpoints else None
+    settings = _settings(args)
+    sandbox = SandboxLimits(timeout_s=args.code_timeout, memory_mb=args.code_memory_mb)
+    if choose is not None:
+        return _score_checkpoints(Path(args.checkpoint), choose, settings, sandbox, device, not args.no_progress)
     ckpt = resolve_checkpoint(args.checkpoint)
-    model, config = load_model(ckpt, device)
-    if "tokenizer" not in config:
-        raise ValueError(f"{ckpt}/config.json names no tokenizer")
-    tokenizer = get_tokenizer(config["tokenizer"])
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"tokenizer {tokenizer.name} has {tokenizer.vocab_size} ids, the model only {model.config.vocab_size}")
+    model, config, tokenizer = _load(ckpt, device)
     started = time.monotonic()
-    results = evaluate(model, tokenizer, tasks, options)
-    if args.heldout:
-        text = "\n".join(read_heldout(p) if is_named(p) else Path(p).read_text(encoding="utf-8") for p in args.heldout)
-        from tqdm.auto import tqdm
-
-        with tqdm(desc="held-out", unit="window", disable=args.no_progress, leave=False) as bar:
-            results["likelihood"] = heldout_likelihood(model, tokenizer, text, samples=args.heldout_samples,
-                                                       seed=args.seed, max_windows=args.heldout_windows,
-                                                       progress=bar.update)
-        results["likelihood"]["files"] = list(args.heldout)
+    results = score(model, tokenizer, settings, sandbox=sandbox, progress=not args.no_progress)
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
     results.update({
         "checkpoint": str(ckpt), "step": config.get("step"), "tokenizer": tokenizer.name,
         "label": run_dir.name, "model_config": model.config.to_dict(), "train_config": config.get("train"),
         "limit": args.limit, "seconds": round(time.monotonic() - started, 1),
     })
-    output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, _tag(args, model, tasks))
+    tag = _tag(args, model, settings.tasks)
+    output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, tag)
     write_json(results, output, exclusive=True)
     print(format_table(results))
     print(f"results: {output}")
     return 0
 
 
-def _tag(args, model, tasks: list[str]) -> str:
+def _score_checkpoints(run_dir: Path, choose, settings, sandbox, device, progress: bool) -> int:
+    """Score the run's checkpoints that `choose` picks, appending to its record; skip the scored ones."""
+    from ..eval.record import CurveRecord, make_entry
+    from ..eval.settings import score
+
+    found = [(int(STEP_DIR.match(c.name).group(1)), c) for c in checkpoint_dirs(run_dir)]
+    if not found:
+        raise ValueError(f"{run_dir} holds no checkpoints/step_*: --checkpoints needs a run directory")
+    newest = found[-1][0]
+    record = CurveRecord(run_dir)
+    tokens_per_step = _tokens_per_step(run_dir)
+    print(f"settings {settings.key}; record {record.path}")
+    for step, ckpt in [(step, c) for step, c in found if choose(step, newest)]:
+        if record.scored(step, settings):
+            print(f"step {step}: already scored, skipped")
+            continue
+        started = time.monotonic()
+        model, _, tokenizer = _load(ckpt, device)
+        results = score(model, tokenizer, settings, sandbox=sandbox, progress=progress)
+        record.append(make_entry(results, settings, step=step, source="checkpoint", checkpoint=ckpt.name,
+                                 tokens=None if tokens_per_step is None else step * tokens_per_step,
+                                 seconds=time.monotonic() - started))
+        scores = ", ".join(f"{name} {r['value']:.3f}" for name, r in results["tasks"].items())
+        print(f"step {step}: {scores or 'held-out likelihood'}")
+    return 0
+
+
+def checkpoint_choice(spec: str):
+    """--checkpoints as a test of (step, newest checkpoint's step): all, every:K (multiples of K), or
+    last-third (steps at or after 2/3 of the newest: the steps that the last-third average covers)."""
+    if spec == "all":
+        return lambda step, newest: True
+    if spec == "last-third":
+        return lambda step, newest: 3 * step >= 2 * newest
+    kind, _, every = spec.partition(":")
+    if kind == "every" and every.isdigit() and int(every) > 0:
+        return lambda step, newest: step % int(every) == 0
+    raise ValueError(f"--checkpoints expects all, every:K (K >= 1) or last-third, got {spec!r}")
+
+
+def _tokens_per_step(run_dir: Path) -> int | None:
+    """Tokens of one optimizer step, from the run's config.yaml and data; None (with a note) when they
+    cannot be read here: the record then has steps but no token counts."""
+    from ..data import build_dataset
+    from ..errors import UserError
+    from ..train.config import load_train_config
+
+    try:  # eval.every=0: the periodic evaluation's settings (its held-out files) play no part here
+        config = load_train_config(run_dir / "config.yaml", ["eval.every=0"])
+        return config.batch_size * build_dataset(config.data, config.seed).sequence_length
+    except (UserError, OSError) as error:
+        print(f"note: tokens seen are not recorded ({' '.join(str(error).split())})")
+        return None
+
+
+def _tag(args, model, tasks) -> str:
     """What the default results name says: the latent policy of the tasks, the K of the held-out part."""
     if not model.config.is_free:
         return "baseline"

@@ -5,6 +5,7 @@ reader sees which differences are noise."""
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import math
@@ -210,48 +211,84 @@ def _grouped(rows: list[Row]):
         yield category, [r for r in rows if r.category == category]
 
 
-def to_markdown(rows: list[Row], labels: list[str], note: str = "") -> str:
-    head = ["benchmark", _baseline_header(labels[0])]
+# Column blocks: the final values, then (given rows of last-third averages) the paper's Table 3 columns.
+BLOCKS = {"final": "Final value", "last third": "Average (last third)"}
+LAST_THIRD_LEGEND = ("Last third: each run's evaluations at steps >= 2/3 of its last scored step, averaged "
+                     "document by document; its CI bootstraps those per-document averages.")
+
+
+def _blocks(rows: list[Row], averaged: list[Row] | None) -> list[tuple[str, dict[str, Row]]]:
+    if averaged is None:
+        return [("", {r.name: r for r in rows})]
+    return [("final", {r.name: r for r in rows}), ("last third", {r.name: r for r in averaged})]
+
+
+def _block_cells(row: Row, block: dict[str, Row], runs: int) -> tuple[Cell | None, list[Cell | None]]:
+    """The baseline's and the other runs' cells of `row` in one block (empty where it lacks the row)."""
+    mine = block.get(row.name)
+    return (mine.baseline, mine.others) if mine is not None else (None, [None] * (runs - 1))
+
+
+def _headers(labels: list[str], title: str) -> list[str]:
+    suffix = f" [{title}]" if title else ""
+    head = [_baseline_header(labels[0]) + suffix]
     for label in labels[1:]:
-        head += [label, "change", "95% CI of difference"]
+        head += [label + suffix, "change", "95% CI of difference"]
+    return head
+
+
+def to_markdown(rows: list[Row], labels: list[str], note: str = "", averaged: list[Row] | None = None) -> str:
+    blocks = _blocks(rows, averaged)
+    head = ["benchmark"] + [h for title, _ in blocks for h in _headers(labels, title)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for category, members in _grouped(rows):
         lines.append("| **" + category + "** |" + " |" * (len(head) - 1))
         for row in members:
-            cells = [row.label, _fmt_value(row.baseline)]
-            for cell in row.others:
-                change = _fmt_change(cell)
-                if cell is not None and cell.colour != "white":
-                    change = f"{change} ({cell.colour})"
-                cells += [_fmt_value(cell), change, _fmt_ci(cell)]
+            cells = [row.label]
+            for _, block in blocks:
+                baseline, others = _block_cells(row, block, len(labels))
+                cells.append(_fmt_value(baseline))
+                for cell in others:
+                    change = _fmt_change(cell)
+                    if cell is not None and cell.colour != "white":
+                        change = f"{change} ({cell.colour})"
+                    cells += [_fmt_value(cell), change, _fmt_ci(cell)]
             lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Change: relative to the baseline; colours as in the paper (|change| < 1%: none, "
                  "1-10%: light, >= 10%: strong; green better). CI: paired bootstrap over documents of "
                  "(model - baseline), absolute and relative; * marks an interval that excludes 0 "
                  f"(given only from {MIN_DOCS_FOR_SIGNIFICANCE} documents on).")
+    if averaged is not None:
+        lines.append(LAST_THIRD_LEGEND)
     if note:
         lines.append(note)
     return "\n".join(lines) + "\n"
 
 
-def to_html(rows: list[Row], labels: list[str], note: str = "") -> str:
+def to_html(rows: list[Row], labels: list[str], note: str = "", averaged: list[Row] | None = None,
+            figure: Path | None = None) -> str:
     esc = html.escape
-    head = "<th>benchmark</th><th>" + esc(_baseline_header(labels[0])) + "</th>"
-    for label in labels[1:]:
-        head += f"<th>{esc(label)}</th><th>change</th><th>95% CI of difference</th>"
-    width = 2 + 3 * (len(labels) - 1)
+    blocks = _blocks(rows, averaged)
+    head = "<th>benchmark</th>" + "".join(f"<th>{esc(h)}</th>" for title, _ in blocks for h in _headers(labels, title))
+    block_width = 1 + 3 * (len(labels) - 1)
+    if averaged is not None:
+        head = ("<th></th>" + "".join(f'<th colspan="{block_width}">{BLOCKS[title]}</th>' for title, _ in blocks)
+                + "</tr>\n<tr>" + head)
     body = []
     for category, members in _grouped(rows):
-        body.append(f'<tr class="category"><td colspan="{width}">{esc(category)}</td></tr>')
+        body.append(f'<tr class="category"><td colspan="{1 + block_width * len(blocks)}">{esc(category)}</td></tr>')
         for row in members:
-            cells = f"<td>{esc(row.label)}</td><td>{_fmt_value(row.baseline)}</td>"
-            for cell in row.others:
-                colour = HTML_COLOURS[cell.colour] if cell is not None else "#ffffff"
-                change = esc(_fmt_change(cell))
-                change = f"<b>{change}</b>" if significant(cell) else change
-                cells += (f"<td>{_fmt_value(cell)}</td><td style=\"background:{colour}\">{change}</td>"
-                          f"<td>{esc(_fmt_ci(cell))}</td>")
+            cells = f"<td>{esc(row.label)}</td>"
+            for _, block in blocks:
+                baseline, others = _block_cells(row, block, len(labels))
+                cells += f"<td>{_fmt_value(baseline)}</td>"
+                for cell in others:
+                    colour = HTML_COLOURS[cell.colour] if cell is not None else "#ffffff"
+                    change = esc(_fmt_change(cell))
+                    change = f"<b>{change}</b>" if significant(cell) else change
+                    cells += (f"<td>{_fmt_value(cell)}</td><td style=\"background:{colour}\">{change}</td>"
+                              f"<td>{esc(_fmt_ci(cell))}</td>")
             body.append(f"<tr>{cells}</tr>")
     style = ("table{border-collapse:collapse;font-family:sans-serif;font-size:13px}"
              "td,th{border:1px solid #999;padding:3px 8px;text-align:right}"
@@ -259,19 +296,34 @@ def to_html(rows: list[Row], labels: list[str], note: str = "") -> str:
     legend = ("Change relative to the baseline, coloured as in the paper (|change| &lt; 1%: none, 1-10%: light, "
               "&ge; 10%: strong; green better). CI: paired bootstrap over documents of (model &minus; baseline); "
               f"bold / * when it excludes 0 (from {MIN_DOCS_FOR_SIGNIFICANCE} documents on).")
+    if averaged is not None:
+        legend += " " + esc(LAST_THIRD_LEGEND)
+    image = ""
+    if figure is not None:
+        data = base64.b64encode(Path(figure).read_bytes()).decode()
+        image = f'<p><img alt="scores during training" src="data:image/png;base64,{data}"></p>\n'
     return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Baseline vs Free Transformer</title>"
             f"<style>{style}</style></head><body>\n<table>\n<tr>{head}</tr>\n" + "\n".join(body)
-            + f"\n</table>\n<p>{legend}</p>\n<p>{esc(note)}</p>\n</body></html>\n")
+            + f"\n</table>\n<p>{legend}</p>\n<p>{esc(note)}</p>\n{image}</body></html>\n")
 
 
-def to_text(rows: list[Row], labels: list[str]) -> str:
+def to_text(rows: list[Row], labels: list[str], averaged: list[Row] | None = None) -> str:
+    blocks = _blocks(rows, averaged)
     width = max([len(r.label) for r in rows] + [10])
-    lines = [f"{'benchmark':<{width}}  {labels[0][:12]:>12}" + "".join(f"  {l[:12]:>12} {'change':>9}  {'95% CI':<34}" for l in labels[1:])]
+    head = f"{'benchmark':<{width}}"
+    for title, _ in blocks:
+        suffix = f" [{title}]" if title else ""
+        head += f"  {(labels[0][:12] + suffix):>12}" + "".join(
+            f"  {(l[:12] + suffix):>12} {'change':>9}  {'95% CI':<34}" for l in labels[1:])
+    lines = [head.rstrip()]
     for category, members in _grouped(rows):
         lines.append(f"-- {category}")
         for row in members:
-            line = f"{row.label:<{width}}  {_fmt_value(row.baseline):>12}"
-            for cell in row.others:
-                line += f"  {_fmt_value(cell):>12} {_fmt_change(cell):>9}  {_fmt_ci(cell):<34}"
+            line = f"{row.label:<{width}}"
+            for _, block in blocks:
+                baseline, others = _block_cells(row, block, len(labels))
+                line += f"  {_fmt_value(baseline):>12}"
+                for cell in others:
+                    line += f"  {_fmt_value(cell):>12} {_fmt_change(cell):>9}  {_fmt_ci(cell):<34}"
             lines.append(line.rstrip())
     return "\n".join(lines)

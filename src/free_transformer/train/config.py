@@ -55,11 +55,69 @@ class DistributedConfig:
 
 
 @dataclass
+class BenchmarkEvalConfig:
+    """Benchmarks (and held-out likelihoods) scored on the live model during training, one line per
+    evaluation appended to RUN/eval/curve.jsonl (docs/evaluation.md). The fields are those of
+    `free-transformer eval`; training's losses are unchanged by it."""
+
+    every: int = 0
+    """Score every N optimizer steps and at the last step (0: never). One process only: under ddp / fsdp,
+    score the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`."""
+    tasks: str = "all"
+    """Comma-separated task names, or all, paper, mc, generative, none (only the held-out likelihoods)."""
+    limit: int | None = None
+    """The first N documents of each task (null: all)."""
+    latents: str = "prior"
+    """Z for the context positions of a Free Transformer: prior or encoder (see `eval --latents`)."""
+    latent_samples: int = 4
+    """K latent draws per multiple-choice question."""
+    generation_samples: int = 1
+    seed: int = 0
+    """Seed of the latent draws (not training's)."""
+    data: str = ""
+    """Local data files, comma-separated TASK=PATH (race_high, race_middle, humaneval_plus)."""
+    max_new_tokens: int | None = None
+    heldout: str = ""
+    """Comma-separated held-out text files or corpus:NAME for bits per token and per byte."""
+    heldout_samples: int = 8
+    heldout_windows: int | None = None
+
+    def settings(self):
+        """The section as evaluation settings (the same key as `eval --checkpoints` with equal options)."""
+        from ..eval.settings import EvalSettings, task_names
+
+        pairs = [item.partition("=") for item in self.data.split(",") if item.strip()]
+        if any(not sep or not key.strip() or not path.strip() for key, sep, path in pairs):
+            raise ConfigError(f"eval.data expects TASK=PATH,..., got {self.data!r}")
+        return EvalSettings(
+            tasks=tuple(task_names(self.tasks)), limit=self.limit, latents=self.latents,
+            latent_samples=self.latent_samples, generation_samples=self.generation_samples, seed=self.seed,
+            data=tuple(sorted((key.strip(), path.strip()) for key, _, path in pairs)),
+            max_new_tokens=self.max_new_tokens,
+            heldout=tuple(p.strip() for p in self.heldout.split(",") if p.strip()),
+            heldout_samples=self.heldout_samples, heldout_windows=self.heldout_windows)
+
+    def validate(self, strategy: str) -> None:
+        if self.every < 0:
+            raise ConfigError(f"eval.every must be >= 0, got {self.every}")
+        if not self.every:
+            return
+        if strategy != "none":
+            raise ConfigError(f"eval.every runs on one process, not under distributed.strategy={strategy}: score "
+                              "the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`")
+        try:
+            self.settings().check_heldout()
+        except ValueError as error:
+            raise ConfigError(f"eval: {error}") from None
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=lambda: named_config("cpu-small"))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    eval: BenchmarkEvalConfig = field(default_factory=BenchmarkEvalConfig)
     kappa_bits: float = 0.5
     """Free-bits threshold kappa of the KL term, in bits per token (the paper: 1/64 ... 8)."""
     kappa_start_bits: float | None = None
@@ -145,6 +203,7 @@ class TrainConfig:
                 raise ConfigError(f"distributed.{name}={value} needs strategy fsdp (use precision=bf16 otherwise)")
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError("checkpoint_every and log_every must be >= 1")
+        self.eval.validate(dist.strategy)
         return self
 
     def to_dict(self) -> dict:

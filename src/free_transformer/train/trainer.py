@@ -60,6 +60,7 @@ from .evaluation import autocast_context, evaluate, latent_warning
 from .metrics import MetricsLog, read_metrics
 from .noise import latent_generators
 from .optim import build_optimizer, lr_factor, set_lr
+from .periodic import periodic_evaluation
 
 LN2 = math.log(2.0)
 
@@ -382,6 +383,9 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
             print(f"{run_dir} already reached step {start_step} (steps={config.steps}): nothing to train; "
                   f"pass steps=N with N > {start_step} to train further", file=sys.stderr)
         return TrainResult(run_dir, start_step, logged[-1] if logged else {})
+    benchmarks = periodic_evaluation(run)  # None unless config.eval.every
+    if benchmarks is not None:
+        benchmarks.at(start_step)  # a due step not scored yet (a stop signal skips the evaluation)
     log = MetricsLog(run_dir, resume_step=start_step, tensorboard=config.tensorboard,
                      wandb_project=config.wandb_project if config.wandb else None, config=config.to_dict()) \
         if env.is_main else None
@@ -418,6 +422,8 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
             progress.update(1)
             if checkpointing:
                 save(run, done)
+            if benchmarks is not None and not result.stop:  # a stop signal must not wait for an evaluation
+                window_start += benchmarks.at(done)  # evaluation time is not training time
             if result.stop and done < config.steps:
                 signum = signals.received or signal.SIGTERM  # another rank's signal
                 raise Stopped(f"stopped by {signal.Signals(signum).name} after step {done} of {config.steps}; "

@@ -1,0 +1,128 @@
+"""What an evaluation is scored under (tasks, documents, latent draws, held-out text), and scoring a
+model under it: one function shared by `free-transformer eval`, `eval --checkpoints` and the periodic
+evaluation inside training, so that the same settings give the same numbers (and the same record key)
+whichever of them ran."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..data.corpora import is_named, named_corpus, read_heldout
+from ..errors import UserError
+from .likelihood import heldout_likelihood
+from .runner import EvalOptions, evaluate
+from .sandbox import SandboxLimits
+from .scoring import LatentPolicy
+
+
+class EvalSettingsError(UserError, ValueError):
+    """Evaluation settings that cannot be used (unknown task, missing held-out text)."""
+
+
+def task_names(spec: str) -> list[str]:
+    """'arc_easy,boolq', 'all', 'paper', 'mc', 'generative' or 'none' -> task names, in order, once each."""
+    from .benchmarks import DEFAULT_TASKS, PAPER_TASKS
+    from .tasks import get_benchmark
+
+    if spec.strip() == "none":
+        return []
+    names: list[str] = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        if part == "all":
+            names += DEFAULT_TASKS
+        elif part == "paper":
+            names += PAPER_TASKS
+        elif part in ("mc", "generative"):
+            names += [t for t in DEFAULT_TASKS if (get_benchmark(t).kind == "mc") == (part == "mc")]
+        else:
+            try:
+                get_benchmark(part)
+            except ValueError as error:
+                raise EvalSettingsError(str(error)) from None
+            names.append(part)
+    if not names:
+        raise EvalSettingsError("the task list is empty")
+    return list(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Everything that changes a score. Two evaluations under equal settings of the same weights give
+    the same numbers; `key` names the settings in the record (RUN/eval/curve.jsonl)."""
+
+    tasks: tuple[str, ...] = ()
+    limit: int | None = None
+    latents: str = "prior"
+    latent_samples: int = 4
+    generation_samples: int = 1
+    seed: int = 0
+    num_fewshot: tuple[tuple[str, int], ...] = ()  # (task or "*", shots)
+    data: tuple[tuple[str, str], ...] = ()  # (task, local data file)
+    max_new_tokens: int | None = None
+    heldout: tuple[str, ...] = ()  # files or corpus:NAME
+    heldout_samples: int = 8
+    heldout_windows: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tasks and not self.heldout:
+            raise EvalSettingsError("no task and no held-out text: nothing to evaluate")
+        if self.limit is not None and self.limit < 1:
+            raise EvalSettingsError(f"the document limit must be >= 1, got {self.limit}")
+        if self.heldout_samples < 1:
+            raise EvalSettingsError(f"held-out samples must be >= 1, got {self.heldout_samples}")
+        try:
+            self.policy
+        except ValueError as error:
+            raise EvalSettingsError(str(error)) from None
+
+    @property
+    def policy(self) -> LatentPolicy:
+        return LatentPolicy(context=self.latents, samples=self.latent_samples,
+                            generation_samples=self.generation_samples, seed=self.seed)
+
+    def to_dict(self) -> dict:
+        values = asdict(self)
+        values["num_fewshot"], values["data"] = dict(self.num_fewshot), dict(self.data)
+        values["tasks"], values["heldout"] = list(self.tasks), list(self.heldout)
+        return values
+
+    @property
+    def key(self) -> str:
+        """A short digest of the settings: evaluations with the same key belong to the same curve."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+    def check_heldout(self) -> None:
+        """Fail now, not after hours of scoring, if held-out text is missing."""
+        for path in self.heldout:
+            if is_named(path):
+                named_corpus(path).files()  # raises if unknown or not installed
+            elif not Path(path).is_file():
+                raise EvalSettingsError(f"held-out text not found: {path}")
+
+    def heldout_text(self) -> str:
+        return "\n".join(read_heldout(p) if is_named(p) else Path(p).read_text(encoding="utf-8")
+                         for p in self.heldout)
+
+
+def score(model, tokenizer, settings: EvalSettings, *, sandbox: SandboxLimits = SandboxLimits(),
+          progress: bool = False) -> dict:
+    """The model's results under `settings`: {"tasks", "unavailable", "latents"} (runner.evaluate)
+    and, with held-out text, "likelihood". Leaves the model in eval mode."""
+    model.eval()
+    options = EvalOptions(policy=settings.policy, num_fewshot=dict(settings.num_fewshot), limit=settings.limit,
+                          data_files=dict(settings.data), max_new_tokens=settings.max_new_tokens,
+                          sandbox=sandbox, progress=progress)
+    results = evaluate(model, tokenizer, list(settings.tasks), options)
+    if settings.heldout:
+        from tqdm.auto import tqdm
+
+        with tqdm(desc="held-out", unit="window", disable=not progress, leave=False) as bar:
+            results["likelihood"] = heldout_likelihood(model, tokenizer, settings.heldout_text(),
+                                                       samples=settings.heldout_samples, seed=settings.seed,
+                                                       max_windows=settings.heldout_windows, progress=bar.update)
+        results["likelihood"]["files"] = list(settings.heldout)
+    return results
