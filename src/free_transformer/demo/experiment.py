@@ -146,14 +146,14 @@ def evaluate_all(preset: Preset, out_dir: Path, *, seed: int, wall: dict[str, fl
 # What each of the paper's claims needs to be called reproduced. Reference values of the data itself:
 # two independent valid samples share their target position with probability 1/57 (0.018) and
 # their noise patterns have Jaccard similarity 0.03.
-AGREE = 0.3  # green groups agree on position (or noise) far above chance
 CHANCE_LIKE = 0.12  # no more agreement than a few times chance
 VALID = 0.7
 # Bits the decoder takes from Z (demo/information.py): at least USED where Z carries a decision, at
 # most IGNORED where it carries none. The paper's 1/8-bit figure shows green targets up to 2 positions
-# apart: a position code this coarse is judged by the near agreement, against the blue group's.
+# apart: a position code this coarse is judged by the near agreement, and every agreement against the blue
+# group's (whose prompt latents come from the encoder: it agrees above chance too).
 USED, IGNORED = 1.0, 0.1
-NEAR_OVER_BLUE = 2.0
+OVER_BLUE = 2.0
 
 
 def judge_claims(results: list[ModelResult]) -> list[dict]:
@@ -172,13 +172,16 @@ def judge_claims(results: list[ModelResult]) -> list[dict]:
          and m("kappa-1-64", "latent_bits_position") < IGNORED and m("kappa-1-64", "latent_bits_noise") < IGNORED),
         ("kappa-1-8", "1/8 bit: Z encodes the target position",
          f"Z saves ≥ {USED:g} bit at the target start and < {IGNORED} bit per '!'; green groups agree on the "
-         f"position within ±2 at least {NEAR_OVER_BLUE:g}x as often as the blue group; valid ≥ {VALID}",
+         f"position within ±2 at least {OVER_BLUE:g}x as often as the blue group; valid ≥ {VALID}",
          m("kappa-1-8", "latent_bits_position") >= USED and m("kappa-1-8", "latent_bits_noise") < IGNORED
-         and m("kappa-1-8", "green_position_near") >= NEAR_OVER_BLUE * m("kappa-1-8", "blue_position_near")
+         and m("kappa-1-8", "green_position_near") >= OVER_BLUE * m("kappa-1-8", "blue_position_near")
          and m("kappa-1-8", "valid") >= VALID),
         ("kappa-1", "1 bit: Z encodes the position and the noise",
-         f"green position agreement ≥ {AGREE} and green noise Jaccard ≥ {AGREE}",
-         m("kappa-1", "green_position_agreement") >= AGREE and m("kappa-1", "green_noise_jaccard") >= AGREE),
+         f"Z saves ≥ {USED:g} bit at the target start and ≥ {USED:g} bit per '!'; green groups agree on the position "
+         f"within ±2, and on the noise (Jaccard), at least {OVER_BLUE:g}x as much as the blue group",
+         m("kappa-1", "latent_bits_position") >= USED and m("kappa-1", "latent_bits_noise") >= USED
+         and m("kappa-1", "green_position_near") >= OVER_BLUE * m("kappa-1", "blue_position_near")
+         and m("kappa-1", "green_noise_jaccard") >= OVER_BLUE * m("kappa-1", "blue_noise_jaccard")),
         ("kappa-8", "8 bits: the encoder copies the sequence, generation breaks",
          f"valid < {VALID} while the posterior cross-entropy is below the baseline's",
          m("kappa-8", "valid") < VALID
