@@ -8,6 +8,7 @@ import pytest
 from free_transformer.cli import main
 from free_transformer.commands.arguments import parse_seeds
 from free_transformer.commands.study import parse_kappas
+from free_transformer.study.measure import honest_bits
 from free_transformer.study.plan import PRESETS, StudyPlan, variants
 from free_transformer.study.report import summarize
 
@@ -46,6 +47,13 @@ def test_gaps_are_taken_per_seed_and_collapse_is_counted(tmp_path):
     assert rows["kappa-1-2"]["gap_to_matched"] == pytest.approx([0.15, 0.05])
     assert rows["kappa-1-2"]["collapsed"] == [1] and rows["kappa-1-2"]["copying"] == []
     assert rows["matched-baseline"]["gap_to_baseline"] == pytest.approx([-0.1, -0.1])
+
+
+def test_the_honest_figure_is_the_lower_of_the_two_upper_bounds():
+    loose_iwae = {"free": True, "likelihood": {"iwae": {"bits_per_byte": 3.0}, "prior_ce": {"bits_per_byte": 2.8}}}
+    tight_iwae = {"free": True, "likelihood": {"iwae": {"bits_per_byte": 2.5}, "prior_ce": {"bits_per_byte": 2.8}}}
+    assert honest_bits(loose_iwae) == 2.8 and honest_bits(tight_iwae) == 2.5
+    assert honest_bits({"free": False, "likelihood": {"exact": {"bits_per_byte": 2.6}}}) == 2.6
 
 
 def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path):
