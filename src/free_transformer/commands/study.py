@@ -15,7 +15,7 @@ HELP = ("train a baseline, a parameter-matched baseline and Free Transformers at
 EPILOG = """presets:
 """ + "\n".join(f"  {name}: {preset.about}" for name, preset in PRESETS.items()) + """
 
-example (about 45 minutes on 2 CPU cores; finished runs are reused, stopped ones resumed):
+example (about 50 minutes on 2 CPU cores; finished runs are reused, stopped ones resumed):
   free-transformer study --preset cpu --out runs/study
 See docs/study.md."""
 

@@ -52,7 +52,7 @@ TEXT_CPU = ("data.kind=text", "data.text.path=corpus:shakespeare", "data.text.to
 FAST_LATENT = ("post_sampler_init_std=0.3", "optim.latent_lr_scale=3")
 PRESETS = {
     "cpu": StudyPreset("cpu", TEXT_CPU, FAST_LATENT,
-                       about="byte-level Shakespeare, 1.1 M-parameter models, 500 steps, 2 seeds: ~45 min on 2 cores"),
+                       about="byte-level Shakespeare, 1.1 M-parameter models, 500 steps, 2 seeds: 49 min on 2 cores"),
     # GPT-2's BPE, 8 blocks of width 512, H = 16 as in the paper, 3 seeds. Not yet run (no GPU here).
     "gpu": StudyPreset("gpu", ("data.kind=text", "data.text.path=corpus:shakespeare", "data.text.tokenizer=gpt2",
                                "data.text.seq_len=512", "model.size=cpu-small", "model.vocab_size=50257",

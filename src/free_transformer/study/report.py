@@ -49,10 +49,12 @@ def summarize(plan: StudyPlan, records: list[dict]) -> list[dict]:
     return rows
 
 
-def to_markdown(plan: StudyPlan, rows: list[dict], seconds: float) -> str:
+def to_markdown(plan: StudyPlan, rows: list[dict], records: list[dict], seconds: float) -> str:
     seeds = ", ".join(map(str, plan.seeds))
     lines = [f"# κ study: {plan.preset.name} preset", "",
-             f"{plan.preset.about}. Seeds {seeds}; {seconds / 60:.1f} min wall. Held-out text: "
+             f"{plan.preset.about}. Seeds {seeds}. This invocation: {seconds / 60:.1f} min wall, "
+             f"{sum(r.get('trained_now', True) for r in records)} of {len(records)} runs trained (the others reused "
+             f"from an earlier one). Held-out text: "
              f"{plan.preset.heldout_windows} windows at most, K = {plan.preset.heldout_samples} latent samples.", "",
              "Honest likelihood of the held-out text, in bits per byte (mean ± standard deviation over seeds): exact "
              "for a baseline; for a Free Transformer the lower of its two upper bounds on -log2 P(x), IWAE(K) and "
@@ -147,5 +149,5 @@ def write_report(plan: StudyPlan, records: list[dict], seconds: float) -> Path:
                                   "extra_overrides": list(plan.extra), "wall_seconds": seconds, "summary": rows,
                                   "runs": records}, indent=1))
     report = plan.out_dir / "report.md"
-    atomic_write_text(report, to_markdown(plan, rows, seconds))
+    atomic_write_text(report, to_markdown(plan, rows, records, seconds))
     return report

@@ -39,6 +39,7 @@ def run_study(plan: StudyPlan, *, workers: int, heldout: str | None = None) -> P
         run_dir = plan.run_dir(seed, variant)
         measures = measure_run(run_dir, text, samples=plan.preset.heldout_samples,
                                windows=plan.preset.heldout_windows, device=plan.device)
-        records.append({"seed": seed, "slug": variant.slug, "train_seconds": wall.get(str(run_dir), 0.0),
+        records.append({"seed": seed, "slug": variant.slug, "trained_now": str(run_dir) in wall,
+                        "train_seconds": wall.get(str(run_dir), 0.0),
                         "curves": curves(run_dir), **measures})
     return write_report(plan, records, time.perf_counter() - started)
