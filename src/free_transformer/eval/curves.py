@@ -9,16 +9,15 @@ evaluations' values, and the per-document averages are what `compare` bootstraps
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
 from . import metrics
+from .likelihood import total_of
 from .record import RECORD_NAME, read_record, record_path
 
-LN2 = math.log(2.0)
 # settings of the latent draws: a baseline ignores them, and compare states them under the table
 LATENT_SETTINGS = ("latents", "latent_samples", "generation_samples", "seed", "heldout_samples")
 MEASURES = ("exact", "prior_ce", "elbo", "iwae", "posterior_ce", "kl")  # held-out likelihood measures
@@ -90,9 +89,7 @@ def _average_likelihood(likelihoods: list[dict]) -> dict:
                   for i, w in enumerate(last["per_window"])]
     result = {k: v for k, v in last.items() if k not in MEASURES}
     for m in measures:
-        nats = sum(w[m] for w in per_window)
-        result[m] = {"nats": nats, "bits_per_token": nats / (LN2 * last["tokens"]),
-                     "bits_per_byte": nats / (LN2 * last["bytes"])}
+        result[m] = total_of(per_window, m)
     result["per_window"] = per_window
     return result
 

@@ -113,9 +113,14 @@ def heldout_likelihood(
     result = {"windows": len(chunks), "tokens": totals["tokens"], "bytes": totals["bytes"],
               "samples": None if not is_free else K, "window_tokens": model.config.max_seq_len}
     for name in measures:
-        nats = sum(r[name] for r in per_window)
-        result[name] = {"nats": nats, "bits_per_token": nats / (LN2 * totals["tokens"]),
-                        "bits_per_byte": nats / (LN2 * totals["bytes"])}
+        result[name] = total_of(per_window, name)
     result["per_window"] = per_window
     return result
+
+
+def total_of(per_window: list[dict], name: str) -> dict:
+    """One measure summed over the windows: nats, and bits per token and per byte."""
+    nats = sum(w[name] for w in per_window)
+    tokens, n_bytes = sum(w["tokens"] for w in per_window), sum(w["bytes"] for w in per_window)
+    return {"nats": nats, "bits_per_token": nats / (LN2 * tokens), "bits_per_byte": nats / (LN2 * n_bytes)}
 
