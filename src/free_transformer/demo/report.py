@@ -109,8 +109,8 @@ SPREAD = [
     ("kappa-1-64", "latent_bits_position", "1/64 bit: bits Z saves at target start", 0.1),
     ("kappa-1-8", "latent_bits_position", "1/8 bit: bits Z saves at target start", 1.0),
     ("kappa-1-8", "latent_bits_noise", "1/8 bit: bits Z saves per '!'", 0.1),
-    ("kappa-1", "green_position_agreement", "1 bit: green position agreement", 0.3),
-    ("kappa-1", "green_noise_jaccard", "1 bit: green noise Jaccard", 0.3),
+    ("kappa-1", "latent_bits_position", "1 bit: bits Z saves at target start", 1.0),
+    ("kappa-1", "latent_bits_noise", "1 bit: bits Z saves per '!'", 1.0),
     ("kappa-8", "valid", "8 bits: valid generations", 0.7),
 ]
 
