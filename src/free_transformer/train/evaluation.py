@@ -25,7 +25,6 @@ def autocast_context(precision: str, device: torch.device):
     return contextlib.nullcontext()
 
 
-
 # A bit whose KL to a fair coin is under this (bits per token) carries nothing.
 DEAD_BIT_KL = 0.01
 # Z is unused (collapsed) when it saves less than this per token (bits) once training has settled.

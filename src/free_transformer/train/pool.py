@@ -46,7 +46,7 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
         if workers == 1 or len(todo) <= 1:
             for job in todo:
                 run_dir, wall[run_dir] = _train_one(job)
-                bar.n = _steps_logged(jobs)
+                bar.n = sum(m.get("step", 0) for m in _latest(jobs).values())
                 bar.refresh()
         elif todo:
             context = multiprocessing.get_context("spawn")
@@ -54,10 +54,11 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
                 pending = pool.map_async(_train_one, todo, chunksize=1)
                 while not pending.ready():
                     pending.wait(2.0)
-                    bar.n = _steps_logged(jobs)
+                    latest = _latest(jobs)
+                    bar.n = sum(m.get("step", 0) for m in latest.values())
                     if len(jobs) <= 6:
                         bar.set_postfix_str(" ".join(f"{Path(d).name}:{m['kl_bits']:.2f}b"
-                                                     for d, m in _latest(jobs).items() if "kl_bits" in m))
+                                                     for d, m in latest.items() if "kl_bits" in m))
                     bar.refresh()
                 wall.update(pending.get())
         bar.n = total
@@ -66,7 +67,3 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
 
 def _latest(jobs) -> dict[str, dict]:
     return {run_dir: (read_metrics(Path(run_dir) / "metrics.jsonl") or [{}])[-1] for _, run_dir in jobs}
-
-
-def _steps_logged(jobs) -> int:
-    return sum(m.get("step", 0) for m in _latest(jobs).values())

@@ -24,34 +24,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoint import (
-    CheckpointError,
-    checkpoint_dirs,
-    load_training_state,
-    load_weights,
-    newest_intact_checkpoint,
-    read_checkpoint_config,
-    resolve_checkpoint,
-    save_checkpoint,
-)
+from ..checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_weights, newest_intact_checkpoint,
+                          read_checkpoint_config, resolve_checkpoint, save_checkpoint)
 from ..config import ConfigError, ModelConfig
 from ..data import build_dataset
 from ..data.datasets import Dataset
 from ..devices import parse_device
 from ..distributed import ParallelEnv, setup
-from ..distributed.checkpoint import (
-    is_sharded,
-    load_sharded,
-    load_single_file,
-    save_sharded,
-)
-from ..distributed.parallelize import (
-    apply_activation_checkpointing,
-    apply_compile,
-    clip_grad_norm,
-    gradient_sync,
-    parallelize,
-)
+from ..distributed.checkpoint import is_sharded, load_sharded, load_single_file, save_sharded
+from ..distributed.parallelize import (apply_activation_checkpointing, apply_compile, clip_grad_norm,
+                                       gradient_sync, parallelize)
 from ..errors import Stopped, UserError
 from ..model import FreeTransformer
 from ..tokenizer import get_tokenizer
@@ -210,6 +192,7 @@ class StepResult:
     """One optimizer step, still on the device (nothing read back)."""
 
     means: torch.Tensor  # (4,) loss, cross-entropy, KL (nats), stop flag: the global batch's means
+    non_finite: torch.Tensor  # () bool: the loss was not finite
     grad_norm: torch.Tensor | float
     lr: float
     kappa_nats: float
@@ -340,7 +323,7 @@ def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
                  else float("nan"))
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return StepResult(means, grad_norm, lr, kappa_nats, stop)
+    return StepResult(means, non_finite, grad_norm, lr, kappa_nats, stop)
 
 
 def save(run: Run, step: int) -> None:
@@ -399,7 +382,7 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
     try:
         for step in range(start_step, config.steps):
             result = train_step(run, step, signals)
-            first_bad_step = torch.where(~torch.isfinite(result.means[0]) & (first_bad_step < 0), step, first_bad_step)
+            first_bad_step = torch.where(result.non_finite & (first_bad_step < 0), step, first_bad_step)
             window_steps += 1
             done = step + 1
             logging = done % config.log_every == 0 or done == config.steps
@@ -410,11 +393,12 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                 last_metrics = step_metrics(run, done, result, (time.perf_counter() - window_start) / window_steps)
                 if log is not None:
                     log.write(last_metrics)
-                    warning = last_metrics.get("latent_warning")
-                    if warning is not None and warning.split(":")[0] != shown_warning:  # said once per kind
-                        progress.write(f"{run_dir.name} step {done}: {warning}", file=sys.stderr)
                     if "val_cross_entropy_bits" in last_metrics:  # an evaluation: the state it found
-                        shown_warning = warning and warning.split(":")[0]
+                        warning = last_metrics.get("latent_warning")
+                        kind = warning.split(":")[0] if warning else None  # "Z is unused", ...
+                        if kind is not None and kind != shown_warning:  # said once per kind
+                            progress.write(f"{run_dir.name} step {done}: {warning}", file=sys.stderr)
+                        shown_warning = kind
                 progress.set_postfix(ce=f"{last_metrics['cross_entropy_bits']:.3f}b",
                                      kl=f"{last_metrics['kl_bits']:.3f}b", lr=f"{result.lr:.2e}",
                                      tok_s=f"{last_metrics['tokens_per_s']:.0f}")
