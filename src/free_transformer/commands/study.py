@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..devices import parse_device
-from .arguments import parse_seeds
 from ..study.plan import PRESETS, StudyPlan
 from ..study.run import run_study
+from .arguments import parse_seeds
 
 NAME = "study"
 HELP = ("train a baseline, a parameter-matched baseline and Free Transformers at several kappa on real text over "

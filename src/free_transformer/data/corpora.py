@@ -114,5 +114,8 @@ def named_corpus(path: str) -> NamedCorpus:
 
 
 def read_heldout(path: str) -> str:
-    """The text of a named corpus's held-out documents, one line break between two of them."""
+    """Held-out text: a text file's, or, for corpus:NAME, its held-out documents with one line break between
+    two of them."""
+    if not is_named(path):
+        return Path(path).read_text(encoding="utf-8")
     return "\n".join(f.read_text(encoding="utf-8") for f in named_corpus(path).files()[1])

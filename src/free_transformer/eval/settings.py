@@ -104,8 +104,7 @@ class EvalSettings:
                 raise EvalSettingsError(f"held-out text not found: {path}")
 
     def heldout_text(self) -> str:
-        return "\n".join(read_heldout(p) if is_named(p) else Path(p).read_text(encoding="utf-8")
-                         for p in self.heldout)
+        return "\n".join(read_heldout(p) for p in self.heldout)
 
 
 def score(model, tokenizer, settings: EvalSettings, *, sandbox: SandboxLimits = SandboxLimits(),

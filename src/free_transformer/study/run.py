@@ -19,7 +19,7 @@ from .report import write_report
 def heldout_text(plan: StudyPlan, heldout: str | None) -> str:
     """The text the study scores: a file, or the named corpus's held-out documents (never trained on)."""
     if heldout is not None:
-        return read_heldout(heldout) if is_named(heldout) else Path(heldout).read_text(encoding="utf-8")
+        return read_heldout(heldout)
     data = plan.train_config(plan.variants()[0], plan.seeds[0], threads=1).data
     if not is_named(data.text.path):
         raise UserError(f"the study's corpus {data.text.path} has no held-out documents of its own: give --heldout FILE")
