@@ -5,7 +5,7 @@ import torch
 
 from free_transformer.data import DataConfig, DataError, build_dataset
 from free_transformer.data.config import TextConfig
-from free_transformer.data.synthetic import analyse_letters, coinflip_batch, letters_batch
+from free_transformer.data.synthetic import COIN_START, analyse_letters, coinflip_batch, letters_batch
 
 
 def text_config(**fields) -> DataConfig:
@@ -52,7 +52,9 @@ def test_analyse_letters(body, valid, position):
 
 
 def test_coinflip_rows_follow_one_hidden_coin():
-    batch = coinflip_batch(2000, 64, 0.1, torch.Generator().manual_seed(0)) - ord("0")
+    batch = coinflip_batch(2000, 64, 0.1, torch.Generator().manual_seed(0))
+    assert batch.shape == (2000, 65) and (batch[:, 0] == COIN_START).all()  # every value is predicted
+    batch = batch[:, 1:] - ord("0")
     majority = (batch.float().mean(1) > 0.5).long()
     disagreement = (batch != majority[:, None]).float().mean()
     assert abs(float(disagreement) - 0.1) < 0.01

@@ -8,7 +8,8 @@ from conftest import tiny_model
 from free_transformer.cli import main
 from free_transformer.demo.experiment import VARIANTS, ModelResult, judge_claims
 from free_transformer.demo.groups import Groups, group_measures
-from free_transformer.data.synthetic import letters_batch
+from free_transformer.data.synthetic import coinflip_batch, letters_batch
+from free_transformer.demo.coins import coin_bits_saved, coin_measures, majority_coin
 from free_transformer.demo.information import latent_bits, target_starts
 
 BLOCK = "KKKKKKKK"
@@ -51,24 +52,32 @@ def test_claims_follow_the_paper():
         _result("kappa-1", valid=0.5, green_position_agreement=0.2, green_position_near=0.5, blue_position_near=0.15,
                 green_noise_jaccard=0.4, blue_noise_jaccard=0.08, latent_bits_position=7.1, latent_bits_noise=4.0),
         _result("kappa-8", valid=0.1, val_cross_entropy_bits=0.05),
+        _result("coins", posterior_coin_match=0.85, green_coin_agreement=0.72, blue_coin_agreement=0.5,
+                coin_bits_saved=1.3),
     ]
-    assert [c["reproduced"] for c in judge_claims(paper_like)] == [True] * 4
+    assert [c["reproduced"] for c in judge_claims(paper_like)] == [True] * 5
     vanilla_everywhere = [_result(r.variant.slug, valid=0.9, green_position_agreement=0.02, green_noise_jaccard=0.03,
                                   blue_noise_jaccard=0.03, green_position_near=0.1, blue_position_near=0.1,
-                                  val_cross_entropy_bits=0.42, **ignored) for r in paper_like]
-    assert [c["reproduced"] for c in judge_claims(vanilla_everywhere)] == [True, False, False, False]
+                                  val_cross_entropy_bits=0.42, posterior_coin_match=0.5, green_coin_agreement=0.5,
+                                  blue_coin_agreement=0.5, coin_bits_saved=0.0, **ignored) for r in paper_like]
+    assert [c["reproduced"] for c in judge_claims(vanilla_everywhere)] == [True, False, False, False, False]
     missing = [_result(r.variant.slug) for r in paper_like]  # nothing valid to measure: no claim holds
     assert not any(c["reproduced"] for c in judge_claims(missing))
     # at 1/8 bit, a latent that also carries the noise, or that the generations do not show, is not the claim
     for change in (dict(latent_bits_noise=0.5), dict(green_position_near=0.15)):
         results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1-8" else {})})
                    for r in paper_like]
-        assert [c["reproduced"] for c in judge_claims(results)] == [True, False, True, True]
+        assert [c["reproduced"] for c in judge_claims(results)] == [True, False, True, True, True]
     # at 1 bit, a latent without the noise, or generations that do not show it, is not the claim
     for change in (dict(latent_bits_noise=0.02), dict(green_noise_jaccard=0.1), dict(green_position_near=0.2)):
         results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1" else {})})
                    for r in paper_like]
-        assert [c["reproduced"] for c in judge_claims(results)] == [True, True, False, True]
+        assert [c["reproduced"] for c in judge_claims(results)] == [True, True, False, True, True]
+    # a coin latent that also copies the flips, or that the green groups do not show, is not the claim
+    for change in (dict(coin_bits_saved=12.0), dict(green_coin_agreement=0.55), dict(posterior_coin_match=0.6)):
+        results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "coins" else {})})
+                   for r in paper_like]
+        assert [c["reproduced"] for c in judge_claims(results)] == [True, True, True, True, False]
 
 
 def test_target_starts_are_exact_or_flagged():
@@ -125,7 +134,10 @@ def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
         assert [m["slug"] for m in results["per_seed"][seed]["models"]] == [v.slug for v in VARIANTS]
         assert (out / f"seed-{seed}" / "kappa-1" / "metrics.jsonl").is_file()
     claims = results["claims"]
-    assert len(claims) == 4 and all(c["seeds"] == 2 for c in claims)
+    assert len(claims) == 5 and all(c["seeds"] == 2 for c in claims)
+    coins = next(m for m in results["per_seed"]["0"]["models"] if m["slug"] == "coins")
+    assert {"posterior_coin_match", "green_coin_agreement", "coin_bits_saved"} <= set(coins)
+    assert (out / "seed-0" / "coins" / "config.yaml").read_text().count("kind: coinflip") == 1
     for index, claim in enumerate(claims):  # the count is the per-seed verdicts' sum
         per_seed = [results["per_seed"][seed]["claims"][index]["reproduced"] for seed in ("0", "1")]
         assert claim["reproduced"] == sum(per_seed) and list(claim["per_seed"].values()) == per_seed
@@ -136,3 +148,41 @@ def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
     assert main(args) == 0  # reuses finished runs
     assert (out / "seed-1" / "kappa-1" / "metrics.jsonl").read_text() == first
     assert main(["demo", "--seed", "1", "--seeds", "2", "--out", str(out)]) == 2
+
+
+def test_the_coin_a_sequence_shows_and_how_groups_agree():
+    assert [majority_coin(v) for v in ("0001", "1101", "0101", "01x1", "")] == [0, 1, None, None, None]
+    groups = Groups("", blue=["0000", "1111", "0001", "1110"], greens=[["1111", "1101", "1011"], ["0000", "0010"]])
+    measures = coin_measures(groups)
+    assert measures["blue_coin_agreement"] == pytest.approx(2 / 6) and measures["green_coin_agreement"] == 1.0
+    assert measures["ones_share"] == pytest.approx(5 / 9)
+
+
+class _CopiesTheValuesFromZ(torch.nn.Module):
+    """A stand-in decoder that, with the posterior Z, is certain of every next value and otherwise
+    spreads its belief evenly over 0 and 1: Z saves exactly 1 bit per value."""
+
+    config = tiny_model(latent_bits=4).config
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rope_cos", torch.zeros(1))
+        self.next = None
+
+    def forward(self, inputs, latents, generator):
+        logits = torch.full((*inputs.shape, 256), -1e4)
+        logits[..., ord("0")] = logits[..., ord("1")] = 0.0
+        if latents == "encoder":
+            logits.scatter_(2, self.next[..., None], 1e4)
+        return type("Out", (), {"logits": logits})
+
+
+def test_bits_z_saves_on_coin_sequences():
+    copier = _CopiesTheValuesFromZ()
+    copier.next = coinflip_batch(32, 12, 0.1, torch.Generator().manual_seed(0))[:, 1:]  # what coin_bits_saved draws
+    assert coin_bits_saved(copier, 12, 0.1, sequences=32) == pytest.approx(12.0)
+    model = tiny_model(vocab_size=256, max_seq_len=16, latent_bits=4)
+    with torch.no_grad():
+        model.latent.mapper.weight.zero_()  # Z has no effect on the decoder
+    assert coin_bits_saved(model, 12, 0.1, sequences=8) == 0.0
+    assert coin_bits_saved(tiny_model(vocab_size=256, max_seq_len=16, latent_bits=0), 12, 0.1) is None

@@ -78,7 +78,7 @@ class CoinFlipDataset:
         if length < 2 or not 0 <= epsilon <= 1:
             raise DataError(f"coinflip needs length >= 2 and epsilon in [0, 1], got {length}, {epsilon}")
         self.seed, self.length, self.epsilon = seed, length, epsilon
-        self.sequence_length = length - 1
+        self.sequence_length = length  # the start byte, then `length` values: every value is predicted
 
     def batch(self, step, batch_size, split="train"):
         return coinflip_batch(batch_size, self.length, self.epsilon, batch_generator(self.seed, step, split))

@@ -31,11 +31,16 @@ def letters_batch(batch_size: int, generator: torch.Generator) -> torch.Tensor:
     return torch.cat([prompt, body], dim=1)
 
 
+COIN_START = ord("\n")  # the start byte: every X_t is predicted, and generation can begin before the first
+
+
 def coinflip_batch(batch_size: int, length: int, epsilon: float, generator: torch.Generator) -> torch.Tensor:
-    """(B, length) bytes '0'/'1': a hidden fair coin Z, each X_t = Z flipped with probability epsilon."""
+    """(B, 1 + length) bytes: the start byte, then '0'/'1' values X_1..X_length of a hidden fair coin Z,
+    each X_t equal to Z flipped with probability epsilon."""
     coin = torch.randint(0, 2, (batch_size, 1), generator=generator)
     flips = (torch.rand(batch_size, length, generator=generator) < epsilon).long()
-    return (coin ^ flips) + ord("0")
+    start = torch.full((batch_size, 1), COIN_START, dtype=torch.long)
+    return torch.cat([start, (coin ^ flips) + ord("0")], dim=1)
 
 
 @dataclass(frozen=True)

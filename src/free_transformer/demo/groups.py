@@ -29,12 +29,8 @@ def generate_groups(model: FreeTransformer, letter: str, *, blue_size: int, gree
     """Bodies (64 characters) continuing the prompt "<letter>>" by plain sampling (temperature 1)."""
     prompt = torch.tensor([[ord(letter), ord(">")]])
     config = GenerationConfig(max_new_tokens=BODY_LENGTH, temperature=1.0)
-
-    def bodies(batch: int, base_seed: int, latents=None) -> list[str]:
-        result = generate(model, prompt.expand(batch, -1), config, seeds=range(base_seed, base_seed + batch),
-                          latents=latents)
-        return [bytes(row).decode("latin-1") for row in result.tokens]
-
+    bodies = lambda batch, base_seed, latents=None: generate_strings(model, prompt.expand(batch, -1), config,
+                                                                     base_seed, latents)
     latents = None
     if model.config.is_free:  # one prior latent sequence per green group, repeated over its rows
         generator = torch.Generator(device=model.rope_cos.device).manual_seed(seed + 1)
@@ -45,7 +41,14 @@ def generate_groups(model: FreeTransformer, letter: str, *, blue_size: int, gree
                                                      for g in range(green_groups)])
 
 
-def _pair_mean(values: list, agree) -> float | None:
+def generate_strings(model: FreeTransformer, prompts: torch.Tensor, config: GenerationConfig, base_seed: int,
+                     latents: torch.Tensor | None = None) -> list[str]:
+    """The new bytes of each row as text; row i samples with seed base_seed + i."""
+    result = generate(model, prompts, config, seeds=range(base_seed, base_seed + len(prompts)), latents=latents)
+    return [bytes(row).decode("latin-1") for row in result.tokens]
+
+
+def pair_mean(values: list, agree) -> float | None:
     pairs = [agree(a, b) for a, b in itertools.combinations(values, 2)]
     pairs = [p for p in pairs if p is not None]
     return sum(pairs) / len(pairs) if pairs else None
@@ -60,13 +63,13 @@ NEAR_POSITIONS = 2
 def _position_agreement(bodies: list[str], letter: str, tolerance: int = 0) -> float | None:
     """Share of pairs of valid sequences whose targets start at most `tolerance` positions apart."""
     positions = [a.position for a in (analyse_letters(b, letter) for b in bodies) if a.valid]
-    return _pair_mean(positions, lambda a, b: float(abs(a - b) <= tolerance))
+    return pair_mean(positions, lambda a, b: float(abs(a - b) <= tolerance))
 
 
 def _noise_jaccard(bodies: list[str], letter: str) -> float | None:
     """Mean Jaccard similarity of the '!' positions of pairs of sequences (pairs with no noise skipped)."""
     noises = [analyse_letters(b, letter).noise for b in bodies]
-    return _pair_mean(noises, lambda a, b: len(a & b) / len(a | b) if a | b else None)
+    return pair_mean(noises, lambda a, b: len(a & b) / len(a | b) if a | b else None)
 
 
 def mean_of_present(values: list[float | None]) -> float | None:

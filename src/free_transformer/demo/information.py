@@ -31,24 +31,30 @@ def target_starts(tokens: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def bits_saved(model: FreeTransformer, tokens: torch.Tensor, *, samples: int = 2, seed: int = 0) -> torch.Tensor:
+    """(B, T) sequences -> (B, T - 1) bits knowing the sequence's own Z saves at each predicted token:
+    cross-entropy with Z from the prior minus with Z from the encoder, averaged over `samples` draws."""
+    model.eval()
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    saved = torch.zeros(targets.shape, dtype=torch.float64, device=tokens.device)
+    for k in range(samples):
+        for source, sign in (("prior", 1.0), ("encoder", -1.0)):
+            generator = torch.Generator(device=tokens.device).manual_seed(seed + k)
+            logits = model(inputs, latents=source, generator=generator).logits  # (B, T - 1, V)
+            nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, T - 1)
+            saved += sign * nats.double() / (samples * math.log(2))
+    return saved
+
+
 def latent_bits(model: FreeTransformer, *, sequences: int = 256, samples: int = 2, seed: int = 0) -> dict:
     """Bits the decoder takes from Z at the target's first letter and per '!' (means over `sequences`
     fresh sequences and `samples` draws of Z each)."""
     if not model.config.is_free:
         return {}
-    model.eval()
-    device = model.rope_cos.device
-    tokens = letters_batch(sequences, torch.Generator().manual_seed(seed)).to(device)  # (B, 66)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # targets[:, i + 1] is body character i
-    saved = torch.zeros(targets.shape, dtype=torch.float64, device=device)  # (B, 65) prior CE - encoder CE
-    for k in range(samples):
-        for source, sign in (("prior", 1.0), ("encoder", -1.0)):
-            generator = torch.Generator(device=device).manual_seed(seed + k)
-            logits = model(inputs, latents=source, generator=generator).logits  # (B, 65, V)
-            nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, 65)
-            saved += sign * nats.double() / (samples * math.log(2))
+    tokens = letters_batch(sequences, torch.Generator().manual_seed(seed)).to(model.rope_cos.device)  # (B, 66)
+    saved = bits_saved(model, tokens, samples=samples, seed=seed)  # (B, 65); column i + 1 is body character i
     starts = target_starts(tokens)
     known = starts >= 0
     at_start = saved[known, starts[known] + PROMPT_LENGTH - 1]
-    at_noise = saved[targets == ord("!")]
+    at_noise = saved[tokens[:, 1:] == ord("!")]
     return {"latent_bits_position": at_start.mean().item(), "latent_bits_noise": at_noise.mean().item()}

@@ -9,6 +9,8 @@ import html
 import io
 from pathlib import Path
 
+from .experiment import COIN_MATCH
+
 BLUE, GREEN = "#cfe2ff", "#d4f5d4"
 ROWS_SHOWN = 8
 MEASURES = [  # key, column title, format
@@ -21,6 +23,10 @@ MEASURES = [  # key, column title, format
     ("green_noise_jaccard", "noise Jaccard, green", "{:.3f}"),
     ("latent_bits_position", "bits Z saves at target start", "{:.2f}"),
     ("latent_bits_noise", "bits Z saves per '!'", "{:.2f}"),
+    ("blue_coin_agreement", "coin agreement, blue", "{:.2f}"),
+    ("green_coin_agreement", "coin agreement, green", "{:.2f}"),
+    ("posterior_coin_match", "coin of the Z's source", "{:.2f}"),
+    ("coin_bits_saved", "bits Z saves per coin sequence", "{:.2f}"),
     ("val_kl_bits", "KL (bits/token)", "{:.3f}"),
     ("val_cross_entropy_bits", "cross-entropy (bits/token)", "{:.3f}"),
 ]
@@ -36,7 +42,9 @@ def _printable(text: str) -> str:
 
 
 def _rows(bodies: list[str], letter: str) -> str:
-    return "\n".join(_printable(f"{letter}>{body}") for body in bodies[:ROWS_SHOWN])
+    """A letters body shown after its prompt "K>"; coin values (letter "") as they are."""
+    prompt = f"{letter}>" if letter else ""
+    return "\n".join(_printable(prompt + body) for body in bodies[:ROWS_SHOWN])
 
 
 def _figure_png(results, claims) -> bytes:
@@ -47,7 +55,8 @@ def _figure_png(results, claims) -> bytes:
     from matplotlib.patches import FancyBboxPatch
 
     line = 0.016  # axes fraction per text row
-    fig, axes = plt.subplots(3, 2, figsize=(13, 15))
+    rows = len(results) // 2 + 1  # a panel per model, then the verdicts
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 5 * rows))
     for ax, result in zip(axes.flat, results):
         ax.set_axis_off()
         groups = result.groups
@@ -64,8 +73,9 @@ def _figure_png(results, claims) -> bytes:
         m = result.measures
         ax.set_title(f"{result.variant.label}   valid {_fmt(m.get('valid'), '{:.2f}')}   "
                      f"KL {_fmt(m.get('val_kl_bits'), '{:.2f}')} bits/token", fontsize=10)
+    for ax in axes.flat[len(results):]:
+        ax.set_axis_off()
     last = axes.flat[-1]
-    last.set_axis_off()
     verdicts = "\n".join(f"{c['reproduced']}/{c['seeds']} seeds  {c['claim']}" for c in claims)
     last.text(0.0, 0.95, "The paper's claims, reproduced on:\n\n" + verdicts, family="monospace", fontsize=8, va="top",
               transform=last.transAxes, parse_math=False)
@@ -112,6 +122,7 @@ SPREAD = [
     ("kappa-1", "latent_bits_position", "1 bit: bits Z saves at target start", 1.0),
     ("kappa-1", "latent_bits_noise", "1 bit: bits Z saves per '!'", 1.0),
     ("kappa-8", "valid", "8 bits: valid generations", 0.7),
+    ("coins", "posterior_coin_match", "coins: generations showing Z's coin", COIN_MATCH),
 ]
 
 

@@ -1,0 +1,91 @@
+"""The coin flips of the paper's Motivation section: does Z carry the hidden coin?
+
+Each training sequence is a start byte and X_1..X_T, all equal to one hidden fair coin flipped with
+probability epsilon. A decoder without latents must infer the coin from the values it has generated;
+a Free Transformer can draw it up front, in Z. Two measures tell which it does:
+- groups, as in the letters figure: the blue group draws every Z_t per sequence, each green group
+  shares one Z sequence; both draw all of Z from the prior (the one-byte prompt gives the encoder
+  nothing to read). The coin a generated sequence shows is its majority value. Two sequences of the
+  blue group show the same coin half of the time; if Z carries the coin, those of a green group
+  show the same coin nearly always.
+- bits Z saves over a whole fresh sequence (cross-entropy with prior Z minus with encoder Z, summed
+  over the T values): 1 bit if Z holds exactly the coin, more if it also copies individual flips.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..data.synthetic import COIN_START, coinflip_batch
+from ..generate import GenerationConfig, infer_latents, shared_prior_latents
+from ..latent import PRIOR
+from ..model import FreeTransformer
+from .groups import Groups, generate_strings, mean_of_present, pair_mean
+from .information import bits_saved
+
+CHANCE_AGREEMENT = 0.5  # two independent fair coins
+
+
+def majority_coin(values: str) -> int | None:
+    """The coin a generated sequence shows: its majority value; None on a tie or a byte other than 0/1."""
+    if not values or set(values) - {"0", "1"}:
+        return None
+    ones = values.count("1")
+    return None if 2 * ones == len(values) else int(2 * ones > len(values))
+
+
+def coin_groups(model: FreeTransformer, length: int, *, blue_size: int, green_groups: int, green_size: int,
+                seed: int) -> Groups:
+    """Generated values ('0'/'1' strings of `length`) of a blue group and of green groups, every Z from the prior."""
+    prompt = torch.full((1, 1), COIN_START)
+    config = GenerationConfig(max_new_tokens=length, temperature=1.0, prompt_latents=PRIOR)
+    latents = None
+    if model.config.is_free:
+        generator = torch.Generator(device=model.rope_cos.device).manual_seed(seed + 1)
+        shared = [shared_prior_latents(model, length, generator) for _ in range(green_groups)]
+        latents = torch.cat(shared).repeat_interleave(green_size, dim=0)  # (groups * size, length)
+    greens = generate_strings(model, prompt.expand(green_groups * green_size, -1), config, seed + blue_size, latents)
+    return Groups("", generate_strings(model, prompt.expand(blue_size, -1), config, seed),
+                  [greens[g * green_size : (g + 1) * green_size] for g in range(green_groups)])
+
+
+def posterior_coin_match(model: FreeTransformer, length: int, epsilon: float, *, references: int = 16,
+                         group_size: int = 8, seed: int = 0) -> float | None:
+    """Share of generations showing the coin of the reference sequence whose encoder Z they were given
+    (`references` fresh sequences, `group_size` generations each; 0.5 when Z says nothing of the coin)."""
+    if not model.config.is_free:
+        return None
+    device = model.rope_cos.device
+    reference = coinflip_batch(references, length, epsilon, torch.Generator().manual_seed(seed)).to(device)
+    latents = infer_latents(model, reference[:, :-1], torch.Generator(device=device).manual_seed(seed))  # (R, T)
+    config = GenerationConfig(max_new_tokens=length, temperature=1.0)
+    shown = generate_strings(model, reference[:, :1].repeat_interleave(group_size, 0), config, seed,
+                      latents.repeat_interleave(group_size, 0))
+    wanted = [majority_coin(bytes(row[1:].tolist()).decode("latin-1")) for row in reference.cpu()]
+    pairs = [(majority_coin(values), wanted[i // group_size]) for i, values in enumerate(shown)]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    return sum(a == b for a, b in pairs) / len(pairs) if pairs else None
+
+
+def _same_coin(values: list[int | None]) -> float | None:
+    return pair_mean([v for v in values if v is not None], lambda a, b: float(a == b))
+
+
+def coin_measures(groups: Groups) -> dict:
+    """Pairwise agreement on the coin within the blue group and within green groups (chance 0.5), and
+    the share of sequences showing 1 (0.5 for a fair coin)."""
+    blue = [majority_coin(values) for values in groups.blue]
+    greens = [[majority_coin(values) for values in green] for green in groups.greens]
+    shown = [c for c in blue + [c for green in greens for c in green] if c is not None]
+    return {"blue_coin_agreement": _same_coin(blue),
+            "green_coin_agreement": mean_of_present([_same_coin(g) for g in greens]),
+            "ones_share": sum(shown) / len(shown) if shown else None}
+
+
+def coin_bits_saved(model: FreeTransformer, length: int, epsilon: float, *, sequences: int = 256,
+                    seed: int = 0) -> float | None:
+    """Bits per sequence the decoder takes from Z on fresh coin-flip sequences (None for a baseline)."""
+    if not model.config.is_free:
+        return None
+    tokens = coinflip_batch(sequences, length, epsilon, torch.Generator().manual_seed(seed))  # (B, 1 + T)
+    return bits_saved(model, tokens.to(model.rope_cos.device), seed=seed).sum(1).mean().item()
