@@ -88,6 +88,8 @@ else
     echo "[gpu-check] peers: skipped (x_transformers not importable)" >&2
 fi
 run latent-kinds 180 "$PYTHON" bench/latent_kinds.py --rounds 5
+# issue #14: the paper's synthetic recipe, all 18 models (3 seeds) sharing the GPU; target <= 5 minutes.
+run demo-paper 420 "$PYTHON" -m free_transformer.cli demo --preset paper --seeds 3 --device cuda --out "$OUT/demo-paper"
 
 TOTAL=$(( $(date +%s) - START ))
 {

@@ -136,3 +136,18 @@ def test_cpu_and_cuda_logits_agree(latent_bits):
     torch.testing.assert_close(on_gpu.cpu(), cpu(tokens, latents=latents).logits, rtol=1e-4, atol=1e-5)
     if latent_bits:
         torch.testing.assert_close(gpu(tokens.to(CUDA)).bit_logits.cpu(), cpu(tokens).bit_logits, rtol=1e-4, atol=1e-5)
+
+
+def test_demo_trains_every_model_of_every_seed_on_one_gpu(tmp_path):
+    """The demo's GPU path: all models of both seeds trained at once, each in its own process on the
+    device, then measured there."""
+    import json
+
+    from free_transformer.cli import main
+    from free_transformer.demo.experiment import VARIANTS
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--preset", "smoke", "--out", str(out), "--seeds", "2", "--device", "cuda"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["device"] == "cuda" and results["workers"] == 2 * len(VARIANTS)
+    assert len(results["claims"]) == 5

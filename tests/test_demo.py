@@ -11,6 +11,7 @@ from free_transformer.demo.groups import Groups, group_measures
 from free_transformer.data.synthetic import coinflip_batch, letters_batch
 from free_transformer.demo.coins import coin_bits_saved, coin_measures, majority_coin
 from free_transformer.demo.information import latent_bits, target_starts
+from free_transformer.train.metrics import read_metrics
 
 BLOCK = "KKKKKKKK"
 
@@ -186,3 +187,14 @@ def test_bits_z_saves_on_coin_sequences():
         model.latent.mapper.weight.zero_()  # Z has no effect on the decoder
     assert coin_bits_saved(model, 12, 0.1, sequences=8) == 0.0
     assert coin_bits_saved(tiny_model(vocab_size=256, max_seq_len=16, latent_bits=0), 12, 0.1) is None
+
+
+def test_demo_trains_every_model_at_once_as_on_a_gpu(tmp_path):
+    """What the demo does on a GPU (one process per model, all side by side), on the CPU: every run
+    trained to its last step, one report. tests/test_cuda.py runs it on a GPU."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--preset", "smoke", "--workers", str(len(VARIANTS)), "--out", str(out), "--device", "cpu"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["workers"] == len(VARIANTS) and len(results["claims"]) == 5
+    for variant in VARIANTS:
+        assert read_metrics(out / variant.slug / "metrics.jsonl")[-1]["step"] == 3

@@ -10,12 +10,14 @@ from ..devices import parse_device
 from .arguments import parse_seeds
 
 NAME = "demo"
-HELP = "train a baseline and Free Transformers at kappa = 1/64, 1/8, 1, 8 bits on the synthetic letters; report"
+HELP = ("train a baseline and Free Transformers at kappa = 1/64, 1/8, 1, 8 bits on the synthetic letters, and one on "
+        "the coin flips; report")
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--preset", choices=list(PRESETS), default="quick",
-                        help="quick: ~10 minutes on 2 CPU cores, 3 of the 4 claims; full: ~25 minutes, all four")
+                        help="quick: ~10 minutes on 2 CPU cores, 3 of the paper's 4 claims and the coin; paper: the "
+                             "paper's recipe (kappa fixed, batch 256, width 64), all of them in ~35 minutes")
     parser.add_argument("--out", "-o", default="runs/demo", help="output directory (finished runs are reused)")
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
                         help="training overrides applied to every model, e.g. steps=500 precision=bf16")
@@ -25,7 +27,7 @@ def add_arguments(parser) -> None:
                         help="several seeds: a count N (seeds 0..N-1) or a comma-separated list; the report gives "
                              "each claim's success count and every seed's figures (runs in OUT/seed-S/)")
     parser.add_argument("--workers", type=int,
-                        help="models trained side by side, one process each (default: 2 on CPU, all 5 on a GPU)")
+                        help="models trained side by side, one process each (default: 2 on CPU, all of them on a GPU)")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
 
 

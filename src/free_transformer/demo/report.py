@@ -1,6 +1,7 @@
 """report.html and report.png: the groups drawn as in the paper's figure (monospace rows in blue and
-green boxes), the measures per model, the verdict on each of the paper's four claims (on how many
-seeds), training curves; with several seeds, spread.png: each claim's measures, one dot per seed."""
+green boxes), the measures per model, the verdict on each of the paper's claims (four on the letters,
+one on the coin flips; on how many seeds), training curves; with several seeds, spread.png: each
+claim's measures, one dot per seed."""
 
 from __future__ import annotations
 
@@ -219,6 +220,12 @@ tr.some td:first-child {{ color: #a60; font-weight: bold; }}
 random position, every character replaced by “!” with probability 1/16. For each model and one random prompt letter,
 the <b>blue</b> group's sequences each draw their own latents Z; each <b>green</b> group shares one Z sequence
 drawn from the uniform prior. Sequences of a green group agree on what Z encodes.</p>
+<p><b>Coin flips</b> (the paper's Motivation section): a start byte, then 32 values, each a hidden fair coin flipped
+with some probability. A decoder without latents must infer the coin from the values it has generated; a Free
+Transformer can draw it in Z. Its groups draw every Z from the prior (blue: per sequence, green: one Z sequence per
+group); the coin a sequence shows is its majority value, and two independent sequences show the same coin half of
+the time. “Coin of the Z's source”: generations given the encoder's Z of a fresh sequence, and how often they show
+that sequence's coin.</p>
 <h2>The paper's claims, seed by seed</h2>
 <table><tr><th>reproduced</th>{seed_header}<th>claim</th><th>measured test</th></tr>{claim_rows}</table>
 {spread}
@@ -227,7 +234,8 @@ drawn from the uniform prior. Sequences of a green group agree on what Z encodes
 agreement 0.018 (within ±2: 0.086), noise Jaccard 0.03. KL and cross-entropy are on held-out data with latents
 from the encoder. “Bits Z saves”: on fresh sequences, the cross-entropy of the target's first letter (the
 position decision) and of each “!” (a noise decision) with Z from the prior minus with Z from the encoder; 0
-when the decoder ignores Z.</p>
+when the decoder ignores Z. For the coin flips, the same difference summed over a whole sequence: the coin is
+worth 1 bit, and more means Z also copies individual flips.</p>
 <table><tr><th>model</th>{header}<th>training (min)</th></tr>{table_rows}</table>
 <p>Preset <code>{esc(preset['name'])}</code>, seeds {', '.join(map(str, seeds))}, {summary['workers']} training processes
 side by side, total wall time {summary['total_seconds'] / 60:.1f} min. Training settings (<code>free-transformer
