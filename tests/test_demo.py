@@ -75,7 +75,7 @@ def test_claims_follow_the_paper():
                    for r in paper_like]
         assert [c["reproduced"] for c in judge_claims(results)] == [True, True, False, True, True]
     # a coin latent that also copies the flips, or that the green groups do not show, is not the claim
-    for change in (dict(coin_bits_saved=12.0), dict(green_coin_agreement=0.55), dict(posterior_coin_match=0.6)):
+    for change in (dict(coin_bits_saved=12.0), dict(green_coin_agreement=0.52), dict(posterior_coin_match=0.6)):
         results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "coins" else {})})
                    for r in paper_like]
         assert [c["reproduced"] for c in judge_claims(results)] == [True, True, True, True, False]
