@@ -78,7 +78,7 @@ LETTERS = ("data.kind=letters", "model.size=cpu-small", "model.latent_bits=8", "
 # ~1000 steps instead of ~3000 (measured on these CPUs; see README).
 FAST_LATENT = ("post_sampler_init_std=0.3", "optim.latent_lr_scale=3")
 PRESETS = {
-    # kappa fixed as in the paper; about 10 minutes on 2 quiet cores (measured: 9 min 37 s; see README).
+    # kappa fixed as in the paper; about 12 minutes on 2 quiet cores (measured: 12 min 35 s; see README).
     "quick": Preset("quick", (*LETTERS, "steps=400", "optim.warmup_steps=100"), free=FAST_LATENT,
                     per_model={"kappa-1": ("steps=900",), "kappa-8": ("steps=450",)}),
     # The paper's recipe: kappa fixed for every model. What makes kappa = 1/8 bit encode the position is a model

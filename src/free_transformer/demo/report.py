@@ -56,7 +56,7 @@ def _figure_png(results, claims) -> bytes:
     from matplotlib.patches import FancyBboxPatch
 
     line = 0.016  # axes fraction per text row
-    rows = len(results) // 2 + 1  # a panel per model, then the verdicts
+    rows = len(results) // 2 + 1  # a panel per model, then the verdicts in the next free one
     fig, axes = plt.subplots(rows, 2, figsize=(13, 5 * rows))
     for ax, result in zip(axes.flat, results):
         ax.set_axis_off()
@@ -72,17 +72,20 @@ def _figure_png(results, claims) -> bytes:
                     parse_math=False)
             y -= n * line * 1.9 + 0.03
         m = result.measures
-        ax.set_title(f"{result.variant.label}   valid {_fmt(m.get('valid'), '{:.2f}')}   "
-                     f"KL {_fmt(m.get('val_kl_bits'), '{:.2f}')} bits/token", fontsize=10)
+        shown = (f"coin agreement green {_fmt(m.get('green_coin_agreement'), '{:.2f}')}, blue "
+                 f"{_fmt(m.get('blue_coin_agreement'), '{:.2f}')}" if result.variant.task == "coins"
+                 else f"valid {_fmt(m.get('valid'), '{:.2f}')}")
+        ax.set_title(f"{result.variant.label}   {shown}   KL {_fmt(m.get('val_kl_bits'), '{:.2f}')} bits/token",
+                     fontsize=10)
     for ax in axes.flat[len(results):]:
         ax.set_axis_off()
-    last = axes.flat[-1]
+    last = axes.flat[len(results)]
     verdicts = "\n".join(f"{c['reproduced']}/{c['seeds']} seeds  {c['claim']}" for c in claims)
     last.text(0.0, 0.95, "The paper's claims, reproduced on:\n\n" + verdicts, family="monospace", fontsize=8, va="top",
               transform=last.transAxes, parse_math=False)
-    fig.suptitle("Free Transformer, synthetic letters (groups of the first seed): blue = latents drawn per sequence, "
-                 "green = one latent sequence per group", fontsize=11)
-    fig.tight_layout()
+    fig.suptitle("Free Transformer, synthetic letters and coin flips (groups of the first seed): blue = latents drawn "
+                 "per sequence, green = one latent sequence per group", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.25 / rows))  # room for the title above the first row's
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
