@@ -64,13 +64,18 @@ def test_claims_follow_the_paper():
     assert [c["reproduced"] for c in judge_claims(vanilla_everywhere)] == [True, False, False, False, False]
     missing = [_result(r.variant.slug) for r in paper_like]  # nothing valid to measure: no claim holds
     assert not any(c["reproduced"] for c in judge_claims(missing))
+    # at 1/64 bit, a latent holding a whole bit of a decision, or generations that show one, is not vanilla
+    for change in (dict(latent_bits_position=1.5), dict(latent_bits_noise=1.0), dict(green_position_agreement=0.2)):
+        results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1-64" else {})})
+                   for r in paper_like]
+        assert [c["reproduced"] for c in judge_claims(results)] == [False, True, True, True, True]
     # at 1/8 bit, a latent that also carries the noise, or that the generations do not show, is not the claim
-    for change in (dict(latent_bits_noise=0.5), dict(green_position_near=0.15)):
+    for change in (dict(latent_bits_noise=0.5), dict(green_position_near=0.12)):
         results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1-8" else {})})
                    for r in paper_like]
         assert [c["reproduced"] for c in judge_claims(results)] == [True, False, True, True, True]
     # at 1 bit, a latent without the noise, or generations that do not show it, is not the claim
-    for change in (dict(latent_bits_noise=0.02), dict(green_noise_jaccard=0.1), dict(green_position_near=0.2)):
+    for change in (dict(latent_bits_noise=0.02), dict(green_noise_jaccard=0.1), dict(green_position_near=0.17)):
         results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1" else {})})
                    for r in paper_like]
         assert [c["reproduced"] for c in judge_claims(results)] == [True, True, False, True, True]

@@ -10,7 +10,7 @@ import html
 import io
 from pathlib import Path
 
-from .experiment import COIN_MATCH
+from .experiment import COIN_MATCH, IGNORED, USED, VALID
 
 BLUE, GREEN = "#cfe2ff", "#d4f5d4"
 ROWS_SHOWN = 8
@@ -120,12 +120,12 @@ def _curves_png(results) -> bytes:
 
 # The measures each claim's test reads, drawn per seed in spread.png: (model, measure key, title, its threshold)
 SPREAD = [
-    ("kappa-1-64", "latent_bits_position", "1/64 bit: bits Z saves at target start", 0.1),
-    ("kappa-1-8", "latent_bits_position", "1/8 bit: bits Z saves at target start", 1.0),
-    ("kappa-1-8", "latent_bits_noise", "1/8 bit: bits Z saves per '!'", 0.1),
-    ("kappa-1", "latent_bits_position", "1 bit: bits Z saves at target start", 1.0),
-    ("kappa-1", "latent_bits_noise", "1 bit: bits Z saves per '!'", 1.0),
-    ("kappa-8", "valid", "8 bits: valid generations", 0.7),
+    ("kappa-1-64", "latent_bits_position", "1/64 bit: bits Z saves at target start", USED),
+    ("kappa-1-8", "latent_bits_position", "1/8 bit: bits Z saves at target start", USED),
+    ("kappa-1-8", "latent_bits_noise", "1/8 bit: bits Z saves per '!'", IGNORED),
+    ("kappa-1", "latent_bits_position", "1 bit: bits Z saves at target start", USED),
+    ("kappa-1", "latent_bits_noise", "1 bit: bits Z saves per '!'", USED),
+    ("kappa-8", "valid", "8 bits: valid generations", VALID),
     ("coins", "posterior_coin_match", "coins: generations showing Z's coin", COIN_MATCH),
 ]
 
