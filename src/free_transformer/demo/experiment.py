@@ -82,9 +82,9 @@ PRESETS = {
     "quick": Preset("quick", (*LETTERS, "steps=400", "optim.warmup_steps=100"), free=FAST_LATENT,
                     per_model={"kappa-1": ("steps=900",), "kappa-8": ("steps=450",)}),
     # The paper's recipe: kappa fixed for every model. What makes kappa = 1/8 bit encode the position is a model
-    # of width 64 (not 128) and 256 sequences per step: on these CPUs it saved 2-2.5 bits at the target start
-    # and nothing on the noise from step 500 on, in seeds 0 and 1 (cpu-small at batch 64 had nothing in 4,300
-    # steps; at batch 256 on an H100 it took 1,000-1,500 steps and failed one seed in three). See docs/demo.md.
+    # of width 64 (not 128) and 256 sequences per step: on these CPUs it saved 2.3-2.6 bits at the target start
+    # and nothing on the noise, in seeds 0, 1 and 2 (cpu-small at batch 64 had nothing in 4,300 steps; at batch
+    # 256 on an H100 it took 1,000-1,500 steps and failed one seed in three). 37 min 21 s a seed. See docs/demo.md.
     "paper": Preset("paper", (*LETTERS, "model.dim=64", "model.ffn_hidden=192", "batch_size=256", "steps=500",
                               "optim.warmup_steps=100"), free=FAST_LATENT,
                     per_model={"kappa-1-8": ("steps=1250",), "kappa-1": ("steps=1000",), "kappa-8": ("steps=600",)}),
