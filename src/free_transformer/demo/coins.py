@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 
 from ..data.synthetic import COIN_START, coinflip_batch
-from ..generate import GenerationConfig, infer_latents, shared_prior_latents
+from ..generate import GenerationConfig, infer_latents
 from ..latent import PRIOR
 from ..model import FreeTransformer
-from .groups import Groups, generate_strings, mean_of_present, pair_mean
+from .groups import Groups, blue_and_greens, generate_strings, mean_of_present, pair_mean
 from .information import bits_saved
 
 
@@ -41,14 +41,8 @@ def coin_groups(model: FreeTransformer, length: int, *, blue_size: int, green_gr
     """Generated values ('0'/'1' strings of `length`) of a blue group and of green groups, every Z from the prior."""
     prompt = torch.full((1, 1), COIN_START)
     config = GenerationConfig(max_new_tokens=length, temperature=1.0, prompt_latents=PRIOR)
-    latents = None
-    if model.config.is_free:
-        generator = torch.Generator(device=model.rope_cos.device).manual_seed(seed + 1)
-        shared = [shared_prior_latents(model, length, generator) for _ in range(green_groups)]
-        latents = torch.cat(shared).repeat_interleave(green_size, dim=0)  # (groups * size, length)
-    greens = generate_strings(model, prompt.expand(green_groups * green_size, -1), config, seed + blue_size, latents)
-    return Groups("", generate_strings(model, prompt.expand(blue_size, -1), config, seed),
-                  [greens[g * green_size : (g + 1) * green_size] for g in range(green_groups)])
+    return Groups("", *blue_and_greens(model, prompt, config, blue_size=blue_size, green_groups=green_groups,
+                                       green_size=green_size, seed=seed))
 
 
 def posterior_coin_match(model: FreeTransformer, length: int, epsilon: float, *, references: int = 16,
@@ -62,7 +56,7 @@ def posterior_coin_match(model: FreeTransformer, length: int, epsilon: float, *,
     latents = infer_latents(model, reference[:, :-1], torch.Generator(device=device).manual_seed(seed))  # (R, T)
     config = GenerationConfig(max_new_tokens=length, temperature=1.0)
     shown = generate_strings(model, reference[:, :1].repeat_interleave(group_size, 0), config, seed,
-                      latents.repeat_interleave(group_size, 0))
+                             latents.repeat_interleave(group_size, 0))
     wanted = [majority_coin(bytes(row[1:].tolist()).decode("latin-1")) for row in reference.cpu()]
     pairs = [(majority_coin(values), wanted[i // group_size]) for i, values in enumerate(shown)]
     pairs = [(a, b) for a, b in pairs if a is not None and b is not None]

@@ -29,16 +29,23 @@ def generate_groups(model: FreeTransformer, letter: str, *, blue_size: int, gree
     """Bodies (64 characters) continuing the prompt "<letter>>" by plain sampling (temperature 1)."""
     prompt = torch.tensor([[ord(letter), ord(">")]])
     config = GenerationConfig(max_new_tokens=BODY_LENGTH, temperature=1.0)
-    bodies = lambda batch, base_seed, latents=None: generate_strings(model, prompt.expand(batch, -1), config,
-                                                                     base_seed, latents)
+    return Groups(letter, *blue_and_greens(model, prompt, config, blue_size=blue_size, green_groups=green_groups,
+                                           green_size=green_size, seed=seed))
+
+
+def blue_and_greens(model: FreeTransformer, prompt: torch.Tensor, config: GenerationConfig, *, blue_size: int,
+                    green_groups: int, green_size: int, seed: int) -> tuple[list[str], list[list[str]]]:
+    """The new text of a blue group (row i samples its own latents with seed `seed + i`) and of green groups
+    (one prior latent sequence per group, repeated over its rows) continuing the (1, P) prompt."""
     latents = None
-    if model.config.is_free:  # one prior latent sequence per green group, repeated over its rows
+    if model.config.is_free:
         generator = torch.Generator(device=model.rope_cos.device).manual_seed(seed + 1)
-        shared = [shared_prior_latents(model, prompt.shape[1] + BODY_LENGTH - 1, generator) for _ in range(green_groups)]
-        latents = torch.cat(shared).repeat_interleave(green_size, dim=0)  # (groups * size, 65)
-    greens = bodies(green_groups * green_size, seed + blue_size, latents)
-    return Groups(letter, bodies(blue_size, seed), [greens[g * green_size : (g + 1) * green_size]
-                                                     for g in range(green_groups)])
+        length = prompt.shape[1] + config.max_new_tokens - 1
+        shared = [shared_prior_latents(model, length, generator) for _ in range(green_groups)]
+        latents = torch.cat(shared).repeat_interleave(green_size, dim=0)  # (groups * size, length)
+    greens = generate_strings(model, prompt.expand(green_groups * green_size, -1), config, seed + blue_size, latents)
+    blue = generate_strings(model, prompt.expand(blue_size, -1), config, seed)
+    return blue, [greens[g * green_size : (g + 1) * green_size] for g in range(green_groups)]
 
 
 def generate_strings(model: FreeTransformer, prompts: torch.Tensor, config: GenerationConfig, base_seed: int,
