@@ -1,5 +1,5 @@
 """The training loop: seeded, resumable to the bit on CPU, checkpointed atomically, stopped with a clear
-message on a non-finite loss (the last good checkpoint is kept).
+message on a non-finite loss or gradient norm (the last good checkpoint is kept).
 
 SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) stops the run at the next step boundary with a
 checkpoint of that step (a second signal stops at once); `--resume` continues it. On resume the newest
@@ -192,8 +192,8 @@ class StepResult:
     """One optimizer step, still on the device (nothing read back)."""
 
     means: torch.Tensor  # (4,) loss, cross-entropy, KL (nats), stop flag: the global batch's means
-    non_finite: torch.Tensor  # () bool: the loss was not finite
-    grad_norm: torch.Tensor | float
+    non_finite: torch.Tensor  # () bool: the loss or the gradient norm was not finite (the step was skipped)
+    grad_norm: torch.Tensor  # () before clipping
     lr: float
     kappa_nats: float
     stop: bool  # a signal asked every rank to stop after this step
@@ -286,10 +286,11 @@ def restore(run: Run, *, resume: bool) -> int:
 def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
     """Forward and backward over this rank's micro-batches of batch `step`, then the optimizer step.
 
-    Nothing here reads a value back from the device (a GPU then runs ahead of Python): losses and the
-    gradient norm stay tensors until they are logged. A non-finite loss makes the fused optimizer skip
-    its step on the device (found_inf); the caller reports it at the next read-back. Without a fused
-    AdamW the loss is checked here, every step."""
+    Nothing here reads a value back from the device or writes a Python value into a device tensor (a
+    GPU then runs ahead of Python): losses and the gradient norm stay tensors until they are logged. A
+    non-finite loss or gradient norm (a finite bf16 loss can have overflowing gradients) makes the
+    fused optimizer skip its step on the device (found_inf); the caller reports it at the next
+    read-back. Without a fused AdamW they are checked here, every step."""
     config, env, device = run.config, run.env, run.device
     rows = env.rows(config.batch_size)  # this rank's slice of every global batch
     micro_batch = len(rows) // config.grad_accum
@@ -310,17 +311,18 @@ def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
             (out.loss / config.grad_accum).backward()
         kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=device)
         totals[:3] += torch.stack([out.loss, out.cross_entropy_nats, kl]).detach() / config.grad_accum
-    totals[3] = float(signals.received is not None)  # any rank's signal stops every rank, same step
+    # fill_ takes the flag as a kernel argument; `totals[3] = flag` would copy it from the host, and wait
+    totals[3].fill_(signals.received is not None)  # any rank's signal stops every rank, same step
     means = env.mean(totals)  # over ranks: the global batch's means (on the device)
     # a signal on any rank stops every rank at the same step: that needs the reduced flag on the host
     stop = bool(means[3] > 0) if env.distributed else signals.received is not None
-    non_finite = ~torch.isfinite(means[0])
+    # grad_clip = 0 clips nothing but the norm is still computed: it is logged and checked
+    grad_norm = clip_grad_norm(run.model.parameters(), config.optim.grad_clip or math.inf)
+    non_finite = ~(torch.isfinite(means[0]) & torch.isfinite(grad_norm))
     if run.optimizer.defaults.get("fused"):
         run.optimizer.found_inf = non_finite.float()
     elif bool(non_finite):
         _stop_on_non_finite(step, run.run_dir)
-    grad_norm = (clip_grad_norm(run.model.parameters(), config.optim.grad_clip) if config.optim.grad_clip > 0
-                 else float("nan"))
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     return StepResult(means, non_finite, grad_norm, lr, kappa_nats, stop)
@@ -426,7 +428,7 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
 def _stop_on_non_finite(step: int, run_dir: Path) -> None:
     kept = checkpoint_dirs(run_dir)
     raise TrainingError(
-        f"non-finite loss at step {step + 1}; training stopped, "
+        f"non-finite loss or gradient norm at step {step + 1}; training stopped, "
         + (f"last good checkpoint: {kept[-1]}" if kept else
            f"no checkpoint yet: `{_resume_hint(run_dir)}` starts it again from step 0 with its saved "
            "config (or choose another --out with other settings)")
