@@ -145,7 +145,10 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
     train(_config("steps=1"), tmp_path)
     weights = checkpoint_dirs(tmp_path)[-1] / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    with pytest.raises(CheckpointError, match="corrupt checkpoint weights"):
+    with pytest.raises(CheckpointError, match="is damaged: model.safetensors does not match its SHA-256"):
+        load_model(tmp_path)
+    (weights.parent / "SHA256SUMS").unlink()  # a checkpoint without digests: its files are still read whole
+    with pytest.raises(CheckpointError, match="is damaged: SafetensorError"):
         load_model(tmp_path)
     (weights.parent / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="corrupt checkpoint config"):

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_weights, newest_intact_checkpoint,
-                          read_checkpoint_config, resolve_checkpoint, save_checkpoint)
+from ..checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_verified_weights, load_weights,
+                          newest_intact_checkpoint, read_checkpoint_config, resolve_checkpoint, save_checkpoint)
 from ..config import ConfigError, ModelConfig
 from ..data import build_dataset
 from ..data.datasets import Dataset
@@ -36,6 +36,7 @@ from ..distributed.parallelize import (apply_activation_checkpointing, apply_com
                                        gradient_sync, parallelize)
 from ..errors import Stopped, UserError
 from ..model import FreeTransformer
+from ..runlock import RunLock
 from ..tokenizer import get_tokenizer
 from .config import TrainConfig, save_train_config
 from .evaluation import autocast_context, evaluate, latent_warning
@@ -92,7 +93,7 @@ class StopSignals:
 def init_from_checkpoint(model: FreeTransformer, path: str | Path) -> list[str]:
     """Load decoder weights from another checkpoint; latent-path tensors absent there stay fresh.
     Returns the names left at their initialisation."""
-    weights = load_weights(resolve_checkpoint(path))
+    weights = load_verified_weights(resolve_checkpoint(path))
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as error:  # shape mismatch: another architecture
@@ -106,7 +107,10 @@ def init_from_checkpoint(model: FreeTransformer, path: str | Path) -> list[str]:
 
 
 def _rng_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every RNG stream as tensors and plain Python values (state.pt is read with weights_only=True)."""
+    name, key, position, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(key.astype(np.int64)), position, has_gauss, cached_gaussian)
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -115,7 +119,8 @@ def _rng_state(device: torch.device) -> dict:
 def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, key, position, has_gauss, cached_gaussian = state["numpy"]  # key: a tensor, or an ndarray before 0.3
+    np.random.set_state((name, np.asarray(key).astype(np.uint32), position, has_gauss, cached_gaussian))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
 
@@ -143,8 +148,8 @@ def train(
     """Train (or resume) the run in `run_dir` to config.steps optimizer steps."""
     config.validate()
     env = setup(config.distributed.strategy, config.distributed.backend, parse_device(config.device))
-    try:
-        with StopSignals() as signals:
+    try:  # one writer per run: rank 0 holds the run's lock
+        with StopSignals() as signals, RunLock(run_dir, "free-transformer train", enabled=env.is_main):
             return _train(config, Path(run_dir), env, resume, init_from, signals)
     finally:
         env.close()
