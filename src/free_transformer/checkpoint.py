@@ -13,9 +13,9 @@ aside as step_N.damaged and continues from the newest intact one, and every othe
 checkpoint (`load_model`, `load_verified_weights`) refuses it with one line.
 
 Nothing read from a checkpoint can run code: weights are safetensors, and state.pt is read with
-`torch.load(weights_only=True)`, which unpickles tensors and plain Python values only. state.pt files
-written before 0.3 hold numpy's RNG state as an ndarray; the three numpy names that rebuild one
-(`LEGACY_STATE_GLOBALS`) are the only others allowed.
+`torch.load(weights_only=True)`, which unpickles tensors and plain Python values only. Older state.pt
+files hold numpy's RNG state as an ndarray; the numpy names that rebuild one (`LEGACY_STATE_GLOBALS`)
+are the only others allowed.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .model import FreeTransformer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 CHECKSUMS = "SHA256SUMS"
-# What the numpy RNG state of a pre-0.3 state.pt needs to unpickle (an ndarray of uint32), under the names
+# What the numpy RNG state of an older state.pt needs to unpickle (an ndarray of uint32), under the names
 # numpy 2 and numpy 1 pickled it with; nothing else beyond tensors and plain values is ever unpickled.
 LEGACY_STATE_GLOBALS = [np.dtype, np.ndarray, type(np.dtype(np.uint32)),
                         (np._core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),

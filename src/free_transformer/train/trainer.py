@@ -119,7 +119,7 @@ def _rng_state(device: torch.device) -> dict:
 def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    name, key, position, has_gauss, cached_gaussian = state["numpy"]  # key: a tensor, or an ndarray before 0.3
+    name, key, position, has_gauss, cached_gaussian = state["numpy"]  # key: a tensor (an ndarray in older checkpoints)
     np.random.set_state((name, np.asarray(key).astype(np.uint32), position, has_gauss, cached_gaussian))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
