@@ -441,3 +441,46 @@ def test_one_writer_per_run_directory(tmp_path, capsys):
         first.wait()
     assert main(["train", "--out", str(run), "--resume", "steps=8"]) == 0
     assert read_metrics(run / "metrics.jsonl")[-1]["step"] == 8
+
+
+def test_values_that_would_train_or_sample_wrongly_are_refused(tmp_path, capsys):
+    """Each used to run with exit 0: kappa inf (non-standard Infinity in metrics.jsonl), kappa nan,
+    negative threads or table scale, a NaN temperature (garbage samples)."""
+    from conftest import tiny_checkpoint
+
+    for override in ("kappa_bits=inf", "kappa_bits=nan", "kappa_start_bits=nan", "threads=-1",
+                     "post_sampler_init_std=-1"):
+        assert main(["train", "--out", str(tmp_path / "run"), *TINY, override]) == 2
+    checkpoint = tiny_checkpoint(tmp_path, "ckpt", 4)
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "--temperature", "nan"]) == 2
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "--batch-size", "0"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 7 and all(line.startswith("error: ") for line in errors)
+    assert "kappa_bits must be a finite number >= 0, got inf" in errors[0] and "threads" in errors[3]
+    assert "temperature must be a finite number >= 0, got nan" in errors[5]
+    assert not (tmp_path / "run").exists()
+
+
+def test_generate_decodes_many_samples_in_batches_with_the_same_samples(tmp_path, capsys):
+    """-n N is decoded --batch-size samples at a time (N = 10^8 used to go into one batch and be killed
+    for its memory); each sample depends on its seed only, so the lines are those of one batch."""
+    from conftest import tiny_checkpoint
+
+    checkpoint = str(tiny_checkpoint(tmp_path, "ckpt", 4))
+    assert main(["generate", checkpoint, "--prompt", "K>", "-n", "5", "--max-new-tokens", "6"]) == 0
+    one_batch = capsys.readouterr().out
+    assert main(["generate", checkpoint, "--prompt", "K>", "-n", "5", "--max-new-tokens", "6",
+                 "--batch-size", "2"]) == 0
+    assert capsys.readouterr().out == one_batch and len(one_batch.splitlines()) == 5
+
+
+def test_help_gives_each_default_once():
+    from free_transformer.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        text = command.format_help()
+        assert "(default: None)" not in text and "(default: )" not in text, name
+        for line in text.split("\n  -"):
+            assert line.count("default") <= 1 or "(default:" not in line, (name, line)

@@ -22,6 +22,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
     parser.add_argument("--prompt", default="", help="text to continue (required)")
     parser.add_argument("--num-samples", "-n", type=int, default=4, help="samples, one per line")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples decoded at once (a sample depends on its seed, not on its batch)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, or fewer if the model's context "
                              "is shorter)")
@@ -55,8 +57,8 @@ def run(args) -> int:
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise ValueError("--prompt must not be empty (give at least one character)")
-    if args.num_samples < 1:
-        raise ValueError("--num-samples must be >= 1")
+    if args.num_samples < 1 or args.batch_size < 1:
+        raise ValueError("--num-samples and --batch-size must be >= 1")
     room = model.config.max_seq_len - len(prompt) + 1  # the last new token is never fed back
     if room < 1:
         raise ValueError(f"the prompt has {len(prompt)} tokens; this model reads at most {model.config.max_seq_len}")
@@ -81,11 +83,12 @@ def run(args) -> int:
         if len(reference) < len(prompt):
             raise ValueError("--reference must be at least as long as the prompt")
         latents = infer_latents(model, torch.tensor([reference]), generator)
-    prompts = torch.tensor([prompt] * args.num_samples)
-    seeds = [args.seed + i for i in range(args.num_samples)]
-    result = generate(model, prompts, gen_config, seeds=seeds, latents=latents, compile=args.compile)
-    for tokens in result.tokens:
-        print(tokenizer.decode(prompt + tokens).replace("\n", "\\n"))
+    for first in range(0, args.num_samples, args.batch_size):  # printed as each batch ends
+        seeds = [args.seed + i for i in range(first, min(first + args.batch_size, args.num_samples))]
+        prompts = torch.tensor([prompt] * len(seeds))
+        result = generate(model, prompts, gen_config, seeds=seeds, latents=latents, compile=args.compile)
+        for tokens in result.tokens:
+            print(tokenizer.decode(prompt + tokens).replace("\n", "\\n"), flush=True)
     return 0
 
 
