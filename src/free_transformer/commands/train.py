@@ -37,6 +37,13 @@ def run(args) -> int:
         if not config_path.exists():
             raise TrainingError(f"nothing to resume: {config_path} not found")
     config = load_train_config(config_path, args.overrides)
+    sizes = [override for override in args.overrides if override.startswith("model.size=")]
+    # the saved config names every dimension, which would silently win over a size: the size (with the
+    # other model overrides) must describe the run's own model
+    if args.resume and sizes and load_train_config(None, args.overrides).model != config.model:
+        raise TrainingError(f"--resume continues the run's own model: {sizes[-1]} (with the other model "
+                            "overrides) describes another; train into another --out (where --init-from reuses "
+                            "the decoder if only the latent path changed)")
     if args.matched_baseline:
         if args.resume:
             raise TrainingError("--matched-baseline makes a new run's config; --resume reads the run's own")

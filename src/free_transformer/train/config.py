@@ -321,7 +321,7 @@ def read_config_file(path: str | Path) -> dict:
     try:
         loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise ConfigError(f"cannot read config {path}: {error}") from None
+        raise ConfigError(f"cannot read config {path}: {' '.join(str(error).split())}") from None  # one line
     if loaded is None:
         raise ConfigError(f"config {path} is empty: give at least one field, or leave --config out for the defaults")
     if not isinstance(loaded, dict):
@@ -346,3 +346,22 @@ def save_train_config(config: TrainConfig, path: str | Path) -> None:
     values = config.to_dict()
     values["optim"]["betas"] = list(values["optim"]["betas"])
     atomic_write_text(path, yaml.safe_dump(values, sort_keys=False))
+
+
+def flat_settings(config: TrainConfig) -> dict:
+    """{"section.field": value} of every setting of a config."""
+    def flatten(values: dict, prefix: str) -> dict:
+        flat = {}
+        for key, value in values.items():
+            if isinstance(value, dict):
+                flat.update(flatten(value, f"{prefix}{key}."))
+            else:
+                flat[prefix + key] = list(value) if isinstance(value, tuple) else value
+        return flat
+    return flatten(config.to_dict(), "")
+
+
+def changed_settings(before: TrainConfig, after: TrainConfig) -> dict[str, list]:
+    """{"section.field": [before, after]} of the settings that differ."""
+    old, new = flat_settings(before), flat_settings(after)
+    return {key: [old.get(key), new.get(key)] for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)}

@@ -10,6 +10,7 @@ each global batch; rank 0 alone logs and writes; checkpoints are sharded (DCP). 
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import shutil
@@ -38,7 +39,7 @@ from ..errors import Stopped, UserError
 from ..model import FreeTransformer
 from ..runlock import RunLock
 from ..tokenizer import get_tokenizer
-from .config import TrainConfig, save_train_config
+from .config import TrainConfig, changed_settings, load_train_config, save_train_config
 from .evaluation import autocast_context, evaluate, latent_warning
 from .metrics import MetricsLog, read_metrics
 from .noise import latent_generators
@@ -277,6 +278,7 @@ def restore(run: Run, *, resume: bool) -> int:
             save_train_config(config, run_dir / "config.yaml")
         return 0
     _check_same_model(config, checkpoint)
+    step = _record_settings(run, checkpoint)
     if is_sharded(checkpoint):  # written by ddp / fsdp, on any number of processes
         return load_sharded(checkpoint, run.model, run.optimizer)
     if env.distributed:  # a one-process run continued on several
@@ -285,7 +287,30 @@ def restore(run: Run, *, resume: bool) -> int:
     state = load_training_state(checkpoint)
     run.optimizer.load_state_dict(state["optimizer"])
     _set_rng_state(state["rng"], run.device)
-    return state["step"]
+    return step
+
+
+def _record_settings(run: Run, checkpoint: Path) -> int:
+    """The settings a resumed run goes on with are its record: config.yaml is rewritten with them and
+    RUN/config-changes.jsonl gets {"step": N, "changes": {"field": [before, after]}}, so that a plain
+    `--resume` (a scheduler's requeue) continues with them. The data is fixed for a run. Returns the
+    checkpoint's step."""
+    step = int(read_checkpoint_config(checkpoint)["step"])
+    saved_path = run.run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return step
+    changes = changed_settings(load_train_config(saved_path), run.config)
+    data_changes = [f"{key} {old} -> {new}" for key, (old, new) in changes.items() if key.startswith("data.")]
+    if data_changes:
+        raise TrainingError(f"cannot resume {run.run_dir} on other data ({', '.join(data_changes)}): a run's data is "
+                            "fixed; train into another --out (--init-from reuses this run's weights)")
+    if changes and run.env.is_main:
+        save_train_config(run.config, saved_path)
+        with open(run.run_dir / "config-changes.jsonl", "a") as record:
+            record.write(json.dumps({"step": step, "changes": changes}) + "\n")
+        print(f"resuming at step {step} with changed settings: "
+              + ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changes.items()), file=sys.stderr)
+    return step
 
 
 def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
