@@ -132,6 +132,15 @@ def test_consolidate_gives_an_ordinary_checkpoint(runs, tmp_path, capsys):
     with pytest.raises(CheckpointError, match="consolidate"):
         load_model(run)
     assert main(["consolidate", str(run / "checkpoints" / "step_00000003"), "--out", str(tmp_path / "step3")]) == 0
+    written = (tmp_path / "step3" / "model.safetensors").read_bytes()
+    assert main(["consolidate", str(run / "checkpoints" / "step_00000003"), "--out", str(tmp_path / "step3")]) == 2
+    assert (tmp_path / "step3" / "model.safetensors").read_bytes() == written  # never overwritten
+    garbled = shutil.copytree(run / "checkpoints" / "step_00000003", tmp_path / "garbled" / "step_00000003")
+    (garbled / "dcp" / ".metadata").write_bytes(b"not a pickle")
+    assert main(["consolidate", str(garbled)]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and "already holds a checkpoint" in errors[0]
+    assert errors[1].startswith(f"error: cannot load the sharded checkpoint {garbled}: ")
     assert main(["consolidate", str(run)]) == 0
     assert "consolidated" in capsys.readouterr().out
     sharded, config = load_model(run)  # the newest step directory, now with model.safetensors

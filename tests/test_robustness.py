@@ -1,6 +1,7 @@
 """Nothing saved is lost, nothing breaks with a traceback: preemption signals, damaged checkpoints,
 resuming with another model, and the fault-injection run (SIGTERM, a damaged checkpoint, a full disk)."""
 
+import json
 import os
 import resource
 import shutil
@@ -484,3 +485,82 @@ def test_help_gives_each_default_once():
         assert "(default: None)" not in text and "(default: )" not in text, name
         for line in text.split("\n  -"):
             assert line.count("default") <= 1 or "(default:" not in line, (name, line)
+
+
+def test_a_resume_that_changes_settings_records_them(tmp_path, capsys):
+    """Settings changed by a resume become the run's record (config.yaml, and config-changes.jsonl with the
+    step they apply from), so a plain --resume after a stop goes on with them instead of reverting (or of
+    answering "nothing to train" to a scheduler's requeue). The data and the model are fixed for a run."""
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *TINY, "steps=2"]) == 0
+    assert main(["train", "--out", str(run), "--resume", "steps=3", "kappa_bits=1"]) == 0
+    saved = load_train_config(run / "config.yaml")
+    assert saved.steps == 3 and saved.kappa_bits == 1
+    changes = [json.loads(line) for line in (run / "config-changes.jsonl").read_text().splitlines()]
+    assert changes == [{"step": 2, "changes": {"kappa_bits": [0.25, 1.0], "steps": [2, 3]}}]
+    assert "resuming at step 2 with changed settings: kappa_bits 0.25 -> 1.0, steps 2 -> 3" in capsys.readouterr().err
+    assert main(["train", "--out", str(run), "--resume", "steps=4"]) == 0  # kappa 1 is kept
+    capsys.readouterr()
+    assert [m["kappa_bits"] for m in read_metrics(run / "metrics.jsonl")] == [0.25, 0.25, 1.0, 1.0]
+    before = (run / "config.yaml").read_text()
+    assert main(["train", "--out", str(run), "--resume", "steps=5", "data.kind=coinflip"]) == 2
+    assert main(["train", "--out", str(run), "--resume", "steps=5", "model.size=cpu-small"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert "on other data (data.kind letters -> coinflip)" in errors[0] and "model.size=cpu-small" in errors[1]
+    assert (run / "config.yaml").read_text() == before and len(checkpoint_dirs(run)) == 3
+
+
+def test_convert_never_writes_into_an_existing_run(tmp_path, capsys):
+    """`convert --to checkpoint` into a training run used to add a step without state.pt, which then
+    stopped the run's --resume."""
+    pytest.importorskip("transformers")
+    from conftest import tiny_checkpoint
+
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *TINY, "steps=2"]) == 0
+    source = tiny_checkpoint(tmp_path, "source", 4, max_seq_len=72)
+    assert main(["convert", str(source), str(run), "--to", "checkpoint", "--step", "5"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert [p.name for p in checkpoint_dirs(run)] == ["step_00000002"]
+    assert main(["train", "--out", str(run), "--resume", "steps=3"]) == 0
+
+
+def test_tokenizing_clears_what_a_killed_tokenizer_left(tmp_path):
+    """A SIGKILLed tokenize leaves NAME.partialPID files: the next run removes those of dead processes
+    (never a live process's)."""
+    from free_transformer.data.shards import ShardWriter
+    from free_transformer.data.tokenizing import tokenize_files
+    from free_transformer.tokenizer import get_tokenizer
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("some text to tokenize")
+    cache = tmp_path / "cache"
+    tokenize_files([corpus], get_tokenizer("byte"), cache)
+    target = next(cache.glob("*.bin"))
+    target.unlink()
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # another live tokenizer
+    try:
+        stale, live = target.with_suffix(f".partial{dead_pid}"), target.with_suffix(f".partial{writer.pid}")
+        stale.write_bytes(b"half")
+        live.write_bytes(b"being written")
+        assert len(tokenize_files([corpus], get_tokenizer("byte"), cache)) == len("some text to tokenize") + 1  # + end
+        assert not stale.exists() and live.exists()
+    finally:
+        writer.kill()
+        writer.wait()
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / f"tok_train_000000.partial{dead_pid}").write_bytes(b"half")
+    ShardWriter(shards, "tok", "train", 256, 1000).close()
+    assert not list(shards.glob("*.partial*"))
+
+
+def test_inspect_of_a_malformed_config_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {dim: [\n")
+    assert main(["inspect", str(run)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and error.startswith(f"error: cannot read config {run / 'config.yaml'}: ")

@@ -23,6 +23,25 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+def remove_stale_partials(folder: Path, pattern: str) -> None:
+    """Delete the files matching `pattern` in `folder` named NAME.partialPID whose process no longer runs
+    (one killed by SIGKILL mid-write); those of live processes are theirs."""
+    for path in folder.glob(pattern) if folder.is_dir() else []:
+        pid = path.suffix.removeprefix(".partial")
+        if pid.isdigit() and not _running(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -17,6 +17,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..fileio import remove_stale_partials
 from ..tokenizer import get_tokenizer
 from .config import TokensConfig
 from .datasets import DataError, Split, TokenWindows, register_data_kind
@@ -71,6 +72,7 @@ class ShardWriter:
         self.paths: list[Path] = []
         self.tokens = 0  # written, all shards
         self._handle, self._count = None, 0  # the open shard and its tokens so far
+        remove_stale_partials(folder, f"{prefix}_{split}_*.partial*")
 
     def write(self, ids: np.ndarray) -> None:
         ids = np.asarray(ids).astype(self.dtype, copy=False)

@@ -20,6 +20,7 @@ from typing import Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..fileio import remove_stale_partials
 from ..tokenizer import Tokenizer, get_tokenizer
 from .datasets import DataError
 from .readers import documents, read_text, reader_for
@@ -143,6 +144,7 @@ def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, fie
         target = cache_dir / f"{tokenizer.name.replace('/', '_')}-{_fingerprint(files, tokenizer, field)}.bin"
     except OSError as error:
         raise DataError(f"cannot read {error.filename}: {error.strerror or error}") from None
+    remove_stale_partials(cache_dir, f"{target.stem}.partial*")
     if not target.exists():
         partial = target.with_suffix(f".partial{os.getpid()}")
         try:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..checkpoint import (
@@ -82,8 +83,10 @@ def _dcp_load(state: dict, checkpoint: Path) -> None:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(state, checkpoint_id=checkpoint / DCP_DIR, no_dist=not dist.is_initialized())
-    except Exception as error:  # DCP raises CheckpointException / RuntimeError on missing or bad shards
-        raise CheckpointError(f"cannot load the sharded checkpoint {checkpoint}: {error}") from error
+    except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
+        # a CheckpointException's text holds each rank's traceback: its last line is the cause
+        cause = [line for line in str(error).splitlines() if line.strip()][-1:] or [type(error).__name__]
+        raise CheckpointError(f"cannot load the sharded checkpoint {checkpoint}: {cause[0].strip()}") from error
 
 
 def load_sharded(checkpoint: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -139,6 +142,8 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     weights = model.state_dict()  # the model's own tensors, filled in place
     _dcp_load({"model": weights}, checkpoint)
     target = checkpoint if out is None else Path(out)
+    if out is not None and any((target / name).exists() for name in ("model.safetensors", "config.json")):
+        raise CheckpointError(f"{target} already holds a checkpoint: choose another --out (nothing was written)")
     target.mkdir(parents=True, exist_ok=True)
     tmp = target / ".model.safetensors.tmp"
     save_file({k: v.contiguous() for k, v in weights.items()}, tmp, metadata={"format": "pt"})

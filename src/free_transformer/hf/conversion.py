@@ -294,8 +294,9 @@ def convert(source: str | Path, destination: str | Path, to: str, *, latent_bits
     destination = Path(destination)
     if to in ("hf", "llama") and destination.exists() and any(destination.iterdir()):
         raise ConversionError(f"{destination} exists and is not empty")
-    if to == "checkpoint" and (destination / "checkpoints" / f"step_{step:08d}").exists():
-        raise ConversionError(f"{destination / 'checkpoints' / f'step_{step:08d}'} already exists")
+    if to == "checkpoint" and ((destination / "checkpoints").exists() or (destination / "config.yaml").exists()):
+        # a step without state.pt inside a training run would stop its --resume
+        raise ConversionError(f"{destination} already holds a run: convert into a new directory")
     if latent_layer is not None and latent_bits is None:
         raise ConversionError("latent_layer needs latent_bits (it places the fresh latent path)")
     if to == "llama" and (latent_bits is not None or source_latent_bits(source) > 0):

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from ..checkpoint import checkpoint_dirs
 from ..errors import UserError
+from .config import load_train_config
 from .evaluation import DEAD_BIT_KL
 from .metrics import read_metrics
 
@@ -20,14 +19,14 @@ def summarize_run(run_dir: str | Path, history: int = 8) -> str:
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise UserError(f"{run_dir} is not a training run (no config.yaml)")
-    config = yaml.safe_load(config_path.read_text())
+    config = load_train_config(config_path)  # a malformed file is one line (ConfigError)
     metrics = read_metrics(run_dir / "metrics.jsonl")
-    model, bits = config["model"], config["model"]["latent_bits"]
-    kind = (f"Free Transformer, H = {bits} bits ({model.get('latent', {}).get('kind', 'binary_mapper')}), "
-            f"kappa {config['kappa_bits']:g} bits" if bits else "baseline decoder (no latent)")
+    model, bits = config.model, config.model.latent_bits
+    kind = (f"Free Transformer, H = {bits} bits ({model.latent.kind}), kappa {config.kappa_bits:g} bits" if bits
+            else "baseline decoder (no latent)")
     kept = checkpoint_dirs(run_dir)
-    lines = [f"run {run_dir}: {kind}; {model['n_layers']} blocks of width {model['dim']}",
-             f"steps: {metrics[-1]['step'] if metrics else 0} logged of {config['steps']}; checkpoints: "
+    lines = [f"run {run_dir}: {kind}; {model.n_layers} blocks of width {model.dim}",
+             f"steps: {metrics[-1]['step'] if metrics else 0} logged of {config.steps}; checkpoints: "
              + (", ".join(d.name for d in kept) if kept else "none")]
     if not metrics:
         return "\n".join(lines + ["nothing logged yet"])
