@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
+from test_unchanged import SMOKE, same_measures
 
 from free_transformer.cli import main
 from free_transformer.demo.experiment import VARIANTS, ModelResult, judge_claims
@@ -141,6 +142,9 @@ def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
         assert (out / f"seed-{seed}" / "kappa-1" / "metrics.jsonl").is_file()
     claims = results["claims"]
     assert len(claims) == 5 and all(c["seeds"] == 2 for c in claims)
+    for seed in ("0", "1"):  # the measures of 0.2, recorded before the demo was a sweep
+        for model in results["per_seed"][seed]["models"]:
+            same_measures(model, SMOKE["demo"][seed][model["slug"]]["measures"], f"seed {seed} {model['slug']}")
     coins = next(m for m in results["per_seed"]["0"]["models"] if m["slug"] == "coins")
     assert {"posterior_coin_match", "green_coin_agreement", "coin_bits_saved"} <= set(coins)
     assert (out / "seed-0" / "coins" / "config.yaml").read_text().count("kind: coinflip") == 1

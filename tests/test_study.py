@@ -4,6 +4,7 @@ and bad arguments."""
 import json
 
 import pytest
+from test_unchanged import SMOKE, same_measures
 
 from free_transformer.cli import main
 from free_transformer.commands.arguments import parse_seeds
@@ -63,6 +64,7 @@ def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path):
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     assert [(r["seed"], r["slug"]) for r in results["runs"]] == [(0, "baseline"), (0, "matched-baseline"), (0, "kappa-4")]
+    same_measures(results["runs"], SMOKE["study"], "runs")  # the measures of 0.2, recorded before
     free = results["runs"][2]
     assert free["likelihood"]["iwae"]["bits_per_byte"] > 0 and "bits_saved" in free and free["curves"][-1]["step"] == 4
     assert results["runs"][1]["params"] > results["runs"][0]["params"]
