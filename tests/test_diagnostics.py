@@ -13,7 +13,7 @@ from free_transformer.data import build_dataset
 from free_transformer.model import FreeTransformer
 from free_transformer.train.evaluation import evaluate, latent_warning
 from free_transformer.train.metrics import read_metrics
-from free_transformer.train.noise import seed_of
+from free_transformer.seeding import seed_of
 from free_transformer.train.trainer import train
 
 LN2 = math.log(2.0)

@@ -8,13 +8,12 @@ that ignores Z scores 0 on both; the baseline has no Z and no score.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from ..data.synthetic import TARGET_LENGTH, letters_batch
 from ..model import FreeTransformer
+from ..units import LN2
 
 PROMPT_LENGTH = 2  # "<letter>>"
 
@@ -42,7 +41,7 @@ def bits_saved(model: FreeTransformer, tokens: torch.Tensor, *, samples: int = 2
             generator = torch.Generator(device=tokens.device).manual_seed(seed + k)
             logits = model(inputs, latents=source, generator=generator).logits  # (B, T - 1, V)
             nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, T - 1)
-            saved += sign * nats.double() / (samples * math.log(2))
+            saved += sign * nats.double() / (samples * LN2)
     return saved
 
 

@@ -26,9 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from ..model import FreeTransformer
-from .tasks import stable_seed
-
-LN2 = math.log(2.0)
+from ..units import LN2
+from ..seeding import benchmark_seed, generators
 
 
 def windows(ids: Sequence[int], length: int) -> list[list[int]]:
@@ -91,7 +90,7 @@ def heldout_likelihood(
             logits = model(inputs[None], latents="prior").logits
             record["exact"] = float(_nll_rows(logits, targets[None])[0])
         else:
-            gens = [torch.Generator(device=device).manual_seed(stable_seed(seed, "heldout", w, k)) for k in range(K)]
+            gens = generators([benchmark_seed(seed, "heldout", w, k) for k in range(K)], device)
             batch, target_rows = inputs.expand(K, -1), targets.expand(K, -1)
             prior = model(batch, latents="prior", generator=gens)
             record["prior_ce"] = float(_nll_rows(prior.logits, target_rows).mean())

@@ -35,7 +35,7 @@ from torch import Tensor
 from ..generate import GenerationConfig, generate
 from ..latent import uniform_latents
 from ..model import FreeTransformer
-from .tasks import stable_seed
+from ..seeding import benchmark_seed, generators
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class LatentPolicy:
 
 def _generators(seed: int, key: str, count: int, device=None) -> list[torch.Generator]:
     """One generator per draw, on the device whose random numbers it will make."""
-    return [torch.Generator(device=device or "cpu").manual_seed(stable_seed(seed, key, k)) for k in range(count)]
+    return generators([benchmark_seed(seed, key, k) for k in range(count)], device or "cpu")
 
 
 def fit_window(context: Sequence[int], continuation: Sequence[int], max_len: int) -> tuple[list[int], list[int]]:
@@ -220,7 +220,7 @@ def generate_texts(
         return any(s in text for s in stop)
 
     prompts = torch.tensor([ids] * n, dtype=torch.int64)
-    seeds = [stable_seed(policy.seed, key, "generate", k) for k in range(n)]
+    seeds = [benchmark_seed(policy.seed, key, "generate", k) for k in range(n)]
     result = generate(model, prompts, config, seeds=seeds, should_stop=should_stop if stop else None)
     return [cut_at_stop(tokenizer.decode(t), stop) for t in result.tokens], truncated
 

@@ -7,13 +7,13 @@ tests in the sandbox)."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ..seeding import benchmark_seed
 from .sources import DataUnavailable
 
 Kind = Literal["mc", "em", "code"]
@@ -135,12 +135,6 @@ def all_benchmarks() -> list[Benchmark]:
     return list(REGISTRY.values())
 
 
-def stable_seed(*parts) -> int:
-    """A 63-bit seed from any printable parts, identical across runs, machines and Python hashing."""
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
 def choose_shots(pool: Sequence[dict], candidates: Sequence[int], n: int, *, fixed: bool,
                  exclude: int | None, seed) -> list[dict]:
     """n few-shot rows of `pool` among the indices `candidates`: the first n of a fixed list, or a
@@ -186,7 +180,7 @@ def prepare(name: str, *, num_fewshot: int | None = None, limit: int | None = No
     docs = []
     for index, row in selected:
         chosen = choose_shots(base, by_group.get(bench.group(row), []), shots, fixed=bench.fixed_shots,
-                              exclude=index if pool is None else None, seed=stable_seed(name, seed, index))
+                              exclude=index if pool is None else None, seed=benchmark_seed(name, seed, index))
         docs.append(bench.build(row, bench.doc_id(row, index), chosen))
     source = f"user file {data_file}" if data_file else bench.source
     return PreparedTask(bench, docs, shots, source)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import yaml
 
-from ..config import ConfigError, ModelConfig, bits_to_nats, named_config
+from ..config import ConfigError, ModelConfig, named_config
 from ..data import DataConfig
 from ..data.config import nest_flat_fields
 from ..fileio import atomic_write_text
+from ..units import bits_to_nats
 
 
 @dataclass

@@ -7,16 +7,15 @@ are untouched."""
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 
 from ..distributed import ParallelEnv
 from ..latent.sampling import kl_per_bit
+from ..units import LN2
 from .config import TrainConfig
-from .noise import latent_generators, seed_of
-
-LN2 = math.log(2.0)
+from ..seeding import generator
+from .noise import latent_generators
 
 
 def autocast_context(precision: str, device: torch.device):
@@ -80,7 +79,7 @@ def _generator(config: TrainConfig, index: int, rows: range, env: ParallelEnv, s
     the run's seed and the batch alone, never from training's streams."""
     if config.latent_noise == "row":
         return latent_generators("row", config.seed, index, rows, env.device, split=split)
-    return torch.Generator(env.device).manual_seed(seed_of(config.seed, "eval", split, index, env.rank))
+    return generator(config.seed, "eval", split, index, env.rank, device=env.device)
 
 
 def latent_warning(metrics: dict, kappa_bits: float, settled: bool) -> str | None:

@@ -10,7 +10,6 @@ each global batch; rank 0 alone logs and writes; checkpoints are sharded (DCP). 
 
 from __future__ import annotations
 
-import math
 import random
 import shutil
 import signal
@@ -37,14 +36,13 @@ from ..distributed.parallelize import (apply_activation_checkpointing, apply_com
 from ..errors import Stopped, UserError
 from ..model import FreeTransformer
 from ..tokenizer import get_tokenizer
+from ..units import LN2
 from .config import TrainConfig, save_train_config
 from .evaluation import autocast_context, evaluate, latent_warning
 from .metrics import MetricsLog, read_metrics
 from .noise import latent_generators
 from .optim import build_optimizer, lr_factor, set_lr
 from .periodic import periodic_evaluation
-
-LN2 = math.log(2.0)
 
 
 class TrainingError(UserError, RuntimeError):
