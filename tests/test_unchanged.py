@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from free_transformer.demo.experiment import PRESETS as DEMO_PRESETS
-from free_transformer.demo.experiment import VARIANTS, train_config
-from free_transformer.study.plan import PRESETS as STUDY_PRESETS
-from free_transformer.study.plan import StudyPlan
+from free_transformer.experiments.demo.presets import PRESETS as DEMO_PRESETS
+from free_transformer.experiments.demo.run import VARIANTS, demo_sweep
+from free_transformer.experiments.study.presets import PRESETS as STUDY_PRESETS
+from free_transformer.experiments.study.presets import StudyPlan
+from free_transformer.train.config import load_train_config, overrides_of
 
 DATA = Path(__file__).parent / "data"
 RECORDED = json.loads((DATA / "preset-configs.json").read_text())
@@ -20,7 +21,7 @@ SMOKE = json.loads((DATA / "smoke-outputs.json").read_text())
 
 def _demo_config(preset: str, slug: str, seed: int) -> dict:
     variant = next(v for v in VARIANTS if v.slug == slug)
-    return train_config(DEMO_PRESETS[preset], variant, seed, threads=1, device="cpu").to_dict()
+    return demo_sweep(DEMO_PRESETS[preset], Path("runs"), seeds=(seed,)).train_config(variant, seed, threads=1).to_dict()
 
 
 def _study_config(preset: str, slug: str, seed: int) -> dict:
@@ -60,3 +61,11 @@ def same_measures(got, want, where: str = "") -> None:
         assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9), (where, got, want)
     else:
         assert got == want, (where, got, want)
+
+
+@pytest.mark.parametrize("key", sorted(RECORDED["demo"])[::5])
+def test_a_reports_train_overrides_give_its_config_again(key):
+    preset, slug, seed = key.split("/")
+    variant = next(v for v in VARIANTS if v.slug == slug)
+    config = demo_sweep(DEMO_PRESETS[preset], Path("runs"), seeds=(int(seed),)).train_config(variant, int(seed), 1)
+    assert load_train_config(None, overrides_of(config)) == config

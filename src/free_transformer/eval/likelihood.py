@@ -19,12 +19,11 @@ token of each window is context only, and bytes are counted on the decoded predi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
+from ..measures import iwae
 from ..model import FreeTransformer
 from ..units import LN2
 from ..seeding import benchmark_seed, generators
@@ -38,14 +37,6 @@ def windows(ids: Sequence[int], length: int) -> list[list[int]]:
         if len(piece) >= 2:
             out.append(piece)
     return out
-
-
-def log_q(bit_logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """log q(z | x) summed over positions: bit_logits (K, T, H), index (K, T) -> (K,)."""
-    shifts = torch.arange(bit_logits.shape[-1], device=index.device)
-    bits = ((index.unsqueeze(-1) >> shifts) & 1).bool()
-    logp = torch.where(bits, F.logsigmoid(bit_logits), F.logsigmoid(-bit_logits))
-    return logp.double().sum(dim=(1, 2))
 
 
 def _nll_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -97,12 +88,10 @@ def heldout_likelihood(
             post = model(batch, latents="encoder", generator=gens)
             nll = _nll_rows(post.logits, target_rows)  # (K,) -log p(x | z_k)
             kl = float(post.kl_per_token_nats[0].double().sum())
-            log_prior = -T * model.config.latent_bits * LN2  # log p(z), uniform over 2^(H T)
-            log_ratio = -nll + log_prior - log_q(post.bit_logits, post.latent_index)
             record["posterior_ce"] = float(nll.mean())
             record["kl"] = kl
             record["elbo"] = float(nll.mean()) + kl
-            record["iwae"] = float(-(torch.logsumexp(log_ratio, 0) - math.log(K)))
+            record["iwae"] = iwae(nll, post.bit_logits, post.latent_index, model.config.latent_bits)
         totals["tokens"] += T
         totals["bytes"] += n_bytes
         per_window.append(record)

@@ -157,7 +157,7 @@ class TrainConfig:
     eval_every: int = 0
     """Validation measures every N steps (0: never): cross-entropy and KL and, for a Free Transformer, the
     cross-entropy with prior Z, the bits Z saves, the KL of each bit, and a warning when Z is unused or
-    carries the tokens (train/evaluation.py)."""
+    carries the tokens (train/validation.py)."""
     eval_batches: int = 4
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
@@ -336,6 +336,39 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | Non
     if isinstance(model_values, dict) and "size" not in model_values:  # fields override the default size
         values["model"] = {**named_config("cpu-small").to_dict(), **model_values}
     return _build(TrainConfig, values, "").validate()
+
+
+def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """`config` with `section.field=value` overrides (a command line's) on top. `model.size=NAME` takes
+    that named size's fields, keeps the config's latent_bits (a baseline stays one), then the override's
+    other model fields."""
+    if not overrides:
+        return config
+    update = parse_overrides(overrides)
+    if isinstance(update.get("data"), dict):
+        update["data"] = nest_flat_fields(update["data"])
+    values = _merge(config.to_dict(), update)
+    model = update.get("model")
+    if isinstance(model, dict) and "size" in model:
+        values["model"] = {"latent_bits": config.model.latent_bits, **model}
+    return _build(TrainConfig, values, "").validate()
+
+
+def overrides_of(config: TrainConfig) -> list[str]:
+    """The `section.field=value` overrides that give `config` from the defaults (`free-transformer train`'s
+    command line for it): what a report shows of each run's settings."""
+    out: list[str] = []
+
+    def walk(value, default, where: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, default.get(key) if isinstance(default, dict) else None, f"{where}{key}.")
+        elif value != default:
+            text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
+            out.append(f"{where[:-1]}={text.removesuffix(chr(10) + '...')}")
+
+    walk(config.to_dict(), TrainConfig().to_dict(), "")
+    return out
 
 
 def save_train_config(config: TrainConfig, path: str | Path) -> None:

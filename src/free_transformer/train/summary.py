@@ -10,7 +10,7 @@ import yaml
 
 from ..checkpoint import checkpoint_dirs
 from ..errors import UserError
-from .evaluation import DEAD_BIT_KL
+from ..measures import DEAD_BIT_KL
 from .metrics import read_metrics
 
 

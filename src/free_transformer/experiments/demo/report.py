@@ -10,7 +10,7 @@ import html
 import io
 from pathlib import Path
 
-from .experiment import COIN_MATCH, IGNORED, USED, VALID
+from .claims import COIN_MATCH, IGNORED, USED, VALID
 
 BLUE, GREEN = "#cfe2ff", "#d4f5d4"
 ROWS_SHOWN = 8
@@ -241,8 +241,8 @@ when the decoder ignores Z. For the coin flips, the same difference summed over 
 worth 1 bit, and more means Z also copies individual flips.</p>
 <table><tr><th>model</th>{header}<th>training (min)</th></tr>{table_rows}</table>
 <p>Preset <code>{esc(preset['name'])}</code>, seeds {', '.join(map(str, seeds))}, {summary['workers']} training processes
-side by side, total wall time {summary['total_seconds'] / 60:.1f} min. Training settings (<code>free-transformer
-train</code> overrides; each seed adds <code>seed=S</code>):</p>
+side by side, total wall time {summary['total_seconds'] / 60:.1f} min. Training settings of seed {seeds[0]} (the
+<code>free-transformer train</code> overrides that give each model's config):</p>
 <ul>{settings}</ul>
 <h2>Generations (seed {seeds[0]})</h2><div class="panels">{panels}</div>
 <h2>Training (seed {seeds[0]})</h2><img src="{embed(curves)}" width="1000">

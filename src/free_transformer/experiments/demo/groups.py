@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.synthetic import BODY_LENGTH, analyse_letters
-from ..generate import GenerationConfig, generate, shared_prior_latents
-from ..model import FreeTransformer
+from ...data.synthetic import BODY_LENGTH, analyse_letters
+from ...generate import GenerationConfig, generate, shared_prior_latents
+from ...model import FreeTransformer
 
 
 @dataclass

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from ..data.synthetic import COIN_START, coinflip_batch
-from ..generate import GenerationConfig, infer_latents
-from ..latent import PRIOR
-from ..model import FreeTransformer
+from ...data.synthetic import COIN_START, coinflip_batch
+from ...generate import GenerationConfig, infer_latents
+from ...latent import PRIOR
+from ...model import FreeTransformer
 from .groups import Groups, blue_and_greens, generate_strings, mean_of_present, pair_mean
-from .information import bits_saved
+from ...measures import bits_saved
 
 
 def majority_coin(values: str) -> int | None:

@@ -8,9 +8,10 @@ import json
 import statistics
 from pathlib import Path
 
-from ..fileio import atomic_write_text
-from .measure import honest_bits
-from .plan import StudyPlan, kappa_label
+from ...fileio import atomic_write_text
+from ...measures import honest_bits
+from ..sweep import kappa_label
+from .presets import StudyPlan
 
 
 def _mean(values: list[float]) -> float:
@@ -79,7 +80,7 @@ def to_markdown(plan: StudyPlan, rows: list[dict], records: list[dict], seconds:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "*Z unused*: Z saves < 0.01 bit per token on the held-out text (it has collapsed). *Z copies*: "
               "its KL is at κ ≥ 2 bits and it saves at least half of it, so the training loss flatters the model "
-              "(train/evaluation.py).", "", "![results](report.png)", "", "![curves](curves.png)", ""]
+              "(measures.py).", "", "![results](report.png)", "", "![curves](curves.png)", ""]
     return "\n".join(lines)
 
 
