@@ -63,20 +63,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _pairs(values: list[str], what: str) -> dict[str, str]:
-    out = {}
-    for value in values:
-        key, sep, rest = value.partition("=")
-        if not sep or not key or not rest:
-            raise ValueError(f"{what} expects TASK=VALUE, got {value!r}")
-        out[key.strip()] = rest.strip()
-    return out
-
-
 def _list_tasks() -> int:
-    from ..eval.benchmarks import DEFAULT_TASKS
+    from ..eval.catalog import DEFAULT_TASKS
     from ..eval.sources import DataUnavailable
-    from ..eval.tasks import get_benchmark
+    from ..eval.catalog import get_benchmark
 
     for bench in map(get_benchmark, DEFAULT_TASKS):
         try:
@@ -90,26 +80,14 @@ def _list_tasks() -> int:
     return 0
 
 
-def _fewshot(values: list[str]) -> dict[str, int]:
-    out = {}
-    for value in values:
-        key, sep, number = value.rpartition("=")
-        try:
-            out[key.strip() if sep else "*"] = int(number)
-        except ValueError:
-            raise ValueError(f"--num-fewshot expects N or TASK=N, got {value!r}") from None
-    return out
-
-
 def _settings(args):
-    from ..eval.settings import EvalSettings, task_names
+    from ..eval.settings import EvalSettings
 
-    settings = EvalSettings(
-        tasks=tuple(task_names(args.tasks)), limit=args.limit, latents=args.latents,
-        latent_samples=args.latent_samples, generation_samples=args.generation_samples, seed=args.seed,
-        num_fewshot=tuple(sorted(_fewshot(args.num_fewshot).items())),
-        data=tuple(sorted(_pairs(args.data, "--data").items())), max_new_tokens=args.max_new_tokens,
-        heldout=tuple(args.heldout), heldout_samples=args.heldout_samples, heldout_windows=args.heldout_windows)
+    settings = EvalSettings.from_options(
+        tasks=args.tasks, data=args.data, num_fewshot=args.num_fewshot, heldout=args.heldout, limit=args.limit,
+        latents=args.latents, latent_samples=args.latent_samples, generation_samples=args.generation_samples,
+        seed=args.seed, max_new_tokens=args.max_new_tokens, heldout_samples=args.heldout_samples,
+        heldout_windows=args.heldout_windows)
     settings.check_heldout()
     return settings
 
@@ -129,7 +107,7 @@ def run(args) -> int:
         return _list_tasks()
     if not args.checkpoint:
         raise ValueError("give a CHECKPOINT (or --list-tasks)")
-    from ..eval.report import format_table, write_json
+    from ..reports.results import format_table, write_json
     from ..eval.sandbox import SandboxLimits
     from ..eval.settings import score
 
@@ -163,8 +141,7 @@ def run(args) -> int:
 
 def _score_checkpoints(run_dir: Path, choose, settings, sandbox, device, progress: bool) -> int:
     """Score the run's checkpoints that `choose` picks, appending to its record; skip the scored ones."""
-    from ..eval.record import CurveRecord, make_entry
-    from ..eval.settings import score
+    from ..eval.record import CurveRecord, score_and_record
 
     found = [(int(STEP_DIR.match(c.name).group(1)), c) for c in checkpoint_dirs(run_dir)]
     if not found:
@@ -177,14 +154,11 @@ def _score_checkpoints(run_dir: Path, choose, settings, sandbox, device, progres
         if record.scored(step, settings):
             print(f"step {step}: already scored, skipped")
             continue
-        started = time.monotonic()
         model, _, tokenizer = _load(ckpt, device)
-        results = score(model, tokenizer, settings, sandbox=sandbox, progress=progress)
-        record.append(make_entry(results, settings, step=step, source="checkpoint", checkpoint=ckpt.name,
-                                 tokens=None if tokens_per_step is None else step * tokens_per_step,
-                                 seconds=time.monotonic() - started))
-        scores = ", ".join(f"{name} {r['value']:.3f}" for name, r in results["tasks"].items())
-        print(f"step {step}: {scores or 'held-out likelihood'}")
+        scores = score_and_record(record, model, tokenizer, settings, step=step, source="checkpoint",
+                                  checkpoint=ckpt.name, tokens=None if tokens_per_step is None else step * tokens_per_step,
+                                  sandbox=sandbox, progress=progress)
+        print(f"step {step}: {scores}")
     return 0
 
 

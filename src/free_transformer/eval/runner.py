@@ -15,7 +15,8 @@ from .programs import check_completion
 from .sandbox import SandboxLimits, isolation_report
 from .scoring import LatentPolicy, continuation_logprobs, generate_texts, log_mean_exp
 from .sources import DataUnavailable
-from .tasks import GenerationDoc, MultipleChoiceDoc, PreparedTask, prepare
+from .prepare import PreparedTask, prepare
+from .tasks import GenerationDoc, MultipleChoiceDoc
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,8 +25,7 @@ class EvalSettingsError(UserError, ValueError):
 
 def task_names(spec: str) -> list[str]:
     """'arc_easy,boolq', 'all', 'paper', 'mc', 'generative' or 'none' -> task names, in order, once each."""
-    from .benchmarks import DEFAULT_TASKS, PAPER_TASKS
-    from .tasks import get_benchmark
+    from .catalog import DEFAULT_TASKS, PAPER_TASKS, get_benchmark
 
     if spec.strip() == "none":
         return []
@@ -46,6 +46,27 @@ def task_names(spec: str) -> list[str]:
     if not names:
         raise EvalSettingsError("the task list is empty")
     return list(dict.fromkeys(names))
+
+
+def _pairs(values: Iterable[str], what: str, form: str) -> dict[str, str]:
+    out = {}
+    for value in (v for v in values if v.strip()):
+        key, sep, rest = value.partition("=")
+        if not sep or not key.strip() or not rest.strip():
+            raise EvalSettingsError(f"{what} expects {form}, got {value!r}")
+        out[key.strip()] = rest.strip()
+    return out
+
+
+def _shots(values: Iterable[str]) -> dict[str, int]:
+    out = {}
+    for value in values:
+        key, sep, number = value.rpartition("=")
+        try:
+            out[key.strip() if sep else "*"] = int(number)
+        except ValueError:
+            raise EvalSettingsError(f"num-fewshot expects N or TASK=N, got {value!r}") from None
+    return out
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,15 @@ class EvalSettings:
             self.policy
         except ValueError as error:
             raise EvalSettingsError(str(error)) from None
+
+    @classmethod
+    def from_options(cls, *, tasks: str = "all", data: Iterable[str] = (), num_fewshot: Iterable[str] = (),
+                     heldout: Iterable[str] = (), **fields) -> EvalSettings:
+        """Settings from options as a user writes them (`free-transformer eval`'s flags, a config's `eval`
+        section): a task spec (task_names), TASK=PATH data files, N or TASK=N shots, held-out files."""
+        return cls(tasks=tuple(task_names(tasks)), data=tuple(sorted(_pairs(data, "data", "TASK=PATH").items())),
+                   num_fewshot=tuple(sorted(_shots(num_fewshot).items())),
+                   heldout=tuple(p.strip() for p in heldout if p.strip()), **fields)
 
     @property
     def policy(self) -> LatentPolicy:

@@ -85,18 +85,13 @@ class BenchmarkEvalConfig:
 
     def settings(self):
         """The section as evaluation settings (the same key as `eval --checkpoints` with equal options)."""
-        from ..eval.settings import EvalSettings, task_names
+        from ..eval.settings import EvalSettings
 
-        pairs = [item.partition("=") for item in self.data.split(",") if item.strip()]
-        if any(not sep or not key.strip() or not path.strip() for key, sep, path in pairs):
-            raise ConfigError(f"eval.data expects TASK=PATH,..., got {self.data!r}")
-        return EvalSettings(
-            tasks=tuple(task_names(self.tasks)), limit=self.limit, latents=self.latents,
-            latent_samples=self.latent_samples, generation_samples=self.generation_samples, seed=self.seed,
-            data=tuple(sorted((key.strip(), path.strip()) for key, _, path in pairs)),
-            max_new_tokens=self.max_new_tokens,
-            heldout=tuple(p.strip() for p in self.heldout.split(",") if p.strip()),
-            heldout_samples=self.heldout_samples, heldout_windows=self.heldout_windows)
+        return EvalSettings.from_options(
+            tasks=self.tasks, data=self.data.split(","), heldout=self.heldout.split(","), limit=self.limit,
+            latents=self.latents, latent_samples=self.latent_samples, generation_samples=self.generation_samples,
+            seed=self.seed, max_new_tokens=self.max_new_tokens, heldout_samples=self.heldout_samples,
+            heldout_windows=self.heldout_windows)
 
     def validate(self, strategy: str) -> None:
         if self.every < 0:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..units import LN2
-from . import metrics
-from .benchmarks import DEFAULT_TASKS
+from ..eval import metrics
+from ..eval.catalog import DEFAULT_TASKS
 
 # The paper's colours: |change| < 1% none, 1-10% light, >= 10% strong (LaTeX xcolor names).
 COLOURS = {"up": ("green!25", "green"), "down": ("red!10", "red!80")}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..train.metrics import read_metrics
-from .benchmarks import DEFAULT_TASKS
+from ..eval.catalog import DEFAULT_TASKS
 from .curves import Curve
 
 COLOURS = ["black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
