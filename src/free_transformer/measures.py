@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .latent import ENCODER, PRIOR
 from .units import LN2
 
 # A bit whose KL to a fair coin is under this (bits per token) carries nothing.
@@ -36,7 +37,7 @@ def bits_saved(model, tokens: torch.Tensor, *, samples: int = 2, seed: int = 0) 
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     saved = torch.zeros(targets.shape, dtype=torch.float64, device=tokens.device)
     for k in range(samples):
-        for source, sign in (("prior", 1.0), ("encoder", -1.0)):
+        for source, sign in ((PRIOR, 1.0), (ENCODER, -1.0)):
             generator = torch.Generator(device=tokens.device).manual_seed(seed + k)
             logits = model(inputs, latents=source, generator=generator).logits  # (B, T - 1, V)
             nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, T - 1)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..checkpoint import STEP_DIR, checkpoint_dirs, load_model, resolve_checkpoint
 from ..devices import parse_device
+from ..latent_choice import CONTEXT_CHOICES
 from ..tokenizer import get_tokenizer
 
 NAME = "eval"
@@ -36,7 +37,7 @@ def add_arguments(parser) -> None:
                         help="local data file for a task (race_high, race_middle, humaneval_plus, or to replace a "
                              "shipped one); repeatable")
     latents = parser.add_argument_group("Free Transformer latents (ignored for a baseline)")
-    latents.add_argument("--latents", choices=["prior", "encoder"], default="prior",
+    latents.add_argument("--latents", choices=list(CONTEXT_CHOICES), default="prior",
                          help="Z for the context positions: uniform prior (default, as the paper generates) or the "
                               "encoder run on the context only (the paper's KV-cache prefill); continuation and "
                               "generated positions always use the prior")

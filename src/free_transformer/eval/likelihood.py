@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..latent import ENCODER, PRIOR
 from ..measures import iwae
 from ..model import FreeTransformer
 from ..units import LN2
@@ -78,14 +79,14 @@ def heldout_likelihood(
         n_bytes = len(tokenizer.decode(chunk[1:]).encode("utf-8"))
         record = {"tokens": T, "bytes": n_bytes}
         if not is_free:
-            logits = model(inputs[None], latents="prior").logits
+            logits = model(inputs[None], latents=PRIOR).logits
             record["exact"] = float(_nll_rows(logits, targets[None])[0])
         else:
             gens = generators([benchmark_seed(seed, "heldout", w, k) for k in range(K)], device)
             batch, target_rows = inputs.expand(K, -1), targets.expand(K, -1)
-            prior = model(batch, latents="prior", generator=gens)
+            prior = model(batch, latents=PRIOR, generator=gens)
             record["prior_ce"] = float(_nll_rows(prior.logits, target_rows).mean())
-            post = model(batch, latents="encoder", generator=gens)
+            post = model(batch, latents=ENCODER, generator=gens)
             nll = _nll_rows(post.logits, target_rows)  # (K,) -log p(x | z_k)
             kl = float(post.kl_per_token_nats[0].double().sum())
             record["posterior_ce"] = float(nll.mean())

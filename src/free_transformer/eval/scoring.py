@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 
 from ..generate import GenerationConfig, generate
-from ..latent import uniform_latents
+from ..latent import ENCODER, uniform_latents
+from ..latent_choice import CONTEXT_CHOICES
 from ..model import FreeTransformer
 from ..seeding import benchmark_seed, generators
 
@@ -52,15 +53,15 @@ class LatentPolicy:
     """Seeds every draw, per document, so results do not depend on batching or --limit."""
 
     def __post_init__(self) -> None:
-        if self.context not in ("prior", "encoder"):
-            raise ValueError(f"latent context must be 'prior' or 'encoder', got {self.context!r}")
+        if self.context not in CONTEXT_CHOICES:
+            raise ValueError(f"latent context must be one of {', '.join(CONTEXT_CHOICES)}, got {self.context!r}")
         if self.samples < 1 or self.generation_samples < 1:
             raise ValueError("latent samples must be >= 1")
 
     def describe(self, model: FreeTransformer) -> dict:
         if not model.config.is_free:
             return {"model": "baseline", "latents": "none (baseline decoder, exact probabilities)"}
-        context = ("encoder posterior on the context only (KV-cache prefill)" if self.context == "encoder"
+        context = ("encoder posterior on the context only (KV-cache prefill)" if self.context == ENCODER
                    else "uniform prior")
         return {
             "model": "free",
@@ -168,13 +169,13 @@ def _document_rows(model, doc: int, windows, key: str, policy: LatentPolicy) -> 
     longest = max(len(ctx) + len(cont) - 1 for ctx, cont in windows)
     prior = uniform_latents((K, longest), H, generator=_generators(policy.seed, key, K))  # (K, longest)
     encoded: dict[tuple[int, ...], Tensor] = {}
-    if policy.context == "encoder":
+    if policy.context == ENCODER:
         device = model.rope_cos.device
         for ctx, _ in windows:
             if tuple(ctx) not in encoded:  # the encoder sees the context only, never a choice
                 context = torch.tensor(ctx, device=device).expand(K, -1)
                 gens = _generators(policy.seed, key + "/encoder", K, device)
-                encoded[tuple(ctx)] = model(context, latents="encoder", generator=gens).latent_index.cpu()
+                encoded[tuple(ctx)] = model(context, latents=ENCODER, generator=gens).latent_index.cpu()
     rows = []
     for c, (ctx, cont) in enumerate(windows):
         tokens = ctx + cont[:-1]

@@ -9,6 +9,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Literal
 from pathlib import Path
 
 from ..data.corpora import is_named, named_corpus, read_heldout
@@ -76,7 +77,7 @@ class EvalSettings:
 
     tasks: tuple[str, ...] = ()
     limit: int | None = None
-    latents: str = "prior"
+    latents: Literal["prior", "encoder"] = "prior"  # the Z of context positions (latent_choice.CONTEXT_CHOICES)
     latent_samples: int = 4
     generation_samples: int = 1
     seed: int = 0

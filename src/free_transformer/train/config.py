@@ -8,6 +8,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -68,7 +69,7 @@ class BenchmarkEvalConfig:
     """Comma-separated task names, or all, paper, mc, generative, none (only the held-out likelihoods)."""
     limit: int | None = None
     """The first N documents of each task (null: all)."""
-    latents: str = "prior"
+    latents: Literal["prior", "encoder"] = "prior"
     """Z for the context positions of a Free Transformer: prior or encoder (see `eval --latents`)."""
     latent_samples: int = 4
     """K latent draws per multiple-choice question."""

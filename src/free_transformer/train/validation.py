@@ -12,7 +12,7 @@ import contextlib
 import torch
 
 from ..distributed import ParallelEnv
-from ..latent.sampling import kl_per_bit
+from ..latent import PRIOR, kl_per_bit
 from ..measures import dead_bits, latent_verdict
 from ..units import LN2
 from .config import TrainConfig
@@ -48,7 +48,7 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
         with autocast_context(config.precision, env.device):
             out = model(inputs, targets, kappa_nats=config.kappa_nats(config.steps),
                         generator=_generator(config, index, rows, env, "val"))
-            prior = model(inputs, targets, latents="prior", generator=_generator(config, index, rows, env, "prior"))\
+            prior = model(inputs, targets, latents=PRIOR, generator=_generator(config, index, rows, env, "prior"))\
                 if free else None
         totals[0] += out.cross_entropy_nats.double()
         if free:
