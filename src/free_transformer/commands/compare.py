@@ -61,9 +61,11 @@ def run(args) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     md, page, figure = output.with_suffix(".md"), output.with_suffix(".html"), None
     if any(curves):
-        from ..reports.figures import curve_panels, draw
+        from ..curves import draw
+        from ..reports.figures import curve_panels
 
-        figure = draw(curve_panels(curves, args.axis), output.with_suffix(".png"), args.axis)
+        figure = output.with_suffix(".png")
+        draw(curve_panels(curves, args.axis), figure, xlabel="tokens" if args.axis == "tokens" else "step")
     md.write_text(to_markdown(rows, labels, note, averaged) + (f"\n![scores during training]({figure.name})\n"
                                                                 if figure else ""))
     page.write_text(to_html(rows, labels, note, averaged, figure))

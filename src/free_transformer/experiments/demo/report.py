@@ -10,6 +10,7 @@ import html
 import io
 from pathlib import Path
 
+from ...curves import Line, Panel, draw
 from .claims import COIN_MATCH, IGNORED, USED, VALID
 
 BLUE, GREEN = "#cfe2ff", "#d4f5d4"
@@ -93,29 +94,16 @@ def _figure_png(results, claims) -> bytes:
 
 
 def _curves_png(results) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_ce, ax_kl) = plt.subplots(1, 2, figsize=(11, 3.6))
-    for result in results:
-        if not result.curves:
-            continue
+    """Training cross-entropy and KL (dotted: each model's kappa) of every model, on log scales."""
+    ce = Panel("training cross-entropy (posterior Z)", "bits / token", log=True)
+    kl = Panel("KL per token (dotted: κ)", "bits / token", log=True)
+    for index, result in enumerate(r for r in results if r.curves):
         steps = [m["step"] for m in result.curves]
-        ax_ce.plot(steps, [m["cross_entropy_bits"] for m in result.curves], label=result.variant.label)
+        ce.lines.append(Line(index, result.variant.label, steps, [m["cross_entropy_bits"] for m in result.curves]))
         if result.variant.kappa_bits is not None:
-            line, = ax_kl.plot(steps, [m["kl_bits"] for m in result.curves], label=result.variant.label)
-            ax_kl.axhline(result.variant.kappa_bits, color=line.get_color(), linestyle=":", linewidth=1)
-    ax_ce.set(xlabel="step", ylabel="bits / token", title="training cross-entropy (posterior Z)", yscale="log")
-    ax_kl.set(xlabel="step", ylabel="bits / token", title="KL per token (dotted: κ)", yscale="log")
-    ax_ce.legend(fontsize=8)
-    ax_kl.legend(fontsize=8)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+            kl.lines.append(Line(index, result.variant.label, steps, [m["kl_bits"] for m in result.curves]))
+            kl.hlines.append((result.variant.kappa_bits, index))
+    return draw([ce, kl], legend="panels", dpi=100)
 
 
 # The measures each claim's test reads, drawn per seed in spread.png: (model, measure key, title, its threshold)
