@@ -12,8 +12,8 @@ a Free Transformer can draw it up front, in Z. Three measures tell which it does
   they show that sequence's coin (0.5 if Z says nothing of it).
 - bits Z saves over a whole fresh sequence (cross-entropy with prior Z minus with encoder Z, summed
   over the T values): 1 bit if Z holds exactly the coin, more if it also copies individual flips.
-Free bits are per token, so a code that costs nothing is spread thinly over the tokens: measured in
-docs/demo.md, green groups agree 0.6-0.7 of the time, not nearly always.
+Free bits are per token, so a code that costs nothing is spread thinly over the tokens: green groups
+agree on the coin more often than blue ones, not always (docs/demo.md).
 """
 
 from __future__ import annotations
