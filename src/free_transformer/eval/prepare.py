@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..seeding import benchmark_seed
 from .catalog import get_benchmark
-from .sources import DataUnavailable
+from .task_data import DataUnavailable
 from .tasks import Benchmark, Doc, choose_shots
 
 

@@ -14,7 +14,7 @@ from . import metrics
 from .programs import check_completion
 from .sandbox import SandboxLimits, isolation_report
 from .scoring import LatentPolicy, continuation_logprobs, generate_texts, log_mean_exp
-from .sources import DataUnavailable
+from .task_data import DataUnavailable
 from .prepare import PreparedTask, prepare
 from .tasks import GenerationDoc, MultipleChoiceDoc
 

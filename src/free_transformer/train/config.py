@@ -322,7 +322,10 @@ def read_config_file(path: str | Path) -> dict:
     return loaded
 
 
-def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
+                      periodic_eval: bool = True) -> TrainConfig:
+    """Defaults, then the YAML file, then the overrides. periodic_eval=False turns the `eval` section off
+    (eval.every = 0), for a reader of a run that does not train it."""
     layers = [read_config_file(path) if path is not None else {}, parse_overrides(overrides or [])]
     for layer in layers:  # data's flat fields of older configs and commands, each layer on its own
         if isinstance(layer.get("data"), dict):
@@ -331,7 +334,10 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | Non
     model_values = values.get("model", {})
     if isinstance(model_values, dict) and "size" not in model_values:  # fields override the default size
         values["model"] = {**named_config("cpu-small").to_dict(), **model_values}
-    return _build(TrainConfig, values, "").validate()
+    config = _build(TrainConfig, values, "")
+    if not periodic_eval:
+        config.eval.every = 0
+    return config.validate()
 
 
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:

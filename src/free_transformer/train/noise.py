@@ -18,7 +18,7 @@ import torch
 from ..seeding import generator, seed_of
 
 
-def row_generators(seed: int, step: int, rows: range, device: torch.device,
+def latent_row_generators(seed: int, step: int, rows: range, device: torch.device,
                    split: str = "train") -> list[torch.Generator]:
     """One generator per global row index in `rows`, for the model's `generator=` argument."""
     return [generator(seed, "latent", split, step, row, device=device) for row in rows]
@@ -30,7 +30,7 @@ def latent_generators(latent_noise: str, seed: int, step: int, rows: range, devi
     or None after reseeding this rank's global stream (global noise, rank given: several processes),
     or None (global noise, one process)."""
     if latent_noise == "row":
-        return row_generators(seed, step, rows, device, split)
+        return latent_row_generators(seed, step, rows, device, split)
     if rank is not None:
         torch.manual_seed(seed_of(seed, "stream", split, step, rank))
     return None
