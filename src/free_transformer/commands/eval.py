@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..checkpoint import STEP_DIR, checkpoint_dirs, load_model, resolve_checkpoint
+from ..checkpoint import chosen_checkpoints, load_model, resolve_checkpoint
 from ..devices import parse_device
 from ..latent_choice import CONTEXT_CHOICES
 from ..tokenizer import get_tokenizer
@@ -117,11 +117,11 @@ def run(args) -> int:
         raise ValueError("--checkpoints appends to RUN/eval/curve.jsonl: leave --output out")
     if args.output and Path(args.output).exists():  # before hours of evaluation, not after
         raise FileExistsError(f"--output {args.output} already exists: it is kept; choose another name")
-    choose = checkpoint_choice(args.checkpoints) if args.checkpoints else None
     settings = _settings(args)
     sandbox = SandboxLimits(timeout_s=args.code_timeout, memory_mb=args.code_memory_mb)
-    if choose is not None:
-        return _score_checkpoints(Path(args.checkpoint), choose, settings, sandbox, device, not args.no_progress)
+    if args.checkpoints:
+        return _score_checkpoints(Path(args.checkpoint), args.checkpoints, settings, sandbox, device,
+                                  not args.no_progress)
     ckpt = resolve_checkpoint(args.checkpoint)
     model, config, tokenizer = _load(ckpt, device)
     started = time.monotonic()
@@ -140,18 +140,15 @@ def run(args) -> int:
     return 0
 
 
-def _score_checkpoints(run_dir: Path, choose, settings, sandbox, device, progress: bool) -> int:
-    """Score the run's checkpoints that `choose` picks, appending to its record; skip the scored ones."""
+def _score_checkpoints(run_dir: Path, spec: str, settings, sandbox, device, progress: bool) -> int:
+    """Score the run's checkpoints that `spec` chooses, appending to its record; skip the scored ones."""
     from ..eval.record import CurveRecord, score_and_record
 
-    found = [(int(STEP_DIR.match(c.name).group(1)), c) for c in checkpoint_dirs(run_dir)]
-    if not found:
-        raise ValueError(f"{run_dir} holds no checkpoints/step_*: --checkpoints needs a run directory")
-    newest = found[-1][0]
+    chosen = chosen_checkpoints(run_dir, spec)  # before loading anything: a wrong spec fails now
     record = CurveRecord(run_dir)
     tokens_per_step = _tokens_per_step(run_dir)
     print(f"settings {settings.key}; record {record.path}")
-    for step, ckpt in [(step, c) for step, c in found if choose(step, newest)]:
+    for step, ckpt in chosen:
         if record.scored(step, settings):
             print(f"step {step}: already scored, skipped")
             continue
@@ -161,19 +158,6 @@ def _score_checkpoints(run_dir: Path, choose, settings, sandbox, device, progres
                                   sandbox=sandbox, progress=progress)
         print(f"step {step}: {scores}")
     return 0
-
-
-def checkpoint_choice(spec: str):
-    """--checkpoints as a test of (step, newest checkpoint's step): all, every:K (multiples of K), or
-    last-third (steps at or after 2/3 of the newest: the steps that the last-third average covers)."""
-    if spec == "all":
-        return lambda step, newest: True
-    if spec == "last-third":
-        return lambda step, newest: 3 * step >= 2 * newest
-    kind, _, every = spec.partition(":")
-    if kind == "every" and every.isdigit() and int(every) > 0:
-        return lambda step, newest: step % int(every) == 0
-    raise ValueError(f"--checkpoints expects all, every:K (K >= 1) or last-third, got {spec!r}")
 
 
 def _tokens_per_step(run_dir: Path) -> int | None:
