@@ -38,11 +38,11 @@ from ..model import FreeTransformer
 from ..tokenizer import get_tokenizer
 from ..units import LN2
 from .config import TrainConfig, save_train_config
-from .validation import autocast_context, latent_warning, validate
 from .metrics import MetricsLog, read_metrics
 from .noise import latent_generators
 from .optim import build_optimizer, lr_factor, set_lr
 from .periodic import periodic_evaluation
+from .validation import autocast_context, latent_warning, validate
 
 
 class TrainingError(UserError, RuntimeError):

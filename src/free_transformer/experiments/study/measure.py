@@ -18,7 +18,9 @@ from ...train.metrics import read_metrics
 CACHE = "study-measures.json"
 
 
-def measure_run(run_dir: Path, heldout: str, *, samples: int, windows: int, device: str, seed: int = 0) -> dict:
+def measure_run(run_dir: Path, heldout: str, *, kappa_bits: float, samples: int, windows: int, device: str,
+                seed: int = 0) -> dict:
+    """The run's held-out measures; kappa_bits: its config's (what the copying verdict weighs the KL against)."""
     checkpoint = resolve_checkpoint(run_dir)
     cache = run_dir / CACHE
     settings = {"checkpoint": checkpoint.name, "samples": samples, "windows": windows, "seed": seed,
@@ -36,11 +38,9 @@ def measure_run(run_dir: Path, heldout: str, *, samples: int, windows: int, devi
     if free:
         saved = like["prior_ce"]["bits_per_token"] - like["posterior_ce"]["bits_per_token"]
         kl = like["kl"]["bits_per_token"]
-        metrics = read_metrics(run_dir / "metrics.jsonl")
-        kappa = metrics[-1]["kappa_bits"]
         measures.update({
-            "bits_saved": saved, "kl_bits": kl, "kappa_bits": kappa, "collapsed": collapsed(saved),
-            "copying": copies_tokens(saved, kl, kappa),
+            "bits_saved": saved, "kl_bits": kl, "kappa_bits": kappa_bits, "collapsed": collapsed(saved),
+            "copying": copies_tokens(saved, kl, kappa_bits),
         })
     atomic_write_text(cache, json.dumps(measures, indent=1))
     return measures

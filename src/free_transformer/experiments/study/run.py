@@ -34,8 +34,9 @@ def run_study(plan: StudyPlan, *, workers: int, heldout: str | None = None) -> P
     torch.set_num_threads(max(1, workers * threads_per_run(workers)))
     records = []
     for seed, variant in tqdm(sweep.runs(), desc="held-out likelihoods", dynamic_ncols=True):
-        run_dir = plan.run_dir(seed, variant)
-        measures = measure_run(run_dir, text, samples=plan.preset.heldout_samples,
+        run_dir = sweep.run_dir(seed, variant)
+        measures = measure_run(run_dir, text, kappa_bits=sweep.train_config(variant, seed).kappa_bits,
+                               samples=plan.preset.heldout_samples,
                                windows=plan.preset.heldout_windows, device=plan.device)
         records.append({"seed": seed, "slug": variant.slug, "trained_now": str(run_dir) in wall,
                         "train_seconds": wall.get(str(run_dir), 0.0),
