@@ -36,11 +36,17 @@ class ResolvedLatents:
 
 
 def check_choice(choice, *, where: str = "latents", allowed: tuple[str, ...] = CHOICES) -> None:
-    """Raise a ValueError naming the allowed choices unless `choice` is one of them (or an index tensor)."""
-    if isinstance(choice, Tensor) or choice is None or choice in allowed or choice in DEPRECATED_SOURCES:
+    """Raise a ValueError naming the allowed choices unless `choice` is one of them: with every choice
+    allowed, also None (encoder) or an index tensor; a context's Z (CONTEXT_CHOICES) is named only."""
+    anything = allowed == CHOICES
+    if choice is None or isinstance(choice, Tensor):
+        if anything:
+            return
+    elif choice in allowed or (anything and choice in DEPRECATED_SOURCES):
         return
     names = ", ".join(repr(c) for c in allowed)
-    raise ValueError(f"{where} must be None, {names} or an index tensor, got {choice!r}")
+    raise ValueError(f"{where} must be None, {names} or an index tensor, got {choice!r}" if anything
+                     else f"{where} must be one of {names}, got {choice!r}")
 
 
 def resolve_latents(model, choice: LatentChoice | Tensor | None, *, length: int = 0, reference=None,

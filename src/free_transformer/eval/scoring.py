@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..generate import GenerationConfig, generate
 from ..latent import ENCODER, uniform_latents
-from ..latent_choice import CONTEXT_CHOICES
+from ..latent_choice import CONTEXT_CHOICES, check_choice
 from ..model import FreeTransformer
 from ..seeding import benchmark_seed, generators
 
@@ -53,8 +53,7 @@ class LatentPolicy:
     """Seeds every draw, per document, so results do not depend on batching or --limit."""
 
     def __post_init__(self) -> None:
-        if self.context not in CONTEXT_CHOICES:
-            raise ValueError(f"latent context must be one of {', '.join(CONTEXT_CHOICES)}, got {self.context!r}")
+        check_choice(self.context, where="latent context", allowed=CONTEXT_CHOICES)
         if self.samples < 1 or self.generation_samples < 1:
             raise ValueError("latent samples must be >= 1")
 
