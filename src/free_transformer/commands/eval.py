@@ -110,7 +110,7 @@ def run(args) -> int:
         raise ValueError("give a CHECKPOINT (or --list-tasks)")
     from ..reports.results import format_table, write_json
     from ..eval.sandbox import SandboxLimits
-    from ..eval.settings import score
+    from ..eval.runner import score
 
     device = parse_device(args.device)
     if args.checkpoints and args.output:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..errors import UserError
 from .sandbox import SandboxLimits
-from .settings import EvalSettings, score
+from .runner import score
+from .settings import EvalSettings
 
 RECORD_NAME = "curve.jsonl"
 TASK_FIELDS = ("metric", "value", "n", "num_fewshot", "paper_name", "category", "source")
@@ -81,7 +82,7 @@ def _ends_with_newline(path: Path) -> bool:
 
 def make_entry(results: dict, settings: EvalSettings, *, step: int, tokens: int | None, source: str,
                checkpoint: str | None, seconds: float) -> dict:
-    """A record line from `eval.settings.score`'s results: per-document scores only (what the bootstrap and
+    """A record line from `runner.score`'s results: per-document scores only (what the bootstrap and
     the averages need), not the log-probabilities or generations of a single evaluation's JSON."""
     tasks = {}
     for name, result in results["tasks"].items():

@@ -1,7 +1,6 @@
-"""What an evaluation is scored under (tasks, documents, latent draws, held-out text), and scoring a
-model under it: one function shared by `free-transformer eval`, `eval --checkpoints` and the periodic
-evaluation inside training, so that the same settings give the same numbers (and the same record key)
-whichever of them ran."""
+"""What an evaluation is scored under (tasks, documents, latent draws, held-out text): one type for
+`free-transformer eval`'s flags and a config's `eval` section, so that the same settings give the same
+numbers (and the same record key) whichever of them ran. runner.score scores a model under it."""
 
 from __future__ import annotations
 
@@ -9,14 +8,11 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Literal
 from pathlib import Path
+from typing import Literal
 
 from ..data.corpora import is_named, named_corpus, read_heldout
 from ..errors import UserError
-from .likelihood import heldout_likelihood
-from .runner import EvalOptions, evaluate
-from .sandbox import SandboxLimits
 from .scoring import LatentPolicy
 
 
@@ -136,23 +132,3 @@ class EvalSettings:
 
     def heldout_text(self) -> str:
         return "\n".join(read_heldout(p) for p in self.heldout)
-
-
-def score(model, tokenizer, settings: EvalSettings, *, sandbox: SandboxLimits = SandboxLimits(),
-          progress: bool = False) -> dict:
-    """The model's results under `settings`: {"tasks", "unavailable", "latents"} (runner.evaluate)
-    and, with held-out text, "likelihood". Leaves the model in eval mode."""
-    model.eval()
-    options = EvalOptions(policy=settings.policy, num_fewshot=dict(settings.num_fewshot), limit=settings.limit,
-                          data_files=dict(settings.data), max_new_tokens=settings.max_new_tokens,
-                          sandbox=sandbox, progress=progress)
-    results = evaluate(model, tokenizer, list(settings.tasks), options)
-    if settings.heldout:
-        from tqdm.auto import tqdm
-
-        with tqdm(desc="held-out", unit="window", disable=not progress, leave=False) as bar:
-            results["likelihood"] = heldout_likelihood(model, tokenizer, settings.heldout_text(),
-                                                       samples=settings.heldout_samples, seed=settings.seed,
-                                                       max_windows=settings.heldout_windows, progress=bar.update)
-        results["likelihood"]["files"] = list(settings.heldout)
-    return results
