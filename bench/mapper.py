@@ -43,7 +43,7 @@ QUICK_GRID = [(8, 4096, 256), (16, 4096, 256)]
 GPU_GRID = [(8, 8192, 1536), (16, 8192, 1536)]
 # Target at H=16, 4,096 tokens: fused at least this many times faster / lighter than naive.
 TARGET_BITS, TARGET_TOKENS, TARGET_SPEEDUP, TARGET_MEMORY = 16, 4096, 4.0, 15.0
-# Target on a GPU (issue #13) at (H, N, D) = GPU_TARGET: fused forward + backward at most this many
+# Target on a GPU (docs/gpu.md) at (H, N, D) = GPU_TARGET: fused forward + backward at most this many
 # times the dR @ W^T matmul alone.
 GPU_TARGET, GPU_TARGET_MATMUL_X = (16, 8192, 1536), 3.0
 

@@ -41,7 +41,7 @@ What differs and cannot be matched by its options:
                                          [--dim D --layers L --heads h --kv-heads k --ffn F --vocab V
                                           --seq-len T --batch B]
 
-On a GPU, the size of the issue #13 figures: --layers 16 --dim 1024 --heads 16 --kv-heads 4 --ffn 2816
+On a GPU, the size of docs/gpu.md's targets: --layers 16 --dim 1024 --heads 16 --kv-heads 4 --ffn 2816
 --vocab 32000 --seq-len 1024 --batch 8 (scripts/gpu-check.sh runs it in fp32 and bf16).
 
 Time: both models are built in this process, run once (warm-up), then timed in interleaved rounds
@@ -69,7 +69,7 @@ from free_transformer.model import FreeTransformer
 IMPLEMENTATIONS = ("ours", "x-transformers")
 KAPPA_NATS = math.log(2.0)  # x-transformers' default free-bits threshold, one bit
 # device type: {H: (ours at least this many times faster, at least this many times less peak memory or None)}
-# cpu: the first targets; cuda: issue #13's (H=16 2x faster and 3x lighter; H=8 never slower nor larger).
+# cpu: the first targets; cuda: docs/gpu.md's (H=16 2x faster and 3x lighter; H=8 never slower nor larger).
 TARGETS = {"cpu": {16: (1.5, 3.0), 8: (1.0, None)}, "cuda": {16: (2.0, 3.0), 8: (1.0, 1.0)}}
 
 

@@ -22,7 +22,7 @@ matmul limit of the dtype the step runs its matmuls in (bf16 with --dtype bf16, 
 
 Sizes (--size): `narrow` (default) is dim 256 at the paper's depths, L in {8, 28}, T=256, B=8;
 `paper-1.5b` is free_transformer.config's named size (L=28, D=1536, 12/2 heads, vocab 2^17, tied),
-H in {16, 8}, T=2048, B=4 by default: the issue #13 GPU figures, about 60 GiB at its peak in bf16
+H in {16, 8}, T=2048, B=4 by default: the GPU targets of docs/gpu.md, about 60 GiB at its peak in bf16
 (a GPU with 80 GB; never on a CPU). At that size the two models of a pair share one decoder: the
 baseline is made of the Free Transformer's own embedding, blocks and read-out (no copy) and both
 steps use one optimizer (AdamW skips the latent path's parameters, which get no gradient in the
@@ -287,7 +287,7 @@ def main():
               f"{r['saved']['free'] / MIB:>14.1f} {model_saved['free']:>8.1f} {r['saved']['base'] / MIB:>6.1f} "
               f"{model_saved['base']:>8.1f}")
     print(f"\nt/F = time ratio / FLOP ratio, m/M = memory ratio / analytic memory ratio; target <= {TARGET} "
-          f"(issue #13 on a GPU at {PAPER} bf16 H=16: t/F <= 1.05, baseline MFU compiled >= 55%). "
+          f"(targets on a GPU at {PAPER} bf16 H=16: t/F <= 1.05, baseline MFU compiled >= 55%). "
           f"TF/s = training_flops_per_token(T) * B * T / median step time; MFU = TF/s / the {args.precision} matmul "
           f"limit (fp32 {limits['fp32']:.0f}, bf16 {limits['bf16']:.0f} GFLOP/s)")
     if args.precision == "bf16":

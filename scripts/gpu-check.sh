@@ -77,8 +77,9 @@ run step-eager 360 "$PYTHON" bench/step.py --size paper-1.5b --dtype bf16 --bits
 run step-compiled 420 "$PYTHON" bench/step.py --size paper-1.5b --dtype bf16 --bits 16 --compile --no-memory
 GENERATE=(bench/generate.py --size paper-1.5b --dtype bf16 --batch 1 16 --new-tokens 64 --recompute-tokens 0 --rounds 5)
 run generate-eager 300 "$PYTHON" "${GENERATE[@]}"
+# with --compile it also checks the graph's tokens against the same static step run eagerly (part (c))
 run generate-compiled 300 "$PYTHON" "${GENERATE[@]}" --compile
-# x-transformers 2.31.10 (pip install x-transformers==2.31.10): the issue #13 comparison size.
+# x-transformers 2.31.10 (pip install x-transformers==2.31.10), at the size of docs/gpu.md's comparison target.
 PEERS=(bench/peers.py --layers 16 --dim 1024 --heads 16 --kv-heads 4 --ffn 2816 --vocab 32000 --seq-len 1024 --batch 8 --rounds 3)
 if "$PYTHON" -c "import x_transformers.free_transformer" 2>/dev/null; then
     run peers-fp32 300 "$PYTHON" "${PEERS[@]}" --dtype fp32
@@ -88,7 +89,7 @@ else
     echo "[gpu-check] peers: skipped (x_transformers not importable)" >&2
 fi
 run latent-kinds 180 "$PYTHON" bench/latent_kinds.py --rounds 5
-# issue #14: the paper's synthetic recipe, all 18 models (3 seeds) sharing the GPU; target <= 5 minutes.
+# the paper's synthetic recipe, all 18 models (3 seeds) sharing the GPU; target <= 5 minutes.
 run demo-paper 420 "$PYTHON" -m free_transformer.cli demo --preset paper --seeds 3 --device cuda --out "$OUT/demo-paper"
 
 TOTAL=$(( $(date +%s) - START ))

@@ -13,10 +13,24 @@ def tiny_config(**overrides) -> ModelConfig:
     return ModelConfig(**values)
 
 
-def tiny_model(seed=0, dtype=torch.float64, device="cpu", **overrides) -> FreeTransformer:
-    """Initialised on the CPU from `seed` (the same weights on every device), then moved to `device`."""
+def device_dtype(device) -> torch.dtype:
+    """The dtype of the device tests' models: float64 on the CPU (the naive references agree to rounding),
+    float32 on CUDA, where float64 would run SDPA's math kernel and hide what the fused kernels do."""
+    return torch.float32 if torch.device(device).type == "cuda" else torch.float64
+
+
+def tolerance(model_or_dtype) -> dict:
+    """assert_close's rtol and atol for a model computing in its dtype (or `dtype`) against float64."""
+    dtype = model_or_dtype.embed_tokens.weight.dtype if isinstance(model_or_dtype, torch.nn.Module) else model_or_dtype
+    return {torch.float64: dict(rtol=1e-9, atol=1e-9), torch.float32: dict(rtol=1e-4, atol=1e-5),
+            torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}[dtype]
+
+
+def tiny_model(seed=0, dtype=None, device="cpu", **overrides) -> FreeTransformer:
+    """Initialised on the CPU from `seed` (the same weights on every device), then moved to `device`; in
+    `dtype`, by default `device_dtype(device)`."""
     torch.manual_seed(seed)
-    model = FreeTransformer(tiny_config(**overrides)).to(dtype)
+    model = FreeTransformer(tiny_config(**overrides)).to(dtype or device_dtype(device))
     with torch.no_grad():  # non-trivial latent path: larger table, biased encoder bits
         if model.config.is_free:
             model.latent.mapper.weight.normal_(0, 0.5)

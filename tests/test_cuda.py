@@ -8,8 +8,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from free_transformer import FreeTransformer, ModelConfig
 from free_transformer.latent import binary_mapper, binary_mapper_project
-from free_transformer.train.config import OptimConfig
-from free_transformer.train.optim import build_optimizer
 from conftest import tiny_model
 from reference import naive_mapper_project
 
@@ -33,7 +31,7 @@ def _tokens(B=2, T=128, vocab=256, seed=0):
 def test_attention_runs_a_fast_sdpa_kernel(precision):
     """Every attention of a forward (decoder blocks, the encoder's broadcast query, GQA) runs flash or
     memory-efficient attention: sdpa_kernel with only those backends raises when SDPA would need its
-    math kernel (which materialises the T x T scores: in fp32 with enable_gqa it did, GPU-NOTES.md)."""
+    math kernel (which materialises the T x T scores: in fp32 with enable_gqa it did, docs/gpu.md)."""
     model = _model().train()
     tokens = _tokens()
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
@@ -43,42 +41,45 @@ def test_attention_runs_a_fast_sdpa_kernel(precision):
     assert torch.isfinite(out.loss)
 
 
-def test_training_step_and_cached_decode_step_never_synchronise():
-    """A training step (forward with targets, backward, the trainer's fused AdamW) and one cached decoding
-    step queue their work without waiting for the GPU: any host synchronisation (.item(), a host-side
-    comparison of a device value, a device-to-host copy) raises under sync debug mode "error". That
-    is what CUDA-graph capture and a launch-bound decoding loop need."""
-    model = _model().train()
-    optimizer = build_optimizer(model, OptimConfig())
-    tokens = _tokens()
+def test_trainer_step_and_decoding_steps_never_synchronise(tmp_path):
+    """`trainer.train_step` (batch upload, bf16 forward, backward, gradient norm, fused AdamW told about
+    a non-finite step on the device), a cached decoding step and a replayed static (graph) step queue
+    their work without waiting for the GPU: any host synchronisation (.item(), a host-side comparison
+    of a device value, a pageable host-to-device copy) raises under sync debug mode "error". That is
+    what CUDA-graph capture and a launch-bound loop need."""
+    from free_transformer.distributed import setup
+    from free_transformer.generate import static_decode_step
+    from free_transformer.train.trainer import StopSignals, build, train_step
+    from conftest import tiny_run_config
 
-    def train_step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.3)
-        out.loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    train_step()  # first-call set-up (optimizer state, cuBLAS handles) outside the check
-    model.eval()
+    config = tiny_run_config("device=cuda", "precision=bf16")
+    run = build(config, tmp_path / "run", setup("none", None, CUDA), resume=False, init_from=None)
+    signals = StopSignals()
+    train_step(run, 0, signals)  # first-call set-up (optimizer state, cuBLAS handles) outside the check
+    model = _model().eval()
     B, P = 2, 16
+    tokens = _tokens()
     with torch.inference_mode():
         cache = model.new_cache(B)
         prefill = model(tokens[:, :P], latents=torch.zeros(B, P, dtype=torch.long, device=CUDA), cache=cache)
         token = prefill.logits[:, -1].argmax(-1)  # (B,) stays on the device
+        static = static_decode_step(model, B, P + 8)
+        model(tokens[:, :P], latents=torch.zeros(B, P, dtype=torch.long, device=CUDA), cache=static.restart())
+        latent = torch.zeros(B, 1, dtype=torch.long, device=CUDA)
+        static(token, latent)  # warm-up
+        static(token, latent)  # capture, then replay
     torch.cuda.synchronize()
-    model.train()
     try:
         torch.cuda.set_sync_debug_mode("error")
-        train_step()
-        model.eval()
+        result = train_step(run, 1, signals)
         with torch.inference_mode():
-            step = model(token[:, None], latents=torch.zeros(B, 1, dtype=torch.long, device=CUDA), cache=cache,
-                         start=P)
+            step = model(token[:, None], latents=latent, cache=cache, start=P)
+            replayed = static(token, latent)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+    assert static.graph is not None and not bool(result.non_finite)
     assert step.logits.shape == (B, 1, GPU_CONFIG["vocab_size"]) and cache.length == P + 1
-    assert torch.isfinite(step.logits).all()
+    assert torch.isfinite(step.logits).all() and torch.isfinite(replayed).all()
 
 
 def _mapper_inputs(n_rows, n_bits, dim, seed=0):
@@ -111,7 +112,7 @@ def test_mapper_gradients_on_cuda_match_the_paper_formula_in_float64(n_bits, dty
     """The fused Binary Mapper on the GPU, several chunks, against (Y + G - detach(G)) @ W on the CPU in float64
     with the same sampled index (see test_latent.py's test_mapper_matches_paper_formula)."""
     logits, weight, grad_out = _mapper_inputs(n_rows=64, n_bits=n_bits, dim=32)
-    entry_bytes = 6 if autocast else dtype.itemsize  # the chunk buffers' bytes per entry (binary_mapper.chunk_bits)
+    entry_bytes = binary_mapper.chunk_entry_bytes(torch.bfloat16 if autocast else dtype, dtype)
     monkeypatch.setitem(binary_mapper.CHUNK_BYTES, "cuda", 64 * 2 ** (n_bits - 3) * entry_bytes)  # 8 chunks
     r, index, grad_logits, grad_weight = _mapper_grads(*(t.to(CUDA, dtype) for t in (logits, weight, grad_out)),
                                                        autocast=autocast)
@@ -126,7 +127,7 @@ def test_mapper_gradients_on_cuda_match_the_paper_formula_in_float64(n_bits, dty
 
 @pytest.mark.parametrize("latent_bits", [0, 4])
 def test_cpu_and_cuda_logits_agree(latent_bits):
-    """The same weights and latents give the same logits on both devices, float32 (GPU-NOTES: 4.5e-7);
+    """The same weights and latents give the same logits on both devices, float32 (an H100: 4.5e-7);
     the encoder's bit-logits too."""
     cpu = tiny_model(dtype=torch.float32, latent_bits=latent_bits)
     gpu = tiny_model(dtype=torch.float32, latent_bits=latent_bits, device=CUDA)

@@ -51,7 +51,7 @@ def test_claims_follow_the_paper():
         _result("kappa-1-64", valid=0.9, green_position_agreement=0.02, green_noise_jaccard=0.04, **ignored),
         _result("kappa-1-8", valid=0.85, green_position_near=0.6, blue_position_near=0.1, green_noise_jaccard=0.05,
                 latent_bits_position=2.5, latent_bits_noise=0.0),
-        # Z holds both decisions; exact agreement is modest (0.2), as in seeds whose Z holds both (SYNTHETIC-NOTES)
+        # Z holds both decisions; exact agreement is modest (0.2), as in seeds whose Z holds both (docs/demo.md)
         _result("kappa-1", valid=0.5, green_position_agreement=0.2, green_position_near=0.5, blue_position_near=0.15,
                 green_noise_jaccard=0.4, blue_noise_jaccard=0.08, latent_bits_position=7.1, latent_bits_noise=4.0),
         _result("kappa-8", valid=0.1, val_cross_entropy_bits=0.05),

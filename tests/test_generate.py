@@ -1,9 +1,15 @@
+import gc
+import importlib
+import weakref
+
 import pytest
 import torch
 
 from free_transformer import GenerationConfig, generate, infer_latents, shared_prior_latents
-from free_transformer.generate import filter_logits
-from conftest import tiny_model
+from free_transformer.generate import StaticDecodeStep, filter_logits, static_decode_step
+from conftest import tiny_model, tolerance
+
+generate_module = importlib.import_module("free_transformer.generate")  # the package's `generate` is the function
 
 
 def _prompts(B=3, P=5, device="cpu"):
@@ -27,7 +33,7 @@ def test_cached_decoding_equals_full_forward(latent_bits, device):
         chunk = latents[:, pos : pos + width] if latent_bits else "prior"
         pieces.append(model(tokens[:, pos : pos + width], latents=chunk, cache=cache, start=pos).logits)
         pos += width
-    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(torch.cat(pieces, 1), full, **tolerance(model))
     assert cache.length == 20
 
 
@@ -156,11 +162,11 @@ def test_returned_latents_are_ordinary_tensors(device):
 
 
 @pytest.mark.parametrize("latent_bits", [0, 4])
-def test_static_decoding_gives_the_eager_tokens_and_latents(latent_bits):
+def test_static_decoding_gives_the_eager_tokens_and_latents(latent_bits, device):
     """compile=True decodes through StaticDecodeStep (the step a GPU captures as a CUDA graph: device
     position, whole static cache under a mask); on CPU it runs eagerly and must match the eager path."""
-    model = tiny_model(latent_bits=latent_bits)
-    prompts, seeds = _prompts(B=3, P=4), [11, 12, 13]
+    model = tiny_model(latent_bits=latent_bits, device=device)
+    prompts, seeds = _prompts(B=3, P=4, device=device), [11, 12, 13]
     stop = generate(model, prompts, GenerationConfig(max_new_tokens=12), seeds=seeds).tokens[0][4]
     config = GenerationConfig(max_new_tokens=12, temperature=1.0, stop_tokens=(stop,))
     eager = generate(model, prompts, config, seeds=seeds)
@@ -173,17 +179,93 @@ def test_static_decoding_gives_the_eager_tokens_and_latents(latent_bits):
         assert static.latents is None and eager.latents is None
 
 
-def test_static_step_matches_the_cached_forward():
-    model = tiny_model()
-    tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
-    latents = torch.randint(0, 16, (2, 9), generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])  # None: the device tests' dtype
+def test_static_step_matches_the_cached_forward(dtype, device):
+    model = tiny_model(dtype=dtype, device=device)
+    tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0)).to(device)
+    latents = torch.randint(0, 16, (2, 9), generator=torch.Generator().manual_seed(1)).to(device)
     full = model(tokens, latents=latents).logits
     cache = model.new_cache(2)
     model(tokens[:, :5], latents=latents[:, :5], cache=cache)
     assert cache.length == 5 and int(cache.position) == 5
     for t in range(5, 9):
         step = model(tokens[:, t : t + 1], latents=latents[:, t : t + 1], cache=cache, start=cache.position)
-        torch.testing.assert_close(step.logits[:, 0], full[:, t], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(step.logits[:, 0], full[:, t], **tolerance(model))
     assert int(cache.position) == 9
     with pytest.raises(ValueError, match="static decoding step"):
         model(tokens[:, :2], latents=latents[:, :2], cache=cache, start=cache.position)
+
+
+def test_compiled_decoding_reuses_one_static_step_per_shape(device, monkeypatch):
+    """generate(compile=True) captures its step (a CUDA graph on a GPU) once per model, batch size and
+    cache length, and later calls replay it: their tokens are still those of eager decoding (the cache's
+    old keys from the previous call are masked out). Its cache holds the fed positions rounded up to 64,
+    not max_seq_len."""
+    made = []
+    monkeypatch.setattr(generate_module, "StaticDecodeStep",
+                        lambda *args: made.append(args) or StaticDecodeStep(*args))
+    model = tiny_model(device=device, max_seq_len=200)
+    config = GenerationConfig(max_new_tokens=8, temperature=1.0)
+    for prompt_seed in (3, 4):  # two different prompts
+        prompts = torch.randint(0, 50, (3, 5), generator=torch.Generator().manual_seed(prompt_seed)).to(device)
+        static = generate(model, prompts, config, seeds=[1, 2, 3], compile=True)
+        assert static.tokens == generate(model, prompts, config, seeds=[1, 2, 3]).tokens
+        assert torch.equal(static.latents, generate(model, prompts, config, seeds=[1, 2, 3]).latents)
+    assert len(made) == 1
+    step = static_decode_step(model, 3, 5 + 8 - 1)
+    assert step.cache.capacity == 64 and step.cache.keys.dtype == model.embed_tokens.weight.dtype
+    assert static_decode_step(model, 3, 70).cache.capacity == 128 and len(made) == 2
+    assert static_decode_step(model, 3, 195).cache.capacity == 200  # never past max_seq_len
+    assert static_decode_step(model, 3, 12) is step  # the first is still kept
+
+
+def test_eager_decoding_caches_only_the_positions_it_feeds(monkeypatch):
+    capacities = []
+    model = tiny_model()
+    new_cache = model.new_cache
+    monkeypatch.setattr(model, "new_cache", lambda B, **kw: capacities.append(kw.get("capacity")) or new_cache(B, **kw))
+    generate(model, _prompts(P=5), GenerationConfig(max_new_tokens=7))
+    assert capacities == [5 + 7 - 1]
+
+
+def test_generate_decodes_a_bf16_model_with_a_bf16_cache(monkeypatch):
+    """The KV cache follows the model's dtype: a bf16 model (`free-transformer generate --dtype bf16`)
+    reads and caches half the bytes of a float32 one, and decodes as the float32 model does."""
+    caches = []
+    model32 = tiny_model(dtype=torch.float32)
+    model16 = tiny_model(dtype=torch.bfloat16)
+    new_cache = model16.new_cache
+    monkeypatch.setattr(model16, "new_cache", lambda B, **kw: caches.append(new_cache(B, **kw)) or caches[-1])
+    config = GenerationConfig(max_new_tokens=6, temperature=0)
+    prompts = _prompts()
+    bf16 = generate(model16, prompts, config, seeds=[0, 1, 2])
+    assert caches[0].keys.dtype == torch.bfloat16
+    assert bf16.tokens == generate(model32, prompts, config, seeds=[0, 1, 2]).tokens
+
+
+def test_kept_static_steps_do_not_keep_a_model_alive():
+    model = tiny_model()
+    generate(model, _prompts(), GenerationConfig(max_new_tokens=3), compile=True)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+
+
+def test_generate_command_decodes_in_the_dtype_asked(tmp_path, capsys, monkeypatch):
+    """`--dtype bf16` casts the weights (and so the cache); auto is float32 on a CPU."""
+    from conftest import tiny_checkpoint
+
+    from free_transformer.cli import main
+    from free_transformer.commands import generate as command
+
+    dtypes = []
+    real = command.generate
+    monkeypatch.setattr(command, "generate", lambda model, prompts, config, **kw: dtypes.append(
+        model.embed_tokens.weight.dtype) or real(model, prompts, config, **kw))
+    checkpoint = tiny_checkpoint(tmp_path, "run", 4)
+    for dtype in ("bf16", "auto", "fp32"):
+        assert main(["generate", str(checkpoint), "--prompt", "K>", "-n", "2", "--max-new-tokens", "4",
+                     "--dtype", dtype]) == 0
+    assert dtypes == [torch.bfloat16, torch.float32, torch.float32]
+    assert len(capsys.readouterr().out.splitlines()) == 6

@@ -1,7 +1,10 @@
 import math
+import weakref
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from free_transformer.latent import BitLinear, binary_mapper
 from free_transformer.latent import (
@@ -28,7 +31,8 @@ def _inputs(n_rows, n_bits, dim, seed=0, device="cpu"):
 @pytest.mark.parametrize("n_bits", [1, 3, 6, 10])
 @pytest.mark.parametrize("chunk_entries", [2**22, 64])  # one chunk, and many chunks
 def test_mapper_matches_paper_formula(n_bits, chunk_entries, monkeypatch, device):
-    monkeypatch.setitem(binary_mapper.CHUNK_BYTES, device.type, chunk_entries * 8)  # float64 entries
+    entry_bytes = binary_mapper.chunk_entry_bytes(torch.float64, torch.float64)
+    monkeypatch.setitem(binary_mapper.CHUNK_BYTES, device.type, chunk_entries * entry_bytes)
     logits, weight, grad_out = _inputs(n_rows=7, n_bits=n_bits, dim=5, device=device)
     r, index = binary_mapper_project(logits, weight, generator=torch.Generator(device).manual_seed(1))
     grad_logits, grad_weight = torch.autograd.grad((r * grad_out).sum(), (logits, weight))
@@ -151,9 +155,10 @@ def test_bit_linear_gradient_is_the_per_bit_straight_through():
 
 
 def test_mapper_chunks_follow_the_device_budget():
-    # paper-1.5b on a GPU: 8192 tokens, bf16 g plus its float32 copy -> 4 chunks of 2^14 values
-    assert binary_mapper.chunk_bits(8192, 16, 6, torch.device("cuda")) == 14
-    assert binary_mapper.chunk_bits(8192, 16, 4, torch.device("cpu")) == 10
+    # paper-1.5b on a GPU: 8192 tokens, bf16 g, float32 low factor and product -> 8 chunks of 2^13 values
+    assert binary_mapper.chunk_entry_bytes(torch.bfloat16, torch.float32) == 10
+    assert binary_mapper.chunk_bits(8192, 16, 10, torch.device("cuda")) == 13
+    assert binary_mapper.chunk_bits(8192, 16, 12, torch.device("cpu")) == 8
     assert binary_mapper.chunk_bits(10**9, 16, 4, torch.device("cpu")) == 1  # never below one bit
     assert binary_mapper.chunk_bits(3, 6, 4, torch.device("cuda")) == 6  # one chunk holds every value
 
@@ -192,3 +197,53 @@ def test_the_readme_example_registers_a_latent_variant_that_trains():
         assert model.latent.readout.weight.grad is None or model.latent.readout.weight.grad.abs().sum() == 0
     finally:
         LATENT_KINDS.pop("table_no_encoder_gradient", None)
+
+
+class LiveBytes(TorchDispatchMode):
+    """The peak of the bytes held by the storages that operators make inside it (views and `out=`
+    results of a storage counted once; inputs made before it not at all)."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: dict[int, list] = {}  # data_ptr -> [bytes, live tensors on it]
+        self.peak = 0
+
+    def _release(self, pointer):
+        entry = self.held[pointer]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.held[pointer]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = {a.untyped_storage().data_ptr() for a in pytree.tree_leaves((args, kwargs or {}))
+                  if isinstance(a, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        for tensor in pytree.tree_leaves(out):
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            pointer = tensor.untyped_storage().data_ptr()
+            if pointer in self.held:
+                self.held[pointer][1] += 1
+            elif pointer in inputs or tensor.untyped_storage().nbytes() == 0:
+                continue  # a view or an out= of a tensor made before
+            else:
+                self.held[pointer] = [tensor.untyped_storage().nbytes(), 1]
+            weakref.finalize(tensor, self._release, pointer)
+        self.peak = max(self.peak, sum(nbytes for nbytes, _ in self.held.values()))
+        return out
+
+
+@pytest.mark.parametrize("matmul_dtype", [torch.float32, torch.bfloat16])
+def test_mapper_backward_stays_within_its_chunk_budget(matmul_dtype, monkeypatch):
+    """What the backward holds at its peak is its chunk budget (g, G's low factor and their product, each
+    (N, 2^c)) plus tensors of a row's or a value's size: its chunk arithmetic counts every chunk buffer."""
+    n_rows, n_bits, dim = 64, 12, 8
+    budget = 64 * 2**8 * binary_mapper.chunk_entry_bytes(matmul_dtype, torch.float32)  # chunks of 2^8 values
+    monkeypatch.setitem(binary_mapper.CHUNK_BYTES, "cpu", budget)
+    logits, weight, grad_out = (t.detach().float() for t in _inputs(n_rows, n_bits, dim, device=torch.device("cpu")))
+    table_copy = 0 if matmul_dtype == torch.float32 else weight.numel() * matmul_dtype.itemsize  # one cast, all chunks
+    with LiveBytes() as live:
+        binary_mapper._bit_logit_grad(logits, weight, grad_out, matmul_dtype)
+    # the rest, tensors of (N, H), (N, 2^(H-c)) or (2^c, c), is under a third of the budget at these sizes; an
+    # uncounted chunk buffer would let c grow by one and double the chunk buffers
+    assert budget / 2 < live.peak <= budget + table_copy + budget // 3

@@ -353,3 +353,134 @@ def test_an_out_path_that_cannot_be_a_directory_is_one_line(capsys):
     assert main(["train", "--out", "/dev/null/run", *TINY, "steps=1"]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("error: ") and "/dev/null/run" in error and len(error.splitlines()) == 1
+
+
+# -- nothing executed, one writer per run, every loader verifies ---------------------------------------
+
+
+class _Payload:
+    """Unpickling this touches a marker file: what a crafted state.pt would do with a real payload."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def _rewrite_checksums(checkpoint):
+    """What an attacker who rewrites state.pt does to SHA256SUMS too."""
+    from free_transformer.fileio import sha256_file
+
+    files = sorted(f for f in checkpoint.iterdir() if f.name != "SHA256SUMS")
+    (checkpoint / "SHA256SUMS").write_text("".join(f"{sha256_file(f)}  {f.name}\n" for f in files))
+
+
+def test_a_pickled_payload_in_a_checkpoint_never_runs(tmp_path, capsys):
+    """state.pt is read with weights_only=True: a crafted one (with matching digests) is refused as damaged
+    by verification, by load_training_state and by --resume (which goes on from the previous checkpoint);
+    the payload never runs."""
+    run, marker = tmp_path / "run", tmp_path / "payload-ran"
+    assert main(["train", "--out", str(run), *TINY, "steps=2", "checkpoint_every=1"]) == 0
+    newest = checkpoint_dirs(run)[-1]
+    state = torch.load(newest / "state.pt", weights_only=True)  # written as tensors and plain values only
+    state["rng"]["python"] = _Payload(marker)
+    torch.save(state, newest / "state.pt")
+    _rewrite_checksums(newest)
+    with pytest.raises(Exception, match="refused, not run"):
+        load_training_state(newest)
+    assert "refused, not run" in verify_checkpoint(newest)
+    assert main(["train", "--out", str(run), "--resume", "steps=3"]) == 0
+    assert "moved to step_00000002.damaged" in capsys.readouterr().err
+    assert not marker.exists()
+    assert [p.name for p in checkpoint_dirs(run)] == ["step_00000001", "step_00000002", "step_00000003"]
+    assert (run / "checkpoints" / "step_00000002.damaged").is_dir()
+
+
+def test_every_command_that_loads_a_checkpoint_verifies_it(tmp_path, capsys):
+    """generate, eval, convert and --init-from refuse a checkpoint whose files differ from SHA256SUMS, in
+    one line (they used to load it silently)."""
+    from conftest import tiny_checkpoint
+
+    checkpoint = tiny_checkpoint(tmp_path, "run", 4, max_seq_len=72) / "checkpoints" / "step_00000001"
+    weights = checkpoint / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF  # one flipped bit pattern in a weight: the file still parses
+    weights.write_bytes(bytes(data))
+    commands = [["generate", str(checkpoint), "--prompt", "K>", "-n", "1"],
+                ["convert", str(checkpoint), str(tmp_path / "hf"), "--to", "hf"],
+                ["train", "--out", str(tmp_path / "new"), *TINY, "model.dim=32", "model.n_heads=4",
+                 "model.n_kv_heads=2", "model.n_layers=2", "model.ffn_hidden=64",
+                 "--init-from", str(checkpoint)]]
+    for command in commands:
+        assert main(command) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == len(commands)
+    assert all("is damaged: model.safetensors does not match its SHA-256" in line for line in errors)
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "new").exists()
+
+
+def test_one_writer_per_run_directory(tmp_path, capsys):
+    """A second `train` on a live run's --out, fresh or --resume, exits 2 at once naming the holder; the
+    first run's files are its own; after the holder is SIGKILLed the run resumes (no stale lock)."""
+    run = tmp_path / "run"
+    first = _cli(run, *TINY, "steps=100000", "checkpoint_every=5")
+    try:
+        _wait_for_step(run, 3, first)
+        began = time.monotonic()
+        assert main(["train", "--out", str(run), *TINY, "steps=200", "seed=1", "kappa_bits=2"]) == 2
+        assert main(["train", "--out", str(run), "--resume", "steps=200"]) == 2
+        assert time.monotonic() - began < 5
+        errors = capsys.readouterr().err.strip().splitlines()
+        assert len(errors) == 2
+        assert all(f"is in use by another process (PID {first.pid}, free-transformer train)" in e for e in errors)
+        assert load_train_config(run / "config.yaml").kappa_bits == 0.25
+        _wait_for_step(run, 6, first)
+    finally:
+        first.kill()
+        first.wait()
+    assert main(["train", "--out", str(run), "--resume", "steps=8"]) == 0
+    assert read_metrics(run / "metrics.jsonl")[-1]["step"] == 8
+
+
+def test_values_that_would_train_or_sample_wrongly_are_refused(tmp_path, capsys):
+    """Each used to run with exit 0: kappa inf (non-standard Infinity in metrics.jsonl), kappa nan,
+    negative threads or table scale, a NaN temperature (garbage samples)."""
+    from conftest import tiny_checkpoint
+
+    for override in ("kappa_bits=inf", "kappa_bits=nan", "kappa_start_bits=nan", "threads=-1",
+                     "post_sampler_init_std=-1"):
+        assert main(["train", "--out", str(tmp_path / "run"), *TINY, override]) == 2
+    checkpoint = tiny_checkpoint(tmp_path, "ckpt", 4)
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "--temperature", "nan"]) == 2
+    assert main(["generate", str(checkpoint), "--prompt", "K>", "--batch-size", "0"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 7 and all(line.startswith("error: ") for line in errors)
+    assert "kappa_bits must be a finite number >= 0, got inf" in errors[0] and "threads" in errors[3]
+    assert "temperature must be a finite number >= 0, got nan" in errors[5]
+    assert not (tmp_path / "run").exists()
+
+
+def test_generate_decodes_many_samples_in_batches_with_the_same_samples(tmp_path, capsys):
+    """-n N is decoded --batch-size samples at a time (N = 10^8 used to go into one batch and be killed
+    for its memory); each sample depends on its seed only, so the lines are those of one batch."""
+    from conftest import tiny_checkpoint
+
+    checkpoint = str(tiny_checkpoint(tmp_path, "ckpt", 4))
+    assert main(["generate", checkpoint, "--prompt", "K>", "-n", "5", "--max-new-tokens", "6"]) == 0
+    one_batch = capsys.readouterr().out
+    assert main(["generate", checkpoint, "--prompt", "K>", "-n", "5", "--max-new-tokens", "6",
+                 "--batch-size", "2"]) == 0
+    assert capsys.readouterr().out == one_batch and len(one_batch.splitlines()) == 5
+
+
+def test_help_gives_each_default_once():
+    from free_transformer.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        text = command.format_help()
+        assert "(default: None)" not in text and "(default: )" not in text, name
+        for line in text.split("\n  -"):
+            assert line.count("default") <= 1 or "(default:" not in line, (name, line)

@@ -74,6 +74,28 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def test_a_finite_loss_with_non_finite_gradients_is_never_applied(tmp_path, capsys, monkeypatch):
+    """A bf16 overflow can leave the loss finite and a gradient infinite: the gradient norm is checked with
+    the loss, so the optimizer skips that step, training stops naming it, and no checkpoint holds it."""
+    from free_transformer.train import trainer
+
+    build, backwards = trainer.build, []
+
+    def build_with_an_overflow_at_step_3(*args, **kwargs):
+        run = build(*args, **kwargs)
+        run.model.norm.weight.register_hook(
+            lambda grad: backwards.append(1) or (grad * float("inf") if len(backwards) == 3 else grad))
+        return run
+
+    monkeypatch.setattr(trainer, "build", build_with_an_overflow_at_step_3)
+    assert main(["train", "--out", str(tmp_path), *TINY, "steps=6", "checkpoint_every=1"]) == 2
+    assert "non-finite loss or gradient norm at step 3;" in capsys.readouterr().err
+    assert [int(kept.name[5:]) for kept in checkpoint_dirs(tmp_path)] == [1, 2]
+    for kept in checkpoint_dirs(tmp_path):
+        model, _ = load_model(kept)
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
 def test_lr_schedule_and_parameter_groups():
     config = _config("steps=100", "optim.warmup_steps=10", "optim.min_lr_ratio=0.1", "optim.latent_lr_scale=3")
     factors = [lr_factor(s, 100, config.optim) for s in range(100)]
@@ -123,7 +145,10 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
     train(_config("steps=1"), tmp_path)
     weights = checkpoint_dirs(tmp_path)[-1] / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    with pytest.raises(CheckpointError, match="corrupt checkpoint weights"):
+    with pytest.raises(CheckpointError, match="is damaged: model.safetensors does not match its SHA-256"):
+        load_model(tmp_path)
+    (weights.parent / "SHA256SUMS").unlink()  # a checkpoint without digests: its files are still read whole
+    with pytest.raises(CheckpointError, match="is damaged: SafetensorError"):
         load_model(tmp_path)
     (weights.parent / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="corrupt checkpoint config"):
@@ -248,9 +273,9 @@ def test_a_non_finite_step_found_later_is_named_and_never_checkpointed(tmp_path,
     checkpoint, named by its own step; the fused optimizer skipped it, and no checkpoint holds it."""
     diverging = [*TINY, "steps=20", "optim.lr=1e12", "optim.grad_clip=0", "optim.warmup_steps=1"]
     assert main(["train", "--out", str(tmp_path / "every"), *diverging, "checkpoint_every=1"]) == 2
-    first_bad = capsys.readouterr().err.split("non-finite loss at step ")[1].split(";")[0]
+    first_bad = capsys.readouterr().err.split("non-finite loss or gradient norm at step ")[1].split(";")[0]
     assert main(["train", "--out", str(tmp_path / "later"), *diverging, "checkpoint_every=8", "log_every=8"]) == 2
-    assert f"non-finite loss at step {first_bad};" in capsys.readouterr().err
+    assert f"non-finite loss or gradient norm at step {first_bad};" in capsys.readouterr().err
     for kept in checkpoint_dirs(tmp_path / "later"):
         assert int(kept.name[5:]) < int(first_bad)
         model, _ = load_model(kept)

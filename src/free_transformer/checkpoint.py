@@ -3,13 +3,19 @@
     run_dir/checkpoints/step_00001000/
         model.safetensors   weights (safetensors: no pickle, memory-mappable)
         config.json         {"model": ModelConfig, "train": ..., "tokenizer": name, "step": N}
-        state.pt            optimizer, scheduler, RNG and data position (training only)
+        state.pt            optimizer, RNG streams and step (training only), plain tensors and Python values
         SHA256SUMS          the other files' digests (`sha256sum -c SHA256SUMS` checks them by hand)
 
 A checkpoint is written into a temporary sibling directory and renamed into place once complete, so a
 killed process never leaves a partial `step_*` directory; only the newest `keep` are kept. A checkpoint
 damaged afterwards (a truncated copy, a flipped bit) fails `verify_checkpoint`; `--resume` then moves it
-aside as step_N.damaged and continues from the newest intact one.
+aside as step_N.damaged and continues from the newest intact one, and every other command that loads a
+checkpoint (`load_model`, `load_verified_weights`) refuses it with one line.
+
+Nothing read from a checkpoint can run code: weights are safetensors, and state.pt is read with
+`torch.load(weights_only=True)`, which unpickles tensors and plain Python values only. Older state.pt
+files hold numpy's RNG state as an ndarray; the numpy names that rebuild one (`LEGACY_STATE_GLOBALS`)
+are the only others allowed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -32,6 +39,11 @@ from .model import FreeTransformer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 CHECKSUMS = "SHA256SUMS"
+# What the numpy RNG state of an older state.pt needs to unpickle (an ndarray of uint32), under the names
+# numpy 2 and numpy 1 pickled it with; nothing else beyond tensors and plain values is ever unpickled.
+LEGACY_STATE_GLOBALS = [np.dtype, np.ndarray, type(np.dtype(np.uint32)),
+                        (np._core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
+                        (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -130,13 +142,13 @@ def read_checkpoint_config(path: str | Path) -> dict:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[FreeTransformer, dict]:
-    """(model in eval mode, checkpoint config dict) from a checkpoint or run directory."""
+    """(model in eval mode, checkpoint config dict) from a checkpoint or run directory, verified first."""
     ckpt = resolve_checkpoint(path)
     config = read_checkpoint_config(ckpt)
     if not (ckpt / "model.safetensors").exists() and (ckpt / "dcp").is_dir():
         raise CheckpointError(f"{ckpt} is a sharded checkpoint: run `free-transformer consolidate {ckpt}` first")
     model = FreeTransformer(ModelConfig.from_dict(config["model"]))
-    weights = load_weights(ckpt)
+    weights = load_verified_weights(ckpt)
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
@@ -152,12 +164,26 @@ def load_weights(ckpt: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
         raise CheckpointError(f"corrupt checkpoint weights {ckpt / 'model.safetensors'}: {error}") from error
 
 
+def load_verified_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    """`load_weights` of a checkpoint that `verify_checkpoint` passes, else a CheckpointError naming
+    what is wrong: a damaged checkpoint is never used silently."""
+    problem = verify_checkpoint(ckpt)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {ckpt} is damaged: {' '.join(problem.split())}")
+    return load_weights(ckpt)
+
+
 def load_training_state(path: str | Path) -> dict:
+    """state.pt of a checkpoint, unpickled with weights_only=True (tensors and plain values only: a file
+    that asks for anything else is refused, never run)."""
     ckpt = resolve_checkpoint(path)
     try:
-        return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False)
-    except Exception as error:  # torch.load raises many types on a truncated or garbled file
-        raise CheckpointError(f"corrupt or missing training state {ckpt / 'state.pt'}: {error}") from error
+        with torch.serialization.safe_globals(LEGACY_STATE_GLOBALS):
+            return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+    except Exception as error:  # torch.load raises many types on a truncated, garbled or unsafe file
+        reason = str(error).split("\n")[0] if "Weights only load failed" not in str(error) else \
+            "it asks to unpickle something other than tensors and plain values (refused, not run)"
+        raise CheckpointError(f"corrupt, unsafe or missing training state {ckpt / 'state.pt'}: {reason}") from error
 
 
 def verify_checkpoint(path: str | Path) -> str | None:

@@ -18,6 +18,17 @@ COMMAND_MODULES = ["demo", "study", "train", "inspect", "generate", "eval", "com
                    "consolidate", "tokenize"]
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help, once: not for options without one (None, a flag's False, an
+    empty value) nor where the help already says it."""
+
+    def _get_help_string(self, action) -> str:
+        if action.default is None or action.default is False or action.default in ("", []) \
+                or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -26,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in COMMAND_MODULES:
         module = importlib.import_module(f"free_transformer.commands.{module_name}")
-        formatter = (argparse.ArgumentDefaultsHelpFormatter if getattr(module, "FORMATTER", None) == "defaults"
+        formatter = (DefaultsHelpFormatter if getattr(module, "FORMATTER", None) == "defaults"
                      else argparse.RawDescriptionHelpFormatter)
         sub = subparsers.add_parser(module.NAME, help=module.HELP, description=module.HELP,
                                     epilog=getattr(module, "EPILOG", None), formatter_class=formatter)

@@ -8,6 +8,7 @@ import torch
 from .errors import UserError
 
 CHOICES = "auto, cpu, cuda, cuda:N or mps"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the dtype names that options take (--dtype, fsdp param_dtype)
 
 
 class DeviceError(UserError, ValueError):
@@ -43,3 +44,13 @@ def parse_device(name: str | torch.device | None) -> torch.device:
     if device.index is not None and device.index >= count:
         raise DeviceError(f"device {str(name)!r} requested but this machine has {count} {device.type} device(s)")
     return device
+
+
+def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The weights' and KV cache's dtype for `--dtype`: fp32, bf16, or auto: bf16 on a CUDA device that
+    supports it (decoding reads every weight and cached key once per token: half the bytes), else fp32."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}: choose auto, {', '.join(DTYPES)}")
+    return DTYPES[name]

@@ -5,8 +5,11 @@ rule of `LatentPlan` (free_transformer.latent.sources), which the Hugging Face w
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor
 
@@ -33,8 +36,8 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # also refuses NaN
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -88,21 +91,31 @@ NON_FINITE = "the next-token probabilities contain NaN (non-finite logits)"
 
 
 class StaticDecodeStep:
-    """One decoding step whose inputs live in fixed device buffers (the token, the latent index, the
-    cache's device position): on CUDA it is captured once as a CUDA graph and replayed, one launch
-    instead of the ~600 kernels of a step; elsewhere the same step runs eagerly. The first call is a
-    warm-up (run on a side stream, as graph capture requires), the second captures and replays."""
+    """One decoding step whose inputs live in fixed device buffers (the token, the latent index, and a
+    KV cache of its own with its device position): on CUDA it is captured once as a CUDA graph and
+    replayed, one launch instead of the ~600 kernels of a step; elsewhere the same step runs eagerly.
+    The first call is a warm-up (run on a side stream, as graph capture requires), the second captures
+    and replays. `static_decode_step` keeps one per model and shape, so that a graph is captured once
+    and replayed by every later `generate(compile=True)` call: each starts with `restart()`."""
 
-    def __init__(self, model: FreeTransformer, cache, batch_size: int):
-        device = cache.keys.device
-        self.model, self.cache = model, cache
+    def __init__(self, model: FreeTransformer, batch_size: int, capacity: int):
+        # a weak reference: the steps kept per model (`static_decode_step`) must not keep the model alive
+        self.model, self.cache = weakref.ref(model), model.new_cache(batch_size, capacity=capacity)
+        device = self.cache.keys.device
         self.token = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)  # (B, 1)
         self.latent = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)  # (B, 1), ignored by a baseline
         self.use_graph = device.type == "cuda"
         self.graph, self.logits, self.warm = None, None, False
 
+    def restart(self):
+        """The cache, emptied for a new prompt (stale keys past the position are masked, not cleared)."""
+        self.cache.length = 0
+        self.cache.position.zero_()
+        return self.cache
+
     def _run(self) -> Tensor:
-        return self.model(self.token, latents=self.latent, cache=self.cache, start=self.cache.position).logits[:, -1]
+        model = self.model()
+        return model(self.token, latents=self.latent, cache=self.cache, start=self.cache.position).logits[:, -1]
 
     def __call__(self, token: Tensor, latent: Tensor | None) -> Tensor:
         """(B, V) logits of the next position given token (B,) and latent (B, 1); the cache advances."""
@@ -125,6 +138,31 @@ class StaticDecodeStep:
                 self.logits = self._run()
         self.graph.replay()
         return self.logits
+
+
+# Decoding caches of compile=True are sized to the positions a call feeds, rounded up to this many (so
+# that calls of similar lengths share one captured graph), and at most max_seq_len.
+STATIC_CACHE_ROUNDING = 64
+# Captured steps kept per model (each holds a KV cache and, on a GPU, a graph's memory pool).
+STATIC_STEPS_PER_MODEL = 4
+_static_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> OrderedDict(key -> step)
+
+
+def static_decode_step(model: FreeTransformer, batch_size: int, positions: int) -> StaticDecodeStep:
+    """The model's StaticDecodeStep for `batch_size` rows and at least `positions` cached positions,
+    made (and later captured) on first use and kept: the least recently used beyond
+    STATIC_STEPS_PER_MODEL is dropped. Steps are keyed by the parameters' storage too, so a model moved
+    to another device or dtype gets a new one; weights updated in place are seen by a captured graph."""
+    rounded = -(-positions // STATIC_CACHE_ROUNDING) * STATIC_CACHE_ROUNDING
+    capacity = min(model.config.max_seq_len, rounded)
+    key = (batch_size, capacity, tuple(p.data_ptr() for p in model.parameters()))
+    steps = _static_steps.setdefault(model, OrderedDict())
+    if key not in steps:
+        steps[key] = StaticDecodeStep(model, batch_size, capacity)
+        while len(steps) > STATIC_STEPS_PER_MODEL:
+            steps.popitem(last=False)
+    steps.move_to_end(key)
+    return steps[key]
 
 
 def row_generators(seeds: Sequence[int] | None, batch_size: int, device) -> list[torch.Generator]:
@@ -155,7 +193,9 @@ def generate(
     `infer_latents` to make one. should_stop: called with a row's new tokens after each step; True
     finishes that row (for stop strings, which token ids cannot express). compile: decode with
     `StaticDecodeStep` (a CUDA graph on a GPU; the same static step eagerly elsewhere): the same
-    tokens and latents as without it, up to float rounding.
+    tokens and latents as without it, up to float rounding. Its graph and cache are kept for the next
+    call with the same batch size and a similar length (`static_decode_step`). The KV cache is in the
+    model's dtype: cast the model (`model.to(torch.bfloat16)`) to decode in bf16.
     """
     config = config or GenerationConfig()
     device = model.rope_cos.device
@@ -179,10 +219,10 @@ def generate(
     # operations of each step (7% faster decoding at B=1 on 2 CPU cores). The latents are concatenated
     # outside it, so the caller gets an ordinary tensor (usable in a later training forward).
     with torch.inference_mode():
-        cache = model.new_cache(B)
+        step_fn = static_decode_step(model, B, fed_positions) if compile else None
+        cache = step_fn.restart() if compile else model.new_cache(B, capacity=fed_positions)
         out = model(prompts, latents=plan.source(0, P), generator=generators, cache=cache)
         plan.record(0, out.latent_index)
-        step_fn = StaticDecodeStep(model, cache, B) if compile else None
         new_tokens = _decode(model, cache, plan, out.logits[:, -1], config, generators, should_stop, step_fn)
         used = plan.used
     return GenerationResult(new_tokens, None if model.latent is None else torch.cat(used, dim=1))

@@ -32,15 +32,24 @@ class KVCache:
 
     The filled length lives in the cache twice: `length` (a Python int, read and advanced by every
     eager forward that is given the cache without an explicit start) and `position` (the same on the
-    device, read and advanced by `FreeTransformer.decode_step`, which has no host value that changes
-    between steps and can therefore be captured as a CUDA graph)."""
+    device, read and advanced by a static decoding step, `FreeTransformer.forward` with `start` given as
+    that tensor, which has no host value that changes between steps and can therefore be captured as a
+    CUDA graph). `capacity` positions are held: config.max_seq_len unless a shorter cache is asked for."""
 
-    def __init__(self, config: ModelConfig, batch_size: int, *, device=None, dtype=torch.float32):
-        shape = (config.n_layers, batch_size, config.n_kv_heads, config.max_seq_len, config.head_dim)
+    def __init__(self, config: ModelConfig, batch_size: int, *, device=None, dtype=torch.float32,
+                 capacity: int | None = None):
+        capacity = config.max_seq_len if capacity is None else capacity
+        if not 0 < capacity <= config.max_seq_len:
+            raise ValueError(f"cache capacity must be in [1, max_seq_len = {config.max_seq_len}], got {capacity}")
+        shape = (config.n_layers, batch_size, config.n_kv_heads, capacity, config.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
         self.position = torch.zeros((), dtype=torch.int64, device=device)  # () the next position, on the device
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[3]
 
     def update(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v (B, kv_heads, T, head_dim) at positions [start, start+T); return all up to there."""
@@ -51,7 +60,7 @@ class KVCache:
 
     def write_at(self, layer: int, position: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Store one position's k, v (B, kv_heads, 1, head_dim) at the device index `position` (shape ());
-        return the whole static cache of the layer and the mask (1, max_seq_len) of the keys up to it."""
+        return the whole static cache of the layer and the mask (1, capacity) of the keys up to it."""
         index = position.view(1)
         self.keys[layer].index_copy_(2, index, k)
         self.values[layer].index_copy_(2, index, v)
@@ -71,7 +80,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     if route == "fold":  # row g * T + t of kv head j is query head j * groups + g at position t
         rows = q.reshape(B, k.shape[1], groups * T, hd)
         mask = mask.repeat(groups, 1) if mask is not None and mask.shape[0] > 1 else mask
-        return F.scaled_dot_product_attention(rows, k, v, attn_mask=mask).view(B, h, T, hd)
+        # reshape, not view: the memory-efficient CUDA kernel returns its rows head-minor ((B, M, H, K)
+        # memory transposed to (B, H, M, K)), and such rows cannot be viewed back as query heads
+        return F.scaled_dot_product_attention(rows, k, v, attn_mask=mask).reshape(B, h, T, hd)
     if route == "expand":
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=route == "native")
@@ -79,8 +90,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
 
 def gqa_route(device_type: str, dtype: torch.dtype, query_len: int, masked: bool) -> str:
     """How `attend` runs grouped-query attention. On CPU SDPA's enable_gqa is fast in every case. On CUDA
-    enable_gqa runs on flash attention only (half precision, no mask: measured 0.40 ms vs 5.73 ms for
-    float32 on the math kernel, GPU-NOTES.md): masked and one-token queries are folded into rows (the
+    enable_gqa runs on flash attention only (half precision, no mask; in float32 it falls back to the
+    math kernel, 2.4x slower than K/V repeated on an H100: docs/gpu.md): masked and one-token queries are folded into rows (the
     memory-efficient kernel takes masks and float32), unmasked float32 gets K/V repeated."""
     if device_type != "cuda":
         return "native"

@@ -192,7 +192,7 @@ class FreeTransformer(nn.Module):
     def _check_shape(self, tokens: Tensor, start: int | Tensor, cache: KVCache | None) -> tuple[int, int]:
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an integer tensor of shape (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
-        if isinstance(start, Tensor):  # its value stays on the device: the caller keeps it below max_seq_len
+        if isinstance(start, Tensor):  # its value stays on the device: the caller keeps it below the capacity
             if tokens.shape[1] != 1 or cache is None:
                 raise ValueError("a static decoding step (start given as a tensor) takes one token and a cache")
             return tokens.shape
@@ -200,6 +200,8 @@ class FreeTransformer(nn.Module):
             raise ValueError(
                 f"sequence length {start + tokens.shape[1]} exceeds max_seq_len {self.config.max_seq_len}"
             )
+        if cache is not None and start + tokens.shape[1] > cache.capacity:
+            raise ValueError(f"sequence length {start + tokens.shape[1]} exceeds the cache's {cache.capacity} positions")
         return tokens.shape
 
     def check_tokens(self, tokens: Tensor) -> None:
@@ -209,9 +211,11 @@ class FreeTransformer(nn.Module):
                 f"token ids must lie in [0, {self.config.vocab_size}), got min {int(tokens.min())} max {int(tokens.max())}"
             )
 
-    def new_cache(self, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
+    def new_cache(self, batch_size: int, dtype: torch.dtype | None = None, capacity: int | None = None) -> KVCache:
+        """An empty KV cache on the model's device, in its weights' dtype by default, of `capacity`
+        positions (default max_seq_len)."""
         return KVCache(self.config, batch_size, device=self.rope_cos.device,
-                       dtype=dtype or self.embed_tokens.weight.dtype)
+                       dtype=dtype or self.embed_tokens.weight.dtype, capacity=capacity)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

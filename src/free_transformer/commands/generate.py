@@ -7,7 +7,7 @@ import sys
 import torch
 
 from ..checkpoint import load_model
-from ..devices import parse_device
+from ..devices import DTYPES, decoding_dtype, parse_device
 from ..generate import GenerationConfig, generate
 from ..latent import ENCODER, PRIOR
 from ..latent_choice import CHOICES, CONTEXT_CHOICES, resolve_latents
@@ -23,6 +23,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
     parser.add_argument("--prompt", default="", help="text to continue (required)")
     parser.add_argument("--num-samples", "-n", type=int, default=4, help="samples, one per line")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples decoded at once (a sample depends on its seed, not on its batch)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, or fewer if the model's context "
                              "is shorter)")
@@ -41,6 +43,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-latents", choices=["posterior", "encoder", "prior"],
                         help="deprecated: use --latents encoder or --latents prior")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it "
+                             "(half the bytes read per token), else fp32")
     parser.add_argument("--compile", action="store_true",
                         help="decode through one static step, captured as a CUDA graph on a GPU (same samples)")
 
@@ -48,12 +53,13 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     device = parse_device(args.device)
     model, config = load_model(args.checkpoint, device)
+    model = model.to(decoding_dtype(args.dtype, device))
     tokenizer = get_tokenizer(config.get("tokenizer", "byte"))
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise ValueError("--prompt must not be empty (give at least one character)")
-    if args.num_samples < 1:
-        raise ValueError("--num-samples must be >= 1")
+    if args.num_samples < 1 or args.batch_size < 1:
+        raise ValueError("--num-samples and --batch-size must be >= 1")
     room = model.config.max_seq_len - len(prompt) + 1  # the last new token is never fed back
     if room < 1:
         raise ValueError(f"the prompt has {len(prompt)} tokens; this model reads at most {model.config.max_seq_len}")
@@ -76,11 +82,12 @@ def run(args) -> int:
                                generator=torch.Generator(device=device).manual_seed(args.seed))
     gen_config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, stop_tokens=stop_tokens, prompt_latents=resolved.prompt_source)
-    prompts = torch.tensor([prompt] * args.num_samples)
-    seeds = [args.seed + i for i in range(args.num_samples)]
-    result = generate(model, prompts, gen_config, seeds=seeds, latents=resolved.explicit, compile=args.compile)
-    for tokens in result.tokens:
-        print(tokenizer.decode(prompt + tokens).replace("\n", "\\n"))
+    for first in range(0, args.num_samples, args.batch_size):  # printed as each batch ends
+        seeds = [args.seed + i for i in range(first, min(first + args.batch_size, args.num_samples))]
+        prompts = torch.tensor([prompt] * len(seeds))
+        result = generate(model, prompts, gen_config, seeds=seeds, latents=resolved.explicit, compile=args.compile)
+        for tokens in result.tokens:
+            print(tokenizer.decode(prompt + tokens).replace("\n", "\\n"), flush=True)
     return 0
 
 

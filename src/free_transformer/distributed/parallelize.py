@@ -25,11 +25,11 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from ..devices import DTYPES
 from ..latent import BinaryMapper
 from ..model import FreeTransformer
 from .env import ParallelEnv
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _DDP_OPTIONS = inspect.signature(DistributedDataParallel.__init__).parameters
 
 # FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip a hook). The

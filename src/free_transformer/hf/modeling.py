@@ -44,8 +44,9 @@ class HFCacheView:
     equal the number of positions already cached, and the cache must give back exactly the positions
     seen (a DynamicCache does; static and sliding-window caches do not and are refused)."""
 
-    def __init__(self, cache: Cache, dtype: torch.dtype):
+    def __init__(self, cache: Cache, dtype: torch.dtype, capacity: int):
         self.cache = cache
+        self.capacity = capacity  # the model's max_seq_len: a DynamicCache grows
         self.keys = self.values = torch.empty(0, dtype=dtype)  # only their dtype is read
         self.length = cache.get_seq_length()
         self.position = torch.tensor(self.length)  # kept in step by the model; static steps are not supported
@@ -173,7 +174,9 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         if labels is not None:
             targets = torch.full_like(labels, IGNORE_INDEX)
             targets[:, :-1] = labels[:, 1:]
-        view = None if past_key_values is None else HFCacheView(past_key_values, self.model.embed_tokens.weight.dtype)
+        view = None
+        if past_key_values is not None:
+            view = HFCacheView(past_key_values, self.model.embed_tokens.weight.dtype, self.model.config.max_seq_len)
         out = self.model(input_ids, targets, latents=source, kappa_nats=kappa_nats, generator=generator,
                          cache=view, start=start)
         if latent_plan is not None:

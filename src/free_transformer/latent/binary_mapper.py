@@ -26,9 +26,16 @@ from torch import Tensor, nn
 from .mappers import LatentMapper, register_latent_kind
 from .sampling import Generators, index_to_bits, sample_bits
 
-# Bytes the backward's per-chunk buffers may take: g = dR @ W[chunk]^T and its float32 copy. On a CPU
-# larger chunks gain nothing (measured: bench/mapper.py); on a GPU fewer, larger chunks mean fewer launches.
+# Bytes the backward's per-chunk buffers may take together: g = dR @ W[chunk]^T, G's low factor and their
+# product, each (N, 2^c) (`chunk_entry_bytes`). On a CPU larger chunks gain nothing (bench/mapper.py); on a
+# GPU fewer, larger chunks mean fewer launches.
 CHUNK_BYTES = {"cpu": 2**25, "cuda": 2**30}
+
+
+def chunk_entry_bytes(matmul_dtype: torch.dtype, compute_dtype: torch.dtype) -> int:
+    """Bytes per (row, value) entry of a chunk's three buffers: g in the matmul dtype, the low factor
+    and the product g * G_low in the compute dtype."""
+    return matmul_dtype.itemsize + 2 * compute_dtype.itemsize
 
 
 def chunk_bits(n_rows: int, n_bits: int, bytes_per_entry: int, device: torch.device) -> int:
@@ -38,9 +45,10 @@ def chunk_bits(n_rows: int, n_bits: int, bytes_per_entry: int, device: torch.dev
     return min(n_bits, max(1, int(math.log2(entries))))
 
 
-def _weighted_sums(g: Tensor, low_factor: Tensor, ones_and_low: Tensor) -> Tensor:
-    """(N, 1 + c): sum_d g_d G_low_d and sum_d g_d G_low_d U_h(d) for each of the c low bits."""
-    return (g.to(low_factor.dtype) * low_factor) @ ones_and_low
+def _weighted_sums(g: Tensor, low_factor: Tensor, ones_and_low: Tensor, product: Tensor | None = None) -> Tensor:
+    """(N, 1 + c): sum_d g_d G_low_d and sum_d g_d G_low_d U_h(d) for each of the c low bits. product:
+    an (N, C) buffer of low_factor's dtype for g * G_low (else a new tensor)."""
+    return torch.mul(g, low_factor, out=product) @ ones_and_low
 
 
 @functools.cache
@@ -58,7 +66,8 @@ class _BinaryMapperProject(torch.autograd.Function):
         ctx.compiled = compiled
         # Under autocast the backward's matmul dR @ W^T runs in the autocast dtype, as every other matmul.
         device_type = weight.device.type
-        autocast = torch.is_autocast_enabled(device_type) and weight.dtype == torch.float32
+        autocast = (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+                    and weight.dtype == torch.float32)
         ctx.matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
         return weight[index]  # (N, D)
 
@@ -81,7 +90,7 @@ def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_d
     float32 (float64 for a float64 table); compiled fuses each chunk's product and reduction.
 
     Chunk k holds the 2^c values whose high bits spell k. Per chunk: g = dR @ W[chunk]^T into one
-    reused buffer, then g * G_low summed against [1 | U_low] gives sum_d g_d G_d and sum_d g_d G_d U_h(d)
+    reused buffer, then g * G_low (into another) summed against [1 | U_low] gives sum_d g_d G_d and sum_d g_d G_d U_h(d)
     for the c low bits, up to the chunk's high-bit factor (a scalar per row, all computed before the
     loop). The high bits' sums come after the loop from the per-chunk masses in one matmul.
     """
@@ -96,8 +105,7 @@ def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_d
     log_p0 = F.logsigmoid(-logits)  # (N, H) log P(B_h = 0)
     log_ratio = log_p1 - log_p0
 
-    entry_bytes = table.element_size() + (0 if matmul_dtype == compute_dtype else logits.element_size())
-    low_bits = chunk_bits(n_rows, n_bits, entry_bytes, device)
+    low_bits = chunk_bits(n_rows, n_bits, chunk_entry_bytes(matmul_dtype, compute_dtype), device)
     chunk, n_chunks = 2**low_bits, 2 ** (n_bits - low_bits)
     low_pattern = index_to_bits(torch.arange(chunk, device=device), low_bits).to(compute_dtype)  # (C, c)
     high_pattern = index_to_bits(torch.arange(n_chunks, device=device), n_bits - low_bits).to(compute_dtype)  # (K, H-c)
@@ -106,13 +114,17 @@ def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_d
     high_factor = torch.exp(log_p0[:, low_bits:].sum(-1, keepdim=True) + log_ratio[:, low_bits:] @ high_pattern.T)
     ones_and_low = torch.cat([low_pattern.new_ones(chunk, 1), low_pattern], dim=1)  # (C, 1 + c)
 
-    weighted_sums = _compiled_weighted_sums() if compiled else _weighted_sums
     low_sums = logits.new_zeros(n_rows, 1 + low_bits)  # [sum_d g_d G_d, sum_d g_d G_d U_h(d), h < c]
     chunk_mass = logits.new_empty(n_rows, n_chunks)  # sum over chunk k of g_d G_d
     g = grad_r.new_empty(n_rows, chunk)  # (N, C), reused by every chunk
+    product = logits.new_empty(n_rows, chunk)  # (N, C) g * G_low, reused (compiled: Inductor's own buffer)
     for k in range(n_chunks):
         torch.mm(grad_r, table[k * chunk : (k + 1) * chunk].T, out=g)
-        sums = weighted_sums(g, low_factor, ones_and_low).mul_(high_factor[:, k : k + 1])  # (N, 1 + c)
+        if compiled:
+            sums = _compiled_weighted_sums()(g, low_factor, ones_and_low)
+        else:
+            sums = _weighted_sums(g, low_factor, ones_and_low, product)
+        sums.mul_(high_factor[:, k : k + 1])  # (N, 1 + c)
         low_sums += sums
         chunk_mass[:, k] = sums[:, 0]
     high_sums = chunk_mass @ high_pattern  # (N, H - c): sum_d g_d G_d U_h(d) for the high bits

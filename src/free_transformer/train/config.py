@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -177,8 +178,12 @@ class TrainConfig:
             raise ConfigError("steps, batch_size and grad_accum must be >= 1")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"grad_accum ({self.grad_accum}) must divide batch_size ({self.batch_size})")
-        if self.kappa_bits < 0 or (self.kappa_start_bits is not None and self.kappa_start_bits < 0):
-            raise ConfigError(f"kappa_bits and kappa_start_bits must be >= 0, got {self.kappa_bits}, {self.kappa_start_bits}")
+        for name in ("kappa_bits", "kappa_start_bits", "post_sampler_init_std"):  # `not x >= 0` also refuses NaN
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < math.inf:
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+        if self.threads < 0:
+            raise ConfigError(f"threads must be >= 0 (0: torch's default), got {self.threads}")
         if self.kappa_start_bits is not None and self.kappa_anneal_steps < 1:
             raise ConfigError("kappa_start_bits needs kappa_anneal_steps >= 1")
         if self.precision not in ("fp32", "bf16"):

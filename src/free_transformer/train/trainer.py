@@ -1,5 +1,5 @@
 """The training loop: seeded, resumable to the bit on CPU, checkpointed atomically, stopped with a clear
-message on a non-finite loss (the last good checkpoint is kept).
+message on a non-finite loss or gradient norm (the last good checkpoint is kept).
 
 SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) stops the run at the next step boundary with a
 checkpoint of that step (a second signal stops at once); `--resume` continues it. On resume the newest
@@ -10,6 +10,7 @@ each global batch; rank 0 alone logs and writes; checkpoints are sharded (DCP). 
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import signal
@@ -23,8 +24,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_weights, newest_intact_checkpoint,
-                          read_checkpoint_config, resolve_checkpoint, save_checkpoint)
+from ..checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_verified_weights, load_weights,
+                          newest_intact_checkpoint, read_checkpoint_config, resolve_checkpoint, save_checkpoint)
 from ..config import ConfigError, ModelConfig
 from ..data import build_dataset
 from ..data.datasets import Dataset
@@ -35,6 +36,7 @@ from ..distributed.parallelize import (apply_activation_checkpointing, apply_com
                                        gradient_sync, parallelize)
 from ..errors import Stopped, UserError
 from ..model import FreeTransformer
+from ..runlock import RunLock
 from ..tokenizer import get_tokenizer
 from ..units import LN2
 from .config import TrainConfig, save_train_config
@@ -87,7 +89,7 @@ class StopSignals:
 def init_from_checkpoint(model: FreeTransformer, path: str | Path) -> list[str]:
     """Load decoder weights from another checkpoint; latent-path tensors absent there stay fresh.
     Returns the names left at their initialisation."""
-    weights = load_weights(resolve_checkpoint(path))
+    weights = load_verified_weights(resolve_checkpoint(path))
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as error:  # shape mismatch: another architecture
@@ -101,7 +103,10 @@ def init_from_checkpoint(model: FreeTransformer, path: str | Path) -> list[str]:
 
 
 def _rng_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every RNG stream as tensors and plain Python values (state.pt is read with weights_only=True)."""
+    name, key, position, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(key.astype(np.int64)), position, has_gauss, cached_gaussian)
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -110,7 +115,8 @@ def _rng_state(device: torch.device) -> dict:
 def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, key, position, has_gauss, cached_gaussian = state["numpy"]  # key: a tensor (an ndarray in older checkpoints)
+    np.random.set_state((name, np.asarray(key).astype(np.uint32), position, has_gauss, cached_gaussian))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
 
@@ -138,8 +144,8 @@ def train(
     """Train (or resume) the run in `run_dir` to config.steps optimizer steps."""
     config.validate()
     env = setup(config.distributed.strategy, config.distributed.backend, parse_device(config.device))
-    try:
-        with StopSignals() as signals:
+    try:  # one writer per run: rank 0 holds the run's lock
+        with StopSignals() as signals, RunLock(run_dir, "free-transformer train", enabled=env.is_main):
             return _train(config, Path(run_dir), env, resume, init_from, signals)
     finally:
         env.close()
@@ -187,8 +193,8 @@ class StepResult:
     """One optimizer step, still on the device (nothing read back)."""
 
     means: torch.Tensor  # (4,) loss, cross-entropy, KL (nats), stop flag: the global batch's means
-    non_finite: torch.Tensor  # () bool: the loss was not finite
-    grad_norm: torch.Tensor | float
+    non_finite: torch.Tensor  # () bool: the loss or the gradient norm was not finite (the step was skipped)
+    grad_norm: torch.Tensor  # () before clipping
     lr: float
     kappa_nats: float
     stop: bool  # a signal asked every rank to stop after this step
@@ -281,10 +287,11 @@ def restore(run: Run, *, resume: bool) -> int:
 def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
     """Forward and backward over this rank's micro-batches of batch `step`, then the optimizer step.
 
-    Nothing here reads a value back from the device (a GPU then runs ahead of Python): losses and the
-    gradient norm stay tensors until they are logged. A non-finite loss makes the fused optimizer skip
-    its step on the device (found_inf); the caller reports it at the next read-back. Without a fused
-    AdamW the loss is checked here, every step."""
+    Nothing here reads a value back from the device or writes a Python value into a device tensor (a
+    GPU then runs ahead of Python): losses and the gradient norm stay tensors until they are logged. A
+    non-finite loss or gradient norm (a finite bf16 loss can have overflowing gradients) makes the
+    fused optimizer skip its step on the device (found_inf); the caller reports it at the next
+    read-back. Without a fused AdamW they are checked here, every step."""
     config, env, device = run.config, run.env, run.device
     rows = env.rows(config.batch_size)  # this rank's slice of every global batch
     micro_batch = len(rows) // config.grad_accum
@@ -305,17 +312,18 @@ def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
             (out.loss / config.grad_accum).backward()
         kl = out.kl_nats if out.kl_nats is not None else torch.zeros((), device=device)
         totals[:3] += torch.stack([out.loss, out.cross_entropy_nats, kl]).detach() / config.grad_accum
-    totals[3] = float(signals.received is not None)  # any rank's signal stops every rank, same step
+    # fill_ takes the flag as a kernel argument; `totals[3] = flag` would copy it from the host, and wait
+    totals[3].fill_(signals.received is not None)  # any rank's signal stops every rank, same step
     means = env.mean(totals)  # over ranks: the global batch's means (on the device)
     # a signal on any rank stops every rank at the same step: that needs the reduced flag on the host
     stop = bool(means[3] > 0) if env.distributed else signals.received is not None
-    non_finite = ~torch.isfinite(means[0])
+    # grad_clip = 0 clips nothing but the norm is still computed: it is logged and checked
+    grad_norm = clip_grad_norm(run.model.parameters(), config.optim.grad_clip or math.inf)
+    non_finite = ~(torch.isfinite(means[0]) & torch.isfinite(grad_norm))
     if run.optimizer.defaults.get("fused"):
         run.optimizer.found_inf = non_finite.float()
     elif bool(non_finite):
         _stop_on_non_finite(step, run.run_dir)
-    grad_norm = (clip_grad_norm(run.model.parameters(), config.optim.grad_clip) if config.optim.grad_clip > 0
-                 else float("nan"))
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     return StepResult(means, non_finite, grad_norm, lr, kappa_nats, stop)
@@ -421,7 +429,7 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
 def _stop_on_non_finite(step: int, run_dir: Path) -> None:
     kept = checkpoint_dirs(run_dir)
     raise TrainingError(
-        f"non-finite loss at step {step + 1}; training stopped, "
+        f"non-finite loss or gradient norm at step {step + 1}; training stopped, "
         + (f"last good checkpoint: {kept[-1]}" if kept else
            f"no checkpoint yet: `{_resume_hint(run_dir)}` starts it again from step 0 with its saved "
            "config (or choose another --out with other settings)")
