@@ -53,7 +53,7 @@ from free_transformer.distributed.parallelize import apply_compile, clip_grad_no
 from free_transformer.model import FreeTransformer
 from free_transformer.train.config import OptimConfig
 from free_transformer.train.optim import build_optimizer
-from free_transformer.train.evaluation import autocast_context
+from free_transformer.train.validation import autocast_context
 
 # Narrow width, the paper's depths: dim 256, 4 query / 2 key-value heads (head dim 64), SwiGLU 3 * dim.
 DIMS = dict(vocab_size=256, dim=256, n_heads=4, n_kv_heads=2, ffn_hidden=768, max_seq_len=256)

@@ -145,7 +145,7 @@ def test_demo_trains_every_model_of_every_seed_on_one_gpu(tmp_path):
     import json
 
     from free_transformer.cli import main
-    from free_transformer.demo.experiment import VARIANTS
+    from free_transformer.experiments.demo.run import VARIANTS
 
     out = tmp_path / "demo"
     assert main(["demo", "--preset", "smoke", "--out", str(out), "--seeds", "2", "--device", "cuda"]) == 0

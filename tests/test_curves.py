@@ -14,8 +14,8 @@ from conftest import run_losses, tiny_run_config
 from free_transformer.checkpoint import load_model
 from free_transformer.cli import main
 from free_transformer.config import ConfigError
-from free_transformer.eval.curves import load_curve
-from free_transformer.eval.figures import curve_panels
+from free_transformer.reports.curves import load_curve
+from free_transformer.reports.figures import curve_panels
 from free_transformer.eval.record import CurveRecord, read_record, record_path
 from free_transformer.train.metrics import read_metrics
 from free_transformer.train.trainer import train
@@ -92,7 +92,7 @@ def test_training_is_untouched_whatever_the_evaluation_draws(runs, tmp_path, mon
         model.eval()
         return {"tasks": {}, "unavailable": {}, "latents": {}}
 
-    monkeypatch.setattr("free_transformer.train.periodic.score", greedy_evaluation)
+    monkeypatch.setattr("free_transformer.eval.record.score", greedy_evaluation)
     train(tiny_run_config(*RUN, *EVAL), tmp_path / "run")
     assert calls == [True] * 3  # in train mode at every evaluation: the one before was undone
     assert _trace(tmp_path / "run") == _trace(runs / "plain")

@@ -1,4 +1,4 @@
-"""What every run reports about its latent: the validation measures of train/evaluation.py, their warnings,
+"""What every run reports about its latent: the validation measures of train/validation.py, their warnings,
 the loggers they go to (TensorBoard, W&B offline), `inspect`, and the parameter-matched baseline."""
 
 import math
@@ -11,9 +11,10 @@ from free_transformer.cli import main
 from free_transformer.config import named_config
 from free_transformer.data import build_dataset
 from free_transformer.model import FreeTransformer
-from free_transformer.train.evaluation import evaluate, latent_warning
+from free_transformer.train.validation import latent_warning
+from free_transformer.train.validation import validate
 from free_transformer.train.metrics import read_metrics
-from free_transformer.train.noise import seed_of
+from free_transformer.seeding import seed_of
 from free_transformer.train.trainer import train
 
 LN2 = math.log(2.0)
@@ -29,7 +30,7 @@ def _model_and_data(*overrides):
 
 def test_validation_measures_equal_a_hand_computation():
     model, dataset, config = _model_and_data()
-    measures = evaluate(model, dataset, config, torch.device("cpu"))
+    measures = validate(model, dataset, config, torch.device("cpu"))
     ce = kl = prior_ce = 0.0
     per_bit = torch.zeros(config.model.latent_bits, dtype=torch.float64)
     with torch.no_grad():
@@ -55,11 +56,11 @@ def test_validation_measures_equal_a_hand_computation():
 def test_evaluation_leaves_the_rng_streams_and_a_baseline_alone():
     model, dataset, config = _model_and_data()
     state = torch.get_rng_state()
-    first = evaluate(model, dataset, config, torch.device("cpu"))
+    first = validate(model, dataset, config, torch.device("cpu"))
     assert torch.equal(torch.get_rng_state(), state)
-    assert evaluate(model, dataset, config, torch.device("cpu")) == first  # the same batches and noise each time
+    assert validate(model, dataset, config, torch.device("cpu")) == first  # the same batches and noise each time
     baseline, dataset, config = _model_and_data("model.latent_bits=0")
-    assert set(evaluate(baseline, dataset, config, torch.device("cpu"))) == {"val_cross_entropy_bits", "val_kl_bits"}
+    assert set(validate(baseline, dataset, config, torch.device("cpu"))) == {"val_cross_entropy_bits", "val_kl_bits"}
 
 
 def test_training_losses_do_not_depend_on_evaluations(tmp_path):

@@ -28,7 +28,7 @@ from free_transformer.config import ConfigError
 from free_transformer.distributed import ParallelEnv
 from free_transformer.distributed.checkpoint import is_sharded
 from free_transformer.train.config import load_train_config
-from free_transformer.train.noise import row_generators
+from free_transformer.train.noise import latent_row_generators
 from free_transformer.train.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,11 +156,11 @@ def test_consolidate_gives_an_ordinary_checkpoint(runs, tmp_path, capsys):
 
 
 def test_row_noise_does_not_depend_on_how_the_batch_is_split():
-    a = row_generators(0, 5, range(8), torch.device("cpu"))
-    b = row_generators(0, 5, range(4, 8), torch.device("cpu"))
+    a = latent_row_generators(0, 5, range(8), torch.device("cpu"))
+    b = latent_row_generators(0, 5, range(4, 8), torch.device("cpu"))
     assert torch.equal(torch.stack([torch.rand(3, generator=g) for g in a[4:]]),
                        torch.stack([torch.rand(3, generator=g) for g in b]))
-    c = row_generators(0, 6, range(4, 8), torch.device("cpu"))
+    c = latent_row_generators(0, 6, range(4, 8), torch.device("cpu"))
     assert not torch.equal(torch.rand(3, generator=b[0]), torch.rand(3, generator=c[0]))
 
 

@@ -105,7 +105,7 @@ def test_eval_output_is_never_overwritten(tmp_path, capsys):
     assert main(["eval", str(run), "--tasks", "none", "--heldout", str(DATA / "heldout_tiny.txt"),
                  "--no-progress", "--output", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err and out.read_text() == "earlier results"
-    from free_transformer.eval.report import write_json
+    from free_transformer.reports.results import write_json
 
     with pytest.raises(FileExistsError):  # the final write is exclusive too (a file that appeared meanwhile)
         write_json({}, out, exclusive=True)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from free_transformer.eval.likelihood import heldout_likelihood, log_q, windows
+from free_transformer.eval.likelihood import heldout_likelihood, windows
+from free_transformer.measures import log_q
 
 
 class _Bytes:

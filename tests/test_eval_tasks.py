@@ -4,9 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from free_transformer.eval.benchmarks import DEFAULT_TASKS, PAPER_TASKS
-from free_transformer.eval.sources import DataUnavailable
-from free_transformer.eval.tasks import GenerationDoc, MultipleChoiceDoc, choose_shots, get_benchmark, prepare
+from free_transformer.eval.catalog import DEFAULT_TASKS, PAPER_TASKS
+from free_transformer.eval.task_data import DataUnavailable
+from free_transformer.eval.catalog import get_benchmark
+from free_transformer.eval.prepare import prepare
+from free_transformer.eval.tasks import GenerationDoc, MultipleChoiceDoc, choose_shots
 
 DATA = Path(__file__).parent / "data"
 SHIPPED = ["arc_challenge", "arc_easy", "obqa", "csqa", "hellaswag", "winogrande", "piqa", "boolq", "mmlu",

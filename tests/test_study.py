@@ -4,13 +4,14 @@ and bad arguments."""
 import json
 
 import pytest
+from test_unchanged import SMOKE, same_measures
 
 from free_transformer.cli import main
 from free_transformer.commands.arguments import parse_seeds
 from free_transformer.commands.study import parse_kappas
-from free_transformer.study.measure import honest_bits
-from free_transformer.study.plan import PRESETS, StudyPlan, variants
-from free_transformer.study.report import summarize
+from free_transformer.experiments.study.presets import PRESETS, StudyPlan, variants
+from free_transformer.experiments.study.report import summarize
+from free_transformer.measures import honest_bits
 
 
 def test_the_plan_trains_both_baselines_and_every_kappa(tmp_path):
@@ -63,6 +64,7 @@ def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path):
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     assert [(r["seed"], r["slug"]) for r in results["runs"]] == [(0, "baseline"), (0, "matched-baseline"), (0, "kappa-4")]
+    same_measures(results["runs"], SMOKE["study"], "runs")  # the measures of 0.2, recorded before
     free = results["runs"][2]
     assert free["likelihood"]["iwae"]["bits_per_byte"] > 0 and "bits_saved" in free and free["curves"][-1]["step"] == 4
     assert results["runs"][1]["params"] > results["runs"][0]["params"]

@@ -1,6 +1,7 @@
 """The Free Transformer (Fleuret, 2025): a decoder conditioned on latent random decisions."""
 
-from .config import NAMED_CONFIGS, ConfigError, ModelConfig, bits_to_nats, named_config, nats_to_bits
+from .config import NAMED_CONFIGS, ConfigError, ModelConfig, named_config
+from .units import bits_to_nats, nats_to_bits
 from .generate import GenerationConfig, GenerationResult, generate, infer_latents, shared_prior_latents
 from .latent import binary_mapper_project, kl_to_uniform
 from .model import FreeTransformer, ModelOutput

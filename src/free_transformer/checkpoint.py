@@ -227,3 +227,25 @@ def newest_intact_checkpoint(run_dir: str | Path, report=print) -> Path | None:
         report(f"warning: checkpoint {checkpoint} is damaged ({' '.join(problem.split())}); "
                f"moved to {aside.name}, trying the previous one")
     return None
+
+
+def _checkpoint_choice(spec: str):
+    """--checkpoints as a test of (step, newest checkpoint's step): all, every:K (multiples of K), or
+    last-third (steps at or after 2/3 of the newest: the steps that the last-third average covers)."""
+    if spec == "all":
+        return lambda step, newest: True
+    if spec == "last-third":
+        return lambda step, newest: 3 * step >= 2 * newest
+    kind, _, every = spec.partition(":")
+    if kind == "every" and every.isdigit() and int(every) > 0:
+        return lambda step, newest: step % int(every) == 0
+    raise ValueError(f"--checkpoints expects all, every:K (K >= 1) or last-third, got {spec!r}")
+
+
+def chosen_checkpoints(run_dir: str | Path, spec: str) -> list[tuple[int, Path]]:
+    """(step, directory) of the run's checkpoints that `spec` (all, every:K, last-third) chooses."""
+    choose = _checkpoint_choice(spec)
+    found = [(int(STEP_DIR.match(c.name).group(1)), c) for c in checkpoint_dirs(run_dir)]
+    if not found:
+        raise ValueError(f"{run_dir} holds no checkpoints/step_*: --checkpoints needs a run directory")
+    return [(step, c) for step, c in found if choose(step, found[-1][0])]

@@ -4,7 +4,6 @@ named sizes from a tiny debug model to the paper's 8B."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 from .errors import UserError
@@ -228,10 +227,3 @@ def named_config(name: str, **overrides) -> ModelConfig:
         raise ConfigError(f"unknown model size {name!r}; choose one of {', '.join(NAMED_CONFIGS)}")
     return NAMED_CONFIGS[name].replace(**overrides)
 
-
-def bits_to_nats(bits: float) -> float:
-    return float(bits) * math.log(2.0)
-
-
-def nats_to_bits(nats: float) -> float:
-    return float(nats) / math.log(2.0)

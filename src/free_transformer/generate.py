@@ -15,6 +15,7 @@ from torch import Tensor
 
 from .latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source, uniform_latents
 from .model import FreeTransformer
+from .seeding import generators
 
 
 @dataclass
@@ -169,7 +170,7 @@ def row_generators(seeds: Sequence[int] | None, batch_size: int, device) -> list
         seeds = torch.randint(0, 2**62, (batch_size,)).tolist()  # follows torch.manual_seed
     if len(seeds) != batch_size:
         raise ValueError(f"got {len(seeds)} seeds for {batch_size} prompts")
-    return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+    return generators(seeds, device)
 
 
 @torch.no_grad()

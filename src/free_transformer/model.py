@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .latent import ENCODER, Generators, LatentSource, at_least_float32, free_bits_kl, latent_source
-from .latent.path import LatentPath, LatentSample
+from .latent_path import LatentPath, LatentSample
 from .layers import Block, KVCache, rope_tables
 
 IGNORE_INDEX = -100

@@ -87,9 +87,10 @@ HF_PREFIX = "hf:"  # "hf:<directory>": a Hugging Face tokenizer saved in a local
 
 def get_tokenizer(name: str) -> Tokenizer:
     if name.startswith(HF_PREFIX):
-        from .hf.tokenizer import HFTokenizer  # needs the optional transformers package
+        from .hf_tokenizer import HFTokenizer  # needs the optional transformers package
 
-        return HFTokenizer(name[len(HF_PREFIX) :])
+        directory = Path(name[len(HF_PREFIX) :])
+        return HFTokenizer(directory, f"{HF_PREFIX}{directory.resolve()}")
     if name not in TOKENIZERS:
         raise TokenizerError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}, or hf:<directory>")
     return TOKENIZERS[name]()

@@ -30,8 +30,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..eval.compare import build_rows, load_results, to_html, to_markdown, to_text
-    from ..eval.curves import has_curve, load_curve
+    from ..reports.compare import build_rows, load_results, to_html, to_markdown, to_text
+    from ..reports.curves import has_curve, load_curve
 
     if len(args.runs) < 2:
         raise ValueError("compare needs a baseline and at least one other run")
@@ -61,9 +61,11 @@ def run(args) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     md, page, figure = output.with_suffix(".md"), output.with_suffix(".html"), None
     if any(curves):
-        from ..eval.figures import curve_panels, draw
+        from ..curves import draw
+        from ..reports.figures import curve_panels
 
-        figure = draw(curve_panels(curves, args.axis), output.with_suffix(".png"), args.axis)
+        figure = output.with_suffix(".png")
+        draw(curve_panels(curves, args.axis), figure, xlabel="tokens" if args.axis == "tokens" else "step")
     md.write_text(to_markdown(rows, labels, note, averaged) + (f"\n![scores during training]({figure.name})\n"
                                                                 if figure else ""))
     page.write_text(to_html(rows, labels, note, averaged, figure))
@@ -75,8 +77,8 @@ def run(args) -> int:
 
 def _note(labels: list[str], runs: list[dict], curves: list) -> str:
     """What the table rests on: each run's latents, the evaluations of each curve, and what is not compared."""
-    from ..eval.compare import heldout_mismatch
-    from ..eval.curves import LATENT_SETTINGS, settings_difference
+    from ..reports.compare import heldout_mismatch
+    from ..reports.curves import LATENT_SETTINGS, settings_difference
 
     note = "Latents: " + "; ".join(f"{label}: {r.get('latents', {}).get('latents', '?')}"
                                    for label, r in zip(labels, runs))

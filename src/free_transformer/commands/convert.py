@@ -40,7 +40,7 @@ def run(args) -> int:
 
         from ..hf.conversion import convert, detect_format
     except ImportError as error:
-        from ..cli import UserError
+        from ..errors import UserError
 
         raise UserError(f"convert needs transformers: pip install 'free-transformer[hf]' ({error})") from error
     source_format = detect_format(args.source)  # errors are ValueErrors: the CLI prints them as one line

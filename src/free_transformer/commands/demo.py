@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from ..demo.experiment import PRESETS, run_demo
+from ..experiments.demo.presets import PRESETS
+from ..experiments.demo.run import run_demo
 from ..devices import parse_device
 from .arguments import parse_seeds
 
@@ -33,15 +33,14 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     preset = PRESETS[args.preset]
-    extra = [*args.overrides, *([f"steps={args.steps}"] if args.steps is not None else [])]
-    preset = dataclasses.replace(preset, extra=tuple(extra))
+    extra = (*args.overrides, *([f"steps={args.steps}"] if args.steps is not None else []))
     if args.workers is not None and args.workers < 1:
         raise ValueError("--workers must be >= 1")
     device = str(parse_device(args.device))
     if args.seed is not None and args.seeds is not None:
         raise ValueError("give --seed or --seeds, not both")
     seeds = parse_seeds(args.seeds, 1) if args.seeds is not None else (args.seed or 0,)
-    report = run_demo(preset, Path(args.out), seeds=seeds, workers=args.workers, device=device)
+    report = run_demo(preset, Path(args.out), seeds=seeds, extra=extra, workers=args.workers, device=device)
     print(f"report: {report.resolve()}")
     print(f"figure: {(report.parent / 'report.png').resolve()}")
     return 0

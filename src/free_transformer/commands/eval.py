@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..checkpoint import STEP_DIR, checkpoint_dirs, load_model, resolve_checkpoint
+from ..checkpoint import chosen_checkpoints, load_model, resolve_checkpoint
 from ..devices import parse_device
+from ..latent_choice import CONTEXT_CHOICES
 from ..tokenizer import get_tokenizer
 
 NAME = "eval"
@@ -36,7 +37,7 @@ def add_arguments(parser) -> None:
                         help="local data file for a task (race_high, race_middle, humaneval_plus, or to replace a "
                              "shipped one); repeatable")
     latents = parser.add_argument_group("Free Transformer latents (ignored for a baseline)")
-    latents.add_argument("--latents", choices=["prior", "encoder"], default="prior",
+    latents.add_argument("--latents", choices=list(CONTEXT_CHOICES), default="prior",
                          help="Z for the context positions: uniform prior (default, as the paper generates) or the "
                               "encoder run on the context only (the paper's KV-cache prefill); continuation and "
                               "generated positions always use the prior")
@@ -63,20 +64,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _pairs(values: list[str], what: str) -> dict[str, str]:
-    out = {}
-    for value in values:
-        key, sep, rest = value.partition("=")
-        if not sep or not key or not rest:
-            raise ValueError(f"{what} expects TASK=VALUE, got {value!r}")
-        out[key.strip()] = rest.strip()
-    return out
-
-
 def _list_tasks() -> int:
-    from ..eval.benchmarks import DEFAULT_TASKS
-    from ..eval.sources import DataUnavailable
-    from ..eval.tasks import get_benchmark
+    from ..eval.catalog import DEFAULT_TASKS
+    from ..eval.task_data import DataUnavailable
+    from ..eval.catalog import get_benchmark
 
     for bench in map(get_benchmark, DEFAULT_TASKS):
         try:
@@ -90,26 +81,14 @@ def _list_tasks() -> int:
     return 0
 
 
-def _fewshot(values: list[str]) -> dict[str, int]:
-    out = {}
-    for value in values:
-        key, sep, number = value.rpartition("=")
-        try:
-            out[key.strip() if sep else "*"] = int(number)
-        except ValueError:
-            raise ValueError(f"--num-fewshot expects N or TASK=N, got {value!r}") from None
-    return out
-
-
 def _settings(args):
-    from ..eval.settings import EvalSettings, task_names
+    from ..eval.settings import EvalSettings
 
-    settings = EvalSettings(
-        tasks=tuple(task_names(args.tasks)), limit=args.limit, latents=args.latents,
-        latent_samples=args.latent_samples, generation_samples=args.generation_samples, seed=args.seed,
-        num_fewshot=tuple(sorted(_fewshot(args.num_fewshot).items())),
-        data=tuple(sorted(_pairs(args.data, "--data").items())), max_new_tokens=args.max_new_tokens,
-        heldout=tuple(args.heldout), heldout_samples=args.heldout_samples, heldout_windows=args.heldout_windows)
+    settings = EvalSettings.from_options(
+        tasks=args.tasks, data=args.data, num_fewshot=args.num_fewshot, heldout=args.heldout, limit=args.limit,
+        latents=args.latents, latent_samples=args.latent_samples, generation_samples=args.generation_samples,
+        seed=args.seed, max_new_tokens=args.max_new_tokens, heldout_samples=args.heldout_samples,
+        heldout_windows=args.heldout_windows)
     settings.check_heldout()
     return settings
 
@@ -129,20 +108,20 @@ def run(args) -> int:
         return _list_tasks()
     if not args.checkpoint:
         raise ValueError("give a CHECKPOINT (or --list-tasks)")
-    from ..eval.report import format_table, write_json
+    from ..reports.results import format_table, write_json
     from ..eval.sandbox import SandboxLimits
-    from ..eval.settings import score
+    from ..eval.runner import score
 
     device = parse_device(args.device)
     if args.checkpoints and args.output:
         raise ValueError("--checkpoints appends to RUN/eval/curve.jsonl: leave --output out")
     if args.output and Path(args.output).exists():  # before hours of evaluation, not after
         raise FileExistsError(f"--output {args.output} already exists: it is kept; choose another name")
-    choose = checkpoint_choice(args.checkpoints) if args.checkpoints else None
     settings = _settings(args)
     sandbox = SandboxLimits(timeout_s=args.code_timeout, memory_mb=args.code_memory_mb)
-    if choose is not None:
-        return _score_checkpoints(Path(args.checkpoint), choose, settings, sandbox, device, not args.no_progress)
+    if args.checkpoints:
+        return _score_checkpoints(Path(args.checkpoint), args.checkpoints, settings, sandbox, device,
+                                  not args.no_progress)
     ckpt = resolve_checkpoint(args.checkpoint)
     model, config, tokenizer = _load(ckpt, device)
     started = time.monotonic()
@@ -161,44 +140,24 @@ def run(args) -> int:
     return 0
 
 
-def _score_checkpoints(run_dir: Path, choose, settings, sandbox, device, progress: bool) -> int:
-    """Score the run's checkpoints that `choose` picks, appending to its record; skip the scored ones."""
-    from ..eval.record import CurveRecord, make_entry
-    from ..eval.settings import score
+def _score_checkpoints(run_dir: Path, spec: str, settings, sandbox, device, progress: bool) -> int:
+    """Score the run's checkpoints that `spec` chooses, appending to its record; skip the scored ones."""
+    from ..eval.record import CurveRecord, score_and_record
 
-    found = [(int(STEP_DIR.match(c.name).group(1)), c) for c in checkpoint_dirs(run_dir)]
-    if not found:
-        raise ValueError(f"{run_dir} holds no checkpoints/step_*: --checkpoints needs a run directory")
-    newest = found[-1][0]
+    chosen = chosen_checkpoints(run_dir, spec)  # before loading anything: a wrong spec fails now
     record = CurveRecord(run_dir)
     tokens_per_step = _tokens_per_step(run_dir)
     print(f"settings {settings.key}; record {record.path}")
-    for step, ckpt in [(step, c) for step, c in found if choose(step, newest)]:
+    for step, ckpt in chosen:
         if record.scored(step, settings):
             print(f"step {step}: already scored, skipped")
             continue
-        started = time.monotonic()
         model, _, tokenizer = _load(ckpt, device)
-        results = score(model, tokenizer, settings, sandbox=sandbox, progress=progress)
-        record.append(make_entry(results, settings, step=step, source="checkpoint", checkpoint=ckpt.name,
-                                 tokens=None if tokens_per_step is None else step * tokens_per_step,
-                                 seconds=time.monotonic() - started))
-        scores = ", ".join(f"{name} {r['value']:.3f}" for name, r in results["tasks"].items())
-        print(f"step {step}: {scores or 'held-out likelihood'}")
+        scores = score_and_record(record, model, tokenizer, settings, step=step, source="checkpoint",
+                                  checkpoint=ckpt.name, tokens=None if tokens_per_step is None else step * tokens_per_step,
+                                  sandbox=sandbox, progress=progress)
+        print(f"step {step}: {scores}")
     return 0
-
-
-def checkpoint_choice(spec: str):
-    """--checkpoints as a test of (step, newest checkpoint's step): all, every:K (multiples of K), or
-    last-third (steps at or after 2/3 of the newest: the steps that the last-third average covers)."""
-    if spec == "all":
-        return lambda step, newest: True
-    if spec == "last-third":
-        return lambda step, newest: 3 * step >= 2 * newest
-    kind, _, every = spec.partition(":")
-    if kind == "every" and every.isdigit() and int(every) > 0:
-        return lambda step, newest: step % int(every) == 0
-    raise ValueError(f"--checkpoints expects all, every:K (K >= 1) or last-third, got {spec!r}")
 
 
 def _tokens_per_step(run_dir: Path) -> int | None:
@@ -208,8 +167,8 @@ def _tokens_per_step(run_dir: Path) -> int | None:
     from ..errors import UserError
     from ..train.config import load_train_config
 
-    try:  # eval.every=0: the periodic evaluation's settings (its held-out files) play no part here
-        config = load_train_config(run_dir / "config.yaml", ["eval.every=0"])
+    try:  # the periodic evaluation's settings (its held-out files) play no part here
+        config = load_train_config(run_dir / "config.yaml", periodic_eval=False)
         return config.batch_size * build_dataset(config.data, config.seed).sequence_length
     except (UserError, OSError) as error:
         print(f"note: tokens seen are not recorded ({' '.join(str(error).split())})")

@@ -8,8 +8,9 @@ import torch
 
 from ..checkpoint import load_model
 from ..devices import DTYPES, decoding_dtype, parse_device
-from ..generate import GenerationConfig, generate, infer_latents, shared_prior_latents
+from ..generate import GenerationConfig, generate
 from ..latent import ENCODER, PRIOR
+from ..latent_choice import CHOICES, CONTEXT_CHOICES, resolve_latents
 from ..tokenizer import get_tokenizer
 
 NAME = "generate"
@@ -32,7 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: none)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (its tokens' last id); repeatable")
     parser.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
-    parser.add_argument("--latents", choices=["encoder", "prior", "shared", "reference", "independent"],
+    parser.add_argument("--latents", choices=[*CHOICES, "independent"],
                         default="encoder",
                         help="Free Transformer: where Z comes from. encoder: the prompt's Z from the encoder (the "
                              "paper's prefill), each new token's from the prior, per sample; prior: every Z from "
@@ -65,28 +66,26 @@ def run(args) -> int:
     max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
     stop_tokens = tuple(tokenizer.encode(s)[-1] for s in args.stop if s)
     source = _latent_choice(args)
-    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p, stop_tokens=stop_tokens,
-                                  prompt_latents=source if source in (ENCODER, PRIOR) else ENCODER)
     if args.reference and source != "reference":
         raise ValueError("--reference is only used with --latents reference; add it, or drop --reference")
-    if source not in (ENCODER, PRIOR) and model.latent is None:
+    if source not in CONTEXT_CHOICES and model.latent is None:
         raise ValueError(f"--latents {source} needs a Free Transformer; this checkpoint is a baseline")
-    latents = None
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    if source == "shared":
-        latents = shared_prior_latents(model, len(prompt) + max_new_tokens - 1, generator)
-    elif source == "reference":
+    reference = None
+    if source == "reference":
         if not args.reference:
             raise ValueError("--latents reference needs --reference TEXT")
         reference = tokenizer.encode(args.reference)
         if len(reference) < len(prompt):
             raise ValueError("--reference must be at least as long as the prompt")
-        latents = infer_latents(model, torch.tensor([reference]), generator)
+        reference = torch.tensor([reference])
+    resolved = resolve_latents(model, source, length=len(prompt) + max_new_tokens - 1, reference=reference,
+                               generator=torch.Generator(device=device).manual_seed(args.seed))
+    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, stop_tokens=stop_tokens, prompt_latents=resolved.prompt_source)
     for first in range(0, args.num_samples, args.batch_size):  # printed as each batch ends
         seeds = [args.seed + i for i in range(first, min(first + args.batch_size, args.num_samples))]
         prompts = torch.tensor([prompt] * len(seeds))
-        result = generate(model, prompts, gen_config, seeds=seeds, latents=latents, compile=args.compile)
+        result = generate(model, prompts, gen_config, seeds=seeds, latents=resolved.explicit, compile=args.compile)
         for tokens in result.tokens:
             print(tokenizer.decode(prompt + tokens).replace("\n", "\\n"), flush=True)
     return 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..devices import parse_device
-from ..study.plan import PRESETS, StudyPlan
-from ..study.run import run_study
+from ..experiments.study.presets import PRESETS, StudyPlan
+from ..experiments.study.run import run_study
 from .arguments import parse_seeds
 
 NAME = "study"

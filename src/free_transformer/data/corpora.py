@@ -85,8 +85,8 @@ CORPORA = {
             # library, one document per module. Left out: third-party packages, the test suites (CPython's
             # test/ alone is 17.1 of the 31.5 MB of .py sources), the machine-generated build configuration
             # and pydoc's generated copy of the documentation (pydoc_data/topics.py, 0.76 MB of prose).
-            # CPython 3.11.7: 731 files, 11.3 MB, 5.22 M GPT-2 tokens (docs/real-text.md). It differs between
-            # Python versions (3.12 dropped distutils, 3.13 lib2to3): compare runs on one Python version.
+            # Its size on one Python: docs/real-text.md. It differs between Python versions (3.12 dropped
+            # distutils, 3.13 lib2to3): compare runs on one Python version.
             pattern="*.py",
             exclude=("site-packages", "dist-packages", "test", "tests", "idle_test", "_sysconfigdata_*",
                      "pydoc_data"),

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import hashlib
 from typing import Callable, Protocol
 
 import numpy as np
 import torch
 
 from ..errors import UserError
+from ..seeding import generator
 from .config import CoinflipConfig, DataConfig, LettersConfig, data_kinds
 from .synthetic import coinflip_batch, letters_batch
 
@@ -56,8 +56,7 @@ def build_dataset(config: DataConfig, seed: int) -> Dataset:
 
 def batch_generator(seed: int, step: int, split: str) -> torch.Generator:
     """A generator for one batch, derived from (seed, split, step) alone."""
-    digest = hashlib.blake2b(f"{seed}/{SPLIT_STREAMS[split]}/{step}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    return generator(seed, SPLIT_STREAMS[split], step)
 
 
 class LettersDataset:

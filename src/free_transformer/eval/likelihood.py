@@ -19,16 +19,15 @@ token of each window is context only, and bytes are counted on the decoded predi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
+from ..latent import ENCODER, PRIOR
+from ..measures import iwae
 from ..model import FreeTransformer
-from .tasks import stable_seed
-
-LN2 = math.log(2.0)
+from ..units import LN2
+from ..seeding import benchmark_seed, generators
 
 
 def windows(ids: Sequence[int], length: int) -> list[list[int]]:
@@ -39,14 +38,6 @@ def windows(ids: Sequence[int], length: int) -> list[list[int]]:
         if len(piece) >= 2:
             out.append(piece)
     return out
-
-
-def log_q(bit_logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """log q(z | x) summed over positions: bit_logits (K, T, H), index (K, T) -> (K,)."""
-    shifts = torch.arange(bit_logits.shape[-1], device=index.device)
-    bits = ((index.unsqueeze(-1) >> shifts) & 1).bool()
-    logp = torch.where(bits, F.logsigmoid(bit_logits), F.logsigmoid(-bit_logits))
-    return logp.double().sum(dim=(1, 2))
 
 
 def _nll_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -88,22 +79,20 @@ def heldout_likelihood(
         n_bytes = len(tokenizer.decode(chunk[1:]).encode("utf-8"))
         record = {"tokens": T, "bytes": n_bytes}
         if not is_free:
-            logits = model(inputs[None], latents="prior").logits
+            logits = model(inputs[None], latents=PRIOR).logits
             record["exact"] = float(_nll_rows(logits, targets[None])[0])
         else:
-            gens = [torch.Generator(device=device).manual_seed(stable_seed(seed, "heldout", w, k)) for k in range(K)]
+            gens = generators([benchmark_seed(seed, "heldout", w, k) for k in range(K)], device)
             batch, target_rows = inputs.expand(K, -1), targets.expand(K, -1)
-            prior = model(batch, latents="prior", generator=gens)
+            prior = model(batch, latents=PRIOR, generator=gens)
             record["prior_ce"] = float(_nll_rows(prior.logits, target_rows).mean())
-            post = model(batch, latents="encoder", generator=gens)
+            post = model(batch, latents=ENCODER, generator=gens)
             nll = _nll_rows(post.logits, target_rows)  # (K,) -log p(x | z_k)
             kl = float(post.kl_per_token_nats[0].double().sum())
-            log_prior = -T * model.config.latent_bits * LN2  # log p(z), uniform over 2^(H T)
-            log_ratio = -nll + log_prior - log_q(post.bit_logits, post.latent_index)
             record["posterior_ce"] = float(nll.mean())
             record["kl"] = kl
             record["elbo"] = float(nll.mean()) + kl
-            record["iwae"] = float(-(torch.logsumexp(log_ratio, 0) - math.log(K)))
+            record["iwae"] = iwae(nll, post.bit_logits, post.latent_index, model.config.latent_bits)
         totals["tokens"] += T
         totals["bytes"] += n_bytes
         per_window.append(record)

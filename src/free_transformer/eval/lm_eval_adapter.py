@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from .sources import require
+from .task_data import require
 
 require("lm_eval", "lm-eval==0.4.13")
 

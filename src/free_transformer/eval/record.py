@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from ..errors import UserError
+from .sandbox import SandboxLimits
+from .runner import score
 from .settings import EvalSettings
 
 RECORD_NAME = "curve.jsonl"
@@ -79,7 +82,7 @@ def _ends_with_newline(path: Path) -> bool:
 
 def make_entry(results: dict, settings: EvalSettings, *, step: int, tokens: int | None, source: str,
                checkpoint: str | None, seconds: float) -> dict:
-    """A record line from `eval.settings.score`'s results: per-document scores only (what the bootstrap and
+    """A record line from `runner.score`'s results: per-document scores only (what the bootstrap and
     the averages need), not the log-probabilities or generations of a single evaluation's JSON."""
     tasks = {}
     for name, result in results["tasks"].items():
@@ -92,3 +95,20 @@ def make_entry(results: dict, settings: EvalSettings, *, step: int, tokens: int 
     if "likelihood" in results:
         entry["likelihood"] = results["likelihood"]
     return entry
+
+
+def score_and_record(record: CurveRecord, model, tokenizer, settings: EvalSettings, *, step: int, tokens: int | None,
+                     source: str, checkpoint: str | None, sandbox: SandboxLimits = SandboxLimits(),
+                     progress: bool = False) -> str | None:
+    """Score `model` (the weights after `step` steps) under `settings` and append the line to the record,
+    unless that step is scored under these settings already; the scores as one line of text, or None
+    when skipped. What the periodic evaluation inside training and `eval --checkpoints` both do."""
+    if record.scored(step, settings):
+        return None
+    started = time.perf_counter()
+    results = score(model, tokenizer, settings, sandbox=sandbox, progress=progress)
+    seconds = time.perf_counter() - started
+    record.append(make_entry(results, settings, step=step, tokens=tokens, source=source, checkpoint=checkpoint,
+                             seconds=seconds))
+    scores = ", ".join(f"{name} {r['value']:.3f}" for name, r in results["tasks"].items())
+    return f"{scores or 'held-out likelihood'} ({seconds:.0f} s)"

@@ -1,5 +1,6 @@
-"""Evaluating one model on a list of benchmarks: prompts -> log-probabilities or generations ->
-the paper's measure, with every per-document score kept for the comparison's bootstrap."""
+"""Scoring one model: `score` under EvalSettings (the harness's entry point: benchmarks and held-out
+likelihoods), `evaluate` on a list of benchmarks (prompts -> log-probabilities or generations -> the
+paper's measure, with every per-document score kept for the comparison's bootstrap)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from . import metrics
+from .likelihood import heldout_likelihood
+from .prepare import PreparedTask, prepare
 from .programs import check_completion
 from .sandbox import SandboxLimits, isolation_report
 from .scoring import LatentPolicy, continuation_logprobs, generate_texts, log_mean_exp
-from .sources import DataUnavailable
-from .tasks import GenerationDoc, MultipleChoiceDoc, PreparedTask, prepare
+from .settings import EvalSettings
+from .task_data import DataUnavailable
+from .tasks import GenerationDoc, MultipleChoiceDoc
 
 
 @dataclass
@@ -114,3 +118,21 @@ def _generative(model, tokenizer, task: PreparedTask, options: EvalOptions) -> d
     if bench.kind == "code":
         result["sandbox"] = isolation_report(options.sandbox)
     return result
+
+
+def score(model, tokenizer, settings: EvalSettings, *, sandbox: SandboxLimits = SandboxLimits(),
+          progress: bool = False) -> dict:
+    """The model's results under `settings`: {"tasks", "unavailable", "latents"} (runner.evaluate)
+    and, with held-out text, "likelihood". Leaves the model in eval mode."""
+    model.eval()
+    options = EvalOptions(policy=settings.policy, num_fewshot=dict(settings.num_fewshot), limit=settings.limit,
+                          data_files=dict(settings.data), max_new_tokens=settings.max_new_tokens,
+                          sandbox=sandbox, progress=progress)
+    results = evaluate(model, tokenizer, list(settings.tasks), options)
+    if settings.heldout:
+        with tqdm(desc="held-out", unit="window", disable=not progress, leave=False) as bar:
+            results["likelihood"] = heldout_likelihood(model, tokenizer, settings.heldout_text(),
+                                                       samples=settings.heldout_samples, seed=settings.seed,
+                                                       max_windows=settings.heldout_windows, progress=bar.update)
+        results["likelihood"]["files"] = list(settings.heldout)
+    return results

@@ -33,9 +33,10 @@ import torch
 from torch import Tensor
 
 from ..generate import GenerationConfig, generate
-from ..latent import uniform_latents
+from ..latent import ENCODER, uniform_latents
+from ..latent_choice import CONTEXT_CHOICES, check_choice
 from ..model import FreeTransformer
-from .tasks import stable_seed
+from ..seeding import benchmark_seed, generators
 
 
 @dataclass(frozen=True)
@@ -52,15 +53,14 @@ class LatentPolicy:
     """Seeds every draw, per document, so results do not depend on batching or --limit."""
 
     def __post_init__(self) -> None:
-        if self.context not in ("prior", "encoder"):
-            raise ValueError(f"latent context must be 'prior' or 'encoder', got {self.context!r}")
+        check_choice(self.context, where="latent context", allowed=CONTEXT_CHOICES)
         if self.samples < 1 or self.generation_samples < 1:
             raise ValueError("latent samples must be >= 1")
 
     def describe(self, model: FreeTransformer) -> dict:
         if not model.config.is_free:
             return {"model": "baseline", "latents": "none (baseline decoder, exact probabilities)"}
-        context = ("encoder posterior on the context only (KV-cache prefill)" if self.context == "encoder"
+        context = ("encoder posterior on the context only (KV-cache prefill)" if self.context == ENCODER
                    else "uniform prior")
         return {
             "model": "free",
@@ -80,7 +80,7 @@ class LatentPolicy:
 
 def _generators(seed: int, key: str, count: int, device=None) -> list[torch.Generator]:
     """One generator per draw, on the device whose random numbers it will make."""
-    return [torch.Generator(device=device or "cpu").manual_seed(stable_seed(seed, key, k)) for k in range(count)]
+    return generators([benchmark_seed(seed, key, k) for k in range(count)], device or "cpu")
 
 
 def fit_window(context: Sequence[int], continuation: Sequence[int], max_len: int) -> tuple[list[int], list[int]]:
@@ -168,13 +168,13 @@ def _document_rows(model, doc: int, windows, key: str, policy: LatentPolicy) -> 
     longest = max(len(ctx) + len(cont) - 1 for ctx, cont in windows)
     prior = uniform_latents((K, longest), H, generator=_generators(policy.seed, key, K))  # (K, longest)
     encoded: dict[tuple[int, ...], Tensor] = {}
-    if policy.context == "encoder":
+    if policy.context == ENCODER:
         device = model.rope_cos.device
         for ctx, _ in windows:
             if tuple(ctx) not in encoded:  # the encoder sees the context only, never a choice
                 context = torch.tensor(ctx, device=device).expand(K, -1)
                 gens = _generators(policy.seed, key + "/encoder", K, device)
-                encoded[tuple(ctx)] = model(context, latents="encoder", generator=gens).latent_index.cpu()
+                encoded[tuple(ctx)] = model(context, latents=ENCODER, generator=gens).latent_index.cpu()
     rows = []
     for c, (ctx, cont) in enumerate(windows):
         tokens = ctx + cont[:-1]
@@ -220,7 +220,7 @@ def generate_texts(
         return any(s in text for s in stop)
 
     prompts = torch.tensor([ids] * n, dtype=torch.int64)
-    seeds = [stable_seed(policy.seed, key, "generate", k) for k in range(n)]
+    seeds = [benchmark_seed(policy.seed, key, "generate", k) for k in range(n)]
     result = generate(model, prompts, config, seeds=seeds, should_stop=should_stop if stop else None)
     return [cut_at_stop(tokenizer.decode(t), stop) for t in result.tokens], truncated
 

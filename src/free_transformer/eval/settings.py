@@ -1,20 +1,18 @@
-"""What an evaluation is scored under (tasks, documents, latent draws, held-out text), and scoring a
-model under it: one function shared by `free-transformer eval`, `eval --checkpoints` and the periodic
-evaluation inside training, so that the same settings give the same numbers (and the same record key)
-whichever of them ran."""
+"""What an evaluation is scored under (tasks, documents, latent draws, held-out text): one type for
+`free-transformer eval`'s flags and a config's `eval` section, so that the same settings give the same
+numbers (and the same record key) whichever of them ran. runner.score scores a model under it."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from ..data.corpora import is_named, named_corpus, read_heldout
 from ..errors import UserError
-from .likelihood import heldout_likelihood
-from .runner import EvalOptions, evaluate
-from .sandbox import SandboxLimits
 from .scoring import LatentPolicy
 
 
@@ -24,8 +22,7 @@ class EvalSettingsError(UserError, ValueError):
 
 def task_names(spec: str) -> list[str]:
     """'arc_easy,boolq', 'all', 'paper', 'mc', 'generative' or 'none' -> task names, in order, once each."""
-    from .benchmarks import DEFAULT_TASKS, PAPER_TASKS
-    from .tasks import get_benchmark
+    from .catalog import DEFAULT_TASKS, PAPER_TASKS, get_benchmark
 
     if spec.strip() == "none":
         return []
@@ -48,6 +45,27 @@ def task_names(spec: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _pairs(values: Iterable[str], what: str, form: str) -> dict[str, str]:
+    out = {}
+    for value in (v for v in values if v.strip()):
+        key, sep, rest = value.partition("=")
+        if not sep or not key.strip() or not rest.strip():
+            raise EvalSettingsError(f"{what} expects {form}, got {value!r}")
+        out[key.strip()] = rest.strip()
+    return out
+
+
+def _shots(values: Iterable[str]) -> dict[str, int]:
+    out = {}
+    for value in values:
+        key, sep, number = value.rpartition("=")
+        try:
+            out[key.strip() if sep else "*"] = int(number)
+        except ValueError:
+            raise EvalSettingsError(f"num-fewshot expects N or TASK=N, got {value!r}") from None
+    return out
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     """Everything that changes a score. Two evaluations under equal settings of the same weights give
@@ -55,7 +73,7 @@ class EvalSettings:
 
     tasks: tuple[str, ...] = ()
     limit: int | None = None
-    latents: str = "prior"
+    latents: Literal["prior", "encoder"] = "prior"  # the Z of context positions (latent_choice.CONTEXT_CHOICES)
     latent_samples: int = 4
     generation_samples: int = 1
     seed: int = 0
@@ -77,6 +95,15 @@ class EvalSettings:
             self.policy
         except ValueError as error:
             raise EvalSettingsError(str(error)) from None
+
+    @classmethod
+    def from_options(cls, *, tasks: str = "all", data: Iterable[str] = (), num_fewshot: Iterable[str] = (),
+                     heldout: Iterable[str] = (), **fields) -> EvalSettings:
+        """Settings from options as a user writes them (`free-transformer eval`'s flags, a config's `eval`
+        section): a task spec (task_names), TASK=PATH data files, N or TASK=N shots, held-out files."""
+        return cls(tasks=tuple(task_names(tasks)), data=tuple(sorted(_pairs(data, "data", "TASK=PATH").items())),
+                   num_fewshot=tuple(sorted(_shots(num_fewshot).items())),
+                   heldout=tuple(p.strip() for p in heldout if p.strip()), **fields)
 
     @property
     def policy(self) -> LatentPolicy:
@@ -105,23 +132,3 @@ class EvalSettings:
 
     def heldout_text(self) -> str:
         return "\n".join(read_heldout(p) for p in self.heldout)
-
-
-def score(model, tokenizer, settings: EvalSettings, *, sandbox: SandboxLimits = SandboxLimits(),
-          progress: bool = False) -> dict:
-    """The model's results under `settings`: {"tasks", "unavailable", "latents"} (runner.evaluate)
-    and, with held-out text, "likelihood". Leaves the model in eval mode."""
-    model.eval()
-    options = EvalOptions(policy=settings.policy, num_fewshot=dict(settings.num_fewshot), limit=settings.limit,
-                          data_files=dict(settings.data), max_new_tokens=settings.max_new_tokens,
-                          sandbox=sandbox, progress=progress)
-    results = evaluate(model, tokenizer, list(settings.tasks), options)
-    if settings.heldout:
-        from tqdm.auto import tqdm
-
-        with tqdm(desc="held-out", unit="window", disable=not progress, leave=False) as bar:
-            results["likelihood"] = heldout_likelihood(model, tokenizer, settings.heldout_text(),
-                                                       samples=settings.heldout_samples, seed=settings.seed,
-                                                       max_windows=settings.heldout_windows, progress=bar.update)
-        results["likelihood"]["files"] = list(settings.heldout)
-    return results

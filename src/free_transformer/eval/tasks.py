@@ -1,5 +1,5 @@
 """Benchmarks as prompts: the document types every benchmark turns its rows into, few-shot prompt
-assembly, and the registry of benchmarks (filled by `benchmarks.py`).
+assembly, and the registry of benchmarks (filled by catalog.py, which defines them).
 
 A multiple-choice document is scored by the log-probability of each choice's continuation; a
 generation document by what the model writes after its prompt (exact match or, for code, running
@@ -7,14 +7,12 @@ tests in the sandbox)."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .sources import DataUnavailable
 
 Kind = Literal["mc", "em", "code"]
 
@@ -121,26 +119,6 @@ def register(cls: type[Benchmark]) -> type[Benchmark]:
     return cls
 
 
-def get_benchmark(name: str) -> Benchmark:
-    from . import benchmarks  # noqa: F401  (fills the registry)
-
-    if name not in REGISTRY:
-        raise ValueError(f"unknown task {name!r}; choose from {', '.join(REGISTRY)}")
-    return REGISTRY[name]
-
-
-def all_benchmarks() -> list[Benchmark]:
-    from . import benchmarks  # noqa: F401
-
-    return list(REGISTRY.values())
-
-
-def stable_seed(*parts) -> int:
-    """A 63-bit seed from any printable parts, identical across runs, machines and Python hashing."""
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
 def choose_shots(pool: Sequence[dict], candidates: Sequence[int], n: int, *, fixed: bool,
                  exclude: int | None, seed) -> list[dict]:
     """n few-shot rows of `pool` among the indices `candidates`: the first n of a fixed list, or a
@@ -157,51 +135,3 @@ def choose_shots(pool: Sequence[dict], candidates: Sequence[int], n: int, *, fix
         raise ValueError(f"only {available} few-shot candidates exist, asked for {n}")
     drawn = random.Random(seed).sample(candidates, min(n + 1, len(candidates)))
     return [pool[i] for i in drawn if i != exclude][:n]
-
-
-@dataclass
-class PreparedTask:
-    benchmark: Benchmark
-    docs: list[Doc]
-    num_fewshot: int
-    source: str
-
-
-def prepare(name: str, *, num_fewshot: int | None = None, limit: int | None = None,
-            data_file: str | Path | None = None, seed: int = 1234) -> PreparedTask:
-    """Load a benchmark's rows and turn the first `limit` of them into prompts (for a benchmark with
-    sub-categories, `limit` applies to each). Raises DataUnavailable when the data is absent."""
-    bench = get_benchmark(name)
-    if bench.needs_file and data_file is None:
-        raise DataUnavailable(bench.needs_file)
-    rows, pool = bench.rows(Path(data_file) if data_file else None)
-    shots = bench.default_shots if num_fewshot is None else num_fewshot
-    if shots < 0:
-        raise ValueError(f"{name}: the few-shot count must be >= 0, got {shots}")
-    selected = _limit(bench, list(enumerate(rows)), limit)
-    base = rows if pool is None else pool
-    by_group: dict = {}  # few-shot examples come from the row's own sub-category (MMLU subject)
-    for i, r in enumerate(base):
-        by_group.setdefault(bench.group(r), []).append(i)
-    docs = []
-    for index, row in selected:
-        chosen = choose_shots(base, by_group.get(bench.group(row), []), shots, fixed=bench.fixed_shots,
-                              exclude=index if pool is None else None, seed=stable_seed(name, seed, index))
-        docs.append(bench.build(row, bench.doc_id(row, index), chosen))
-    source = f"user file {data_file}" if data_file else bench.source
-    return PreparedTask(bench, docs, shots, source)
-
-
-def _limit(bench: Benchmark, indexed: list[tuple[int, dict]], limit: int | None) -> list[tuple[int, dict]]:
-    if limit is None:
-        return indexed
-    if limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {limit}")
-    counts: dict = {}
-    kept = []
-    for index, row in indexed:
-        g = bench.group(row)
-        if counts.get(g, 0) < limit:
-            counts[g] = counts.get(g, 0) + 1
-            kept.append((index, row))
-    return kept

@@ -179,7 +179,7 @@ def _materialize(config: ModelConfig, weights: dict[str, torch.Tensor], dtype: t
 
 
 def llama_tokenizer_name(path: str | Path) -> str | None:
-    """"hf:<absolute path>" when the Llama directory holds a tokenizer (see hf.tokenizer), else None."""
+    """"hf:<absolute path>" when the Llama directory holds a tokenizer (see hf_tokenizer), else None."""
     path = Path(path)
     if any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
         return f"hf:{path.resolve()}"

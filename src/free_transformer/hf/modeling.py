@@ -19,8 +19,9 @@ from torch import Tensor
 from transformers import Cache, DynamicCache, GenerationMixin, LogitsProcessorList, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..generate import GenerationConfig, infer_latents, row_generators, shared_prior_latents
+from ..generate import GenerationConfig, row_generators
 from ..latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source
+from ..latent_choice import resolve_latents
 from ..model import IGNORE_INDEX, LEGACY_LATENT_NAMES, FreeTransformer
 from .configuration import FreeTransformerConfig
 from .generation import RowSeededSampler
@@ -289,13 +290,10 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             reference = torch.as_tensor(reference, dtype=torch.int64, device=device)
             if reference.dim() != 2 or reference.shape[0] not in (1, B):
                 raise ValueError(f"latent_reference must have shape ({B} or 1, T), got {tuple(reference.shape)}")
-            latents = infer_latents(self.model, reference, generator=one_off)
-        elif isinstance(latents, str) and latents == "shared":
-            latents = shared_prior_latents(self.model, self.config.max_position_embeddings, generator=one_off)
-        if latents is None or isinstance(latents, str):
-            if latents not in (None, ENCODER, PRIOR, "posterior"):
-                raise ValueError("latents must be None, 'encoder', 'prior', 'shared' or an index tensor, "
-                                 f"got {latents!r}")
-            return LatentPlan(B, self.config.latent_bits, prompt_source=latents or ENCODER, generators=generators)
-        latents = check_latent_indices(latents, self.config.latent_bits, B, min_length=P, device=device)
-        return LatentPlan(B, self.config.latent_bits, explicit=latents, generators=generators)
+            latents = "reference"
+        resolved = resolve_latents(self.model, latents, length=self.config.max_position_embeddings,
+                                   reference=reference, generator=one_off)
+        if resolved.explicit is None:
+            return LatentPlan(B, self.config.latent_bits, prompt_source=resolved.prompt_source, generators=generators)
+        explicit = check_latent_indices(resolved.explicit, self.config.latent_bits, B, min_length=P, device=device)
+        return LatentPlan(B, self.config.latent_bits, explicit=explicit, generators=generators)

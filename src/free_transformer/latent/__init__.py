@@ -1,7 +1,7 @@
 """The latent Z of the Free Transformer: sampling and KL (`sampling`), the swappable mappers from bits
 to the residual R (`mappers`, with `binary_mapper` and `bit_linear` registered), the vocabulary of
-latent sources and the decoding plan (`sources`). The module that holds them together in a model,
-`LatentPath`, is in `free_transformer.latent.path`."""
+latent sources and the decoding plan (`sources`). It imports nothing of the package but `units`; the module
+that holds them together in a model, `LatentPath`, is `free_transformer.latent_path`."""
 
 from .binary_mapper import BinaryMapper, binary_mapper_project, project_latents
 from .bit_linear import BitLinear

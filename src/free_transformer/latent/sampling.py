@@ -6,12 +6,13 @@ Bit h of Z_t is 1 with probability p_h = sigmoid(L_{t,h}); the index is d = sum_
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..units import LN2
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
@@ -81,7 +82,7 @@ def kl_per_bit(bit_logits: Tensor) -> Tensor:
     logits = at_least_float32(bit_logits)
     p1 = torch.sigmoid(logits)
     neg_entropy = p1 * F.logsigmoid(logits) + (1 - p1) * F.logsigmoid(-logits)
-    return math.log(2.0) + neg_entropy
+    return LN2 + neg_entropy
 
 
 def free_bits_kl(kl_per_token: Tensor, kappa_nats: float) -> Tensor:

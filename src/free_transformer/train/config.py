@@ -9,13 +9,15 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
-from ..config import ConfigError, ModelConfig, bits_to_nats, named_config
+from ..config import ConfigError, ModelConfig, named_config
 from ..data import DataConfig
 from ..data.config import nest_flat_fields
 from ..fileio import atomic_write_text
+from ..units import bits_to_nats
 
 
 @dataclass
@@ -68,7 +70,7 @@ class BenchmarkEvalConfig:
     """Comma-separated task names, or all, paper, mc, generative, none (only the held-out likelihoods)."""
     limit: int | None = None
     """The first N documents of each task (null: all)."""
-    latents: str = "prior"
+    latents: Literal["prior", "encoder"] = "prior"
     """Z for the context positions of a Free Transformer: prior or encoder (see `eval --latents`)."""
     latent_samples: int = 4
     """K latent draws per multiple-choice question."""
@@ -85,18 +87,13 @@ class BenchmarkEvalConfig:
 
     def settings(self):
         """The section as evaluation settings (the same key as `eval --checkpoints` with equal options)."""
-        from ..eval.settings import EvalSettings, task_names
+        from ..eval.settings import EvalSettings
 
-        pairs = [item.partition("=") for item in self.data.split(",") if item.strip()]
-        if any(not sep or not key.strip() or not path.strip() for key, sep, path in pairs):
-            raise ConfigError(f"eval.data expects TASK=PATH,..., got {self.data!r}")
-        return EvalSettings(
-            tasks=tuple(task_names(self.tasks)), limit=self.limit, latents=self.latents,
-            latent_samples=self.latent_samples, generation_samples=self.generation_samples, seed=self.seed,
-            data=tuple(sorted((key.strip(), path.strip()) for key, _, path in pairs)),
-            max_new_tokens=self.max_new_tokens,
-            heldout=tuple(p.strip() for p in self.heldout.split(",") if p.strip()),
-            heldout_samples=self.heldout_samples, heldout_windows=self.heldout_windows)
+        return EvalSettings.from_options(
+            tasks=self.tasks, data=self.data.split(","), heldout=self.heldout.split(","), limit=self.limit,
+            latents=self.latents, latent_samples=self.latent_samples, generation_samples=self.generation_samples,
+            seed=self.seed, max_new_tokens=self.max_new_tokens, heldout_samples=self.heldout_samples,
+            heldout_windows=self.heldout_windows)
 
     def validate(self, strategy: str) -> None:
         if self.every < 0:
@@ -157,7 +154,7 @@ class TrainConfig:
     eval_every: int = 0
     """Validation measures every N steps (0: never): cross-entropy and KL and, for a Free Transformer, the
     cross-entropy with prior Z, the bits Z saves, the KL of each bit, and a warning when Z is unused or
-    carries the tokens (train/evaluation.py)."""
+    carries the tokens (train/validation.py)."""
     eval_batches: int = 4
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
@@ -330,7 +327,10 @@ def read_config_file(path: str | Path) -> dict:
     return loaded
 
 
-def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
+                      periodic_eval: bool = True) -> TrainConfig:
+    """Defaults, then the YAML file, then the overrides. periodic_eval=False turns the `eval` section off
+    (eval.every = 0), for a reader of a run that does not train it."""
     layers = [read_config_file(path) if path is not None else {}, parse_overrides(overrides or [])]
     for layer in layers:  # data's flat fields of older configs and commands, each layer on its own
         if isinstance(layer.get("data"), dict):
@@ -339,7 +339,43 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | Non
     model_values = values.get("model", {})
     if isinstance(model_values, dict) and "size" not in model_values:  # fields override the default size
         values["model"] = {**named_config("cpu-small").to_dict(), **model_values}
+    config = _build(TrainConfig, values, "")
+    if not periodic_eval:
+        config.eval.every = 0
+    return config.validate()
+
+
+def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """`config` with `section.field=value` overrides (a command line's) on top. `model.size=NAME` takes
+    that named size's fields, keeps the config's latent_bits (a baseline stays one), then the override's
+    other model fields."""
+    if not overrides:
+        return config
+    update = parse_overrides(overrides)
+    if isinstance(update.get("data"), dict):
+        update["data"] = nest_flat_fields(update["data"])
+    values = _merge(config.to_dict(), update)
+    model = update.get("model")
+    if isinstance(model, dict) and "size" in model:
+        values["model"] = {"latent_bits": config.model.latent_bits, **model}
     return _build(TrainConfig, values, "").validate()
+
+
+def overrides_of(config: TrainConfig) -> list[str]:
+    """The `section.field=value` overrides that give `config` from the defaults (`free-transformer train`'s
+    command line for it): what a report shows of each run's settings."""
+    out: list[str] = []
+
+    def walk(value, default, where: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, default.get(key) if isinstance(default, dict) else None, f"{where}{key}.")
+        elif value != default:
+            text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
+            out.append(f"{where[:-1]}={text.removesuffix(chr(10) + '...')}")
+
+    walk(config.to_dict(), TrainConfig().to_dict(), "")
+    return out
 
 
 def save_train_config(config: TrainConfig, path: str | Path) -> None:

@@ -1,6 +1,5 @@
 """Training metrics: metrics.jsonl (one JSON object per logged step), optionally TensorBoard and Weights &
-Biases, and the training-curve plot (cross-entropy, KL against kappa and, for a Free Transformer, what
-Z saves; in bits per token)."""
+Biases, and the training-curve plot (curves.training_panels)."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
+from ..curves import draw, training_panels
 from ..fileio import atomic_write_text
 
 
@@ -110,46 +110,6 @@ class MetricsLog:
 
 
 def plot_training_curves(metrics: list[dict], out_path: Path, title: str | None = None) -> None:
-    """Cross-entropy (train, validation; for a Free Transformer also validation with prior Z) and KL against
-    kappa; for a Free Transformer a third panel: the bits Z saves per token, and how many bits are dead."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not metrics:
-        return
-    evaluated = [m for m in metrics if "val_cross_entropy_bits" in m]
-    free = any("latent_bits_saved" in m for m in evaluated)
-    steps = [m["step"] for m in metrics]
-    fig, axes = plt.subplots(1, 3 if free else 2, figsize=(15 if free else 10, 3.6))
-    ax_ce, ax_kl = axes[0], axes[1]
-    ax_ce.plot(steps, [m["cross_entropy_bits"] for m in metrics], label="train (encoder Z)" if free else "train")
-    if evaluated:
-        ax_ce.plot([m["step"] for m in evaluated], [m["val_cross_entropy_bits"] for m in evaluated], "o-",
-                   label="validation (encoder Z)" if free else "validation")
-    if free:
-        ax_ce.plot([m["step"] for m in evaluated], [m.get("val_prior_cross_entropy_bits") for m in evaluated], "s--",
-                   label="validation (prior Z, as generated)")
-    ax_ce.set(xlabel="step", ylabel="bits / token", title="cross-entropy")
-    ax_ce.legend()
-    ax_kl.plot(steps, [m["kl_bits"] for m in metrics], label="KL(Q(Z|S) || uniform)")
-    ax_kl.axhline(metrics[-1]["kappa_bits"], color="k", linestyle="--", label="kappa (free bits)")
-    ax_kl.set(xlabel="step", ylabel="bits / token", title="KL per token")
-    ax_kl.legend()
-    if free:
-        ax_z = axes[2]
-        ax_z.plot([m["step"] for m in evaluated], [m.get("latent_bits_saved") for m in evaluated], "o-",
-                  label="bits Z saves (prior - encoder CE)")
-        ax_z.axhline(0.0, color="k", linewidth=0.8)
-        dead = ax_z.twinx()
-        dead.plot([m["step"] for m in evaluated], [m.get("dead_bits") for m in evaluated], "x:", color="tab:red",
-                  label="dead bits")
-        dead.set_ylabel("bits with KL < 0.01", color="tab:red")
-        ax_z.set(xlabel="step", ylabel="bits / token", title="what Z carries (validation)")
-        ax_z.legend(loc="upper left")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
+    """training_curves.png: curves.training_panels of the logged metrics (nothing when none are)."""
+    if metrics:
+        draw(training_panels(metrics), out_path, legend="panels", title=title, dpi=110)

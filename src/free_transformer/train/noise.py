@@ -13,20 +13,15 @@ with any grad_accum, samples the same Z for the same row, which is what makes th
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
-
-def seed_of(*parts) -> int:
-    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1  # manual_seed takes a non-negative int64
+from ..seeding import generator, seed_of
 
 
-def row_generators(seed: int, step: int, rows: range, device: torch.device,
+def latent_row_generators(seed: int, step: int, rows: range, device: torch.device,
                    split: str = "train") -> list[torch.Generator]:
     """One generator per global row index in `rows`, for the model's `generator=` argument."""
-    return [torch.Generator(device).manual_seed(seed_of(seed, "latent", split, step, row)) for row in rows]
+    return [generator(seed, "latent", split, step, row, device=device) for row in rows]
 
 
 def latent_generators(latent_noise: str, seed: int, step: int, rows: range, device: torch.device, *,
@@ -35,7 +30,7 @@ def latent_generators(latent_noise: str, seed: int, step: int, rows: range, devi
     or None after reseeding this rank's global stream (global noise, rank given: several processes),
     or None (global noise, one process)."""
     if latent_noise == "row":
-        return row_generators(seed, step, rows, device, split)
+        return latent_row_generators(seed, step, rows, device, split)
     if rank is not None:
         torch.manual_seed(seed_of(seed, "stream", split, step, rank))
     return None

@@ -1,5 +1,5 @@
 """Benchmarks scored on the live model during training (config section `eval`): every `eval.every` steps
-and at the last step, one line appended to RUN/eval/curve.jsonl (eval/record.py).
+and at the last step, one line appended to RUN/eval/curve.jsonl (eval/record.py, score_and_record: the same as `eval --checkpoints`).
 
 Training does not see it: every RNG stream (torch, CUDA, Python, NumPy) is saved before and restored
 after, gradients are off, and the model goes back to train mode, so the losses are bit-identical to a
@@ -16,8 +16,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..eval.record import CurveRecord, make_entry
-from ..eval.settings import score
+from ..eval.record import CurveRecord, score_and_record
 from ..tokenizer import get_tokenizer
 
 
@@ -53,17 +52,13 @@ class PeriodicEvaluation:
         if not self.due(step) or self.record.scored(step, self.settings):
             return 0.0
         started = time.perf_counter()
-        with training_untouched(self.model, self.device):
-            results = score(self.model, self.tokenizer, self.settings)
-        seconds = time.perf_counter() - started
         checkpoint = f"step_{step:08d}"
-        self.record.append(make_entry(
-            results, self.settings, step=step, tokens=step * self.tokens_per_step, source="training",
-            checkpoint=checkpoint if (self.run_dir / "checkpoints" / checkpoint).is_dir() else None,
-            seconds=seconds))
-        scores = ", ".join(f"{name} {r['value']:.3f}" for name, r in results["tasks"].items())
-        tqdm.write(f"eval at step {step} ({seconds:.0f} s): {scores or 'held-out likelihood'}")
-        return seconds
+        with training_untouched(self.model, self.device):
+            scores = score_and_record(
+                self.record, self.model, self.tokenizer, self.settings, step=step, tokens=step * self.tokens_per_step,
+                source="training", checkpoint=checkpoint if (self.run_dir / "checkpoints" / checkpoint).is_dir() else None)
+        tqdm.write(f"eval at step {step}: {scores}")
+        return time.perf_counter() - started
 
 
 def periodic_evaluation(run) -> PeriodicEvaluation | None:

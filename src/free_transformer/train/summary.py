@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ..checkpoint import checkpoint_dirs
 from ..errors import UserError
+from ..measures import DEAD_BIT_KL
 from .config import load_train_config
-from .evaluation import DEAD_BIT_KL
 from .metrics import read_metrics
 
 

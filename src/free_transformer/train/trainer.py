@@ -39,14 +39,13 @@ from ..errors import Stopped, UserError
 from ..model import FreeTransformer
 from ..runlock import RunLock
 from ..tokenizer import get_tokenizer
+from ..units import LN2
 from .config import TrainConfig, changed_settings, load_train_config, save_train_config
-from .evaluation import autocast_context, evaluate, latent_warning
 from .metrics import MetricsLog, read_metrics
 from .noise import latent_generators
 from .optim import build_optimizer, lr_factor, set_lr
 from .periodic import periodic_evaluation
-
-LN2 = math.log(2.0)
+from .validation import autocast_context, latent_warning, validate
 
 
 class TrainingError(UserError, RuntimeError):
@@ -58,9 +57,6 @@ class TrainResult:
     run_dir: Path
     step: int
     metrics: dict  # the last logged metrics
-
-
-resolve_device = parse_device  # the name other modules import
 
 
 class StopSignals:
@@ -379,7 +375,7 @@ def step_metrics(run: Run, done: int, result: StepResult, seconds_per_step: floa
         "tokens_per_s": config.batch_size * run.dataset.sequence_length / max(seconds_per_step, 1e-9),
     }
     if config.eval_every and done % config.eval_every == 0:
-        metrics.update(evaluate(run.runner, run.dataset, config, run.device, run.env))
+        metrics.update(validate(run.runner, run.dataset, config, run.device, run.env))
         # Z is unused early in every run: only a quarter into training, and past the warm-up, is that news
         settled = done > max(config.optim.warmup_steps, config.steps // 4)
         warning = latent_warning(metrics, metrics["kappa_bits"], settled=settled)

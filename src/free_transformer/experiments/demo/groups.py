@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.synthetic import BODY_LENGTH, analyse_letters
-from ..generate import GenerationConfig, generate, shared_prior_latents
-from ..model import FreeTransformer
+from ...data.synthetic import BODY_LENGTH, analyse_letters
+from ...generate import GenerationConfig, generate
+from ...latent_choice import resolve_latents
+from ...model import FreeTransformer
 
 
 @dataclass
@@ -41,7 +42,8 @@ def blue_and_greens(model: FreeTransformer, prompt: torch.Tensor, config: Genera
     if model.config.is_free:
         generator = torch.Generator(device=model.rope_cos.device).manual_seed(seed + 1)
         length = prompt.shape[1] + config.max_new_tokens - 1
-        shared = [shared_prior_latents(model, length, generator) for _ in range(green_groups)]
+        shared = [resolve_latents(model, "shared", length=length, generator=generator).explicit
+                  for _ in range(green_groups)]
         latents = torch.cat(shared).repeat_interleave(green_size, dim=0)  # (groups * size, length)
     greens = generate_strings(model, prompt.expand(green_groups * green_size, -1), config, seed + blue_size, latents)
     blue = generate_strings(model, prompt.expand(blue_size, -1), config, seed)

@@ -1,22 +1,23 @@
-"""Evaluation during training: validation cross-entropy and KL on held-out batches and, for a Free
-Transformer, what its latent does: the honest cross-entropy with Z drawn from the prior (as at
-generation), the bits the encoder's Z saves per token, the KL of each bit, and a warning when Z has
-collapsed or carries the tokens themselves. Computed with its own generators: training's RNG streams
-are untouched."""
+"""Validation during training (every `eval_every` steps): cross-entropy and KL on held-out batches
+and, for a Free Transformer, what its latent does (measures.py): the honest cross-entropy with Z
+drawn from the prior (as at generation), the bits the encoder's Z saves per token, the KL of each bit,
+and a warning when Z has collapsed or carries the tokens themselves. Computed with its own
+generators: training's RNG streams are untouched. Benchmarks scored during training are another
+thing: train/periodic.py."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 
 from ..distributed import ParallelEnv
-from ..latent.sampling import kl_per_bit
+from ..latent import PRIOR, kl_per_bit
+from ..measures import dead_bits, latent_verdict
+from ..units import LN2
 from .config import TrainConfig
-from .noise import latent_generators, seed_of
-
-LN2 = math.log(2.0)
+from ..seeding import generator
+from .noise import latent_generators
 
 
 def autocast_context(precision: str, device: torch.device):
@@ -25,18 +26,8 @@ def autocast_context(precision: str, device: torch.device):
     return contextlib.nullcontext()
 
 
-# A bit whose KL to a fair coin is under this (bits per token) carries nothing.
-DEAD_BIT_KL = 0.01
-# Z is unused (collapsed) when it saves less than this per token (bits) once training has settled.
-COLLAPSED_SAVING = 0.01
-# The encoder channels the tokens when the KL sits at its free budget kappa (within 10 %), kappa is at
-# least this (bits), and Z saves at least half of the KL it spends: the training loss then flatters the
-# model by about the KL, and generation, which draws Z from the prior, is that much worse.
-COPYING_KAPPA, COPYING_SHARE = 2.0, 0.5
-
-
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch.device,
+def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch.device,
              env: ParallelEnv | None = None) -> dict:
     """Validation measures in bits per token, on `config.eval_batches` held-out batches (the same ones at
     every evaluation). Under ddp / fsdp (env given) each rank computes its slice of every batch.
@@ -44,7 +35,7 @@ def evaluate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
     val_cross_entropy_bits, val_kl_bits: with Z from the encoder, as the training loss.
     For a Free Transformer also: val_prior_cross_entropy_bits (Z from the uniform prior: what generation
     does; an upper bound of the honest -log P(x)), latent_bits_saved (prior minus encoder cross-entropy),
-    val_kl_bits_per_bit (H values), dead_bits (bits under DEAD_BIT_KL)."""
+    val_kl_bits_per_bit (H values), dead_bits (measures.dead_bits)."""
     env = env or ParallelEnv("none", device)
     free = getattr(model, "module", model).latent is not None  # ddp wraps the model
     model.eval()
@@ -57,7 +48,7 @@ def evaluate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
         with autocast_context(config.precision, env.device):
             out = model(inputs, targets, kappa_nats=config.kappa_nats(config.steps),
                         generator=_generator(config, index, rows, env, "val"))
-            prior = model(inputs, targets, latents="prior", generator=_generator(config, index, rows, env, "prior"))\
+            prior = model(inputs, targets, latents=PRIOR, generator=_generator(config, index, rows, env, "prior"))\
                 if free else None
         totals[0] += out.cross_entropy_nats.double()
         if free:
@@ -72,7 +63,7 @@ def evaluate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
     kl_bits = per_bit.tolist()
     return {"val_cross_entropy_bits": ce, "val_kl_bits": kl, "val_prior_cross_entropy_bits": prior_ce,
             "latent_bits_saved": prior_ce - ce, "val_kl_bits_per_bit": kl_bits,
-            "dead_bits": sum(value < DEAD_BIT_KL for value in kl_bits)}
+            "dead_bits": dead_bits(kl_bits)}
 
 
 def _generator(config: TrainConfig, index: int, rows: range, env: ParallelEnv, split: str):
@@ -80,20 +71,12 @@ def _generator(config: TrainConfig, index: int, rows: range, env: ParallelEnv, s
     the run's seed and the batch alone, never from training's streams."""
     if config.latent_noise == "row":
         return latent_generators("row", config.seed, index, rows, env.device, split=split)
-    return torch.Generator(env.device).manual_seed(seed_of(config.seed, "eval", split, index, env.rank))
+    return generator(config.seed, "eval", split, index, env.rank, device=env.device)
 
 
 def latent_warning(metrics: dict, kappa_bits: float, settled: bool) -> str | None:
-    """A one-line warning when Z is unused (once training has `settled`) or carries the tokens, from
-    `evaluate`'s measures; else None."""
+    """measures.latent_verdict on `validate`'s measures (None for a baseline)."""
     if "latent_bits_saved" not in metrics:
         return None
-    saved, kl = metrics["latent_bits_saved"], metrics["val_kl_bits"]
-    if settled and saved < COLLAPSED_SAVING:
-        return (f"Z is unused: it saves {saved:.3f} bits per token (KL {kl:.3f} bits), the decoder ignores it; "
-                "a larger post_sampler_init_std or optim.latent_lr_scale, or another seed, may revive it")
-    if kappa_bits >= COPYING_KAPPA and kl >= 0.9 * kappa_bits and saved >= COPYING_SHARE * kl:
-        return (f"Z carries the tokens: KL {kl:.2f} bits at kappa {kappa_bits:g} and Z saves {saved:.2f} bits per "
-                "token, so the training loss flatters the model; generation (prior Z) scores "
-                f"{metrics['val_prior_cross_entropy_bits']:.3f} bits per token")
-    return None
+    return latent_verdict(metrics["latent_bits_saved"], metrics["val_kl_bits"], kappa_bits,
+                          metrics["val_prior_cross_entropy_bits"], settled)

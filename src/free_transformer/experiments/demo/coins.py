@@ -12,20 +12,21 @@ a Free Transformer can draw it up front, in Z. Three measures tell which it does
   they show that sequence's coin (0.5 if Z says nothing of it).
 - bits Z saves over a whole fresh sequence (cross-entropy with prior Z minus with encoder Z, summed
   over the T values): 1 bit if Z holds exactly the coin, more if it also copies individual flips.
-Free bits are per token, so a code that costs nothing is spread thinly over the tokens: measured in
-docs/demo.md, green groups agree 0.6-0.7 of the time, not nearly always.
+Free bits are per token, so a code that costs nothing is spread thinly over the tokens: green groups
+agree on the coin more often than blue ones, not always (docs/demo.md).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..data.synthetic import COIN_START, coinflip_batch
-from ..generate import GenerationConfig, infer_latents
-from ..latent import PRIOR
-from ..model import FreeTransformer
+from ...data.synthetic import COIN_START, coinflip_batch
+from ...generate import GenerationConfig
+from ...latent import PRIOR
+from ...latent_choice import resolve_latents
+from ...measures import bits_saved
+from ...model import FreeTransformer
 from .groups import Groups, blue_and_greens, generate_strings, mean_of_present, pair_mean
-from .information import bits_saved
 
 
 def majority_coin(values: str) -> int | None:
@@ -53,7 +54,8 @@ def posterior_coin_match(model: FreeTransformer, length: int, epsilon: float, *,
         return None
     device = model.rope_cos.device
     reference = coinflip_batch(references, length, epsilon, torch.Generator().manual_seed(seed)).to(device)
-    latents = infer_latents(model, reference[:, :-1], torch.Generator(device=device).manual_seed(seed))  # (R, T)
+    latents = resolve_latents(model, "reference", reference=reference[:, :-1],
+                              generator=torch.Generator(device=device).manual_seed(seed)).explicit  # (R, T)
     config = GenerationConfig(max_new_tokens=length, temperature=1.0)
     shown = generate_strings(model, reference[:, :1].repeat_interleave(group_size, 0), config, seed,
                              latents.repeat_interleave(group_size, 0))

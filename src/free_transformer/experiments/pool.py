@@ -12,9 +12,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..checkpoint import checkpoint_dirs
-from .config import TrainConfig
-from .metrics import read_metrics
-from .trainer import train
+from ..train.config import TrainConfig
+from ..train.metrics import read_metrics
+from ..train.trainer import train
 
 
 def threads_per_run(workers: int) -> int:

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from .benchmarks import DEFAULT_TASKS
+from ..eval.catalog import DEFAULT_TASKS
 
 
 def _order(names) -> list[str]:

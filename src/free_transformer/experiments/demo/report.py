@@ -10,7 +10,8 @@ import html
 import io
 from pathlib import Path
 
-from .experiment import COIN_MATCH, IGNORED, USED, VALID
+from ...curves import Line, Panel, draw
+from .claims import COIN_MATCH, IGNORED, USED, VALID
 
 BLUE, GREEN = "#cfe2ff", "#d4f5d4"
 ROWS_SHOWN = 8
@@ -93,29 +94,16 @@ def _figure_png(results, claims) -> bytes:
 
 
 def _curves_png(results) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_ce, ax_kl) = plt.subplots(1, 2, figsize=(11, 3.6))
-    for result in results:
-        if not result.curves:
-            continue
+    """Training cross-entropy and KL (dotted: each model's kappa) of every model, on log scales."""
+    ce = Panel("training cross-entropy (posterior Z)", "bits / token", log=True)
+    kl = Panel("KL per token (dotted: κ)", "bits / token", log=True)
+    for index, result in enumerate(r for r in results if r.curves):
         steps = [m["step"] for m in result.curves]
-        ax_ce.plot(steps, [m["cross_entropy_bits"] for m in result.curves], label=result.variant.label)
+        ce.lines.append(Line(index, result.variant.label, steps, [m["cross_entropy_bits"] for m in result.curves]))
         if result.variant.kappa_bits is not None:
-            line, = ax_kl.plot(steps, [m["kl_bits"] for m in result.curves], label=result.variant.label)
-            ax_kl.axhline(result.variant.kappa_bits, color=line.get_color(), linestyle=":", linewidth=1)
-    ax_ce.set(xlabel="step", ylabel="bits / token", title="training cross-entropy (posterior Z)", yscale="log")
-    ax_kl.set(xlabel="step", ylabel="bits / token", title="KL per token (dotted: κ)", yscale="log")
-    ax_ce.legend(fontsize=8)
-    ax_kl.legend(fontsize=8)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+            kl.lines.append(Line(index, result.variant.label, steps, [m["kl_bits"] for m in result.curves]))
+            kl.hlines.append((result.variant.kappa_bits, index))
+    return draw([ce, kl], legend="panels", dpi=100)
 
 
 # The measures each claim's test reads, drawn per seed in spread.png: (model, measure key, title, its threshold)
@@ -241,8 +229,8 @@ when the decoder ignores Z. For the coin flips, the same difference summed over 
 worth 1 bit, and more means Z also copies individual flips.</p>
 <table><tr><th>model</th>{header}<th>training (min)</th></tr>{table_rows}</table>
 <p>Preset <code>{esc(preset['name'])}</code>, seeds {', '.join(map(str, seeds))}, {summary['workers']} training processes
-side by side, total wall time {summary['total_seconds'] / 60:.1f} min. Training settings (<code>free-transformer
-train</code> overrides; each seed adds <code>seed=S</code>):</p>
+side by side, total wall time {summary['total_seconds'] / 60:.1f} min. Training settings of seed {seeds[0]} (the
+<code>free-transformer train</code> overrides that give each model's config):</p>
 <ul>{settings}</ul>
 <h2>Generations (seed {seeds[0]})</h2><div class="panels">{panels}</div>
 <h2>Training (seed {seeds[0]})</h2><img src="{embed(curves)}" width="1000">

@@ -8,9 +8,11 @@ import json
 import statistics
 from pathlib import Path
 
-from ..fileio import atomic_write_text
-from .measure import honest_bits
-from .plan import StudyPlan, kappa_label
+from ...curves import Line, Panel, draw
+from ...fileio import atomic_write_text
+from ...measures import honest_bits
+from ..sweep import kappa_label
+from .presets import StudyPlan
 
 
 def _mean(values: list[float]) -> float:
@@ -79,7 +81,7 @@ def to_markdown(plan: StudyPlan, rows: list[dict], records: list[dict], seconds:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "*Z unused*: Z saves < 0.01 bit per token on the held-out text (it has collapsed). *Z copies*: "
               "its KL is at κ ≥ 2 bits and it saves at least half of it, so the training loss flatters the model "
-              "(train/evaluation.py).", "", "![results](report.png)", "", "![curves](curves.png)", ""]
+              "(measures.py).", "", "![results](report.png)", "", "![curves](curves.png)", ""]
     return "\n".join(lines)
 
 
@@ -118,27 +120,18 @@ def plot(plan: StudyPlan, rows: list[dict], records: list[dict], out_dir: Path) 
     fig.savefig(out_dir / "report.png", dpi=100)
     plt.close(fig)
 
-    variants = plan.variants()
-    fig, (ax_ce, ax_z) = plt.subplots(1, 2, figsize=(12, 4))
-    for index, variant in enumerate(variants):
-        colour = f"C{index}"
+    ce = Panel("validation cross-entropy (Free: prior Z, as generated)", "bits / token")
+    saved = Panel("bits Z saves on validation (every seed)", "bits / token", hlines=[(0.0, 0)])
+    for index, variant in enumerate(plan.variants()):
         for record in (r for r in records if r["slug"] == variant.slug):
             curve = record["curves"]
             key = "val_prior_cross_entropy_bits" if variant.kappa_bits is not None else "val_cross_entropy_bits"
-            first = record["seed"] == plan.seeds[0]
-            ax_ce.plot([c["step"] for c in curve], [c[key] for c in curve], color=colour, alpha=0.8,
-                       label=variant.label if first else None)
+            label = variant.label if record["seed"] == plan.seeds[0] else f"{variant.label} (seed {record['seed']})"
+            ce.lines.append(Line(index + 1, label, [c["step"] for c in curve], [c[key] for c in curve]))
             if variant.kappa_bits is not None:
-                ax_z.plot([c["step"] for c in curve], [c["latent_bits_saved"] for c in curve], color=colour,
-                          label=variant.label if first else None)
-    ax_ce.set(xlabel="step", ylabel="bits / token", title="validation cross-entropy (Free: prior Z, as generated)")
-    ax_ce.legend(fontsize=8)
-    ax_z.axhline(0.0, color="k", linewidth=0.8)
-    ax_z.set(xlabel="step", ylabel="bits / token", title="bits Z saves on validation (every seed)")
-    ax_z.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "curves.png", dpi=100)
-    plt.close(fig)
+                saved.lines.append(Line(index + 1, label, [c["step"] for c in curve],
+                                        [c["latent_bits_saved"] for c in curve]))
+    draw([ce, saved], out_dir / "curves.png", legend="panels", dpi=100)
 
 
 def write_report(plan: StudyPlan, records: list[dict], seconds: float) -> Path:

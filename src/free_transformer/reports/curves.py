@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from . import metrics
-from .likelihood import total_of
-from .record import RECORD_NAME, read_record, record_path
+from ..eval import metrics
+from ..eval.likelihood import total_of
+from ..eval.record import RECORD_NAME, read_record, record_path
 
 # settings of the latent draws: a baseline ignores them, and compare states them under the table
 LATENT_SETTINGS = ("latents", "latent_samples", "generation_samples", "seed", "heldout_samples")

@@ -12,16 +12,17 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from ..tokenizer import HF_PREFIX
-
 
 class HFTokenizer:
-    def __init__(self, directory: str | Path):
+    """`name` is what runs record (tokenizer.py's "hf:<directory>"); it imports nothing of ours, so
+    that tokenizer.py, below it, is the only one of the two that names the other."""
+
+    def __init__(self, directory: str | Path, name: str):
         directory = Path(directory)
         if not directory.is_dir():
             raise ValueError(f"tokenizer directory {directory} does not exist")
         self._tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        self.name = f"{HF_PREFIX}{directory.resolve()}"
+        self.name = name
         self.vocab_size = len(self._tokenizer)
         self.document_separator = self.encode("\n")  # what the text dataset writes between documents
 

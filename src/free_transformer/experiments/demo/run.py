@@ -1,0 +1,138 @@
+"""The synthetic experiment as a sweep: a baseline and Free Transformers at kappa = 1/64, 1/8, 1 and 8
+bits on the paper's letters, and one on the coin flips of its Motivation section; each seed's models
+are measured (blue and green groups, what Z holds), the claims judged, and a report written."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import string
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ...checkpoint import load_model
+from ...data import build_dataset
+from ...train.config import TrainConfig, apply_overrides, overrides_of
+from ...train.metrics import read_metrics
+from ...train.validation import validate
+from ..sweep import Sweep, Variant
+from .claims import claims_over_seeds, judge_claims
+from .coins import coin_bits_saved, coin_groups, coin_measures, posterior_coin_match
+from .groups import Groups, generate_groups, group_measures, mean_of_present
+from .letters import latent_bits
+from .presets import DemoPreset
+from .report import write_report
+
+VARIANTS = (
+    Variant("baseline", "baseline", None),
+    Variant("kappa-1-64", "κ = 1/64 bit", 1 / 64),
+    Variant("kappa-1-8", "κ = 1/8 bit", 1 / 8),
+    Variant("kappa-1", "κ = 1 bit", 1.0),
+    Variant("kappa-8", "κ = 8 bits", 8.0),
+    Variant("coins", "coin flips, κ = 1/8 bit", 1 / 8, task="coins"),
+)
+# Coin sequences are short and their model tiny: COIN_GROUPS times as many groups as for the letters keep the
+# green-blue difference's sampling noise well under the claim's margin (claims.COIN_OVER_BLUE).
+COIN_GROUPS = 4
+
+
+def demo_sweep(preset: DemoPreset, out_dir: Path, *, seeds: tuple[int, ...] = (0,), extra: tuple[str, ...] = (),
+               device: str = "cpu") -> Sweep:
+    """The demo's runs: the preset's configs, the user's overrides (`extra`) on top, a few checkpoints each."""
+
+    def config(variant: Variant) -> TrainConfig:
+        config = apply_overrides(preset.config(variant), list(extra))
+        return dataclasses.replace(config, log_every=25, keep_checkpoints=1,
+                                   checkpoint_every=max(1, config.steps // 4))
+
+    return Sweep(out_dir, VARIANTS, seeds, config, device, flat_single_seed=True)
+
+
+@dataclass
+class ModelResult:
+    variant: Variant
+    measures: dict
+    groups: dict  # letter, blue, greens
+    wall_seconds: float
+    curves: list[dict] = field(default_factory=list)
+
+
+def evaluate_all(preset: DemoPreset, sweep: Sweep, *, seed: int, wall: dict[str, float]) -> list[ModelResult]:
+    """Every model of one seed: validation measures, what Z holds, the groups."""
+    # One token at a time is far too little work to split over threads: one thread generates fastest.
+    torch.set_num_threads(1)
+    results = []
+    for variant in tqdm(sweep.variants, desc="generating groups", dynamic_ncols=True):
+        run_dir = sweep.run_dir(seed, variant)
+        model, _ = load_model(run_dir, sweep.device)
+        config = sweep.train_config(variant, seed)
+        measures = dict(validate(model, build_dataset(config.data, seed), config, torch.device(sweep.device)))
+        measure = _coin_measures if variant.task == "coins" else _letter_measures
+        more, groups = measure(model, preset, config, seed)
+        results.append(ModelResult(variant, {**measures, **more}, asdict(groups), wall.get(str(run_dir), 0.0),
+                                   read_metrics(run_dir / "metrics.jsonl")))
+    return results
+
+
+def prompt_seed(seed: int, index: int) -> int:
+    """The generation seed of the seed's index-th prompt letter (the numbers the demo has always used)."""
+    return seed + 97 * index
+
+
+def _letter_measures(model, preset: DemoPreset, config: TrainConfig, seed: int) -> tuple[dict, Groups]:
+    """What Z carries at the target start and per '!', and the group measures averaged over two prompt
+    letters; the groups of the first (the figure's one random prompt)."""
+    measures = latent_bits(model, seed=seed)
+    letters = [random.Random(seed + k).choice(string.ascii_uppercase) for k in range(2)]
+    shown, per_prompt = None, {}
+    for index, letter in enumerate(letters):
+        groups = generate_groups(model, letter, blue_size=preset.blue_size, green_groups=preset.green_groups,
+                                 green_size=preset.green_size, seed=prompt_seed(seed, index))
+        shown = shown or groups
+        for key, value in group_measures(groups).items():
+            per_prompt.setdefault(key, []).append(value)
+    measures.update({key: mean_of_present(values) for key, values in per_prompt.items()})
+    return measures, shown
+
+
+def _coin_measures(model, preset: DemoPreset, config: TrainConfig, seed: int) -> tuple[dict, Groups]:
+    length, epsilon = config.data.coinflip.length, config.data.coinflip.epsilon
+    groups = coin_groups(model, length, blue_size=COIN_GROUPS * preset.blue_size,
+                         green_groups=COIN_GROUPS * preset.green_groups, green_size=preset.green_size, seed=seed)
+    return {**coin_measures(groups), "coin_bits_saved": coin_bits_saved(model, length, epsilon, seed=seed),
+            "posterior_coin_match": posterior_coin_match(model, length, epsilon, seed=seed)}, groups
+
+
+def run_demo(preset: DemoPreset, out_dir: Path, *, seeds: tuple[int, ...] = (0,), extra: tuple[str, ...] = (),
+             workers: int | None = None, device: str = "cpu") -> Path:
+    """device: cpu, cuda or cuda:N. workers: models trained side by side; by default 2 on a CPU, and on a
+    GPU every model of every seed at once (they share it)."""
+    if workers is None:
+        workers = len(VARIANTS) * len(seeds) if device.startswith("cuda") else 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    sweep = demo_sweep(preset, out_dir, seeds=seeds, extra=extra, device=device)
+    wall = sweep.train(workers)
+    results = {seed: evaluate_all(preset, sweep, seed=seed, wall=wall) for seed in seeds}
+    claims = {seed: judge_claims(seed_results) for seed, seed_results in results.items()}
+    summary = {
+        "preset": {"name": preset.name, "extra": list(extra), "blue_size": preset.blue_size,
+                   "green_groups": preset.green_groups, "green_size": preset.green_size},
+        "seeds": list(seeds), "workers": workers, "device": device,
+        "total_seconds": time.perf_counter() - started,
+        "per_seed": {seed: {"models": [{"slug": r.variant.slug, "label": r.variant.label,
+                                        "kappa_bits": r.variant.kappa_bits,
+                                        "train_overrides": overrides_of(sweep.train_config(r.variant, seed)),
+                                        "train_seconds": r.wall_seconds, **r.measures, "groups": r.groups}
+                                       for r in seed_results],
+                            "claims": claims[seed]}
+                     for seed, seed_results in results.items()},
+        "claims": claims_over_seeds(claims),
+    }
+    (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    return write_report(out_dir, results, summary)

@@ -1,0 +1,67 @@
+"""A sweep: variants x seeds -> one TrainConfig per run -> runs trained side by side (pool.py) -> the
+runs, for an experiment to measure and report. It names no experiment.
+
+Run layout: OUT/seed-S/SLUG, or OUT/SLUG when `flat_single_seed` and there is one seed (the demo's
+layout from before it had seeds, kept so that its finished runs are reused)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from ..train.config import TrainConfig
+from .pool import threads_per_run, train_runs
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One model of an experiment, trained once per seed."""
+
+    slug: str  # its run directory's name
+    label: str
+    kappa_bits: float | None = None  # None: a baseline (no latent)
+    matched: bool = False  # the baseline with a Free Transformer's extra block (ModelConfig.matched_baseline)
+    task: str = "letters"  # what it is trained on, for experiments with several (the demo: letters, coins)
+
+
+def kappa_fraction(kappa: float) -> str:
+    return str(Fraction(kappa).limit_denominator(64))  # 0.125 -> "1/8"
+
+
+def kappa_label(kappa: float) -> str:
+    return f"{kappa_fraction(kappa)} bit" + ("s" if kappa > 1 else "")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    out_dir: Path
+    variants: tuple[Variant, ...]
+    seeds: tuple[int, ...]
+    config: Callable[[Variant], TrainConfig]  # a variant's config, before the run's seed, device, threads
+    device: str = "cpu"
+    flat_single_seed: bool = False
+
+    def runs(self) -> list[tuple[int, Variant]]:
+        return [(seed, variant) for seed in self.seeds for variant in self.variants]
+
+    def seed_dir(self, seed: int) -> Path:
+        return self.out_dir if self.flat_single_seed and len(self.seeds) == 1 else self.out_dir / f"seed-{seed}"
+
+    def run_dir(self, seed: int, variant: Variant) -> Path:
+        return self.seed_dir(seed) / variant.slug
+
+    def train_config(self, variant: Variant, seed: int, threads: int = 0) -> TrainConfig:
+        """The run's config: the variant's, with the seed, device and threads (0: torch's default) of
+        this sweep, without a progress bar (the pool shows one for all)."""
+        return dataclasses.replace(self.config(variant), seed=seed, device=self.device, threads=threads,
+                                   progress=False)
+
+    def train(self, workers: int) -> dict[str, float]:
+        """Train every run, `workers` side by side; finished runs are reused, stopped ones resumed. The
+        wall seconds of each run trained now, by run directory."""
+        threads = threads_per_run(workers)
+        jobs = [(self.train_config(variant, seed, threads), self.run_dir(seed, variant)) for seed, variant in self.runs()]
+        return train_runs(jobs, workers, desc=f"training {len(jobs)} models")

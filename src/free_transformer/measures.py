@@ -1,0 +1,97 @@
+"""What Z holds, measured one way everywhere: during training (validation), in `inspect`, in the demo,
+in the study and in held-out likelihoods.
+
+    bits_saved       per token: the cross-entropy with Z from the prior minus with Z from the encoder,
+                     how much knowing the sequence's own Z helps the decoder (0 when it ignores Z)
+    dead_bits        the bits of Z whose KL to a fair coin is under DEAD_BIT_KL
+    log_q, iwae      the encoder's log-probability of its Z, and the importance-weighted bound
+    honest_bits      the tightest honest estimate of -log2 P(x) from the held-out bounds
+    latent_verdict   a one-line warning when Z is unused (collapse) or carries the tokens (copying)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .latent import ENCODER, PRIOR
+from .units import LN2
+
+# A bit whose KL to a fair coin is under this (bits per token) carries nothing.
+DEAD_BIT_KL = 0.01
+# Z is unused (collapsed) when it saves less than this per token (bits) once training has settled.
+COLLAPSED_SAVING = 0.01
+# The encoder channels the tokens when the KL sits at its free budget kappa (within 10 %), kappa is at
+# least this (bits), and Z saves at least half of the KL it spends: the training loss then flatters the
+# model by about the KL, and generation, which draws Z from the prior, is that much worse.
+COPYING_KAPPA, COPYING_SHARE = 2.0, 0.5
+
+
+@torch.no_grad()
+def bits_saved(model, tokens: torch.Tensor, *, samples: int = 2, seed: int = 0) -> torch.Tensor:
+    """(B, T) sequences -> (B, T - 1) bits knowing the sequence's own Z saves at each predicted token:
+    cross-entropy with Z from the prior minus with Z from the encoder, averaged over `samples` draws."""
+    model.eval()
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    saved = torch.zeros(targets.shape, dtype=torch.float64, device=tokens.device)
+    for k in range(samples):
+        for source, sign in ((PRIOR, 1.0), (ENCODER, -1.0)):
+            generator = torch.Generator(device=tokens.device).manual_seed(seed + k)
+            logits = model(inputs, latents=source, generator=generator).logits  # (B, T - 1, V)
+            nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, T - 1)
+            saved += sign * nats.double() / (samples * LN2)
+    return saved
+
+
+def dead_bits(kl_bits_per_bit: list[float]) -> int:
+    return sum(value < DEAD_BIT_KL for value in kl_bits_per_bit)
+
+
+def log_q(bit_logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log q(z | x) summed over positions: bit_logits (K, T, H), index (K, T) -> (K,)."""
+    shifts = torch.arange(bit_logits.shape[-1], device=index.device)
+    bits = ((index.unsqueeze(-1) >> shifts) & 1).bool()
+    logp = torch.where(bits, F.logsigmoid(bit_logits), F.logsigmoid(-bit_logits))
+    return logp.double().sum(dim=(1, 2))
+
+
+def iwae(nll: torch.Tensor, bit_logits: torch.Tensor, index: torch.Tensor, bits: int) -> float:
+    """-log (1/K) sum_k p(x | z_k) p(z_k) / q(z_k | x) in nats, from K draws z_k ~ q: nll (K,) the
+    -log p(x | z_k), bit_logits (K, T, H) and index (K, T) the encoder's. An upper bound of -log p(x)."""
+    K, T = index.shape
+    log_prior = -T * bits * LN2  # log p(z), uniform over 2^(H T)
+    log_ratio = -nll + log_prior - log_q(bit_logits, index)
+    return float(-(torch.logsumexp(log_ratio, 0) - math.log(K)))
+
+
+def honest_bits(measures: dict, unit: str = "bits_per_byte") -> float:
+    """The tightest honest estimate of -log2 P(x): exact for a baseline; for a Free Transformer the lower of
+    its two upper bounds, IWAE (posterior proposals) and the prior-Z cross-entropy (Jensen). IWAE with K
+    draws is loose when the posterior is far from the prior; the prior-Z bound then wins."""
+    like = measures["likelihood"]
+    if not measures["free"]:
+        return like["exact"][unit]
+    return min(like["iwae"][unit], like["prior_ce"][unit])
+
+
+def latent_verdict(saved: float, kl: float, kappa_bits: float, prior_ce: float, settled: bool) -> str | None:
+    """A one-line warning when Z is unused (once training has `settled`) or carries the tokens; else None.
+    saved: bits Z saves per token, kl: KL per token (bits), prior_ce: cross-entropy with prior Z (bits)."""
+    if settled and saved < COLLAPSED_SAVING:
+        return (f"Z is unused: it saves {saved:.3f} bits per token (KL {kl:.3f} bits), the decoder ignores it; "
+                "a larger post_sampler_init_std or optim.latent_lr_scale, or another seed, may revive it")
+    if copies_tokens(saved, kl, kappa_bits):
+        return (f"Z carries the tokens: KL {kl:.2f} bits at kappa {kappa_bits:g} and Z saves {saved:.2f} bits per "
+                f"token, so the training loss flatters the model; generation (prior Z) scores {prior_ce:.3f} bits "
+                "per token")
+    return None
+
+
+def collapsed(saved: float) -> bool:
+    return saved < COLLAPSED_SAVING
+
+
+def copies_tokens(saved: float, kl: float, kappa_bits: float) -> bool:
+    return kappa_bits >= COPYING_KAPPA and kl >= 0.9 * kappa_bits and saved >= COPYING_SHARE * kl
