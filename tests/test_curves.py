@@ -189,7 +189,11 @@ def test_last_third_average_equals_a_hand_computation(tmp_path, capsys):
     assert "last third: steps 8-12 (3)" in capsys.readouterr().out
     # a baseline given as one eval results file: no last third of its own, the other run keeps its colour
     (tmp_path / "base.json").write_text(json.dumps(load_curve(base).final()))
-    assert main(["compare", str(tmp_path / "base.json"), str(free), "--output", str(out), "--bootstrap", "100"]) == 0
+    before = out.with_suffix(".md").read_text()
+    assert main(["compare", str(tmp_path / "base.json"), str(free), "--output", str(out), "--bootstrap", "100"]) == 2
+    assert "already exists" in capsys.readouterr().err and out.with_suffix(".md").read_text() == before  # kept
+    assert main(["compare", str(tmp_path / "base.json"), str(free), "--output", str(out), "--bootstrap", "100",
+                 "--overwrite"]) == 0
     row = next(line for line in out.with_suffix(".md").read_text().splitlines() if line.startswith("| arc_easy"))
     assert [c.strip() for c in row.strip("|").split("|")][5:8] == ["—", f"{free_third:.3f}", "—"]
     panel = curve_panels([None, load_curve(free)])[0]
@@ -220,8 +224,8 @@ def test_compare_of_two_trained_runs_has_final_and_last_third_columns_and_a_curv
     assert "Baseline [final]" in printed and "Free 1/4 bit [last third]" in printed
     assert "boolq (acc_completion)" in printed and "held-out bits/byte" in printed
     assert out.with_suffix(".png").stat().st_size > 10_000
-    assert main(["compare", str(runs / "baseline"), str(runs / "free"), "--output", str(out), "--x", "tokens",
-                 "--bootstrap", "100"]) == 0
+    assert main(["compare", str(runs / "baseline"), str(runs / "free"), "--output", str(out), "--overwrite",
+                 "--x", "tokens", "--bootstrap", "100"]) == 0
 
 
 def test_settings_of_the_periodic_evaluation_are_checked_before_training(tmp_path, capsys):

@@ -564,3 +564,14 @@ def test_inspect_of_a_malformed_config_is_one_line(tmp_path, capsys):
     assert main(["inspect", str(run)]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and error.startswith(f"error: cannot read config {run / 'config.yaml'}: ")
+
+
+def test_eval_refuses_sandbox_limits_that_fail_every_program(tmp_path, capsys):
+    """--code-timeout -1 or --code-memory-mb 0 used to score pass@1 = 0 with exit 0."""
+    from conftest import tiny_checkpoint
+
+    checkpoint = str(tiny_checkpoint(tmp_path, "ckpt", 4))
+    for option in (["--code-timeout", "-1"], ["--code-memory-mb", "0"]):
+        assert main(["eval", checkpoint, "--tasks", "none", "--no-progress", *option]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and all("--code-timeout must be > 0 seconds" in line for line in errors)

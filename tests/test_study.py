@@ -88,3 +88,15 @@ def test_seeds_and_kappas_parse():
     assert parse_kappas("2,0.5", (1.0,)) == (0.5, 2.0)
     assert [v.label for v in variants([0.125, 1.0, 2.0])][2:] == ["Free, κ = 1/8 bit", "Free, κ = 1 bit",
                                                                     "Free, κ = 2 bits"]
+
+
+def test_a_study_on_a_fresh_machine_tokenizes_before_its_pool(tmp_path, monkeypatch):
+    """With an empty token cache the corpus is tokenized (in worker processes) before the pool of runs
+    starts: a pool's daemonic worker may not start them ("daemonic processes are not allowed to have
+    children"), which failed README's real-text command the first time anyone ran it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    out = tmp_path / "study"
+    assert main(["study", "--preset", "smoke", "--out", str(out), "--seeds", "1", "--kappas", "4", "--workers", "2",
+                 "--device", "cpu"]) == 0
+    assert len(json.loads((out / "results.json").read_text())["runs"]) == 3
+    assert list((tmp_path / "empty-cache" / "free-transformer" / "tokens").glob("*.bin"))

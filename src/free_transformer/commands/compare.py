@@ -23,6 +23,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--settings", default=None, metavar="KEY[,KEY...]",
                         help="the evaluation settings whose curve is read from each record (one key for all runs, "
                              "or one per run); default: those of each record's newest evaluation")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUTPUT.md / .html / .png if they exist (else that is an error and nothing is written)")
     parser.add_argument("--x", dest="axis", choices=["step", "tokens"], default="step",
                         help="x axis of the curves: optimizer steps or tokens seen")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples per difference")
@@ -58,8 +60,11 @@ def run(args) -> int:
         averaged = build_rows(averages, samples=args.bootstrap, seed=args.seed)
     note = _note(labels, runs, curves)
     output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
     md, page, figure = output.with_suffix(".md"), output.with_suffix(".html"), None
+    existing = [path for path in (md, page, output.with_suffix(".png")) if path.exists()]
+    if existing and not args.overwrite:
+        raise ValueError(f"{existing[0]} already exists: choose another --output, or pass --overwrite to replace it")
+    output.parent.mkdir(parents=True, exist_ok=True)
     if any(curves):
         from ..curves import draw
         from ..reports.figures import curve_panels

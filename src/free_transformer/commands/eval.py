@@ -117,6 +117,9 @@ def run(args) -> int:
         raise ValueError("--checkpoints appends to RUN/eval/curve.jsonl: leave --output out")
     if args.output and Path(args.output).exists():  # before hours of evaluation, not after
         raise FileExistsError(f"--output {args.output} already exists: it is kept; choose another name")
+    if not (0 < args.code_timeout < float("inf")) or args.code_memory_mb < 1:  # else every program fails: pass@1 = 0
+        raise ValueError(f"--code-timeout must be > 0 seconds and --code-memory-mb >= 1, got {args.code_timeout} "
+                         f"and {args.code_memory_mb}")
     settings = _settings(args)
     sandbox = SandboxLimits(timeout_s=args.code_timeout, memory_mb=args.code_memory_mb)
     if args.checkpoints:

@@ -93,6 +93,8 @@ def encode_corpus(files: list[Path], tokenizer: Tokenizer, field: str = "text", 
     dtype = token_dtype(tokenizer.vocab_size)
     total = sum(f.stat().st_size for f in files)
     workers = 1 if total <= batch_chars else workers or default_workers()  # one batch: no process to start
+    if multiprocessing.current_process().daemon:  # a pool's worker: it may not start processes
+        workers = 1
     with tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing",
               disable=None if progress is None else not progress) as bar:
         if workers == 1:

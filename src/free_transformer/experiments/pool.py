@@ -12,6 +12,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..checkpoint import checkpoint_dirs
+from ..data import build_dataset
 from ..train.config import TrainConfig
 from ..train.metrics import read_metrics
 from ..train.trainer import train
@@ -49,6 +50,7 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
                 bar.n = sum(m.get("step", 0) for m in _latest(jobs).values())
                 bar.refresh()
         elif todo:
+            prepare_data([config for config, _ in todo])
             context = multiprocessing.get_context("spawn")
             with context.Pool(workers, maxtasksperchild=1) as pool:
                 pending = pool.map_async(_train_one, todo, chunksize=1)
@@ -63,6 +65,17 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
                 wall.update(pending.get())
         bar.n = total
     return wall
+
+
+def prepare_data(configs: list[TrainConfig]) -> None:
+    """Build each distinct dataset once in this process, so that a corpus is tokenized into its cache
+    before the pool starts: a pool's workers are daemonic processes, which may not start the tokenizer's
+    worker processes (and several runs would tokenize the same corpus at once)."""
+    built = []
+    for config in configs:
+        if config.data not in built:
+            build_dataset(config.data, config.seed)
+            built.append(config.data)
 
 
 def _latest(jobs) -> dict[str, dict]:
