@@ -575,3 +575,86 @@ def test_eval_refuses_sandbox_limits_that_fail_every_program(tmp_path, capsys):
         assert main(["eval", checkpoint, "--tasks", "none", "--no-progress", *option]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and all("--code-timeout must be > 0 seconds" in line for line in errors)
+
+
+# -- evaluation: nothing finished is lost, one writer of a record ----------------------------------------
+
+
+def _eval_run(tmp_path):
+    from conftest import tiny_checkpoint
+    from free_transformer.checkpoint import save_checkpoint
+    from free_transformer.model import FreeTransformer
+
+    run = tiny_checkpoint(tmp_path, "run", 4)
+    model, metadata = load_model(run)
+    save_checkpoint(run, 2, model, {"tokenizer": metadata["tokenizer"]})  # a second step
+    return run
+
+
+def test_an_interrupted_evaluation_keeps_the_tasks_it_finished(tmp_path, capsys, monkeypatch):
+    from free_transformer.eval import runner
+
+    checkpoint = _eval_run(tmp_path)
+    output = tmp_path / "results.json"
+    real, calls = runner._multiple_choice, []
+
+    def interrupted_in_the_second_task(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(runner, "_multiple_choice", interrupted_in_the_second_task)
+    assert main(["eval", str(checkpoint), "--tasks", "arc_easy,boolq", "--limit", "2", "--no-progress",
+                 "--output", str(output)]) == 130
+    kept = json.loads(output.with_name("results.json.partial").read_text())
+    assert list(kept["tasks"]) == ["arc_easy"] and not output.exists()
+    assert "the 1 task(s) finished before are in" in capsys.readouterr().err
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert main(["eval", str(checkpoint), "--tasks", "arc_easy", "--output", str(blocked / "out.json")]) == 2
+    assert "cannot write the results in" in capsys.readouterr().err and calls == [1, 1]  # before any scoring
+
+
+def test_one_writer_of_an_evaluation_record_and_no_step_recorded_twice(tmp_path, capsys, monkeypatch):
+    """A second `eval --checkpoints` of a run exits 2 at once; two writers that both scored a step append
+    it once; a checkpoint that training rotated away meanwhile is skipped, not an error."""
+    from free_transformer.commands import eval as command
+    from free_transformer.eval.record import CurveRecord, read_record
+    from free_transformer.runlock import RunLock
+
+    run = _eval_run(tmp_path)
+    args = ["eval", str(run), "--checkpoints", "all", "--tasks", "arc_easy", "--limit", "2", "--no-progress"]
+    with RunLock(run / "eval", "another eval"):
+        assert main(args) == 2
+    assert "is in use by another process (PID" in capsys.readouterr().err
+    listed = command.chosen_checkpoints
+    monkeypatch.setattr(command, "chosen_checkpoints", lambda run_dir, spec: listed(run_dir, spec) + [
+        (3, run / "checkpoints" / "step_00000003")])  # listed, then removed by a live run's training
+    assert main(args) == 0
+    assert "step 3: step_00000003 was removed since it was listed" in capsys.readouterr().out
+    entries = read_record(run / "eval" / "curve.jsonl")
+    assert [e["step"] for e in entries] == [1, 2]
+    first, second = CurveRecord(run), CurveRecord(run)  # both read the record before either appends
+    entry = {**entries[0], "step": 7}
+    first.append(entry)
+    second.append(entry)
+    assert [e["step"] for e in read_record(run / "eval" / "curve.jsonl")] == [1, 2, 7]
+    shutil.rmtree(run / "eval")
+    (run / "eval").write_text("not a folder")
+    assert main(args) == 2
+    assert "cannot write to" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task", ["race_high", "humaneval_plus"])
+def test_a_data_file_without_the_tasks_fields_is_one_line(task, tmp_path, capsys):
+    from conftest import tiny_checkpoint
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"unrelated": 1}\n{"unrelated": 2}\n')
+    checkpoint = str(tiny_checkpoint(tmp_path, "ckpt", 4))
+    assert main(["eval", checkpoint, "--tasks", task, "--data", f"{task}={rows}", "--no-progress",
+                 "--output", str(tmp_path / "out.json")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and f"{task}: the rows of user file {rows} lack the fields" in error
+    assert not list(tmp_path.glob("out.json*"))  # nothing finished: nothing left behind

@@ -14,7 +14,7 @@ LOCK_FILE = ".lock"
 
 
 class RunInUse(UserError, RuntimeError):
-    """Another process is writing to this run directory."""
+    """Another process is writing to this run directory, or it cannot be written at all."""
 
 
 class RunLock:
@@ -31,9 +31,11 @@ class RunLock:
         if not self.enabled:
             return self
         self.created = not self.run_dir.exists()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # an unwritable place fails here, before any work
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise RunInUse(f"cannot write to {self.run_dir}: {error.strerror or error}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -3,12 +3,15 @@ checkpoints of a run, each appended to its evaluation record (RUN/eval/curve.jso
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
-from ..checkpoint import chosen_checkpoints, load_model, resolve_checkpoint
+from ..checkpoint import CheckpointError, chosen_checkpoints, load_model, resolve_checkpoint
 from ..devices import parse_device
+from ..errors import UserError
 from ..latent_choice import CONTEXT_CHOICES
+from ..runlock import RunLock
 from ..tokenizer import get_tokenizer
 
 NAME = "eval"
@@ -127,17 +130,36 @@ def run(args) -> int:
                                   not args.no_progress)
     ckpt = resolve_checkpoint(args.checkpoint)
     model, config, tokenizer = _load(ckpt, device)
-    started = time.monotonic()
-    results = score(model, tokenizer, settings, sandbox=sandbox, progress=not args.no_progress)
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
+    tag = _tag(args, model, settings.tasks)
+    output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, tag)
+    partial = output.with_name(output.name + ".partial")  # the tasks finished so far, kept if interrupted
+    try:  # an unwritable place fails now, not after hours of evaluation
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_json({"tasks": {}}, partial)
+    except OSError as error:
+        raise UserError(f"cannot write the results in {output.parent}: {error.strerror or error}") from None
+    started, finished = time.monotonic(), []
+
+    def keep(done: dict) -> None:
+        write_json(done, partial)
+        finished.append(len(done["tasks"]))
+
+    try:
+        results = score(model, tokenizer, settings, sandbox=sandbox, progress=not args.no_progress, on_task=keep)
+    except BaseException:  # an interrupt, or a task that fails: what finished before is kept
+        if finished:
+            print(f"stopped: the {finished[-1]} task(s) finished before are in {partial}", file=sys.stderr)
+        else:
+            partial.unlink(missing_ok=True)
+        raise
     results.update({
         "checkpoint": str(ckpt), "step": config.get("step"), "tokenizer": tokenizer.name,
         "label": run_dir.name, "model_config": model.config.to_dict(), "train_config": config.get("train"),
         "limit": args.limit, "seconds": round(time.monotonic() - started, 1),
     })
-    tag = _tag(args, model, settings.tasks)
-    output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, tag)
     write_json(results, output, exclusive=True)
+    partial.unlink()
     print(format_table(results))
     print(f"results: {output}")
     return 0
@@ -149,17 +171,26 @@ def _score_checkpoints(run_dir: Path, spec: str, settings, sandbox, device, prog
 
     chosen = chosen_checkpoints(run_dir, spec)  # before loading anything: a wrong spec fails now
     record = CurveRecord(run_dir)
-    tokens_per_step = _tokens_per_step(run_dir)
-    print(f"settings {settings.key}; record {record.path}")
-    for step, ckpt in chosen:
-        if record.scored(step, settings):
-            print(f"step {step}: already scored, skipped")
-            continue
-        model, _, tokenizer = _load(ckpt, device)
-        scores = score_and_record(record, model, tokenizer, settings, step=step, source="checkpoint",
-                                  checkpoint=ckpt.name, tokens=None if tokens_per_step is None else step * tokens_per_step,
-                                  sandbox=sandbox, progress=progress)
-        print(f"step {step}: {scores}")
+    # one writer of the record at a time; an unwritable run directory fails now, not after scoring
+    with RunLock(record.path.parent, "free-transformer eval --checkpoints"):
+        tokens_per_step = _tokens_per_step(run_dir)
+        print(f"settings {settings.key}; record {record.path}")
+        for step, ckpt in chosen:
+            if record.scored(step, settings):
+                print(f"step {step}: already scored, skipped")
+                continue
+            try:
+                model, _, tokenizer = _load(ckpt, device)
+            except CheckpointError:
+                if ckpt.exists():
+                    raise
+                print(f"step {step}: {ckpt.name} was removed since it was listed (a training run keeps only its "
+                      "newest checkpoints), skipped")
+                continue
+            tokens = None if tokens_per_step is None else step * tokens_per_step
+            scores = score_and_record(record, model, tokenizer, settings, step=step, source="checkpoint",
+                                      checkpoint=ckpt.name, tokens=tokens, sandbox=sandbox, progress=progress)
+            print(f"step {step}: {scores}")
     return 0
 
 
@@ -167,7 +198,6 @@ def _tokens_per_step(run_dir: Path) -> int | None:
     """Tokens of one optimizer step, from the run's config.yaml and data; None (with a note) when they
     cannot be read here: the record then has steps but no token counts."""
     from ..data import build_dataset
-    from ..errors import UserError
     from ..train.config import load_train_config
 
     try:  # the periodic evaluation's settings (its held-out files) play no part here

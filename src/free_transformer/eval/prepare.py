@@ -30,17 +30,21 @@ def prepare(name: str, *, num_fewshot: int | None = None, limit: int | None = No
     shots = bench.default_shots if num_fewshot is None else num_fewshot
     if shots < 0:
         raise ValueError(f"{name}: the few-shot count must be >= 0, got {shots}")
-    selected = _limit(bench, list(enumerate(rows)), limit)
-    base = rows if pool is None else pool
-    by_group: dict = {}  # few-shot examples come from the row's own sub-category (MMLU subject)
-    for i, r in enumerate(base):
-        by_group.setdefault(bench.group(r), []).append(i)
-    docs = []
-    for index, row in selected:
-        chosen = choose_shots(base, by_group.get(bench.group(row), []), shots, fixed=bench.fixed_shots,
-                              exclude=index if pool is None else None, seed=benchmark_seed(name, seed, index))
-        docs.append(bench.build(row, bench.doc_id(row, index), chosen))
     source = f"user file {data_file}" if data_file else bench.source
+    try:  # a user's file may lack the task's fields: one line, not a KeyError
+        selected = _limit(bench, list(enumerate(rows)), limit)
+        base = rows if pool is None else pool
+        by_group: dict = {}  # few-shot examples come from the row's own sub-category (MMLU subject)
+        for i, r in enumerate(base):
+            by_group.setdefault(bench.group(r), []).append(i)
+        docs = []
+        for index, row in selected:
+            chosen = choose_shots(base, by_group.get(bench.group(row), []), shots, fixed=bench.fixed_shots,
+                                  exclude=index if pool is None else None, seed=benchmark_seed(name, seed, index))
+            docs.append(bench.build(row, bench.doc_id(row, index), chosen))
+    except (KeyError, IndexError, TypeError, AttributeError) as error:
+        raise ValueError(f"{name}: the rows of {source} lack the fields this task reads "
+                         f"({type(error).__name__}: {error})") from None
     return PreparedTask(bench, docs, shots, source)
 
 

@@ -11,6 +11,7 @@ cut short by a killed process is skipped when read (the next append starts on a 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -56,11 +57,18 @@ class CurveRecord:
         return (step, settings.key) in self.done
 
     def append(self, entry: dict) -> None:
+        """Append `entry` unless its (step, settings) is in the record by then: the file is locked and
+        read again first, so that two writers (two `eval --checkpoints`, or one beside a training run's
+        periodic evaluation) never record a step twice."""
         line = (json.dumps(entry) + "\n").encode()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
             try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+                self.done |= {(e["step"], e["settings_key"]) for e in read_record(self.path)}
+                if (entry["step"], entry["settings_key"]) in self.done:
+                    return
                 if os.fstat(fd).st_size and not _ends_with_newline(self.path):
                     line = b"\n" + line  # after a line cut short by a killed writer
                 while line:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
@@ -32,6 +32,7 @@ class EvalOptions:
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
     fewshot_seed: int = 1234
     progress: bool = True
+    on_task: Callable[[dict], None] | None = None  # called with the results so far after each task
 
 
 def evaluate(model, tokenizer, task_names: Sequence[str], options: EvalOptions) -> dict:
@@ -52,6 +53,8 @@ def evaluate(model, tokenizer, task_names: Sequence[str], options: EvalOptions) 
             result = _generative(model, tokenizer, task, options)
         result["seconds"] = round(time.monotonic() - started, 2)
         results[name] = result
+        if options.on_task is not None:
+            options.on_task({"tasks": results, "unavailable": unavailable})
     return {"tasks": results, "unavailable": unavailable, "latents": options.policy.describe(model)}
 
 
@@ -121,13 +124,14 @@ def _generative(model, tokenizer, task: PreparedTask, options: EvalOptions) -> d
 
 
 def score(model, tokenizer, settings: EvalSettings, *, sandbox: SandboxLimits = SandboxLimits(),
-          progress: bool = False) -> dict:
+          progress: bool = False, on_task: Callable[[dict], None] | None = None) -> dict:
     """The model's results under `settings`: {"tasks", "unavailable", "latents"} (runner.evaluate)
-    and, with held-out text, "likelihood". Leaves the model in eval mode."""
+    and, with held-out text, "likelihood". Leaves the model in eval mode. on_task: called with the
+    results so far after each task (to keep them if the evaluation is stopped)."""
     model.eval()
     options = EvalOptions(policy=settings.policy, num_fewshot=dict(settings.num_fewshot), limit=settings.limit,
                           data_files=dict(settings.data), max_new_tokens=settings.max_new_tokens,
-                          sandbox=sandbox, progress=progress)
+                          sandbox=sandbox, progress=progress, on_task=on_task)
     results = evaluate(model, tokenizer, list(settings.tasks), options)
     if settings.heldout:
         with tqdm(desc="held-out", unit="window", disable=not progress, leave=False) as bar:
