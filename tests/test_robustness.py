@@ -658,3 +658,24 @@ def test_a_data_file_without_the_tasks_fields_is_one_line(task, tmp_path, capsys
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and f"{task}: the rows of user file {rows} lack the fields" in error
     assert not list(tmp_path.glob("out.json*"))  # nothing finished: nothing left behind
+
+
+def test_a_full_disk_while_logging_is_one_line_that_says_how_to_go_on(tmp_path):
+    from free_transformer.errors import UserError
+    from free_transformer.train.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path)
+    log.handle.close()
+    log.handle = open("/dev/full", "a")  # every write: ENOSPC
+    with pytest.raises(UserError) as error:
+        log.write({"step": 1, "loss": 1.0})
+    assert str(error.value) == (f"cannot write {tmp_path / 'metrics.jsonl'} (No space left on device): make room, "
+                                "then continue with --resume")
+
+
+def test_failed_starts_of_the_demo_and_the_study_leave_no_directory(tmp_path, capsys):
+    assert main(["demo", "--preset", "smoke", "--out", str(tmp_path / "demo"), "optim.lr=abc"]) == 2
+    assert main(["study", "--preset", "smoke", "--out", str(tmp_path / "study"), "data.text.path=/nonexistent.txt"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert "optim.lr: expected float" in errors[0] and "the study's corpus /nonexistent.txt does not exist" in errors[1]
+    assert not (tmp_path / "demo").exists() and not (tmp_path / "study").exists()

@@ -83,8 +83,11 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl"
         # A run killed after its last checkpoint logged steps that the resumed run will redo: drop them.
         kept = [m for m in read_metrics(self.path) if m.get("step", 0) <= resume_step]
-        atomic_write_text(self.path, "".join(json.dumps(m) + "\n" for m in kept))
-        self.handle = open(self.path, "a")  # noqa: SIM115 (open for the run's lifetime; closed by close())
+        try:
+            atomic_write_text(self.path, "".join(json.dumps(m) + "\n" for m in kept))
+            self.handle = open(self.path, "a")  # noqa: SIM115 (open for the run's lifetime; closed by close())
+        except OSError as error:
+            raise self._cannot_write(error) from None
         self.writers = []
         if tensorboard:
             self.writers.append(TensorBoardWriter(run_dir, resume_step))
@@ -95,15 +98,24 @@ class MetricsLog:
         try:
             self.handle.write(json.dumps(metrics) + "\n")
             self.handle.flush()
-        except OSError as error:  # a full disk: the checkpoints are intact, the resumed run rewrites this
-            raise UserError(f"cannot write {self.path} ({error}): make room, then continue with --resume") from None
+        except OSError as error:
+            raise self._cannot_write(error) from None
         for writer in self.writers:
             writer.write(metrics)
 
+    def _cannot_write(self, error: OSError) -> UserError:
+        # a full disk, a quota: the checkpoints are intact, and a resumed run rewrites this file
+        return UserError(f"cannot write {self.path} ({error.strerror or error}): make room, then continue with "
+                         "--resume")
+
     def close(self) -> None:
-        self.handle.close()
-        for writer in self.writers:
-            writer.close()
+        try:
+            self.handle.close()
+        except OSError as error:  # the last buffered line
+            raise self._cannot_write(error) from None
+        finally:
+            for writer in self.writers:
+                writer.close()
 
     def plot(self, out_path: Path) -> None:
         plot_training_curves(read_metrics(self.path), out_path)

@@ -114,9 +114,11 @@ def run_demo(preset: DemoPreset, out_dir: Path, *, seeds: tuple[int, ...] = (0,)
     GPU every model of every seed at once (they share it)."""
     if workers is None:
         workers = len(VARIANTS) * len(seeds) if device.startswith("cuda") else 2
-    out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     sweep = demo_sweep(preset, out_dir, seeds=seeds, extra=extra, device=device)
+    for seed, variant in sweep.runs():  # every run's config is checked before anything is written
+        sweep.train_config(variant, seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
     wall = sweep.train(workers)
     results = {seed: evaluate_all(preset, sweep, seed=seed, wall=wall) for seed in seeds}
     claims = {seed: judge_claims(seed_results) for seed, seed_results in results.items()}
