@@ -225,3 +225,22 @@ def test_sigterm_to_torchrun_saves_a_sharded_checkpoint_that_resumes(tmp_path):
     train(load_train_config(out / "config.yaml"), out, resume=True)  # one process, fsdp in a world of one
     train(load_train_config(None, args), tmp_path / "one")
     assert _compare(out, tmp_path / "one", ATOL) == 0
+
+
+def test_a_damaged_sharded_checkpoint_is_found_and_passed_over(runs, tmp_path, capsys):
+    """Sharded checkpoints carry SHA256SUMS of config.json and every DCP file, as single-file ones do: a
+    damaged shard fails verification, and --resume's search goes on to the previous intact checkpoint."""
+    from free_transformer.checkpoint import newest_intact_checkpoint, verify_checkpoint
+
+    run = shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
+    newest = checkpoint_dirs(run)[-1]
+    listed = [line.split("  ")[1] for line in (newest / "SHA256SUMS").read_text().splitlines()]
+    assert "config.json" in listed and "dcp/.metadata" in listed and any(n.endswith(".distcp") for n in listed)
+    assert verify_checkpoint(newest) is None
+    shard = next((newest / "dcp").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert "does not match its SHA-256" in verify_checkpoint(newest)
+    assert newest_intact_checkpoint(run, report=print) == checkpoint_dirs(run)[-1] != newest
+    assert "is damaged" in capsys.readouterr().out

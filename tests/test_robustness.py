@@ -679,3 +679,22 @@ def test_failed_starts_of_the_demo_and_the_study_leave_no_directory(tmp_path, ca
     errors = capsys.readouterr().err.strip().splitlines()
     assert "optim.lr: expected float" in errors[0] and "the study's corpus /nonexistent.txt does not exist" in errors[1]
     assert not (tmp_path / "demo").exists() and not (tmp_path / "study").exists()
+
+
+def test_a_corpus_that_is_not_utf8_is_said_once(tmp_path, capsys):
+    from free_transformer.data.readers import read_jsonl, read_text
+
+    binary = tmp_path / "model.bin.txt"
+    binary.write_bytes(b"some text\n\xff\xfe\x00\x80 binary\n")
+    clean = tmp_path / "clean.txt"
+    clean.write_text("caf\u00e9 \ufffd as written\n")  # a real U+FFFD in valid UTF-8 is not a warning
+    assert "".join(piece for piece, _, _ in read_text(binary, "text")).startswith("some text\n\ufffd\ufffd")
+    list(read_text(clean, "text"))
+    lines = tmp_path / "rows.jsonl"
+    lines.write_bytes(b'{"text": "ok \xc3\x28"}\n')
+    list(read_jsonl(lines, "text"))
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors == [f"warning: {binary} is not valid UTF-8: 3 bytes were read as U+FFFD (a binary file, or another "
+                      "encoding?)",
+                      f"warning: {lines} is not valid UTF-8: 1 bytes were read as U+FFFD (a binary file, or another "
+                      "encoding?)"]

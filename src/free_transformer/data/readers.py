@@ -6,9 +6,12 @@ file, whose pages are memory-mapped or read batch by batch."""
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import gzip
 import io
 import json
+import sys
 import zlib
 from pathlib import Path
 from typing import Callable, Iterator
@@ -20,6 +23,27 @@ ARROW_ROWS = 1024  # rows of a Parquet file read at a time
 
 # A piece of a document: (its text, whether the document ends with it, bytes of the file read so far).
 Piece = tuple[str, bool, int]
+REPLACED = [0]  # bytes of invalid UTF-8 read as U+FFFD so far, by the "count_replaced" error handler
+
+
+def _replace_and_count(error: UnicodeDecodeError) -> tuple[str, int]:
+    REPLACED[0] += error.end - error.start
+    return "\ufffd", error.end
+
+
+codecs.register_error("count_replaced", _replace_and_count)
+
+
+@contextlib.contextmanager
+def _warn_if_not_utf8(path: Path):
+    """Say once, on stderr, when a file's bytes were not UTF-8 (a binary file, another encoding): they
+    are read as U+FFFD, which would otherwise train a model on replacement characters in silence."""
+    before = REPLACED[0]
+    yield
+    if REPLACED[0] > before:
+        print(f"warning: {path} is not valid UTF-8: {REPLACED[0] - before} bytes were read as U+FFFD (a binary "
+              "file, or another encoding?)", file=sys.stderr)
+
 Reader = Callable[[Path, str], Iterator[Piece]]  # (file, text field) -> its documents, piece by piece
 
 READERS: dict[str, Reader] = {}
@@ -50,7 +74,8 @@ def is_document_file(path: Path) -> bool:
 @reader(".txt")
 def read_text(path: Path, field: str) -> Iterator[Piece]:
     """One document per file, in pieces that end at a line break (never inside a token)."""
-    with open(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as handle:
+    with _warn_if_not_utf8(path), open(path, "rb") as raw, \
+            io.TextIOWrapper(raw, encoding="utf-8", errors="count_replaced") as handle:
         piece = handle.read(CHUNK_CHARS)
         while True:
             piece += handle.readline()
@@ -64,9 +89,9 @@ def read_text(path: Path, field: str) -> Iterator[Piece]:
 @reader(".jsonl", ".jsonl.gz")
 def read_jsonl(path: Path, field: str) -> Iterator[Piece]:
     """One document per line: the line's JSON object's `field`. Blank lines and null fields are skipped."""
-    with open(path, "rb") as raw:
+    with _warn_if_not_utf8(path), open(path, "rb") as raw:
         stream = gzip.GzipFile(fileobj=raw) if path.name.lower().endswith(".gz") else raw
-        for number, line in enumerate(io.TextIOWrapper(stream, encoding="utf-8", errors="replace"), 1):
+        for number, line in enumerate(io.TextIOWrapper(stream, encoding="utf-8", errors="count_replaced"), 1):
             if not line.strip():
                 continue
             try:

@@ -2,6 +2,7 @@
 
     run_dir/checkpoints/step_00000500/
         config.json         as in every checkpoint: {"model", "step", "tokenizer", "train"}
+        SHA256SUMS          the digests of config.json and of every file in dcp/, as in every checkpoint
         dcp/                DCP: .metadata + one __<rank>_0.distcp file per rank; model and optimizer
                             state under their parameter names ("model.layers.0.attention.q_proj.weight")
         model.safetensors   only once consolidated: then it is an ordinary checkpoint too
@@ -28,6 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..checkpoint import (
+    CHECKSUMS,
     CheckpointError,
     checkpoint_dirs,
     fsync_dir,
@@ -36,7 +38,7 @@ from ..checkpoint import (
     remove_checkpoint,
 )
 from ..config import ModelConfig
-from ..fileio import share_like_umask
+from ..fileio import sha256_file, share_like_umask
 from ..model import FreeTransformer, upgrade_state_dict
 from .env import ParallelEnv
 
@@ -67,6 +69,12 @@ def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: to
             handle.flush()
             os.fsync(handle.fileno())
         fsync_dir(tmp / DCP_DIR)
+        # the same integrity record as a single-file checkpoint: --resume then moves a damaged one aside
+        files = [tmp / "config.json", *sorted((tmp / DCP_DIR).iterdir())]
+        with open(tmp / CHECKSUMS, "w") as handle:
+            handle.write("".join(f"{sha256_file(f)}  {f.relative_to(tmp)}\n" for f in files))
+            handle.flush()
+            os.fsync(handle.fileno())
         if final.exists():
             remove_checkpoint(final)
         os.replace(tmp, final)
