@@ -698,3 +698,77 @@ def test_a_corpus_that_is_not_utf8_is_said_once(tmp_path, capsys):
                       "encoding?)",
                       f"warning: {lines} is not valid UTF-8: 1 bytes were read as U+FFFD (a binary file, or another "
                       "encoding?)"]
+def _sweep_cli(out, *args):
+    """A real `free-transformer study --preset smoke` process: 3 runs, 2 worker processes."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "study", "--preset", "smoke", "--seeds", "1",
+                             "--kappas", "4", "--workers", "2", "--device", "cpu", "--out", str(out), *args],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group, which _answer can kill
+
+
+def _answer(process, timeout=60) -> str:
+    """The process's stderr once it has exited; killed (its group: the workers too) if it takes longer."""
+    try:
+        return process.communicate(timeout=timeout)[1]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _first_logged_run(out, process) -> Path:
+    """Wait until a run of the sweep writing to `out` has logged a step; that run's directory."""
+    deadline = time.monotonic() + 120
+    while not (logged := [path.parent for path in out.glob("seed-0/*/metrics.jsonl") if read_metrics(path)]):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+        time.sleep(0.05)
+    return logged[0]
+
+
+def _lock_pid(run) -> int:
+    """The PID of the process that last held RUN/.lock ("PID N, command")."""
+    return int((run / ".lock").read_text().split()[1].rstrip(","))
+
+
+def test_sigterm_to_a_sweep_stops_its_workers_with_their_checkpoints(tmp_path):
+    """SIGTERM to `study` (or `demo`): no run starts after it, the running workers save a checkpoint and stop,
+    and the parent exits 143 with one line saying how to continue; nothing keeps writing to a run, and the
+    same command run again finishes the sweep."""
+    out = tmp_path / "study"
+    process = _sweep_cli(out, "steps=60", "log_every=1")
+    _first_logged_run(out, process)
+    process.send_signal(signal.SIGTERM)
+    stderr = _answer(process)
+    assert process.returncode == 143, stderr
+    [line] = [line for line in stderr.splitlines() if line.startswith("sweep stopped")]  # one line, after the bar
+    assert line.startswith("sweep stopped by SIGTERM: ") and "run the same command again" in line, stderr
+    assert "at step" in line, line  # the runs that were training say where they stopped
+    runs = [run for run in (out / "seed-0").iterdir() if (run / ".lock").exists()]
+    assert runs
+    for run in runs:  # every worker is gone: none keeps writing to its run
+        with pytest.raises(ProcessLookupError):
+            os.kill(_lock_pid(run), 0)
+        for checkpoint in checkpoint_dirs(run):
+            load_model(checkpoint)
+    again = _sweep_cli(out, "steps=60", "log_every=1")
+    stderr = _answer(again, timeout=300)
+    assert again.returncode == 0, stderr
+    assert len(json.loads((out / "results.json").read_text())["runs"]) == 3
+
+
+def test_a_sweep_worker_killed_is_one_line_and_stops_the_others(tmp_path):
+    """A worker SIGKILLed (by the out-of-memory killer, say) ends the sweep with one line, exit 2, and the
+    other workers save a checkpoint and stop (a multiprocessing Pool waited for the dead one forever)."""
+    out = tmp_path / "study"
+    process = _sweep_cli(out, "steps=60", "log_every=1")
+    killed = _first_logged_run(out, process)
+    os.kill(_lock_pid(killed), signal.SIGKILL)
+    stderr = _answer(process)
+    assert process.returncode == 2, stderr
+    [error] = [line for line in stderr.splitlines() if line.startswith("error:")]  # (the resource tracker then
+    assert error.startswith(f"error: the process training {killed} died (exit code -9)")  # warns of a semaphore)
+    for run in (out / "seed-0").iterdir():
+        if (run / ".lock").exists():
+            with pytest.raises(ProcessLookupError):
+                os.kill(_lock_pid(run), 0)

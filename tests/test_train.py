@@ -23,7 +23,7 @@ from free_transformer.config import ConfigError
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics
 from free_transformer.train.optim import lr_factor, parameter_groups
-from free_transformer.train.trainer import TrainingError, train
+from free_transformer.train.trainer import StopSignals, TrainingError, train
 
 
 
@@ -280,3 +280,19 @@ def test_a_non_finite_step_found_later_is_named_and_never_checkpointed(tmp_path,
         assert int(kept.name[5:]) < int(first_bad)
         model, _ = load_model(kept)
         assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_sigterm_arriving_twice_at_once_is_one_request(monkeypatch):
+    """A scheduler signals every process of a job and a sweep's parent passes its SIGTERM on: a worker gets two
+    SIGTERMs at once, which must still let it save its checkpoint; a later second signal stops at once."""
+    with StopSignals() as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # within DUPLICATE_S: ignored
+        assert signals.received == signal.SIGTERM
+        monkeypatch.setattr(StopSignals, "DUPLICATE_S", 0.0)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+    with StopSignals():
+        os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):  # Ctrl-C twice: at once
+            os.kill(os.getpid(), signal.SIGINT)

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
+from multiprocessing.connection import wait
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from ..checkpoint import checkpoint_dirs
 from ..data import build_dataset
+from ..errors import Stopped, UserError
 from ..train.config import TrainConfig
 from ..train.metrics import read_metrics
-from ..train.trainer import train
+from ..train.trainer import StopSignals, train
+
+CONTINUE = "run the same command again: finished runs are reused and stopped ones resumed"
 
 
 def threads_per_run(workers: int) -> int:
@@ -27,44 +32,129 @@ def _finished(config: TrainConfig, run_dir: str) -> bool:
     return bool(done) and int(done[-1].name[5:]) >= config.steps
 
 
-def _train_one(job: tuple[TrainConfig, str]) -> tuple[str, float]:
+def _train_one(job: tuple[TrainConfig, str]) -> tuple[str, float, int | None]:
+    """Train one run unless it is finished: (run directory, wall seconds, the signal that stopped it or None)."""
     config, run_dir = job
     started = time.perf_counter()
+    stopped = None
     if not _finished(config, run_dir):  # finished runs are reused, partial ones resumed
-        train(config, run_dir, resume=bool(checkpoint_dirs(run_dir)))
-    return run_dir, time.perf_counter() - started
+        try:
+            train(config, run_dir, resume=bool(checkpoint_dirs(run_dir)))
+        except Stopped as stop:  # its checkpoint is saved; the sweep says how to continue
+            stopped = stop.exit_code - 128
+    return run_dir, time.perf_counter() - started, stopped
+
+
+def _work(job: tuple[TrainConfig, str], answer) -> None:
+    """A worker process: send back _train_one's result, or the exception that ended it (re-raised by the parent).
+    A second signal (KeyboardInterrupt) ends it with nothing sent, and without a traceback."""
+    try:
+        answer.send(_train_one(job))
+    except KeyboardInterrupt:
+        pass
+    except Exception as error:
+        answer.send(error)
 
 
 def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) -> dict[str, float]:
     """Train every (config, run directory), `workers` at a time, longest first (so they finish close
     together); one worker trains in this process. Returns the wall seconds of each run trained now, by
-    run directory (finished runs are not started again)."""
+    run directory (finished runs are not started again). SIGTERM / SIGINT stop the sweep: no run starts
+    after it, the running ones save a checkpoint and stop, and Stopped says how to continue."""
     jobs = [(config, str(run_dir)) for config, run_dir in jobs]
     todo = sorted((job for job in jobs if not _finished(*job)), key=lambda job: -job[0].steps)
     total = sum(config.steps for config, _ in jobs)
     wall: dict[str, float] = {}
-    with tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True) as bar:
+    stopped: dict[str, int] = {}  # run directory -> the signal that stopped it
+    with tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True) as bar, StopSignals() as signals:
+        def show() -> None:
+            latest = _latest(jobs)
+            bar.n = sum(m.get("step", 0) for m in latest.values())
+            if len(jobs) <= 6:
+                bar.set_postfix_str(" ".join(f"{Path(d).name}:{m['kl_bits']:.2f}b"
+                                             for d, m in latest.items() if "kl_bits" in m))
+            bar.refresh()
+
         if workers == 1 or len(todo) <= 1:
-            for job in todo:
-                run_dir, wall[run_dir] = _train_one(job)
-                bar.n = sum(m.get("step", 0) for m in _latest(jobs).values())
-                bar.refresh()
+            for job in todo:  # train() catches the signals while it runs; this loop's StopSignals between runs
+                if signals.received or stopped:
+                    break
+                run_dir, wall[run_dir], signum = _train_one(job)
+                if signum:
+                    stopped[run_dir] = signum
+                show()
         elif todo:
             prepare_data([config for config, _ in todo])
-            context = multiprocessing.get_context("spawn")
-            with context.Pool(workers, maxtasksperchild=1) as pool:
-                pending = pool.map_async(_train_one, todo, chunksize=1)
-                while not pending.ready():
-                    pending.wait(2.0)
-                    latest = _latest(jobs)
-                    bar.n = sum(m.get("step", 0) for m in latest.values())
-                    if len(jobs) <= 6:
-                        bar.set_postfix_str(" ".join(f"{Path(d).name}:{m['kl_bits']:.2f}b"
-                                                     for d, m in latest.items() if "kl_bits" in m))
-                    bar.refresh()
-                wall.update(pending.get())
+            _train_processes(todo, workers, signals, wall, stopped, show)
+        if signals.received or stopped:
+            signum = signals.received or next(iter(stopped.values()))
+            raise Stopped(_stop_message(todo, wall, stopped, signum), signum)
         bar.n = total
     return wall
+
+
+def _train_processes(todo, workers: int, signals: StopSignals, wall: dict, stopped: dict, show) -> None:
+    """Train `todo` in spawned processes, `workers` at a time, filling `wall` and `stopped`. After a signal no
+    process starts; a SIGTERM is passed on to the running ones (Ctrl-C's SIGINT reaches the whole process group
+    already), which save a checkpoint and stop. After an error in one (or a second signal here) the others get a
+    SIGTERM too, and this waits for them: no worker outlives the sweep."""
+    context = multiprocessing.get_context("spawn")
+    waiting, running = list(todo), {}  # running: process -> (run directory, the end its answer arrives at)
+    forwarded, shown = False, time.monotonic()
+    try:
+        while running or (waiting and not (signals.received or stopped)):
+            while waiting and len(running) < workers and not (signals.received or stopped):
+                job = waiting.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_work, args=(job, send), daemon=True)
+                process.start()
+                send.close()
+                running[process] = (job[1], receive)
+            if signals.received == signal.SIGTERM and not forwarded:
+                for process in running:
+                    os.kill(process.pid, signal.SIGTERM)
+                forwarded = True
+            ended = wait([process.sentinel for process in running], timeout=0.25)  # a signal is seen within 0.25 s
+            for process in [process for process in running if process.sentinel in ended]:
+                run_dir, receive = running.pop(process)
+                try:  # it has ended: its answer is there, or nothing (EOF)
+                    answer = receive.recv()
+                except EOFError:
+                    answer = None
+                receive.close()
+                process.join()
+                if isinstance(answer, BaseException):
+                    raise answer
+                if answer is None and not signals.received:  # killed (out of memory?) before it could answer
+                    raise UserError(f"the process training {run_dir} died (exit code {process.exitcode}); the other "
+                                    f"runs saved a checkpoint and stopped; to continue, {CONTINUE}")
+                if answer is not None:
+                    _, wall[run_dir], signum = answer
+                    if signum:
+                        stopped[run_dir] = signum
+            if time.monotonic() - shown > 2.0:  # reading every metrics.jsonl is not free
+                show()
+                shown = time.monotonic()
+    finally:
+        for process in running:  # only after an error or a second signal: they checkpoint and stop
+            process.terminate()
+        for process in running:
+            process.join()
+
+
+def _stop_message(todo, wall: dict, stopped: dict, signum: int) -> str:
+    """One line: the runs stopped at which step, those not started, and how to continue."""
+    steps = {run_dir: config.steps for config, run_dir in todo}
+    at = [f"{run_dir} at step {_last_step(run_dir)} of {steps[run_dir]}" for run_dir in stopped]
+    not_started = [run_dir for run_dir in steps if run_dir not in wall]
+    return (f"sweep stopped by {signal.Signals(signum).name}: "
+            f"{'; '.join(at) or 'no run was running'} (checkpoints saved)"
+            f"{f', {len(not_started)} run(s) not started' if not_started else ''}; to continue, {CONTINUE}")
+
+
+def _last_step(run_dir: str) -> int:
+    done = checkpoint_dirs(run_dir)
+    return int(done[-1].name[5:]) if done else 0
 
 
 def prepare_data(configs: list[TrainConfig]) -> None:

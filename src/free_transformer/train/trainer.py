@@ -61,20 +61,26 @@ class TrainResult:
 
 class StopSignals:
     """Record SIGTERM / SIGINT instead of dying mid-step: the loop checks `received` at each step
-    boundary. A second signal raises KeyboardInterrupt at once (checkpoints are atomic: nothing breaks).
-    Installed only in the main thread (Python allows no handler elsewhere); the old handlers come back
-    on exit."""
+    boundary. A second signal raises KeyboardInterrupt at once (checkpoints are atomic: nothing breaks),
+    except a SIGTERM within DUPLICATE_S of the first one: that is the same request arriving twice (a
+    scheduler signals every process of a job, and a sweep's parent also passes its SIGTERM on to its
+    workers). Installed only in the main thread (Python allows no handler elsewhere); the old handlers
+    come back on exit."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    DUPLICATE_S = 1.0
 
     def __init__(self):
         self.received: int | None = None
+        self.received_at = 0.0
         self.previous: dict = {}
 
     def _handle(self, signum, frame):
         if self.received is not None:
+            if signum == self.received == signal.SIGTERM and time.monotonic() - self.received_at < self.DUPLICATE_S:
+                return
             raise KeyboardInterrupt
-        self.received = signum
+        self.received, self.received_at = signum, time.monotonic()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
