@@ -583,7 +583,6 @@ def test_eval_refuses_sandbox_limits_that_fail_every_program(tmp_path, capsys):
 def _eval_run(tmp_path):
     from conftest import tiny_checkpoint
     from free_transformer.checkpoint import save_checkpoint
-    from free_transformer.model import FreeTransformer
 
     run = tiny_checkpoint(tmp_path, "run", 4)
     model, metadata = load_model(run)
