@@ -140,7 +140,7 @@ def test_consolidate_gives_an_ordinary_checkpoint(runs, tmp_path, capsys):
     assert main(["consolidate", str(garbled)]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and "already holds a checkpoint" in errors[0]
-    assert errors[1].startswith(f"error: cannot load the sharded checkpoint {garbled}: ")
+    assert errors[1].startswith(f"error: corrupt sharded checkpoint metadata {garbled / 'dcp' / '.metadata'}: ")
     assert main(["consolidate", str(run)]) == 0
     assert "consolidated" in capsys.readouterr().out
     sharded, config = load_model(run)  # the newest step directory, now with model.safetensors
@@ -244,3 +244,33 @@ def test_a_damaged_sharded_checkpoint_is_found_and_passed_over(runs, tmp_path, c
     assert "does not match its SHA-256" in verify_checkpoint(newest)
     assert newest_intact_checkpoint(run, report=print) == checkpoint_dirs(run)[-1] != newest
     assert "is damaged" in capsys.readouterr().out
+
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_crafted_sharded_checkpoint_metadata_never_runs(runs, tmp_path, capsys):
+    """DCP reads dcp/.metadata with pickle.load: it is unpickled first with DCP's own records allowed only,
+    so a payload (with SHA256SUMS rewritten to match) is refused by verification and by consolidate."""
+    import pickle
+
+    from free_transformer.checkpoint import verify_checkpoint
+    from free_transformer.fileio import sha256_file
+
+    run, marker = shutil.copytree(runs / "fsdp", tmp_path / "fsdp"), tmp_path / "payload-ran"
+    newest = checkpoint_dirs(run)[-1]
+    (newest / "dcp" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    lines = (newest / "SHA256SUMS").read_text().splitlines()
+    (newest / "SHA256SUMS").write_text("".join(f"{sha256_file(newest / name)}  {name}\n"
+                                               for name in (line.split("  ")[1] for line in lines)))
+    assert "refused, not run" in verify_checkpoint(newest)
+    assert main(["consolidate", str(newest)]) == 2
+    assert "unsafe sharded checkpoint metadata" in capsys.readouterr().err and "refused, not run" in \
+        verify_checkpoint(newest)
+    assert not marker.exists()

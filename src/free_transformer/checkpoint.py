@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -186,6 +187,40 @@ def load_training_state(path: str | Path) -> dict:
         raise CheckpointError(f"corrupt, unsafe or missing training state {ckpt / 'state.pt'}: {reason}") from error
 
 
+# What a DCP `.metadata` pickle names (torch.distributed.checkpoint's own records, and the torch types in them).
+# DCP reads it with pickle.load, so a crafted one could run code: it is checked against this list first.
+DCP_METADATA_GLOBALS = {
+    ("pathlib", "PosixPath"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    *(("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    *(("torch", str(dtype).removeprefix("torch.")) for dtype in (
+        torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.int16,
+        torch.int8, torch.uint8, torch.bool)),
+}
+
+
+class _DcpMetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in DCP_METADATA_GLOBALS:
+            raise CheckpointError(f"it asks to unpickle {module}.{name} (refused, not run)")
+        return super().find_class(module, name)
+
+
+def check_dcp_metadata(checkpoint: Path) -> None:
+    """Unpickle dcp/.metadata allowing only DCP_METADATA_GLOBALS, or raise CheckpointError: run before
+    DCP itself reads it with pickle.load."""
+    path = checkpoint / "dcp" / ".metadata"
+    try:
+        with open(path, "rb") as handle:
+            _DcpMetadataUnpickler(handle).load()
+    except CheckpointError as error:
+        raise CheckpointError(f"unsafe sharded checkpoint metadata {path}: {error}") from None
+    except Exception as error:  # truncated or garbled
+        raise CheckpointError(f"corrupt sharded checkpoint metadata {path}: {type(error).__name__}: {error}") from None
+
+
 def verify_checkpoint(path: str | Path) -> str | None:
     """None if the checkpoint directory is intact, else what is wrong with it (one line). Reads every
     file: the recorded digests, config.json, the safetensors header and tensors, state.pt."""
@@ -202,7 +237,8 @@ def verify_checkpoint(path: str | Path) -> str | None:
         if (path / "dcp").is_dir() and not (path / "model.safetensors").exists():
             if not (path / "dcp" / ".metadata").is_file():
                 return "dcp/.metadata is missing"
-            return None  # the shards themselves are read (and reported) at load time
+            check_dcp_metadata(path)
+            return None  # the shards are covered by SHA256SUMS, and read (and reported) at load time
         load_file(path / "model.safetensors")
         if (path / "state.pt").exists():
             load_training_state(path)

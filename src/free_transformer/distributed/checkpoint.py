@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from ..checkpoint import (
     CHECKSUMS,
     CheckpointError,
+    check_dcp_metadata,
     checkpoint_dirs,
     fsync_dir,
     load_training_state,
@@ -87,6 +88,7 @@ def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: to
 
 def _dcp_load(state: dict, checkpoint: Path) -> None:
     """dcp.load in place into `state`; without a process group, in this process alone."""
+    check_dcp_metadata(checkpoint)  # DCP unpickles it with pickle.load: nothing but its own records may run
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
