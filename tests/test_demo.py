@@ -201,9 +201,11 @@ def test_bits_z_saves_on_coin_sequences():
     assert coin_bits_saved(tiny_model(vocab_size=256, max_seq_len=16, latent_bits=0), 12, 0.1) is None
 
 
-def test_demo_trains_every_model_at_once_as_on_a_gpu(tmp_path):
+def test_demo_trains_every_model_at_once_as_on_a_gpu(tmp_path, monkeypatch):
     """What the demo does on a GPU (one process per model, all side by side), on the CPU: every run
-    trained to its last step, one report. tests/test_cuda.py runs it on a GPU."""
+    trained to its last step, one report; on a fresh machine too (an empty cache). tests/test_cuda.py runs
+    it on a GPU."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
     out = tmp_path / "demo"
     assert main(["demo", "--preset", "smoke", "--workers", str(len(VARIANTS)), "--out", str(out), "--device", "cpu"]) == 0
     results = json.loads((out / "results.json").read_text())
