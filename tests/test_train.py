@@ -148,7 +148,7 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
     with pytest.raises(CheckpointError, match="is damaged: model.safetensors does not match its SHA-256"):
         load_model(tmp_path)
     (weights.parent / "SHA256SUMS").unlink()  # a checkpoint without digests: its files are still read whole
-    with pytest.raises(CheckpointError, match="is damaged: SafetensorError"):
+    with pytest.raises(CheckpointError, match="corrupt checkpoint weights"):
         load_model(tmp_path)
     (weights.parent / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="corrupt checkpoint config"):

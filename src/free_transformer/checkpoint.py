@@ -168,7 +168,7 @@ def load_weights(ckpt: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
 def load_verified_weights(ckpt: Path) -> dict[str, torch.Tensor]:
     """`load_weights` of a checkpoint that `verify_checkpoint` passes, else a CheckpointError naming
     what is wrong: a damaged checkpoint is never used silently."""
-    problem = verify_checkpoint(ckpt)
+    problem = verify_checkpoint(ckpt, read_weights=False)  # load_weights reads (and checks) them once
     if problem is not None:
         raise CheckpointError(f"checkpoint {ckpt} is damaged: {' '.join(problem.split())}")
     return load_weights(ckpt)
@@ -221,9 +221,10 @@ def check_dcp_metadata(checkpoint: Path) -> None:
         raise CheckpointError(f"corrupt sharded checkpoint metadata {path}: {type(error).__name__}: {error}") from None
 
 
-def verify_checkpoint(path: str | Path) -> str | None:
+def verify_checkpoint(path: str | Path, read_weights: bool = True) -> str | None:
     """None if the checkpoint directory is intact, else what is wrong with it (one line). Reads every
-    file: the recorded digests, config.json, the safetensors header and tensors, state.pt."""
+    file: the recorded digests, config.json, the safetensors header and tensors (unless read_weights is
+    False: a caller about to load them reads them once), state.pt."""
     path = Path(path)
     try:
         sums = (path / CHECKSUMS).read_text() if (path / CHECKSUMS).is_file() else ""
@@ -239,7 +240,8 @@ def verify_checkpoint(path: str | Path) -> str | None:
                 return "dcp/.metadata is missing"
             check_dcp_metadata(path)
             return None  # the shards are covered by SHA256SUMS, and read (and reported) at load time
-        load_file(path / "model.safetensors")
+        if read_weights:
+            load_file(path / "model.safetensors")
         if (path / "state.pt").exists():
             load_training_state(path)
     except CheckpointError as error:
