@@ -60,12 +60,12 @@ from common import (add_machine_arguments, add_model_arguments, describe_limits,
                     describe_size, interleaved_times, matmul_limits_gflops, median_ratio, model_config,
                     setup_machine)
 from free_transformer.config import ModelConfig, named_config
+from free_transformer.devices import DTYPES
 from free_transformer.generate import GenerationConfig, generate, shared_prior_latents, static_decode_step
 from free_transformer.model import FreeTransformer
 
 TARGET_FREE_VS_BASELINE = 0.95
 TARGET_CACHE_SPEEDUP, TARGET_CACHE_TOKENS = 10.0, 512
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SIZES = ("paper-1.5b",)
 
 
