@@ -165,3 +165,22 @@ def wait_for_step(out, step, process, timeout=120):
             return
         time.sleep(0.01)
     raise AssertionError(f"the run did not reach step {step}: {process.poll()} {process.stderr.read()}")
+
+
+class Payload:
+    """Unpickling this touches `marker`: what a crafted checkpoint file would do with a real payload."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def rewrite_checksums(checkpoint):
+    """Record the current digests of the files a checkpoint's SHA256SUMS lists: what an attacker who
+    rewrites a checkpoint file does to SHA256SUMS too."""
+    from free_transformer.fileio import sha256_file
+
+    names = [line.split("  ", 1)[1] for line in (checkpoint / "SHA256SUMS").read_text().splitlines()]
+    (checkpoint / "SHA256SUMS").write_text("".join(f"{sha256_file(checkpoint / name)}  {name}\n" for name in names))

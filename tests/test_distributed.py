@@ -247,28 +247,18 @@ def test_a_damaged_sharded_checkpoint_is_found_and_passed_over(runs, tmp_path, c
 
 
 
-class _Payload:
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (Path.touch, (Path(self.marker),))
-
-
 def test_a_crafted_sharded_checkpoint_metadata_never_runs(runs, tmp_path, capsys):
     """DCP reads dcp/.metadata with pickle.load: it is unpickled first with DCP's own records allowed only,
     so a payload (with SHA256SUMS rewritten to match) is refused by verification and by consolidate."""
     import pickle
 
+    from conftest import Payload, rewrite_checksums
     from free_transformer.checkpoint import verify_checkpoint
-    from free_transformer.fileio import sha256_file
 
     run, marker = shutil.copytree(runs / "fsdp", tmp_path / "fsdp"), tmp_path / "payload-ran"
     newest = checkpoint_dirs(run)[-1]
-    (newest / "dcp" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
-    lines = (newest / "SHA256SUMS").read_text().splitlines()
-    (newest / "SHA256SUMS").write_text("".join(f"{sha256_file(newest / name)}  {name}\n"
-                                               for name in (line.split("  ")[1] for line in lines)))
+    (newest / "dcp" / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    rewrite_checksums(newest)
     assert "refused, not run" in verify_checkpoint(newest)
     assert main(["consolidate", str(newest)]) == 2
     assert "unsafe sharded checkpoint metadata" in capsys.readouterr().err and "refused, not run" in \

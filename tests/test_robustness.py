@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from free_transformer.checkpoint import checkpoint_dirs, load_model, load_training_state, verify_checkpoint
-from conftest import TINY, tiny_run_config as _config, run_losses as _losses, wait_for_step as _wait_for_step
+from conftest import TINY, Payload, rewrite_checksums, tiny_run_config as _config, run_losses as _losses
+from conftest import wait_for_step as _wait_for_step
 from free_transformer.cli import main
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics
@@ -359,24 +360,6 @@ def test_an_out_path_that_cannot_be_a_directory_is_one_line(capsys):
 # -- nothing executed, one writer per run, every loader verifies ---------------------------------------
 
 
-class _Payload:
-    """Unpickling this touches a marker file: what a crafted state.pt would do with a real payload."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (Path.touch, (Path(self.marker),))
-
-
-def _rewrite_checksums(checkpoint):
-    """What an attacker who rewrites state.pt does to SHA256SUMS too."""
-    from free_transformer.fileio import sha256_file
-
-    files = sorted(f for f in checkpoint.iterdir() if f.name != "SHA256SUMS")
-    (checkpoint / "SHA256SUMS").write_text("".join(f"{sha256_file(f)}  {f.name}\n" for f in files))
-
-
 def test_a_pickled_payload_in_a_checkpoint_never_runs(tmp_path, capsys):
     """state.pt is read with weights_only=True: a crafted one (with matching digests) is refused as damaged
     by verification, by load_training_state and by --resume (which goes on from the previous checkpoint);
@@ -385,9 +368,9 @@ def test_a_pickled_payload_in_a_checkpoint_never_runs(tmp_path, capsys):
     assert main(["train", "--out", str(run), *TINY, "steps=2", "checkpoint_every=1"]) == 0
     newest = checkpoint_dirs(run)[-1]
     state = torch.load(newest / "state.pt", weights_only=True)  # written as tensors and plain values only
-    state["rng"]["python"] = _Payload(marker)
+    state["rng"]["python"] = Payload(marker)
     torch.save(state, newest / "state.pt")
-    _rewrite_checksums(newest)
+    rewrite_checksums(newest)
     with pytest.raises(Exception, match="refused, not run"):
         load_training_state(newest)
     assert "refused, not run" in verify_checkpoint(newest)
@@ -674,7 +657,8 @@ def test_a_full_disk_while_logging_is_one_line_that_says_how_to_go_on(tmp_path):
 
 def test_failed_starts_of_the_demo_and_the_study_leave_no_directory(tmp_path, capsys):
     assert main(["demo", "--preset", "smoke", "--out", str(tmp_path / "demo"), "optim.lr=abc"]) == 2
-    assert main(["study", "--preset", "smoke", "--out", str(tmp_path / "study"), "data.text.path=/nonexistent.txt"]) == 2
+    assert main(["study", "--preset", "smoke", "--out", str(tmp_path / "study"),
+                 "data.text.path=/nonexistent.txt"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert "optim.lr: expected float" in errors[0] and "the study's corpus /nonexistent.txt does not exist" in errors[1]
     assert not (tmp_path / "demo").exists() and not (tmp_path / "study").exists()
