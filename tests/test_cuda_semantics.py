@@ -87,7 +87,8 @@ def test_every_gqa_route_runs_a_fused_kernel_and_gives_query_heads(dtype, case, 
     with cuda_dispatch(monkeypatch), monkeypatch.context() as patch:
         patch.setattr(F, "scaled_dot_product_attention", lambda *args, **kw: kernels.append(
             cuda_kernel(args[0], args[1], kw.get("attn_mask"), kw.get("enable_gqa", False))) or cuda_sdpa(*args, **kw))
-        assert layers.gqa_route("meta", dtype, T, mask is not None) == (route[dtype] if isinstance(route, dict) else route)
+        expected = route[dtype] if isinstance(route, dict) else route
+        assert layers.gqa_route("meta", dtype, T, mask is not None) == expected
         out = layers.attend(q, k, v, mask, is_causal=case == "training")
     assert out.shape == (B, 4, T, 16) and out.dtype == dtype
     assert kernels and "math" not in kernels

@@ -8,7 +8,7 @@ import torch
 from .errors import UserError
 
 CHOICES = "auto, cpu, cuda, cuda:N or mps"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the dtype names that options take (--dtype, fsdp param_dtype)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # names that options take (--dtype, param_dtype)
 
 
 class DeviceError(UserError, ValueError):

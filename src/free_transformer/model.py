@@ -201,7 +201,8 @@ class FreeTransformer(nn.Module):
                 f"sequence length {start + tokens.shape[1]} exceeds max_seq_len {self.config.max_seq_len}"
             )
         if cache is not None and start + tokens.shape[1] > cache.capacity:
-            raise ValueError(f"sequence length {start + tokens.shape[1]} exceeds the cache's {cache.capacity} positions")
+            raise ValueError(f"sequence length {start + tokens.shape[1]} exceeds the cache's "
+                             f"{cache.capacity} positions")
         return tokens.shape
 
     def check_tokens(self, tokens: Tensor) -> None:

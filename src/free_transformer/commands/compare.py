@@ -24,7 +24,8 @@ def add_arguments(parser) -> None:
                         help="the evaluation settings whose curve is read from each record (one key for all runs, "
                              "or one per run); default: those of each record's newest evaluation")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace OUTPUT.md / .html / .png if they exist (else that is an error and nothing is written)")
+                        help="replace OUTPUT.md / .html / .png if they exist (else that is an error and nothing "
+                             "is written)")
     parser.add_argument("--x", dest="axis", choices=["step", "tokens"], default="step",
                         help="x axis of the curves: optimizer steps or tokens seen")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples per difference")
