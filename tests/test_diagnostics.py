@@ -139,3 +139,37 @@ def test_the_matched_baseline_has_the_encoders_parameters_and_flops(tmp_path):
     assert (saved["latent_bits"], saved["n_layers"]) == (0, debug.n_layers + 1)
     with pytest.raises(Exception, match="no latent"):
         debug.replace(latent_bits=0).matched_baseline()
+
+
+def _kl_split_by_enumeration(bit_logits):
+    """The definitions, code by code: Q(z | S) as a product of bit probabilities, its batch mean, two KLs."""
+    B, T, H = bit_logits.shape
+    p = torch.sigmoid(bit_logits.double())
+    kl, mismatch = 0.0, 0.0
+    for t in range(T):
+        mean_q = [0.0] * 2**H
+        for b in range(B):
+            for z in range(2**H):
+                q = math.prod(float(p[b, t, h]) if z >> h & 1 else 1 - float(p[b, t, h]) for h in range(H))
+                mean_q[z] += q / B
+                kl += q * math.log2(q * 2**H) / (B * T)
+        mismatch += sum(q * math.log2(q * 2**H) for q in mean_q) / T
+    return kl - mismatch, mismatch
+
+
+def test_kl_split_is_information_plus_prior_mismatch():
+    from free_transformer.measures import kl_split
+
+    logits = torch.randn(5, 3, 3, generator=torch.Generator().manual_seed(0)) * 2
+    information, mismatch = _kl_split_by_enumeration(logits)
+    for max_entries in (2**22, 8):  # the batch in one slice, and one row per slice
+        split = kl_split(logits, max_entries=max_entries)
+        assert split["information"] == pytest.approx(information, rel=1e-9)
+        assert split["prior_mismatch"] == pytest.approx(mismatch, rel=1e-9)
+    # one code for every sequence: all mismatch, no information; codes that tell sequences apart: the reverse
+    same = torch.full((4, 2, 3), 6.0)
+    assert kl_split(same)["information"] == pytest.approx(0.0, abs=1e-9)
+    assert kl_split(same)["prior_mismatch"] > 2.9
+    apart = torch.tensor([[[20.0]], [[-20.0]]]).expand(2, 2, 1)  # one bit, opposite in two sequences
+    assert kl_split(apart)["information"] == pytest.approx(1.0, abs=1e-6)
+    assert kl_split(apart)["prior_mismatch"] == pytest.approx(0.0, abs=1e-6)

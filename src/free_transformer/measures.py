@@ -4,6 +4,8 @@ in the study and in held-out likelihoods.
     bits_saved       per token: the cross-entropy with Z from the prior minus with Z from the encoder,
                      how much knowing the sequence's own Z helps the decoder (0 when it ignores Z)
     dead_bits        the bits of Z whose KL to a fair coin is under DEAD_BIT_KL
+    kl_split         the per-token KL as information about the sequence plus prior mismatch, the part
+                     that generation from the prior gets wrong at every token
     log_q, iwae      the encoder's log-probability of its Z, and the importance-weighted bound
     honest_bits      the tightest honest estimate of -log2 P(x) from the held-out bounds
     latent_verdict   a one-line warning when Z is unused (collapse) or carries the tokens (copying)
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .latent import ENCODER, PRIOR
+from .latent.sampling import index_to_bits, kl_to_uniform
 from .units import LN2
 
 # A bit whose KL to a fair coin is under this (bits per token) carries nothing.
@@ -47,6 +50,29 @@ def bits_saved(model, tokens: torch.Tensor, *, samples: int = 2, seed: int = 0) 
 
 def dead_bits(kl_bits_per_bit: list[float]) -> int:
     return sum(value < DEAD_BIT_KL for value in kl_bits_per_bit)
+
+
+def kl_split(bit_logits: torch.Tensor, *, max_entries: int = 2**22) -> dict[str, float]:
+    """The mean per-token KL(Q(Z_t | S) || uniform) of a batch of sequences, (B, T, H) bit-logits, split in
+    bits per token into
+
+        information     I(Z_t; S) over the batch: what Z_t tells about its sequence
+        prior_mismatch  KL(Qbar_t || uniform), Qbar_t = the batch's mean of Q(Z_t | S), the codes the decoder
+                        is trained on at position t; a prior draw takes them in other proportions
+
+    (KL = information + prior_mismatch, each averaged over t.) The free-bits hinge charges neither below
+    kappa. Exact over the 2^H codes, Qbar accumulated over slices of the batch of at most `max_entries`."""
+    B, T, H = bit_logits.shape
+    logits = bit_logits.double()
+    codes = index_to_bits(torch.arange(2**H, device=logits.device), H).double()  # (2^H, H)
+    mean_q = torch.zeros(T, 2**H, dtype=torch.float64, device=logits.device)
+    rows = max(1, max_entries // (T * 2**H))
+    for chunk in logits.split(rows):
+        log_q_codes = F.logsigmoid(chunk) @ codes.T + F.logsigmoid(-chunk) @ (1 - codes).T  # (b, T, 2^H)
+        mean_q += log_q_codes.exp().sum(0) / B
+    kl = float(kl_to_uniform(logits).mean()) / LN2
+    mismatch = float((mean_q * (mean_q.clamp_min(1e-300).log() + H * LN2)).sum(-1).mean()) / LN2
+    return {"information": kl - mismatch, "prior_mismatch": mismatch}
 
 
 def log_q(bit_logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -7,14 +7,14 @@ from __future__ import annotations
 # Chance for the data itself: two independent valid samples share their target position with probability
 # 1/57 (0.018) and their noise patterns have Jaccard similarity 0.03.
 CHANCE_LIKE = 0.12  # no more agreement than a few times chance
-VALID = 0.7
-# Bits the decoder takes from Z (letters.py): at least USED where Z carries a decision (a whole bit of it), at
-# most IGNORED where it carries none of the noise. A position code as coarse as the paper's 1/8-bit figure (green
-# targets up to 2 positions apart) is judged by the near agreement, and every agreement against the blue group's
-# as a difference, not a ratio: where generated positions cluster, blue agrees often too. Why these values:
-# docs/demo.md.
+# The paper's figure: at 1/64, 1/8 and 1 bit every generation from prior Z is valid; at 8 bits most are not.
+VALID, BROKEN = 0.7, 0.5
+# Green groups agree on a decision Z holds at least OVER_BLUE times as often as the blue group (the figure's green
+# boxes against its blue one). The target position is judged within ±2, as coarse as the paper's 1/8-bit panel.
+OVER_BLUE = 2.0
+# Bits the decoder takes from Z (letters.py), shown beside the generations: at least USED where Z carries a
+# decision (a whole bit of it), at most IGNORED where it carries none of the noise. Why these values: docs/demo.md.
 USED, IGNORED = 1.0, 0.1
-OVER_BLUE = 0.05
 
 # The coin claim: generations given the encoder's Z of a sequence show that sequence's coin at least COIN_MATCH of
 # the time (chance 0.5), green groups agree on the coin COIN_OVER_BLUE more than the blue group does, and Z saves
@@ -30,6 +30,10 @@ def judge_claims(results: list) -> list[dict]:
         value = by_slug[slug].get(key)
         return value if value is not None else float("nan")
 
+    def green_over_blue(slug, decision):  # at least OVER_BLUE x blue's agreement, and above it (blue may be 0)
+        green, blue = m(slug, f"green_{decision}"), m(slug, f"blue_{decision}")
+        return green >= OVER_BLUE * blue and green > blue
+
     claims = [
         ("kappa-1-64", "1/64 bit: behaves as a vanilla model",
          (f"valid ≥ {VALID}, green groups agree no more than blue (position and noise < {CHANCE_LIKE}), "
@@ -38,20 +42,22 @@ def judge_claims(results: list) -> list[dict]:
          and m("kappa-1-64", "green_noise_jaccard") < CHANCE_LIKE
          and m("kappa-1-64", "latent_bits_position") < USED and m("kappa-1-64", "latent_bits_noise") < USED),
         ("kappa-1-8", "1/8 bit: Z encodes the target position",
-         (f"Z saves ≥ {USED:g} bit at the target start and < {IGNORED} bit per '!'; green groups agree on the "
-          f"position within ±2 at least {OVER_BLUE:g} more often than the blue group; valid ≥ {VALID}"),
-         m("kappa-1-8", "latent_bits_position") >= USED and m("kappa-1-8", "latent_bits_noise") < IGNORED
-         and m("kappa-1-8", "green_position_near") >= m("kappa-1-8", "blue_position_near") + OVER_BLUE
-         and m("kappa-1-8", "valid") >= VALID),
+         (f"valid ≥ {VALID}; green groups agree on the position within ±2 at least {OVER_BLUE:g}× as often as the "
+          f"blue group, and on the noise no more than a few times chance (< {CHANCE_LIKE}); Z saves ≥ {USED:g} bit "
+          f"at the target start and < {IGNORED} bit per '!'"),
+         m("kappa-1-8", "valid") >= VALID and green_over_blue("kappa-1-8", "position_near")
+         and m("kappa-1-8", "green_noise_jaccard") < CHANCE_LIKE
+         and m("kappa-1-8", "latent_bits_position") >= USED and m("kappa-1-8", "latent_bits_noise") < IGNORED),
         ("kappa-1", "1 bit: Z encodes the position and the noise",
-         (f"Z saves ≥ {USED:g} bit at the target start and ≥ {USED:g} bit per '!'; green groups agree on the "
-          f"position within ±2, and on the noise (Jaccard), at least {OVER_BLUE:g} more than the blue group"),
-         m("kappa-1", "latent_bits_position") >= USED and m("kappa-1", "latent_bits_noise") >= USED
-         and m("kappa-1", "green_position_near") >= m("kappa-1", "blue_position_near") + OVER_BLUE
-         and m("kappa-1", "green_noise_jaccard") >= m("kappa-1", "blue_noise_jaccard") + OVER_BLUE),
+         (f"valid ≥ {VALID}; green groups agree on the position within ±2, and on the noise (Jaccard), each at "
+          f"least {OVER_BLUE:g}× as often as the blue group; Z saves ≥ {USED:g} bit at the target start and "
+          f"≥ {USED:g} bit per '!'"),
+         m("kappa-1", "valid") >= VALID and green_over_blue("kappa-1", "position_near")
+         and green_over_blue("kappa-1", "noise_jaccard")
+         and m("kappa-1", "latent_bits_position") >= USED and m("kappa-1", "latent_bits_noise") >= USED),
         ("kappa-8", "8 bits: the encoder copies the sequence, generation breaks",
-         f"valid < {VALID} while the posterior cross-entropy is below the baseline's",
-         m("kappa-8", "valid") < VALID
+         f"valid < {BROKEN} while the posterior cross-entropy is below the baseline's",
+         m("kappa-8", "valid") < BROKEN
          and m("kappa-8", "val_cross_entropy_bits") < m("baseline", "val_cross_entropy_bits")),
         ("coins", "coin flips (Motivation section): Z carries the hidden coin",
          (f"generations given a sequence's encoder Z show its coin ≥ {COIN_MATCH} of the time (chance 0.5); green "

@@ -87,11 +87,17 @@ def mean_of_present(values: list[float | None]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _valid_share(bodies: list[str], letter: str) -> float | None:
+    return sum(analyse_letters(b, letter).valid for b in bodies) / len(bodies) if bodies else None
+
+
 def group_measures(groups: Groups) -> dict:
-    everything = groups.blue + [b for green in groups.greens for b in green]
+    greens = [b for green in groups.greens for b in green]
     letter = groups.letter
     return {
-        "valid": sum(analyse_letters(b, letter).valid for b in everything) / len(everything),
+        "valid": _valid_share(groups.blue + greens, letter),
+        "blue_valid": _valid_share(groups.blue, letter),
+        "green_valid": _valid_share(greens, letter),
         "blue_position_agreement": _position_agreement(groups.blue, letter),
         "green_position_agreement": mean_of_present([_position_agreement(g, letter) for g in groups.greens]),
         "blue_position_near": _position_agreement(groups.blue, letter, NEAR_POSITIONS),

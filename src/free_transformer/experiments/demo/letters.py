@@ -1,6 +1,8 @@
 """What the decoder takes from Z on the letters, read off fresh sequences rather than off generations:
 the bits Z saves (measures.bits_saved) at the target's first letter (the position decision) and at each
 '!' (a noise decision). A model that ignores Z scores 0 on both; the baseline has no Z and no score.
+Beside them, the encoder's KL split into what Z tells about the sequence and its prior mismatch
+(measures.kl_split): the codes that prior draws give the decoder in other proportions than training did.
 """
 
 from __future__ import annotations
@@ -8,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from ...data.synthetic import TARGET_LENGTH, letters_batch
-from ...measures import bits_saved
+from ...latent import ENCODER
+from ...measures import bits_saved, kl_split
 from ...model import FreeTransformer
 
 PROMPT_LENGTH = 2  # "<letter>>"
@@ -37,3 +40,16 @@ def latent_bits(model: FreeTransformer, *, sequences: int = 256, samples: int = 
     at_start = saved[known, starts[known] + PROMPT_LENGTH - 1]
     at_noise = saved[tokens[:, 1:] == ord("!")]
     return {"latent_bits_position": at_start.mean().item(), "latent_bits_noise": at_noise.mean().item()}
+
+
+@torch.no_grad()
+def latent_kl_split(model: FreeTransformer, *, sequences: int = 256, seed: int = 0) -> dict:
+    """The encoder's KL on `sequences` fresh sequences, bits per token: information about the sequence and
+    prior mismatch (measures.kl_split)."""
+    if not model.config.is_free:
+        return {}
+    model.eval()
+    tokens = letters_batch(sequences, torch.Generator().manual_seed(seed)).to(model.rope_cos.device)  # (B, 66)
+    generator = torch.Generator(device=tokens.device).manual_seed(seed)
+    split = kl_split(model(tokens[:, :-1], latents=ENCODER, generator=generator).bit_logits)  # (B, 65, H)
+    return {"kl_information_bits": split["information"], "kl_prior_mismatch_bits": split["prior_mismatch"]}

@@ -11,12 +11,14 @@ import io
 from pathlib import Path
 
 from ...curves import Line, Panel, draw
-from .claims import COIN_MATCH, IGNORED, USED, VALID
+from .claims import BROKEN, COIN_MATCH, IGNORED, USED, VALID
 
 BLUE, GREEN = "#cfe2ff", "#d4f5d4"
 ROWS_SHOWN = 8
 MEASURES = [  # key, column title, format
     ("valid", "valid generations", "{:.2f}"),
+    ("blue_valid", "valid, blue", "{:.2f}"),
+    ("green_valid", "valid, green", "{:.2f}"),
     ("blue_position_agreement", "position agreement, blue", "{:.3f}"),
     ("green_position_agreement", "position agreement, green", "{:.3f}"),
     ("blue_position_near", "position within ±2, blue", "{:.3f}"),
@@ -25,6 +27,8 @@ MEASURES = [  # key, column title, format
     ("green_noise_jaccard", "noise Jaccard, green", "{:.3f}"),
     ("latent_bits_position", "bits Z saves at target start", "{:.2f}"),
     ("latent_bits_noise", "bits Z saves per '!'", "{:.2f}"),
+    ("kl_information_bits", "KL: information (bits/token)", "{:.3f}"),
+    ("kl_prior_mismatch_bits", "KL: prior mismatch (bits/token)", "{:.3f}"),
     ("blue_coin_agreement", "coin agreement, blue", "{:.2f}"),
     ("green_coin_agreement", "coin agreement, green", "{:.2f}"),
     ("posterior_coin_match", "coin of the Z's source", "{:.2f}"),
@@ -113,7 +117,9 @@ SPREAD = [
     ("kappa-1-8", "latent_bits_noise", "1/8 bit: bits Z saves per '!'", IGNORED),
     ("kappa-1", "latent_bits_position", "1 bit: bits Z saves at target start", USED),
     ("kappa-1", "latent_bits_noise", "1 bit: bits Z saves per '!'", USED),
-    ("kappa-8", "valid", "8 bits: valid generations", VALID),
+    ("kappa-1-8", "valid", "1/8 bit: valid generations", VALID),
+    ("kappa-1", "valid", "1 bit: valid generations", VALID),
+    ("kappa-8", "valid", "8 bits: valid generations", BROKEN),
     ("coins", "posterior_coin_match", "coins: generations showing Z's coin", COIN_MATCH),
 ]
 
