@@ -63,6 +63,10 @@ QUICK_GRID = [(8, 8), (16, 8)]
 PAPER = "paper-1.5b"
 PAPER_SEQ_LEN, PAPER_BATCH = 2048, 4  # 8,192 tokens per step
 PAPER_BITS = (16, 8)
+# The demo's letters models (`demo --preset paper`): cpu-small at width 64, H = 8, 256 sequences of 65 predicted
+# tokens per step, one thread per model (the demo trains two side by side on a 2-core CPU).
+DEMO = "demo"
+DEMO_SEQ_LEN, DEMO_BATCH, DEMO_BITS = 65, 256, 8
 TARGET = 1.10  # (time ratio) / (FLOP ratio) and (memory ratio) / (analytic memory ratio) at most this
 KAPPA_NATS = 0.5 * 0.6931471805599453  # the trainer's default kappa_bits = 0.5
 GRAD_CLIP = OptimConfig().grad_clip
@@ -71,6 +75,8 @@ GRAD_CLIP = OptimConfig().grad_clip
 def model_config(n_bits: int, n_layers: int, size: str = "narrow") -> ModelConfig:
     if size == PAPER:
         return named_config(PAPER, latent_bits=n_bits)  # n_layers is the named size's (28)
+    if size == DEMO:
+        return named_config("cpu-small", latent_bits=n_bits, dim=64, ffn_hidden=192)  # n_layers: cpu-small's (4)
     return ModelConfig(**DIMS, n_layers=n_layers, latent_bits=n_bits)
 
 
@@ -208,8 +214,10 @@ def main():
                         help="bf16: autocast, as the trainer's precision=bf16 (weights and Adam stay fp32)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every block of both models, as the trainer's compile=true")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the fresh-process peak memory")
-    parser.add_argument("--size", choices=("narrow", PAPER), default="narrow",
-                        help=f"narrow: dim 256 at L in {{8, 28}}; {PAPER}: the named size, B=4, T=2048 (a GPU only)")
+    parser.add_argument("--size", choices=("narrow", DEMO, PAPER), default="narrow",
+                        help=f"narrow: dim 256 at L in {{8, 28}}; {DEMO}: the demo's letters model (width 64, "
+                             f"L=4, H={DEMO_BITS}, T={DEMO_SEQ_LEN}, B={DEMO_BATCH}); {PAPER}: the named size, B=4, "
+                             f"T=2048 (a GPU only)")
     parser.add_argument("--bits", type=int, nargs="+",
                         help=f"latent bits H to compare (default: the grid's; {PAPER}: {' '.join(map(str, PAPER_BITS))})")
     parser.add_argument("--seq-len", type=int, help=f"T (default {SEQ_LEN}; {PAPER}: {PAPER_SEQ_LEN})")
@@ -218,12 +226,13 @@ def main():
                         help=f"the baseline made of the Free Transformer's decoder, one optimizer (default: on at "
                              f"{PAPER}, off otherwise; --no-shared-decoder at {PAPER} needs more than 80 GB)")
     args = parser.parse_args()
-    paper = args.size == PAPER
-    args.seq_len = args.seq_len or (PAPER_SEQ_LEN if paper else SEQ_LEN)
-    args.batch = args.batch or (PAPER_BATCH if paper else BATCH)
+    paper, demo = args.size == PAPER, args.size == DEMO
+    args.seq_len = args.seq_len or (PAPER_SEQ_LEN if paper else DEMO_SEQ_LEN if demo else SEQ_LEN)
+    args.batch = args.batch or (PAPER_BATCH if paper else DEMO_BATCH if demo else BATCH)
     args.shared_decoder = paper if args.shared_decoder is None else args.shared_decoder
-    if paper:
-        grid = [(h, named_config(PAPER).n_layers) for h in (args.bits or PAPER_BITS)]
+    if paper or demo:
+        named = named_config(PAPER if paper else "cpu-small")
+        grid = [(h, named.n_layers) for h in (args.bits or (PAPER_BITS if paper else (DEMO_BITS,)))]
     else:
         grid = QUICK_GRID if args.quick else FULL_GRID
         if args.bits:
@@ -235,9 +244,9 @@ def main():
     began = time.perf_counter()
     print(f"{describe_machine(device)}, rounds: {rounds}, precision {args.precision}"
           f"{', compiled' if args.compile else ''}")
-    if paper:
-        print(f"size {PAPER}: {named_config(PAPER)}, T={args.seq_len}, batch {args.batch} "
-              f"({tokens_per_step} tokens per step)")
+    if paper or demo:
+        print(f"size {args.size}: {model_config(grid[0][0], grid[0][1], args.size)}, T={args.seq_len}, "
+              f"batch {args.batch} ({tokens_per_step} tokens per step)")
     else:
         print(f"dims {DIMS}, T={args.seq_len}, batch {args.batch} ({tokens_per_step} tokens per step)")
     if args.shared_decoder:
