@@ -8,7 +8,9 @@ report run once every run is done, here or as one more job (`report_on`). docs/c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import signal
 import sys
 import time
@@ -171,8 +173,9 @@ class SlurmLauncher:
             tasks_per_node=processes // nodes, gpus_per_node=gpus or None, cpus_per_task=self.options.cpus_per_run,
             slurm_partition=self.options.partition, slurm_signal_delay_s=120,
             slurm_additional_parameters=dict(self.options.extra))
-        try:
-            job = executor.submit(function, *args, **(keywords or {}))
+        try:  # submitit prints sbatch's complaint too: it is in the error, said once
+            with contextlib.redirect_stderr(io.StringIO()):
+                job = executor.submit(function, *args, **(keywords or {}))
         except Exception as error:  # sbatch's refusal (submitit's FailedJobError, CalledProcessError) as one line
             raise SlurmError(f"Slurm refused the job of {key or 'the report'}: {' '.join(str(error).split())[-600:]}"
                              ) from None
