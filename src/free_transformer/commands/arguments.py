@@ -32,21 +32,22 @@ def add_launcher_arguments(parser, workers_help: str) -> None:
                              "submitit, recorded in OUT/slurm/record.json (docs/cluster.md)")
     parser.add_argument("--workers", type=int, help=workers_help)
     slurm = parser.add_argument_group("--launcher slurm (docs/cluster.md)")
-    slurm.add_argument("--slurm-partition", help="sbatch --partition (default: the cluster's default partition)")
+    slurm.add_argument("--slurm-partition", help="sbatch --partition (left out: the partition Slurm picks)")
     slurm.add_argument("--gpus-per-run", type=int, default=SLURM_DEFAULTS["gpus_per_run"],
-                       help="GPUs of each run per node, one process each (FSDP2 across them); 0: a CPU run")
+                       help="GPUs of each run per node, one process each (FSDP2 across them); 0 (the default): "
+                            "a CPU run")
     slurm.add_argument("--nodes-per-run", type=int, default=SLURM_DEFAULTS["nodes_per_run"],
-                       help="nodes of each run (needs --gpus-per-run)")
+                       help="nodes of each run (default 1; more needs --gpus-per-run)")
     slurm.add_argument("--cpus-per-run", type=int, default=SLURM_DEFAULTS["cpus_per_run"],
-                       help="CPUs of each process, and its torch threads")
+                       help="CPUs of each process, and its torch threads (default 1)")
     slurm.add_argument("--time-limit", type=int, default=SLURM_DEFAULTS["time_limit"], metavar="MINUTES",
-                       help="each job's time limit; a run checkpoints 2 minutes before it, and the next invocation "
-                            "resubmits it")
+                       help="each job's time limit (default 1440: 24 hours); a run checkpoints 2 minutes before it, "
+                            "and the next invocation resubmits it")
     slurm.add_argument("--slurm-arg", action="append", default=[], metavar="NAME=VALUE",
                        help="one more sbatch option, e.g. account=lab, qos=high, constraint=a100 (repeatable)")
     slurm.add_argument("--report-on", choices=("local", "slurm"), default=SLURM_DEFAULTS["report_on"],
-                       help="where the measures and report run once every run is done: on this machine, or as one "
-                            "more job")
+                       help="where the measures and report run once every run is done: on this machine (the default), "
+                            "or as one more job")
 
 
 def training_device(args) -> str:
