@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from ..devices import parse_device
+from ..experiments.launchers import Launcher, LocalLauncher
+from ..experiments.slurm import SlurmLauncher, SlurmOptions, parse_slurm_args
+
 
 def parse_seeds(text: str | None, default: int) -> tuple[int, ...]:
     if text is None:
@@ -13,3 +19,62 @@ def parse_seeds(text: str | None, default: int) -> tuple[int, ...]:
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds must name at least one seed, each once, got {text!r}")
     return seeds
+
+
+SLURM_DEFAULTS = {"slurm_partition": None, "gpus_per_run": 0, "nodes_per_run": 1, "cpus_per_run": 1,
+                  "time_limit": 24 * 60, "slurm_arg": [], "report_on": "local"}
+
+
+def add_launcher_arguments(parser, workers_help: str) -> None:
+    """Where a sweep's runs train: --launcher local (--workers) or slurm (the options of each job)."""
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                        help="local: the runs side by side on this machine; slurm: each run one Slurm job through "
+                             "submitit, recorded in OUT/slurm/record.json (docs/cluster.md)")
+    parser.add_argument("--workers", type=int, help=workers_help)
+    slurm = parser.add_argument_group("--launcher slurm (docs/cluster.md)")
+    slurm.add_argument("--slurm-partition", help="sbatch --partition (left out: the partition Slurm picks)")
+    slurm.add_argument("--gpus-per-run", type=int, default=SLURM_DEFAULTS["gpus_per_run"],
+                       help="GPUs of each run per node, one process each (FSDP2 across them); 0 (the default): "
+                            "a CPU run")
+    slurm.add_argument("--nodes-per-run", type=int, default=SLURM_DEFAULTS["nodes_per_run"],
+                       help="nodes of each run (default 1; more needs --gpus-per-run)")
+    slurm.add_argument("--cpus-per-run", type=int, default=SLURM_DEFAULTS["cpus_per_run"],
+                       help="CPUs of each process, and its torch threads (default 1)")
+    slurm.add_argument("--time-limit", type=int, default=SLURM_DEFAULTS["time_limit"], metavar="MINUTES",
+                       help="each job's time limit (default 1440: 24 hours); a run checkpoints 2 minutes before it, "
+                            "and the next invocation resubmits it")
+    slurm.add_argument("--slurm-arg", action="append", default=[], metavar="NAME=VALUE",
+                       help="one more sbatch option, e.g. account=lab, qos=high, constraint=a100 (repeatable)")
+    slurm.add_argument("--report-on", choices=("local", "slurm"), default=SLURM_DEFAULTS["report_on"],
+                       help="where the measures and report run once every run is done: on this machine (the default), "
+                            "or as one more job")
+
+
+def training_device(args) -> str:
+    """The runs' device: --device checked against this machine, or with --launcher slurm the jobs' (auto: cuda
+    when --gpus-per-run > 0, else cpu), which this machine need not have."""
+    if args.launcher == "local":
+        return str(parse_device(args.device))
+    if args.device == "auto":
+        return "cuda" if args.gpus_per_run > 0 else "cpu"
+    if args.device.startswith("cuda") != (args.gpus_per_run > 0):
+        raise ValueError(f"--device {args.device} with --gpus-per-run {args.gpus_per_run}: a cuda run needs "
+                         "--gpus-per-run >= 1, and GPUs need --device cuda (or auto)")
+    return args.device
+
+
+def launcher_from(args, out_dir: Path, default_workers: int) -> Launcher:
+    if args.workers is not None and args.workers < 1:
+        raise ValueError("--workers must be >= 1")
+    if args.launcher == "local":
+        given = [name for name, default in SLURM_DEFAULTS.items() if getattr(args, name) != default]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} is an option of --launcher slurm")
+        return LocalLauncher(args.workers or default_workers)
+    if args.workers is not None:
+        raise ValueError("--workers is for --launcher local: with slurm every run is a job")
+    options = SlurmOptions(partition=args.slurm_partition, gpus_per_run=args.gpus_per_run,
+                           nodes_per_run=args.nodes_per_run, cpus_per_run=args.cpus_per_run,
+                           time_minutes=args.time_limit, extra=parse_slurm_args(args.slurm_arg),
+                           report_on=args.report_on)
+    return SlurmLauncher(options, out_dir)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..experiments.demo.presets import PRESETS
-from ..experiments.demo.run import run_demo
-from ..devices import parse_device
-from .arguments import parse_seeds
+from ..experiments.demo.run import VARIANTS, run_demo
+from .arguments import add_launcher_arguments, launcher_from, parse_seeds, training_device
 
 NAME = "demo"
 HELP = ("train a baseline and Free Transformers at kappa = 1/64, 1/8, 1, 8 bits on the synthetic letters, and one on "
@@ -26,21 +25,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seeds", default=None,
                         help="several seeds: a count N (seeds 0..N-1) or a comma-separated list; the report gives "
                              "each claim's success count and every seed's figures (runs in OUT/seed-S/)")
-    parser.add_argument("--workers", type=int,
-                        help="models trained side by side, one process each (default: 2 on CPU, all of them on a GPU)")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
+    add_launcher_arguments(parser, "models trained side by side, one process each (default: 2 on CPU, all of them "
+                                   "on a GPU)")
 
 
 def run(args) -> int:
     preset = PRESETS[args.preset]
     extra = (*args.overrides, *([f"steps={args.steps}"] if args.steps is not None else []))
-    if args.workers is not None and args.workers < 1:
-        raise ValueError("--workers must be >= 1")
-    device = str(parse_device(args.device))
+    device = training_device(args)
     if args.seed is not None and args.seeds is not None:
         raise ValueError("give --seed or --seeds, not both")
     seeds = parse_seeds(args.seeds, 1) if args.seeds is not None else (args.seed or 0,)
-    report = run_demo(preset, Path(args.out), seeds=seeds, extra=extra, workers=args.workers, device=device)
+    launcher = launcher_from(args, Path(args.out), len(VARIANTS) * len(seeds) if device.startswith("cuda") else 2)
+    report = run_demo(preset, Path(args.out), seeds=seeds, extra=extra, launcher=launcher, device=device)
     print(f"report: {report.resolve()}")
     print(f"figure: {(report.parent / 'report.png').resolve()}")
     return 0

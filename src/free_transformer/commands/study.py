@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..devices import parse_device
 from ..experiments.study.presets import PRESETS, StudyPlan
 from ..experiments.study.run import run_study
-from .arguments import parse_seeds
+from .arguments import add_launcher_arguments, launcher_from, parse_seeds, training_device
 
 NAME = "study"
 HELP = ("train a baseline, a parameter-matched baseline and Free Transformers at several kappa on real text over "
@@ -31,9 +30,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--heldout", default=None,
                         help="text scored for the likelihoods: a file, or corpus:NAME (default: the corpus's own "
                              "held-out documents)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="models trained side by side (default: 2 on CPU, 6 on a GPU)")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
+    add_launcher_arguments(parser, "models trained side by side (default: 2 on CPU, 6 on a GPU)")
 
 
 def parse_kappas(text: str | None, default: tuple[float, ...]) -> tuple[float, ...]:
@@ -50,12 +48,10 @@ def parse_kappas(text: str | None, default: tuple[float, ...]) -> tuple[float, .
 
 def run(args) -> int:
     preset = PRESETS[args.preset]
-    device = str(parse_device(args.device))
-    workers = args.workers if args.workers is not None else (6 if device.startswith("cuda") else 2)
-    if workers < 1:
-        raise ValueError("--workers must be >= 1")
+    device = training_device(args)
     plan = StudyPlan(preset, Path(args.out), parse_seeds(args.seeds, preset.seeds),
                      parse_kappas(args.kappas, preset.kappas), tuple(args.overrides), device)
-    report = run_study(plan, workers=workers, heldout=args.heldout)
+    launcher = launcher_from(args, Path(args.out), 6 if device.startswith("cuda") else 2)
+    report = run_study(plan, launcher=launcher, heldout=args.heldout)
     print(f"report: {report.resolve()}")
     return 0

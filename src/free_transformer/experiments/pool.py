@@ -27,17 +27,17 @@ def threads_per_run(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
-def _finished(config: TrainConfig, run_dir: str) -> bool:
+def finished(config: TrainConfig, run_dir: str) -> bool:
     done = checkpoint_dirs(run_dir)
     return bool(done) and int(done[-1].name[5:]) >= config.steps
 
 
-def _train_one(job: tuple[TrainConfig, str]) -> tuple[str, float, int | None]:
+def train_one(job: tuple[TrainConfig, str]) -> tuple[str, float, int | None]:
     """Train one run unless it is finished: (run directory, wall seconds, the signal that stopped it or None)."""
     config, run_dir = job
     started = time.perf_counter()
     stopped = None
-    if not _finished(config, run_dir):  # finished runs are reused, partial ones resumed
+    if not finished(config, run_dir):  # finished runs are reused, partial ones resumed
         try:
             train(config, run_dir, resume=bool(checkpoint_dirs(run_dir)))
         except Stopped as stop:  # its checkpoint is saved; the sweep says how to continue
@@ -46,10 +46,10 @@ def _train_one(job: tuple[TrainConfig, str]) -> tuple[str, float, int | None]:
 
 
 def _work(job: tuple[TrainConfig, str], answer) -> None:
-    """A worker process: send back _train_one's result, or the exception that ended it (re-raised by the parent).
+    """A worker process: send back train_one's result, or the exception that ended it (re-raised by the parent).
     A second signal (KeyboardInterrupt) ends it with nothing sent, and without a traceback."""
     try:
-        answer.send(_train_one(job))
+        answer.send(train_one(job))
     except KeyboardInterrupt:
         pass
     except Exception as error:
@@ -62,13 +62,13 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
     run directory (finished runs are not started again). SIGTERM / SIGINT stop the sweep: no run starts
     after it, the running ones save a checkpoint and stop, and Stopped says how to continue."""
     jobs = [(config, str(run_dir)) for config, run_dir in jobs]
-    todo = sorted((job for job in jobs if not _finished(*job)), key=lambda job: -job[0].steps)
+    todo = sorted((job for job in jobs if not finished(*job)), key=lambda job: -job[0].steps)
     total = sum(config.steps for config, _ in jobs)
     wall: dict[str, float] = {}
     stopped: dict[str, int] = {}  # run directory -> the signal that stopped it
     with tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True) as bar, StopSignals() as signals:
         def show() -> None:
-            latest = _latest(jobs)
+            latest = latest_metrics(jobs)
             bar.n = sum(m.get("step", 0) for m in latest.values())
             if len(jobs) <= 6:
                 bar.set_postfix_str(" ".join(f"{Path(d).name}:{m['kl_bits']:.2f}b"
@@ -79,7 +79,7 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
             for job in todo:  # train() catches the signals while it runs; this loop's StopSignals between runs
                 if signals.received or stopped:
                     break
-                run_dir, wall[run_dir], signum = _train_one(job)
+                run_dir, wall[run_dir], signum = train_one(job)
                 if signum:
                     stopped[run_dir] = signum
                 show()
@@ -145,14 +145,14 @@ def _train_processes(todo, workers: int, signals: StopSignals, wall: dict, stopp
 def _stop_message(todo, wall: dict, stopped: dict, signum: int) -> str:
     """One line: the runs stopped at which step, those not started, and how to continue."""
     steps = {run_dir: config.steps for config, run_dir in todo}
-    at = [f"{run_dir} at step {_last_step(run_dir)} of {steps[run_dir]}" for run_dir in stopped]
+    at = [f"{run_dir} at step {last_step(run_dir)} of {steps[run_dir]}" for run_dir in stopped]
     not_started = [run_dir for run_dir in steps if run_dir not in wall]
     return (f"sweep stopped by {signal.Signals(signum).name}: "
             f"{'; '.join(at) or 'no run was running'} (checkpoints saved)"
             f"{f', {len(not_started)} run(s) not started' if not_started else ''}; to continue, {CONTINUE}")
 
 
-def _last_step(run_dir: str) -> int:
+def last_step(run_dir: str) -> int:
     done = checkpoint_dirs(run_dir)
     return int(done[-1].name[5:]) if done else 0
 
@@ -168,5 +168,5 @@ def prepare_data(configs: list[TrainConfig]) -> None:
             built.append(config.data)
 
 
-def _latest(jobs) -> dict[str, dict]:
+def latest_metrics(jobs) -> dict[str, dict]:
     return {run_dir: (read_metrics(Path(run_dir) / "metrics.jsonl") or [{}])[-1] for _, run_dir in jobs}

@@ -1,5 +1,5 @@
-"""A sweep: variants x seeds -> one TrainConfig per run -> runs trained side by side (pool.py) -> the
-runs, for an experiment to measure and report. It names no experiment.
+"""A sweep: variants x seeds -> one TrainConfig per run -> runs trained by a launcher (launchers.py: side by side
+here, or one Slurm job each) -> the runs, for an experiment to measure and report. It names no experiment.
 
 Run layout: OUT/seed-S/SLUG, or OUT/SLUG when `flat_single_seed` and there is one seed (the demo's
 layout from before it had seeds, kept so that its finished runs are reused)."""
@@ -13,7 +13,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from ..train.config import TrainConfig
-from .pool import threads_per_run, train_runs
+from .launchers import Launcher
 
 
 @dataclass(frozen=True)
@@ -55,13 +55,13 @@ class Sweep:
 
     def train_config(self, variant: Variant, seed: int, threads: int = 0) -> TrainConfig:
         """The run's config: the variant's, with the seed, device and threads (0: torch's default) of
-        this sweep, without a progress bar (the pool shows one for all)."""
+        this sweep, without a progress bar (the launcher shows one for all)."""
         return dataclasses.replace(self.config(variant), seed=seed, device=self.device, threads=threads,
                                    progress=False)
 
-    def train(self, workers: int) -> dict[str, float]:
-        """Train every run, `workers` side by side; finished runs are reused, stopped ones resumed. The
-        wall seconds of each run trained now, by run directory."""
-        threads = threads_per_run(workers)
-        jobs = [(self.train_config(variant, seed, threads), self.run_dir(seed, variant)) for seed, variant in self.runs()]
-        return train_runs(jobs, workers, desc=f"training {len(jobs)} models")
+    def train(self, launcher: Launcher) -> dict[str, float]:
+        """Train every run through `launcher`; finished runs are reused, stopped ones resumed. The wall
+        seconds of each run trained now, by run directory."""
+        jobs = [(self.train_config(variant, seed, launcher.threads), self.run_dir(seed, variant))
+                for seed, variant in self.runs()]
+        return launcher.train(jobs, desc=f"training {len(jobs)} models")

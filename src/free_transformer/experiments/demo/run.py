@@ -20,6 +20,7 @@ from ...data import build_dataset
 from ...train.config import TrainConfig, apply_overrides, overrides_of
 from ...train.metrics import read_metrics
 from ...train.validation import validate
+from ..launchers import Launcher
 from ..sweep import Sweep, Variant
 from .claims import claims_over_seeds, judge_claims
 from .coins import coin_bits_saved, coin_groups, coin_measures, posterior_coin_match
@@ -62,16 +63,17 @@ class ModelResult:
     curves: list[dict] = field(default_factory=list)
 
 
-def evaluate_all(preset: DemoPreset, sweep: Sweep, *, seed: int, wall: dict[str, float]) -> list[ModelResult]:
-    """Every model of one seed: validation measures, what Z holds, the groups."""
+def evaluate_all(preset: DemoPreset, sweep: Sweep, *, seed: int, wall: dict[str, float],
+                 device: str) -> list[ModelResult]:
+    """Every model of one seed, on `device`: validation measures, what Z holds, the groups."""
     # One token at a time is far too little work to split over threads: one thread generates fastest.
     torch.set_num_threads(1)
     results = []
     for variant in tqdm(sweep.variants, desc="generating groups", dynamic_ncols=True):
         run_dir = sweep.run_dir(seed, variant)
-        model, _ = load_model(run_dir, sweep.device)
+        model, _ = load_model(run_dir, device)
         config = sweep.train_config(variant, seed)
-        measures = dict(validate(model, build_dataset(config.data, seed), config, torch.device(sweep.device)))
+        measures = dict(validate(model, build_dataset(config.data, seed), config, torch.device(device)))
         measure = _coin_measures if variant.task == "coins" else _letter_measures
         more, groups = measure(model, preset, config, seed)
         results.append(ModelResult(variant, {**measures, **more}, asdict(groups), wall.get(str(run_dir), 0.0),
@@ -108,25 +110,32 @@ def _coin_measures(model, preset: DemoPreset, config: TrainConfig, seed: int) ->
             "posterior_coin_match": posterior_coin_match(model, length, epsilon, seed=seed)}, groups
 
 
-def run_demo(preset: DemoPreset, out_dir: Path, *, seeds: tuple[int, ...] = (0,), extra: tuple[str, ...] = (),
-             workers: int | None = None, device: str = "cpu") -> Path:
-    """device: cpu, cuda or cuda:N. workers: models trained side by side; by default 2 on a CPU, and on a
-    GPU every model of every seed at once (they share it)."""
-    if workers is None:
-        workers = len(VARIANTS) * len(seeds) if device.startswith("cuda") else 2
-    started = time.perf_counter()
+def run_demo(preset: DemoPreset, out_dir: Path, *, launcher: Launcher, seeds: tuple[int, ...] = (0,),
+             extra: tuple[str, ...] = (), device: str = "cpu") -> Path:
+    """device: the training runs' cpu, cuda or cuda:N. launcher: where they train (launchers.py), and where the
+    measures and the report run once they are done."""
+    started = time.time()  # wall-clock time: the report may be written on another machine
     sweep = demo_sweep(preset, out_dir, seeds=seeds, extra=extra, device=device)
     for seed, variant in sweep.runs():  # every run's config is checked before anything is written
         sweep.train_config(variant, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
-    wall = sweep.train(workers)
-    results = {seed: evaluate_all(preset, sweep, seed=seed, wall=wall) for seed in seeds}
+    wall = sweep.train(launcher)
+    return launcher.finish(measure_and_report, preset, sweep, extra, launcher.side_by_side(len(sweep.runs())), wall,
+                           started, device=device)
+
+
+def measure_and_report(preset: DemoPreset, sweep: Sweep, extra: tuple[str, ...], workers: int,
+                       wall: dict[str, float], started: float, *, device: str) -> Path:
+    """Every seed's models measured on `device`, the claims judged, results.json and the report written. wall:
+    the training seconds of the runs trained by this invocation, by run directory; workers: runs trained at once."""
+    seeds, out_dir = sweep.seeds, sweep.out_dir
+    results = {seed: evaluate_all(preset, sweep, seed=seed, wall=wall, device=device) for seed in seeds}
     claims = {seed: judge_claims(seed_results) for seed, seed_results in results.items()}
     summary = {
         "preset": {"name": preset.name, "extra": list(extra), "blue_size": preset.blue_size,
                    "green_groups": preset.green_groups, "green_size": preset.green_size},
         "seeds": list(seeds), "workers": workers, "device": device,
-        "total_seconds": time.perf_counter() - started,
+        "total_seconds": time.time() - started,
         "per_seed": {seed: {"models": [{"slug": r.variant.slug, "label": r.variant.label,
                                         "kappa_bits": r.variant.kappa_bits,
                                         "train_overrides": overrides_of(sweep.train_config(r.variant, seed)),

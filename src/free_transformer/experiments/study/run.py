@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -10,9 +11,9 @@ from tqdm.auto import tqdm
 
 from ...data.corpora import is_named, read_heldout
 from ...errors import UserError
+from ..launchers import Launcher
 from .measure import curves, measure_run
 from .presets import StudyPlan
-from ..pool import threads_per_run
 from .report import write_report
 
 
@@ -28,19 +29,26 @@ def heldout_text(plan: StudyPlan, heldout: str | None) -> str:
     return read_heldout(data.text.path)
 
 
-def run_study(plan: StudyPlan, *, workers: int, heldout: str | None = None) -> Path:
-    started = time.perf_counter()
+def run_study(plan: StudyPlan, *, launcher: Launcher, heldout: str | None = None) -> Path:
+    """Train every run through `launcher`, then measure them and write the report (where the launcher says)."""
+    started = time.time()  # wall-clock time: the report may be written on another machine
     text = heldout_text(plan, heldout)  # before hours of training: a missing held-out text fails now
+    wall = plan.sweep.train(launcher)
+    return launcher.finish(measure_and_report, plan, text, wall, started, device=plan.device)
+
+
+def measure_and_report(plan: StudyPlan, text: str, wall: dict[str, float], started: float, *, device: str) -> Path:
+    """Every run's held-out measures (cached in the run), then the report. wall: the training seconds of the
+    runs trained by this invocation, by run directory."""
+    torch.set_num_threads(len(os.sched_getaffinity(0)))  # every core this process may use
     sweep = plan.sweep
-    wall = sweep.train(workers)
-    torch.set_num_threads(max(1, workers * threads_per_run(workers)))
     records = []
     for seed, variant in tqdm(sweep.runs(), desc="held-out likelihoods", dynamic_ncols=True):
         run_dir = sweep.run_dir(seed, variant)
         measures = measure_run(run_dir, text, kappa_bits=sweep.train_config(variant, seed).kappa_bits,
                                samples=plan.preset.heldout_samples,
-                               windows=plan.preset.heldout_windows, device=plan.device)
+                               windows=plan.preset.heldout_windows, device=device)
         records.append({"seed": seed, "slug": variant.slug, "trained_now": str(run_dir) in wall,
                         "train_seconds": wall.get(str(run_dir), 0.0),
                         "curves": curves(run_dir), **measures})
-    return write_report(plan, records, time.perf_counter() - started)
+    return write_report(plan, records, time.time() - started)

@@ -1,0 +1,30 @@
+"""What one Slurm job of a sweep runs on its node(s): one training run, or its resumption from the run's newest
+checkpoint. A job of several tasks (one per GPU, on one node or several) is one distributed run: each task
+is a rank, set up from Slurm's environment as torchrun would set it up (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT), and the run's distributed section says how they share the work (fsdp, ddp)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from ..train.config import TrainConfig
+from .pool import train_one
+
+
+def _stop_as_on_preemption(signum, frame) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def train_in_job(config: TrainConfig, run_dir: str) -> tuple[str, float, int | None]:
+    """pool.train_one in a job: (run directory, wall seconds, the signal that stopped it or None). A SIGTERM
+    (preemption, `scancel --signal=TERM`) checkpoints and stops the run at the next step, and so does the
+    USR2 that Slurm sends before the time limit (sbatch --signal, submitit's signal_delay_s)."""
+    import submitit
+
+    environment = submitit.JobEnvironment()
+    if environment.num_tasks > 1:
+        # every task sees the node's GPUs; distributed.setup takes GPU LOCAL_RANK
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    signal.signal(signal.SIGUSR2, _stop_as_on_preemption)  # replaces submitit's requeue: the trainer checkpoints
+    return train_one((config, run_dir))
