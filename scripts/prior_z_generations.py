@@ -1,0 +1,83 @@
+"""Why a letters model's generations from prior Z break: its KL split, and generations with Z drawn four ways.
+
+    python scripts/prior_z_generations.py CHECKPOINT [LETTER]
+
+Prints measures.kl_split on 512 fresh sequences of the prompt's letter, then, for 128 generations after the
+prompt "LETTER>" with Z drawn from (a) the prior, (b) the aggregate posterior Q̄_t (the batch's mean of Q(Z_t | S)),
+independently per token, (c) the encoder's posterior of real sequences and (d) the same with each token's Z
+shuffled across sequences: the share of valid generations, where their targets start (per eighth of the 64
+positions) and why the invalid ones are invalid. docs/demo.md reads it.
+"""
+
+import collections
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from free_transformer.checkpoint import load_model
+from free_transformer.data.synthetic import BODY_LENGTH, analyse_letters, letters_batch
+from free_transformer.generate import GenerationConfig, generate
+from free_transformer.latent import ENCODER
+from free_transformer.latent.sampling import index_to_bits
+from free_transformer.measures import kl_split
+
+SEQUENCES, SAMPLES = 512, 128
+
+
+def code_probabilities(bit_logits: torch.Tensor) -> torch.Tensor:
+    """(B, T, H) bit-logits -> (B, T, 2^H) Q(Z_t = z | S)."""
+    codes = index_to_bits(torch.arange(2 ** bit_logits.shape[-1]), bit_logits.shape[-1]).double()
+    logits = bit_logits.double()
+    return (F.logsigmoid(logits) @ codes.T + F.logsigmoid(-logits) @ (1 - codes).T).exp()
+
+
+def why_invalid(body: str, letter: str) -> str:
+    letters = body.count(letter)
+    if letters == 0:
+        return "no target"
+    if any(c not in "_!" + letter for c in body):
+        return "other characters"
+    return "letters not in one block of 8" if letters <= 8 else "more than 8 letters (a second target)"
+
+
+def main(checkpoint: str, letter: str = "K") -> None:
+    torch.set_num_threads(1)
+    model, _ = load_model(checkpoint)
+    model.eval()
+    tokens = letters_batch(SEQUENCES, torch.Generator().manual_seed(123))
+    tokens = torch.where(tokens == tokens[:, :1], ord(letter), tokens)  # every sequence about the prompt's letter
+    with torch.no_grad():
+        bit_logits = model(tokens[:, :-1], latents=ENCODER, generator=torch.Generator().manual_seed(1)).bit_logits
+    split = kl_split(bit_logits)
+    print(f"KL {split['information'] + split['prior_mismatch']:.3f} bits/token = information "
+          f"{split['information']:.3f} + prior mismatch {split['prior_mismatch']:.3f}")
+
+    length = 2 + BODY_LENGTH - 1  # the latents a generation reads: prompt and body but the last token
+    q = code_probabilities(bit_logits[:SAMPLES, :length])  # (SAMPLES, length, 2^H)
+    mean_q = code_probabilities(bit_logits[:, :length]).mean(0)  # (length, 2^H)
+    posterior = torch.multinomial(q.reshape(-1, q.shape[-1]).float(), 1, generator=torch.Generator().manual_seed(8))
+    posterior = posterior.view(SAMPLES, length)
+    shuffle = torch.stack([torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(100 + t))
+                           for t in range(length)], 1)
+    latents = {
+        "the prior": None,
+        "the aggregate posterior, independently per token": torch.multinomial(
+            mean_q.float(), SAMPLES, replacement=True, generator=torch.Generator().manual_seed(7)).T,
+        "the encoder, of real sequences": posterior,
+        "the encoder, tokens shuffled across sequences": posterior.gather(0, shuffle),
+    }
+    prompt = torch.tensor([[ord(letter), ord(">")]]).expand(SAMPLES, -1)
+    config = GenerationConfig(max_new_tokens=BODY_LENGTH, temperature=1.0)
+    for name, z in latents.items():
+        result = generate(model, prompt, config, seeds=range(1000, 1000 + SAMPLES), latents=z)
+        bodies = [bytes(row).decode("latin-1") for row in result.tokens]
+        analyses = [analyse_letters(body, letter) for body in bodies]
+        starts = collections.Counter(a.position // 8 for a in analyses if a.valid)
+        invalid = collections.Counter(why_invalid(b, letter) for b, a in zip(bodies, analyses) if not a.valid)
+        print(f"Z from {name}: valid {sum(a.valid for a in analyses) / SAMPLES:.2f}; target starts per eighth "
+              f"{[starts.get(i, 0) for i in range(8)]}; invalid: {dict(invalid.most_common())}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
