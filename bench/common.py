@@ -170,12 +170,14 @@ def describe_machine(device: torch.device) -> str:
             f"load average {load:.1f}{busy}")
 
 
-def matmul_limits_gflops(device: torch.device, *, bandwidth: bool = False) -> dict[str, float]:
-    """The machine's fp32 and bf16 matmul GFLOP/s, measured now (see matmul_flops_per_second), and with
-    bandwidth=True its copy bandwidth in GB/s under "copy_gbps" (see copy_bandwidth_gbps).
-    "size" records the matmul's side."""
-    limits = {name: matmul_flops_per_second(device, dtype) / 1e9
-              for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+def matmul_limits_gflops(device: torch.device, *, bandwidth: bool = False,
+                         precisions: tuple[str, ...] = ("fp32", "bf16")) -> dict[str, float]:
+    """The machine's matmul GFLOP/s in each of `precisions`, measured now (see matmul_flops_per_second), and
+    with bandwidth=True its copy bandwidth in GB/s under "copy_gbps" (see copy_bandwidth_gbps). "size"
+    records the matmul's side. (A CPU without bf16 instructions takes minutes over one bf16 2048^3 matmul:
+    a benchmark of fp32 steps asks for fp32 alone.)"""
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    limits = {name: matmul_flops_per_second(device, dtypes[name]) / 1e9 for name in precisions}
     limits["size"] = matmul_size(device)
     if bandwidth:
         limits["copy_gbps"] = copy_bandwidth_gbps(device)
@@ -183,8 +185,8 @@ def matmul_limits_gflops(device: torch.device, *, bandwidth: bool = False) -> di
 
 
 def describe_limits(limits: dict[str, float]) -> str:
-    line = (f"machine limit: matmul {limits['size']}^3 fp32 {limits['fp32']:.0f} GFLOP/s, "
-            f"bf16 {limits['bf16']:.0f} GFLOP/s")
+    line = f"machine limit: matmul {limits['size']}^3 " + ", ".join(
+        f"{name} {limits[name]:.0f} GFLOP/s" for name in ("fp32", "bf16") if name in limits)
     if "copy_gbps" in limits:
         line += f"; copy bandwidth {limits['copy_gbps']:.0f} GB/s (read + write)"
     return line

@@ -188,6 +188,33 @@ def peak_memory(n_bits, n_layers, args) -> int:
 # ---- main ------------------------------------------------------------------------------------------
 
 
+def compare_compile(n_bits, n_layers, device, rounds, args, limits, tokens_per_step) -> None:
+    """The Free Transformer's step eager against compiled (the trainer's compile=true), timed in interleaved
+    rounds in this process; the compiled model's first two steps, less the eager model's, are its compile
+    time (cold or warm: Inductor's cache under TORCHINDUCTOR_CACHE_DIR decides)."""
+    cfg = model_config(n_bits, n_layers, args.size)
+    tokens = make_batch(cfg, args.batch, args.seq_len, device)
+    steps, first = {}, {}
+    for name, compiled in (("eager", False), ("compiled", True)):
+        model, optimizer = build(cfg, device, compiled)
+        steps[name] = functools.partial(train_step, model, optimizer, tokens, args.precision)
+        began = time.perf_counter()
+        steps[name]()
+        steps[name]()
+        first[name] = time.perf_counter() - began
+    times = interleaved_times(steps, rounds, device)
+    flops = cfg.training_flops_per_token(args.seq_len) * tokens_per_step
+    print(f"\n{'H':>2} {'L':>2} | {'eager ms':>8} {'compiled ms':>11} {'speed-up':>8} | {'eager MFU':>9} "
+          f"{'compiled MFU':>12} | {'compile s':>9}")
+    ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    util = {name: mfu(flops / ms[name] * 1e3, limits, args.precision) for name in ms}
+    speed_up = median_ratio(times["eager"], times["compiled"])
+    print(f"{n_bits:>2} {n_layers:>2} | {ms['eager']:>8.1f} {ms['compiled']:>11.1f} {speed_up:>8.3f} | "
+          f"{util['eager']:>9.1%} {util['compiled']:>12.1%} | {first['compiled'] - first['eager']:>9.1f}")
+    print("speed-up = median of the per-round ratios eager / compiled; MFU = the analytic FLOPs / median step time "
+          f"/ the {args.precision} matmul limit ({limits[args.precision]:.0f} GFLOP/s)")
+
+
 def time_config(n_bits, n_layers, device, rounds, precision, compile_model, args):
     free_cfg = model_config(n_bits, n_layers, args.size)
     configs = {"free": free_cfg, "base": free_cfg.replace(latent_bits=0)}
@@ -213,6 +240,9 @@ def main():
     parser.add_argument("--dtype", dest="precision", choices=("fp32", "bf16"), default="fp32",
                         help="bf16: autocast, as the trainer's precision=bf16 (weights and Adam stay fp32)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every block of both models, as the trainer's compile=true")
+    parser.add_argument("--compare-compile", action="store_true",
+                        help="instead of Free against baseline: the Free Transformer eager against compiled, "
+                             "interleaved, with the compile time")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the fresh-process peak memory")
     parser.add_argument("--size", choices=("narrow", DEMO, PAPER), default="narrow",
                         help=f"narrow: dim 256 at L in {{8, 28}}; {DEMO}: the demo's letters model (width 64, "
@@ -251,8 +281,13 @@ def main():
         print(f"dims {DIMS}, T={args.seq_len}, batch {args.batch} ({tokens_per_step} tokens per step)")
     if args.shared_decoder:
         print("the baseline shares the Free Transformer's decoder weights and optimizer (see the docstring)")
-    limits = matmul_limits_gflops(device)
+    limits = matmul_limits_gflops(device, precisions=(args.precision,))
     print(describe_limits(limits))
+    if args.compare_compile:
+        for n_bits, n_layers in grid:
+            compare_compile(n_bits, n_layers, device, rounds, args, limits, tokens_per_step)
+        print(f"load average at the end {os.getloadavg()[0]:.1f}; {time.perf_counter() - began:.0f} s")
+        return
     rows = []
     for n_bits, n_layers in tqdm(grid, desc="configs"):
         configs, times, saved = time_config(n_bits, n_layers, device, rounds, args.precision, args.compile, args)
@@ -298,7 +333,7 @@ def main():
     print(f"\nt/F = time ratio / FLOP ratio, m/M = memory ratio / analytic memory ratio; target <= {TARGET} "
           f"(targets on a GPU at {PAPER} bf16 H=16: t/F <= 1.05, baseline MFU compiled >= 55%). "
           f"TF/s = training_flops_per_token(T) * B * T / median step time; MFU = TF/s / the {args.precision} matmul "
-          f"limit (fp32 {limits['fp32']:.0f}, bf16 {limits['bf16']:.0f} GFLOP/s)")
+          f"limit ({limits[args.precision]:.0f} GFLOP/s)")
     if args.precision == "bf16":
         print("bf16: the analytic memory counts every activation in fp32 (autocast keeps matmul outputs in "
               "bf16, norms and the residual stream in fp32), so its columns only bound the measured ones")
