@@ -13,23 +13,14 @@ import collections
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from free_transformer.checkpoint import load_model
 from free_transformer.data.synthetic import BODY_LENGTH, analyse_letters, letters_batch
 from free_transformer.generate import GenerationConfig, generate
 from free_transformer.latent import ENCODER
-from free_transformer.latent.sampling import index_to_bits
-from free_transformer.measures import kl_split
+from free_transformer.measures import code_log_probabilities, kl_split
 
 SEQUENCES, SAMPLES = 512, 128
-
-
-def code_probabilities(bit_logits: torch.Tensor) -> torch.Tensor:
-    """(B, T, H) bit-logits -> (B, T, 2^H) Q(Z_t = z | S)."""
-    codes = index_to_bits(torch.arange(2 ** bit_logits.shape[-1]), bit_logits.shape[-1]).double()
-    logits = bit_logits.double()
-    return (F.logsigmoid(logits) @ codes.T + F.logsigmoid(-logits) @ (1 - codes).T).exp()
 
 
 def why_invalid(body: str, letter: str) -> str:
@@ -54,8 +45,8 @@ def main(checkpoint: str, letter: str = "K") -> None:
           f"{split['information']:.3f} + prior mismatch {split['prior_mismatch']:.3f}")
 
     length = 2 + BODY_LENGTH - 1  # the latents a generation reads: prompt and body but the last token
-    q = code_probabilities(bit_logits[:SAMPLES, :length])  # (SAMPLES, length, 2^H)
-    mean_q = code_probabilities(bit_logits[:, :length]).mean(0)  # (length, 2^H)
+    q = code_log_probabilities(bit_logits[:SAMPLES, :length]).exp()  # (SAMPLES, length, 2^H)
+    mean_q = code_log_probabilities(bit_logits[:, :length]).exp().mean(0)  # (length, 2^H)
     posterior = torch.multinomial(q.reshape(-1, q.shape[-1]).float(), 1, generator=torch.Generator().manual_seed(8))
     posterior = posterior.view(SAMPLES, length)
     shuffle = torch.stack([torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(100 + t))

@@ -4,6 +4,7 @@ in the study and in held-out likelihoods.
     bits_saved       per token: the cross-entropy with Z from the prior minus with Z from the encoder,
                      how much knowing the sequence's own Z helps the decoder (0 when it ignores Z)
     dead_bits        the bits of Z whose KL to a fair coin is under DEAD_BIT_KL
+    code_log_probabilities  log Q(Z_t = z) of every code
     kl_split         the per-token KL as information about the sequence plus prior mismatch, the part
                      that generation from the prior gets wrong at every token
     log_q, iwae      the encoder's log-probability of its Z, and the importance-weighted bound
@@ -52,6 +53,14 @@ def dead_bits(kl_bits_per_bit: list[float]) -> int:
     return sum(value < DEAD_BIT_KL for value in kl_bits_per_bit)
 
 
+def code_log_probabilities(bit_logits: torch.Tensor) -> torch.Tensor:
+    """(..., H) bit-logits -> (..., 2^H) log Q(Z_t = z) of every code z, in float64 (bit h of z worth 2^h)."""
+    H = bit_logits.shape[-1]
+    codes = index_to_bits(torch.arange(2**H, device=bit_logits.device), H).double()  # (2^H, H)
+    logits = bit_logits.double()
+    return F.logsigmoid(logits) @ codes.T + F.logsigmoid(-logits) @ (1 - codes).T
+
+
 def kl_split(bit_logits: torch.Tensor, *, max_entries: int = 2**22) -> dict[str, float]:
     """The mean per-token KL(Q(Z_t | S) || uniform) of a batch of sequences, (B, T, H) bit-logits, split in
     bits per token into
@@ -63,14 +72,11 @@ def kl_split(bit_logits: torch.Tensor, *, max_entries: int = 2**22) -> dict[str,
     (KL = information + prior_mismatch, each averaged over t.) The free-bits hinge charges neither below
     kappa. Exact over the 2^H codes, Qbar accumulated over slices of the batch of at most `max_entries`."""
     B, T, H = bit_logits.shape
-    logits = bit_logits.double()
-    codes = index_to_bits(torch.arange(2**H, device=logits.device), H).double()  # (2^H, H)
-    mean_q = torch.zeros(T, 2**H, dtype=torch.float64, device=logits.device)
+    mean_q = torch.zeros(T, 2**H, dtype=torch.float64, device=bit_logits.device)
     rows = max(1, max_entries // (T * 2**H))
-    for chunk in logits.split(rows):
-        log_q_codes = F.logsigmoid(chunk) @ codes.T + F.logsigmoid(-chunk) @ (1 - codes).T  # (b, T, 2^H)
-        mean_q += log_q_codes.exp().sum(0) / B
-    kl = float(kl_to_uniform(logits).mean()) / LN2
+    for chunk in bit_logits.split(rows):
+        mean_q += code_log_probabilities(chunk).exp().sum(0) / B  # (b, T, 2^H) summed over the slice
+    kl = float(kl_to_uniform(bit_logits.double()).mean()) / LN2
     mismatch = float((mean_q * (mean_q.clamp_min(1e-300).log() + H * LN2)).sum(-1).mean()) / LN2
     return {"information": kl - mismatch, "prior_mismatch": mismatch}
 
