@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from free_transformer.config import ModelConfig
+from free_transformer.devices import DTYPES
 
 MIN_SAMPLE_S = 0.05  # a timing sample repeats the step until it lasts at least this long
 MIB = 2**20
@@ -176,8 +177,7 @@ def matmul_limits_gflops(device: torch.device, *, bandwidth: bool = False,
     with bandwidth=True its copy bandwidth in GB/s under "copy_gbps" (see copy_bandwidth_gbps). "size"
     records the matmul's side. (A CPU without bf16 instructions takes minutes over one bf16 2048^3 matmul:
     a benchmark of fp32 steps asks for fp32 alone.)"""
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    limits = {name: matmul_flops_per_second(device, dtypes[name]) / 1e9 for name in precisions}
+    limits = {name: matmul_flops_per_second(device, DTYPES[name]) / 1e9 for name in precisions}
     limits["size"] = matmul_size(device)
     if bandwidth:
         limits["copy_gbps"] = copy_bandwidth_gbps(device)
@@ -186,7 +186,7 @@ def matmul_limits_gflops(device: torch.device, *, bandwidth: bool = False,
 
 def describe_limits(limits: dict[str, float]) -> str:
     line = f"machine limit: matmul {limits['size']}^3 " + ", ".join(
-        f"{name} {limits[name]:.0f} GFLOP/s" for name in ("fp32", "bf16") if name in limits)
+        f"{name} {limits[name]:.0f} GFLOP/s" for name in DTYPES if name in limits)
     if "copy_gbps" in limits:
         line += f"; copy bandwidth {limits['copy_gbps']:.0f} GB/s (read + write)"
     return line
