@@ -28,8 +28,7 @@ def threads_per_run(workers: int) -> int:
 
 
 def finished(config: TrainConfig, run_dir: str) -> bool:
-    done = checkpoint_dirs(run_dir)
-    return bool(done) and int(done[-1].name[5:]) >= config.steps
+    return last_step(run_dir) >= config.steps  # steps >= 1: a run without a checkpoint is not finished
 
 
 def train_one(job: tuple[TrainConfig, str]) -> tuple[str, float, int | None]:
@@ -153,6 +152,7 @@ def _stop_message(todo, wall: dict, stopped: dict, signum: int) -> str:
 
 
 def last_step(run_dir: str) -> int:
+    """The step of the run's newest checkpoint, 0 without one."""
     done = checkpoint_dirs(run_dir)
     return int(done[-1].name[5:]) if done else 0
 

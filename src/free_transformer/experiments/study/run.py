@@ -22,9 +22,9 @@ def heldout_text(plan: StudyPlan, heldout: str | None) -> str:
     if heldout is not None:
         return read_heldout(heldout)
     data = plan.train_config(plan.variants()[0], plan.seeds[0], threads=1).data
-    if not is_named(data.text.path) and not Path(data.text.path).exists():
-        raise UserError(f"the study's corpus {data.text.path} does not exist")
     if not is_named(data.text.path):
+        if not Path(data.text.path).exists():
+            raise UserError(f"the study's corpus {data.text.path} does not exist")
         raise UserError(f"the study's corpus {data.text.path} has no held-out documents of its own: give --heldout FILE")
     return read_heldout(data.text.path)
 
