@@ -28,12 +28,17 @@ def target_starts(tokens: torch.Tensor) -> torch.Tensor:
     return torch.where(last - first == TARGET_LENGTH - 1, first, -1)
 
 
+def fresh_sequences(model: FreeTransformer, sequences: int, seed: int) -> torch.Tensor:
+    """The (sequences, 66) letters sequences of `seed` that Z's measures read, on the model's device."""
+    return letters_batch(sequences, torch.Generator().manual_seed(seed)).to(model.rope_cos.device)
+
+
 def latent_bits(model: FreeTransformer, *, sequences: int = 256, samples: int = 2, seed: int = 0) -> dict:
     """Bits the decoder takes from Z at the target's first letter and per '!' (means over `sequences`
     fresh sequences and `samples` draws of Z each)."""
     if not model.config.is_free:
         return {}
-    tokens = letters_batch(sequences, torch.Generator().manual_seed(seed)).to(model.rope_cos.device)  # (B, 66)
+    tokens = fresh_sequences(model, sequences, seed)  # (B, 66)
     saved = bits_saved(model, tokens, samples=samples, seed=seed)  # (B, 65); column i + 1 is body character i
     starts = target_starts(tokens)
     known = starts >= 0
@@ -49,7 +54,7 @@ def latent_kl_split(model: FreeTransformer, *, sequences: int = 256, seed: int =
     if not model.config.is_free:
         return {}
     model.eval()
-    tokens = letters_batch(sequences, torch.Generator().manual_seed(seed)).to(model.rope_cos.device)  # (B, 66)
+    tokens = fresh_sequences(model, sequences, seed)  # (B, 66)
     generator = torch.Generator(device=tokens.device).manual_seed(seed)
     split = kl_split(model(tokens[:, :-1], latents=ENCODER, generator=generator).bit_logits)  # (B, 65, H)
     return {"kl_information_bits": split["information"], "kl_prior_mismatch_bits": split["prior_mismatch"]}
