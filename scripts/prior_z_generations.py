@@ -2,7 +2,9 @@
 
     python scripts/prior_z_generations.py CHECKPOINT [LETTER]
 
-Prints measures.kl_split on 512 fresh sequences of the prompt's letter, then, for 128 generations after the
+Prints measures.kl_split on 512 fresh sequences of the prompt's letter; the decoder's hazard of starting the target
+(its probability of the letter at a body position the target has not reached, per eighth of the body) with Z from the
+encoder and from the prior, beside the data's 1 / (57 - j); then, for 128 generations after the
 prompt "LETTER>" with Z drawn from (a) the prior, (b) the aggregate posterior Q̄_t (the batch's mean of Q(Z_t | S)),
 independently per token, (c) the encoder's posterior of real sequences and (d) the same with each token's Z
 shuffled across sequences: the share of valid generations, where their targets start (per eighth of the 64
@@ -15,9 +17,9 @@ import sys
 import torch
 
 from free_transformer.checkpoint import load_model
-from free_transformer.data.synthetic import BODY_LENGTH, analyse_letters, letters_batch
+from free_transformer.data.synthetic import BODY_LENGTH, N_POSITIONS, analyse_letters, letters_batch
 from free_transformer.generate import GenerationConfig, generate
-from free_transformer.latent import ENCODER
+from free_transformer.latent import ENCODER, PRIOR
 from free_transformer.measures import code_log_probabilities, kl_split
 
 SEQUENCES, SAMPLES = 512, 128
@@ -32,6 +34,18 @@ def why_invalid(body: str, letter: str) -> str:
     return "letters not in one block of 8" if letters <= 8 else "more than 8 letters (a second target)"
 
 
+def start_hazards(model, tokens: torch.Tensor, latents) -> list[float]:
+    """Mean probability of the prompt's letter at body positions before the target's first letter, per eighth of
+    the body (the last eighth holds no start): how often the decoder would start the target there."""
+    with torch.no_grad():
+        logits = model(tokens[:, :-1], latents=latents, generator=torch.Generator().manual_seed(2)).logits
+    body = tokens[:, 2:]  # (B, 64); body position j is predicted at position j + 1
+    p_letter = logits[:, 1:].float().softmax(-1).gather(-1, tokens[:, :1, None].expand(-1, BODY_LENGTH, 1))[..., 0]
+    j = torch.arange(BODY_LENGTH)
+    before = j[None] < (body == tokens[:, :1]).float().argmax(1)[:, None]  # (B, 64): the target not reached yet
+    return [float(p_letter[before & (j >= lo) & (j < lo + 8)].mean()) for lo in range(0, N_POSITIONS - 1, 8)]
+
+
 def main(checkpoint: str, letter: str = "K") -> None:
     torch.set_num_threads(1)
     model, _ = load_model(checkpoint)
@@ -43,6 +57,11 @@ def main(checkpoint: str, letter: str = "K") -> None:
     split = kl_split(bit_logits)
     print(f"KL {split['information'] + split['prior_mismatch']:.3f} bits/token = information "
           f"{split['information']:.3f} + prior mismatch {split['prior_mismatch']:.3f}")
+
+    data = [sum(1 / (N_POSITIONS - j) for j in range(lo, lo + 8)) / 8 for lo in range(0, N_POSITIONS - 1, 8)]
+    for name, hazards in (("Z from the encoder", start_hazards(model, tokens, ENCODER)),
+                          ("Z from the prior", start_hazards(model, tokens, PRIOR)), ("in the data", data)):
+        print(f"hazard of starting the target per eighth, {name}: " + " ".join(f"{h:.3f}" for h in hazards))
 
     length = 2 + BODY_LENGTH - 1  # the latents a generation reads: prompt and body but the last token
     q = code_log_probabilities(bit_logits[:SAMPLES, :length]).exp()  # (SAMPLES, length, 2^H)
