@@ -63,9 +63,11 @@ QUICK_GRID = [(8, 8), (16, 8)]
 PAPER = "paper-1.5b"
 PAPER_SEQ_LEN, PAPER_BATCH = 2048, 4  # 8,192 tokens per step
 PAPER_BITS = (16, 8)
-# The demo's letters models (`demo --preset paper`): cpu-small at width 64, H = 8, 256 sequences of 65 predicted
-# tokens per step, one thread per model (the demo trains two side by side on a 2-core CPU).
-DEMO = "demo"
+# The demo's letters models: cpu-small at width 64 (`demo --preset paper`, and the default preset's kappa = 1 bit
+# model) or 32 (the default preset's others, DEMO_NARROW), H = 8, 256 sequences of 65 predicted tokens per step, one
+# thread per model (the demo trains two side by side on a 2-core CPU).
+DEMO, DEMO_NARROW = "demo", "demo-narrow"
+DEMO_WIDTHS = {DEMO: (64, 192), DEMO_NARROW: (32, 96)}  # dim, ffn_hidden
 DEMO_SEQ_LEN, DEMO_BATCH, DEMO_BITS = 65, 256, 8
 TARGET = 1.10  # (time ratio) / (FLOP ratio) and (memory ratio) / (analytic memory ratio) at most this
 KAPPA_NATS = 0.5 * 0.6931471805599453  # the trainer's default kappa_bits = 0.5
@@ -75,8 +77,9 @@ GRAD_CLIP = OptimConfig().grad_clip
 def model_config(n_bits: int, n_layers: int, size: str = "narrow") -> ModelConfig:
     if size == PAPER:
         return named_config(PAPER, latent_bits=n_bits)  # n_layers is the named size's (28)
-    if size == DEMO:
-        return named_config("cpu-small", latent_bits=n_bits, dim=64, ffn_hidden=192)  # n_layers: cpu-small's (4)
+    if size in DEMO_WIDTHS:
+        dim, ffn_hidden = DEMO_WIDTHS[size]
+        return named_config("cpu-small", latent_bits=n_bits, dim=dim, ffn_hidden=ffn_hidden)  # n_layers: cpu-small's
     return ModelConfig(**DIMS, n_layers=n_layers, latent_bits=n_bits)
 
 
@@ -244,10 +247,10 @@ def main():
                         help="instead of Free against baseline: the Free Transformer eager against compiled, "
                              "interleaved, with the compile time")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the fresh-process peak memory")
-    parser.add_argument("--size", choices=("narrow", DEMO, PAPER), default="narrow",
+    parser.add_argument("--size", choices=("narrow", DEMO, DEMO_NARROW, PAPER), default="narrow",
                         help=f"narrow: dim 256 at L in {{8, 28}}; {DEMO}: the demo's letters model (width 64, "
-                             f"L=4, H={DEMO_BITS}, T={DEMO_SEQ_LEN}, B={DEMO_BATCH}); {PAPER}: the named size, B=4, "
-                             f"T=2048 (a GPU only)")
+                             f"L=4, H={DEMO_BITS}, T={DEMO_SEQ_LEN}, B={DEMO_BATCH}); {DEMO_NARROW}: the same at "
+                             f"width 32; {PAPER}: the named size, B=4, T=2048 (a GPU only)")
     parser.add_argument("--bits", type=int, nargs="+",
                         help=f"latent bits H to compare (default: the grid's; {PAPER}: {' '.join(map(str, PAPER_BITS))})")
     parser.add_argument("--seq-len", type=int, help=f"T (default {SEQ_LEN}; {PAPER}: {PAPER_SEQ_LEN})")
@@ -256,7 +259,7 @@ def main():
                         help=f"the baseline made of the Free Transformer's decoder, one optimizer (default: on at "
                              f"{PAPER}, off otherwise; --no-shared-decoder at {PAPER} needs more than 80 GB)")
     args = parser.parse_args()
-    paper, demo = args.size == PAPER, args.size == DEMO
+    paper, demo = args.size == PAPER, args.size in DEMO_WIDTHS
     args.seq_len = args.seq_len or (PAPER_SEQ_LEN if paper else DEMO_SEQ_LEN if demo else SEQ_LEN)
     args.batch = args.batch or (PAPER_BATCH if paper else DEMO_BATCH if demo else BATCH)
     args.shared_decoder = paper if args.shared_decoder is None else args.shared_decoder
