@@ -63,8 +63,8 @@ QUICK_GRID = [(8, 8), (16, 8)]
 PAPER = "paper-1.5b"
 PAPER_SEQ_LEN, PAPER_BATCH = 2048, 4  # 8,192 tokens per step
 PAPER_BITS = (16, 8)
-# The demo's letters models: cpu-small at width 64 (`demo --preset paper`, and the default preset's kappa = 1 bit
-# model) or 32 (the default preset's others, DEMO_NARROW), H = 8, 256 sequences of 65 predicted tokens per step, one
+# The demo's letters models: cpu-small at width 64 (`demo --preset paper`, and `--preset narrow`'s kappa = 1 bit
+# model) or 32 (`--preset narrow`'s others, DEMO_NARROW), H = 8, 256 sequences of 65 predicted tokens per step, one
 # thread per model (the demo trains two side by side on a 2-core CPU).
 DEMO, DEMO_NARROW = "demo", "demo-narrow"
 DEMO_WIDTHS = {DEMO: (64, 192), DEMO_NARROW: (32, 96)}  # dim, ffn_hidden

@@ -25,7 +25,7 @@ def test_the_sweep_sets_each_runs_seed_device_and_threads_and_nothing_else():
     sweep = demo_sweep(DEMO["quick"], Path("out"), seeds=(4,), device="cpu")
     config = sweep.train_config(VARIANTS[3], 4, threads=2)
     assert (config.seed, config.device, config.threads, config.progress) == (4, "cpu", 2, False)
-    assert (config.kappa_bits, config.steps, config.checkpoint_every) == (1.0, 1000, 250)
+    assert (config.kappa_bits, config.steps, config.checkpoint_every) == (1.0, 900, 225)
     assert sweep.config(VARIANTS[0]).model.latent_bits == 0  # the baseline
 
 
