@@ -23,6 +23,7 @@ from free_transformer.latent import ENCODER, PRIOR
 from free_transformer.measures import code_log_probabilities, kl_split
 
 SEQUENCES, SAMPLES = 512, 128
+EIGHTHS = range(0, N_POSITIONS - 1, 8)  # the first body position of each eighth that can hold a start
 
 
 def why_invalid(body: str, letter: str) -> str:
@@ -34,16 +35,15 @@ def why_invalid(body: str, letter: str) -> str:
     return "letters not in one block of 8" if letters <= 8 else "more than 8 letters (a second target)"
 
 
-def start_hazards(model, tokens: torch.Tensor, latents) -> list[float]:
-    """Mean probability of the prompt's letter at body positions before the target's first letter, per eighth of
-    the body (the last eighth holds no start): how often the decoder would start the target there."""
-    with torch.no_grad():
-        logits = model(tokens[:, :-1], latents=latents, generator=torch.Generator().manual_seed(2)).logits
+def start_hazards(logits: torch.Tensor, tokens: torch.Tensor) -> list[float]:
+    """From the model's (B, 65, V) logits of `tokens`: the mean probability of the prompt's letter at body positions
+    before the target's first letter, per eighth of the body (the last eighth holds no start): how often the
+    decoder would start the target there."""
     body = tokens[:, 2:]  # (B, 64); body position j is predicted at position j + 1
     p_letter = logits[:, 1:].float().softmax(-1).gather(-1, tokens[:, :1, None].expand(-1, BODY_LENGTH, 1))[..., 0]
     j = torch.arange(BODY_LENGTH)
     before = j[None] < (body == tokens[:, :1]).float().argmax(1)[:, None]  # (B, 64): the target not reached yet
-    return [float(p_letter[before & (j >= lo) & (j < lo + 8)].mean()) for lo in range(0, N_POSITIONS - 1, 8)]
+    return [float(p_letter[before & (j >= lo) & (j < lo + 8)].mean()) for lo in EIGHTHS]
 
 
 def main(checkpoint: str, letter: str = "K") -> None:
@@ -53,14 +53,16 @@ def main(checkpoint: str, letter: str = "K") -> None:
     tokens = letters_batch(SEQUENCES, torch.Generator().manual_seed(123))
     tokens = torch.where(tokens == tokens[:, :1], ord(letter), tokens)  # every sequence about the prompt's letter
     with torch.no_grad():
-        bit_logits = model(tokens[:, :-1], latents=ENCODER, generator=torch.Generator().manual_seed(1)).bit_logits
+        encoded = model(tokens[:, :-1], latents=ENCODER, generator=torch.Generator().manual_seed(1))
+        prior_logits = model(tokens[:, :-1], latents=PRIOR, generator=torch.Generator().manual_seed(2)).logits
+    bit_logits = encoded.bit_logits
     split = kl_split(bit_logits)
     print(f"KL {split['information'] + split['prior_mismatch']:.3f} bits/token = information "
           f"{split['information']:.3f} + prior mismatch {split['prior_mismatch']:.3f}")
 
-    data = [sum(1 / (N_POSITIONS - j) for j in range(lo, lo + 8)) / 8 for lo in range(0, N_POSITIONS - 1, 8)]
-    for name, hazards in (("Z from the encoder", start_hazards(model, tokens, ENCODER)),
-                          ("Z from the prior", start_hazards(model, tokens, PRIOR)), ("in the data", data)):
+    data = [sum(1 / (N_POSITIONS - j) for j in range(lo, lo + 8)) / 8 for lo in EIGHTHS]
+    for name, hazards in (("Z from the encoder", start_hazards(encoded.logits, tokens)),
+                          ("Z from the prior", start_hazards(prior_logits, tokens)), ("in the data", data)):
         print(f"hazard of starting the target per eighth, {name}: " + " ".join(f"{h:.3f}" for h in hazards))
 
     length = 2 + BODY_LENGTH - 1  # the latents a generation reads: prompt and body but the last token
