@@ -2,27 +2,33 @@
 
     python scripts/prior_z_generations.py CHECKPOINT [LETTER]
 
-Prints measures.kl_split on 512 fresh sequences of the prompt's letter; the decoder's hazard of starting the target
+Prints measures.kl_split on 512 fresh sequences of the prompt's letter, and per sequence against the data's entropy
+(the position and the noise: 27.4 bits), which bounds how far the codes the decoder is trained on are from the prior's
+(KL(Qbar(Z) || prior) = sum_t KL_t - I(Z; S), and I(Z; S) <= H(S)); the decoder's hazard of starting the target
 (its probability of the letter at a body position the target has not reached, per eighth of the body) with Z from the
 encoder and from the prior, beside the data's 1 / (57 - j); then, for 128 generations after the
 prompt "LETTER>" with Z drawn from (a) the prior, (b) the aggregate posterior Q̄_t (the batch's mean of Q(Z_t | S)),
 independently per token, (c) the encoder's posterior of real sequences and (d) the same with each token's Z
 shuffled across sequences: the share of valid generations, where their targets start (per eighth of the 64
-positions) and why the invalid ones are invalid. docs/demo.md reads it.
+positions), why the invalid ones are invalid, and their share of '!' (the data's: 1/16). docs/demo.md reads it.
 """
 
 import collections
+import math
 import sys
 
 import torch
 
 from free_transformer.checkpoint import load_model
-from free_transformer.data.synthetic import BODY_LENGTH, N_POSITIONS, analyse_letters, letters_batch
+from free_transformer.data.synthetic import BODY_LENGTH, N_POSITIONS, NOISE_PROBABILITY, analyse_letters, letters_batch
 from free_transformer.generate import GenerationConfig, generate
 from free_transformer.latent import ENCODER, PRIOR
 from free_transformer.measures import code_log_probabilities, kl_split
 
 SEQUENCES, SAMPLES = 512, 128
+NOISE_ENTROPY = -NOISE_PROBABILITY * math.log2(NOISE_PROBABILITY) - (1 - NOISE_PROBABILITY) * math.log2(
+    1 - NOISE_PROBABILITY)
+DATA_ENTROPY = math.log2(N_POSITIONS) + BODY_LENGTH * NOISE_ENTROPY  # bits in a sequence of a given letter
 EIGHTHS = range(0, N_POSITIONS - 1, 8)  # the first body position of each eighth that can hold a start
 
 
@@ -56,9 +62,19 @@ def main(checkpoint: str, letter: str = "K") -> None:
         encoded = model(tokens[:, :-1], latents=ENCODER, generator=torch.Generator().manual_seed(1))
         prior_logits = model(tokens[:, :-1], latents=PRIOR, generator=torch.Generator().manual_seed(2)).logits
     bit_logits = encoded.bit_logits
+    if bit_logits is None:
+        sys.exit(f"{checkpoint} is a baseline: it has no Z")
     split = kl_split(bit_logits)
     print(f"KL {split['information'] + split['prior_mismatch']:.3f} bits/token = information "
           f"{split['information']:.3f} + prior mismatch {split['prior_mismatch']:.3f}")
+    # Per sequence: sum_t KL_t = I(Z; S) + KL(Qbar(Z) || prior), since Q(Z | S) is a product over t; and
+    # sum_t I(Z_t; S) - I(Z; S) is the total correlation of Qbar(Z) across positions. I(Z; S) <= DATA_ENTROPY.
+    per_sequence = {k: v * bit_logits.shape[1] for k, v in split.items()}
+    correlations = max(0.0, per_sequence["information"] - DATA_ENTROPY)
+    print(f"per sequence: KL {sum(per_sequence.values()):.1f} bits, the data's entropy {DATA_ENTROPY:.1f}: the codes "
+          f"the decoder is trained on are at least {per_sequence['prior_mismatch'] + correlations:.1f} bits from the "
+          f"prior's, {per_sequence['prior_mismatch']:.1f} in each position's codes and at least {correlations:.1f} in "
+          "their correlations across positions")
 
     data = [sum(1 / (N_POSITIONS - j) for j in range(lo, lo + 8)) / 8 for lo in EIGHTHS]
     for name, hazards in (("Z from the encoder", start_hazards(encoded.logits, tokens)),
@@ -87,8 +103,9 @@ def main(checkpoint: str, letter: str = "K") -> None:
         analyses = [analyse_letters(body, letter) for body in bodies]
         starts = collections.Counter(a.position // 8 for a in analyses if a.valid)
         invalid = collections.Counter(why_invalid(b, letter) for b, a in zip(bodies, analyses) if not a.valid)
+        noise = sum(body.count("!") for body in bodies) / (SAMPLES * BODY_LENGTH)
         print(f"Z from {name}: valid {sum(a.valid for a in analyses) / SAMPLES:.2f}; target starts per eighth "
-              f"{[starts.get(i, 0) for i in range(8)]}; invalid: {dict(invalid.most_common())}")
+              f"{[starts.get(i, 0) for i in range(8)]}; invalid: {dict(invalid.most_common())}; '!' {noise:.3f}")
 
 
 if __name__ == "__main__":
