@@ -55,6 +55,8 @@ def start_hazards(logits: torch.Tensor, tokens: torch.Tensor) -> list[float]:
 def main(checkpoint: str, letter: str = "K") -> None:
     torch.set_num_threads(1)
     model, _ = load_model(checkpoint)
+    if not model.config.is_free:
+        sys.exit(f"{checkpoint} is a baseline: it has no Z")
     model.eval()
     tokens = letters_batch(SEQUENCES, torch.Generator().manual_seed(123))
     tokens = torch.where(tokens == tokens[:, :1], ord(letter), tokens)  # every sequence about the prompt's letter
@@ -62,8 +64,6 @@ def main(checkpoint: str, letter: str = "K") -> None:
         encoded = model(tokens[:, :-1], latents=ENCODER, generator=torch.Generator().manual_seed(1))
         prior_logits = model(tokens[:, :-1], latents=PRIOR, generator=torch.Generator().manual_seed(2)).logits
     bit_logits = encoded.bit_logits
-    if bit_logits is None:
-        sys.exit(f"{checkpoint} is a baseline: it has no Z")
     split = kl_split(bit_logits)
     print(f"KL {split['information'] + split['prior_mismatch']:.3f} bits/token = information "
           f"{split['information']:.3f} + prior mismatch {split['prior_mismatch']:.3f}")
