@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache  # noqa:
 from conftest import tiny_config, tiny_model  # noqa: E402
 from free_transformer import ConfigError, GenerationConfig, generate, infer_latents, shared_prior_latents  # noqa: E402
 from free_transformer.hf import FreeTransformerConfig, FreeTransformerForCausalLM  # noqa: E402
+from free_transformer.hf.modeling import CACHE_FIELD  # noqa: E402
 
 P, NEW = 5, 8  # prompt length, new tokens
 
@@ -70,14 +71,15 @@ def test_forward_loss_follows_hf_label_convention(free_pair):
     assert torch.equal(out.latent_index, ours.latent_index)
 
 
-def test_forward_with_hf_cache_equals_full_forward(free_pair):
+@pytest.mark.parametrize("cache_argument", ["cache", "past_key_values"])  # transformers >= 5.24, and before
+def test_forward_with_hf_cache_equals_full_forward(free_pair, cache_argument):
     model, hf_model = free_pair
     tokens, latents = torch.randint(0, 50, (2, 16)), torch.randint(0, 16, (2, 16))
     full = model(tokens, latents=latents).logits
     cache, pieces, pos = DynamicCache(config=hf_model.config), [], 0
     for width in (6, 1, 4, 1, 4):
-        out = hf_model(tokens[:, pos : pos + width], latents=latents[:, pos : pos + width], past_key_values=cache)
-        assert out.past_key_values is cache
+        out = hf_model(tokens[:, pos : pos + width], latents=latents[:, pos : pos + width], **{cache_argument: cache})
+        assert getattr(out, CACHE_FIELD) is cache
         pieces.append(out.logits)
         pos += width
     torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-10, atol=1e-10)

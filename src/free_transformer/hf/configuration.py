@@ -35,7 +35,7 @@ class FreeTransformerConfig(PretrainedConfig):
     """Defaults equal `ModelConfig()`'s. latent_bits = 0 describes the plain baseline decoder."""
 
     model_type = "free_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the KV cache, named as transformers >= 5.24 and before
 
     vocab_size: int = 256
     hidden_size: int = 128

@@ -26,6 +26,10 @@ from ..model import IGNORE_INDEX, LEGACY_LATENT_NAMES, FreeTransformer
 from .configuration import FreeTransformerConfig
 from .generation import RowSeededSampler
 
+# transformers 5.24 renamed the KV cache from `past_key_values` to `cache`, both as generate's argument to
+# forward and as the output's field. Forward accepts either name; the output fills the installed release's.
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 # Tensor names of exports written before 0.2 (regular expressions, as from_pretrained's key_mapping takes them).
 LEGACY_KEY_MAPPING = {rf"^model\.{re.escape(old)}": f"model.{new}" for old, new in LEGACY_LATENT_NAMES.items()}
 
@@ -77,7 +81,7 @@ class FreeTransformerPreTrainedModel(PreTrainedModel):
     config: FreeTransformerConfig
     base_model_prefix = "model"
     _no_split_modules = ["Block"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = [CACHE_FIELD]
 
     def _init_weights(self, module) -> None:
         """Our own scheme (FreeTransformer.init_weights) for every tensor, and nothing from Hugging Face's
@@ -124,6 +128,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         position_ids: Tensor | None = None,
         past_key_values: Cache | None = None,
         inputs_embeds: Tensor | None = None,
+        cache: Cache | None = None,
         labels: Tensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | Tensor = 0,
@@ -134,7 +139,8 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         return_dict: bool | None = None,
         **kwargs,
     ) -> FreeTransformerCausalLMOutput | tuple:
-        """Logits for the positions of input_ids after those already in past_key_values.
+        """Logits for the positions of input_ids after those already in the KV cache (`cache`, or
+        `past_key_values` as transformers before 5.24 names it).
 
         latents (Free Transformer only): "encoder", "prior" or (B or 1, T) indices, as for our
         `FreeTransformer.forward`; None means the encoder for a sequence starting at position 0 and
@@ -147,6 +153,9 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             raise ValueError("inputs_embeds is not supported: pass input_ids")
         if input_ids is None:
             raise ValueError("input_ids is required")
+        if cache is not None and past_key_values is not None:
+            raise ValueError("pass the KV cache once, as cache or as past_key_values")
+        past_key_values = cache if cache is not None else past_key_values
         T = input_ids.shape[1]
         if use_cache is None:
             use_cache = self.config.use_cache and not self.training
@@ -188,8 +197,8 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         else:
             logits = logits[:, logits_to_keep]
         output = FreeTransformerCausalLMOutput(
-            loss=out.loss, logits=logits, past_key_values=past_key_values if use_cache else None,
-            cross_entropy_nats=out.cross_entropy_nats, kl_nats=out.kl_nats, latent_index=out.latent_index,
+            loss=out.loss, logits=logits, cross_entropy_nats=out.cross_entropy_nats, kl_nats=out.kl_nats,
+            latent_index=out.latent_index, **{CACHE_FIELD: past_key_values if use_cache else None},
         )
         return output if return_dict is not False else output.to_tuple()
 
