@@ -28,6 +28,9 @@ from ..tokenizer import GPT2_EOT, GPT2_PACKAGE
 PACKAGE = "free_transformer"
 ENTRY = {"AutoConfig": ("hf.configuration", "FreeTransformerConfig"),
          "AutoModelForCausalLM": ("hf.modeling", "FreeTransformerForCausalLM")}
+# transformers before 5.10.1 copies only the direct relative imports of a local export's entry file into its
+# module cache, so each entry file also imports, directly, every sibling it needs through another.
+SIBLINGS_NOTE = "\n# Every sibling file this one needs, imported directly (transformers < 5.10.1 copies only those).\n"
 FILE_NAMES = {"hf.configuration": "configuration_free_transformer", "hf.modeling": "modeling_free_transformer"}
 
 
@@ -67,28 +70,43 @@ def _rewrite(module: str, source: str, is_package: bool = False) -> tuple[str, s
     return "".join(lines), needed
 
 
+def _closure(module: str, needs: dict[str, set[str]]) -> set[str]:
+    """Every module `module` imports, directly or not."""
+    found, todo = set(), [module]
+    while todo:
+        for target in needs[todo.pop()] - found:
+            found.add(target)
+            todo.append(target)
+    return found - {module}
+
+
 def write_remote_code(out_dir: str | Path) -> list[str]:
     """Copy the modeling code beside a save_pretrained directory and add `auto_map` to its config.json.
     Returns the files written."""
     out_dir, root = Path(out_dir), Path(free_transformer.__file__).parent
-    todo, done, written = [module for module, _ in ENTRY.values()], set(), []
+    todo, sources, needs = [module for module, _ in ENTRY.values()], {}, {}
     while todo:
         module = todo.pop()
-        if module in done:
+        if module in sources:
             continue
-        done.add(module)
         path = _source_path(root, module)
-        source, needed = _rewrite(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
+        source, needs[module] = _rewrite(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
         header = (f"# Copied from {PACKAGE} {free_transformer.__version__} ({PACKAGE}/{path.relative_to(root)}) by\n"
                   f"# its Hugging Face export, with relative imports pointing at the sibling files.\n")
-        (out_dir / f"{_file_name(module)}.py").write_text(header + source, encoding="utf-8")
-        written.append(f"{_file_name(module)}.py")
-        todo += sorted(needed - done)
+        sources[module] = header + source
+        todo += sorted(needs[module] - sources.keys())
+    for entry, _ in ENTRY.values():
+        indirect = sorted(_closure(entry, needs) - needs[entry])
+        if indirect:
+            sources[entry] += "".join([SIBLINGS_NOTE, *(f"from .{_file_name(m)} import __name__ as _  # noqa: E402\n"
+                                                        for m in indirect)])
+    for module, source in sources.items():
+        (out_dir / f"{_file_name(module)}.py").write_text(source, encoding="utf-8")
     config_path = out_dir / "config.json"
     config = json.loads(config_path.read_text())
     config["auto_map"] = {auto: f"{_file_name(module)}.{name}" for auto, (module, name) in ENTRY.items()}
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return sorted(written)
+    return sorted(f"{_file_name(module)}.py" for module in sources)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
