@@ -151,7 +151,9 @@ def saved_bytes(model, tokens, precision: str) -> int:
 
     def pack(t):
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
+        # A detached alias of t: returning t itself makes a saved output hold its own grad_fn, a cycle
+        # through autograd's C++ graph that Python's collector never frees (the forward would stay alive).
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with autocast_context(precision, tokens.device):

@@ -229,3 +229,27 @@ def test_cuda_gqa_routes_give_the_native_attention(dtype, monkeypatch):
     routed = run()
     for a, b in zip(native, routed):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("latent_bits", [0, 4])
+def test_a_forward_without_backward_leaves_nothing_alive_once_its_output_is_dropped(latent_bits, device):
+    """The model holds no reference to its last forward: after a training forward (the autograd graph
+    built) that is never backpropagated, dropping the output frees every tensor autograd saved for the
+    backward and every tensor of the output, by reference counting alone (no gc.collect)."""
+    import weakref
+
+    model = tiny_model(device=device, latent_bits=latent_bits).train()
+    tokens = _tokens(T=13, device=device)
+    saved = []
+
+    def pack(tensor):
+        alias = tensor.detach()  # what autograd keeps in the graph; an alias, so no cycle through `tensor`
+        saved.append(weakref.ref(alias))
+        return alias
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda alias: alias):
+        out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.1)
+    produced = [weakref.ref(t) for t in (out.loss, out.logits, out.kl_nats, out.latent_index) if t is not None]
+    assert len(saved) > 20 and all(ref() is not None for ref in saved)  # alive while the caller holds `out`
+    del out
+    assert [ref for ref in saved + produced if ref() is not None] == []
