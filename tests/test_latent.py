@@ -69,7 +69,10 @@ def test_mapper_backward_matmul_follows_autocast(device):
             r, _ = binary_mapper_project(x, w, generator=torch.Generator(device).manual_seed(1))
         grads[name] = torch.autograd.grad((r * grad_out).sum(), (x, w))
     (x32, w32), (x16, w16) = grads["fp32"], grads["bf16"]
-    assert x16.dtype == torch.float32 and torch.equal(w16, w32)
+    assert x16.dtype == torch.float32 and w16.dtype == torch.float32
+    # The table's gradient is a float32 scatter-add in both runs, whose CUDA atomics add in any order:
+    # equal up to float32 rounding (assert_close's float32 defaults), not bitwise.
+    torch.testing.assert_close(w16, w32)
     assert not torch.equal(x16, x32)
     torch.testing.assert_close(x16, x32, rtol=0, atol=2e-2 * x32.abs().max().item())
 
