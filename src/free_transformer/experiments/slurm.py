@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from ..devices import parse_device
 from ..errors import Stopped, UserError
+from ..install import install_hint
 from ..train.config import TrainConfig
 from ..train.trainer import StopSignals
 from .pool import finished, last_step, latest_metrics, prepare_data
@@ -86,7 +87,7 @@ class SlurmLauncher:
         try:
             import submitit  # noqa: F401
         except ImportError:
-            raise UserError("--launcher slurm needs submitit: pip install 'free-transformer[slurm]'") from None
+            raise UserError(f"--launcher slurm needs submitit: {install_hint('slurm')}") from None
         self.options, self.out_dir, self.cluster, self.poll_seconds = options.validate(), out_dir, cluster, poll_seconds
         if cluster == "slurm":
             check_cluster(options.partition)

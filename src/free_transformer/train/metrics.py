@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..curves import draw, training_panels
 from ..fileio import atomic_write_text
+from ..install import install_hint
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -43,7 +44,7 @@ class TensorBoardWriter:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:
-            raise UserError("tensorboard=true needs the tensorboard package: pip install tensorboard") from error
+            raise UserError(f"tensorboard=true needs the tensorboard package: {install_hint('logging')}") from error
         self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
 
     def write(self, metrics: dict) -> None:
@@ -64,7 +65,7 @@ class WandbWriter:
         try:
             import wandb
         except ImportError as error:
-            raise UserError("wandb=true needs the wandb package: pip install wandb") from error
+            raise UserError(f"wandb=true needs the wandb package: {install_hint('logging')}") from error
         run_id = f"{run_dir.name}-{hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]}"
         self.run = wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow", config=config,
                               dir=str(run_dir))
