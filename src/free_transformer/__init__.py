@@ -23,4 +23,4 @@ __all__ = [
     "nats_to_bits",
     "shared_prior_latents",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # CHANGELOG.md; pyproject.toml reads it from here
