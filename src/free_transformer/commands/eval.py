@@ -3,13 +3,15 @@ checkpoints of a run, each appended to its evaluation record (RUN/eval/curve.jso
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..checkpoint import CheckpointError, chosen_checkpoints, load_model, resolve_checkpoint
 from ..devices import parse_device
-from ..errors import UserError
+from ..errors import Stopped, UserError
 from ..latent_choice import CONTEXT_CHOICES
 from ..runlock import RunLock
 from ..tokenizer import get_tokenizer
@@ -115,9 +117,33 @@ def _load(checkpoint, device):
     return model, config, tokenizer
 
 
+@contextmanager
+def _stop_on_signals():
+    """SIGTERM and SIGINT raise Stopped (exit 143 / 130, one line): unwinding runs the sandbox's
+    cleanup, which kills the running program's process group (its own session: the signal does not
+    reach it) and deletes its directory. Later signals are ignored until then."""
+
+    def stop(signum, frame):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(f"eval stopped by {signal.Signals(signum).name}", signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(args) -> int:
     if args.list_tasks:
         return _list_tasks()
+    with _stop_on_signals():
+        return _run(args)
+
+
+def _run(args) -> int:
     if not args.checkpoint:
         raise ValueError("give a CHECKPOINT (or --list-tasks)")
     from ..reports.results import format_table, write_json
@@ -156,11 +182,14 @@ def run(args) -> int:
 
     try:
         results = score(model, tokenizer, settings, sandbox=sandbox, progress=not args.no_progress, on_task=keep)
-    except BaseException:  # an interrupt, or a task that fails: what finished before is kept
-        if finished:
-            print(f"stopped: the {finished[-1]} task(s) finished before are in {partial}", file=sys.stderr)
-        else:
+    except BaseException as error:  # an interrupt, or a task that fails: what finished before is kept
+        if not finished:
             partial.unlink(missing_ok=True)
+            raise
+        kept = f"the {finished[-1]} task(s) finished before are in {partial}"
+        if isinstance(error, Stopped):  # still one line
+            raise Stopped(f"{error}: {kept}", error.exit_code - 128) from None
+        print(f"stopped: {kept}", file=sys.stderr)
         raise
     results.update({
         "checkpoint": str(ckpt), "step": config.get("step"), "tokenizer": tokenizer.name,

@@ -1,5 +1,7 @@
 """Test programs for generated code: the completion plus the benchmark's tests, as one Python
-source that exits with status 0 exactly when every test passes. They run only in the sandbox."""
+source that runs to its end exactly when every test passes. They run only in the sandbox, which
+counts a pass only when the program ran to its end (an exit status of 0 could come from an exit
+before the tests)."""
 
 from __future__ import annotations
 

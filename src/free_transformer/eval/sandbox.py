@@ -7,8 +7,9 @@ A wall-clock timeout kills the whole process group. Inside the child, `sandbox_g
 the kernel allows: a read-only file tree except the work directory and no network (user, mount and
 network namespaces), resource limits (CPU, memory, file size, open files, processes), a seccomp
 filter (no fork, exec, sockets, mounts, ptrace, signals to others), and a Python audit hook (no
-sockets, subprocesses, ctypes, or writes outside the work directory). `SandboxResult.isolation`
+sockets, subprocesses, ctypes, tracing, or writes outside the work directory). `SandboxResult.isolation`
 says which layers were in force; docs/evaluation.md states what this does and does not guarantee.
+A program passes only when it ran to its end: the guard then reports a nonce the program never sees.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -64,7 +66,7 @@ class SandboxLimits:
 
 @dataclass
 class SandboxResult:
-    status: str  # "passed" (exit 0), "failed" (non-zero exit or killed by a signal), "timeout"
+    status: str  # "passed" (ran to its end, exit 0), "failed" (anything else), "timeout"
     returncode: int | None
     stdout: str
     stderr: str
@@ -92,28 +94,39 @@ def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResul
         work.mkdir()
         program = root / "program.py"  # outside the writable directory
         program.write_text(source, encoding="utf-8")
-        config = {"work_dir": str(work), "program": str(program), "limits": limits.rlimits(),
-                  "namespaces": limits.namespaces, "seccomp": limits.seccomp, "audit_hook": limits.audit_hook}
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
+        # A program passes only when the guard reports that it ran to its end: an exit status of 0
+        # alone could come from the program exiting before its tests. The report is a nonce the
+        # program cannot know: it travels through a pipe the guard reads and closes first.
+        nonce = secrets.token_hex(16).encode()
+        nonce_fd, nonce_writer = os.pipe()
+        os.write(nonce_writer, nonce)
+        os.close(nonce_writer)
         started = time.monotonic()
-        with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", str(GUARD), json.dumps(config)],
-                cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                start_new_session=True, close_fds=True,
-            )
+        with (open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err,
+              open(root / "report", "wb") as report):
+            config = {"work_dir": str(work), "program": str(program), "limits": limits.rlimits(),
+                      "namespaces": limits.namespaces, "seccomp": limits.seccomp, "audit_hook": limits.audit_hook,
+                      "nonce_fd": nonce_fd, "report_fd": report.fileno()}
+            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-B", str(GUARD), json.dumps(config)],
+                    cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    start_new_session=True, close_fds=True, pass_fds=(nonce_fd, report.fileno()),
+                )
+            finally:
+                os.close(nonce_fd)
+            timed_out, returncode = False, None
             try:
                 returncode = proc.wait(timeout=limits.timeout_s)
-                timed_out = False
             except subprocess.TimeoutExpired:
-                timed_out, returncode = True, None
-            finally:
+                timed_out = True
+            finally:  # also when this process is stopped (eval's SIGTERM / SIGINT): no child outlives it
                 try:  # the whole group: anything the program managed to start goes too
                     os.killpg(proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-                if timed_out:
-                    proc.wait()
+                proc.wait()
         duration = time.monotonic() - started
         stderr = _tail(root / "stderr", limits.output_chars + 4096)
         isolation = {}
@@ -123,7 +136,8 @@ def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResul
         # RLIMIT_CPU is derived from the timeout: a CPU-bound program can reach it (SIGXCPU) a moment
         # before the wall clock does, and that is the same verdict.
         timed_out = timed_out or returncode == -signal.SIGXCPU
-        status = "timeout" if timed_out else ("passed" if returncode == 0 else "failed")
+        finished = (root / "report").read_bytes() == nonce
+        status = "timeout" if timed_out else ("passed" if returncode == 0 and finished else "failed")
         return SandboxResult(status, returncode, _tail(root / "stdout", limits.output_chars),
                              stderr[-limits.output_chars :], duration, isolation)
     finally:

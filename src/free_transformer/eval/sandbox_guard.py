@@ -7,12 +7,16 @@ Layers, each applied when the kernel allows it and reported on the first line of
 2. resource limits: CPU seconds, address space, file size, open files, no core dumps, processes;
 3. seccomp: no new processes (threads allowed), no exec, no sockets, no mount / namespace / ptrace
    / io_uring calls, signals only to itself;
-4. a Python audit hook: refuses sockets, subprocesses, ctypes, and writes outside the work directory.
+4. a Python audit hook: refuses sockets, subprocesses, ctypes, tracing, directory descriptors, and
+   writes outside the work directory (paths resolved against their dir_fd); calls without an audit
+   event (mkfifo, mknod, fork_exec, pidfd_send_signal) are replaced by a refusal. It also holds the
+   nonce that says the program ran to its end (see the end of main).
 """
 
 import json
 import os
 import resource
+import stat
 import sys
 
 REPORT_PREFIX = "@@sandbox "
@@ -159,45 +163,148 @@ _BLOCKED_EVENTS = {
     "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
     "os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function", "ctypes.cdata",
     "ctypes.addressof", "os.chroot", "pty.spawn", "webbrowser.open",
+    # tracing could skip the tests' statements; object-graph walks could reach the hook's report
+    "sys.settrace", "sys.setprofile", "sys.monitoring.register_callback",
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents",
 }
-_PATH_EVENTS = {  # event -> indices of path arguments that must lie inside the work directory
-    "os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.chmod": (0,), "os.chown": (0,),
-    "os.rename": (0, 1), "os.link": (0, 1), "os.symlink": (1,), "os.truncate": (0,), "os.utime": (0,),
-    "shutil.rmtree": (0,), "os.chflags": (0,), "os.setxattr": (0,), "os.removexattr": (0,),
-    "sqlite3.connect": (0,),
+# event -> (path argument, its dir_fd argument or None) pairs; each path must lie inside the work directory
+_PATH_EVENTS = {
+    "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.chmod": ((0, 2),),
+    "os.chown": ((0, 3),), "os.rename": ((0, 2), (1, 3)), "os.link": ((0, 2), (1, 3)), "os.symlink": ((1, 2),),
+    "os.truncate": ((0, None),), "os.utime": ((0, 3),), "shutil.rmtree": ((0, 1),), "os.chflags": ((0, None),),
+    "os.setxattr": ((0, None),), "os.removexattr": ((0, None),), "sqlite3.connect": ((0, None),),
 }
+# Calls that raise no audit event, replaced by _refused before the program runs (module -> names)
+_UNAUDITED = {"os": ("mkfifo", "mknod"), "posix": ("mkfifo", "mknod"), "signal": ("pidfd_send_signal",),
+              "_posixsubprocess": ("fork_exec",)}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_DIRECTORY_FLAGS = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
+FINISHED = "sandbox.finished"  # the audit event the guard raises once the program ran to its end
 
 
-def install_audit_hook(work: str) -> None:
-    root = os.path.realpath(work)
-    realpath, fspath, fsdecode = os.path.realpath, os.fspath, os.fsdecode
+def _refused(*args, **kwargs):
+    raise PermissionError("sandbox: this call is not allowed")
 
-    def inside(path) -> bool:
-        if isinstance(path, int):  # a descriptor: opened earlier, under the same rules
-            return True
-        full = realpath(fsdecode(fspath(path)))
-        return full == root or full.startswith(root + os.sep) or full == "/dev/null"
+
+def refuse_unaudited() -> None:
+    import importlib
+
+    for module, names in _UNAUDITED.items():
+        loaded = importlib.import_module(module)
+        for name in names:
+            if hasattr(loaded, name):
+                setattr(loaded, name, _refused)
+
+
+def install_audit_hook(work: str, report: tuple | None = None) -> None:
+    """Refuse what _BLOCKED_EVENTS lists and writes outside `work`. With report = (fd, nonce, frame),
+    write the nonce to fd when `frame`, and only it, raises FINISHED.
+
+    Everything the hook calls is bound here, built-in functions only: the program cannot change what
+    the hook does by patching builtins or modules, nor run its own code inside the hook (paths must
+    be str or bytes, not objects whose __fspath__ could answer differently each time)."""
+    lstat, stat_, readlink, getcwd, write = os.lstat, os.stat, os.readlink, os.getcwd, os.write
+    is_link, is_dir, getframe = stat.S_ISLNK, stat.S_ISDIR, sys._getframe
+    denied, error, halt, str_, bytes_, int_, type_ = PermissionError, OSError, RuntimeError, str, bytes, int, type
+    decode, any_, len_, finished = bytes.decode, any, len, FINISHED
+    blocked, path_events, write_flags, directory_flags = (frozenset(_BLOCKED_EVENTS), dict(_PATH_EVENTS),
+                                                          _WRITE_FLAGS, _DIRECTORY_FLAGS)
+    done = []
+
+    def resolve(path: str, base: str) -> str:
+        """os.path.realpath(base/path), with built-in calls only."""
+        todo = (path if path[:1] == "/" else base + "/" + path).split("/")[::-1]  # a stack of components
+        parts, links = [], 0
+        while todo:
+            part = todo.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                parts = parts[:-1]
+                continue
+            current = "/" + "/".join(parts + [part])
+            try:
+                mode = lstat(current).st_mode
+            except error:
+                mode = 0
+            if is_link(mode):
+                links += 1
+                if links > 40:
+                    raise denied("sandbox: too many levels of symbolic links")
+                target = readlink(current)
+                parts = [] if target[:1] == "/" else parts
+                todo += target.split("/")[::-1]
+            else:
+                parts = parts + [part]
+        return "/" + "/".join(parts)
+
+    def where(path, dir_fd=None) -> str | None:
+        """The absolute resolved path that `path` (relative to dir_fd, a descriptor when an int) names;
+        None for a descriptor that is no file (a pipe)."""
+        if type_(path) is int_:
+            target = readlink(f"/proc/self/fd/{path}")
+            return resolve(target, "/") if target[:1] == "/" else None
+        if type_(path) is bytes_:
+            path = decode(path, "utf-8", "surrogateescape")
+        elif type_(path) is not str_:
+            raise denied(f"sandbox: give paths as str or bytes, not {type_(path).__name__}")
+        if dir_fd is None or (type_(dir_fd) is int_ and dir_fd < 0):  # AT_FDCWD
+            base = getcwd()
+        elif type_(dir_fd) is int_:
+            base = readlink(f"/proc/self/fd/{dir_fd}")
+        else:
+            raise denied("sandbox: dir_fd must be an int")
+        return resolve(path, base)
+
+    root = resolve(work, "/")
+
+    def check(path, dir_fd, event) -> None:
+        full = where(path, dir_fd)
+        if full is not None and full != root and full[: len_(root) + 1] != root + "/" and full != "/dev/null":
+            raise denied(f"sandbox: {event} outside the work directory: {path!r}")
+
+    def finish() -> None:
+        if report is not None and not done and getframe(2) is report[2]:  # 0: here, 1: the hook
+            done.append(True)
+            write(report[0], report[1])
 
     def hook(event, args):
-        if event in _BLOCKED_EVENTS:
-            raise PermissionError(f"sandbox: {event} is not allowed")
+        if event in blocked:
+            raise denied(f"sandbox: {event} is not allowed")
+        if event == "sys.addaudithook":  # a hook of the program's would run inside this one
+            raise halt("sandbox: sys.addaudithook is not allowed")
         if event == "open":
             path, mode, flags = args
-            writing = (flags or 0) & _WRITE_FLAGS or (isinstance(mode, str) and any(c in mode for c in "wax+"))
-            if writing and path is not None and not inside(path):
-                raise PermissionError(f"sandbox: writing outside the work directory: {path!r}")
-        elif event in _PATH_EVENTS:
-            for i in _PATH_EVENTS[event]:
-                if i < len(args) and args[i] is not None and not inside(args[i]):
-                    raise PermissionError(f"sandbox: {event} outside the work directory: {args[i]!r}")
+            if path is None or type_(path) is int_:  # a descriptor, opened under these rules
+                return
+            # os.open's event does not say its dir_fd: no descriptor of a directory may exist, so that
+            # a relative path is always relative to the working directory
+            full = where(path)
+            try:
+                directory = is_dir(stat_(full).st_mode)
+            except error:
+                directory = False
+            if directory or (flags or 0) & directory_flags:
+                raise denied(f"sandbox: opening a directory is not allowed: {path!r}")
+            if (flags or 0) & write_flags or (type_(mode) is str_ and any_(c in mode for c in "wax+")):
+                check(path, None, "writing")
+        elif event in path_events:
+            for i, fd_index in path_events[event]:
+                dir_fd = args[fd_index] if fd_index is not None and fd_index < len_(args) else None
+                if i < len_(args) and args[i] is not None:
+                    check(args[i], dir_fd, event)
+        elif event == finished:
+            finish()
 
     sys.addaudithook(hook)
 
 
 def main() -> None:
     config = json.loads(sys.argv[1])
-    work = config["work_dir"]
+    # The nonce that says the program ran to its end: read, and its pipe closed, before anything else
+    nonce = os.read(config["nonce_fd"], 256)
+    os.close(config["nonce_fd"])
+    work, report_fd = config["work_dir"], config["report_fd"]
     report = {}
     if config.get("namespaces", True):
         report.update(enter_namespaces(work))
@@ -210,17 +317,33 @@ def main() -> None:
     import gc
 
     gc.collect()
-    if config.get("audit_hook", True):
-        install_audit_hook(work)
-    report["audit_hook"] = config.get("audit_hook", True)
+    hooked = config.get("audit_hook", True)
+    if hooked:
+        refuse_unaudited()
+        install_audit_hook(work, (report_fd, nonce, sys._getframe()))
+        del nonce  # from here on only the hook holds it
+    report["audit_hook"] = hooked
     sys.stderr.write(REPORT_PREFIX + json.dumps(report) + "\n")
     sys.stderr.flush()
     with open(config["program"], encoding="utf-8") as handle:
         source = handle.read()
     sys.argv = [config["program"]]
     namespace = {"__name__": "__main__", "__file__": config["program"], "__builtins__": __builtins__}
+    audit, write, finished = sys.audit, os.write, FINISHED
     del config, report, handle
     exec(compile(source, "program.py", "exec"), namespace)
+    # Reached only when every statement ran, the tests' last assertion included: an exception, an
+    # exit (sys.exit, os._exit, a replaced excepthook) or a kill never gets here. The program runs in
+    # this interpreter, so the nonce must stay out of its reach until now: it is not in argv, the
+    # environment, a file or any descriptor, and with the audit hook on it lives only in the hook,
+    # which writes it when this frame (and no other) raises `finished`; the hook refuses tracing
+    # (which could skip statements) and garbage-collector walks (which could reach the hook).
+    # Not covered: a program that makes the tests themselves succeed (values whose == always holds,
+    # patched builtins or modules the tests call), as with the benchmarks' own harnesses.
+    if hooked:
+        audit(finished)
+    else:  # the kernel layers alone (a test configuration): the nonce was reachable all along
+        write(report_fd, nonce)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,163 @@
+"""Evaluation counts only what was earned: a generated program cannot mark itself passed, cannot
+write outside its work directory through descriptors when the kernel layers are missing, and a
+stopped `eval` leaves no sandboxed program or directory behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import tiny_checkpoint
+from free_transformer.eval.programs import check_completion
+from free_transformer.eval.sandbox import SandboxLimits, run_python
+
+FAST = SandboxLimits(timeout_s=3, memory_mb=512)
+NO_KERNEL = SandboxLimits(timeout_s=3, memory_mb=512, namespaces=False, seccomp=False)  # the audit hook alone
+
+HUMANEVAL = {"style": "humaneval", "prompt": "def inc(x):\n", "test": "def check(f):\n    assert f(1) == 2\n",
+             "entry_point": "inc"}
+MBPP = {"style": "asserts", "setup": "", "asserts": ["assert inc(1) == 2"]}
+PLUS = {"style": "evalplus", "prompt": "def inc(x):\n", "entry_point": "inc", "canonical_solution": "    return x + 1\n",
+        "inputs": [[1], [5]], "atol": 0}
+STYLES = {"humaneval": (HUMANEVAL, "    return {}\n"), "mbpp": (MBPP, "def inc(x):\n    return {}\n"),
+          "evalplus": (PLUS, "    return {}\n")}
+EXITS = {
+    "os._exit": "import os\nos._exit(0)\n",
+    "sys.exit": "import sys\nsys.exit(0)\n",
+    "excepthook": "import os, sys\nsys.excepthook = lambda *args: os._exit(0)\n",
+    "atexit": "import atexit, os\natexit.register(os._exit, 0)\n",
+}
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+@pytest.mark.parametrize("exit", list(EXITS))
+def test_a_wrong_answer_that_exits_early_is_no_pass(style, exit):
+    test, body = STYLES[style]
+    assert check_completion(test, body.format("x + 1"), FAST).passed  # the right answer passes
+    outcome = check_completion(test, body.format("x") + EXITS[exit], FAST)
+    assert outcome.status == "failed" and outcome.returncode == 0  # it did exit 0, before its tests
+
+
+FORGERIES = {  # each tries to produce the harness's report before the tests, then exits 0
+    "reads every descriptor, argv and environment": """
+        import os
+        for fd in range(3, 64):
+            try:
+                print(os.read(fd, 256))
+            except OSError:
+                pass
+        print(open('/proc/self/cmdline', 'rb').read(), open('/proc/self/environ', 'rb').read(), flush=True)
+        """,
+    "raises the report's audit event": "import sys\nsys.audit('sandbox.finished')\n",
+    "walks the frames": """
+        import sys
+        frame = sys._getframe()
+        while frame is not None:
+            print(frame.f_locals, flush=True)
+            frame = frame.f_back
+        """,
+    "walks the garbage collector's objects": "import gc\nprint(gc.get_objects(), flush=True)\n",
+    "runs the guard again": """
+        import json, os, sys
+        guard = sys.modules['__main__']
+        r, w = os.pipe()
+        os.write(w, b'x')
+        sys.argv = ['guard', json.dumps({'nonce_fd': r, 'report_fd': 1, 'work_dir': os.getcwd(), 'limits': {},
+                                         'namespaces': False, 'seccomp': False, 'program': '/dev/null'})]
+        guard.main()
+        """,
+    "skips statements with a tracer": """
+        import sys
+        def skip(frame, event, arg):
+            return skip
+        sys.settrace(skip)
+        """,
+    "adds its own audit hook": "import sys\nsys.addaudithook(lambda event, args: print(event, args, flush=True))\n",
+}
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+@pytest.mark.parametrize("limits", [FAST, NO_KERNEL], ids=["all-layers", "no-kernel-layers"])
+def test_a_program_cannot_forge_the_report_that_it_ran_to_its_end(forgery, limits):
+    source = textwrap.dedent(FORGERIES[forgery]) + "import os\nos._exit(0)\n"
+    assert run_python(source, limits).status == "failed"
+    assert run_python("print('done')\n", limits).passed
+
+
+DIR_FD = "d = os.open(FOLDER, os.O_RDONLY)\n"
+ATTACKS = {  # with namespaces and seccomp off: each would create, change, remove or rename a file in FOLDER
+    "os.open with dir_fd": DIR_FD + "os.close(os.open('escaped', os.O_WRONLY | os.O_CREAT, dir_fd=d))\n",
+    "open with an opener": DIR_FD + "open('x', 'w', opener=lambda p, flags: os.open('escaped', flags, dir_fd=d))\n",
+    "os.remove with dir_fd": DIR_FD + "os.remove('victim', dir_fd=d)\n",
+    "os.rename with dir_fds": DIR_FD + "os.rename('victim', 'escaped', src_dir_fd=d, dst_dir_fd=d)\n",
+    "os.mkfifo": "os.mkfifo(os.path.join(FOLDER, 'escaped'))\n",
+    "os.mknod": "os.mknod(os.path.join(FOLDER, 'escaped'))\n",
+    "fork_exec without Popen's audit event": """
+        import subprocess, sys, time
+        r, w = os.pipe()
+        head = (['/bin/sh', '-c', 'touch escaped'], [b'/bin/sh'], True, (), FOLDER, None, -1, -1, -1, -1, -1, -1, r, w,
+                True, False)
+        tail = (-1, None, None, None, -1, None, False) if sys.version_info >= (3, 11) else (None, None, None, -1, None)
+        subprocess._fork_exec(*head, *tail)  # what Popen calls after its audit event
+        time.sleep(1)
+        """,
+    "fchmod of a file opened for reading": "os.chmod(os.open(os.path.join(FOLDER, 'victim'), os.O_RDONLY), 0o777)\n",
+}
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_descriptors_and_unaudited_calls_cannot_reach_outside_without_the_kernel_layers(tmp_path, attack):
+    (tmp_path / "victim").write_text("kept")
+    (tmp_path / "victim").chmod(0o600)
+    source = f"import os\nFOLDER = {str(tmp_path)!r}\n" + textwrap.dedent(ATTACKS[attack]) + "print('escaped')\n"
+    result = run_python(source, NO_KERNEL)
+    assert result.status == "failed" and "escaped" not in result.stdout, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim"]
+    assert (tmp_path / "victim").read_text() == "kept" and (tmp_path / "victim").stat().st_mode & 0o777 == 0o600
+
+
+def test_directory_descriptors_are_refused_and_ordinary_file_work_still_runs():
+    program = ("import os, collections\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.rename('a/b/f', 'g')\n"
+               "os.remove('g')\nprint(collections.namedtuple('P', 'x')(1))\n")
+    result = run_python(program, NO_KERNEL)
+    assert result.passed and result.stdout.strip() == "P(x=1)", result.stderr
+    refused = run_python("import os\nos.open('.', os.O_RDONLY)\n", NO_KERNEL)
+    assert refused.status == "failed" and "opening a directory is not allowed" in refused.stderr
+
+
+# A program that records its process id, then sleeps far past the moment eval is stopped
+SLEEPER = ("    pass\nimport os, time\nopen('pid.tmp', 'w').write(str(os.getpid()))\nos.rename('pid.tmp', 'pid')\n"
+           "time.sleep(60)\n")
+EVAL = """
+import sys
+from free_transformer.cli import main
+from free_transformer.eval import runner
+runner.generate_texts = lambda *args, **kwargs: ([{sleeper!r}], False)
+sys.exit(main(["eval", {run!r}, "--tasks", "humaneval", "--limit", "1", "--code-timeout", "60", "--no-progress"]))
+"""
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_eval_kills_its_sandboxed_program_and_removes_its_directory(tmp_path, signum, code):
+    run = tiny_checkpoint(tmp_path, "run", 0)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-c", EVAL.format(sleeper=SLEEPER, run=str(run))], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (pids := list(temp.glob("ft-sandbox-*/work/pid"))):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    pid = int(pids[0].read_text())
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == code
+    assert stderr.strip().splitlines()[-1] == f"eval stopped by {signal.Signals(signum).name}", stderr
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert list(temp.iterdir()) == []
