@@ -8,6 +8,8 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .fileio import atomic_write_bytes
+
 COLOURS = ["black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
            "tab:olive", "tab:cyan"]
 
@@ -108,5 +110,5 @@ def draw(panels: list[Panel], path: str | Path | None = None, *, columns: int = 
     plt.close(fig)
     png = buffer.getvalue()
     if path is not None:
-        Path(path).write_bytes(png)
+        atomic_write_bytes(path, png)  # never through a symbolic link
     return png

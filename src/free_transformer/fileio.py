@@ -1,20 +1,50 @@
-"""Small file helpers that survive a process killed at any moment."""
+"""Small file helpers that survive a process killed at any moment, and never write through a symbolic
+link: a link planted in a run directory must not make a run write (or replace) a file outside it."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from pathlib import Path
 
+from .errors import UserError
+
+
+class SymlinkRefused(UserError, RuntimeError):
+    """A file to be written is a symbolic link."""
+
+
+def open_no_follow(path: str | Path, flags: int, mode: int = 0o666) -> int:
+    """os.open that refuses a symbolic link at `path` (O_NOFOLLOW) with a one-line error."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        raise SymlinkRefused(f"{path} is a symbolic link: not written through; remove it, then run again") from None
+
+
+def open_append(path: str | Path):
+    """`path` opened to append text (created if missing), never through a symbolic link."""
+    return os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
+
 
 def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write to a temporary sibling, flush it to disk, then rename over `path`: readers see the old
-    file or the new one, never a half-written one."""
+    file or the new one, never a half-written one. A symbolic link at `path` is refused, not replaced."""
     path = Path(path)
+    if path.is_symlink():
+        raise SymlinkRefused(f"{path} is a symbolic link: not replaced; remove it, then run again")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)  # a leftover (or a planted link) of an earlier process with this pid
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -1,6 +1,10 @@
 """One writer per run directory: an advisory lock (`fcntl.flock`) on RUN/.lock, held by whatever writes to
 the run (`train`, rank 0 under torchrun). The kernel releases it when its process dies, so a SIGKILLed
-run leaves no stale lock; readers (`generate`, `inspect`, `compare`) never take it."""
+run leaves no stale lock; readers (`generate`, `inspect`, `compare`) never take it.
+
+A lock lives on its file's inode: deleting RUN/.lock would let a second writer lock a new file. The holder
+therefore checks, at each step (`check`), that RUN/.lock is still the file it locked, and stops if not.
+The lock file is never opened through a symbolic link."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import os
 from pathlib import Path
 
 from .errors import UserError
+from .fileio import open_no_follow
 
 LOCK_FILE = ".lock"
 
@@ -33,7 +38,7 @@ class RunLock:
         self.created = not self.run_dir.exists()
         try:  # an unwritable place fails here, before any work
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_no_follow(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
             raise RunInUse(f"cannot write to {self.run_dir}: {error.strerror or error}") from None
         try:
@@ -48,10 +53,26 @@ class RunLock:
         self.fd = fd
         return self
 
+    def held(self) -> bool:
+        """Whether RUN/.lock is still the file this lock holds (not deleted, not replaced)."""
+        try:
+            now = os.stat(self.run_dir / LOCK_FILE, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(self.fd)
+        return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def check(self) -> None:
+        """Raise RunInUse if RUN/.lock was deleted or replaced: another process may be writing to the run."""
+        if self.fd is not None and not self.held():
+            raise RunInUse(f"{self.run_dir / LOCK_FILE} was deleted or replaced while {self.command} wrote to "
+                           f"{self.run_dir}, so another process may be writing to it: stopped; once no other "
+                           "process writes there, continue with --resume")
+
     def __exit__(self, *exc) -> None:
         if self.fd is None:
             return
-        if self.created and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+        if self.created and self.held() and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
             (self.run_dir / LOCK_FILE).unlink()
             self.run_dir.rmdir()
         os.close(self.fd)  # releases the lock

@@ -31,6 +31,9 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     out = Path(args.out)
+    if args.resume and args.init_from:  # a resumed run goes on from its own checkpoint, never another's weights
+        raise TrainingError("--init-from starts a new run from another checkpoint's decoder; --resume continues "
+                            "this run from its own: give one of them")
     config_path = args.config
     if args.resume and config_path is None:
         config_path = out / "config.yaml"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..config import ConfigError
+from ..config import ConfigError, check_range
 
 
 @dataclass
@@ -21,6 +21,10 @@ class CoinflipConfig:
     """number of coin values X_t per sequence."""
     epsilon: float = 0.1
     """probability that each X_t differs from the hidden coin Z."""
+
+    def __post_init__(self):
+        check_range("data.coinflip.length", self.length, 1)
+        check_range("data.coinflip.epsilon", self.epsilon, 0, 1, high_closed=True)
 
 
 @dataclass
@@ -44,6 +48,10 @@ class TextConfig:
     """where the tokenized corpus is cached (default: $XDG_CACHE_HOME or ~/.cache, then
     free-transformer/tokens/; never beside the corpus, whose folder may be read-only)."""
 
+    def __post_init__(self):
+        check_range("data.text.seq_len", self.seq_len, 1)
+        check_range("data.text.val_fraction", self.val_fraction, 0, 1)
+
 
 @dataclass
 class TokensConfig:
@@ -57,6 +65,10 @@ class TokensConfig:
     """tokens per training sequence (model input length)."""
     val_fraction: float = 0.01
     """without validation shards: share of the tokens (the last ones) held out for validation."""
+
+    def __post_init__(self):
+        check_range("data.tokens.seq_len", self.seq_len, 1)
+        check_range("data.tokens.val_fraction", self.val_fraction, 0, 1)
 
 
 @dataclass

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..fileio import open_no_follow
 from .sandbox import SandboxLimits
 from .runner import score
 from .settings import EvalSettings
@@ -63,7 +64,7 @@ class CurveRecord:
         line = (json.dumps(entry) + "\n").encode()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            fd = open_no_follow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
                 self.done |= {(e["step"], e["settings_key"]) for e in read_record(self.path)}

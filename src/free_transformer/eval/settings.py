@@ -45,6 +45,15 @@ def task_names(spec: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _known_task(name: str, what: str) -> None:
+    from .catalog import get_benchmark
+
+    try:
+        get_benchmark(name)
+    except ValueError as error:
+        raise EvalSettingsError(f"{what}: {error}") from None
+
+
 def _pairs(values: Iterable[str], what: str, form: str) -> dict[str, str]:
     out = {}
     for value in (v for v in values if v.strip()):
@@ -91,6 +100,17 @@ class EvalSettings:
             raise EvalSettingsError(f"the document limit must be >= 1, got {self.limit}")
         if self.heldout_samples < 1:
             raise EvalSettingsError(f"held-out samples must be >= 1, got {self.heldout_samples}")
+        for name in ("max_new_tokens", "heldout_windows"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise EvalSettingsError(f"{name.replace('_', '-')} must be >= 1, got {value}")
+        for task, shots in self.num_fewshot:
+            if task != "*":
+                _known_task(task, "num-fewshot")
+            if shots < 0:
+                raise EvalSettingsError(f"num-fewshot must be >= 0, got {shots} for {task}")
+        for task, _ in self.data:
+            _known_task(task, "data")
         try:
             self.policy
         except ValueError as error:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..eval.catalog import DEFAULT_TASKS
+from ..fileio import atomic_write_text
 
 
 def _order(names) -> list[str]:
@@ -55,11 +56,11 @@ def write_json(results: dict, path: str | Path, exclusive: bool = False) -> Path
     temporary file is hard-linked into place, which fails if `path` exists: no check-then-write race)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1))
     if not exclusive:
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(results, indent=1))
         return path
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    atomic_write_text(tmp, json.dumps(results, indent=1))
     try:
         os.link(tmp, path)
     except FileExistsError:

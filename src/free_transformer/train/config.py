@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from typing import Literal
 
 import yaml
 
-from ..config import ConfigError, ModelConfig, named_config
+from ..config import ConfigError, ModelConfig, check_range, named_config
 from ..data import DataConfig
 from ..data.config import nest_flat_fields
 from ..fileio import atomic_write_text
@@ -36,6 +35,15 @@ class OptimConfig:
     """cosine (warmup then cosine decay) or constant (warmup then constant)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
+
+    def validate(self) -> None:
+        for name in ("lr", "latent_lr_scale", "weight_decay", "warmup_steps", "grad_clip"):
+            check_range(f"optim.{name}", getattr(self, name))
+        check_range("optim.min_lr_ratio", self.min_lr_ratio, 0, 1, high_closed=True)
+        for beta in self.betas:
+            check_range("optim.betas", beta, 0, 1)
+        if self.schedule not in ("cosine", "constant"):
+            raise ConfigError(f"optim.schedule must be cosine or constant, got {self.schedule!r}")
 
 
 @dataclass
@@ -178,18 +186,17 @@ class TrainConfig:
             raise ConfigError("steps, batch_size and grad_accum must be >= 1")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"grad_accum ({self.grad_accum}) must divide batch_size ({self.batch_size})")
-        for name in ("kappa_bits", "kappa_start_bits", "post_sampler_init_std"):  # `not x >= 0` also refuses NaN
-            value = getattr(self, name)
-            if value is not None and not 0 <= value < math.inf:
-                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+        for name in ("kappa_bits", "kappa_start_bits", "post_sampler_init_std", "kappa_anneal_steps", "eval_every"):
+            if getattr(self, name) is not None:
+                check_range(name, getattr(self, name))
+        check_range("eval_batches", self.eval_batches, 1)
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0 (0: torch's default), got {self.threads}")
         if self.kappa_start_bits is not None and self.kappa_anneal_steps < 1:
             raise ConfigError("kappa_start_bits needs kappa_anneal_steps >= 1")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"precision must be fp32 or bf16, got {self.precision!r}")
-        if self.optim.schedule not in ("cosine", "constant"):
-            raise ConfigError(f"optim.schedule must be cosine or constant, got {self.optim.schedule!r}")
+        self.optim.validate()
         if self.latent_noise not in ("global", "row"):
             raise ConfigError(f"latent_noise must be global or row, got {self.latent_noise!r}")
         dist = self.distributed
@@ -319,6 +326,8 @@ def read_config_file(path: str | Path) -> dict:
         loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise ConfigError(f"cannot read config {path}: {' '.join(str(error).split())}") from None  # one line
+    except RecursionError:  # the YAML composer recurses once per level of nesting
+        raise ConfigError(f"cannot read config {path}: nested too deeply (a config is sections of fields)") from None
     if loaded is None:
         raise ConfigError(f"config {path} is empty: give at least one field, or leave --config out for the defaults")
     if not isinstance(loaded, dict):

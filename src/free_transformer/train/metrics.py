@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..curves import draw, training_panels
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_text, open_append
 from ..install import install_hint
 
 
@@ -86,7 +86,7 @@ class MetricsLog:
         kept = [m for m in read_metrics(self.path) if m.get("step", 0) <= resume_step]
         try:
             atomic_write_text(self.path, "".join(json.dumps(m) + "\n" for m in kept))
-            self.handle = open(self.path, "a")  # noqa: SIM115 (open for the run's lifetime; closed by close())
+            self.handle = open_append(self.path)  # open for the run's lifetime; closed by close()
         except OSError as error:
             raise self._cannot_write(error) from None
         self.writers = []

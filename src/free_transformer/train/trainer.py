@@ -36,6 +36,7 @@ from ..distributed.checkpoint import is_sharded, load_sharded, load_single_file,
 from ..distributed.parallelize import (apply_activation_checkpointing, apply_compile, clip_grad_norm,
                                        gradient_sync, parallelize)
 from ..errors import Stopped, UserError
+from ..fileio import open_append
 from ..model import FreeTransformer
 from ..runlock import RunLock
 from ..tokenizer import get_tokenizer
@@ -137,7 +138,9 @@ def _quiet(message: str) -> None:
 
 
 def _check_fresh_run_dir(run_dir: Path) -> None:
-    if checkpoint_dirs(run_dir) or (run_dir / "metrics.jsonl").exists():
+    """A run is a checkpoint or a logged step: what a start that failed before either leaves (its config.yaml,
+    an empty metrics.jsonl) is replaced by the next start, so the corrected command runs."""
+    if checkpoint_dirs(run_dir) or read_metrics(run_dir / "metrics.jsonl"):
         raise TrainingError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another --out")
 
 
@@ -152,8 +155,8 @@ def train(
     config.validate()
     env = setup(config.distributed.strategy, config.distributed.backend, parse_device(config.device))
     try:  # one writer per run: rank 0 holds the run's lock
-        with StopSignals() as signals, RunLock(run_dir, "free-transformer train", enabled=env.is_main):
-            return _train(config, Path(run_dir), env, resume, init_from, signals)
+        with StopSignals() as signals, RunLock(run_dir, "free-transformer train", enabled=env.is_main) as lock:
+            return _train(config, Path(run_dir), env, resume, init_from, signals, lock)
     finally:
         env.close()
 
@@ -276,11 +279,14 @@ def restore(run: Run, *, resume: bool) -> int:
         if checkpoint is None and env.is_main:
             print(f"resuming {run_dir} from step 0: it holds no intact checkpoint", file=sys.stderr)
     if checkpoint is None:
-        if env.is_main and (not resume or not (run_dir / "config.yaml").is_file()):  # resumed from step 0: kept
+        if resume and (run_dir / "config.yaml").is_file():  # resumed from step 0: its settings, as from a checkpoint
+            _record_settings(run, 0)
+        elif env.is_main:
             save_train_config(config, run_dir / "config.yaml")
         return 0
     _check_same_model(config, checkpoint)
-    step = _record_settings(run, checkpoint)
+    step = int(read_checkpoint_config(checkpoint)["step"])
+    _record_settings(run, step)
     if is_sharded(checkpoint):  # written by ddp / fsdp, on any number of processes
         return load_sharded(checkpoint, run.model, run.optimizer)
     if env.distributed:  # a one-process run continued on several
@@ -292,27 +298,25 @@ def restore(run: Run, *, resume: bool) -> int:
     return step
 
 
-def _record_settings(run: Run, checkpoint: Path) -> int:
-    """The settings a resumed run goes on with are its record: config.yaml is rewritten with them and
-    RUN/config-changes.jsonl gets {"step": N, "changes": {"field": [before, after]}}, so that a plain
-    `--resume` (a scheduler's requeue) continues with them. The data is fixed for a run. Returns the
-    checkpoint's step."""
-    step = int(read_checkpoint_config(checkpoint)["step"])
+def _record_settings(run: Run, step: int) -> None:
+    """The settings a run resumed at `step` (0: it holds no intact checkpoint) goes on with are its record:
+    config.yaml is rewritten with them and RUN/config-changes.jsonl gets {"step": N, "changes": {"field":
+    [before, after]}}, so that a plain `--resume` (a scheduler's requeue) continues with them. The data is
+    fixed for a run."""
     saved_path = run.run_dir / "config.yaml"
     if not saved_path.is_file():
-        return step
+        return
     changes = changed_settings(load_train_config(saved_path), run.config)
     data_changes = [f"{key} {old} -> {new}" for key, (old, new) in changes.items() if key.startswith("data.")]
-    if data_changes:
+    if data_changes and step:  # from step 0 nothing trained on the old data is kept
         raise TrainingError(f"cannot resume {run.run_dir} on other data ({', '.join(data_changes)}): a run's data is "
                             "fixed; train into another --out (--init-from reuses this run's weights)")
     if changes and run.env.is_main:
-        save_train_config(run.config, saved_path)
-        with open(run.run_dir / "config-changes.jsonl", "a") as record:
+        with open_append(run.run_dir / "config-changes.jsonl") as record:
             record.write(json.dumps({"step": step, "changes": changes}) + "\n")
+        save_train_config(run.config, saved_path)
         print(f"resuming at step {step} with changed settings: "
               + ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changes.items()), file=sys.stderr)
-    return step
 
 
 def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
@@ -391,7 +395,7 @@ def step_metrics(run: Run, done: int, result: StepResult, seconds_per_step: floa
 
 
 def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, init_from,
-           signals: StopSignals) -> TrainResult:
+           signals: StopSignals, lock: RunLock) -> TrainResult:
     run = build(config, run_dir, env, resume=resume, init_from=init_from)
     start_step = restore(run, resume=resume)
     if start_step >= config.steps:  # a finished run: nothing to train, its last metrics to report
@@ -416,6 +420,7 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
     try:
         for step in range(start_step, config.steps):
             result = train_step(run, step, signals)
+            lock.check()  # before this step writes anything: RUN/.lock deleted lets another writer in
             first_bad_step = torch.where(result.non_finite & (first_bad_step < 0), step, first_bad_step)
             window_steps += 1
             done = step + 1
@@ -462,6 +467,6 @@ def _stop_on_non_finite(step: int, run_dir: Path) -> None:
     raise TrainingError(
         f"non-finite loss or gradient norm at step {step + 1}; training stopped, "
         + (f"last good checkpoint: {kept[-1]}" if kept else
-           f"no checkpoint yet: `{_resume_hint(run_dir)}` starts it again from step 0 with its saved "
-           "config (or choose another --out with other settings)")
+           f"no checkpoint yet: `{_resume_hint(run_dir)} section.field=value ...` starts it again from step 0 "
+           "with the settings changed (e.g. a lower optim.lr), recorded in config-changes.jsonl")
     )
