@@ -4,13 +4,16 @@
         model.safetensors   weights (safetensors: no pickle, memory-mappable)
         config.json         {"model": ModelConfig, "train": ..., "tokenizer": name, "step": N}
         state.pt            optimizer, RNG streams and step (training only), plain tensors and Python values
-        SHA256SUMS          the other files' digests (`sha256sum -c SHA256SUMS` checks them by hand)
+        SHA256SUMS          the other files' digests (`sha256sum -c SHA256SUMS` checks them by hand); every
+                            file a loader reads must be listed, so an emptied or cut SHA256SUMS is damage too
 
 A checkpoint is written into a temporary sibling directory and renamed into place once complete, so a
 killed process never leaves a partial `step_*` directory; only the newest `keep` are kept. A checkpoint
-damaged afterwards (a truncated copy, a flipped bit) fails `verify_checkpoint`; `--resume` then moves it
-aside as step_N.damaged and continues from the newest intact one, and every other command that loads a
-checkpoint (`load_model`, `load_verified_weights`) refuses it with one line.
+damaged afterwards (a truncated copy, a flipped bit, a file left out of SHA256SUMS) or whose files match
+their digests but not their schema (a config.json or state.pt of the wrong shape) fails
+`verify_checkpoint`; `--resume` then moves it aside as step_N.damaged and continues from the newest
+intact one, and every other command that loads a checkpoint (`load_model`, `load_verified_weights`)
+refuses it with one line.
 
 Nothing read from a checkpoint can run code: weights are safetensors, and state.pt is read with
 `torch.load(weights_only=True)`, which unpickles tensors and plain Python values only. Older state.pt
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 import re
 import shutil
 import tempfile
@@ -39,7 +43,10 @@ from .fileio import sha256_file, share_like_umask
 from .model import FreeTransformer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
+MAX_STEP = 10**8 - 1  # the largest step whose directory STEP_DIR matches
 CHECKSUMS = "SHA256SUMS"
+# The files of a checkpoint that loaders read (besides every file under dcp/): each must be in SHA256SUMS.
+READ_FILES = ("config.json", "model.safetensors", "state.pt")
 # What the numpy RNG state of an older state.pt needs to unpickle (an ndarray of uint32), under the names
 # numpy 2 and numpy 1 pickled it with; nothing else beyond tensors and plain values is ever unpickled.
 LEGACY_STATE_GLOBALS = [np.dtype, np.ndarray, type(np.dtype(np.uint32)),
@@ -49,6 +56,17 @@ LEGACY_STATE_GLOBALS = [np.dtype, np.ndarray, type(np.dtype(np.uint32)),
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, incomplete or corrupt."""
+
+
+def check_step(step: int) -> None:
+    """A step that names a checkpoint directory loaders find (step_ and 8 digits), else a CheckpointError."""
+    if not (isinstance(step, int) and 0 <= step <= MAX_STEP):
+        raise CheckpointError(f"a checkpoint's step must be an integer in [0, {MAX_STEP}], got {step!r}")
+
+
+def checksums(directory: Path, files) -> str:
+    """SHA256SUMS lines (`sha256sum` format) of `files`, named relative to the checkpoint `directory`."""
+    return "".join(f"{sha256_file(f)}  {Path(f).relative_to(directory).as_posix()}\n" for f in files)
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
@@ -97,6 +115,7 @@ def save_checkpoint(
     keep: int = 3,
 ) -> Path:
     """Write weights + config (+ training state) for `step` atomically; keep the newest `keep`."""
+    check_step(step)
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
@@ -108,8 +127,7 @@ def save_checkpoint(
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         if training_state is not None:
             torch.save(training_state, tmp / "state.pt")
-        sums = "".join(f"{sha256_file(f)}  {f.name}\n" for f in sorted(tmp.iterdir()))
-        (tmp / CHECKSUMS).write_text(sums)
+        (tmp / CHECKSUMS).write_text(checksums(tmp, sorted(tmp.iterdir())))
         share_like_umask(tmp)
         for f in tmp.iterdir():
             with open(f, "rb") as handle:
@@ -133,13 +151,30 @@ def save_checkpoint(
 
 
 def read_checkpoint_config(path: str | Path) -> dict:
+    """config.json of a checkpoint, checked against its schema: a file that matches its digest may still
+    hold values of the wrong type, which would fail far from here."""
     ckpt = resolve_checkpoint(path)
     try:
         config = json.loads((ckpt / "config.json").read_text())
+        _check_config_schema(config)
         ModelConfig.from_dict(config["model"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ConfigError) as error:
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, ConfigError) as error:
         raise CheckpointError(f"corrupt checkpoint config {ckpt / 'config.json'}: {error}") from error
     return config
+
+
+def _check_config_schema(config) -> None:
+    """The types of what save_checkpoint writes into config.json; a ValueError names the first field amiss."""
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise ValueError("expected an object with a \"model\" object")
+    step = config.get("step")
+    if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP):
+        raise ValueError(f"step must be an integer in [0, {MAX_STEP}], got {step!r}")
+    if not isinstance(config.get("tokenizer"), (str, type(None))):
+        raise ValueError(f"tokenizer must be a name or null, got {config['tokenizer']!r}")
+    for key in ("train", "token_ids", "converted_from"):
+        if not isinstance(config.get(key, {}), dict):
+            raise ValueError(f"{key} must be an object, got {config[key]!r}")
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[FreeTransformer, dict]:
@@ -176,15 +211,48 @@ def load_verified_weights(ckpt: Path) -> dict[str, torch.Tensor]:
 
 def load_training_state(path: str | Path) -> dict:
     """state.pt of a checkpoint, unpickled with weights_only=True (tensors and plain values only: a file
-    that asks for anything else is refused, never run)."""
+    that asks for anything else is refused, never run), then checked against its schema."""
     ckpt = resolve_checkpoint(path)
     try:
         with torch.serialization.safe_globals(LEGACY_STATE_GLOBALS):
-            return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+            state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
+        _check_training_state(state)
     except Exception as error:  # torch.load raises many types on a truncated, garbled or unsafe file
         reason = str(error).split("\n")[0] if "Weights only load failed" not in str(error) else \
             "it asks to unpickle something other than tensors and plain values (refused, not run)"
         raise CheckpointError(f"corrupt, unsafe or missing training state {ckpt / 'state.pt'}: {reason}") from error
+    return state
+
+
+def _check_training_state(state) -> None:
+    """What the trainer saves: {"step", "optimizer": an optimizer state_dict, "rng": every RNG stream}
+    (optimizer and rng checked where present). Each RNG state is set on a throwaway generator, which checks
+    it as setting the real one would."""
+    if not isinstance(state, dict) or "step" not in state:
+        raise ValueError("expected an object with a step")
+    if not (isinstance(state["step"], int) and 0 <= state["step"] <= MAX_STEP):
+        raise ValueError(f"step must be an integer in [0, {MAX_STEP}], got {state['step']!r}")
+    optimizer = state.get("optimizer", {"state": {}, "param_groups": []})
+    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+            and isinstance(optimizer.get("param_groups"), list)
+            and all(isinstance(group, dict) and isinstance(group.get("params"), list)
+                    for group in optimizer["param_groups"])):
+        raise ValueError("optimizer is not an optimizer state (state and param_groups)")
+    if "rng" not in state:
+        return
+    rng = state["rng"]
+    if not isinstance(rng, dict) or not {"torch", "python", "numpy"} <= set(rng):
+        raise ValueError("rng must hold the torch, python and numpy states")
+    try:
+        torch.Generator().set_state(rng["torch"])
+        random.Random().setstate(rng["python"])
+        name, key, position, has_gauss, cached_gaussian = rng["numpy"]
+        np.random.RandomState().set_state((name, np.asarray(key).astype(np.uint32), position, has_gauss,
+                                           cached_gaussian))
+        if "cuda" in rng and not (isinstance(rng["cuda"], torch.Tensor) and rng["cuda"].dtype == torch.uint8):
+            raise TypeError("not a byte tensor")
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"rng is not a valid RNG state ({' '.join(str(error).split())})") from None
 
 
 # What a DCP `.metadata` pickle names (torch.distributed.checkpoint's own records, and the torch types in them).
@@ -227,13 +295,9 @@ def verify_checkpoint(path: str | Path, read_weights: bool = True) -> str | None
     False: a caller about to load them reads them once), state.pt."""
     path = Path(path)
     try:
-        sums = (path / CHECKSUMS).read_text() if (path / CHECKSUMS).is_file() else ""
-        for line in sums.splitlines():  # absent in checkpoints written before it existed: then no digests
-            digest, _, name = line.partition("  ")
-            if not (path / name).is_file():
-                return f"{name} is missing"
-            if sha256_file(path / name) != digest:
-                return f"{name} does not match its SHA-256 in {CHECKSUMS}"
+        problem = _check_digests(path) if (path / CHECKSUMS).is_file() else None  # absent: written before it existed
+        if problem is not None:
+            return problem
         read_checkpoint_config(path)
         if (path / "dcp").is_dir() and not (path / "model.safetensors").exists():
             if not (path / "dcp" / ".metadata").is_file():
@@ -248,6 +312,28 @@ def verify_checkpoint(path: str | Path, read_weights: bool = True) -> str | None
         return str(error)
     except (OSError, SafetensorError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _check_digests(path: Path) -> str | None:
+    """What is wrong with a checkpoint's files against its SHA256SUMS, or None: a listed file missing or
+    changed, or a file that loaders read (READ_FILES, everything under dcp/) not listed (an emptied or cut
+    SHA256SUMS, or a file put there afterwards)."""
+    listed = set()
+    for line in (path / CHECKSUMS).read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if not name:
+            return f"{CHECKSUMS} holds a line that names no file"
+        if not (path / name).is_file():
+            return f"{name} is missing"
+        if sha256_file(path / name) != digest:
+            return f"{name} does not match its SHA-256 in {CHECKSUMS}"
+        listed.add(name)
+    read = [path / name for name in READ_FILES if (path / name).exists()]
+    read += sorted(f for f in (path / "dcp").rglob("*") if not f.is_dir()) if (path / "dcp").is_dir() else []
+    unlisted = [name for name in (f.relative_to(path).as_posix() for f in read) if name not in listed]
+    if unlisted:
+        return f"{unlisted[0]} is not in {CHECKSUMS} (it lists every file of an intact checkpoint)"
     return None
 
 

@@ -77,6 +77,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if isinstance(self.latent, dict):  # from a saved config.json or a YAML section
             object.__setattr__(self, "latent", _latent_config(self.latent))
+        if not isinstance(self.latent, LatentConfig):
+            raise ConfigError(f"model.latent must be a section (kind, encoder_layers), got {self.latent!r}")
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -5,41 +5,50 @@
         SHA256SUMS          the digests of config.json and of every file in dcp/, as in every checkpoint
         dcp/                DCP: .metadata + one __<rank>_0.distcp file per rank; model and optimizer
                             state under their parameter names ("model.layers.0.attention.q_proj.weight")
-        model.safetensors   only once consolidated: then it is an ordinary checkpoint too
+        model.safetensors   only once consolidated: then it is an ordinary checkpoint too (and in SHA256SUMS)
 
 Every rank writes its own shards; DCP's metadata records which slice of which tensor each holds, so a
-load on any number of processes (or on none: `consolidate`) reads back whatever slices it needs. The
+load on any number of processes (or on none: `consolidate`) reads back whatever slices it needs. What
+DCP would unpickle is data, never code: .metadata is checked against DCP's own records first, and
+entries stored as bytes are read with weights_only=True (`_PlainValuesLoadPlanner`). The
 step directory is written as `.tmp_step_N` and renamed by rank 0 once complete, like `save_checkpoint`.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..checkpoint import (
     CHECKSUMS,
     CheckpointError,
     check_dcp_metadata,
+    check_step,
     checkpoint_dirs,
+    checksums,
     fsync_dir,
     load_training_state,
     read_checkpoint_config,
     remove_checkpoint,
+    verify_checkpoint,
 )
 from ..config import ModelConfig
-from ..fileio import sha256_file, share_like_umask
+from ..fileio import share_like_umask
 from ..model import FreeTransformer, upgrade_state_dict
 from .env import ParallelEnv
 
@@ -53,6 +62,7 @@ def is_sharded(checkpoint: str | Path) -> bool:
 def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                  metadata: dict, env: ParallelEnv, keep: int = 3) -> Path:
     """Collective: every rank calls it. Writes step_N with DCP shards and config.json; keeps the newest `keep`."""
+    check_step(step)
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step_{step:08d}", root / f".tmp_step_{step:08d}"
     if env.is_main:
@@ -73,7 +83,7 @@ def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: to
         # the same integrity record as a single-file checkpoint: --resume then moves a damaged one aside
         files = [tmp / "config.json", *sorted((tmp / DCP_DIR).iterdir())]
         with open(tmp / CHECKSUMS, "w") as handle:
-            handle.write("".join(f"{sha256_file(f)}  {f.relative_to(tmp)}\n" for f in files))
+            handle.write(checksums(tmp, files))
             handle.flush()
             os.fsync(handle.fileno())
         if final.exists():
@@ -86,17 +96,41 @@ def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: to
     return final
 
 
+class _PlainValuesLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner, except for entries stored as bytes (DCP pickles every value that is not a
+    tensor: the optimizer's lr, betas...). DCP's own load_bytes unpickles them with
+    torch.load(weights_only=False), which runs whatever a crafted shard asks; here they are unpickled with
+    weights_only=True (tensors and plain values only), and one where a tensor is expected is refused."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        name = read_item.dest_index.fqn
+        if isinstance(self.state_dict.get(name), torch.Tensor):
+            raise CheckpointError(f"entry {name} is stored as bytes where a tensor is expected (refused, not read)")
+        try:
+            plain = torch.load(value, map_location="cpu", weights_only=True)
+        except Exception as error:  # "Weights only load failed", or a truncated or garbled entry
+            raise CheckpointError(f"entry {name} asks to unpickle something other than tensors and plain "
+                                  "values (refused, not run)") from error
+        checked = io.BytesIO()  # DCP's own bookkeeping stores the value, from bytes this process wrote
+        torch.save(plain, checked)
+        checked.seek(0)
+        super().load_bytes(read_item, checked)
+
+
 def _dcp_load(state: dict, checkpoint: Path) -> None:
-    """dcp.load in place into `state`; without a process group, in this process alone."""
+    """dcp.load in place into `state`; without a process group, in this process alone. Nothing in the
+    checkpoint is unpickled beyond DCP's own records (.metadata) and tensors and plain values (entries)."""
     check_dcp_metadata(checkpoint)  # DCP unpickles it with pickle.load: nothing but its own records may run
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, checkpoint_id=checkpoint / DCP_DIR, no_dist=not dist.is_initialized())
+            dcp.load(state, checkpoint_id=checkpoint / DCP_DIR, planner=_PlainValuesLoadPlanner(),
+                     no_dist=not dist.is_initialized())
     except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
         # a CheckpointException's text holds each rank's traceback: its last line is the cause
-        cause = [line for line in str(error).splitlines() if line.strip()][-1:] or [type(error).__name__]
-        raise CheckpointError(f"cannot load the sharded checkpoint {checkpoint}: {cause[0].strip()}") from error
+        cause = ([line.strip() for line in str(error).splitlines() if line.strip()][-1:] or [type(error).__name__])[0]
+        cause = cause.removeprefix(f"{CheckpointError.__module__}.{CheckpointError.__name__}: ")  # raised above
+        raise CheckpointError(f"cannot load the sharded checkpoint {checkpoint}: {cause}") from error
 
 
 def load_sharded(checkpoint: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -145,21 +179,50 @@ def sharded_checkpoint_dir(path: str | Path) -> Path:
 def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     """Gather a DCP checkpoint's model weights into model.safetensors, in one process without a process
     group: next to dcp/ in the step directory (which then `load_model` reads), or in a new checkpoint
-    directory `out` (model.safetensors + config.json). Returns the directory written."""
+    directory `out` (model.safetensors + config.json). Either way SHA256SUMS then lists model.safetensors.
+    Nothing is written unless the checkpoint verifies, and a failed write (a full disk) leaves nothing
+    behind. Returns the directory written."""
     checkpoint = sharded_checkpoint_dir(path)
     config = read_checkpoint_config(checkpoint)
     model = FreeTransformer(ModelConfig.from_dict(config["model"]))
     weights = model.state_dict()  # the model's own tensors, filled in place
     _dcp_load({"model": weights}, checkpoint)
+    problem = verify_checkpoint(checkpoint)  # the sums written below must not bless a damaged checkpoint
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {checkpoint} is damaged: {' '.join(problem.split())}")
+    if out is not None and Path(out).exists() and any(Path(out).iterdir()):
+        raise CheckpointError(f"{out} already holds a checkpoint or other files: choose another --out "
+                              "(nothing was written)")
+    # Written in a temporary directory (inside the step directory, or beside `out`), then renamed into place.
     target = checkpoint if out is None else Path(out)
-    if out is not None and any((target / name).exists() for name in ("model.safetensors", "config.json")):
-        raise CheckpointError(f"{target} already holds a checkpoint: choose another --out (nothing was written)")
-    target.mkdir(parents=True, exist_ok=True)
-    tmp = target / ".model.safetensors.tmp"
-    save_file({k: v.contiguous() for k, v in weights.items()}, tmp, metadata={"format": "pt"})
-    share_like_umask(tmp)  # safetensors writes 0600
-    fsync_dir(tmp)
-    if out is not None:
-        (target / "config.json").write_text(json.dumps(config, indent=2))
-    os.replace(tmp, target / "model.safetensors")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".consolidating", dir=checkpoint if out is None else target.parent))
+    try:
+        save_file({k: v.contiguous() for k, v in weights.items()}, staging / "model.safetensors",
+                  metadata={"format": "pt"})
+        new_sums = checksums(staging, [staging / "model.safetensors"])
+        if out is not None:
+            (staging / "config.json").write_text(json.dumps(config, indent=2))
+            (staging / CHECKSUMS).write_text(checksums(staging, [staging / "config.json"]) + new_sums)
+        elif (checkpoint / CHECKSUMS).is_file():  # the sums verified above, with the new file's (absent: none)
+            kept = [line for line in (checkpoint / CHECKSUMS).read_text().splitlines(keepends=True)
+                    if not line.rstrip("\n").endswith("  model.safetensors")]
+            (staging / CHECKSUMS).write_text("".join(kept) + new_sums)
+        share_like_umask(staging)  # mkdtemp makes 0700, safetensors 0600
+        for f in staging.iterdir():
+            with open(f, "rb") as handle:
+                os.fsync(handle.fileno())
+        if out is not None:
+            os.replace(staging, target)  # target is absent or an empty directory
+        else:  # the weights first: until the sums follow, the checkpoint reads as damaged, never as wrong
+            os.replace(staging / "model.safetensors", target / "model.safetensors")
+            if (staging / CHECKSUMS).exists():
+                os.replace(staging / CHECKSUMS, target / CHECKSUMS)
+        fsync_dir(target)
+    except (OSError, SafetensorError) as error:
+        raise CheckpointError(f"cannot write model.safetensors in {target}: is the disk full, or a quota or "
+                              f"file-size limit reached? ({' '.join(str(error).split())}); nothing was written, "
+                              "make room and run consolidate again") from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return target

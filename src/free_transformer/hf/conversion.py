@@ -12,15 +12,18 @@ pretrained Llama into a Free Transformer.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from transformers import LlamaConfig
 
-from ..checkpoint import CheckpointError, load_model, resolve_checkpoint, save_checkpoint
+from ..checkpoint import CheckpointError, check_step, load_model, resolve_checkpoint, save_checkpoint
 from ..config import ConfigError, ModelConfig
 from ..layers import rope_tables
 from ..model import FreeTransformer
@@ -287,7 +290,8 @@ def convert(source: str | Path, destination: str | Path, to: str, *, latent_bits
     With latent_bits, the source must be a baseline (ours or a Llama): the result is a Free
     Transformer with that decoder and a fresh latent path (`with_fresh_latent_path`, seed `seed`).
     A "checkpoint" destination is a run directory: the checkpoint goes to
-    destination/checkpoints/step_{step:08d}.
+    destination/checkpoints/step_{step:08d}. Everything is written in a temporary directory and renamed
+    into place: a failure (a full disk) leaves nothing, and the same command can then be run again.
     """
     if to not in FORMATS:
         raise ConversionError(f"unknown target format {to!r}; choose one of {', '.join(FORMATS)}")
@@ -299,6 +303,10 @@ def convert(source: str | Path, destination: str | Path, to: str, *, latent_bits
         raise ConversionError(f"{destination} already holds a run: convert into a new directory")
     if latent_layer is not None and latent_bits is None:
         raise ConversionError("latent_layer needs latent_bits (it places the fresh latent path)")
+    try:
+        check_step(step)
+    except CheckpointError as error:
+        raise ConversionError(f"--step: {error}") from None
     if to == "llama" and (latent_bits is not None or source_latent_bits(source) > 0):
         raise ConversionError(LLAMA_NEEDS_BASELINE)
     model, meta = load_any(source, max_seq_len=max_seq_len, dtype=dtype)
@@ -307,10 +315,26 @@ def convert(source: str | Path, destination: str | Path, to: str, *, latent_bits
             model = with_fresh_latent_path(model, latent_bits, latent_layer, seed)
         except ConfigError as error:
             raise ConversionError(str(error)) from error
-    if to == "checkpoint":
-        metadata = {"tokenizer": meta["tokenizer"], "token_ids": meta["token_ids"],
-                    "converted_from": {"format": meta["format"], "path": str(Path(source).resolve())}}
-        return save_checkpoint(destination, step, model, metadata, keep=0)
-    if to == "hf":
-        return save_hf(model, destination, tokenizer=meta["tokenizer"], token_ids=meta["token_ids"])
-    return save_llama(model, destination, token_ids=meta["token_ids"])
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.converting", dir=destination.parent))
+    try:
+        if to == "checkpoint":
+            metadata = {"tokenizer": meta["tokenizer"], "token_ids": meta["token_ids"],
+                        "converted_from": {"format": meta["format"], "path": str(Path(source).resolve())}}
+            written = save_checkpoint(staging, step, model, metadata, keep=0)
+            destination.mkdir(exist_ok=True)
+            os.replace(staging / "checkpoints", destination / "checkpoints")
+            return destination / "checkpoints" / written.name
+        if to == "hf":
+            save_hf(model, staging, tokenizer=meta["tokenizer"], token_ids=meta["token_ids"])
+        else:
+            save_llama(model, staging, token_ids=meta["token_ids"])
+        os.replace(staging, destination)  # destination is absent or an empty directory
+        return destination
+    except (OSError, SafetensorError, CheckpointError) as error:
+        cause = error.__cause__ if isinstance(error, CheckpointError) and error.__cause__ else error
+        raise ConversionError(f"cannot write {destination}: is the disk full, or a quota or file-size limit "
+                              f"reached? ({' '.join(str(cause).split())}); nothing was written, make room and run "
+                              "the same command again") from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

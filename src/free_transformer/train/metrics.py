@@ -14,16 +14,19 @@ from ..install import install_hint
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The logged metrics; a last line cut short by a killed process is ignored."""
+    """The logged metrics; a last line cut short by a killed process is ignored, and so is a line that is
+    not a JSON object (every reader takes each line as a dict)."""
     path = Path(path)
     if not path.exists():
         return []
     metrics = []
     for line in path.read_text().splitlines():
         try:
-            metrics.append(json.loads(line))
+            logged = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(logged, dict):
+            metrics.append(logged)
     return metrics
 
 
