@@ -5,6 +5,9 @@ rule of `LatentPlan` (free_transformer.latent.sources), which the Hugging Face w
 
 from __future__ import annotations
 
+import logging
+import time
+import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -14,8 +17,11 @@ import torch
 from torch import Tensor
 
 from .latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source, uniform_latents
+from .latent.sampling import uniform_latents_
 from .model import FreeTransformer
 from .seeding import generators
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,34 +84,113 @@ def sample_next(logits: Tensor, config: GenerationConfig, generators: Sequence[t
     validate=False leaves it to the caller)."""
     if config.temperature == 0:
         return logits.argmax(-1)
-    probs = torch.softmax(filter_logits(logits.float() / config.temperature, config.top_k, config.top_p), -1)
+    probs = next_token_probs(logits, config.temperature, config.top_k, config.top_p)
     if validate and bool(probs.isnan().any()):
         raise ValueError(NON_FINITE)
-    race = torch.empty_like(probs)  # (B, V)
+    return (probs / exponential_race_(torch.empty_like(probs), generators)).argmax(-1)
+
+
+def next_token_probs(logits: Tensor, temperature: float | Tensor, top_k: int | None, top_p: float | None) -> Tensor:
+    """(B, V) float32 probabilities of the next token: softmax of the filtered logits / temperature."""
+    return torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), -1)
+
+
+def exponential_race_(race: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
+    """Fill `race` (B, V) in place with Exp(1) draws, row i from generators[i]: the noise of sample_next."""
     for row, generator in zip(race, generators):
         row.exponential_(generator=generator)
-    return (probs / race).argmax(-1)
+    return race
 
 
 NON_FINITE = "the next-token probabilities contain NaN (non-finite logits)"
 
 
-class StaticDecodeStep:
-    """One decoding step whose inputs live in fixed device buffers (the token, the latent index, and a
-    KV cache of its own with its device position): on CUDA it is captured once as a CUDA graph and
-    replayed, one launch instead of the ~600 kernels of a step; elsewhere the same step runs eagerly.
-    The first call is a warm-up (run on a side stream, as graph capture requires), the second captures
-    and replays. `static_decode_step` keeps one per model and shape, so that a graph is captured once
-    and replayed by every later `generate(compile=True)` call: each starts with `restart()`."""
+# Device types on which generate(compile=True) compiles its static step with Inductor before capturing it.
+# On a CPU the step runs eagerly by default: Inductor's compilation (17-64 s for a 4-layer toy model on 2
+# cores) costs more than a short generation saves; add "cpu" here to compile there too (tests, benches).
+INDUCTOR_DEVICES = {"cuda"}
+# torch.compile's backend for those steps ("inductor"; tests count compilations with a backend of their own).
+COMPILE_BACKEND = "inductor"
 
-    def __init__(self, model: FreeTransformer, batch_size: int, capacity: int):
+
+@dataclass(frozen=True)
+class SamplingVariant:
+    """What a static step computes after the logits, fixed when it is compiled and captured: greedy or
+    sampled (temperature itself is a device value, not part of the variant), the top-k / top-p filters,
+    and whether the step draws the fed token's Z from the prior itself (else the caller wrote it)."""
+    greedy: bool
+    top_k: int | None
+    top_p: float | None
+    draw_latent: bool
+
+
+def _step_core(model: FreeTransformer, token: Tensor, latent: Tensor, race: Tensor | None, temperature: Tensor,
+               cache, variant: SamplingVariant | None) -> tuple[Tensor, Tensor]:
+    """One static decoding step after its random draws: the model on token (B, 1) with latent (B, 1) at
+    the cache's device position, then the next token (B,) as sample_next picks it from the noise `race`
+    (B, V) (argmax when greedy), and whether the logits hold a NaN (()). The function Inductor compiles.
+    variant None: the logits (B, V) instead of a token (the model alone)."""
+    logits = model(token, latents=latent, cache=cache, start=cache.position).logits[:, -1]  # (B, V)
+    if variant is None:
+        return logits, logits.isnan().any()
+    if variant.greedy:
+        return logits.argmax(-1), logits.isnan().any()
+    probs = next_token_probs(logits, temperature, variant.top_k, variant.top_p)
+    return (probs / race).argmax(-1), probs.isnan().any()
+
+
+def _fresh_function(function: Callable) -> Callable:
+    """A copy of `function` with a code object of its own. Dynamo keeps compiled graphs per code object,
+    at most recompile_limit of them: each static step compiling its own copy keeps its variants apart
+    from every other step's (other models and shapes), so none evicts or counts against another."""
+    code = function.__code__.replace()
+    return types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__,
+                              function.__closure__)
+
+
+class StaticDecodeStep:
+    """One decoding step whose inputs live in fixed device buffers (the token, the latent index, the
+    sampling noise, and a KV cache of its own with its device position), fed its own output: each call
+    draws the new token's Z from the prior (unless the caller gives it) and the sampling noise with the
+    rows' generators, runs the model, picks the next token (sampling inside the step) and keeps it as the
+    next call's input. On CUDA it is compiled by Inductor (INDUCTOR_DEVICES) and then captured as a CUDA
+    graph with the rows' generators registered to it: a step is one replay and no host work. Elsewhere
+    the same step runs eagerly (or compiled, where INDUCTOR_DEVICES says).
+
+    Per variant (SamplingVariant) the first call is a warm-up, which compiles (timed, logged once) and
+    runs on a side stream as capture requires; the second captures and replays. `static_decode_step`
+    keeps one per model and shape, so that compilation and capture happen once and every later
+    `generate(compile=True)` call replays them: each starts with `restart()` and `bind()`.
+
+    Random streams: the draws are those of eager decoding (uniform_latents and sample_next's race, row
+    by row, in the same order), so a seeded row gives eager decoding's tokens up to float rounding."""
+
+    def __init__(self, model: FreeTransformer, batch_size: int, capacity: int, inductor: bool | None = None):
         # a weak reference: the steps kept per model (`static_decode_step`) must not keep the model alive
         self.model, self.cache = weakref.ref(model), model.new_cache(batch_size, capacity=capacity)
         device = self.cache.keys.device
-        self.token = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)  # (B, 1)
+        self.bits, self.vocab_size = model.config.latent_bits, model.config.vocab_size
+        self.token = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)  # (B, 1) fed, then the next one
         self.latent = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)  # (B, 1), ignored by a baseline
+        self.fed_latents = torch.zeros(batch_size, capacity, dtype=torch.int64, device=device)  # (B, C) Z per position
+        self.temperature = torch.ones((), dtype=torch.float32, device=device)
+        self.non_finite = torch.zeros((), dtype=torch.bool, device=device)  # any NaN logits since bind()
+        self.race: Tensor | None = None  # (B, V) float32 sampling noise, made by the first sampled call
         self.use_graph = device.type == "cuda"
-        self.graph, self.logits, self.warm = None, None, False
+        self.inductor = device.type in INDUCTOR_DEVICES if inductor is None else inductor
+        # one graph per variant, shapes fixed (batch, capacity, vocabulary): what a CUDA graph captures
+        self.core = torch.compile(_fresh_function(_step_core), backend=COMPILE_BACKEND, dynamic=False,
+                                  fullgraph=True) if self.inductor else _step_core
+        self.compile_seconds: dict[SamplingVariant, float] = {}  # the first (compiling) call of each variant
+        # per variant (None: the model alone, `__call__`): its graph, the output buffer the graph writes
+        self.graphs: dict[SamplingVariant | None, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[SamplingVariant | None, Tensor] = {}
+        self.warm: set[SamplingVariant | None] = set()
+        self.pool = None  # one memory pool shared by the graphs of every variant
+        # On CUDA the graphs draw with generators of their own, registered at capture; bind() copies the
+        # rows' generator states into them. Elsewhere the rows' generators are used directly.
+        self.own_generators = [torch.Generator(device) for _ in range(batch_size)] if self.use_graph else None
+        self.generators: Sequence[torch.Generator] = []
 
     def restart(self):
         """The cache, emptied for a new prompt (stale keys past the position are masked, not cleared)."""
@@ -113,31 +198,97 @@ class StaticDecodeStep:
         self.cache.position.zero_()
         return self.cache
 
+    def bind(self, token: Tensor, config: GenerationConfig, generators: Sequence[torch.Generator]) -> None:
+        """Start decoding from `token` (B,), the one sampled from the prefill's logits, with the rows'
+        generators (their states from here on) and config's temperature."""
+        self.token.copy_(token[:, None])
+        self.temperature.fill_(config.temperature or 1.0)
+        self.non_finite.zero_()
+        if self.own_generators is None:
+            self.generators = generators
+        else:
+            for own, row in zip(self.own_generators, generators):
+                own.set_state(row.get_state())
+            self.generators = self.own_generators
+        if config.temperature and self.race is None:
+            self.race = torch.empty(self.token.shape[0], self.vocab_size, dtype=torch.float32, device=self.token.device)
+
     def _run(self) -> Tensor:
+        """The model's logits (B, V) for the buffers, eagerly: the forward the step is made of."""
         model = self.model()
         return model(self.token, latents=self.latent, cache=self.cache, start=self.cache.position).logits[:, -1]
 
+    def _step(self, variant: SamplingVariant) -> Tensor:
+        """Draws, model, next token: everything a replay does. Returns the next token (B,)."""
+        if variant.draw_latent:
+            uniform_latents_(self.latent, self.bits, self.generators)
+        if not variant.greedy:
+            exponential_race_(self.race, self.generators)
+        if self.bits:  # Z of the fed position, kept for the caller
+            self.fed_latents.index_copy_(1, self.cache.position.view(1), self.latent)
+        token, non_finite = self.core(self.model(), self.token, self.latent, self.race, self.temperature,
+                                      self.cache, variant)
+        self.non_finite.logical_or_(non_finite)
+        self.token.copy_(token[:, None])
+        return token
+
+    def advance(self, config: GenerationConfig, latent: Tensor | None) -> Tensor:
+        """Feed the kept token with latent (B, 1) (None: drawn from the prior inside the step; ignored by
+        a baseline) and return the next token (B,), also kept as the next call's input; the cache
+        advances one position. bind() first."""
+        variant = SamplingVariant(config.temperature == 0, config.top_k, config.top_p,
+                                  latent is None and self.bits > 0)
+        if latent is not None:
+            self.latent.copy_(latent)
+        return self._replay(variant, lambda: self._step(variant))
+
     def __call__(self, token: Tensor, latent: Tensor | None) -> Tensor:
-        """(B, V) logits of the next position given token (B,) and latent (B, 1); the cache advances."""
+        """The model alone: (B, V) logits of the next position given token (B,) and latent (B, 1); the
+        cache advances. Nothing is drawn or sampled (the caller samples)."""
         self.token.copy_(token[:, None])
         if latent is not None:
             self.latent.copy_(latent)
+        return self._replay(None, lambda: self.core(self.model(), self.token, self.latent, None, self.temperature,
+                                                     self.cache, None)[0])
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        """The captured graph of the model alone (`__call__`), once captured."""
+        return self.graphs.get(None)
+
+    def _replay(self, variant: SamplingVariant | None, body: Callable[[], Tensor]) -> Tensor:
+        """body() run as the variant's step: the first time as a warm-up (compiling, timed), then captured
+        once and replayed on CUDA, or run again elsewhere."""
+        if variant not in self.warm:  # compile and run once, on a side stream as a later capture requires
+            started = time.perf_counter()
+            if self.use_graph:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    out = body()
+                torch.cuda.current_stream().wait_stream(side)
+                torch.cuda.synchronize()
+            else:
+                out = body()
+            self.warm.add(variant)
+            if self.inductor:
+                self.compile_seconds[variant] = seconds = time.perf_counter() - started
+                logger.info("compiled the static decoding step (batch %d, %d positions, %s) in %.1f s",
+                            self.token.shape[0], self.cache.capacity, variant or "logits", seconds)
+            return out
         if not self.use_graph:
-            return self._run()
-        if not self.warm:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                logits = self._run()
-            torch.cuda.current_stream().wait_stream(side)
-            self.warm = True
-            return logits
-        if self.graph is None:
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.logits = self._run()
-        self.graph.replay()
-        return self.logits
+            return body()
+        if variant not in self.graphs:
+            graph = torch.cuda.CUDAGraph()
+            if variant is not None:
+                for generator in self.own_generators:
+                    graph.register_generator_state(generator)
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.outputs[variant] = body()
+            self.pool = graph.pool()
+            self.graphs[variant] = graph
+        self.graphs[variant].replay()
+        return self.outputs[variant]
 
 
 # Decoding caches of compile=True are sized to the positions a call feeds, rounded up to this many (so
@@ -148,17 +299,21 @@ STATIC_STEPS_PER_MODEL = 4
 _static_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> OrderedDict(key -> step)
 
 
-def static_decode_step(model: FreeTransformer, batch_size: int, positions: int) -> StaticDecodeStep:
+def static_decode_step(model: FreeTransformer, batch_size: int, positions: int,
+                       inductor: bool | None = None) -> StaticDecodeStep:
     """The model's StaticDecodeStep for `batch_size` rows and at least `positions` cached positions,
-    made (and later captured) on first use and kept: the least recently used beyond
+    made (and later compiled and captured) on first use and kept: the least recently used beyond
     STATIC_STEPS_PER_MODEL is dropped. Steps are keyed by the parameters' storage too, so a model moved
-    to another device or dtype gets a new one; weights updated in place are seen by a captured graph."""
+    to another device or dtype gets a new one; weights updated in place are seen by a captured graph.
+    inductor: compile the step with Inductor (default: on the device types of INDUCTOR_DEVICES)."""
     rounded = -(-positions // STATIC_CACHE_ROUNDING) * STATIC_CACHE_ROUNDING
     capacity = min(model.config.max_seq_len, rounded)
-    key = (batch_size, capacity, tuple(p.data_ptr() for p in model.parameters()))
+    if inductor is None:
+        inductor = model.rope_cos.device.type in INDUCTOR_DEVICES
+    key = (batch_size, capacity, inductor, tuple(p.data_ptr() for p in model.parameters()))
     steps = _static_steps.setdefault(model, OrderedDict())
     if key not in steps:
-        steps[key] = StaticDecodeStep(model, batch_size, capacity)
+        steps[key] = StaticDecodeStep(model, batch_size, capacity, inductor)
         while len(steps) > STATIC_STEPS_PER_MODEL:
             steps.popitem(last=False)
     steps.move_to_end(key)
@@ -192,10 +347,13 @@ def generate(
     sequence across the batch (the paper's green groups); see `shared_prior_latents` and
     `infer_latents` to make one. should_stop: called with a row's new tokens after each step; True
     finishes that row (for stop strings, which token ids cannot express). compile: decode with
-    `StaticDecodeStep` (a CUDA graph on a GPU; the same static step eagerly elsewhere): the same
-    tokens and latents as without it, up to float rounding. Its graph and cache are kept for the next
-    call with the same batch size and a similar length (`static_decode_step`). The KV cache is in the
-    model's dtype: cast the model (`model.to(torch.bfloat16)`) to decode in bf16.
+    `StaticDecodeStep`, which draws Z and samples inside the step: on a GPU compiled by Inductor
+    (the first call of a shape and sampling setting compiles: a minute at paper sizes, logged by the
+    `free_transformer.generate` logger at INFO) and captured as a CUDA graph; elsewhere the same step
+    eagerly (INDUCTOR_DEVICES). The same tokens and latents as without it, up to float rounding. Its
+    compiled code, graph and cache are kept for the next call with the same batch size and a similar
+    length (`static_decode_step`). The KV cache is in the model's dtype: cast the model
+    (`model.to(torch.bfloat16)`) to decode in bf16.
     """
     config = config or GenerationConfig()
     device = model.rope_cos.device
@@ -236,18 +394,22 @@ def _decode(model, cache, plan: LatentPlan, logits: Tensor, config: GenerationCo
             should_stop, step_fn: StaticDecodeStep | None) -> list[list[int]]:
     """The new tokens of each row, cut after its first stop token. Tokens and stop flags stay on the
     device; they are read back every step when eager or given should_stop (which needs the tokens),
-    else every STOP_CHECK_EVERY steps (then a few steps may be computed after every row stopped)."""
+    else every STOP_CHECK_EVERY steps (then a few steps may be computed after every row stopped).
+
+    The first token is sampled here from the prefill's logits; with step_fn every later one comes out
+    of the static step, which feeds the previous one, draws its Z and samples."""
     B, device = logits.shape[0], logits.device
     stop_ids = torch.tensor(sorted(set(config.stop_tokens)), dtype=torch.int64, device=device)
     tokens = torch.zeros(B, config.max_new_tokens, dtype=torch.int64, device=device)  # (B, N)
     lengths = torch.full((B,), config.max_new_tokens, dtype=torch.int64, device=device)  # tokens kept per row
-    non_finite = torch.zeros((), dtype=torch.bool, device=device)
+    non_finite = logits.isnan().any()
     host_rows: list[list[int]] = [[] for _ in range(B)]  # should_stop's view of each row
     check_every = 1 if step_fn is None or not step_fn.use_graph or should_stop is not None else STOP_CHECK_EVERY
-    position = cache.length  # the next position to feed
+    first_fed = position = cache.length  # the next position to feed
+    token = sample_next(logits, config, generators, validate=False)  # (B,)
+    if step_fn is not None:
+        step_fn.bind(token, config, generators)
     for step in range(config.max_new_tokens):
-        non_finite |= logits.isnan().any()
-        token = sample_next(logits, config, generators, validate=False)  # (B,)
         tokens[:, step] = token
         stopped = torch.isin(token, stop_ids) if len(stop_ids) else torch.zeros_like(token, dtype=torch.bool)
         if should_stop is not None:
@@ -258,18 +420,22 @@ def _decode(model, cache, plan: LatentPlan, logits: Tensor, config: GenerationCo
         lengths = torch.where(stopped & (lengths > step), step + 1, lengths)
         last = step == config.max_new_tokens - 1
         if last or (step + 1) % check_every == 0:
-            if bool(non_finite):
+            if bool(non_finite) or (step_fn is not None and bool(step_fn.non_finite)):
                 raise ValueError(NON_FINITE)
             if last or bool((lengths <= step + 1).all()):
                 break
-        latent = plan.source(position, 1, device)  # (B, 1) a prior draw or an explicit index; a baseline: "prior"
-        explicit = latent if isinstance(latent, Tensor) else None
         if step_fn is None:
+            latent = plan.source(position, 1, device)  # (B, 1) a prior draw or an explicit index; a baseline: "prior"
             logits = model(token[:, None], latents=latent, cache=cache, start=position).logits[:, -1]
-        else:
-            logits = step_fn(token, explicit)
-        plan.record(position, explicit)
+            plan.record(position, latent if isinstance(latent, Tensor) else None)
+            non_finite |= logits.isnan().any()
+            token = sample_next(logits, config, generators, validate=False)
+        else:  # explicit Z is handed over; a prior Z is drawn inside the step
+            explicit = plan.explicit is not None and position < plan.explicit.shape[1]
+            token = step_fn.advance(config, plan.explicit[:, position : position + 1] if explicit else None)
         position += 1
+    if step_fn is not None and step_fn.bits:
+        plan.record(first_fed, step_fn.fed_latents[:, first_fed:position].clone())
     kept = lengths.tolist()
     return [row[:n] for row, n in zip(tokens[:, : step + 1].tolist(), kept)]
 

@@ -68,6 +68,17 @@ def uniform_latents(shape: tuple[int, ...], n_bits: int, *, generator: Generator
     return _draw_rows(lambda size, g: torch.randint(0, 2**n_bits, size, generator=g, device=device), shape, generator)
 
 
+def uniform_latents_(out: Tensor, n_bits: int, generators: Sequence[torch.Generator]) -> Tensor:
+    """Fill `out` (B, ...) in place with the draws of uniform_latents(out.shape, n_bits,
+    generator=generators): row i from generators[i], one random_ per row (randint's own kernel), no
+    new tensor. For a buffer of fixed address, such as the static decoding step's latent input."""
+    if len(generators) != out.shape[0]:
+        raise ValueError(f"got {len(generators)} generators for {out.shape[0]} rows")
+    for row, generator in zip(out, generators):
+        row.random_(0, 2**n_bits, generator=generator)
+    return out
+
+
 def kl_to_uniform(bit_logits: Tensor) -> Tensor:
     """KL(Q(Z_t | S) || uniform) in nats, shape (...,): H log 2 + sum_z Q(z) log Q(z).
 

@@ -1,0 +1,115 @@
+"""The static decoding step of generate(compile=True) with its draws and sampling inside: the same tokens
+and latents as eager decoding (eager and compiled by Inductor), compiled once per shape and variant."""
+
+import gc
+import importlib
+import weakref
+
+import pytest
+import torch
+
+from free_transformer import GenerationConfig, generate
+from free_transformer.generate import static_decode_step
+from free_transformer.latent import uniform_latents
+from free_transformer.latent.sampling import uniform_latents_
+from conftest import tiny_model
+
+generate_module = importlib.import_module("free_transformer.generate")  # the package's `generate` is the function
+
+GREEDY = GenerationConfig(max_new_tokens=7, temperature=0)
+SAMPLED = GenerationConfig(max_new_tokens=7, temperature=0.7, top_k=30, top_p=0.95)
+
+
+def _prompts(B, P=4, seed=3):
+    return torch.randint(0, 50, (B, P), generator=torch.Generator().manual_seed(seed))
+
+
+def _explicit(B, N):
+    """Explicit latents for the prompt and the first fed tokens only: the step then switches from
+    latents handed over to latents it draws itself."""
+    return torch.randint(0, 16, (B, N), generator=torch.Generator().manual_seed(5))
+
+
+def test_uniform_latents_in_place_draws_what_uniform_latents_draws():
+    seeds = [4, 5, 6]
+    expected = uniform_latents((3, 1), 4, generator=[torch.Generator().manual_seed(s) for s in seeds])
+    out = torch.full((3, 1), -1, dtype=torch.int64)
+    uniform_latents_(out, 4, [torch.Generator().manual_seed(s) for s in seeds])
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("latent_bits, B", [(0, 1), (0, 3), (4, 1), (4, 3)])
+@pytest.mark.parametrize("config", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_static_step_samples_as_eager_decoding(latent_bits, B, config):
+    """Eagerly (the CPU's default): the step's own draws of Z and of the sampling noise are the eager
+    loop's, in its order, so a seeded row gives the same tokens and latents, with explicit latents for
+    the first positions and prior draws after them."""
+    model = tiny_model(latent_bits=latent_bits, dtype=torch.float32)
+    prompts, seeds = _prompts(B), list(range(10, 10 + B))
+    latents = _explicit(B, 6) if latent_bits else None
+    eager = generate(model, prompts, config, seeds=seeds, latents=latents)
+    static = generate(model, prompts, config, seeds=seeds, latents=latents, compile=True)
+    assert static.tokens == eager.tokens
+    if latent_bits:
+        assert torch.equal(static.latents, eager.latents) and static.latents.shape == (B, 4 + 7 - 1)
+
+
+def test_compiled_step_is_compiled_once_per_shape_and_variant(monkeypatch):
+    """Counted with a backend of our own (Dynamo's tracing, no Inductor, so the test is fast): a second
+    generate call of the same batch size and similar length, other prompts and seeds, compiles
+    nothing; a new sampling setting or batch size compiles once more. The kept step, with its compiled
+    code, does not keep the model alive."""
+    compiled = []
+
+    def counting_backend(graph_module, example_inputs):
+        compiled.append(len(example_inputs))
+        return graph_module.forward
+
+    monkeypatch.setattr(generate_module, "COMPILE_BACKEND", counting_backend)
+    monkeypatch.setattr(generate_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    for seed in (3, 4):
+        prompts = _prompts(2, seed=seed)
+        static = generate(model, prompts, SAMPLED, seeds=[seed, 7], compile=True)
+        assert static.tokens == generate(model, prompts, SAMPLED, seeds=[seed, 7]).tokens
+        assert len(compiled) == 1
+    assert static_decode_step(model, 2, 4 + 7 - 1).compile_seconds  # the compile was timed (and logged)
+    generate(model, _prompts(2), GREEDY, compile=True)
+    assert len(compiled) == 2
+    generate(model, _prompts(1), GREEDY, compile=True)
+    assert len(compiled) == 3
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+
+
+def _inductor_cases():
+    return pytest.mark.parametrize("latent_bits, B", [(0, 1), (4, 3)])
+
+
+@pytest.mark.slow  # Inductor's compilation on a CPU: 10-60 s a variant
+@_inductor_cases()
+def test_inductor_step_gives_the_eager_logits_and_tokens(latent_bits, B, monkeypatch):
+    """The step compiled by Inductor (as a GPU compiles it before capture) against the same step run
+    eagerly: its logits at float32 rounding, and generate's greedy and sampled tokens and latents."""
+    monkeypatch.setattr(generate_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    model = tiny_model(latent_bits=latent_bits, dtype=torch.float32, n_layers=2)
+    prompts, seeds = _prompts(B), list(range(B))
+    # the model alone: one step of each after the same prefill
+    steps = {inductor: static_decode_step(model, B, 12, inductor=inductor) for inductor in (True, False)}
+    latent = torch.randint(0, 16, (B, 1)) if latent_bits else None
+    logits = {}
+    with torch.inference_mode():
+        for inductor, step in steps.items():
+            model(prompts, latents="prior" if latent_bits == 0 else _explicit(B, 4), cache=step.restart())
+            logits[inductor] = step(prompts[:, -1], latent).clone()
+            assert int(step.cache.position) == 5
+    assert steps[True].compile_seconds and not steps[False].compile_seconds
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
+    for config in (GREEDY, SAMPLED):
+        eager = generate(model, prompts, config, seeds=seeds)
+        compiled = generate(model, prompts, config, seeds=seeds, compile=True)
+        assert compiled.tokens == eager.tokens
+        if latent_bits:
+            assert torch.equal(compiled.latents, eager.latents)
