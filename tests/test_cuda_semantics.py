@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from free_transformer import layers
-from free_transformer.generate import static_decode_step
+from free_transformer.generate import GenerationConfig, SamplingVariant, static_decode_step
 from free_transformer.latent import binary_mapper, binary_mapper_project
+from free_transformer.seeding import generators
 from conftest import tiny_model, tiny_run_config
 from cuda_semantics import META, DeviceWork, HostValue, MathKernelOnly, cuda_dispatch, cuda_kernel, cuda_sdpa
 
@@ -203,6 +204,44 @@ def test_static_step_reads_the_same_storages_at_every_step(latent_bits):
         for _ in range(2):
             with ExternalStorages() as external:
                 step._run()
+            reads.append(external.read)
+    assert reads[0] == reads[1] and len(reads[0]) > 10
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("latent_bits", [0, 4])
+def test_sampling_static_step_as_on_cuda(latent_bits, temperature, monkeypatch):
+    """The step generate(compile=True) replays once a token: bound to the token sampled from the prefill,
+    then steps that draw Z (or take it from the caller) and the sampling noise, run the model and pick
+    the next token, with nothing read on the host or copied from it."""
+    model = _meta_model(torch.bfloat16, latent_bits=latent_bits)
+    config = GenerationConfig(max_new_tokens=4, temperature=temperature, top_k=10, top_p=0.9)
+    with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
+        step = static_decode_step(model, B, 12)
+        model(_tokens(5), cache=step.restart())
+        step.bind(torch.zeros(B, dtype=torch.int64, device=META), config, [None] * B)
+        step.advance(config, torch.zeros(B, 1, dtype=torch.int64, device=META))  # an explicit Z
+        for _ in range(2):
+            token = step.advance(config, None)  # Z drawn inside
+    assert work.uploads == []
+    assert token.shape == (B,) and token.dtype == torch.int64 and step.non_finite.device == META
+
+
+@pytest.mark.parametrize("latent_bits", [0, 4])
+def test_sampling_static_step_reads_the_same_storages_at_every_step(latent_bits):
+    """As for the model alone: the draws, the sampling and the token kept for the next step read the
+    same storages at every step (the noise buffer, the temperature, the fed-latents record)."""
+    model = tiny_model(dtype=torch.float32, latent_bits=latent_bits)
+    config = GenerationConfig(temperature=0.8, top_k=10, top_p=0.9)
+    variant = SamplingVariant(False, 10, 0.9, latent_bits > 0)
+    with torch.inference_mode():
+        step = static_decode_step(model, B, 12)
+        model(torch.zeros(B, 5, dtype=torch.int64), cache=step.restart())
+        step.bind(torch.zeros(B, dtype=torch.int64), config, generators([1, 2]))
+        reads = []
+        for _ in range(2):
+            with ExternalStorages() as external:
+                step._step(variant)
             reads.append(external.read)
     assert reads[0] == reads[1] and len(reads[0]) > 10
 
