@@ -14,7 +14,8 @@
 #     PYTHON=/path/to/python bash scripts/slurm-check.sh   (default: .venv/bin/python, else python3)
 #     SLURM_CHECK_STATE=/path  the daemons' state, logs and config (default: /tmp/slurm-check)
 #
-# Exits 0 when every check passed, 1 at the first that did not (saying which), 2 when it cannot run (not root).
+# Exits 0 when every check passed (the cluster stays up), 1 at the first that did not (saying which, and stopping
+# the cluster and any job of it), 2 when it cannot run (not root).
 set -euo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
@@ -48,6 +49,8 @@ stop_daemons() {  # those this script started before, by their pid files
     done
 }
 stop_daemons
+# A failure, or an error the script did not expect, leaves no job and no daemon running.
+trap 'status=$?; if [ $status -ne 0 ]; then scancel --user=root 2> /dev/null || true; stop_daemons; say "cluster stopped"; fi' EXIT
 rm -rf "$STATE"
 mkdir -p "$STATE"/ctld "$STATE"/slurmd /etc/slurm
 if [ ! -s /etc/munge/munge.key ]; then
@@ -121,7 +124,7 @@ say "demo --preset smoke --seeds 2 --launcher slurm --report-on slurm"
 
 # ---- 3. a run stopped with scancel --signal=TERM mid-training, resumed by running the command again ---------
 
-LONG=(study --preset smoke --seeds 1 --kappas 4 steps=300 eval_every=0 log_every=1 checkpoint_every=20)
+LONG=(study --preset smoke --seeds 1 --kappas 4 steps=2000 eval_every=0 log_every=1 checkpoint_every=20)
 say "${LONG[*]} --launcher local (uninterrupted)"
 "${CLI[@]}" "${LONG[@]}" --launcher local --device cpu --out "$OUT/long-local" > /dev/null 2>&1 || fail "local long study"
 say "${LONG[*]} --launcher slurm, with kappa-4 cancelled by TERM"
@@ -129,13 +132,17 @@ RUN="$OUT/long-slurm/seed-0/kappa-4"
 set +e
 "${CLI[@]}" "${LONG[@]}" --launcher slurm --out "$OUT/long-slurm" 2> "$OUT/long-slurm.err" &
 WAITER=$!
-for _ in $(seq 600); do  # until the run has a checkpoint and has gone on past it
-    [ -d "$RUN/checkpoints/step_00000040" ] && break
+last_step() { tail -1 "$RUN/metrics.jsonl" 2> /dev/null | sed -n 's/.*"step": \([0-9]*\).*/\1/p'; }
+# Until the run has logged step 41, past its checkpoint of step 40: a line of metrics.jsonl stays, where a
+# checkpoint directory may be pruned again within a step (keep_checkpoints). 2,000 steps leave it far from its end.
+for _ in $(seq 1200); do
+    [ "$(last_step)" -ge 41 ] 2> /dev/null && break
     sleep 0.2
 done
+[ "$(last_step)" -ge 41 ] 2> /dev/null || fail "kappa-4 did not reach step 41 in 240 s"
 JOB=$("$PYTHON" -c "import json, sys; print(json.load(open(sys.argv[1]))['runs']['seed-0/kappa-4']['job'])" \
       "$OUT/long-slurm/slurm/record.json")
-say "kappa-4 (job $JOB) at step $(tail -1 "$RUN/metrics.jsonl" | sed 's/.*"step": \([0-9]*\).*/\1/'): scancel --signal=TERM $JOB"
+say "kappa-4 (job $JOB) at step $(last_step): scancel --signal=TERM $JOB"
 scancel --signal=TERM "$JOB"
 wait $WAITER
 STATUS=$?
