@@ -18,6 +18,13 @@
     (the same kernels, so the same tokens unless capture froze a value or an address: must be equal),
     and their agreement with ordinary eager decoding (other kernels: in bf16, sampled tokens of a
     random model may part where two logits are within rounding).
+(d) With --parts d: the static decoding step of generate(compile=True) (Z drawn and the token sampled
+    inside it, temperature 1, top-k 50) run as it is (eager on a CPU, a CUDA graph on a GPU) and
+    compiled by Inductor first (captured after on a GPU), side by side in interleaved rounds on one
+    model: steps/s and tokens/s of the step alone (no prefill), its roof (weights + visible KV-cache
+    bytes of a step / copy bandwidth / step time), the compilation time, and the share of equal tokens
+    from the same seeds after the same prefill (1.0 unless rounding parts two near-equal choices). Printed beside the targets: at paper-1.5b
+    bf16 on an H100, B=1 roof >= 60% (about 600 tokens/s) and B=16 >= 8,000 tokens/s.
 
 Both parts time the variants in interleaved rounds in this one process (bench/common.py).
 
@@ -43,6 +50,7 @@ full forward of T tokens costs the sum of that over t < T. Norms, RoPE and sampl
     PYTHONPATH=src python bench/generate.py [--batch 1 8] [--new-tokens N] [--recompute-tokens N]
                                             [--rounds R] [--threads T] [--device cpu|cuda]
                                             [--size paper-1.5b] [--dtype fp32|bf16] [--compile]
+                                            [--parts a b c d] [--step-rounds R]
                                             [--dim D --layers L --heads h --kv-heads k --ffn F
                                              --vocab V --bits H --prompt-len P]
 """
@@ -63,9 +71,12 @@ from free_transformer.config import ModelConfig, named_config
 from free_transformer.devices import DTYPES
 from free_transformer.generate import GenerationConfig, generate, shared_prior_latents, static_decode_step
 from free_transformer.model import FreeTransformer
+from free_transformer.seeding import generators
 
 TARGET_FREE_VS_BASELINE = 0.95
 TARGET_CACHE_SPEEDUP, TARGET_CACHE_TOKENS = 10.0, 512
+# The decoding targets on a GPU, at paper-1.5b in bf16 on an H100 (3.0 TB/s: the B=1 roofline is ~992 tokens/s).
+TARGET_B1_ROOF, TARGET_B16_TOKENS_S = 0.60, 8000.0
 SIZES = ("paper-1.5b",)
 
 
@@ -175,6 +186,76 @@ def graph_vs_eager(config, batch, args, device):
     return graphed == static_eager, sum(a == b for a, b in pairs) / max(1, len(pairs))
 
 
+def static_step_bytes(config: ModelConfig, batch: int, visible: float, element_bytes: int) -> float:
+    """Bytes one decoding step must read: the matmul weights, and the keys and values of `visible` positions."""
+    kv_per_position = 2 * config.n_layers * batch * config.n_kv_heads * config.head_dim
+    return float(element_bytes) * (matmul_weights(config) + kv_per_position * visible)
+
+
+def static_step_eager_vs_compiled(config, batch, args, device):
+    """{name: seconds per step}, compile seconds and the share of tokens both steps give alike.
+
+    One model, two StaticDecodeSteps (as it is, and compiled by Inductor), each filling its own cache.
+    A timed sample is `steps` calls of the step from position P of a cache holding whatever it held
+    (the step attends the whole cache under a mask, so its cost does not depend on the values)."""
+    model = build_model(config, device, dtype=DTYPES[args.dtype])
+    prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    sampling = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0, top_k=50)
+    capacity = args.prompt_len + args.new_tokens
+    steps = {name: static_decode_step(model, batch, capacity, inductor=inductor)
+             for name, inductor in (("as is", False), ("inductor", True))}
+    n = capacity - args.prompt_len - 1
+    prompt_latents = shared_prior_latents(model, args.prompt_len, torch.Generator(device).manual_seed(2))
+
+    @torch.inference_mode()
+    def decode(step):  # prefill, then n tokens from the step: the tokens (B, n)
+        model(prompts, latents=prompt_latents if config.latent_bits else "prior", cache=step.restart())
+        step.bind(prompts[:, -1], sampling, generators(range(batch), device))
+        return torch.stack([step.advance(sampling, None).clone() for _ in range(n)], 1)
+
+    @torch.inference_mode()
+    def run(step):
+        step.cache.position.fill_(args.prompt_len)
+        for _ in range(n):
+            step.advance(sampling, None)
+
+    same = (decode(steps["as is"]) == decode(steps["inductor"])).double().mean().item()  # compiles; captures on a GPU
+    compile_s = sum(steps["inductor"].compile_seconds.values())
+    times = interleaved_times({name: functools.partial(run, step) for name, step in steps.items()},
+                              args.step_rounds, device)
+    return {name: statistics.median(t) / n for name, t in times.items()}, compile_s, same
+
+
+def print_static_step(config, args, device, limits, element_bytes):
+    at_target = args.size == "paper-1.5b" and args.dtype == "bf16" and device.type == "cuda"
+    print(f"(d) the static decoding step (Z drawn and token sampled inside), as is "
+          f"({'CUDA graph' if device.type == 'cuda' else 'eager'}) vs compiled by Inductor"
+          f"{' then captured' if device.type == 'cuda' else ''}, {args.step_rounds} rounds; targets at "
+          f"paper-1.5b bf16 on an H100: B=1 roof >= {TARGET_B1_ROOF:.0%}, B=16 >= {TARGET_B16_TOKENS_S:,.0f} tok/s"
+          f"{'' if at_target else ' (not this configuration: figures for reading only)'}")
+    print(f"{'B':>3} | {'ms/step as is':>13} {'inductor':>8} {'speed-up':>8} | {'tok/s as is':>11} {'inductor':>8} | "
+          f"{'roof as is':>10} {'inductor':>8} | compile s | equal tokens | target")
+    for batch in args.batch:
+        seconds, compile_s, same = static_step_eager_vs_compiled(config, batch, args, device)
+        visible = args.prompt_len + args.new_tokens / 2  # positions a step attends, on average
+        roofline_s = static_step_bytes(config, batch, visible, element_bytes) / (limits["copy_gbps"] * 1e9)
+        tokens = {name: batch / s for name, s in seconds.items()}
+        roof = {name: roofline_s / s for name, s in seconds.items()}
+        if batch == 1:
+            target = f"roof >= {TARGET_B1_ROOF:.0%}: " + ("PASS" if roof["inductor"] >= TARGET_B1_ROOF else "FAIL")
+        elif batch == 16:
+            target = (f">= {TARGET_B16_TOKENS_S:,.0f} tok/s: "
+                      + ("PASS" if tokens["inductor"] >= TARGET_B16_TOKENS_S else "FAIL"))
+        else:
+            target = "-"
+        if not at_target and target != "-":
+            target = f"({target.split(':')[0]})"
+        print(f"{batch:>3} | {seconds['as is'] * 1e3:>13.2f} {seconds['inductor'] * 1e3:>8.2f} "
+              f"{seconds['as is'] / seconds['inductor']:>7.2f}x | {tokens['as is']:>11.1f} {tokens['inductor']:>8.1f} | "
+              f"{roof['as is']:>10.1%} {roof['inductor']:>8.1%} | {compile_s:>9.1f} | {same:>12.1%} | {target}",
+              flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(parser, dim=256, layers=8, ffn=768)
@@ -191,8 +272,14 @@ def main():
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="weights and KV cache dtype")
     parser.add_argument("--compile", action="store_true",
                         help="generate(..., compile=True): graph-captured decoding on CUDA")
+    parser.add_argument("--parts", nargs="+", choices=("a", "b", "c", "d"), default=None,
+                        help="parts to run (default a b, and c with --compile); d: the static step, eager vs Inductor")
+    parser.add_argument("--step-rounds", type=int, default=5, help="interleaved timing rounds of part (d)")
     add_machine_arguments(parser)
     args = parser.parse_args()
+    args.parts = set(args.parts or ["a", "b"] + (["c"] if args.compile else []))
+    if "b" not in args.parts:
+        args.recompute_tokens = 0
     device = setup_machine(args)
     max_len = args.prompt_len + max(args.new_tokens, args.recompute_tokens)
     if args.size:
@@ -212,11 +299,12 @@ def main():
     print(f"{describe_size(args)}{' (' + args.size + ')' if args.size else ''} "
           f"H={args.bits}, prompt {args.prompt_len} tokens, {args.dtype}{', compiled decoding' if args.compile else ''}")
 
-    print(f"(a) Free vs baseline, KV cache, {args.new_tokens} new tokens, temperature 1, prior latents, "
-          f"{args.rounds} rounds; target Free / baseline >= {TARGET_FREE_VS_BASELINE}")
-    print(f"{'B':>3} | {'free tok/s':>10} {'base tok/s':>10} {'free/base':>9} {'control':>7} | "
-          f"model GFLOP/s free base | roof free  base | target")
-    for batch in args.batch:
+    if "a" in args.parts:
+        print(f"(a) Free vs baseline, KV cache, {args.new_tokens} new tokens, temperature 1, prior latents, "
+              f"{args.rounds} rounds; target Free / baseline >= {TARGET_FREE_VS_BASELINE}")
+        print(f"{'B':>3} | {'free tok/s':>10} {'base tok/s':>10} {'free/base':>9} {'control':>7} | "
+              f"model GFLOP/s free base | roof free  base | target")
+    for batch in args.batch if "a" in args.parts else ():
         free_s, base_s, ratio, control = free_vs_baseline(config, batch, args, device)
         flops = cached_decode_flops(config, batch, args.prompt_len, args.new_tokens)
         roofline_s = (cached_decode_bytes(config, batch, args.prompt_len, args.new_tokens, element_bytes)
@@ -239,13 +327,15 @@ def main():
         for name, seconds, flops in (("cached", cached_s, cached_flops), ("recompute", recompute_s, recompute_flops)):
             print(f"{name:>9} | {n / seconds:>8.1f} {seconds:>8.2f} {flops / 1e9:>7.1f} {flops / seconds / 1e9:>7.1f}")
         print(f"recompute / cached time: {speedup:.1f}x {target}; same tokens: {same}")
-    if args.compile:
+    if "c" in args.parts:
         print(f"(c) compiled decoding, {args.new_tokens} new tokens, temperature 1: graph == static step run eagerly "
               "(must hold); share of tokens equal to eager decoding")
         for batch in args.batch:
             same, agreement = graph_vs_eager(config, batch, args, device)
             print(f"B={batch}: graph == eager static step: {same} {'PASS' if same else 'FAIL'}; "
                   f"equal to eager decoding: {agreement:.1%}", flush=True)
+    if "d" in args.parts:
+        print_static_step(config, args, device, limits, element_bytes)
     print("control: two baseline instances timed in every round (A/A), tokens/s of the second / the first: "
           "what noise and memory placement alone do to a ratio; roof = (weights + KV-cache bytes read) / copy "
           "bandwidth / measured time (targets on a GPU, paper-1.5b bf16: B=1 roof >= 60% and free/base >= 0.97; "
