@@ -12,6 +12,7 @@ from typing import Literal
 
 import yaml
 
+from ..checkpoint import MAX_STEP
 from ..config import ConfigError, ModelConfig, check_range, named_config
 from ..data import DataConfig
 from ..data.config import nest_flat_fields
@@ -184,6 +185,7 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
             raise ConfigError("steps, batch_size and grad_accum must be >= 1")
+        check_range("steps", self.steps, 1, MAX_STEP, high_closed=True)  # every step's checkpoint must be nameable
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"grad_accum ({self.grad_accum}) must divide batch_size ({self.batch_size})")
         for name in ("kappa_bits", "kappa_start_bits", "post_sampler_init_std", "kappa_anneal_steps", "eval_every"):
