@@ -165,6 +165,7 @@ CONFIG_DAMAGE = {
 STATE_DAMAGE = {
     "empty": lambda s: {},
     "list": lambda s: [s],
+    "step-only": lambda s: {"step": s["step"]},  # resume would read the optimizer and RNG state it lacks
     "torch-rng": lambda s: _rng(s, "torch", torch.zeros(3, dtype=torch.uint8)),
     "python-rng": lambda s: _rng(s, "python", (3, (1, 2), None)),
     "numpy-rng": lambda s: _rng(s, "numpy", ("MT19937", torch.zeros(3, dtype=torch.int64), 0, 0, 0.0)),

@@ -23,7 +23,7 @@ from free_transformer.config import ConfigError
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics
 from free_transformer.train.optim import lr_factor, parameter_groups
-from free_transformer.train.trainer import StopSignals, TrainingError, train
+from free_transformer.train.trainer import StopSignals, TrainingError, _rng_state, train
 
 
 
@@ -224,8 +224,9 @@ def test_kill_while_pruning_never_leaves_a_partial_checkpoint(tmp_path, monkeypa
     from free_transformer import checkpoint as checkpoint_module
 
     model = FreeTransformer(_config().model)
+    state = {"optimizer": torch.optim.AdamW(model.parameters()).state_dict(), "rng": _rng_state(torch.device("cpu"))}
     for step in (1, 2):
-        save_checkpoint(tmp_path, step, model, {"tokenizer": "byte"}, {"step": step}, keep=2)
+        save_checkpoint(tmp_path, step, model, {"tokenizer": "byte"}, {**state, "step": step}, keep=2)
 
     def killed_half_way(path, ignore_errors=False):
         if not Path(path).exists():
@@ -235,7 +236,7 @@ def test_kill_while_pruning_never_leaves_a_partial_checkpoint(tmp_path, monkeypa
 
     monkeypatch.setattr(checkpoint_module.shutil, "rmtree", killed_half_way)
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(tmp_path, 3, model, {"tokenizer": "byte"}, {"step": 3}, keep=2)
+        save_checkpoint(tmp_path, 3, model, {"tokenizer": "byte"}, {**state, "step": 3}, keep=2)
     monkeypatch.undo()
     assert [d.name for d in checkpoint_dirs(tmp_path)] == ["step_00000002", "step_00000003"]
     for checkpoint in checkpoint_dirs(tmp_path):

@@ -225,21 +225,18 @@ def load_training_state(path: str | Path) -> dict:
 
 
 def _check_training_state(state) -> None:
-    """What the trainer saves: {"step", "optimizer": an optimizer state_dict, "rng": every RNG stream}
-    (optimizer and rng checked where present). Each RNG state is set on a throwaway generator, which checks
-    it as setting the real one would."""
-    if not isinstance(state, dict) or "step" not in state:
-        raise ValueError("expected an object with a step")
+    """What the trainer saves: {"step", "optimizer": an optimizer state_dict, "rng": every RNG stream}. Each
+    RNG state is set on a throwaway generator, which checks it as setting the real one would."""
+    if not isinstance(state, dict) or not {"step", "optimizer", "rng"} <= set(state):
+        raise ValueError("expected an object with step, optimizer and rng")
     if not (isinstance(state["step"], int) and 0 <= state["step"] <= MAX_STEP):
         raise ValueError(f"step must be an integer in [0, {MAX_STEP}], got {state['step']!r}")
-    optimizer = state.get("optimizer", {"state": {}, "param_groups": []})
+    optimizer = state["optimizer"]
     if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
             and isinstance(optimizer.get("param_groups"), list)
             and all(isinstance(group, dict) and isinstance(group.get("params"), list)
                     for group in optimizer["param_groups"])):
         raise ValueError("optimizer is not an optimizer state (state and param_groups)")
-    if "rng" not in state:
-        return
     rng = state["rng"]
     if not isinstance(rng, dict) or not {"torch", "python", "numpy"} <= set(rng):
         raise ValueError("rng must hold the torch, python and numpy states")
