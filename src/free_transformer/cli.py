@@ -60,7 +60,12 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # a reader that stopped is found here, not in the interpreter's last flush
+        return code
+    except BrokenPipeError:  # the reader of stdout stopped (`generate | head`): no error, as for any Unix tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush must not fail again
+        return 141  # 128 + SIGPIPE, as a shell reports a writer the closed pipe stopped
     except (UserError, ValueError, OSError) as error:  # OSError: a path that cannot be read or written
         if isinstance(error, Stopped):  # a saved, resumable stop is no error; under torchrun rank 0 says it
             if int(os.environ.get("RANK", 0)) == 0:

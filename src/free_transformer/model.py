@@ -5,6 +5,7 @@ to R), whose residual R is added to the keys/values input of block `injection_la
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig
 from .latent import ENCODER, Generators, LatentSource, at_least_float32, free_bits_kl, latent_source
 from .latent_path import LatentPath, LatentSample
 from .layers import Block, KVCache, rope_tables
@@ -58,15 +59,29 @@ class ModelOutput:
                    bit_logits=sample.bit_logits, latent_index=sample.index)
 
 
+@contextlib.contextmanager
+def _memory_for(config: ModelConfig):
+    """A model too large for the machine is one line that says its size, not the allocator's trace."""
+    try:
+        yield
+    except RuntimeError as error:  # DefaultCPUAllocator: can't allocate memory; CUDA out of memory
+        if "allocate" not in str(error):
+            raise
+        params = config.num_params()
+        raise ConfigError(f"a model of {params:,} parameters ({4 * params / 2**30:,.1f} GiB in float32) does not "
+                          "fit in this machine's memory: choose a smaller model") from None
+
+
 class FreeTransformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
-        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
-        self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
-        self.latent = LatentPath(config) if config.latent_bits else None  # None: the baseline decoder
+        with _memory_for(config):
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
+            self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+            self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+            self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
+            self.latent = LatentPath(config) if config.latent_bits else None  # None: the baseline decoder
         # RoPE tables are derived from the config, never checkpointed.
         cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)

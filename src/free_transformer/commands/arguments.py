@@ -9,14 +9,24 @@ from ..experiments.launchers import Launcher, LocalLauncher
 from ..experiments.slurm import SlurmLauncher, SlurmOptions, parse_slurm_args
 
 
+MAX_SEEDS = 1000  # seeds of one sweep: each trains every model, so more is a typo, not a plan
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64
+
+
 def parse_seeds(text: str | None, default: int) -> tuple[int, ...]:
     if text is None:
         return tuple(range(default))
     try:
-        seeds = tuple(range(int(text))) if "," not in text else tuple(int(s) for s in text.split(","))
+        count = int(text) if "," not in text else None
+        listed = None if count is not None else [int(s) for s in text.split(",")]
     except ValueError:
         raise ValueError(f"--seeds takes a count or a comma-separated list of integers, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds):
+    if count is not None and not 1 <= count <= MAX_SEEDS:
+        raise ValueError(f"--seeds takes a count from 1 to {MAX_SEEDS}, got {text!r}")
+    seeds = tuple(range(count)) if count is not None else tuple(listed)
+    if len(seeds) > MAX_SEEDS or any(not 0 <= seed <= MAX_SEED for seed in seeds):
+        raise ValueError(f"--seeds lists at most {MAX_SEEDS} seeds, each from 0 to 2**63 - 1, got {text[:60]!r}")
+    if len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds must name at least one seed, each once, got {text!r}")
     return seeds
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..experiments.study.presets import PRESETS, StudyPlan
@@ -41,8 +42,8 @@ def parse_kappas(text: str | None, default: tuple[float, ...]) -> tuple[float, .
         kappas = tuple(sorted(float(k) for k in text.split(",")))
     except ValueError:
         raise ValueError(f"--kappas takes comma-separated numbers of bits, got {text!r}") from None
-    if not kappas or any(k <= 0 for k in kappas) or len(set(kappas)) != len(kappas):
-        raise ValueError(f"--kappas must be distinct positive numbers, got {text!r}")
+    if not kappas or not all(0 < k < math.inf for k in kappas) or len(set(kappas)) != len(kappas):  # nan fails too
+        raise ValueError(f"--kappas must be distinct positive finite numbers, got {text!r}")
     return kappas
 
 

@@ -7,10 +7,12 @@ on its own, wherever it is encoded, and the pieces are put back in order."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import sys
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -67,8 +69,21 @@ def _encode(tokenizer: Tokenizer, dtype: type, pieces: list[tuple[str, bool]]) -
 _WORKER: tuple[Tokenizer, type] | None = None  # a worker process's tokenizer and token dtype
 
 
-def _start_worker(tokenizer_name: str, dtype: type) -> None:
+def _die_with(parent: int) -> None:
+    """Linux: the kernel kills this worker when its parent dies, even by SIGKILL, which leaves no one to shut
+    the pool down (its workers would wait for work forever). The parent may have died already: then exit."""
+    if not sys.platform.startswith("linux"):
+        return
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _start_worker(tokenizer_name: str, dtype: type, parent: int) -> None:
     global _WORKER
+    _die_with(parent)
     _WORKER = (get_tokenizer(tokenizer_name), dtype)
 
 
@@ -103,7 +118,7 @@ def encode_corpus(files: list[Path], tokenizer: Tokenizer, field: str = "text", 
                 bar.update(read)
             return
         with ProcessPoolExecutor(workers, _pool_context(), initializer=_start_worker,
-                                 initargs=(tokenizer.name, dtype)) as pool:
+                                 initargs=(tokenizer.name, dtype, os.getpid())) as pool:
             pending = deque()  # at most 2 batches a worker in flight: the corpus is never all in memory
             try:
                 for pieces, read in _batches(files, field, batch_chars):

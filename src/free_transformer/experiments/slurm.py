@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
+import os
 import signal
 import sys
 import time
@@ -28,8 +30,8 @@ from ..train.config import TrainConfig
 from ..train.trainer import StopSignals
 from .pool import finished, last_step, latest_metrics, prepare_data
 from .slurm_cluster import ACTIVE, SlurmError, check_cluster, job_states
-from .slurm_job import train_in_job
-from .slurm_record import FAILED, FINISHED, STOPPED, JobEntry, Record, jobs_dir
+from .slurm_job import run_in_job, train_in_job
+from .slurm_record import FAILED, FINISHED, STOPPED, JobEntry, Record, jobs_dir, result_file
 
 Result = TypeVar("Result")
 LOG_LINES = 3  # of a failed job's log, in its one-line error
@@ -79,7 +81,7 @@ def parse_slurm_args(items: list[str]) -> tuple[tuple[str, str | bool], ...]:
 class SlurmLauncher:
     """cluster: slurm (sbatch), or local (submitit's LocalExecutor: every job a process of this machine,
     the same record and resubmissions, without Slurm: what the tests use). poll_seconds: between two looks
-    at the jobs' states."""
+    at the jobs' states. out_dir is made absolute before any job is submitted: the jobs' paths are."""
 
     name = "slurm"
 
@@ -88,7 +90,8 @@ class SlurmLauncher:
             import submitit  # noqa: F401
         except ImportError:
             raise UserError(f"--launcher slurm needs submitit: {install_hint('slurm')}") from None
-        self.options, self.out_dir, self.cluster, self.poll_seconds = options.validate(), out_dir, cluster, poll_seconds
+        self.options, self.cluster, self.poll_seconds = options.validate(), cluster, poll_seconds
+        self.out_dir = Path(out_dir).absolute()
         if cluster == "slurm":
             check_cluster(options.partition)
         self.threads = options.cpus_per_run
@@ -110,14 +113,14 @@ class SlurmLauncher:
                     record.set(key, JobEntry(entry.job if entry else None, FINISHED, entry.log if entry else "",
                                              entry.submissions if entry else 0))
             else:
-                todo[key] = (self._job_config(config), run_dir)
+                todo[key] = (self._job_config(config), Path(run_dir))
         live = self._live({key: record.entry(key) for key in todo})
         submit = [key for key in todo if key not in live]
         if submit:
             prepare_data([todo[key][0] for key in submit])  # a corpus is tokenized once, here, not by every job
         for key in submit:
             config, run_dir = todo[key]
-            self._submit(record, key, train_in_job, (config, str(run_dir)), processes=self.options.processes,
+            self._submit(record, key, train_in_job, (config, str(run_dir.absolute())), processes=self.options.processes,
                          gpus=self.options.gpus_per_run, nodes=self.options.nodes_per_run)
         if live:
             print(f"waiting for {len(live)} job(s) submitted before: {', '.join(sorted(live))}", file=sys.stderr)
@@ -150,7 +153,7 @@ class SlurmLauncher:
 
     def finish(self, report: Callable[..., Result], *args, device: str) -> Result:
         """The report here, on this machine's own device, or as one job with one task (one GPU if the runs have
-        GPUs), on the runs' device."""
+        GPUs), on the runs' device. `report` returns the report's path."""
         if self.options.report_on == "local":
             return report(*args, device=str(parse_device("auto")))
         record = Record(self.out_dir)
@@ -160,7 +163,7 @@ class SlurmLauncher:
         outcome = self._wait(record, [None], "measures and report", [])[None]
         if outcome is None:
             raise SlurmError(f"the report's job {record.report.job} failed: {record.report.note}; {AGAIN}")
-        return outcome
+        return Path(outcome)  # the job's JSON holds it as text
 
     # ---- jobs ---------------------------------------------------------------------------------------------
 
@@ -176,15 +179,16 @@ class SlurmLauncher:
             slurm_additional_parameters=dict(self.options.extra))
         try:  # submitit prints sbatch's complaint too: it is in the error, said once
             with contextlib.redirect_stderr(io.StringIO()):
-                job = executor.submit(function, *args, **(keywords or {}))
+                job = executor.submit(run_in_job, function, *args, **(keywords or {}))
         except Exception as error:  # sbatch's refusal (submitit's FailedJobError, CalledProcessError) as one line
             raise SlurmError(f"Slurm refused the job of {key or 'the report'}: {' '.join(str(error).split())[-600:]}"
                              ) from None
+        # recorded first: a job that runs is never left out of the record, whatever fails next
+        previous = record.entry(key)
+        log = Path(os.path.relpath(job.paths.stderr, self.out_dir)).as_posix()
+        record.set(key, JobEntry(job.job_id, "PENDING", log, (previous.submissions if previous else 0) + 1))
         if self.cluster == "local":
             self.local_jobs[job.job_id] = job
-        previous = record.entry(key)
-        log = job.paths.stderr.relative_to(self.out_dir).as_posix()
-        record.set(key, JobEntry(job.job_id, "PENDING", log, (previous.submissions if previous else 0) + 1))
 
     def _states(self, job_ids: list[str]) -> dict[str, str]:
         if self.cluster == "slurm":
@@ -236,16 +240,14 @@ class SlurmLauncher:
 
     def _ended(self, record: Record, key: str | None, state: str):
         """Record how the job of `key` ended; its result (None: it failed or left none)."""
-        from submitit.core.utils import pickle_load
-
         entry = record.entry(key)
         self.local_jobs.pop(entry.job, None)  # its process has ended
         paths = self._paths(entry.job)
-        outcome = pickle_load(paths.result_pickle) if paths.result_pickle.exists() else None
-        if outcome is not None and outcome[0] == "success":
-            value = outcome[1]
+        outcome = read_result(result_file(jobs_dir(self.out_dir), entry.job), training=key is not None)
+        if outcome is not None and "value" in outcome:
+            value = outcome["value"]
             if key is not None and value[2] is not None:  # a training run stopped by a signal, its checkpoint saved
-                note = (f"stopped by {signal.Signals(value[2]).name} at step {last_step(value[0])} "
+                note = (f"stopped by {signal.Signals(value[2]).name} at step {last_step(str(self.out_dir / key))} "
                         f"(checkpoint saved)")
                 record.set(key, dataclasses.replace(entry, state=STOPPED, note=note))
             else:
@@ -265,6 +267,25 @@ class SlurmLauncher:
         jobs = ", ".join(record.entry(key).job for key in waiting)
         raise Stopped(f"stopped waiting; the Slurm job(s) {jobs} go on (squeue --me), {record.path} says which "
                       f"job trains which run; to attach again, {AGAIN}", signum)
+
+
+def read_result(path: Path, *, training: bool) -> dict | None:
+    """A job's result file (slurm_job.run_in_job): {"value": ...} or {"error": ...}; None where it is missing
+    or not what a job writes (a training job's value: [run directory, wall seconds, signal number or null])."""
+    try:
+        outcome = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(outcome, dict) or not ("value" in outcome or "error" in outcome):
+        return None
+    value = outcome.get("value")
+    if "value" in outcome and training and not (
+            isinstance(value, list) and len(value) == 3 and isinstance(value[1], (int, float))
+            and (value[2] is None or value[2] in set(signal.Signals))):
+        return None
+    if "value" in outcome and not training and not isinstance(value, str):
+        return None
+    return outcome
 
 
 def log_tail(path: Path, lines: int = LOG_LINES) -> str:

@@ -38,9 +38,15 @@ def jobs_dir(out_dir: Path) -> Path:
     return out_dir / FOLDER / "jobs"
 
 
+def result_file(jobs_folder: Path, job_id: str) -> Path:
+    """What a job's function returned, as JSON (slurm_job.run_in_job): the launcher never reads submitit's
+    pickled result."""
+    return jobs_folder / f"{job_id}_result.json"
+
+
 class Record:
     def __init__(self, out_dir: Path):
-        self.out_dir = out_dir
+        self.out_dir = Path(out_dir).absolute()  # as submitit's paths are: a job's log is named relative to it
         self.path = out_dir / FOLDER / "record.json"
         self.runs: dict[str, JobEntry] = {}
         self.report: JobEntry | None = None
@@ -59,7 +65,7 @@ class Record:
 
     def key(self, run_dir: Path) -> str:
         """A run's name in the record: its directory under the sweep's output folder."""
-        return Path(run_dir).relative_to(self.out_dir).as_posix()
+        return Path(run_dir).absolute().relative_to(self.out_dir).as_posix()
 
     def entry(self, key: str | None) -> JobEntry | None:
         """The run's entry; key None: the report's."""

@@ -50,8 +50,8 @@ def read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise ConversionError(f"missing {path}") from None
-    except json.JSONDecodeError as error:
-        raise ConversionError(f"corrupt {path}: {error}") from error
+    except ValueError as error:  # not JSON, not UTF-8
+        raise ConversionError(f"corrupt {path}: {error}") from None
 
 
 def detect_format(path: str | Path) -> str:
@@ -85,18 +85,25 @@ def source_latent_bits(path: str | Path) -> int:
     return int(read_json(path / "config.json").get("latent_bits", 0))
 
 
-def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of model.safetensors, or of the shards listed in model.safetensors.index.json."""
-    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
-    if single.is_file():
-        return load_file(single)
-    if index.is_file():
-        tensors = {}
-        for shard in sorted(set(read_json(index)["weight_map"].values())):
-            tensors.update(load_file(path / shard))
-        return tensors
+def safetensors_weights(path: Path) -> Path:
+    """The directory's model.safetensors or model.safetensors.index.json: the only weights read (a .bin is a
+    pickle, which can run code when loaded)."""
+    for name in ("model.safetensors", "model.safetensors.index.json"):
+        if (path / name).is_file():
+            return path / name
     raise ConversionError(f"{path}: no model.safetensors or model.safetensors.index.json "
                           "(only safetensors weights are read; re-save .bin checkpoints with safe_serialization)")
+
+
+def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of model.safetensors, or of the shards listed in model.safetensors.index.json."""
+    found = safetensors_weights(path)
+    if found.name == "model.safetensors":
+        return load_file(found)
+    tensors = {}
+    for shard in sorted(set(read_json(found)["weight_map"].values())):
+        tensors.update(load_file(path / shard))
+    return tensors
 
 
 # ---- Llama ---------------------------------------------------------------------------------------
@@ -254,7 +261,8 @@ def load_any(path: str | Path, *, max_seq_len: int | None = None, dtype: torch.d
         model, config = load_model(path)
         meta = {"format": fmt, "tokenizer": config.get("tokenizer"), "token_ids": config.get("token_ids", {})}
     else:
-        hf_model = FreeTransformerForCausalLM.from_pretrained(path, local_files_only=True)
+        safetensors_weights(Path(path))  # never a pickled pytorch_model.bin: from_pretrained would unpickle it
+        hf_model = FreeTransformerForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True)
         model = hf_model.model
         token_ids = {key: getattr(hf_model.config, key) for key in TOKEN_ID_KEYS
                      if getattr(hf_model.config, key, None) is not None}

@@ -44,11 +44,27 @@ def load_results(path: str | Path) -> dict:
         path = found[-1]
     if not path.is_file():
         raise FileNotFoundError(f"no eval results at {path}")
-    results = json.loads(path.read_text())
-    if "tasks" not in results:
-        raise ValueError(f"{path} is not an eval results file")
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # not UTF-8, not JSON
+        raise ValueError(f"cannot read {path}: {error}") from None
+    if not _is_results(results):
+        raise ValueError(f"{path} is not an eval results file (a mapping whose tasks map each task to its metric, "
+                         "value, n and per_doc scores)")
     results.setdefault("label", path.parent.parent.name if path.parent.name == "eval" else path.stem)
     return results
+
+
+def _is_results(results) -> bool:
+    """What build_rows reads of each task is there, of the right types."""
+    if not isinstance(results, dict) or not isinstance(results.get("tasks"), dict):
+        return False
+    return all(isinstance(task, dict) and isinstance(task.get("metric"), str)
+               and isinstance(task.get("value"), (int, float)) and isinstance(task.get("n"), int)
+               and isinstance(task.get("per_doc"), list)
+               and all(isinstance(doc, dict) and "id" in doc and isinstance(doc.get("score"), (int, float))
+                       for doc in task["per_doc"])
+               for task in results["tasks"].values())
 
 
 @dataclass

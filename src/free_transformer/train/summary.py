@@ -20,7 +20,15 @@ def summarize_run(run_dir: str | Path, history: int = 8) -> str:
     if not config_path.is_file():
         raise UserError(f"{run_dir} is not a training run (no config.yaml)")
     config = load_train_config(config_path)  # a malformed file is one line (ConfigError)
-    metrics = read_metrics(run_dir / "metrics.jsonl")
+    metrics_path = run_dir / "metrics.jsonl"
+    try:
+        return _summary(run_dir, config, read_metrics(metrics_path), history)
+    except (KeyError, TypeError, ValueError, IndexError) as error:  # a line without a key, of another type
+        raise UserError(f"{metrics_path} holds a line this package did not write ({type(error).__name__}: "
+                        f"{error}): move the file aside to summarize the run without it") from None
+
+
+def _summary(run_dir: Path, config, metrics: list, history: int) -> str:
     model, bits = config.model, config.model.latent_bits
     kind = (f"Free Transformer, H = {bits} bits ({model.latent.kind}), kappa {config.kappa_bits:g} bits" if bits
             else "baseline decoder (no latent)")

@@ -1,0 +1,217 @@
+"""Input that is data, never code, and never a traceback: a sweep's Slurm folder whose pickles another user
+may have written, a relative sweep folder, tokenizing workers orphaned by a killed parent, and bad input
+to every command (a config nested too deep, damaged metrics and eval files, absurd seeds and kappas, a
+model larger than memory, a pickled HF checkpoint, a closed pipe), each one line."""
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Payload, tiny_checkpoint, tiny_run_config
+
+from free_transformer.cli import main
+from free_transformer.train.metrics import read_metrics
+
+
+def _one_line_error(capsys, *argv) -> str:
+    assert main(list(argv)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+# ---- the Slurm launcher ------------------------------------------------------------------------------------
+
+
+def _slurm_that_reports_one_running_job(tmp_path, monkeypatch, job: str):
+    """A PATH whose squeue lists `job` as RUNNING once, then no more (it ended); no sacct."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "squeue-seen"
+    scripts = {"sinfo": "printf 'debug*\\n'", "srun": "true", "sbatch": "exit 1",
+               "squeue": f"[ -e {seen} ] && exit 0; : > {seen}; echo '{job}|RUNNING'"}
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+
+def test_a_pickled_result_in_the_sweeps_slurm_folder_never_runs(tmp_path, monkeypatch):
+    """Anyone who can write OUT can put a pickle where submitit keeps a job's result: attaching to the job
+    reads the job's JSON result, never that pickle."""
+    pytest.importorskip("submitit")
+    from free_transformer.experiments.slurm import SlurmLauncher, SlurmOptions
+    from free_transformer.experiments.slurm_cluster import SlurmError
+    from free_transformer.experiments.slurm_record import FAILED, JobEntry, Record, jobs_dir
+
+    out, marker = tmp_path / "sweep", tmp_path / "payload-ran"
+    Record(out).set("free", JobEntry("4242", "RUNNING", "slurm/jobs/4242_0_log.err", 1))
+    jobs_dir(out).mkdir(parents=True, exist_ok=True)
+    (jobs_dir(out) / "4242_0_result.pkl").write_bytes(pickle.dumps(("success", Payload(marker))))
+    _slurm_that_reports_one_running_job(tmp_path, monkeypatch, "4242")
+    launcher = SlurmLauncher(SlurmOptions(), out, cluster="slurm", poll_seconds=0.1)
+    with pytest.raises(SlurmError, match="1 of 1 runs failed: free, job 4242: the job ended .* without a result"):
+        launcher.train([(tiny_run_config("steps=2"), out / "free")], "training")
+    assert not marker.exists()
+    assert Record(out).runs["free"].state == FAILED
+
+
+def test_a_sweep_with_a_relative_out_records_its_job_and_finishes(tmp_path, monkeypatch):
+    """The study's default --out is relative (runs/study) while submitit's paths are absolute; the job's result
+    and the report's come back through their JSON files."""
+    pytest.importorskip("submitit")
+    from free_transformer.experiments.slurm import SlurmLauncher, SlurmOptions
+    from free_transformer.experiments.slurm_record import FINISHED, Record
+
+    monkeypatch.chdir(tmp_path)
+    launcher = SlurmLauncher(SlurmOptions(report_on="slurm"), Path("sweep"), cluster="local", poll_seconds=0.2)
+    config = tiny_run_config("steps=3", "threads=1")
+    wall = launcher.train([(config, Path("sweep") / "free")], "training")
+    entry = Record(tmp_path / "sweep").runs["free"]
+    assert (entry.state, entry.submissions) == (FINISHED, 1) and entry.log.startswith("slurm/jobs/")
+    assert list(wall) == [str(Path("sweep") / "free")]
+    assert read_metrics(tmp_path / "sweep" / "free" / "metrics.jsonl")[-1]["step"] == 3
+    # the report as a job: its function's value (here a path's text) comes back as a path
+    assert launcher.finish("{0}-on-{device}".format, "report", device="cpu") == Path("report-on-cpu")
+    assert Record(tmp_path / "sweep").report.state == FINISHED
+
+
+# ---- tokenizing ---------------------------------------------------------------------------------------------
+
+KILLED_TOKENIZER = """
+import sys, time
+from pathlib import Path
+from free_transformer.data.tokenizing import encode_corpus
+from free_transformer.tokenizer import get_tokenizer
+ids = encode_corpus([Path(sys.argv[1])], get_tokenizer("byte"), workers=2, progress=False, batch_chars=1000)
+next(ids)
+print("encoding", flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent that does not reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: the kernel kills a dead parent's workers")
+def test_tokenizing_workers_die_with_a_killed_parent(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a line of text to tokenize\n" * 2000)
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_TOKENIZER, str(corpus)], stdout=subprocess.PIPE,
+                              text=True)
+    workers = []
+    try:
+        assert parent.stdout.readline().strip() == "encoding"
+        workers = [int(pid) for task in Path(f"/proc/{parent.pid}/task").iterdir()
+                   for pid in (task / "children").read_text().split()]
+        assert len(workers) == 2
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+            time.sleep(0.1)
+        assert not [pid for pid in workers if _alive(pid)]
+    finally:
+        for pid in [parent.pid, *workers]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+# ---- bad input, one line each --------------------------------------------------------------------------------
+
+
+def test_a_config_nested_too_deep_is_one_line(tmp_path, capsys):
+    config = tmp_path / "deep.yaml"
+    config.write_text("[" * 100_000 + "]" * 100_000)
+    error = _one_line_error(capsys, "train", "--config", str(config), "--out", str(tmp_path / "run"))
+    assert f"cannot read config {config}: nested too deeply" in error
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("line", [
+    {"step": 1},  # no losses
+    [1, 2, 3],  # not a record
+    {"step": 1, "loss": 1.0, "cross_entropy_bits": 1.0, "kl_bits": 0.1, "kappa_bits": 0.25, "val_cross_entropy_bits": 1.0,
+     "val_prior_cross_entropy_bits": 1.0, "latent_bits_saved": 0.0, "val_kl_bits": 0.1, "val_kl_bits_per_bit": "0.1"},
+], ids=["without-keys", "a-list", "string-kl-per-bit"])
+def test_inspect_of_damaged_metrics_is_one_line(tmp_path, capsys, line):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {latent_bits: 4}\n")
+    (run / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    if isinstance(line, list):  # skipped as a damaged line, or refused: never a traceback
+        code = main(["inspect", str(run)])
+        assert code in (0, 2) and len(capsys.readouterr().err.strip().splitlines()) == (1 if code else 0)
+        return
+    error = _one_line_error(capsys, "inspect", str(run))
+    assert f"{run / 'metrics.jsonl'} holds a line this package did not write" in error
+
+
+@pytest.mark.parametrize("content", [json.dumps({"tasks": 5}), json.dumps([1]), json.dumps({"tasks": {"piqa": 5}}),
+                                     b"\xff\xfe not text", "{not json"])
+def test_compare_of_a_damaged_results_file_is_one_line_naming_it(tmp_path, capsys, content):
+    bad, good = tmp_path / "bad.json", tmp_path / "good.json"
+    good.write_text(json.dumps({"tasks": {"piqa": {"metric": "acc", "value": 0.5, "n": 1,
+                                                     "per_doc": [{"id": 0, "score": 0.5}]}}}))
+    bad.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert str(bad) in _one_line_error(capsys, "compare", str(good), str(bad))
+
+
+@pytest.mark.parametrize("seeds, message", [
+    ("99999999999999999999", "--seeds takes a count from 1 to 1000"),
+    ("10000000", "--seeds takes a count from 1 to 1000"),
+    ("0,99999999999999999999", "--seeds lists at most 1000 seeds, each from 0 to 2**63 - 1"),
+    ("-1,2", "each from 0 to 2**63 - 1"),
+])
+def test_absurd_seeds_are_one_line(tmp_path, capsys, seeds, message):
+    assert message in _one_line_error(capsys, "demo", "--out", str(tmp_path / "out"), f"--seeds={seeds}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kappas", ["inf", "nan", "1,nan", "-inf"])
+def test_non_finite_kappas_are_refused(tmp_path, capsys, kappas):
+    error = _one_line_error(capsys, "study", "--out", str(tmp_path / "out"), f"--kappas={kappas}")
+    assert f"--kappas must be distinct positive finite numbers, got {kappas!r}" in error
+
+
+def test_a_model_larger_than_memory_is_one_line_with_its_size(tmp_path, capsys):
+    """4 TiB for one projection: the allocator refuses at once (more than the address space)."""
+    error = _one_line_error(capsys, "train", "--out", str(tmp_path / "run"), "model.dim=1048576",
+                            "model.n_layers=64", "steps=1")
+    assert "a model of 214,484,237,942,792 parameters (" in error and "does not fit in this machine's memory" in error
+
+
+def test_convert_of_an_hf_directory_with_a_pickled_bin_is_one_line(tmp_path, capsys):
+    import torch
+
+    tiny_checkpoint(tmp_path, "run", latent_bits=0)
+    assert main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    capsys.readouterr()
+    marker = tmp_path / "payload-ran"
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    torch.save({"weights": Payload(marker)}, tmp_path / "hf" / "pytorch_model.bin")
+    error = _one_line_error(capsys, "convert", str(tmp_path / "hf"), str(tmp_path / "out"), "--to", "checkpoint")
+    assert "no model.safetensors or model.safetensors.index.json (only safetensors weights are read" in error
+    assert not marker.exists()
+
+
+def test_a_closed_stdout_ends_generate_quietly(tmp_path):
+    """`generate | head`: the reader stops; the writer ends as Unix tools do (141: SIGPIPE), with no message."""
+    tiny_checkpoint(tmp_path, "run", latent_bits=0)
+    process = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "generate", str(tmp_path / "run"),
+                                "--prompt", "a", "--num-samples", "2", "--max-new-tokens", "4"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    process.stdout.close()  # before anything is written: every write fails
+    assert process.wait(timeout=120) == 141
+    assert process.stderr.read() == b""
