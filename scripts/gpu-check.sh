@@ -79,6 +79,8 @@ GENERATE=(bench/generate.py --size paper-1.5b --dtype bf16 --batch 1 16 --new-to
 run generate-eager 300 "$PYTHON" "${GENERATE[@]}"
 # with --compile it also checks the graph's tokens against the same static step run eagerly (part (c))
 run generate-compiled 300 "$PYTHON" "${GENERATE[@]}" --compile
+# where the time of one training step (eager) and of one compiled decoding step goes: the top GPU kernels
+run profile 300 "$PYTHON" bench/profile_steps.py --size paper-1.5b --dtype bf16 --new-tokens 32 --top 25
 # x-transformers 2.31.10 (pip install x-transformers==2.31.10), at the size of docs/gpu.md's comparison target.
 PEERS=(bench/peers.py --layers 16 --dim 1024 --heads 16 --kv-heads 4 --ffn 2816 --vocab 32000 --seq-len 1024 --batch 8 --rounds 3)
 if "$PYTHON" -c "import x_transformers.free_transformer" 2>/dev/null; then
