@@ -103,9 +103,16 @@ def test_loss_is_cross_entropy_plus_free_bits_kl(device):
     model = tiny_model(device=device)
     tokens = _tokens(T=13, device=device)
     out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05, generator=torch.Generator(device).manual_seed(0))
-    ce = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), tokens[:, 1:].flatten())
+    assert out.logits is None  # the cross-entropy is fused with the read-out (tests/test_loss.py)
+    # the same Z (same generator seed), the logits kept: the loss is then taken from them
+    full = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05, generator=torch.Generator(device).manual_seed(0),
+                 return_logits=True)
+    assert torch.equal(full.latent_index, out.latent_index)
+    ce = torch.nn.functional.cross_entropy(full.logits.flatten(0, 1), tokens[:, 1:].flatten())
+    torch.testing.assert_close(full.cross_entropy_nats, ce)
     torch.testing.assert_close(out.cross_entropy_nats, ce)
     torch.testing.assert_close(out.loss, ce + free_bits_kl(out.kl_per_token_nats, 0.05))
+    torch.testing.assert_close(full.loss, out.loss)
     assert out.kl_per_token_nats.shape == (2, 12) and out.kl_nats > 0.05
 
 
@@ -190,8 +197,9 @@ def test_bf16_autocast_forward_backward(device):
     tokens = _tokens(T=13, device=device)
     with torch.autocast(device.type, dtype=torch.bfloat16):
         out = model(tokens[:, :-1], tokens[:, 1:])
+        logits = model(tokens[:, :-1]).logits
     out.loss.backward()
-    assert torch.isfinite(out.loss) and out.logits.dtype == torch.bfloat16
+    assert torch.isfinite(out.loss) and out.loss.dtype == torch.float32 and logits.dtype == torch.bfloat16
     assert model.latent.readout.weight.grad.abs().max() > 0
 
 

@@ -31,12 +31,13 @@ from .latent import at_least_float32
 
 IGNORE_INDEX = -100
 
-# Bytes a chunk's buffers may take together: its logits in the compute dtype (float32 at least), their
-# gradient, and that gradient cast to the matmul dtype, per (row, vocabulary entry). Each chunk's
-# dL/dW matmul has the chunk's rows as its inner dimension, so chunks must not be thin: 256 rows at a
-# 32,768 vocabulary on a CPU; on a GPU 1,024 rows at the paper's 2^17 vocabulary in bf16 (8 chunks for
-# its 8,192 tokens).
-CHUNK_BYTES = {"cpu": 2**27, "cuda": 2**30}
+# Bytes a chunk's buffers may take together, per (row, vocabulary entry): the matmul's logits, their
+# upcast to the compute dtype (float32 at least; the gradient is formed in place there) and the
+# gradient cast back to the matmul dtype. Fewer chunks cost memory; more chunks cost time, as each
+# chunk adds its dL/dW, a (V, D) matmul output, to the float32 sum (at the paper's size V x D is a
+# fifth of N x V). 256 rows at a 32,768 vocabulary in float32 on a CPU; 2,048 rows (4 chunks of the
+# 8,192 tokens, 2 GiB) at the paper's 2^17 vocabulary in bf16 on a GPU.
+CHUNK_BYTES = {"cpu": 2**27, "cuda": 2**31}
 
 
 def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
@@ -47,8 +48,8 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 def chunk_rows(n_rows: int, vocab_size: int, matmul_dtype: torch.dtype, device: torch.device) -> int:
     """Rows per chunk: the largest power of two whose buffers fit the device's budget, at most n_rows."""
-    per_row = vocab_size * (2 * at_least_float32(torch.empty(0, dtype=matmul_dtype)).element_size()
-                            + matmul_dtype.itemsize)
+    per_row = vocab_size * (at_least_float32(torch.empty(0, dtype=matmul_dtype)).element_size()
+                            + 2 * matmul_dtype.itemsize)
     rows = max(1, CHUNK_BYTES.get(device.type, CHUNK_BYTES["cpu"]) // per_row)
     return max(1, min(n_rows, 2 ** (rows.bit_length() - 1)))
 

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ConfigError, ModelConfig
-from .latent import ENCODER, Generators, LatentSource, at_least_float32, free_bits_kl, latent_source
+from .latent import ENCODER, Generators, LatentSource, free_bits_kl, latent_source
 from .latent_path import LatentPath, LatentSample
 from .layers import Block, KVCache, rope_tables
+from .loss import IGNORE_INDEX, cross_entropy, readout_cross_entropy
 
-IGNORE_INDEX = -100
 # Parameter names of checkpoints written before the latent path was one module (0.1): old prefix -> new.
 LEGACY_LATENT_NAMES = {
     "encoder.": "latent.encoder.0.",
@@ -42,7 +42,7 @@ def upgrade_state_dict(state: dict, prefix: str = "") -> dict:
 
 @dataclass
 class ModelOutput:
-    logits: Tensor  # (B, T, V)
+    logits: Tensor | None  # (B, T, V); None when targets were given without return_logits
     loss: Tensor | None = None  # cross-entropy + free-bits KL term (nats), when targets are given
     cross_entropy_nats: Tensor | None = None  # mean over predicted tokens
     kl_nats: Tensor | None = None  # mean KL(Q(Z_t|S) || uniform) per token, encoder latents only
@@ -51,7 +51,7 @@ class ModelOutput:
     latent_index: Tensor | None = None  # (B, T) the Z_t used, each in [0, 2^H)
 
     @classmethod
-    def from_parts(cls, logits: Tensor, sample: LatentSample | None) -> ModelOutput:
+    def from_parts(cls, logits: Tensor | None, sample: LatentSample | None) -> ModelOutput:
         if sample is None:
             return cls(logits=logits)
         kl = sample.kl_per_token_nats
@@ -87,6 +87,7 @@ class FreeTransformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.register_load_state_dict_pre_hook(self._upgrade_legacy_names)
+        self.compiled_loss = False  # set by distributed.parallelize.apply_compile (compile=true)
         self.init_weights()
 
     @staticmethod
@@ -138,10 +139,14 @@ class FreeTransformer(nn.Module):
 
     # ---- pieces of the forward pass ------------------------------------------------------------
 
+    @property
+    def readout_weight(self) -> Tensor:
+        """(V, D): the lm_head's weight, or the token embedding when they are tied."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
     def readout(self, x: Tensor) -> Tensor:
         """Final RMSNorm and logit read-out: (B, T, D) -> (B, T, V)."""
-        h = self.norm(x)
-        return F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)
+        return F.linear(self.norm(x), self.readout_weight)
 
     def forward(
         self,
@@ -153,8 +158,14 @@ class FreeTransformer(nn.Module):
         generator: Generators = None,
         cache: KVCache | None = None,
         start: int | Tensor | None = None,
+        return_logits: bool | None = None,
     ) -> ModelOutput:
         """Logits for positions [start, start+T) and, given targets, the training loss.
+
+        return_logits: whether `logits` is computed; by default only without targets. Given targets
+        alone, the cross-entropy is fused with the read-out (free_transformer.loss): the logits of all
+        tokens never exist, and `logits` is None. With return_logits=True the logits are computed and
+        the loss is taken from them (the same value, to float rounding).
 
         start: the position of the first token; by default the cache's length (0 without a cache). A
         () int64 device tensor (the cache's `position`) makes this a static decoding step: one token,
@@ -189,11 +200,13 @@ class FreeTransformer(nn.Module):
                 r, sample = self.latent(x, source, cos, sin, generator)  # (B, T, D)
                 kv_input = x + r.to(x.dtype)
             x = block(x, cos, sin, kv_input=kv_input, cache=cache, layer=i, start=start)
-        out = ModelOutput.from_parts(self.readout(x), sample)
+        if return_logits is None:
+            return_logits = targets is None
+        out = ModelOutput.from_parts(self.readout(x) if return_logits else None, sample)
         if targets is not None:
-            out.cross_entropy_nats = F.cross_entropy(
-                at_least_float32(out.logits).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX
-            )
+            out.cross_entropy_nats = (cross_entropy(out.logits, targets) if return_logits else
+                                      readout_cross_entropy(self.norm(x), self.readout_weight, targets,
+                                                            compiled=self.compiled_loss))
             out.loss = out.cross_entropy_nats
             if out.kl_per_token_nats is not None:
                 out.loss = out.loss + free_bits_kl(out.kl_per_token_nats, kappa_nats)

@@ -56,11 +56,15 @@ def apply_compile(model: FreeTransformer) -> FreeTransformer:
     """torch.compile every block in place (Module.compile: names and state dict unchanged). The blocks
     share one code path, so the decoder blocks reuse the same compiled graphs. The Binary Mapper's
     backward (a custom autograd Function with a chunk loop) stays eager, each chunk's elementwise
-    product and reduction fused by torch.compile; the read-out and the loss stay eager."""
+    product and reduction fused by torch.compile. The cross-entropy fused with the read-out
+    (free_transformer.loss) keeps its chunk loop eager, so that no chunk's logits outlive their
+    iteration whatever Inductor plans, and compiles each chunk's softmax, log-likelihood and gradient
+    into one fused function; its matmuls are the same BLAS calls compiled or not."""
     for block in blocks(model):
         block.compile()
     if model.latent is not None and isinstance(model.latent.mapper, BinaryMapper):
         model.latent.mapper.compiled_backward = True
+    model.compiled_loss = True
     return model
 
 

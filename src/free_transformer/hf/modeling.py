@@ -187,7 +187,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         if past_key_values is not None:
             view = HFCacheView(past_key_values, self.model.embed_tokens.weight.dtype, self.model.config.max_seq_len)
         out = self.model(input_ids, targets, latents=source, kappa_nats=kappa_nats, generator=generator,
-                         cache=view, start=start)
+                         cache=view, start=start, return_logits=True)  # the HF output always has logits
         if latent_plan is not None:
             latent_plan.record(start, out.latent_index)
 
