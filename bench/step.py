@@ -12,7 +12,8 @@ the implementation may add at most 10% on top of the compute the design needs (T
 Memory: the peak resident memory of building the model and optimizer and running two steps, in a
 fresh process (bench/common.py), so it holds params, grads, both Adam moments and the activations
 of the step at its peak. Its ratio free / base is divided by the analytic ratio of
-    4 * params * 4 bytes (params, grads, exp_avg, exp_avg_sq)  +  tokens * saved_floats_per_token * 4
+    4 * params * 4 bytes (params, grads, exp_avg, exp_avg_sq)  +  V * D * 4 (the read-out weight's
+    gradient, formed in forward by the fused cross-entropy)  +  tokens * saved_floats_per_token * 4
 (see saved_floats_per_token). A "saved MiB" column checks that activation count against what
 autograd really saves in one forward (saved_tensors_hooks, unique storages).
 
@@ -32,7 +33,12 @@ activations. Both still run exactly their own forward, backward, clipping and Ad
     PYTHONPATH=src python bench/step.py [--quick] [--threads T] [--repeats R] [--device cpu|cuda]
                                         [--dtype fp32|bf16] [--compile] [--no-memory]
                                         [--size narrow|paper-1.5b] [--bits H ...] [--seq-len T] [--batch B]
-                                        [--[no-]shared-decoder]
+                                        [--[no-]shared-decoder] [--vocab V]
+    PYTHONPATH=src python bench/step.py --compare-loss [--vocab V] ...   # fused vs plain cross-entropy
+
+--compare-loss: the Free Transformer's step with the cross-entropy fused with the read-out
+(free_transformer.loss, what the trainer runs) against the plain one over the logits of every token
+(the model's return_logits=True), one model: time interleaved, peak memory each in a fresh process.
 """
 
 from __future__ import annotations
@@ -74,7 +80,9 @@ KAPPA_NATS = 0.5 * 0.6931471805599453  # the trainer's default kappa_bits = 0.5
 GRAD_CLIP = OptimConfig().grad_clip
 
 
-def model_config(n_bits: int, n_layers: int, size: str = "narrow") -> ModelConfig:
+def model_config(n_bits: int, n_layers: int, size: str = "narrow", vocab: int | None = None) -> ModelConfig:
+    if vocab:
+        return model_config(n_bits, n_layers, size).replace(vocab_size=vocab)
     if size == PAPER:
         return named_config(PAPER, latent_bits=n_bits)  # n_layers is the named size's (28)
     if size in DEMO_WIDTHS:
@@ -89,7 +97,9 @@ def saved_floats_per_token(cfg: ModelConfig) -> int:
     An RMSNorm keeps its input, the normalised input (for its weight's gradient) and its output (the
     next matmul's input): 3D. Each block: two norms (6D), q, k, v after RoPE (D + 2 kv), the attention
     output (D, read by o_proj as a view), gate, up, silu(gate) and their product (4F). The read-out:
-    the final norm (3D) and the log-softmax (V). The Free path adds the encoder block (the same count:
+    the final norm (3D) and, the cross-entropy being fused with it (free_transformer.loss), the
+    gradient with respect to its input (D) (and once per step, not per token, the read-out weight's
+    gradient: analytic_memory_bytes; the plain path kept the log-softmax, V per token). The Free path adds the encoder block (the same count:
     its input is the next block's, already counted, but its attention output is copied for o_proj
     because the broadcast query gives SDPA another layout), the encoder norm (3D), x + R with its
     norm for the injection block's keys and values (3D), and a few (B, T, H) bit-logit tensors (8H).
@@ -97,14 +107,15 @@ def saved_floats_per_token(cfg: ModelConfig) -> int:
     """
     kv = cfg.n_kv_heads * cfg.head_dim
     block = 8 * cfg.dim + 2 * kv + 4 * cfg.ffn_hidden
-    floats = cfg.n_layers * block + 3 * cfg.dim + cfg.vocab_size
+    floats = cfg.n_layers * block + 3 * cfg.dim + cfg.dim
     if cfg.is_free:
         floats += block + 3 * cfg.dim + 3 * cfg.dim + 8 * cfg.latent_bits
     return floats
 
 
 def analytic_memory_bytes(cfg: ModelConfig, tokens: int) -> int:
-    return 4 * (4 * cfg.num_params() + tokens * saved_floats_per_token(cfg))
+    # + the read-out weight's gradient, formed in forward by the fused cross-entropy and kept for backward
+    return 4 * (4 * cfg.num_params() + cfg.vocab_size * cfg.dim + tokens * saved_floats_per_token(cfg))
 
 
 def make_batch(cfg: ModelConfig, batch: int, seq_len: int, device) -> torch.Tensor:
@@ -135,10 +146,11 @@ def decoder_of(free: FreeTransformer) -> FreeTransformer:
     return base.train(free.training)
 
 
-def train_step(model, optimizer, tokens, precision: str) -> None:
-    """The trainer's step for one batch (no gradient accumulation, one process)."""
+def train_step(model, optimizer, tokens, precision: str, return_logits: bool = False) -> None:
+    """The trainer's step for one batch (no gradient accumulation, one process). return_logits: the
+    plain cross-entropy over the logits of every token, instead of the one fused with the read-out."""
     with autocast_context(precision, tokens.device):
-        out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS)
+        out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS, return_logits=return_logits)
     out.loss.backward()
     clip_grad_norm(model.parameters(), GRAD_CLIP)
     optimizer.step()
@@ -167,24 +179,24 @@ def saved_bytes(model, tokens, precision: str) -> int:
 # ---- peak memory in a fresh process (module-level functions: they are pickled) -------------------
 
 
-def memory_setup(n_bits, n_layers, batch, seq_len, device_name, size="narrow"):
-    cfg = model_config(n_bits, n_layers, size)
+def memory_setup(n_bits, n_layers, batch, seq_len, device_name, size="narrow", vocab=None):
+    cfg = model_config(n_bits, n_layers, size, vocab)
     if size == PAPER and n_layers != cfg.n_layers:  # the warm-up's small model of the same width
         cfg = cfg.replace(n_layers=n_layers, max_seq_len=max(seq_len, 16))
     return cfg, make_batch(cfg, batch, seq_len, torch.device(device_name))
 
 
-def memory_step(precision, compile_model, cfg, tokens):
+def memory_step(precision, compile_model, cfg, tokens, return_logits=False):
     """Build the model and optimizer and run two steps (the first creates the Adam moments)."""
     model, optimizer = build(cfg, tokens.device, compile_model)
     for _ in range(2):
-        train_step(model, optimizer, tokens, precision)
+        train_step(model, optimizer, tokens, precision, return_logits)
 
 
-def peak_memory(n_bits, n_layers, args) -> int:
+def peak_memory(n_bits, n_layers, args, return_logits=False) -> int:
     return peak_memory_in_fresh_process(
-        memory_setup, functools.partial(memory_step, args.precision, args.compile),
-        (n_bits, n_layers, args.batch, args.seq_len, args.device, args.size),
+        memory_setup, functools.partial(memory_step, args.precision, args.compile, return_logits=return_logits),
+        (n_bits, n_layers, args.batch, args.seq_len, args.device, args.size, args.vocab),
         device_name=args.device, threads=args.threads,
         warmup_args=(n_bits and 4, 2, 1, 8, args.device, args.size),
     )
@@ -197,7 +209,7 @@ def compare_compile(n_bits, n_layers, device, rounds, args, limits, tokens_per_s
     """The Free Transformer's step eager against compiled (the trainer's compile=true), timed in interleaved
     rounds in this process; the compiled model's first two steps, less the eager model's, are its compile
     time (cold or warm: Inductor's cache under TORCHINDUCTOR_CACHE_DIR decides)."""
-    cfg = model_config(n_bits, n_layers, args.size)
+    cfg = model_config(n_bits, n_layers, args.size, args.vocab)
     tokens = make_batch(cfg, args.batch, args.seq_len, device)
     steps, first = {}, {}
     for name, compiled in (("eager", False), ("compiled", True)):
@@ -220,8 +232,34 @@ def compare_compile(n_bits, n_layers, device, rounds, args, limits, tokens_per_s
           f"/ the {args.precision} matmul limit ({limits[args.precision]:.0f} GFLOP/s)")
 
 
+def compare_loss(n_bits, n_layers, device, rounds, args) -> None:
+    """The Free Transformer's step with the cross-entropy fused with the read-out (free_transformer.loss,
+    what the trainer runs) against the plain one (the logits of every token, then F.cross_entropy: the
+    model's return_logits=True): peak memory in fresh processes, and time in interleaved rounds."""
+    cfg = model_config(n_bits, n_layers, args.size, args.vocab)
+    tokens = make_batch(cfg, args.batch, args.seq_len, device)
+    model, optimizer = build(cfg, device, args.compile)
+    variants = {"fused": False, "plain": True}
+    steps = {name: functools.partial(train_step, model, optimizer, tokens, args.precision, plain)
+             for name, plain in variants.items()}
+    for fn in steps.values():  # optimizer state, compilation, first-call allocations
+        fn()
+    times = interleaved_times(steps, rounds, device)
+    ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    peak = {name: peak_memory(n_bits, n_layers, args, plain) if args.memory else float("nan")
+            for name, plain in variants.items()}
+    logits_mib = args.batch * args.seq_len * cfg.vocab_size * 4 / MIB
+    print(f"\n{'H':>2} {'L':>2} {'V':>6} | {'fused ms':>8} {'plain ms':>8} {'time x':>6} | {'fused MiB':>9} "
+          f"{'plain MiB':>9} {'saved MiB':>9} | {'fp32 logits MiB':>15}")
+    print(f"{n_bits:>2} {n_layers:>2} {cfg.vocab_size:>6} | {ms['fused']:>8.1f} {ms['plain']:>8.1f} "
+          f"{median_ratio(times['fused'], times['plain']):>6.3f} | {peak['fused'] / MIB:>9.1f} {peak['plain'] / MIB:>9.1f} "
+          f"{(peak['plain'] - peak['fused']) / MIB:>9.1f} | {logits_mib:>15.1f}")
+    print("time x = median of the per-round ratios fused / plain; MiB: the peak a fresh process adds for the "
+          "model, optimizer and two steps; fp32 logits: B x T x V x 4 bytes, one copy of what the plain path holds")
+
+
 def time_config(n_bits, n_layers, device, rounds, precision, compile_model, args):
-    free_cfg = model_config(n_bits, n_layers, args.size)
+    free_cfg = model_config(n_bits, n_layers, args.size, args.vocab)
     configs = {"free": free_cfg, "base": free_cfg.replace(latent_bits=0)}
     tokens = make_batch(free_cfg, args.batch, args.seq_len, device)
     if args.shared_decoder:
@@ -248,6 +286,11 @@ def main():
     parser.add_argument("--compare-compile", action="store_true",
                         help="instead of Free against baseline: the Free Transformer eager against compiled, "
                              "interleaved, with the compile time")
+    parser.add_argument("--compare-loss", action="store_true",
+                        help="instead of Free against baseline: the Free Transformer's step with the cross-entropy "
+                             "fused with the read-out against the plain one (all logits), peak memory and time "
+                             "(vocabulary 32,768 unless --vocab)")
+    parser.add_argument("--vocab", type=int, help="the vocabulary size (default the size's own)")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the fresh-process peak memory")
     parser.add_argument("--size", choices=("narrow", DEMO, DEMO_NARROW, PAPER), default="narrow",
                         help=f"narrow: dim 256 at L in {{8, 28}}; {DEMO}: the demo's letters model (width 64, "
@@ -276,6 +319,7 @@ def main():
     device = setup_machine(args)
     tokens_per_step = args.seq_len * args.batch
 
+    args.vocab = args.vocab or (32768 if args.compare_loss else None)
     began = time.perf_counter()
     print(f"{describe_machine(device)}, rounds: {rounds}, precision {args.precision}"
           f"{', compiled' if args.compile else ''}")
@@ -283,11 +327,17 @@ def main():
         print(f"size {args.size}: {model_config(grid[0][0], grid[0][1], args.size)}, T={args.seq_len}, "
               f"batch {args.batch} ({tokens_per_step} tokens per step)")
     else:
-        print(f"dims {DIMS}, T={args.seq_len}, batch {args.batch} ({tokens_per_step} tokens per step)")
+        print(f"dims {DIMS}{f' but vocabulary {args.vocab}' if args.vocab else ''}, T={args.seq_len}, "
+              f"batch {args.batch} ({tokens_per_step} tokens per step)")
     if args.shared_decoder:
         print("the baseline shares the Free Transformer's decoder weights and optimizer (see the docstring)")
     limits = matmul_limits_gflops(device, precisions=(args.precision,))
     print(describe_limits(limits))
+    if args.compare_loss:
+        for n_bits, n_layers in grid:
+            compare_loss(n_bits, n_layers, device, rounds, args)
+        print(f"load average at the end {os.getloadavg()[0]:.1f}; {time.perf_counter() - began:.0f} s")
+        return
     if args.compare_compile:
         for n_bits, n_layers in grid:
             compare_compile(n_bits, n_layers, device, rounds, args, limits, tokens_per_step)
@@ -329,7 +379,7 @@ def main():
         verdict = "PASS" if r["mem_excess"] <= TARGET else ("FAIL" if r["mem_excess"] > TARGET else "")
         model_ratio = r["analytic"]["free"] / r["analytic"]["base"]
         model_saved = {name: 4 * tokens_per_step * saved_floats_per_token(
-                           model_config(r["n_bits"] if name == "free" else 0, r["n_layers"], args.size)) / MIB
+                           model_config(r["n_bits"] if name == "free" else 0, r["n_layers"], args.size, args.vocab)) / MIB
                        for name in ("free", "base")}
         print(f"{r['n_bits']:>2} {r['n_layers']:>2} | {r['mem']['free'] / MIB:>8.1f} {r['mem']['base'] / MIB:>8.1f} "
               f"{r['mem_ratio']:>6.3f} {model_ratio:>7.3f} {r['mem_excess']:>5.3f} {verdict:<4} | "
