@@ -8,6 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from free_transformer.model import split_state_dict
+
 
 def all_bit_patterns(n_bits: int, dtype=torch.float64) -> torch.Tensor:
     """(2^H, H): row d is U(d), the binary encoding of d with bit h worth 2^h."""
@@ -70,10 +72,13 @@ def naive_block(p, prefix, x_q, x_kv, cfg, causal):
     return x + mlp
 
 
-def naive_forward(model, tokens, latent_index=None):
-    """Algorithm 1 (baseline) or Algorithm 2 with given Z indices; returns (logits, bit_logits or None)."""
+def naive_forward(model, tokens, latent_index=None, state=None):
+    """Algorithm 1 (baseline) or Algorithm 2 with given Z indices; returns (logits, bit_logits or None).
+    The weights are `state` (default the model's), with q, k, v, gate and up as separate matrices (Llama's
+    layout: `split_state_dict` of the model's fused projections), each its own matmul."""
     cfg = model.config
-    p = {k: v.detach() for k, v in model.state_dict().items()}
+    state = split_state_dict(model.state_dict(), cfg) if state is None else state
+    p = {k: v.detach() for k, v in state.items()}
     x = p["embed_tokens.weight"][tokens]
     bit_logits = None
     for n in range(cfg.n_layers):

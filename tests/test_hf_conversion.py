@@ -15,6 +15,7 @@ from conftest import tiny_model  # noqa: E402
 from free_transformer import FreeTransformer, GenerationConfig, generate  # noqa: E402
 from free_transformer.checkpoint import load_model, save_checkpoint  # noqa: E402
 from free_transformer.cli import main  # noqa: E402
+from free_transformer.model import split_state_dict  # noqa: E402
 from free_transformer.hf.conversion import (  # noqa: E402
     ConversionError, convert, detect_format, llama_model_config, load_llama, save_llama, with_fresh_latent_path)
 
@@ -96,9 +97,11 @@ def test_free_transformer_from_llama(tmp_path):
     assert meta["converted_from"]["format"] == "llama" and meta["token_ids"] == {"bos_token_id": 1, "eos_token_id": 2}
     llama_weights = llama.state_dict()
     decoder = {name for name in model.state_dict() if name.startswith(("embed_tokens", "layers", "norm", "lm_head"))}
-    for name in decoder:
+    separate = split_state_dict({name: model.state_dict()[name] for name in decoder}, model.config)
+    for name, tensor in separate.items():  # q/k/v and gate/up: Llama's matrices, stacked into ours
         key = name if name == "lm_head.weight" else f"model.{name}"
-        assert torch.equal(model.state_dict()[name], llama_weights[key]), name
+        assert torch.equal(tensor, llama_weights[key]), name
+    assert {name if name == "lm_head.weight" else f"model.{name}" for name in separate} == set(llama_weights)
     torch.manual_seed(3)
     fresh = FreeTransformer(model.config)  # the latent path is exactly a fresh init with the given seed
     latent = set(model.state_dict()) - decoder

@@ -4,6 +4,7 @@ import torch
 from free_transformer import ConfigError, FreeTransformer, ModelConfig, named_config
 from free_transformer.config import LatentConfig
 from free_transformer.latent import check_latent_indices, free_bits_kl
+from free_transformer.model import split_state_dict
 from conftest import on_cpu, tiny_config, tiny_model, tolerance
 from reference import naive_forward
 
@@ -139,7 +140,7 @@ def test_encoder_is_not_causal():
 def test_gqa_equals_repeated_kv_heads(device):
     gqa = tiny_model(n_heads=4, n_kv_heads=2, device=device)
     mha = FreeTransformer(gqa.config.replace(n_kv_heads=4)).to(device, gqa.embed_tokens.weight.dtype).eval()
-    state = gqa.state_dict()
+    state = split_state_dict(gqa.state_dict(), gqa.config)  # separate k and v (loaded fused again below)
     hd = gqa.config.head_dim
     for key, value in list(state.items()):
         if key.endswith(("k_proj.weight", "v_proj.weight")):  # (kv*hd, D) -> each kv head used twice

@@ -214,7 +214,7 @@ def test_post_sampler_init_scale(tmp_path):
     model, _ = load_model(tmp_path)
     with torch.no_grad():
         assert 0.4 < float(model.latent.mapper.weight.std()) < 0.6
-        assert float(model.layers[0].mlp.up_proj.weight.std()) < 0.05
+        assert float(model.layers[0].mlp.gate_up_proj.weight.std()) < 0.05
 
 
 def test_kill_while_pruning_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch):

@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 from .config import ConfigError, ModelConfig
 from .errors import UserError
 from .fileio import sha256_file, share_like_umask
-from .model import FreeTransformer
+from .model import FreeTransformer, fused_name, part_names
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 MAX_STEP = 10**8 - 1  # the largest step whose directory STEP_DIR matches
@@ -222,6 +222,62 @@ def load_training_state(path: str | Path) -> dict:
             "it asks to unpickle something other than tensors and plain values (refused, not run)"
         raise CheckpointError(f"corrupt, unsafe or missing training state {ckpt / 'state.pt'}: {reason}") from error
     return state
+
+
+def upgrade_named_optimizer_state(named: dict) -> dict:
+    """An optimizer state keyed by parameter name ({"state": {name: ...}, "param_groups": [{"params":
+    [names], ...}]}) written before the input projections were fused (separate q/k/v and gate/up
+    parameters), for the fused model: each fused parameter's state is its parts' (exp_avg, exp_avg_sq
+    concatenated by rows as the weights are; the step, equal in every part, once), in the place of the
+    first part. A current state is returned unchanged."""
+    state = dict(named["state"])
+    groups = []
+    for group in named["param_groups"]:
+        params = []
+        for name in group["params"]:
+            fused = fused_name(name)
+            if fused is None:
+                params.append(name)
+                continue
+            if fused in params:
+                continue
+            params.append(fused)
+            parts = [state.pop(part) for part in part_names(fused) if part in state]
+            if parts:
+                state[fused] = {key: torch.cat([part[key] for part in parts], dim=0)
+                                if isinstance(value, torch.Tensor) and value.dim() else value
+                                for key, value in parts[0].items()}
+        groups.append({**group, "params": params})
+    return {"state": state, "param_groups": groups}
+
+
+def optimizer_param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
+    """Each parameter group's parameter names, in optimizer order."""
+    names = {id(param): name for name, param in model.named_parameters()}
+    return [[names[id(param)] for param in group["params"]] for group in optimizer.param_groups]
+
+
+def upgrade_optimizer_state(saved: dict, group_names: list[list[str]]) -> dict:
+    """`upgrade_named_optimizer_state` of an optimizer state_dict numbered by optimizer order (state.pt),
+    for the optimizer whose groups hold the parameters named `group_names` (`optimizer_param_names`).
+    The saved numbering is read as this optimizer's order with each fused parameter's parts in its
+    place (the order the parameters had before). A state that does not fit that layout is returned
+    unchanged (the optimizer's load_state_dict then says what differs)."""
+    old_groups = [[part for name in names for part in (part_names(name) or [name])] for names in group_names]
+    saved_groups = saved["param_groups"]
+    if (old_groups == group_names or len(saved_groups) != len(old_groups)
+            or any(len(group["params"]) != len(names) for group, names in zip(saved_groups, old_groups))):
+        return saved
+    old_name = {index: name for group, names in zip(saved_groups, old_groups)
+                for index, name in zip(group["params"], names)}
+    named = upgrade_named_optimizer_state({
+        "state": {old_name[index]: value for index, value in saved["state"].items()},
+        "param_groups": [{**group, "params": names} for group, names in zip(saved_groups, old_groups)],
+    })
+    index = {name: i for i, name in enumerate(name for names in group_names for name in names)}
+    return {"state": {index[name]: value for name, value in named["state"].items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                             for group in named["param_groups"]]}
 
 
 def _check_training_state(state) -> None:

@@ -1,6 +1,7 @@
 """Building blocks of the Llama-style decoder: RoPE, grouped-query attention with a KV cache, SwiGLU,
-and the pre-norm transformer block. Module names follow Hugging Face's Llama so that weights map
-one to one."""
+and the pre-norm transformer block. Module names follow Hugging Face's Llama, except that q/k/v and
+gate/up are each one projection (`qkv_proj`, `gate_up_proj`: Llama's matrices stacked by rows;
+model.FUSED_PROJECTIONS says which)."""
 
 from __future__ import annotations
 
@@ -105,11 +106,22 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
-        kv_dim = config.n_kv_heads * config.head_dim
-        self.q_proj = nn.Linear(config.dim, config.dim, bias=False)
-        self.k_proj = nn.Linear(config.dim, kv_dim, bias=False)
-        self.v_proj = nn.Linear(config.dim, kv_dim, bias=False)
+        # q, k and v as one (D -> q_dim + 2 kv_dim) projection: a decoding step reads the three weights
+        # in one GEMV. Its rows are q's, then k's, then v's (`split_sizes`), as Llama's three matrices stacked.
+        self.split_sizes = (config.n_heads * config.head_dim, *2 * [config.n_kv_heads * config.head_dim])
+        self.qkv_proj = nn.Linear(config.dim, sum(self.split_sizes), bias=False)
         self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
+
+    def project(self, x_q: Tensor, x_kv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q (.., q_dim) from x_q and k, v (.., kv_dim) from x_kv: one matmul when they are the same
+        input; otherwise (the encoder's constant query, the injection block's X against X + R) the
+        weight's q rows on x_q and its k, v rows on x_kv, as two matmuls over views of the one weight."""
+        q_dim = self.split_sizes[0]
+        if x_q is x_kv:
+            return self.qkv_proj(x_q).split(self.split_sizes, dim=-1)
+        weight = self.qkv_proj.weight
+        k, v = F.linear(x_kv, weight[q_dim:]).split(self.split_sizes[1:], dim=-1)
+        return F.linear(x_q, weight[:q_dim]), k, v
 
     def forward(
         self,
@@ -124,9 +136,12 @@ class Attention(nn.Module):
         start: int | Tensor = 0,  # a () device tensor: one position of a static decoding step (T = 1)
     ) -> Tensor:
         B, T, _ = x_kv.shape
-        q = self.q_proj(x_q).expand(B, T, -1).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, hd)
-        k = self.k_proj(x_kv).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv, T, hd)
-        v = self.v_proj(x_kv).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project(x_q, x_kv)
+        if cache is None:  # v is a view of the projection's output: SDPA saving it would keep q and k alive too
+            v = v.contiguous()
+        q = q.expand(B, T, -1).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, hd)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv, T, hd)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         mask, is_causal = None, False
         if isinstance(start, Tensor):  # static step: the whole cache, keys after `start` masked out
@@ -148,12 +163,13 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        # gate and up as one (D -> 2F) projection, gate's rows first: one GEMV per decoding step
+        self.gate_up_proj = nn.Linear(config.dim, 2 * config.ffn_hidden, bias=False)
         self.down_proj = nn.Linear(config.ffn_hidden, config.dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,15 +30,76 @@ LEGACY_LATENT_NAMES = {
 }
 
 
+# Each block's fused input projections and the separate ones they stack by rows, in order: checkpoints
+# written before they were fused, and Llama's, hold the parts.
+FUSED_PROJECTIONS = {
+    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
+
+
+def _stem(name: str, suffix: str) -> str | None:
+    """`name` less `suffix` when `name` is `suffix` under some module prefix ("layers.3."), else None."""
+    if name == suffix or name.endswith("." + suffix):
+        return name[: -len(suffix)]
+    return None
+
+
+def fused_name(name: str) -> str | None:
+    """The fused tensor that `name` (a separate q/k/v or gate/up weight) is one part of, else None."""
+    for fused, parts in FUSED_PROJECTIONS.items():
+        for part in parts:
+            if (stem := _stem(name, part)) is not None:
+                return stem + fused
+    return None
+
+
+def part_names(fused: str) -> list[str] | None:
+    """The separate weights stacked, in this order, into the fused tensor named `fused`; None when
+    `fused` is not a fused projection."""
+    for suffix, parts in FUSED_PROJECTIONS.items():
+        if (stem := _stem(fused, suffix)) is not None:
+            return [stem + part for part in parts]
+    return None
+
+
 def upgrade_state_dict(state: dict, prefix: str = "") -> dict:
-    """Rename, in place, the latent-path tensors of a state dict written before 0.2; others are kept."""
+    """Upgrade, in place, a state dict written before 0.2 (the latent path's tensor names) or before the
+    input projections were fused (separate q/k/v and gate/up weights, concatenated by rows here); what
+    is already current is kept."""
     for name in [n for n in state if n.startswith(prefix)]:
         local = name[len(prefix):]
         for old, new in LEGACY_LATENT_NAMES.items():
             if local.startswith(old):
                 state[prefix + new + local[len(old):]] = state.pop(name)
                 break
+    for fused in {fused_name(n) for n in state if n.startswith(prefix)} - {None}:
+        parts = part_names(fused)
+        if all(part in state for part in parts):  # else load_state_dict names what is missing
+            state[fused] = torch.cat([state.pop(part) for part in parts], dim=0)
     return state
+
+
+def part_rows(config: ModelConfig) -> dict[str, list[int]]:
+    """The rows of each part of a fused projection (FUSED_PROJECTIONS' order)."""
+    kv_dim = config.n_kv_heads * config.head_dim
+    return {"self_attn.qkv_proj.weight": [config.n_heads * config.head_dim, kv_dim, kv_dim],
+            "mlp.gate_up_proj.weight": [config.ffn_hidden, config.ffn_hidden]}
+
+
+def split_state_dict(state: dict, config: ModelConfig) -> dict:
+    """A copy of `state` with every fused projection split back into its separate weights (Llama's
+    layout): the inverse of `upgrade_state_dict`'s concatenation."""
+    sizes = part_rows(config)
+    out = {}
+    for name, tensor in state.items():
+        fused = next((f for f in FUSED_PROJECTIONS if _stem(name, f) is not None), None)
+        if fused is None:
+            out[name] = tensor
+            continue
+        for part, piece in zip(part_names(name), tensor.split(sizes[fused], dim=0), strict=True):
+            out[part] = piece
+    return out
 
 
 @dataclass
@@ -95,13 +157,20 @@ class FreeTransformer(nn.Module):
         upgrade_state_dict(state_dict, prefix)
 
     @torch.no_grad()
-    def init_weights(self, std: float = 0.02, post_sampler_std: float | None = None) -> None:
+    def init_weights(self, std: float = 0.02, post_sampler_std: float | None = None, *,
+                     keep: Callable[[Tensor], bool] | None = None) -> None:
         """Every tensor's initialisation, in one place.
 
         Embeddings and input projections ~ N(0, std); output projections (o_proj, down_proj) of each
         block ~ N(0, std / sqrt(2 L)) so the residual stream keeps its scale with depth; norms = 1;
         the latent path as `LatentPath.init_weights` says, its mapper giving R a standard deviation
         of post_sampler_std (default std). Tensors on the meta device are skipped.
+
+        A fused projection (FUSED_PROJECTIONS) is drawn part by part, in the order its parts had as
+        separate parameters, so that a seed gives the weights it gave then. The parts are views, which
+        carry no mark of their parameter: `keep(param)` true leaves such a parameter as it is (the
+        Hugging Face wrapper passes its loader's mark of loaded tensors, which its guarded init
+        functions read on whole parameters).
         """
         if self.rope_cos.device.type != "meta":
             cos, sin = rope_tables(self.config.head_dim, self.config.max_seq_len, self.config.rope_theta,
@@ -118,6 +187,11 @@ class FreeTransformer(nn.Module):
                     nn.init.ones_(param)
                 elif name.endswith(("o_proj.weight", "down_proj.weight")):
                     nn.init.normal_(param, std=out_std)
+                elif name in FUSED_PROJECTIONS:  # part by part, as when they were separate: the same draws
+                    if keep is not None and keep(param):
+                        continue
+                    for piece in param.split(part_rows(self.config)[name], dim=0):
+                        nn.init.normal_(piece, std=std)
                 else:
                     nn.init.normal_(param, std=std)
 

@@ -4,7 +4,7 @@
         config.json         as in every checkpoint: {"model", "step", "tokenizer", "train"}
         SHA256SUMS          the digests of config.json and of every file in dcp/, as in every checkpoint
         dcp/                DCP: .metadata + one __<rank>_0.distcp file per rank; model and optimizer
-                            state under their parameter names ("model.layers.0.attention.q_proj.weight")
+                            state under their parameter names ("model.layers.0.self_attn.qkv_proj.weight")
         model.safetensors   only once consolidated: then it is an ordinary checkpoint too (and in SHA256SUMS)
 
 Every rank writes its own shards; DCP's metadata records which slice of which tensor each holds, so a
@@ -30,8 +30,10 @@ import torch.distributed.checkpoint as dcp
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..checkpoint import (
@@ -43,13 +45,16 @@ from ..checkpoint import (
     checksums,
     fsync_dir,
     load_training_state,
+    optimizer_param_names,
     read_checkpoint_config,
     remove_checkpoint,
+    upgrade_named_optimizer_state,
+    upgrade_optimizer_state,
     verify_checkpoint,
 )
 from ..config import ModelConfig
 from ..fileio import share_like_umask
-from ..model import FreeTransformer, upgrade_state_dict
+from ..model import FreeTransformer, fused_name, upgrade_state_dict
 from .env import ParallelEnv
 
 DCP_DIR = "dcp"
@@ -133,10 +138,45 @@ def _dcp_load(state: dict, checkpoint: Path) -> None:
         raise CheckpointError(f"cannot load the sharded checkpoint {checkpoint}: {cause}") from error
 
 
+def _stored_metadata(checkpoint: Path):
+    check_dcp_metadata(checkpoint)  # read_metadata unpickles it: nothing but DCP's own records may run
+    try:
+        return dcp.FileSystemReader(checkpoint / DCP_DIR).read_metadata()
+    except Exception as error:
+        raise CheckpointError(f"cannot read the sharded checkpoint {checkpoint}: {error}") from error
+
+
+def _has_separate_projections(checkpoint: Path) -> bool:
+    """Whether the checkpoint was written before the input projections were fused (separate q/k/v and
+    gate/up weights): DCP reads by the reader's names, so such a checkpoint is read in its own layout."""
+    stored = _stored_metadata(checkpoint).state_dict_metadata
+    return any(name.startswith("model.") and fused_name(name) is not None for name in stored)
+
+
+def _dcp_load_as_stored(checkpoint: Path, tops: tuple[str, ...]) -> dict:
+    """Every entry under the top-level keys `tops` ("model", "optim"), whole, as the checkpoint stores
+    them (its names and shapes, on the CPU), nested as they were saved."""
+    metadata = _stored_metadata(checkpoint)
+    flat = {name: torch.empty(entry.size, dtype=entry.properties.dtype)
+            if isinstance(entry, TensorStorageMetadata) else None  # bytes: replaced by the stored value
+            for name, entry in metadata.state_dict_metadata.items() if name.split(".", 1)[0] in tops}
+    _dcp_load(flat, checkpoint)
+    mapping = {name: path for name, path in metadata.planner_data.items() if name in flat}
+    return unflatten_state_dict(flat, mapping)
+
+
 def load_sharded(checkpoint: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Load model and optimizer state from a DCP checkpoint, whatever number of processes wrote it and
-    whatever number (one included, without a process group) reads it. Returns the checkpoint's step."""
+    whatever number (one included, without a process group) reads it. Returns the checkpoint's step.
+    A checkpoint written with separate q/k/v and gate/up weights is read whole on every rank, its
+    weights and optimizer state fused, then sharded as this run's layout asks."""
     checkpoint = Path(checkpoint)
+    if _has_separate_projections(checkpoint):
+        stored = _dcp_load_as_stored(checkpoint, ("model", "optim"))
+        set_state_dict(model, optimizer, model_state_dict=upgrade_state_dict(stored["model"]),
+                       optim_state_dict=upgrade_named_optimizer_state(stored["optim"]),
+                       options=StateDictOptions(full_state_dict=True))
+        return int(read_checkpoint_config(checkpoint)["step"])
     model_state, optim_state = get_state_dict(model, optimizer)  # this run's layout: what to read
     state = {"model": model_state, "optim": optim_state}
     _dcp_load(state, checkpoint)
@@ -149,11 +189,11 @@ def load_single_file(checkpoint: str | Path, model: nn.Module, optimizer: torch.
     the optimizer state of state.pt, whose parameters are numbered in optimizer order, renamed by
     parameter name so that every rank takes its own shards. Returns the checkpoint's step."""
     checkpoint = Path(checkpoint)
-    weights = upgrade_state_dict(load_file(checkpoint / "model.safetensors"))  # 0.1 latent-path names
+    weights = upgrade_state_dict(load_file(checkpoint / "model.safetensors"))  # older names and layouts
     state = load_training_state(checkpoint)
-    names = {id(param): name for name, param in model.named_parameters()}
-    order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
-    saved = state["optimizer"]
+    group_names = optimizer_param_names(model, optimizer)
+    order = [name for names in group_names for name in names]
+    saved = upgrade_optimizer_state(state["optimizer"], group_names)
     optim_state = {
         "state": {order[index]: value for index, value in saved["state"].items()},
         "param_groups": [{**group, "params": [order[index] for index in group["params"]]}
@@ -185,8 +225,11 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     checkpoint = sharded_checkpoint_dir(path)
     config = read_checkpoint_config(checkpoint)
     model = FreeTransformer(ModelConfig.from_dict(config["model"]))
-    weights = model.state_dict()  # the model's own tensors, filled in place
-    _dcp_load({"model": weights}, checkpoint)
+    if _has_separate_projections(checkpoint):  # written before the projections were fused: read as stored
+        weights = upgrade_state_dict(_dcp_load_as_stored(checkpoint, ("model",))["model"])
+    else:
+        weights = model.state_dict()  # the model's own tensors, filled in place
+        _dcp_load({"model": weights}, checkpoint)
     problem = verify_checkpoint(checkpoint)  # the sums written below must not bless a damaged checkpoint
     if problem is not None:
         raise CheckpointError(f"checkpoint {checkpoint} is damaged: {' '.join(problem.split())}")

@@ -2,8 +2,8 @@
 Llama checkpoints (`LlamaForCausalLM` names).
 
 A Llama decoder is our baseline: same blocks, same names (ours are HF Llama's without the "model."
-prefix), same RoPE layout. `load_llama` reads its config.json and safetensors directly (no Llama
-model is instantiated) and refuses the Llama features we do not implement. `with_fresh_latent_path`
+prefix, q/k/v and gate/up stacked into one projection each: `model.FUSED_PROJECTIONS`), same RoPE
+layout. `load_llama` reads its config.json and safetensors directly (no Llama model is instantiated) and refuses the Llama features we do not implement. `with_fresh_latent_path`
 turns a baseline into a Free Transformer whose decoder weights are the baseline's and whose encoder,
 zeta, read-out and post-sampler are freshly initialised: the starting point for fine-tuning a
 pretrained Llama into a Free Transformer.
@@ -26,7 +26,7 @@ from transformers import LlamaConfig
 from ..checkpoint import CheckpointError, check_step, load_model, resolve_checkpoint, save_checkpoint
 from ..config import ConfigError, ModelConfig
 from ..layers import rope_tables
-from ..model import FreeTransformer
+from ..model import FreeTransformer, split_state_dict, upgrade_state_dict
 from .modeling import FreeTransformerForCausalLM
 from .remote_code import write_remote_code, write_tokenizer
 
@@ -168,7 +168,9 @@ def load_llama(path: str | Path, *, max_seq_len: int | None = None, dtype: torch
         if key == "lm_head.weight" and config.tie_embeddings:
             continue  # tied: the read-out is the embedding table
         ours[key] = tensor
-    return _materialize(config, ours, dtype or next(iter(ours.values())).dtype, source=path), llama_config
+    dtype = dtype or next(iter(ours.values())).dtype
+    upgrade_state_dict(ours)  # Llama's separate q/k/v and gate/up weights, stacked into our fused projections
+    return _materialize(config, ours, dtype, source=path), llama_config
 
 
 def _materialize(config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, source) -> FreeTransformer:
@@ -216,7 +218,7 @@ def save_llama(model: FreeTransformer, out_dir: str | Path, token_ids: dict | No
     config.dtype = dtype
     config.save_pretrained(out_dir)
     weights = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in split_state_dict(model.state_dict(), model.config).items():  # Llama's separate weights
         key = name if name == "lm_head.weight" else f"model.{name}"
         weights[key] = tensor.detach().contiguous().cpu()
     save_file(weights, out_dir / "model.safetensors", metadata={"format": "pt"})

@@ -2,7 +2,7 @@
 `GenerationMixin` interfaces.
 
 The model is composed, not copied: `self.model` is a `free_transformer.FreeTransformer`, so the state
-dict is ours under the prefix "model." (`model.layers.0.self_attn.q_proj.weight`,
+dict is ours under the prefix "model." (`model.layers.0.self_attn.qkv_proj.weight`,
 `model.latent.encoder.0...`, `model.latent.mapper.weight`). Hugging Face's cache (a `DynamicCache` by
 default) reaches our attention through `HFCacheView`, which presents it with our `KVCache` interface;
 model.py knows nothing of it.
@@ -10,19 +10,24 @@ model.py knows nothing of it.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from safetensors import safe_open
 from transformers import Cache, DynamicCache, GenerationMixin, LogitsProcessorList, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import cached_file
+from transformers.utils import logging as hf_logging
 
 from ..generate import GenerationConfig, row_generators
 from ..latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source
 from ..latent_choice import resolve_latents
-from ..model import IGNORE_INDEX, LEGACY_LATENT_NAMES, FreeTransformer
+from ..model import IGNORE_INDEX, LEGACY_LATENT_NAMES, FreeTransformer, fused_name, upgrade_state_dict
 from .configuration import FreeTransformerConfig
 from .generation import RowSeededSampler
 
@@ -88,7 +93,45 @@ class FreeTransformerPreTrainedModel(PreTrainedModel):
         generic one. from_pretrained runs this after loading: the guarded init functions then skip the
         loaded tensors, initialise missing ones, and the RoPE tables (not checkpointed) are recomputed."""
         if isinstance(module, FreeTransformer):
-            module.init_weights()
+            module.init_weights(keep=lambda param: getattr(param, "_is_hf_initialized", False))
+
+
+HUB_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
+
+
+def _separate_projections(name_or_path, kwargs) -> dict[str, list[str]]:
+    """{safetensors file: its tensor names that are separate q/k/v or gate/up weights} of an export
+    (none for one written with the fused projections, or loaded from anything but safetensors)."""
+    if name_or_path is None or kwargs.get("gguf_file") or kwargs.get("state_dict") is not None:
+        return {}
+    hub = {key: kwargs[key] for key in HUB_KWARGS if kwargs.get(key) is not None}
+    found = lambda file: cached_file(name_or_path, file, _raise_exceptions_for_missing_entries=False,
+                                     _raise_exceptions_for_connection_errors=False, **hub)
+    index = found("model.safetensors.index.json")
+    if index is not None:
+        with open(index) as handle:
+            files = [found(shard) for shard in sorted(set(json.load(handle)["weight_map"].values()))]
+    else:
+        files = [found("model.safetensors")]
+    separate = {}
+    for path in files:
+        if path is None:
+            continue
+        with safe_open(path, framework="pt") as handle:
+            names = [name for name in handle.keys() if fused_name(name) is not None]
+        if names:
+            separate[path] = names
+    return separate
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin):
@@ -98,11 +141,33 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         self.post_init()
 
     @classmethod
-    def from_pretrained(cls, *args, **kwargs):
+    def from_pretrained(cls, pretrained_model_name_or_path=None, *args, **kwargs):
         """Hugging Face's from_pretrained; exports written before 0.2 (the latent path's old tensor
-        names) load too, renamed on the way in."""
+        names) load too, renamed on the way in, and so do exports with separate q/k/v and gate/up
+        weights: Hugging Face's loading leaves those aside (and initialises the fused projections),
+        then they are read from the export's files and concatenated into the fused weights."""
         kwargs.setdefault("key_mapping", LEGACY_KEY_MAPPING)
-        return super().from_pretrained(*args, **kwargs)
+        separate = _separate_projections(pretrained_model_name_or_path, kwargs)
+        if not separate:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        wants_info = kwargs.pop("output_loading_info", False)
+        with _quiet_transformers():  # its unused / newly initialised weights are the ones fused below
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
+                                                  **kwargs)
+        weights = {}
+        for path, names in separate.items():
+            with safe_open(path, framework="pt") as handle:
+                weights.update({name.removeprefix("model."): handle.get_tensor(name) for name in names})
+        fused = upgrade_state_dict(weights)
+        with torch.no_grad():
+            for name, tensor in fused.items():
+                model.model.get_parameter(name).copy_(tensor)
+        if wants_info:  # every separate weight was used, and every fused one loaded
+            handled = lambda name: fused_name(name) is not None or name.removeprefix("model.") in fused
+            for key in ("missing_keys", "unexpected_keys"):
+                info[key] = type(info[key])(name for name in info[key] if not handled(name))
+            return model, info
+        return model
 
     @classmethod
     def from_free_transformer(cls, model: FreeTransformer, **config_kwargs) -> FreeTransformerForCausalLM:

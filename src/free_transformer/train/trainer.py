@@ -26,7 +26,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_verified_weights, load_weights,
-                          newest_intact_checkpoint, read_checkpoint_config, resolve_checkpoint, save_checkpoint)
+                          newest_intact_checkpoint, optimizer_param_names, read_checkpoint_config, resolve_checkpoint,
+                          save_checkpoint, upgrade_optimizer_state)
 from ..config import ConfigError, ModelConfig
 from ..data import build_dataset
 from ..data.datasets import Dataset
@@ -293,7 +294,8 @@ def restore(run: Run, *, resume: bool) -> int:
         return load_single_file(checkpoint, run.model, run.optimizer)
     run.model.load_state_dict(load_weights(checkpoint, str(run.device)))
     state = load_training_state(checkpoint)
-    run.optimizer.load_state_dict(state["optimizer"])
+    run.optimizer.load_state_dict(upgrade_optimizer_state(state["optimizer"],
+                                                          optimizer_param_names(run.model, run.optimizer)))
     _set_rng_state(state["rng"], run.device)
     return step
 
