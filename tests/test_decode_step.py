@@ -113,3 +113,19 @@ def test_inductor_step_gives_the_eager_logits_and_tokens(latent_bits, B, monkeyp
         assert compiled.tokens == eager.tokens
         if latent_bits:
             assert torch.equal(compiled.latents, eager.latents)
+
+
+def test_generate_compile_says_the_compile_time_on_first_use(tmp_path, monkeypatch, capsys):
+    """`generate --compile` on a device that compiles the step (here the CPU, with a tracing-only backend):
+    the first call of a batch size says how long compiling took, on stderr; the samples are on stdout."""
+    from conftest import tiny_checkpoint
+
+    from free_transformer.cli import main
+
+    monkeypatch.setattr(generate_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
+    monkeypatch.setattr(generate_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    run = tiny_checkpoint(tmp_path, "free", 4)
+    assert main(["generate", str(run), "--prompt", "K>", "-n", "2", "--max-new-tokens", "3", "--compile",
+                 "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 2 and "compiled the static decoding step (batch 2, " in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import torch
@@ -47,10 +48,24 @@ def add_arguments(parser) -> None:
                         help="weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it "
                              "(half the bytes read per token), else fp32")
     parser.add_argument("--compile", action="store_true",
-                        help="decode through one static step, captured as a CUDA graph on a GPU (same samples)")
+                        help="decode through one static step that samples inside itself, compiled by Inductor and captured as "
+                             "a CUDA graph on a GPU (the first use of a batch size compiles, said on stderr; same samples)")
+
+
+def _say_compile_times() -> None:
+    """The library logs the static step's compilation (a minute at the paper's sizes, once per batch size and
+    length) at INFO: --compile says it on stderr."""
+    log = logging.getLogger("free_transformer.generate")
+    if not any(getattr(handler, "stream", None) is sys.stderr for handler in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
 
 def run(args) -> int:
+    if args.compile:
+        _say_compile_times()
     device = parse_device(args.device)
     model, config = load_model(args.checkpoint, device)
     model = model.to(decoding_dtype(args.dtype, device))
