@@ -58,10 +58,11 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, incomplete or corrupt."""
 
 
-def check_step(step: int) -> None:
-    """A step that names a checkpoint directory loaders find (step_ and 8 digits), else a CheckpointError."""
-    if not (isinstance(step, int) and 0 <= step <= MAX_STEP):
-        raise CheckpointError(f"a checkpoint's step must be an integer in [0, {MAX_STEP}], got {step!r}")
+def check_step(step: int, error: type[Exception] = CheckpointError) -> None:
+    """A step that names a checkpoint directory loaders find (step_ and 8 digits), else `error` (a ValueError
+    where a file's schema is checked: the checkpoint is then damaged)."""
+    if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP):
+        raise error(f"a checkpoint's step must be an integer in [0, {MAX_STEP}], got {step!r}")
 
 
 def checksums(directory: Path, files) -> str:
@@ -167,9 +168,7 @@ def _check_config_schema(config) -> None:
     """The types of what save_checkpoint writes into config.json; a ValueError names the first field amiss."""
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise ValueError("expected an object with a \"model\" object")
-    step = config.get("step")
-    if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP):
-        raise ValueError(f"step must be an integer in [0, {MAX_STEP}], got {step!r}")
+    check_step(config.get("step"), ValueError)
     if not isinstance(config.get("tokenizer"), (str, type(None))):
         raise ValueError(f"tokenizer must be a name or null, got {config['tokenizer']!r}")
     for key in ("train", "token_ids", "converted_from"):
@@ -285,8 +284,7 @@ def _check_training_state(state) -> None:
     RNG state is set on a throwaway generator, which checks it as setting the real one would."""
     if not isinstance(state, dict) or not {"step", "optimizer", "rng"} <= set(state):
         raise ValueError("expected an object with step, optimizer and rng")
-    if not (isinstance(state["step"], int) and 0 <= state["step"] <= MAX_STEP):
-        raise ValueError(f"step must be an integer in [0, {MAX_STEP}], got {state['step']!r}")
+    check_step(state["step"], ValueError)
     optimizer = state["optimizer"]
     if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
             and isinstance(optimizer.get("param_groups"), list)
