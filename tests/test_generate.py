@@ -269,3 +269,24 @@ def test_generate_command_decodes_in_the_dtype_asked(tmp_path, capsys, monkeypat
                      "--dtype", dtype]) == 0
     assert dtypes == [torch.bfloat16, torch.float32, torch.float32]
     assert len(capsys.readouterr().out.splitlines()) == 6
+
+
+def test_generate_command_ends_a_sample_at_a_stop_string_which_is_not_printed(tmp_path, capsys):
+    """A stop string is matched in the text (two characters, two byte tokens here), not by its last token's
+    id, which used to stop at that character's first occurrence anywhere; escapes are read (--stop "\\n"
+    is a newline, not the letter n)."""
+    from conftest import tiny_checkpoint
+
+    from free_transformer.cli import main
+    from free_transformer.commands.generate import unescape
+
+    assert (unescape(r"\n"), unescape(r"\t"), unescape("END"), unescape(r"a\\b\q")) == ("\n", "\t", "END", r"a\b\q")
+    checkpoint = tiny_checkpoint(tmp_path, "run", 4)
+    command = ["generate", str(checkpoint), "--prompt", "K>", "-n", "1", "--temperature", "0", "--max-new-tokens", "24"]
+    assert main(command) == 0
+    full = capsys.readouterr().out.rstrip("\n")
+    new = full[len("K>"):]
+    at = next(i for i in range(1, len(new) - 1) if "\\" not in new[i : i + 2] and "\ufffd" not in new[i : i + 2])
+    stop = new[at : at + 2]  # two characters the model wrote after its first one
+    assert main([*command, "--stop", stop, "--stop", "\\n\\n\\n"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == full[: len("K>") + new.index(stop)]

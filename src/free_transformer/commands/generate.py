@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 import torch
@@ -18,6 +19,8 @@ NAME = "generate"
 HELP = "sample continuations of a prompt from a checkpoint (one sample per line)"
 DEFAULT_NEW_TOKENS = 64
 FORMATTER = "defaults"  # cli.py: --help shows every default
+# The backslash escapes --stop reads (a shell passes "\n" as a backslash and an n).
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\"}
 
 
 def add_arguments(parser) -> None:
@@ -32,7 +35,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
     parser.add_argument("--top-k", type=int, help="sample among the k likeliest tokens (default: all)")
     parser.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: none)")
-    parser.add_argument("--stop", action="append", default=[], help="stop string (its tokens' last id); repeatable")
+    parser.add_argument("--stop", action="append", default=[],
+                        help="stop string, with the escapes \\n \\t \\r \\0 \\\\ read: a sample ends where it first "
+                             "appears, which is not printed; repeatable")
     parser.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
     parser.add_argument("--latents", choices=[*CHOICES, "independent"],
                         default="encoder",
@@ -79,7 +84,7 @@ def run(args) -> int:
     if room < 1:
         raise ValueError(f"the prompt has {len(prompt)} tokens; this model reads at most {model.config.max_seq_len}")
     max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
-    stop_tokens = tuple(tokenizer.encode(s)[-1] for s in args.stop if s)
+    stops = [unescape(s) for s in args.stop if s]
     source = _latent_choice(args)
     if args.reference and source != "reference":
         raise ValueError("--reference is only used with --latents reference; add it, or drop --reference")
@@ -96,14 +101,30 @@ def run(args) -> int:
     resolved = resolve_latents(model, source, length=len(prompt) + max_new_tokens - 1, reference=reference,
                                generator=torch.Generator(device=device).manual_seed(args.seed))
     gen_config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p, stop_tokens=stop_tokens, prompt_latents=resolved.prompt_source)
+                                  top_p=args.top_p, prompt_latents=resolved.prompt_source)
+    # A stop string is matched in the text, not by token id: it may span tokens, or be part of a longer one.
+    should_stop = (lambda new: any(stop in tokenizer.decode(new) for stop in stops)) if stops else None
+    prompt_chars = len(tokenizer.decode(prompt))
     for first in range(0, args.num_samples, args.batch_size):  # printed as each batch ends
         seeds = [args.seed + i for i in range(first, min(first + args.batch_size, args.num_samples))]
         prompts = torch.tensor([prompt] * len(seeds))
-        result = generate(model, prompts, gen_config, seeds=seeds, latents=resolved.explicit, compile=args.compile)
+        result = generate(model, prompts, gen_config, seeds=seeds, latents=resolved.explicit,
+                          should_stop=should_stop, compile=args.compile)
         for tokens in result.tokens:
-            print(tokenizer.decode(prompt + tokens).replace("\n", "\\n"), flush=True)
+            text = tokenizer.decode(prompt + tokens)
+            print(cut_at_stop(text, stops, prompt_chars).replace("\n", "\\n"), flush=True)
     return 0
+
+
+def unescape(text: str) -> str:
+    """`text` with the backslash escapes of ESCAPES read; any other backslash is kept as typed."""
+    return re.sub(r"\\(.)", lambda match: ESCAPES.get(match[1], match[0]), text)
+
+
+def cut_at_stop(text: str, stops: list[str], start: int = 0) -> str:
+    """`text` up to the first stop string found from `start` on (the prompt's characters are not searched)."""
+    ends = [found for found in (text.find(stop, start) for stop in stops) if found >= 0]
+    return text[: min(ends)] if ends else text
 
 
 def _latent_choice(args) -> str:
