@@ -102,13 +102,19 @@ def gqa_route(device_type: str, dtype: torch.dtype, query_len: int, masked: bool
     return "expand" if dtype == torch.float32 else "native"
 
 
+def qkv_rows(config: ModelConfig) -> tuple[int, int, int]:
+    """The rows of q, k and v in the fused qkv_proj weight: q_dim, kv_dim, kv_dim."""
+    kv_dim = config.n_kv_heads * config.head_dim
+    return config.n_heads * config.head_dim, kv_dim, kv_dim
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         # q, k and v as one (D -> q_dim + 2 kv_dim) projection: a decoding step reads the three weights
         # in one GEMV. Its rows are q's, then k's, then v's (`split_sizes`), as Llama's three matrices stacked.
-        self.split_sizes = (config.n_heads * config.head_dim, *2 * [config.n_kv_heads * config.head_dim])
+        self.split_sizes = qkv_rows(config)
         self.qkv_proj = nn.Linear(config.dim, sum(self.split_sizes), bias=False)
         self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
 

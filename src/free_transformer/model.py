@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from .config import ConfigError, ModelConfig
 from .latent import ENCODER, Generators, LatentSource, free_bits_kl, latent_source
 from .latent_path import LatentPath, LatentSample
-from .layers import Block, KVCache, rope_tables
+from .layers import Block, KVCache, qkv_rows, rope_tables
 from .loss import IGNORE_INDEX, cross_entropy, readout_cross_entropy
 
 # Parameter names of checkpoints written before the latent path was one module (0.1): old prefix -> new.
@@ -82,8 +82,7 @@ def upgrade_state_dict(state: dict, prefix: str = "") -> dict:
 
 def part_rows(config: ModelConfig) -> dict[str, list[int]]:
     """The rows of each part of a fused projection (FUSED_PROJECTIONS' order)."""
-    kv_dim = config.n_kv_heads * config.head_dim
-    return {"self_attn.qkv_proj.weight": [config.n_heads * config.head_dim, kv_dim, kv_dim],
+    return {"self_attn.qkv_proj.weight": list(qkv_rows(config)),
             "mlp.gate_up_proj.weight": [config.ffn_hidden, config.ffn_hidden]}
 
 
