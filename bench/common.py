@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import torch
 
-from free_transformer.config import ModelConfig
-from free_transformer.devices import DTYPES
+from free_transformer.base.devices import DTYPES
+from free_transformer.model.config import ModelConfig
 
 MIN_SAMPLE_S = 0.05  # a timing sample repeats the step until it lasts at least this long
 MIB = 2**20

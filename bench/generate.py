@@ -1,7 +1,7 @@
 """Decoding speed: the Free Transformer against the baseline decoder, and the KV cache against recomputing the prefix.
 
 (a) Free vs baseline. Two models of the same size, one with H latent bits and one without (the
-    baseline: latent_bits = 0, the same blocks), generate with free_transformer.generate: a KV
+    baseline: latent_bits = 0, the same blocks), generate with free_transformer.inference.generate: a KV
     cache, sampling at temperature 1 with one generator per row, prompt_latents = "prior". Every
     Z_t, prompt included, is drawn from the uniform prior: the encoder is never run and Z_t is one
     row of the post-sampler table. Two instances of each model (different seeds, so different
@@ -64,14 +64,13 @@ import statistics
 
 import torch
 
-from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine,
-                    describe_size, interleaved_times, matmul_limits_gflops, median_ratio, model_config,
-                    setup_machine)
-from free_transformer.config import ModelConfig, named_config
-from free_transformer.devices import DTYPES
-from free_transformer.generate import GenerationConfig, generate, shared_prior_latents, static_decode_step
-from free_transformer.model import FreeTransformer
-from free_transformer.seeding import generators
+from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
+                    interleaved_times, matmul_limits_gflops, median_ratio, model_config, setup_machine)
+from free_transformer.base.devices import DTYPES
+from free_transformer.base.seeding import generators
+from free_transformer.inference.generate import GenerationConfig, generate, shared_prior_latents, static_decode_step
+from free_transformer.model.config import ModelConfig, named_config
+from free_transformer.model.transformer import FreeTransformer
 
 TARGET_FREE_VS_BASELINE = 0.95
 TARGET_CACHE_SPEEDUP, TARGET_CACHE_TOKENS = 10.0, 512

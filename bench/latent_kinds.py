@@ -20,10 +20,11 @@ import argparse
 import functools
 import statistics
 
+from step import build, make_batch, train_step
+
 from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
                     interleaved_times, matmul_limits_gflops, median_ratio, mfu, model_config, setup_machine)
-from free_transformer.config import LatentConfig
-from step import build, make_batch, train_step
+from free_transformer.model.config import LatentConfig
 
 KINDS = ("binary_mapper", "bit_linear")
 

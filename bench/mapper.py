@@ -3,7 +3,7 @@
 Both variants sample the same index and run forward + backward of (r * grad_out).sum() with respect
 to the bit-logits (N, H) and the post-sampler table (2^H, D), in float32 (--dtype bf16: under bf16
 autocast, as the trainer's precision=bf16; the fused backward's matmul then runs in bf16).
-  fused  free_transformer.latent.binary_mapper_project: a row gather forward, a chunked backward.
+  fused  free_transformer.model.latent.binary_mapper_project: a row gather forward, a chunked backward.
   naive  (Y + G - detach(G)) @ W with Y and G materialised as (N, 2^H) tensors.
   matmul the one matmul the exact gradient needs, dR @ W^T ((N, D) x (D, 2^H), in the matmul dtype),
          alone: the floor of the fused variant. Its time is printed beside the fused one, with the
@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from common import (MIB, add_machine_arguments, describe_limits, describe_machine, interleaved_times,
                     matmul_limits_gflops, median_ratio, mfu, peak_memory_in_fresh_process, setup_machine)
-from free_transformer.devices import DTYPES
-from free_transformer.latent import binary_mapper_project, index_to_bits, sample_bits
+from free_transformer.base.devices import DTYPES
+from free_transformer.model.latent import binary_mapper_project, index_to_bits, sample_bits
 
 # (H, N tokens, D)
 FULL_GRID = [(h, n, d) for h in (8, 12, 16) for n in (1024, 4096) for d in (256, 512)]

@@ -27,7 +27,7 @@ What differs and cannot be matched by its options:
     and applies the post-sampler as a dense nn.Linear(2^H, D) to Y + G - detach(G): forward, weight
     gradient and input gradient are three B*T x 2^H x D matmuls over a mostly-zero input. Ours
     looks the row up in the forward, scatter-adds the weight gradient and needs only the one matmul
-    dR @ W^T for the bit-logit gradient, chunked, without an N x 2^H tensor (free_transformer.latent).
+    dR @ W^T for the bit-logit gradient, chunked, without an N x 2^H tensor (free_transformer.model.latent).
     Both compute the same gradients; this is what the comparison measures at large H.
   * Where R enters: x-transformers adds R after the block's input RMSNorm (k/v input = norm(x) + R);
     ours normalises x + R (the paper's block applied to in_kv = x + r). Same cost.
@@ -60,11 +60,11 @@ import statistics
 
 import torch
 
-from common import (MIB, add_machine_arguments, add_model_arguments, describe_limits, describe_machine,
-                    describe_size, interleaved_times, matmul_limits_gflops, median_ratio, mfu, model_config,
+from common import (MIB, add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
+                    interleaved_times, matmul_limits_gflops, median_ratio, mfu, model_config,
                     peak_memory_in_fresh_process, setup_machine)
-from free_transformer.config import ModelConfig
-from free_transformer.model import FreeTransformer
+from free_transformer.model.config import ModelConfig
+from free_transformer.model.transformer import FreeTransformer
 
 IMPLEMENTATIONS = ("ours", "x-transformers")
 KAPPA_NATS = math.log(2.0)  # x-transformers' default free-bits threshold, one bit

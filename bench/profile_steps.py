@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 
 import torch
+from step import BATCH, PAPER, PAPER_BATCH, PAPER_SEQ_LEN, SEQ_LEN, build, make_batch, model_config, train_step
 from torch.profiler import ProfilerActivity, profile
 
 from common import add_machine_arguments, describe_machine, setup_machine, sync
 from free_transformer import GenerationConfig, generate
-from step import BATCH, PAPER, PAPER_BATCH, PAPER_SEQ_LEN, SEQ_LEN, build, make_batch, model_config, train_step
 
 
 def top_operators(prof, device: torch.device, per: int, top: int) -> str:

@@ -3,7 +3,7 @@ against the same model with the Binary Mapper written naively, and against propo
 
 Step: forward + backward + a fused AdamW step, batch --batch, float32, a small model by default
 (L=4, D=128, heads 4/2, SwiGLU 384, vocab 256) so that the default run stays short.
-  ours   free_transformer.model.FreeTransformer as it is.
+  ours   free_transformer.model.transformer.FreeTransformer as it is.
   naive  the same model, weights and sampled Z, with the posterior's Binary Mapper + post-sampler
          computed as the paper writes it, (Y + G - detach(G)) @ W with Y and G materialised as
          (B*T, 2^H) tensors (bench/mapper.py: naive_mapper_project). Its loss is checked equal to ours.
@@ -35,14 +35,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from mapper import naive_mapper_project  # noqa: E402
 
 from common import (MIB, add_machine_arguments, add_model_arguments, describe_limits, describe_machine,  # noqa: E402
                     describe_size, interleaved_times, matmul_limits_gflops, mfu, model_config,
                     peak_memory_in_fresh_process, setup_machine)
-from free_transformer.config import LatentConfig, ModelConfig  # noqa: E402
-from free_transformer.latent import BinaryMapper, register_latent_kind  # noqa: E402
-from free_transformer.model import FreeTransformer  # noqa: E402
-from mapper import naive_mapper_project  # noqa: E402
+from free_transformer.model.config import LatentConfig, ModelConfig  # noqa: E402
+from free_transformer.model.latent import BinaryMapper, register_latent_kind  # noqa: E402
+from free_transformer.model.transformer import FreeTransformer  # noqa: E402
 
 VARIANTS = ("ours", "naive")
 KAPPA_NATS = math.log(2.0)

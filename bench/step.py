@@ -22,7 +22,7 @@ achieved TFLOP/s (the analytic count above / median step time) and its MFU, that
 matmul limit of the dtype the step runs its matmuls in (bf16 with --dtype bf16, else fp32).
 
 Sizes (--size): `narrow` (default) is dim 256 at the paper's depths, L in {8, 28}, T=256, B=8;
-`paper-1.5b` is free_transformer.config's named size (L=28, D=1536, 12/2 heads, vocab 2^17, tied),
+`paper-1.5b` is free_transformer.model.config's named size (L=28, D=1536, 12/2 heads, vocab 2^17, tied),
 H in {16, 8}, T=2048, B=4 by default: the GPU targets of docs/gpu.md, about 60 GiB at its peak in bf16
 (a GPU with 80 GB; never on a CPU). At that size the two models of a pair share one decoder: the
 baseline is made of the Free Transformer's own embedding, blocks and read-out (no copy) and both
@@ -37,7 +37,7 @@ activations. Both still run exactly their own forward, backward, clipping and Ad
     PYTHONPATH=src python bench/step.py --compare-loss [--vocab V] ...   # fused vs plain cross-entropy
 
 --compare-loss: the Free Transformer's step with the cross-entropy fused with the read-out
-(free_transformer.loss, what the trainer runs) against the plain one over the logits of every token
+(free_transformer.model.loss, what the trainer runs) against the plain one over the logits of every token
 (the model's return_logits=True), one model: time interleaved, peak memory each in a fresh process.
 """
 
@@ -54,9 +54,9 @@ from tqdm import tqdm
 
 from common import (MIB, add_machine_arguments, describe_limits, describe_machine, interleaved_times,
                     matmul_limits_gflops, median_ratio, mfu, peak_memory_in_fresh_process, setup_machine)
-from free_transformer.config import ModelConfig, named_config
 from free_transformer.distributed.parallelize import apply_compile, clip_grad_norm
-from free_transformer.model import FreeTransformer
+from free_transformer.model.config import ModelConfig, named_config
+from free_transformer.model.transformer import FreeTransformer
 from free_transformer.train.config import OptimConfig
 from free_transformer.train.optim import build_optimizer
 from free_transformer.train.validation import autocast_context
@@ -97,7 +97,7 @@ def saved_floats_per_token(cfg: ModelConfig) -> int:
     An RMSNorm keeps its input, the normalised input (for its weight's gradient) and its output (the
     next matmul's input): 3D. Each block: two norms (6D), q, k, v after RoPE (D + 2 kv), the attention
     output (D, read by o_proj as a view), gate, up, silu(gate) and their product (4F). The read-out:
-    the final norm (3D) and, the cross-entropy being fused with it (free_transformer.loss), the
+    the final norm (3D) and, the cross-entropy being fused with it (free_transformer.model.loss), the
     gradient with respect to its input (D) (and once per step, not per token, the read-out weight's
     gradient: analytic_memory_bytes; the plain path kept the log-softmax, V per token). The Free path adds the encoder block (the same count:
     its input is the next block's, already counted, but its attention output is copied for o_proj
@@ -233,7 +233,7 @@ def compare_compile(n_bits, n_layers, device, rounds, args, limits, tokens_per_s
 
 
 def compare_loss(n_bits, n_layers, device, rounds, args) -> None:
-    """The Free Transformer's step with the cross-entropy fused with the read-out (free_transformer.loss,
+    """The Free Transformer's step with the cross-entropy fused with the read-out (free_transformer.model.loss,
     what the trainer runs) against the plain one (the logits of every token, then F.cross_entropy: the
     model's return_logits=True): peak memory in fresh processes, and time in interleaved rounds."""
     cfg = model_config(n_bits, n_layers, args.size, args.vocab)

@@ -40,7 +40,7 @@ def tiny_model(seed=0, dtype=None, device="cpu", **overrides) -> FreeTransformer
 
 def tiny_checkpoint(root, name: str, latent_bits: int, **overrides):
     """A byte-tokenizer run directory with one checkpoint of a small random model (vocab 256)."""
-    from free_transformer.checkpoint import save_checkpoint
+    from free_transformer.runs.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     values = dict(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64,
@@ -180,7 +180,7 @@ class Payload:
 def rewrite_checksums(checkpoint):
     """Record the current digests of the files a checkpoint's SHA256SUMS lists: what an attacker who
     rewrites a checkpoint file does to SHA256SUMS too."""
-    from free_transformer.fileio import sha256_file
+    from free_transformer.base.fileio import sha256_file
 
     names = [line.split("  ", 1)[1] for line in (checkpoint / "SHA256SUMS").read_text().splitlines()]
     (checkpoint / "SHA256SUMS").write_text("".join(f"{sha256_file(checkpoint / name)}  {name}\n" for name in names))

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from free_transformer import layers
+from free_transformer.model import layers
 
 META = torch.device("meta")
 

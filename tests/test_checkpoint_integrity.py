@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from conftest import TINY, Payload, rewrite_checksums, tiny_checkpoint
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import free_transformer
-from conftest import TINY, Payload, rewrite_checksums, tiny_checkpoint
-from free_transformer.checkpoint import CheckpointError, checkpoint_dirs, load_model, verify_checkpoint
+from free_transformer.base.fileio import sha256_file
 from free_transformer.cli import main
-from free_transformer.config import ModelConfig
-from free_transformer.fileio import sha256_file
-from free_transformer.model import FreeTransformer
+from free_transformer.model.config import ModelConfig
+from free_transformer.model.transformer import FreeTransformer
+from free_transformer.runs.checkpoint import CheckpointError, checkpoint_dirs, load_model, verify_checkpoint
 
 
 def _one_line_error(capsys_or_err) -> str:

@@ -4,12 +4,12 @@ step and a decoding step, and the numbers of the GPU against the CPU. Skipped wi
 
 import pytest
 import torch
+from conftest import tiny_model
+from reference import naive_mapper_project
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from free_transformer import FreeTransformer, ModelConfig
-from free_transformer.latent import binary_mapper, binary_mapper_project
-from conftest import tiny_model
-from reference import naive_mapper_project
+from free_transformer.model.latent import binary_mapper, binary_mapper_project
 
 pytestmark = pytest.mark.cuda
 CUDA = torch.device("cuda")
@@ -47,10 +47,11 @@ def test_trainer_step_and_decoding_steps_never_synchronise(tmp_path):
     their work without waiting for the GPU: any host synchronisation (.item(), a host-side comparison
     of a device value, a pageable host-to-device copy) raises under sync debug mode "error". That is
     what CUDA-graph capture and a launch-bound loop need."""
-    from free_transformer.distributed import setup
-    from free_transformer.generate import static_decode_step
-    from free_transformer.train.trainer import StopSignals, build, train_step
     from conftest import tiny_run_config
+
+    from free_transformer.distributed import setup
+    from free_transformer.inference.generate import static_decode_step
+    from free_transformer.train.trainer import StopSignals, build, train_step
 
     config = tiny_run_config("device=cuda", "precision=bf16")
     run = build(config, tmp_path / "run", setup("none", None, CUDA), resume=False, init_from=None)

@@ -8,14 +8,14 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from free_transformer import layers
-from free_transformer.generate import GenerationConfig, SamplingVariant, static_decode_step
-from free_transformer.latent import binary_mapper, binary_mapper_project
-from free_transformer.seeding import generators
 from conftest import tiny_model, tiny_run_config
 from cuda_semantics import META, DeviceWork, HostValue, MathKernelOnly, cuda_dispatch, cuda_kernel, cuda_sdpa
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from free_transformer.model import layers
+from free_transformer.base.seeding import generators
+from free_transformer.inference.generate import GenerationConfig, SamplingVariant, static_decode_step
+from free_transformer.model.latent import binary_mapper, binary_mapper_project
 
 DTYPES = [torch.float32, torch.bfloat16]
 B = 2

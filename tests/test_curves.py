@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import run_losses, tiny_run_config
-from free_transformer.checkpoint import load_model
+
+from free_transformer.base.checks import ConfigError
 from free_transformer.cli import main
-from free_transformer.config import ConfigError
+from free_transformer.eval.record import CurveRecord, read_record, record_path
 from free_transformer.reports.curves import load_curve
 from free_transformer.reports.figures import curve_panels
-from free_transformer.eval.record import CurveRecord, read_record, record_path
+from free_transformer.runs.checkpoint import load_model
 from free_transformer.train.metrics import read_metrics
 from free_transformer.train.trainer import train
 
@@ -139,7 +139,7 @@ def test_a_record_line_cut_short_is_skipped_and_appends_go_on(tmp_path):
 
 def _task(values: list[float], groups=None) -> dict:
     per_doc = [{"id": str(i), "group": None if groups is None else groups[i], "score": v} for i, v in enumerate(values)]
-    from free_transformer.eval.metrics import aggregate
+    from free_transformer.eval.task_metrics import aggregate
 
     return {"metric": "acc_completion", "paper_name": "arc_easy", "category": "Multi-choice general knowledge / common "
             "sense", "value": aggregate(values, groups), "n": len(values), "per_doc": per_doc}

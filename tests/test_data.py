@@ -115,7 +115,7 @@ def _stream(dataset, split):
 
 
 def test_gpt2_text_dataset_ends_every_document_with_end_of_text(tmp_path):
-    from free_transformer.tokenizer import get_tokenizer
+    from free_transformer.data.tokenizer import get_tokenizer
 
     gpt2 = get_tokenizer("gpt2")
     a, b = "Hello world.\n" * 20, "Exit, pursued by a bear.\n" * 20
@@ -137,6 +137,7 @@ CORPUS = {"a_m.txt": "first play\n" * 30, "b_m.txt": "second play\n" * 30, "c_m.
 
 def test_named_corpus_holds_out_its_own_documents(tmp_path, monkeypatch):
     from conftest import fake_corpus
+
     from free_transformer.data.corpora import read_heldout
 
     fake_corpus(tmp_path, monkeypatch, CORPUS, heldout=("b_m.txt",))
@@ -156,8 +157,9 @@ def test_named_corpus_holds_out_its_own_documents(tmp_path, monkeypatch):
 
 def test_named_corpus_errors(tmp_path, monkeypatch):
     from conftest import fake_corpus
+
+    from free_transformer.base.errors import UserError
     from free_transformer.data.corpora import CORPORA, NamedCorpus
-    from free_transformer.errors import UserError
 
     with pytest.raises(UserError, match="unknown corpus 'nope'; choose one of shakespeare"):
         build_dataset(text_config(path="corpus:nope"), seed=0)

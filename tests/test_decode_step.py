@@ -7,14 +7,14 @@ import weakref
 
 import pytest
 import torch
-
-from free_transformer import GenerationConfig, generate
-from free_transformer.generate import static_decode_step
-from free_transformer.latent import uniform_latents
-from free_transformer.latent.sampling import uniform_latents_
 from conftest import tiny_model
 
-generate_module = importlib.import_module("free_transformer.generate")  # the package's `generate` is the function
+from free_transformer import GenerationConfig, generate
+from free_transformer.inference.generate import static_decode_step
+from free_transformer.model.latent import uniform_latents
+from free_transformer.model.latent.sampling import uniform_latents_
+
+generate_module = importlib.import_module("free_transformer.inference.generate")  # the package's `generate` is the function
 
 GREEDY = GenerationConfig(max_new_tokens=7, temperature=0)
 SAMPLED = GenerationConfig(max_new_tokens=7, temperature=0.7, top_k=30, top_p=0.95)

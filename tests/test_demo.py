@@ -3,7 +3,6 @@ import math
 
 import pytest
 import torch
-
 from conftest import tiny_model
 from test_unchanged import SMOKE, same_measures
 

@@ -7,15 +7,14 @@ import pytest
 import torch
 from conftest import TINY, run_losses, tiny_run_config
 
+from free_transformer.base.seeding import seed_of
 from free_transformer.cli import main
-from free_transformer.config import named_config
 from free_transformer.data import build_dataset
-from free_transformer.model import FreeTransformer
-from free_transformer.train.validation import latent_warning
-from free_transformer.train.validation import validate
+from free_transformer.model.config import named_config
+from free_transformer.model.transformer import FreeTransformer
 from free_transformer.train.metrics import read_metrics
-from free_transformer.seeding import seed_of
 from free_transformer.train.trainer import train
+from free_transformer.train.validation import latent_warning, validate
 
 LN2 = math.log(2.0)
 
@@ -158,7 +157,7 @@ def _kl_split_by_enumeration(bit_logits):
 
 
 def test_kl_split_is_information_plus_prior_mismatch():
-    from free_transformer.measures import kl_split
+    from free_transformer.analysis.measures import kl_split
 
     logits = torch.randn(5, 3, 3, generator=torch.Generator().manual_seed(0)) * 2
     information, mismatch = _kl_split_by_enumeration(logits)

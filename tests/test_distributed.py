@@ -22,11 +22,11 @@ import pytest
 import torch
 
 import free_transformer
-from free_transformer.checkpoint import CheckpointError, checkpoint_dirs, load_model
+from free_transformer.base.checks import ConfigError
 from free_transformer.cli import main
-from free_transformer.config import ConfigError
 from free_transformer.distributed import ParallelEnv
-from free_transformer.distributed.checkpoint import is_sharded
+from free_transformer.distributed.sharded_checkpoint import is_sharded
+from free_transformer.runs.checkpoint import CheckpointError, checkpoint_dirs, load_model
 from free_transformer.train.config import load_train_config
 from free_transformer.train.noise import latent_row_generators
 from free_transformer.train.trainer import train
@@ -230,7 +230,7 @@ def test_sigterm_to_torchrun_saves_a_sharded_checkpoint_that_resumes(tmp_path):
 def test_a_damaged_sharded_checkpoint_is_found_and_passed_over(runs, tmp_path, capsys):
     """Sharded checkpoints carry SHA256SUMS of config.json and every DCP file, as single-file ones do: a
     damaged shard fails verification, and --resume's search goes on to the previous intact checkpoint."""
-    from free_transformer.checkpoint import newest_intact_checkpoint, verify_checkpoint
+    from free_transformer.runs.checkpoint import newest_intact_checkpoint, verify_checkpoint
 
     run = shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
     newest = checkpoint_dirs(run)[-1]
@@ -253,7 +253,8 @@ def test_a_crafted_sharded_checkpoint_metadata_never_runs(runs, tmp_path, capsys
     import pickle
 
     from conftest import Payload, rewrite_checksums
-    from free_transformer.checkpoint import verify_checkpoint
+
+    from free_transformer.runs.checkpoint import verify_checkpoint
 
     run, marker = shutil.copytree(runs / "fsdp", tmp_path / "fsdp"), tmp_path / "payload-ran"
     newest = checkpoint_dirs(run)[-1]

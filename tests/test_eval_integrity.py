@@ -10,8 +10,8 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import tiny_checkpoint
+
 from free_transformer.eval.programs import check_completion
 from free_transformer.eval.sandbox import SandboxLimits, run_python
 

@@ -5,10 +5,10 @@ import math
 
 import pytest
 import torch
-
 from conftest import tiny_model
+
+from free_transformer.analysis.measures import log_q
 from free_transformer.eval.likelihood import heldout_likelihood, windows
-from free_transformer.measures import log_q
 
 
 class _Bytes:

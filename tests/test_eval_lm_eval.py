@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_checkpoint
 
 DATA = Path(__file__).parent / "data" / "lm_eval"
@@ -62,7 +61,7 @@ def test_adapter_device_from_model_args_and_from_lm_eval(tmp_path):
     and a device that does not exist is a DeviceError (one line from the CLI)."""
     import torch
 
-    from free_transformer.devices import DeviceError
+    from free_transformer.base.devices import DeviceError
     from free_transformer.eval.lm_eval_adapter import FreeTransformerLM
 
     checkpoint = str(tiny_checkpoint(tmp_path, "run", 4))

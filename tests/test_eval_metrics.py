@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from free_transformer.eval import metrics
-from free_transformer.reports.compare import paper_colour
+from free_transformer.eval import task_metrics as metrics
+from free_transformer.reports.comparison import paper_colour
 
 
 def test_exact_match_normalises_like_squad():
@@ -65,7 +65,7 @@ def _run(scores, label):
 
 
 def test_comparison_rows_stars_only_intervals_on_enough_documents():
-    from free_transformer.reports.compare import build_rows, to_markdown
+    from free_transformer.reports.comparison import build_rows, to_markdown
 
     many = build_rows([_run([0, 1] * 30, "base"), _run([1, 1] * 30, "free")], samples=300)
     cell = many[0].others[0]

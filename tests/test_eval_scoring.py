@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
-
 from conftest import tiny_model
+
 from free_transformer.eval.scoring import (LatentPolicy, _generators, continuation_logprobs, cut_at_stop, fit_window,
                                            generate_texts, log_mean_exp)
-from free_transformer.latent import uniform_latents
+from free_transformer.model.latent import uniform_latents
 
 REQUESTS = [
     [([1, 2, 3, 4], [5, 6]), ([1, 2, 3, 4], [7]), ([1, 2, 3, 4], [8, 9, 10])],

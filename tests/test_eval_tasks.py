@@ -4,10 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from free_transformer.eval.catalog import DEFAULT_TASKS, PAPER_TASKS
-from free_transformer.eval.task_data import DataUnavailable
-from free_transformer.eval.catalog import get_benchmark
+from free_transformer.eval.catalog import DEFAULT_TASKS, PAPER_TASKS, get_benchmark
 from free_transformer.eval.prepare import prepare
+from free_transformer.eval.task_data import DataUnavailable
 from free_transformer.eval.tasks import GenerationDoc, MultipleChoiceDoc, choose_shots
 
 DATA = Path(__file__).parent / "data"

@@ -9,18 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from conftest import tiny_config
+from reference import naive_forward
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from free_transformer import FreeTransformer
-from free_transformer.checkpoint import load_model, load_training_state, optimizer_param_names, upgrade_optimizer_state
-from free_transformer.config import LatentConfig
-from free_transformer.distributed.checkpoint import consolidate, load_sharded, load_single_file
-from free_transformer.model import FUSED_PROJECTIONS, part_names, split_state_dict
+from free_transformer.distributed.sharded_checkpoint import consolidate, load_sharded, load_single_file
+from free_transformer.model.config import LatentConfig
+from free_transformer.model.transformer import FUSED_PROJECTIONS, part_names, split_state_dict
+from free_transformer.runs.checkpoint import (load_model, load_training_state, optimizer_param_names,
+                                              upgrade_optimizer_state)
 from free_transformer.train.config import OptimConfig
 from free_transformer.train.optim import build_optimizer
-from conftest import tiny_config
-from reference import naive_forward
 
 LEGACY_RUN = Path(__file__).parent / "data" / "legacy-run"  # written by 0.1: separate q/k/v and gate/up
 

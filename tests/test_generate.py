@@ -4,12 +4,12 @@ import weakref
 
 import pytest
 import torch
-
-from free_transformer import GenerationConfig, generate, infer_latents, shared_prior_latents
-from free_transformer.generate import StaticDecodeStep, filter_logits, static_decode_step
 from conftest import tiny_model, tolerance
 
-generate_module = importlib.import_module("free_transformer.generate")  # the package's `generate` is the function
+from free_transformer import GenerationConfig, generate, infer_latents, shared_prior_latents
+from free_transformer.inference.generate import StaticDecodeStep, filter_logits, static_decode_step
+
+generate_module = importlib.import_module("free_transformer.inference.generate")  # the package's `generate` is the function
 
 
 def _prompts(B=3, P=5, device="cpu"):

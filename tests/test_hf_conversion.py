@@ -9,15 +9,15 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import tiny_model  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from conftest import tiny_model  # noqa: E402
 from free_transformer import FreeTransformer, GenerationConfig, generate  # noqa: E402
-from free_transformer.checkpoint import load_model, save_checkpoint  # noqa: E402
 from free_transformer.cli import main  # noqa: E402
-from free_transformer.model import split_state_dict  # noqa: E402
-from free_transformer.hf.conversion import (  # noqa: E402
-    ConversionError, convert, detect_format, llama_model_config, load_llama, save_llama, with_fresh_latent_path)
+from free_transformer.hf.conversion import (ConversionError, convert, detect_format, llama_model_config,  # noqa: E402
+                                            load_llama, save_llama, with_fresh_latent_path)
+from free_transformer.model.transformer import split_state_dict  # noqa: E402
+from free_transformer.runs.checkpoint import load_model, save_checkpoint  # noqa: E402
 
 
 def tiny_llama(tmp_path, tie: bool, seed=0, **overrides) -> tuple[LlamaForCausalLM, str]:
@@ -166,7 +166,7 @@ def test_llama_tokenizer_travels_with_the_conversion(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from free_transformer.tokenizer import get_tokenizer as tokenizer_from_name
+    from free_transformer.data.tokenizer import get_tokenizer as tokenizer_from_name
 
     _, directory = tiny_llama(tmp_path, tie=True)
     words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))

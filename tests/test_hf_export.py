@@ -15,9 +15,10 @@ import torch
 pytest.importorskip("transformers")
 
 from conftest import tiny_checkpoint  # noqa: E402
-from free_transformer.checkpoint import load_model  # noqa: E402
+
 from free_transformer.cli import main  # noqa: E402
-from free_transformer.tokenizer import get_tokenizer  # noqa: E402
+from free_transformer.data.tokenizer import get_tokenizer  # noqa: E402
+from free_transformer.runs.checkpoint import load_model  # noqa: E402
 
 # Run in a fresh interpreter whose import system refuses free_transformer: what a virtual environment
 # with transformers and torch but without our package sees.

@@ -6,9 +6,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import tiny_config, tiny_model  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache  # noqa: E402
 
-from conftest import tiny_config, tiny_model  # noqa: E402
 from free_transformer import ConfigError, GenerationConfig, generate, infer_latents, shared_prior_latents  # noqa: E402
 from free_transformer.hf import FreeTransformerConfig, FreeTransformerForCausalLM  # noqa: E402
 from free_transformer.hf.modeling import CACHE_FIELD  # noqa: E402

@@ -46,9 +46,9 @@ def test_a_pickled_result_in_the_sweeps_slurm_folder_never_runs(tmp_path, monkey
     """Anyone who can write OUT can put a pickle where submitit keeps a job's result: attaching to the job
     reads the job's JSON result, never that pickle."""
     pytest.importorskip("submitit")
-    from free_transformer.experiments.slurm import SlurmLauncher, SlurmOptions
-    from free_transformer.experiments.slurm_cluster import SlurmError
-    from free_transformer.experiments.slurm_record import FAILED, JobEntry, Record, jobs_dir
+    from free_transformer.experiments.launch.slurm import SlurmLauncher, SlurmOptions
+    from free_transformer.experiments.launch.slurm_cluster import SlurmError
+    from free_transformer.experiments.launch.slurm_record import FAILED, JobEntry, Record, jobs_dir
 
     out, marker = tmp_path / "sweep", tmp_path / "payload-ran"
     Record(out).set("free", JobEntry("4242", "RUNNING", "slurm/jobs/4242_0_log.err", 1))
@@ -66,8 +66,8 @@ def test_a_sweep_with_a_relative_out_records_its_job_and_finishes(tmp_path, monk
     """The study's default --out is relative (runs/study) while submitit's paths are absolute; the job's result
     and the report's come back through their JSON files."""
     pytest.importorskip("submitit")
-    from free_transformer.experiments.slurm import SlurmLauncher, SlurmOptions
-    from free_transformer.experiments.slurm_record import FINISHED, Record
+    from free_transformer.experiments.launch.slurm import SlurmLauncher, SlurmOptions
+    from free_transformer.experiments.launch.slurm_record import FINISHED, Record
 
     monkeypatch.chdir(tmp_path)
     launcher = SlurmLauncher(SlurmOptions(report_on="slurm"), Path("sweep"), cluster="local", poll_seconds=0.2)
@@ -88,7 +88,7 @@ KILLED_TOKENIZER = """
 import sys, time
 from pathlib import Path
 from free_transformer.data.tokenizing import encode_corpus
-from free_transformer.tokenizer import get_tokenizer
+from free_transformer.data.tokenizer import get_tokenizer
 ids = encode_corpus([Path(sys.argv[1])], get_tokenizer("byte"), workers=2, progress=False, batch_chars=1000)
 next(ids)
 print("encoding", flush=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from free_transformer import __version__
-from free_transformer.install import DISTRIBUTION, EVAL_INSTALL, install_hint
+from free_transformer.base.install import DISTRIBUTION, EVAL_INSTALL, install_hint
 
 ROOT = Path(__file__).resolve().parent.parent
 tomllib = pytest.importorskip("tomllib")

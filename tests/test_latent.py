@@ -4,19 +4,11 @@ import weakref
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from reference import naive_kl_to_uniform, naive_mapper_project
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from free_transformer.latent import BitLinear, binary_mapper
-from free_transformer.latent import (
-    binary_mapper_project,
-    free_bits_kl,
-    index_to_bits,
-    kl_to_uniform,
-    project_latents,
-    sample_bits,
-    uniform_latents,
-)
-from reference import naive_kl_to_uniform, naive_mapper_project
+from free_transformer.model.latent import (BitLinear, binary_mapper, binary_mapper_project, free_bits_kl, index_to_bits,
+                                           kl_to_uniform, project_latents, sample_bits, uniform_latents)
 
 
 def _inputs(n_rows, n_bits, dim, seed=0, device="cpu"):
@@ -181,8 +173,8 @@ def test_the_readme_example_registers_a_latent_variant_that_trains():
     from pathlib import Path
 
     from free_transformer import FreeTransformer, named_config
-    from free_transformer.config import LatentConfig
-    from free_transformer.latent import LATENT_KINDS
+    from free_transformer.model.config import LatentConfig
+    from free_transformer.model.latent import LATENT_KINDS
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     block = readme.split("### Adding a latent variant", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]

@@ -1,4 +1,4 @@
-"""The cross-entropy fused with the read-out (free_transformer.loss) against the plain one: the same loss
+"""The cross-entropy fused with the read-out (free_transformer.model.loss) against the plain one: the same loss
 and gradients, IGNORE_INDEX respected, tied and untied heads, compiled and eager, and a training step
 that never allocates a float tensor the size of all its logits."""
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from conftest import tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from free_transformer.loss import IGNORE_INDEX, cross_entropy, readout_cross_entropy
+from free_transformer.model.loss import IGNORE_INDEX, cross_entropy, readout_cross_entropy
 
 # float64: both paths compute the same sums in another order; float32: the same at its rounding.
 TOLERANCE = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=1e-5, atol=1e-6)}

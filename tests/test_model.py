@@ -1,12 +1,12 @@
 import pytest
 import torch
-
-from free_transformer import ConfigError, FreeTransformer, ModelConfig, named_config
-from free_transformer.config import LatentConfig
-from free_transformer.latent import check_latent_indices, free_bits_kl
-from free_transformer.model import split_state_dict
 from conftest import on_cpu, tiny_config, tiny_model, tolerance
 from reference import naive_forward
+
+from free_transformer import ConfigError, FreeTransformer, ModelConfig, named_config
+from free_transformer.model.config import LatentConfig
+from free_transformer.model.latent import check_latent_indices, free_bits_kl
+from free_transformer.model.transformer import split_state_dict
 
 
 def _tokens(B=2, T=12, vocab=50, seed=0, device="cpu"):
@@ -205,7 +205,7 @@ def test_bf16_autocast_forward_backward(device):
 
 
 def test_gqa_route_policy():
-    from free_transformer.layers import gqa_route
+    from free_transformer.model.layers import gqa_route
 
     assert gqa_route("cpu", torch.float32, 128, masked=False) == "native"
     assert gqa_route("cuda", torch.bfloat16, 128, masked=False) == "native"  # flash takes GQA itself
@@ -218,7 +218,7 @@ def test_gqa_route_policy():
 def test_cuda_gqa_routes_give_the_native_attention(dtype, monkeypatch):
     """The routes a GPU takes (rows folded, K/V repeated), run here on CPU: the same logits as SDPA's
     own enable_gqa, for a full forward, a masked chunk after a cache, one-token steps and a static step."""
-    from free_transformer import layers
+    from free_transformer.model import layers
 
     model = tiny_model(dtype=torch.float32)
     tokens, latents = _tokens(T=12), torch.randint(0, 16, (2, 12))

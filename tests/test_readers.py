@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from free_transformer.data import DATA_KINDS, DataConfig, DataError, build_dataset, register_data_kind
-from free_transformer.data import readers
+from free_transformer.data import DATA_KINDS, DataConfig, DataError, build_dataset, readers, register_data_kind
 from free_transformer.data.config import TextConfig, TokensConfig, data_kinds
 from free_transformer.data.shards import read_shard, write_shards
+from free_transformer.data.tokenizer import get_tokenizer
 from free_transformer.data.tokenizing import encode_corpus
-from free_transformer.tokenizer import get_tokenizer
 
 DOCS = ["first document\nwith two lines", "ünïcödé and émoji 🙂", "", "third\n\nwith a blank line\n"]
 
@@ -314,7 +313,7 @@ data:
 
 
 def test_old_flat_configs_load_to_the_same_dataset(tmp_path):
-    from free_transformer.config import ConfigError
+    from free_transformer.base.checks import ConfigError
     from free_transformer.train.config import load_train_config, save_train_config
 
     legacy_run = load_train_config(Path(__file__).parent / "data" / "legacy-run" / "config.yaml")

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from free_transformer.checkpoint import checkpoint_dirs, load_model, load_training_state, verify_checkpoint
-from conftest import TINY, Payload, rewrite_checksums, tiny_run_config as _config, run_losses as _losses
+from conftest import TINY, Payload, rewrite_checksums
+from conftest import run_losses as _losses
+from conftest import tiny_run_config as _config
 from conftest import wait_for_step as _wait_for_step
+
 from free_transformer.cli import main
+from free_transformer.runs.checkpoint import checkpoint_dirs, load_model, load_training_state, verify_checkpoint
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics
 from free_transformer.train.trainer import TrainingError, train
-
 
 
 def _cli(out, *args, preexec_fn=None):
@@ -172,7 +173,7 @@ def test_every_entry_point_rejects_a_bad_device_in_one_line(tmp_path, capsys, de
 
 
 def test_parse_device_accepts_what_exists():
-    from free_transformer.devices import parse_device
+    from free_transformer.base.devices import parse_device
 
     assert parse_device("cpu") == torch.device("cpu") and parse_device(" CPU ") == torch.device("cpu")
     assert parse_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -512,8 +513,8 @@ def test_tokenizing_clears_what_a_killed_tokenizer_left(tmp_path):
     """A SIGKILLed tokenize leaves NAME.partialPID files: the next run removes those of dead processes
     (never a live process's)."""
     from free_transformer.data.shards import ShardWriter
+    from free_transformer.data.tokenizer import get_tokenizer
     from free_transformer.data.tokenizing import tokenize_files
-    from free_transformer.tokenizer import get_tokenizer
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
@@ -565,7 +566,8 @@ def test_eval_refuses_sandbox_limits_that_fail_every_program(tmp_path, capsys):
 
 def _eval_run(tmp_path):
     from conftest import tiny_checkpoint
-    from free_transformer.checkpoint import save_checkpoint
+
+    from free_transformer.runs.checkpoint import save_checkpoint
 
     run = tiny_checkpoint(tmp_path, "run", 4)
     model, metadata = load_model(run)
@@ -603,7 +605,7 @@ def test_one_writer_of_an_evaluation_record_and_no_step_recorded_twice(tmp_path,
     it once; a checkpoint that training rotated away meanwhile is skipped, not an error."""
     from free_transformer.commands import eval as command
     from free_transformer.eval.record import CurveRecord, read_record
-    from free_transformer.runlock import RunLock
+    from free_transformer.runs.runlock import RunLock
 
     run = _eval_run(tmp_path)
     args = ["eval", str(run), "--checkpoints", "all", "--tasks", "arc_easy", "--limit", "2", "--no-progress"]
@@ -643,7 +645,7 @@ def test_a_data_file_without_the_tasks_fields_is_one_line(task, tmp_path, capsys
 
 
 def test_a_full_disk_while_logging_is_one_line_that_says_how_to_go_on(tmp_path):
-    from free_transformer.errors import UserError
+    from free_transformer.base.errors import UserError
     from free_transformer.train.metrics import MetricsLog
 
     log = MetricsLog(tmp_path)

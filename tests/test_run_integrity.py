@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY, tiny_checkpoint, wait_for_step
 
+from free_transformer.base.errors import UserError
 from free_transformer.cli import main
 from free_transformer.eval.record import CurveRecord
-from free_transformer.errors import UserError
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics
 

@@ -14,12 +14,12 @@ import time
 import pytest
 from conftest import run_losses, tiny_run_config
 
+from free_transformer.base.errors import Stopped, UserError
 from free_transformer.cli import main
-from free_transformer.errors import Stopped, UserError
-from free_transformer.experiments.pool import train_one
-from free_transformer.experiments.slurm import SlurmLauncher, SlurmOptions
-from free_transformer.experiments.slurm_cluster import SlurmError
-from free_transformer.experiments.slurm_record import FAILED, FINISHED, STOPPED, Record
+from free_transformer.experiments.launch.pool import train_one
+from free_transformer.experiments.launch.slurm import SlurmLauncher, SlurmOptions
+from free_transformer.experiments.launch.slurm_cluster import SlurmError
+from free_transformer.experiments.launch.slurm_record import FAILED, FINISHED, STOPPED, Record
 from free_transformer.train.metrics import read_metrics
 
 pytest.importorskip("submitit")

@@ -6,12 +6,12 @@ import json
 import pytest
 from test_unchanged import SMOKE, same_measures
 
+from free_transformer.analysis.measures import honest_bits
 from free_transformer.cli import main
 from free_transformer.commands.arguments import parse_seeds
 from free_transformer.commands.study import parse_kappas
 from free_transformer.experiments.study.presets import PRESETS, StudyPlan, variants
 from free_transformer.experiments.study.report import summarize
-from free_transformer.measures import honest_bits
 
 
 def test_the_plan_trains_both_baselines_and_every_kappa(tmp_path):

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from free_transformer.config import ConfigError
+from free_transformer.base.checks import ConfigError
 from free_transformer.experiments.demo.presets import PRESETS as DEMO
 from free_transformer.experiments.demo.run import VARIANTS, demo_sweep
-from free_transformer.experiments.sweep import Sweep, Variant
+from free_transformer.experiments.launch.sweep import Sweep, Variant
 from free_transformer.train.config import TrainConfig, apply_overrides, load_train_config, overrides_of
 
 

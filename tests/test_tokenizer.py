@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from free_transformer.errors import UserError
-from free_transformer.tokenizer import GPT2_PACKAGE, get_tokenizer
+from free_transformer.base.errors import UserError
+from free_transformer.data.tokenizer import GPT2_PACKAGE, get_tokenizer
 
 TEXT = "Hello world! Wherefore art thou, Romeo?\n\n  Ünïcödé — 日本語 🤖\ttabs   and 's 'll 123 4567\n"
 

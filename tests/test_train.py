@@ -9,22 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY
+from conftest import run_losses as _losses
+from conftest import tiny_run_config as _config
+from conftest import wait_for_step as _wait_for_step
 
-from free_transformer.checkpoint import (
-    CheckpointError,
-    checkpoint_dirs,
-    load_model,
-    load_training_state,
-    save_checkpoint,
-)
-from conftest import TINY, tiny_run_config as _config, run_losses as _losses, wait_for_step as _wait_for_step
+from free_transformer.base.checks import ConfigError
 from free_transformer.cli import main
-from free_transformer.config import ConfigError
+from free_transformer.runs.checkpoint import (CheckpointError, checkpoint_dirs, load_model, load_training_state,
+                                              save_checkpoint)
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics
 from free_transformer.train.optim import lr_factor, parameter_groups
 from free_transformer.train.trainer import StopSignals, TrainingError, _rng_state, train
-
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
@@ -221,7 +218,7 @@ def test_kill_while_pruning_never_leaves_a_partial_checkpoint(tmp_path, monkeypa
     """Pruning an old checkpoint deletes file by file; a process killed half-way must not leave a step_*
     directory that lacks some of its files (it used to: test_sigkill found one)."""
     from free_transformer import FreeTransformer
-    from free_transformer import checkpoint as checkpoint_module
+    from free_transformer.runs import checkpoint as checkpoint_module
 
     model = FreeTransformer(_config().model)
     state = {"optimizer": torch.optim.AdamW(model.parameters()).state_dict(), "rng": _rng_state(torch.device("cpu"))}
@@ -261,7 +258,7 @@ def test_a_run_written_before_the_latent_path_module_loads_and_resumes_to_the_sa
 
 
 def test_latent_kind_and_encoder_depth_from_the_command_line(tmp_path):
-    from free_transformer.config import LatentConfig
+    from free_transformer.model.config import LatentConfig
 
     assert main(["train", "--out", str(tmp_path), *TINY, "steps=2", "model.latent.kind=bit_linear",
                  "model.latent.encoder_layers=2"]) == 0

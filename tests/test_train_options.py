@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from free_transformer.config import named_config
 from free_transformer.distributed.parallelize import apply_activation_checkpointing, apply_compile
-from free_transformer.model import FreeTransformer
+from free_transformer.model.config import named_config
+from free_transformer.model.transformer import FreeTransformer
 from free_transformer.train import trainer
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics

@@ -1,10 +1,12 @@
 """The Free Transformer (Fleuret, 2025): a decoder conditioned on latent random decisions."""
 
-from .config import NAMED_CONFIGS, ConfigError, ModelConfig, named_config
-from .units import bits_to_nats, nats_to_bits
-from .generate import GenerationConfig, GenerationResult, generate, infer_latents, shared_prior_latents
-from .latent import binary_mapper_project, kl_to_uniform
-from .model import FreeTransformer, ModelOutput
+from .base.checks import ConfigError
+from .base.units import bits_to_nats, nats_to_bits
+from .base.version import __version__
+from .inference.generate import GenerationConfig, GenerationResult, generate, infer_latents, shared_prior_latents
+from .model.config import NAMED_CONFIGS, ModelConfig, named_config
+from .model.latent import binary_mapper_project, kl_to_uniform
+from .model.transformer import FreeTransformer, ModelOutput
 
 __all__ = [
     "NAMED_CONFIGS",
@@ -23,4 +25,3 @@ __all__ = [
     "nats_to_bits",
     "shared_prior_latents",
 ]
-__version__ = "0.2.0"  # CHANGELOG.md; pyproject.toml reads it from here

@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from .errors import Stopped, UserError
+from .base.errors import Stopped, UserError
 
 COMMAND_MODULES = ["demo", "study", "train", "inspect", "generate", "eval", "compare", "info", "convert",
                    "consolidate", "tokenize"]
@@ -30,7 +30,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .base.version import __version__
 
     parser = argparse.ArgumentParser(prog="free-transformer", description="The Free Transformer (Fleuret, 2025).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..devices import parse_device
-from ..experiments.launchers import Launcher, LocalLauncher
-from ..experiments.slurm import SlurmLauncher, SlurmOptions, parse_slurm_args
-
+from ..base.devices import parse_device
+from ..experiments.launch.launchers import Launcher, LocalLauncher
+from ..experiments.launch.slurm import SlurmLauncher, SlurmOptions, parse_slurm_args
 
 MAX_SEEDS = 1000  # seeds of one sweep: each trains every model, so more is a typo, not a plan
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64

@@ -33,7 +33,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..reports.compare import build_rows, load_results, to_html, to_markdown, to_text
+    from ..reports.comparison import build_rows, load_results, to_html, to_markdown, to_text
     from ..reports.curves import has_curve, load_curve
 
     if len(args.runs) < 2:
@@ -67,7 +67,7 @@ def run(args) -> int:
         raise ValueError(f"{existing[0]} already exists: choose another --output, or pass --overwrite to replace it")
     output.parent.mkdir(parents=True, exist_ok=True)
     if any(curves):
-        from ..curves import draw
+        from ..base.plotting import draw
         from ..reports.figures import curve_panels
 
         figure = output.with_suffix(".png")
@@ -83,7 +83,7 @@ def run(args) -> int:
 
 def _note(labels: list[str], runs: list[dict], curves: list) -> str:
     """What the table rests on: each run's latents, the evaluations of each curve, and what is not compared."""
-    from ..reports.compare import heldout_mismatch
+    from ..reports.comparison import heldout_mismatch
     from ..reports.curves import LATENT_SETTINGS, settings_difference
 
     note = "Latents: " + "; ".join(f"{label}: {r.get('latents', {}).get('latents', '?')}"

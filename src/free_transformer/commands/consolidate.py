@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..distributed.checkpoint import consolidate
+from ..distributed.sharded_checkpoint import consolidate
 
 NAME = "consolidate"
 HELP = ("gather the sharded (DCP) checkpoint of a ddp / fsdp run into model.safetensors, so that generate, "

@@ -7,7 +7,7 @@ Llama, or one of our baselines) into a Free Transformer with the same decoder an
 
 from __future__ import annotations
 
-from ..fileio import share_like_umask
+from ..base.fileio import share_like_umask
 
 NAME = "convert"
 HELP = "convert between our checkpoints, Hugging Face directories and Llama checkpoints (needs the hf extra)"
@@ -40,8 +40,8 @@ def run(args) -> int:
 
         from ..hf.conversion import convert, detect_format
     except ImportError as error:
-        from ..errors import UserError
-        from ..install import install_hint
+        from ..base.errors import UserError
+        from ..base.install import install_hint
 
         raise UserError(f"convert needs transformers: {install_hint('hf')} ({error})") from error
     source_format = detect_format(args.source)  # errors are ValueErrors: the CLI prints them as one line

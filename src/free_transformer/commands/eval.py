@@ -9,12 +9,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..checkpoint import CheckpointError, chosen_checkpoints, load_model, resolve_checkpoint
-from ..devices import parse_device
-from ..errors import Stopped, UserError
-from ..latent_choice import CONTEXT_CHOICES
-from ..runlock import RunLock
-from ..tokenizer import get_tokenizer
+from ..base.devices import parse_device
+from ..base.errors import Stopped, UserError
+from ..data.tokenizer import get_tokenizer
+from ..inference.latents import CONTEXT_CHOICES
+from ..runs.checkpoint import CheckpointError, chosen_checkpoints, load_model, resolve_checkpoint
+from ..runs.runlock import RunLock
 
 NAME = "eval"
 HELP = ("evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table "
@@ -70,10 +70,9 @@ def add_arguments(parser) -> None:
 
 
 def _list_tasks() -> int:
-    from ..eval.catalog import DEFAULT_TASKS
+    from ..base.install import EVAL_INSTALL
+    from ..eval.catalog import DEFAULT_TASKS, get_benchmark
     from ..eval.task_data import DataUnavailable
-    from ..install import EVAL_INSTALL
-    from ..eval.catalog import get_benchmark
 
     available, needs_file = 0, []
     for bench in map(get_benchmark, DEFAULT_TASKS):
@@ -146,9 +145,9 @@ def run(args) -> int:
 def _run(args) -> int:
     if not args.checkpoint:
         raise ValueError("give a CHECKPOINT (or --list-tasks)")
-    from ..reports.results import format_table, write_json
-    from ..eval.sandbox import SandboxLimits
     from ..eval.runner import score
+    from ..eval.sandbox import SandboxLimits
+    from ..reports.results import format_table, write_json
 
     device = parse_device(args.device)
     if args.checkpoints and args.output:

@@ -8,12 +8,12 @@ import sys
 
 import torch
 
-from ..checkpoint import load_model
-from ..devices import DTYPES, decoding_dtype, parse_device
-from ..generate import GenerationConfig, generate
-from ..latent import ENCODER, PRIOR
-from ..latent_choice import CHOICES, CONTEXT_CHOICES, resolve_latents
-from ..tokenizer import get_tokenizer
+from ..base.devices import DTYPES, decoding_dtype, parse_device
+from ..data.tokenizer import get_tokenizer
+from ..inference.generate import GenerationConfig, generate
+from ..inference.latents import CHOICES, CONTEXT_CHOICES, resolve_latents
+from ..model.latent import ENCODER, PRIOR
+from ..runs.checkpoint import load_model
 
 NAME = "generate"
 HELP = "sample continuations of a prompt from a checkpoint (one sample per line)"
@@ -60,7 +60,7 @@ def add_arguments(parser) -> None:
 def _say_compile_times() -> None:
     """The library logs the static step's compilation (a minute at the paper's sizes, once per batch size and
     length) at INFO: --compile says it on stderr."""
-    log = logging.getLogger("free_transformer.generate")
+    log = logging.getLogger("free_transformer.inference.generate")
     if not any(getattr(handler, "stream", None) is sys.stderr for handler in log.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config import NAMED_CONFIGS, named_config
-from ..model import FreeTransformer
+from ..model.config import NAMED_CONFIGS, named_config
+from ..model.transformer import FreeTransformer
 
 NAME = "info"
 HELP = "print parameter counts and training FLOPs of a named model size (no memory allocated)"

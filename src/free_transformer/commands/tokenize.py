@@ -10,8 +10,8 @@ from pathlib import Path
 from ..data.datasets import DataError
 from ..data.shards import MAX_SHARD_TOKENS, is_validation, read_shard, write_shards
 from ..data.text import corpus_splits
+from ..data.tokenizer import get_tokenizer
 from ..data.tokenizing import encode_corpus
-from ..tokenizer import get_tokenizer
 
 NAME = "tokenize"
 HELP = "tokenize a corpus once into token shards (llm.c's format) that data.kind=tokens trains on"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..config import ConfigError, check_range
+from ..base.checks import ConfigError, check_range
 
 
 @dataclass

@@ -12,7 +12,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from ..base.errors import UserError
 
 CORPUS_PREFIX = "corpus:"
 

@@ -13,8 +13,8 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..seeding import generator
+from ..base.errors import UserError
+from ..base.seeding import generator
 from .config import CoinflipConfig, DataConfig, LettersConfig, data_kinds
 from .synthetic import coinflip_batch, letters_batch
 

@@ -16,7 +16,7 @@ import zlib
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..install import install_hint
+from ..base.install import install_hint
 from .datasets import DataError
 
 CHUNK_CHARS = 1 << 20  # a .txt document is read in pieces of this many characters, then up to a line break

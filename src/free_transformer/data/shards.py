@@ -17,10 +17,10 @@ from typing import Iterable
 
 import numpy as np
 
-from ..fileio import remove_stale_partials
-from ..tokenizer import get_tokenizer
+from ..base.fileio import remove_stale_partials
 from .config import TokensConfig
 from .datasets import DataError, Split, TokenWindows, register_data_kind
+from .tokenizer import get_tokenizer
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tokenizer import get_tokenizer
 from .config import TextConfig
 from .corpora import is_named, named_corpus
 from .datasets import DataError, Split, TokenWindows, register_data_kind
 from .readers import corpus_files
+from .tokenizer import get_tokenizer
 from .tokenizing import default_cache_dir, tokenize_files
 
 

@@ -22,10 +22,10 @@ from typing import Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..fileio import remove_stale_partials
-from ..tokenizer import Tokenizer, get_tokenizer
+from ..base.fileio import remove_stale_partials
 from .datasets import DataError
 from .readers import documents, read_text, reader_for
+from .tokenizer import Tokenizer, get_tokenizer
 
 BATCH_CHARS = 1 << 22  # characters of text sent to a worker at a time (a few MB of tokens back)
 

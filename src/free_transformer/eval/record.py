@@ -17,10 +17,10 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import UserError
-from ..fileio import open_no_follow
-from .sandbox import SandboxLimits
+from ..base.errors import UserError
+from ..base.fileio import open_no_follow
 from .runner import score
+from .sandbox import SandboxLimits
 from .settings import EvalSettings
 
 RECORD_NAME = "curve.jsonl"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from . import metrics
+from . import task_metrics
 from .likelihood import heldout_likelihood
 from .prepare import PreparedTask, prepare
 from .programs import check_completion
@@ -76,9 +76,9 @@ def _multiple_choice(model, tokenizer, task: PreparedTask, options: EvalOptions)
     per_doc = []
     for doc, request, scores in zip(docs, requests, draws):
         logprobs = log_mean_exp(scores).tolist()  # (choices,)
-        by_token = metrics.choose(logprobs, [len(t) for _, t in request])
-        by_char = metrics.choose(logprobs, [len(t) for t in doc.continuations])
-        raw = metrics.choose(logprobs, [1] * len(logprobs))
+        by_token = task_metrics.choose(logprobs, [len(t) for _, t in request])
+        by_char = task_metrics.choose(logprobs, [len(t) for t in doc.continuations])
+        raw = task_metrics.choose(logprobs, [1] * len(logprobs))
         per_doc.append({"id": doc.doc_id, "group": doc.group, "gold": doc.gold,
                         "acc_completion": float(by_token == doc.gold), "acc_char": float(by_char == doc.gold),
                         "acc_raw": float(raw == doc.gold), "logprobs": [round(x, 4) for x in logprobs]})
@@ -86,8 +86,8 @@ def _multiple_choice(model, tokenizer, task: PreparedTask, options: EvalOptions)
     groups = [d["group"] for d in per_doc]
     for record in per_doc:
         record["score"] = record[primary]
-    result = _base_result(task, metrics.aggregate([d["score"] for d in per_doc], groups), per_doc)
-    result["also"] = {m: metrics.aggregate([d[m] for d in per_doc], groups)
+    result = _base_result(task, task_metrics.aggregate([d["score"] for d in per_doc], groups), per_doc)
+    result["also"] = {m: task_metrics.aggregate([d[m] for d in per_doc], groups)
                       for m in ("acc_completion", "acc_char", "acc_raw") if m != primary}
     # What fit_window cuts to fit the model's context: the context's start (usually harmless), or, when an
     # answer alone is longer than the context, the answer's start (its choices may then score alike)
@@ -115,7 +115,7 @@ def _generative(model, tokenizer, task: PreparedTask, options: EvalOptions) -> d
             detail = {}
         per_doc.append({"id": doc.doc_id, "group": doc.group, "score": statistics.fmean(map(float, correct)),
                         "generations": texts, **detail})
-    result = _base_result(task, metrics.aggregate([d["score"] for d in per_doc]), per_doc)
+    result = _base_result(task, task_metrics.aggregate([d["score"] for d in per_doc]), per_doc)
     result["max_new_tokens"] = min(budget, model.config.max_seq_len // 2)
     result["truncated_prompts"] = truncated
     if bench.kind == "code":

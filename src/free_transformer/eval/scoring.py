@@ -32,11 +32,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..generate import GenerationConfig, generate
-from ..latent import ENCODER, uniform_latents
-from ..latent_choice import CONTEXT_CHOICES, check_choice
-from ..model import FreeTransformer
-from ..seeding import benchmark_seed, generators
+from ..base.seeding import benchmark_seed, generators
+from ..inference.generate import GenerationConfig, generate
+from ..inference.latents import CONTEXT_CHOICES, check_choice
+from ..model.latent import ENCODER, uniform_latents
+from ..model.transformer import FreeTransformer
 
 
 @dataclass(frozen=True)

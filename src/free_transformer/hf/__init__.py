@@ -7,8 +7,8 @@ Importing this package registers `FreeTransformerConfig` and `FreeTransformerFor
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from ..model.latent import LatentPlan  # the decoding plan, shared with free_transformer.inference.generate
 from .configuration import FreeTransformerConfig
-from ..latent import LatentPlan  # the decoding plan, shared with free_transformer.generate
 from .generation import RowSeededSampler
 from .modeling import FreeTransformerCausalLMOutput, FreeTransformerForCausalLM, FreeTransformerPreTrainedModel
 

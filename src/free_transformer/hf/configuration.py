@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from ..config import LatentConfig, ModelConfig
+from ..model.config import LatentConfig, ModelConfig
 
 # HF field name -> ModelConfig field name
 FIELD_MAP = {

@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-
 from transformers import LlamaConfig
 
-from ..checkpoint import CheckpointError, check_step, load_model, resolve_checkpoint, save_checkpoint
-from ..config import ConfigError, ModelConfig
-from ..layers import rope_tables
-from ..model import FreeTransformer, split_state_dict, upgrade_state_dict
+from ..base.checks import ConfigError
+from ..model.config import ModelConfig
+from ..model.layers import rope_tables
+from ..model.transformer import FreeTransformer, split_state_dict, upgrade_state_dict
+from ..runs.checkpoint import CheckpointError, check_step, load_model, resolve_checkpoint, save_checkpoint
 from .modeling import FreeTransformerForCausalLM
 from .remote_code import write_remote_code, write_tokenizer
 

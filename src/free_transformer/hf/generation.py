@@ -1,5 +1,5 @@
 """What `FreeTransformerForCausalLM.generate` adds to Hugging Face's decoding loop besides the latent
-plan (free_transformer.latent.LatentPlan, the same decoding rule as `free_transformer.generate`):
+plan (free_transformer.model.latent.LatentPlan, the same decoding rule as `free_transformer.inference.generate`):
 per-row seeded sampling (`RowSeededSampler`)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor
 
-from ..generate import GenerationConfig, sample_next
+from ..inference.generate import GenerationConfig, sample_next
 
 
 class RowSeededSampler(LogitsProcessor):
-    """Samples the next token of row i with generators[i], as `free_transformer.generate` does, and
+    """Samples the next token of row i with generators[i], as `free_transformer.inference.generate` does, and
     returns scores that are 0 at the chosen token and -inf elsewhere, so that Hugging Face's greedy
     step (argmax) takes exactly that token. It must be the last processor and generate must run with
     do_sample=False (FreeTransformerForCausalLM.generate arranges both when `seeds` is given)."""

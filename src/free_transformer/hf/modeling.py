@@ -17,17 +17,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 from safetensors import safe_open
+from torch import Tensor
 from transformers import Cache, DynamicCache, GenerationMixin, LogitsProcessorList, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
-from ..generate import GenerationConfig, row_generators
-from ..latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source
-from ..latent_choice import resolve_latents
-from ..model import IGNORE_INDEX, LEGACY_LATENT_NAMES, FreeTransformer, fused_name, upgrade_state_dict
+from ..inference.generate import GenerationConfig, row_generators
+from ..inference.latents import resolve_latents
+from ..model.latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source
+from ..model.transformer import IGNORE_INDEX, LEGACY_LATENT_NAMES, FreeTransformer, fused_name, upgrade_state_dict
 from .configuration import FreeTransformerConfig
 from .generation import RowSeededSampler
 
@@ -304,7 +304,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         latent_seed: seeds the one-off draws of "shared" and latent_reference (global RNG when None).
         seeds: one int per row. Row i's prompt posterior, prior draws and, with do_sample=True, token
             sampling (temperature, top_k, top_p) come from torch.Generator().manual_seed(seeds[i]) in the
-            same order as `free_transformer.generate`, so the outputs equal ours for the same seeds and
+            same order as `free_transformer.inference.generate`, so the outputs equal ours for the same seeds and
             latents. Without seeds the draws use the global RNG (torch.manual_seed), as Hugging Face does.
 
         With return_dict_in_generate=True the output also has `latents`, (B, positions fed) the Z_t

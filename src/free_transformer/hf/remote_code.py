@@ -21,9 +21,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-import free_transformer
-
-from ..tokenizer import GPT2_EOT, GPT2_PACKAGE
+from ..base.version import __version__
+from ..data.tokenizer import GPT2_EOT, GPT2_PACKAGE
 
 PACKAGE = "free_transformer"
 ENTRY = {"AutoConfig": ("hf.configuration", "FreeTransformerConfig"),
@@ -83,7 +82,7 @@ def _closure(module: str, needs: dict[str, set[str]]) -> set[str]:
 def write_remote_code(out_dir: str | Path) -> list[str]:
     """Copy the modeling code beside a save_pretrained directory and add `auto_map` to its config.json.
     Returns the files written."""
-    out_dir, root = Path(out_dir), Path(free_transformer.__file__).parent
+    out_dir, root = Path(out_dir), Path(__file__).parents[1]
     todo, sources, needs = [module for module, _ in ENTRY.values()], {}, {}
     while todo:
         module = todo.pop()
@@ -91,7 +90,7 @@ def write_remote_code(out_dir: str | Path) -> list[str]:
             continue
         path = _source_path(root, module)
         source, needs[module] = _rewrite(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
-        header = (f"# Copied from {PACKAGE} {free_transformer.__version__} ({PACKAGE}/{path.relative_to(root)}) by\n"
+        header = (f"# Copied from {PACKAGE} {__version__} ({PACKAGE}/{path.relative_to(root)}) by\n"
                   f"# its Hugging Face export, with relative imports pointing at the sibling files.\n")
         sources[module] = header + source
         todo += sorted(needs[module] - sources.keys())

@@ -13,8 +13,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
-from ..eval import metrics
+from ..base.errors import UserError
+from ..eval import task_metrics
 from ..eval.likelihood import total_of
 from ..eval.record import RECORD_NAME, read_record, record_path
 
@@ -75,7 +75,7 @@ def _average_task(results: list[dict]) -> dict:
     by_id = [{d["id"]: d["score"] for d in r["per_doc"]} for r in results]
     per_doc = [{"id": d["id"], "group": d.get("group"), "score": statistics.fmean(s[d["id"]] for s in by_id)}
                for d in results[-1]["per_doc"] if all(d["id"] in s for s in by_id)]
-    value = metrics.aggregate([d["score"] for d in per_doc], [d["group"] for d in per_doc])
+    value = task_metrics.aggregate([d["score"] for d in per_doc], [d["group"] for d in per_doc])
     return {**{k: v for k, v in results[-1].items() if k != "per_doc"}, "value": value, "n": len(per_doc),
             "per_doc": per_doc}
 

@@ -6,10 +6,11 @@ cross-entropy and the KL against kappa (the exploratory section: the KL goes und
 
 from __future__ import annotations
 
-from ..train.metrics import read_metrics
-from ..curves import Line, Panel
+from ..base.plotting import Line, Panel
 from ..eval.catalog import DEFAULT_TASKS
+from ..train.metrics import read_metrics
 from .curves import Curve
+
 
 def curve_panels(runs: list[Curve | None], axis: str = "step") -> list[Panel]:
     """One panel per benchmark scored in any curve (in the paper's order), one for held-out bits per byte

@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from ..base.fileio import atomic_write_text
 from ..eval.catalog import DEFAULT_TASKS
-from ..fileio import atomic_write_text
 
 
 def _order(names) -> list[str]:

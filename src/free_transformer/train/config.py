@@ -12,12 +12,13 @@ from typing import Literal
 
 import yaml
 
-from ..checkpoint import MAX_STEP
-from ..config import ConfigError, ModelConfig, check_range, named_config
+from ..base.checks import ConfigError, check_range
+from ..base.fileio import atomic_write_text
+from ..base.units import bits_to_nats
 from ..data import DataConfig
 from ..data.config import nest_flat_fields
-from ..fileio import atomic_write_text
-from ..units import bits_to_nats
+from ..model.config import ModelConfig, named_config
+from ..runs.checkpoint import MAX_STEP
 
 
 @dataclass

@@ -7,10 +7,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..errors import UserError
-from ..curves import draw, training_panels
-from ..fileio import atomic_write_text, open_append
-from ..install import install_hint
+from ..base.errors import UserError
+from ..base.fileio import atomic_write_text, open_append
+from ..base.install import install_hint
+from ..base.plotting import draw, training_panels
 
 
 def read_metrics(path: str | Path) -> list[dict]:

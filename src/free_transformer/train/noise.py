@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..seeding import generator, seed_of
+from ..base.seeding import generator, seed_of
 
 
 def latent_row_generators(seed: int, step: int, rows: range, device: torch.device,

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..model import FreeTransformer
+from ..model.transformer import FreeTransformer
 from .config import OptimConfig
 
 

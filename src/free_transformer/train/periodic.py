@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..data.tokenizer import get_tokenizer
 from ..eval.record import CurveRecord, score_and_record
-from ..tokenizer import get_tokenizer
 
 
 @contextlib.contextmanager

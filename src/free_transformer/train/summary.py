@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import checkpoint_dirs
-from ..errors import UserError
-from ..measures import DEAD_BIT_KL
+from ..analysis.measures import DEAD_BIT_KL
+from ..base.errors import UserError
+from ..runs.checkpoint import checkpoint_dirs
 from .config import load_train_config
 from .metrics import read_metrics
 

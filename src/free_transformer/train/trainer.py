@@ -25,23 +25,24 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_verified_weights, load_weights,
-                          newest_intact_checkpoint, optimizer_param_names, read_checkpoint_config, resolve_checkpoint,
-                          save_checkpoint, upgrade_optimizer_state)
-from ..config import ConfigError, ModelConfig
+from ..base.checks import ConfigError
+from ..base.devices import parse_device
+from ..base.errors import Stopped, UserError
+from ..base.fileio import open_append
+from ..base.units import LN2
 from ..data import build_dataset
 from ..data.datasets import Dataset
-from ..devices import parse_device
+from ..data.tokenizer import get_tokenizer
 from ..distributed import ParallelEnv, setup
-from ..distributed.checkpoint import is_sharded, load_sharded, load_single_file, save_sharded
-from ..distributed.parallelize import (apply_activation_checkpointing, apply_compile, clip_grad_norm,
-                                       gradient_sync, parallelize)
-from ..errors import Stopped, UserError
-from ..fileio import open_append
-from ..model import FreeTransformer
-from ..runlock import RunLock
-from ..tokenizer import get_tokenizer
-from ..units import LN2
+from ..distributed.parallelize import (apply_activation_checkpointing, apply_compile, clip_grad_norm, gradient_sync,
+                                       parallelize)
+from ..distributed.sharded_checkpoint import is_sharded, load_sharded, load_single_file, save_sharded
+from ..model.config import ModelConfig
+from ..model.transformer import FreeTransformer
+from ..runs.checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_verified_weights,
+                               load_weights, newest_intact_checkpoint, optimizer_param_names, read_checkpoint_config,
+                               resolve_checkpoint, save_checkpoint, upgrade_optimizer_state)
+from ..runs.runlock import RunLock
 from .config import TrainConfig, changed_settings, load_train_config, save_train_config
 from .metrics import MetricsLog, read_metrics
 from .noise import latent_generators

@@ -11,12 +11,12 @@ import contextlib
 
 import torch
 
+from ..analysis.measures import dead_bits, latent_verdict
+from ..base.seeding import generator
+from ..base.units import LN2
 from ..distributed import ParallelEnv
-from ..latent import PRIOR, kl_per_bit
-from ..measures import dead_bits, latent_verdict
-from ..units import LN2
+from ..model.latent import PRIOR, kl_per_bit
 from .config import TrainConfig
-from ..seeding import generator
 from .noise import latent_generators
 
 

@@ -3,7 +3,6 @@ demo's measures: their thresholds, the verdict per seed, and the count over seed
 
 from __future__ import annotations
 
-
 # Chance for the data itself: two independent valid samples share their target position with probability
 # 1/57 (0.018) and their noise patterns have Jaccard similarity 0.03.
 CHANCE_LIKE = 0.12  # no more agreement than a few times chance

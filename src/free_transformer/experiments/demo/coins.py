@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import torch
 
+from ...analysis.measures import bits_saved
 from ...data.synthetic import COIN_START, coinflip_batch
-from ...generate import GenerationConfig
-from ...latent import PRIOR
-from ...latent_choice import resolve_latents
-from ...measures import bits_saved
-from ...model import FreeTransformer
+from ...inference.generate import GenerationConfig
+from ...inference.latents import resolve_latents
+from ...model.latent import PRIOR
+from ...model.transformer import FreeTransformer
 from .groups import Groups, blue_and_greens, generate_strings, mean_of_present, pair_mean
 
 

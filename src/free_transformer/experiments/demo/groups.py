@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ...data.synthetic import BODY_LENGTH, analyse_letters
-from ...generate import GenerationConfig, generate
-from ...latent_choice import resolve_latents
-from ...model import FreeTransformer
+from ...inference.generate import GenerationConfig, generate
+from ...inference.latents import resolve_latents
+from ...model.transformer import FreeTransformer
 
 
 @dataclass

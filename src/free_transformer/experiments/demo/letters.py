@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from ...analysis.measures import bits_saved, kl_split
 from ...data.synthetic import TARGET_LENGTH, letters_batch
-from ...latent import ENCODER
-from ...measures import bits_saved, kl_split
-from ...model import FreeTransformer
+from ...model.latent import ENCODER
+from ...model.transformer import FreeTransformer
 
 PROMPT_LENGTH = 2  # "<letter>>"
 

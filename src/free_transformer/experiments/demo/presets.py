@@ -7,11 +7,11 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...config import named_config
 from ...data import DataConfig
 from ...data.config import CoinflipConfig
+from ...model.config import named_config
 from ...train.config import OptimConfig, TrainConfig
-from ..sweep import Variant
+from ..launch.sweep import Variant, with_latent
 
 
 def letters(*, steps: int, batch_size: int = 64, **model) -> TrainConfig:
@@ -28,20 +28,6 @@ def coins(*, length: int = 32, steps: int = 1000, batch_size: int = 64, warmup_s
                        data=DataConfig(kind="coinflip", coinflip=CoinflipConfig(length=length, epsilon=0.3)),
                        optim=OptimConfig(lr=1e-3, schedule="constant", warmup_steps=warmup_steps),
                        batch_size=batch_size, steps=steps)
-
-
-def with_latent(config: TrainConfig, variant: Variant, *, fast: bool = True) -> TrainConfig:
-    """The variant's latent: none for a baseline; kappa and, when `fast`, the larger post-sampler
-    initialisation and 3x learning rate on the latent path with which Z is read several times sooner."""
-    if variant.kappa_bits is None:
-        return dataclasses.replace(config, model=config.model.replace(latent_bits=0))
-    config = dataclasses.replace(config, kappa_bits=variant.kappa_bits)
-    return fast_latent(config) if fast else config
-
-
-def fast_latent(config: TrainConfig) -> TrainConfig:
-    return dataclasses.replace(config, post_sampler_init_std=0.3,
-                               optim=dataclasses.replace(config.optim, latent_lr_scale=3.0))
 
 
 @dataclass(frozen=True)

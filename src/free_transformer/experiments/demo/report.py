@@ -10,7 +10,7 @@ import html
 import io
 from pathlib import Path
 
-from ...curves import Line, Panel, draw
+from ...base.plotting import Line, Panel, draw
 from .claims import BROKEN, COIN_MATCH, IGNORED, USED, VALID
 
 BLUE, GREEN = "#cfe2ff", "#d4f5d4"

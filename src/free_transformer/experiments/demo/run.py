@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ...checkpoint import load_model
 from ...data import build_dataset
+from ...runs.checkpoint import load_model
 from ...train.config import TrainConfig, apply_overrides, overrides_of
 from ...train.metrics import read_metrics
 from ...train.validation import validate
-from ..launchers import Launcher
-from ..sweep import Sweep, Variant
+from ..launch.launchers import Launcher
+from ..launch.sweep import Sweep, Variant
 from .claims import claims_over_seeds, judge_claims
 from .coins import coin_bits_saved, coin_groups, coin_measures, posterior_coin_match
 from .groups import Groups, generate_groups, group_measures, mean_of_present

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...checkpoint import load_model, resolve_checkpoint
+from ...analysis.measures import collapsed, copies_tokens
+from ...base.fileio import atomic_write_text
+from ...data.tokenizer import get_tokenizer
 from ...eval.likelihood import heldout_likelihood
-from ...fileio import atomic_write_text
-from ...measures import collapsed, copies_tokens
-from ...tokenizer import get_tokenizer
+from ...runs.checkpoint import load_model, resolve_checkpoint
 from ...train.metrics import read_metrics
 
 CACHE = "study-measures.json"

@@ -8,12 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...config import named_config
 from ...data import DataConfig
 from ...data.config import TextConfig
+from ...model.config import named_config
 from ...train.config import OptimConfig, TrainConfig, apply_overrides
-from ..demo.presets import fast_latent
-from ..sweep import Sweep, Variant, kappa_fraction, kappa_label
+from ..launch.sweep import Sweep, Variant, fast_latent, kappa_fraction, kappa_label
 
 
 def variants(kappas: list[float]) -> list[Variant]:
@@ -25,7 +24,7 @@ def variants(kappas: list[float]) -> list[Variant]:
 class StudyPreset:
     name: str
     config: Callable[[], TrainConfig]  # every model's, before its variant
-    fast_latent: bool = True  # the Free Transformers get demo.presets.fast_latent
+    fast_latent: bool = True  # the Free Transformers get launch.sweep.fast_latent
     kappas: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
     seeds: int = 2
     heldout_windows: int = 256  # of the held-out text, for the likelihoods

@@ -8,10 +8,10 @@ import json
 import statistics
 from pathlib import Path
 
-from ...curves import Line, Panel, draw
-from ...fileio import atomic_write_text
-from ...measures import honest_bits
-from ..sweep import kappa_label
+from ...analysis.measures import honest_bits
+from ...base.fileio import atomic_write_text
+from ...base.plotting import Line, Panel, draw
+from ..launch.sweep import kappa_label
 from .presets import StudyPlan
 
 

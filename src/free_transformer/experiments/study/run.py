@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ...base.errors import UserError
 from ...data.corpora import is_named, read_heldout
-from ...errors import UserError
-from ..launchers import Launcher
+from ..launch.launchers import Launcher
 from .measure import curves, measure_run
 from .presets import StudyPlan
 from .report import write_report

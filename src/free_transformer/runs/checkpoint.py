@@ -37,10 +37,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import ConfigError, ModelConfig
-from .errors import UserError
-from .fileio import sha256_file, share_like_umask
-from .model import FreeTransformer, fused_name, part_names
+from ..base.checks import ConfigError
+from ..base.errors import UserError
+from ..base.fileio import sha256_file, share_like_umask
+from ..model.config import ModelConfig
+from ..model.transformer import FreeTransformer, fused_name, part_names
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 MAX_STEP = 10**8 - 1  # the largest step whose directory STEP_DIR matches

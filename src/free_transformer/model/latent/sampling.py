@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..units import LN2
+from ...base.units import LN2
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
 

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ConfigError, ModelConfig
+from ..base.checks import ConfigError
+from .config import ModelConfig
 from .latent import ENCODER, Generators, LatentSource, free_bits_kl, latent_source
 from .latent_path import LatentPath, LatentSample
 from .layers import Block, KVCache, qkv_rows, rope_tables
@@ -236,16 +237,16 @@ class FreeTransformer(nn.Module):
         """Logits for positions [start, start+T) and, given targets, the training loss.
 
         return_logits: whether `logits` is computed; by default only without targets. Given targets
-        alone, the cross-entropy is fused with the read-out (free_transformer.loss): the logits of all
+        alone, the cross-entropy is fused with the read-out (free_transformer.model.loss): the logits of all
         tokens never exist, and `logits` is None. With return_logits=True the logits are computed and
         the loss is taken from them (the same value, to float rounding).
 
         start: the position of the first token; by default the cache's length (0 without a cache). A
         () int64 device tensor (the cache's `position`) makes this a static decoding step: one token,
         explicit latents, the whole static cache attended with a mask, nothing read back to the host,
-        so that it can be captured as a CUDA graph (free_transformer.generate with compile=True).
+        so that it can be captured as a CUDA graph (free_transformer.inference.generate with compile=True).
 
-        latents: where Z comes from (Free Transformer only; free_transformer.latent.sources): "encoder"
+        latents: where Z comes from (Free Transformer only; free_transformer.model.latent.sources): "encoder"
         samples it from the encoder's posterior (training, KV-cache prefill; needs the whole sequence,
         start = 0), "prior" draws every Z_t uniformly and independently, and an int tensor (B or 1, T)
         gives the indices explicitly. kappa_nats: the free-bits threshold of the KL term, in nats per

@@ -19,9 +19,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .latent import ENCODER, PRIOR
-from .latent.sampling import index_to_bits, kl_to_uniform
-from .units import LN2
+from ..base.units import LN2
+from ..model.latent import ENCODER, PRIOR
+from ..model.latent.sampling import index_to_bits, kl_to_uniform
 
 # A bit whose KL to a fair coin is under this (bits per token) carries nothing.
 DEAD_BIT_KL = 0.01

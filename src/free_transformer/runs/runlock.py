@@ -12,8 +12,8 @@ import fcntl
 import os
 from pathlib import Path
 
-from .errors import UserError
-from .fileio import open_no_follow
+from ..base.errors import UserError
+from ..base.fileio import open_no_follow
 
 LOCK_FILE = ".lock"
 

@@ -7,8 +7,8 @@ import importlib.util
 from pathlib import Path
 from typing import Protocol
 
-from .errors import UserError
-from .install import install_hint
+from ..base.errors import UserError
+from ..base.install import install_hint
 
 
 class TokenizerError(UserError, ValueError):

@@ -8,7 +8,7 @@ import getpass
 import shutil
 import subprocess
 
-from ..errors import UserError
+from ...base.errors import UserError
 
 # The states of a job that is waiting or working (squeue's long names); any other state means it has ended.
 ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",

@@ -6,7 +6,7 @@
     readout      RMSNorm + linear map to H bit-logits per token.
     mapper       the variant that turns the sampled bits into the residual R (`model.latent.kind`).
 
-Given the first half's output and a latent source (free_transformer.latent), it returns R,
+Given the first half's output and a latent source (free_transformer.model.latent), it returns R,
 to be added to the keys/values input of the injection block, and a `LatentSample` saying which Z
 was used and, from the encoder, the bit-logits and the KL of every token.
 """
@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .latent import ENCODER, PRIOR, Generators, LatentSource, at_least_float32, kl_to_uniform, latent_kind, uniform_latents
+from .latent import (ENCODER, PRIOR, Generators, LatentSource, at_least_float32, kl_to_uniform, latent_kind,
+                     uniform_latents)
 from .layers import Block
 
 

@@ -20,9 +20,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ..model.latent import ENCODER, PRIOR, LatentSource, latent_source
+from ..model.latent.sources import DEPRECATED_SOURCES
 from .generate import infer_latents, shared_prior_latents
-from .latent import ENCODER, PRIOR, LatentSource, latent_source
-from .latent.sources import DEPRECATED_SOURCES
 
 LatentChoice = Literal["encoder", "prior", "shared", "reference"]
 CHOICES: tuple[str, ...] = ("encoder", "prior", "shared", "reference")

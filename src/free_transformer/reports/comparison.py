@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..units import LN2
-from ..eval import metrics
+from ..base.units import LN2
+from ..eval import task_metrics
 from ..eval.catalog import DEFAULT_TASKS
 
 # The paper's colours: |change| < 1% none, 1-10% light, >= 10% strong (LaTeX xcolor names).
@@ -105,8 +105,8 @@ def _relative(base: float, other: float) -> float | None:
 def _interval(a, b, groups, samples, seed, ratio=True) -> dict | None:
     if len(a) < 2:
         return None
-    ci = metrics.paired_bootstrap(a, b, groups, samples=samples, seed=seed)
-    base = metrics.aggregate(a, groups)
+    ci = task_metrics.paired_bootstrap(a, b, groups, samples=samples, seed=seed)
+    base = task_metrics.aggregate(a, groups)
     if ratio and base:
         ci["relative_low"], ci["relative_high"] = 100 * ci["low"] / abs(base), 100 * ci["high"] / abs(base)
     ci["n"] = len(a)

@@ -2,7 +2,7 @@
 
 A Llama converted with `free-transformer convert` records its tokenizer as "hf:<directory>" (the
 Llama's own directory, which holds tokenizer.json or tokenizer.model);
-`free_transformer.tokenizer.get_tokenizer` resolves such names with this class. Nothing is
+`free_transformer.data.tokenizer.get_tokenizer` resolves such names with this class. Nothing is
 downloaded: the directory must exist.
 """
 

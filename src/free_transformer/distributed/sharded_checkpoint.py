@@ -36,25 +36,13 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ..checkpoint import (
-    CHECKSUMS,
-    CheckpointError,
-    check_dcp_metadata,
-    check_step,
-    checkpoint_dirs,
-    checksums,
-    fsync_dir,
-    load_training_state,
-    optimizer_param_names,
-    read_checkpoint_config,
-    remove_checkpoint,
-    upgrade_named_optimizer_state,
-    upgrade_optimizer_state,
-    verify_checkpoint,
-)
-from ..config import ModelConfig
-from ..fileio import share_like_umask
-from ..model import FreeTransformer, fused_name, upgrade_state_dict
+from ..base.fileio import share_like_umask
+from ..model.config import ModelConfig
+from ..model.transformer import FreeTransformer, fused_name, upgrade_state_dict
+from ..runs.checkpoint import (CHECKSUMS, CheckpointError, check_dcp_metadata, check_step, checkpoint_dirs, checksums,
+                               fsync_dir, load_training_state, optimizer_param_names, read_checkpoint_config,
+                               remove_checkpoint, upgrade_named_optimizer_state, upgrade_optimizer_state,
+                               verify_checkpoint)
 from .env import ParallelEnv
 
 DCP_DIR = "dcp"

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from ..train.config import TrainConfig
+from ...train.config import TrainConfig
 from .pool import threads_per_run, train_runs
 
 Result = TypeVar("Result")

@@ -23,11 +23,11 @@ from typing import TypeVar
 
 from tqdm.auto import tqdm
 
-from ..devices import parse_device
-from ..errors import Stopped, UserError
-from ..install import install_hint
-from ..train.config import TrainConfig
-from ..train.trainer import StopSignals
+from ...base.devices import parse_device
+from ...base.errors import Stopped, UserError
+from ...base.install import install_hint
+from ...train.config import TrainConfig
+from ...train.trainer import StopSignals
 from .pool import finished, last_step, latest_metrics, prepare_data
 from .slurm_cluster import ACTIVE, SlurmError, check_cluster, job_states
 from .slurm_job import run_in_job, train_in_job

@@ -15,8 +15,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from ..fileio import atomic_write_text
-from ..train.config import TrainConfig
+from ...base.fileio import atomic_write_text
+from ...train.config import TrainConfig
 from .pool import train_one
 from .slurm_record import result_file
 

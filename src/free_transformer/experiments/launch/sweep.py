@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from ..train.config import TrainConfig
+from ...train.config import TrainConfig
 from .launchers import Launcher
 
 
@@ -25,6 +25,21 @@ class Variant:
     kappa_bits: float | None = None  # None: a baseline (no latent)
     matched: bool = False  # the baseline with a Free Transformer's extra block (ModelConfig.matched_baseline)
     task: str = "letters"  # what it is trained on, for experiments with several (the demo: letters, coins)
+
+
+def with_latent(config: TrainConfig, variant: Variant, *, fast: bool = True) -> TrainConfig:
+    """The variant's latent: none for a baseline; kappa and, when `fast`, the larger post-sampler
+    initialisation and 3x learning rate on the latent path with which Z is read several times sooner."""
+    if variant.kappa_bits is None:
+        return dataclasses.replace(config, model=config.model.replace(latent_bits=0))
+    config = dataclasses.replace(config, kappa_bits=variant.kappa_bits)
+    return fast_latent(config) if fast else config
+
+
+def fast_latent(config: TrainConfig) -> TrainConfig:
+    """The larger post-sampler initialisation and 3x learning rate on the latent path."""
+    return dataclasses.replace(config, post_sampler_init_std=0.3,
+                               optim=dataclasses.replace(config.optim, latent_lr_scale=3.0))
 
 
 def kappa_fraction(kappa: float) -> str:

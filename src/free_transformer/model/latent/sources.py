@@ -6,7 +6,7 @@ wrapper, the checks of explicit latents, and the decoding plan (which Z each pos
     "prior"     every Z_t drawn uniformly and independently, P(Z_t = z) = 2^-H.
     indices     a (B or 1, T) integer tensor of explicit Z_t in [0, 2^H). `shared_prior_latents` (one
                 prior sequence for a whole batch: the paper's green groups) and `infer_latents` (the
-                encoder's posterior on a reference text) in free_transformer.generate build them.
+                encoder's posterior on a reference text) in free_transformer.inference.generate build them.
 
 The old spelling "posterior" (for "encoder") still works, with a DeprecationWarning, until 0.3.
 """
@@ -60,7 +60,7 @@ def check_latent_indices(latents, bits: int, batch_size: int, *, min_length: int
 
 class LatentPlan:
     """Z for each position of one generation, handed to the model's forward at every step; the one
-    decoding rule of `free_transformer.generate` and `FreeTransformerForCausalLM.generate`.
+    decoding rule of `free_transformer.inference.generate` and `FreeTransformerForCausalLM.generate`.
 
     Positions [0, N) take the explicit (B, N) indices when given. Otherwise the prompt (the call at
     position 0) takes `prompt_source`, and every later position one uniform draw, made once when its

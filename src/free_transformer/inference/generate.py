@@ -1,7 +1,7 @@
 """Sampling with a KV cache. For a Free Transformer the prompt is prefilled with latents from the
 encoder's posterior (as the paper prescribes for KV-cache prefill) unless the caller gives them, and
 every new token's Z_t is drawn uniformly once and then kept in the cache with its keys/values: the
-rule of `LatentPlan` (free_transformer.latent.sources), which the Hugging Face wrapper follows too."""
+rule of `LatentPlan` (free_transformer.model.latent.sources), which the Hugging Face wrapper follows too."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source, uniform_latents
-from .latent.sampling import uniform_latents_
-from .model import FreeTransformer
-from .seeding import generators
+from ..base.seeding import generators
+from ..model.latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source, uniform_latents
+from ..model.latent.sampling import uniform_latents_
+from ..model.transformer import FreeTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -349,7 +349,7 @@ def generate(
     finishes that row (for stop strings, which token ids cannot express). compile: decode with
     `StaticDecodeStep`, which draws Z and samples inside the step: on a GPU compiled by Inductor
     (the first call of a shape and sampling setting compiles: a minute at paper sizes, logged by the
-    `free_transformer.generate` logger at INFO) and captured as a CUDA graph; elsewhere the same step
+    `free_transformer.inference.generate` logger at INFO) and captured as a CUDA graph; elsewhere the same step
     eagerly (INDUCTOR_DEVICES). The same tokens and latents as without it, up to float rounding. Its
     compiled code, graph and cache are kept for the next call with the same batch size and a similar
     length (`static_decode_step`). The KV cache is in the model's dtype: cast the model

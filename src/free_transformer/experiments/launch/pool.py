@@ -13,12 +13,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..checkpoint import checkpoint_dirs
-from ..data import build_dataset
-from ..errors import Stopped, UserError
-from ..train.config import TrainConfig
-from ..train.metrics import read_metrics
-from ..train.trainer import StopSignals, train
+from ...base.errors import Stopped, UserError
+from ...data import build_dataset
+from ...runs.checkpoint import checkpoint_dirs
+from ...train.config import TrainConfig
+from ...train.metrics import read_metrics
+from ...train.trainer import StopSignals, train
 
 CONTINUE = "run the same command again: finished runs are reused and stopped ones resumed"
 

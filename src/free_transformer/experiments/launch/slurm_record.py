@@ -13,8 +13,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import UserError
-from ..fileio import atomic_write_text
+from ...base.errors import UserError
+from ...base.fileio import atomic_write_text
 
 FOLDER = "slurm"  # under the sweep's output folder: record.json, and jobs/ (submitit's scripts, pickles, logs)
 
