@@ -12,6 +12,7 @@ from ..base.devices import DTYPES, decoding_dtype, parse_device
 from ..data.tokenizer import get_tokenizer
 from ..inference.generate import GenerationConfig, generate
 from ..inference.latents import CHOICES, CONTEXT_CHOICES, resolve_latents
+from ..inference.stops import cut_at_stop, stop_check
 from ..model.latent import ENCODER, PRIOR
 from ..runs.checkpoint import load_model
 
@@ -102,8 +103,7 @@ def run(args) -> int:
                                generator=torch.Generator(device=device).manual_seed(args.seed))
     gen_config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, prompt_latents=resolved.prompt_source)
-    # A stop string is matched in the text, not by token id: it may span tokens, or be part of a longer one.
-    should_stop = (lambda new: any(stop in tokenizer.decode(new) for stop in stops)) if stops else None
+    should_stop = stop_check(tokenizer.decode, stops)
     prompt_chars = len(tokenizer.decode(prompt))
     for first in range(0, args.num_samples, args.batch_size):  # printed as each batch ends
         seeds = [args.seed + i for i in range(first, min(first + args.batch_size, args.num_samples))]
@@ -119,12 +119,6 @@ def run(args) -> int:
 def unescape(text: str) -> str:
     """`text` with the backslash escapes of ESCAPES read; any other backslash is kept as typed."""
     return re.sub(r"\\(.)", lambda match: ESCAPES.get(match[1], match[0]), text)
-
-
-def cut_at_stop(text: str, stops: list[str], start: int = 0) -> str:
-    """`text` up to the first stop string found from `start` on (the prompt's characters are not searched)."""
-    ends = [found for found in (text.find(stop, start) for stop in stops) if found >= 0]
-    return text[: min(ends)] if ends else text
 
 
 def _latent_choice(args) -> str:

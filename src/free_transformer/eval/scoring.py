@@ -35,6 +35,7 @@ from torch import Tensor
 from ..base.seeding import benchmark_seed, generators
 from ..inference.generate import GenerationConfig, generate
 from ..inference.latents import CONTEXT_CHOICES, check_choice
+from ..inference.stops import cut_at_stop, stop_check
 from ..model.latent import ENCODER, uniform_latents
 from ..model.transformer import FreeTransformer
 
@@ -215,16 +216,7 @@ def generate_texts(
     config = GenerationConfig(max_new_tokens=steps, temperature=0.0,
                               prompt_latents=policy.context)
 
-    def should_stop(tokens: list[int]) -> bool:
-        text = tokenizer.decode(tokens)
-        return any(s in text for s in stop)
-
     prompts = torch.tensor([ids] * n, dtype=torch.int64)
     seeds = [benchmark_seed(policy.seed, key, "generate", k) for k in range(n)]
-    result = generate(model, prompts, config, seeds=seeds, should_stop=should_stop if stop else None)
+    result = generate(model, prompts, config, seeds=seeds, should_stop=stop_check(tokenizer.decode, stop))
     return [cut_at_stop(tokenizer.decode(t), stop) for t in result.tokens], truncated
-
-
-def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    cut = min((text.index(s) for s in stop if s in text), default=len(text))
-    return text[:cut]
