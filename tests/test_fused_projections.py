@@ -3,6 +3,7 @@ before, and every checkpoint written with the separate weights (ours, sharded, H
 still loads to the same model."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from free_transformer import FreeTransformer
 from free_transformer.distributed.sharded_checkpoint import consolidate, load_sharded, load_single_file
 from free_transformer.model.config import LatentConfig
-from free_transformer.model.transformer import FUSED_PROJECTIONS, part_names, split_state_dict
+from free_transformer.model.state_names import (FUSED_PROJECTIONS, legacy_latent_key_mapping, part_names,
+                                                split_state_dict, upgrade_state_dict)
 from free_transformer.runs.checkpoint import (load_model, load_training_state, optimizer_param_names,
                                               upgrade_optimizer_state)
 from free_transformer.train.config import OptimConfig
@@ -141,6 +143,26 @@ def test_a_sharded_checkpoint_with_separate_projections_loads_and_consolidates(t
     weights = load_file(out / "model.safetensors")
     assert weights.keys() == model.state_dict().keys()
     assert all(torch.equal(weights[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_the_hf_key_mapping_renames_the_latent_path_as_upgrade_state_dict_does():
+    """An HF export of 0.1 is renamed by from_pretrained's key_mapping (regular expressions, the first
+    that matches), a checkpoint by upgrade_state_dict: both give every old name of the 0.1 run the same
+    current name, and the result loads strictly into the model."""
+    checkpoint = LEGACY_RUN / "checkpoints" / "step_00000004"
+    weights = {"model." + name: tensor for name, tensor in load_file(checkpoint / "model.safetensors").items()}
+    assert any(name.startswith("model.post_sampler") for name in weights)  # the old names are there
+    renamed = {}
+    for name, tensor in weights.items():
+        for pattern, replacement in legacy_latent_key_mapping("model.").items():
+            name, found = re.subn(pattern, replacement, name)
+            if found:
+                break
+        renamed[name] = tensor
+    upgraded = upgrade_state_dict(dict(weights), "model.")
+    assert upgrade_state_dict(renamed, "model.").keys() == upgraded.keys()
+    model, _ = load_model(checkpoint)
+    model.load_state_dict({name.removeprefix("model."): tensor for name, tensor in upgraded.items()})
 
 
 def test_a_one_process_checkpoint_with_separate_projections_continues_on_several():

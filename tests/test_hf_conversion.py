@@ -16,7 +16,7 @@ from free_transformer import FreeTransformer, GenerationConfig, generate  # noqa
 from free_transformer.cli import main  # noqa: E402
 from free_transformer.hf.conversion import (ConversionError, convert, detect_format, llama_model_config,  # noqa: E402
                                             load_llama, save_llama, with_fresh_latent_path)
-from free_transformer.model.transformer import split_state_dict  # noqa: E402
+from free_transformer.model.state_names import split_state_dict  # noqa: E402
 from free_transformer.runs.checkpoint import load_model, save_checkpoint  # noqa: E402
 
 

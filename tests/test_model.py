@@ -6,7 +6,7 @@ from reference import naive_forward
 from free_transformer import ConfigError, FreeTransformer, ModelConfig, named_config
 from free_transformer.model.config import LatentConfig
 from free_transformer.model.latent import check_latent_indices, free_bits_kl
-from free_transformer.model.transformer import split_state_dict
+from free_transformer.model.state_names import split_state_dict
 
 
 def _tokens(B=2, T=12, vocab=50, seed=0, device="cpu"):

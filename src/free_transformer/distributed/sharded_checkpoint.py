@@ -38,7 +38,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from ..base.fileio import share_like_umask
 from ..model.config import ModelConfig
-from ..model.transformer import FreeTransformer, fused_name, upgrade_state_dict
+from ..model.state_names import fused_name, upgrade_state_dict
+from ..model.transformer import FreeTransformer
 from ..runs.checkpoint import (CHECKSUMS, CheckpointError, check_dcp_metadata, check_step, checkpoint_dirs, checksums,
                                fsync_dir, load_training_state, optimizer_param_names, read_checkpoint_config,
                                remove_checkpoint, upgrade_named_optimizer_state, upgrade_optimizer_state,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +26,8 @@ from transformers.utils import logging as hf_logging
 from ..inference.generate import GenerationConfig, row_generators
 from ..inference.latents import resolve_latents
 from ..model.latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source
-from ..model.transformer import IGNORE_INDEX, LEGACY_LATENT_NAMES, FreeTransformer, fused_name, upgrade_state_dict
+from ..model.state_names import fused_name, legacy_latent_key_mapping, upgrade_state_dict
+from ..model.transformer import IGNORE_INDEX, FreeTransformer
 from .configuration import FreeTransformerConfig
 from .generation import RowSeededSampler
 
@@ -36,7 +36,7 @@ from .generation import RowSeededSampler
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 # Tensor names of exports written before 0.2 (regular expressions, as from_pretrained's key_mapping takes them).
-LEGACY_KEY_MAPPING = {rf"^model\.{re.escape(old)}": f"model.{new}" for old, new in LEGACY_LATENT_NAMES.items()}
+LEGACY_KEY_MAPPING = legacy_latent_key_mapping("model.")
 
 # Hugging Face's library defaults for the generation settings read here (GenerationConfig leaves them
 # unset and fills these in when generate runs).

@@ -1,7 +1,7 @@
 """Building blocks of the Llama-style decoder: RoPE, grouped-query attention with a KV cache, SwiGLU,
 and the pre-norm transformer block. Module names follow Hugging Face's Llama, except that q/k/v and
 gate/up are each one projection (`qkv_proj`, `gate_up_proj`: Llama's matrices stacked by rows;
-model.FUSED_PROJECTIONS says which)."""
+model.state_names.FUSED_PROJECTIONS says which)."""
 
 from __future__ import annotations
 

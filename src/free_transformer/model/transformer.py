@@ -18,88 +18,9 @@ from ..base.checks import ConfigError
 from .config import ModelConfig
 from .latent import ENCODER, Generators, LatentSource, free_bits_kl, latent_source
 from .latent_path import LatentPath, LatentSample
-from .layers import Block, KVCache, qkv_rows, rope_tables
+from .layers import Block, KVCache, rope_tables
 from .loss import IGNORE_INDEX, cross_entropy, readout_cross_entropy
-
-# Parameter names of checkpoints written before the latent path was one module (0.1): old prefix -> new.
-LEGACY_LATENT_NAMES = {
-    "encoder.": "latent.encoder.0.",
-    "zeta": "latent.zeta",
-    "encoder_norm.": "latent.norm.",
-    "encoder_readout.": "latent.readout.",
-    "post_sampler.weight": "latent.mapper.weight",
-}
-
-
-# Each block's fused input projections and the separate ones they stack by rows, in order: checkpoints
-# written before they were fused, and Llama's, hold the parts.
-FUSED_PROJECTIONS = {
-    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-}
-
-
-def _stem(name: str, suffix: str) -> str | None:
-    """`name` less `suffix` when `name` is `suffix` under some module prefix ("layers.3."), else None."""
-    if name == suffix or name.endswith("." + suffix):
-        return name[: -len(suffix)]
-    return None
-
-
-def fused_name(name: str) -> str | None:
-    """The fused tensor that `name` (a separate q/k/v or gate/up weight) is one part of, else None."""
-    for fused, parts in FUSED_PROJECTIONS.items():
-        for part in parts:
-            if (stem := _stem(name, part)) is not None:
-                return stem + fused
-    return None
-
-
-def part_names(fused: str) -> list[str] | None:
-    """The separate weights stacked, in this order, into the fused tensor named `fused`; None when
-    `fused` is not a fused projection."""
-    for suffix, parts in FUSED_PROJECTIONS.items():
-        if (stem := _stem(fused, suffix)) is not None:
-            return [stem + part for part in parts]
-    return None
-
-
-def upgrade_state_dict(state: dict, prefix: str = "") -> dict:
-    """Upgrade, in place, a state dict written before 0.2 (the latent path's tensor names) or before the
-    input projections were fused (separate q/k/v and gate/up weights, concatenated by rows here); what
-    is already current is kept."""
-    for name in [n for n in state if n.startswith(prefix)]:
-        local = name[len(prefix):]
-        for old, new in LEGACY_LATENT_NAMES.items():
-            if local.startswith(old):
-                state[prefix + new + local[len(old):]] = state.pop(name)
-                break
-    for fused in {fused_name(n) for n in state if n.startswith(prefix)} - {None}:
-        parts = part_names(fused)
-        if all(part in state for part in parts):  # else load_state_dict names what is missing
-            state[fused] = torch.cat([state.pop(part) for part in parts], dim=0)
-    return state
-
-
-def part_rows(config: ModelConfig) -> dict[str, list[int]]:
-    """The rows of each part of a fused projection (FUSED_PROJECTIONS' order)."""
-    return {"self_attn.qkv_proj.weight": list(qkv_rows(config)),
-            "mlp.gate_up_proj.weight": [config.ffn_hidden, config.ffn_hidden]}
-
-
-def split_state_dict(state: dict, config: ModelConfig) -> dict:
-    """A copy of `state` with every fused projection split back into its separate weights (Llama's
-    layout): the inverse of `upgrade_state_dict`'s concatenation."""
-    sizes = part_rows(config)
-    out = {}
-    for name, tensor in state.items():
-        fused = next((f for f in FUSED_PROJECTIONS if _stem(name, f) is not None), None)
-        if fused is None:
-            out[name] = tensor
-            continue
-        for part, piece in zip(part_names(name), tensor.split(sizes[fused], dim=0), strict=True):
-            out[part] = piece
-    return out
+from .state_names import FUSED_PROJECTIONS, part_rows, upgrade_state_dict
 
 
 @dataclass

@@ -41,7 +41,8 @@ from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..base.fileio import sha256_file, share_like_umask
 from ..model.config import ModelConfig
-from ..model.transformer import FreeTransformer, fused_name, part_names
+from ..model.state_names import fused_name, part_names
+from ..model.transformer import FreeTransformer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 MAX_STEP = 10**8 - 1  # the largest step whose directory STEP_DIR matches
