@@ -20,12 +20,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_config
 
 import free_transformer
 from free_transformer.base.checks import ConfigError
 from free_transformer.cli import main
 from free_transformer.distributed import ParallelEnv
+from free_transformer.distributed.parallelize import apply_compile
 from free_transformer.distributed.sharded_checkpoint import is_sharded
+from free_transformer.model.config import LatentConfig
+from free_transformer.model.latent import BinaryMapper
+from free_transformer.model.transformer import FreeTransformer
 from free_transformer.runs.checkpoint import CheckpointError, checkpoint_dirs, load_model
 from free_transformer.train.config import load_train_config
 from free_transformer.train.noise import latent_row_generators
@@ -162,6 +167,22 @@ def test_row_noise_does_not_depend_on_how_the_batch_is_split():
                        torch.stack([torch.rand(3, generator=g) for g in b]))
     c = latent_row_generators(0, 6, range(4, 8), torch.device("cpu"))
     assert not torch.equal(torch.rand(3, generator=b[0]), torch.rand(3, generator=c[0]))
+
+
+def test_compile_asks_the_latent_mapper_to_compile_its_own_backward(monkeypatch):
+    """apply_compile leaves to each latent kind what compiling its backward means (`compile_backward`),
+    never reading its type or attributes: every kind is asked; the Binary Mapper's answer is to run its
+    backward's chunk loop with compiled bodies."""
+    asked = []
+    for kind in ("binary_mapper", "bit_linear"):
+        model = FreeTransformer(tiny_config(latent=LatentConfig(kind)))
+        monkeypatch.setattr(model.latent.mapper, "compile_backward", lambda kind=kind: asked.append(kind))
+        apply_compile(model)
+    assert asked == ["binary_mapper", "bit_linear"]
+    mapper = BinaryMapper(bits=4, dim=8)
+    assert not mapper.compiled_backward
+    mapper.compile_backward()
+    assert mapper.compiled_backward
 
 
 def test_ranks_take_contiguous_slices():

@@ -26,7 +26,6 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from ..base.devices import DTYPES
-from ..model.latent import BinaryMapper
 from ..model.transformer import FreeTransformer
 from .env import ParallelEnv
 
@@ -62,8 +61,8 @@ def apply_compile(model: FreeTransformer) -> FreeTransformer:
     into one fused function; its matmuls are the same BLAS calls compiled or not."""
     for block in blocks(model):
         block.compile()
-    if model.latent is not None and isinstance(model.latent.mapper, BinaryMapper):
-        model.latent.mapper.compiled_backward = True
+    if model.latent is not None:
+        model.latent.mapper.compile_backward()
     model.compiled_loss = True
     return model
 

@@ -170,13 +170,16 @@ class BinaryMapper(LatentMapper):
         super().__init__(bits, dim)
         self.weight = nn.Parameter(torch.empty(2**bits, dim))  # (2^H, D), rows contiguous like an embedding
         self.reset_parameters(1.0)  # as nn.Embedding does (the same draws as 0.1's post_sampler); init_weights rescales
-        self.compiled_backward = False  # set by distributed.parallelize.apply_compile (compile=true)
+        self.compiled_backward = False  # the backward's chunk bodies compiled: `compile_backward`
 
     def sample(self, bit_logits: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
         return binary_mapper_project(bit_logits, self.weight, generator, self.compiled_backward)
 
     def lookup(self, index: Tensor) -> Tensor:
         return F.embedding(index, self.weight)
+
+    def compile_backward(self) -> None:
+        self.compiled_backward = True
 
     def reset_parameters(self, std: float) -> None:
         nn.init.normal_(self.weight, std=std)

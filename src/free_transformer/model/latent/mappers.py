@@ -39,7 +39,8 @@ def latent_kind(name: str) -> type[LatentMapper]:
 
 
 class LatentMapper(nn.Module):
-    """Base of the variants. Subclasses set `max_bits` and implement the five methods below."""
+    """Base of the variants. Subclasses set `max_bits` and implement the five methods below;
+    `compile_backward` only where their backward runs an eager chunk loop."""
 
     kind: ClassVar[str]
     max_bits: ClassVar[int]
@@ -61,6 +62,10 @@ class LatentMapper(nn.Module):
     def reset_parameters(self, std: float) -> None:
         """Initialise so that R has about this standard deviation per coordinate."""
         raise NotImplementedError
+
+    def compile_backward(self) -> None:
+        """Use compiled bodies for the eager chunk loop of the variant's backward, if it has one
+        (compile=true); a variant whose gradient is plain autograd has nothing to change."""
 
     @classmethod
     def num_params(cls, bits: int, dim: int) -> int:
