@@ -19,7 +19,7 @@ from free_transformer.cli import main
 from free_transformer.runs.checkpoint import (CheckpointError, checkpoint_dirs, load_model, load_training_state,
                                               save_checkpoint)
 from free_transformer.train.config import load_train_config
-from free_transformer.train.metrics import read_metrics
+from free_transformer.train.metrics import read_metrics, tokens_per_step
 from free_transformer.train.optim import lr_factor, parameter_groups
 from free_transformer.train.trainer import StopSignals, TrainingError, _rng_state, train
 
@@ -91,6 +91,13 @@ def test_a_finite_loss_with_non_finite_gradients_is_never_applied(tmp_path, caps
     for kept in checkpoint_dirs(tmp_path):
         model, _ = load_model(kept)
         assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_tokens_per_step_counts_the_whole_batch_whatever_the_micro_batches():
+    """tokens_per_s, an evaluation record's tokens and a sweep's work all read tokens_per_step: batch_size
+    sequences of T tokens, which grad_accum splits but does not multiply."""
+    whole, split = _config("batch_size=8"), _config("batch_size=8", "grad_accum=4")
+    assert tokens_per_step(whole, 64) == tokens_per_step(split, 64) == 8 * 64
 
 
 def test_lr_schedule_and_parameter_groups():

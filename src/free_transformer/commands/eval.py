@@ -236,10 +236,11 @@ def _tokens_per_step(run_dir: Path) -> int | None:
     cannot be read here: the record then has steps but no token counts."""
     from ..data import build_dataset
     from ..train.config import load_train_config
+    from ..train.metrics import tokens_per_step
 
     try:  # the periodic evaluation's settings (its held-out files) play no part here
         config = load_train_config(run_dir / "config.yaml", periodic_eval=False)
-        return config.batch_size * build_dataset(config.data, config.seed).sequence_length
+        return tokens_per_step(config, build_dataset(config.data, config.seed).sequence_length)
     except (UserError, OSError) as error:
         print(f"note: tokens seen are not recorded ({' '.join(str(error).split())})")
         return None

@@ -11,6 +11,14 @@ from ..base.errors import UserError
 from ..base.fileio import atomic_write_text, open_append
 from ..base.install import install_hint
 from ..base.plotting import draw, training_panels
+from .config import TrainConfig
+
+
+def tokens_per_step(config: TrainConfig, sequence_length: int) -> int:
+    """Tokens of one optimizer step: `batch_size` sequences (every process's rows and micro-batches
+    together) of `sequence_length` input tokens (the model's T). The unit of tokens_per_s, of the
+    tokens seen in an evaluation record and of a sweep's measure of work."""
+    return config.batch_size * sequence_length
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ..data.tokenizer import get_tokenizer
 from ..eval.record import CurveRecord, score_and_record
+from .metrics import tokens_per_step
 
 
 @contextlib.contextmanager
@@ -40,7 +41,7 @@ class PeriodicEvaluation:
         self.every, self.last_step = config.eval.every, config.steps
         self.model, self.device, self.run_dir = run.model, run.device, run.run_dir
         self.tokenizer = get_tokenizer(run.metadata["tokenizer"])
-        self.tokens_per_step = config.batch_size * run.dataset.sequence_length
+        self.tokens_per_step = tokens_per_step(config, run.dataset.sequence_length)
         self.record = CurveRecord(run.run_dir)
 
     def due(self, step: int) -> bool:

@@ -44,7 +44,7 @@ from ..runs.checkpoint import (CheckpointError, checkpoint_dirs, load_training_s
                                resolve_checkpoint, save_checkpoint, upgrade_optimizer_state)
 from ..runs.runlock import RunLock
 from .config import TrainConfig, changed_settings, load_train_config, save_train_config
-from .metrics import MetricsLog, read_metrics
+from .metrics import MetricsLog, read_metrics, tokens_per_step
 from .noise import latent_generators
 from .optim import build_optimizer, lr_factor, set_lr
 from .periodic import periodic_evaluation
@@ -385,7 +385,7 @@ def step_metrics(run: Run, done: int, result: StepResult, seconds_per_step: floa
     metrics = {
         "step": done, "loss": loss, "cross_entropy_bits": ce / LN2, "kl_bits": kl / LN2,
         "kappa_bits": result.kappa_nats / LN2, "lr": result.lr, "grad_norm": float(result.grad_norm),
-        "tokens_per_s": config.batch_size * run.dataset.sequence_length / max(seconds_per_step, 1e-9),
+        "tokens_per_s": tokens_per_step(config, run.dataset.sequence_length) / max(seconds_per_step, 1e-9),
     }
     if config.eval_every and done % config.eval_every == 0:
         metrics.update(validate(run.runner, run.dataset, config, run.device, run.env))
