@@ -14,10 +14,7 @@ HELP = ("train a baseline and Free Transformers at kappa = 1/64, 1/8, 1, 8 bits 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--preset", choices=list(PRESETS), default="quick",
-                        help="quick: ~12 minutes on 2 CPU cores, 3 of the paper's 4 claims and the coin; paper: the "
-                             "paper's recipe (kappa fixed, batch 256, width 64), all of them in ~37 minutes per seed; "
-                             "narrow: the paper's recipe at width 32 (kappa = 1 bit at 64), compiled, under evaluation")
+    parser.add_argument("--preset", choices=list(PRESETS), default="quick", help=PRESETS.help())
     parser.add_argument("--out", "-o", default="runs/demo", help="output directory (finished runs are reused)")
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
                         help="training overrides applied to every model, e.g. steps=500 precision=bf16")

@@ -12,16 +12,13 @@ from .arguments import add_launcher_arguments, launcher_from, parse_seeds, train
 NAME = "study"
 HELP = ("train a baseline, a parameter-matched baseline and Free Transformers at several kappa on real text over "
         "seeds; report honest likelihoods, bits Z saves, KL vs kappa, collapse per seed")
-EPILOG = """presets:
-""" + "\n".join(f"  {name}: {preset.about}" for name, preset in PRESETS.items()) + """
-
-example (about 50 minutes on 2 CPU cores; finished runs are reused, stopped ones resumed):
+EPILOG = """example (about 50 minutes on 2 CPU cores; finished runs are reused, stopped ones resumed):
   free-transformer study --preset cpu --out runs/study
 See docs/study.md."""
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--preset", choices=list(PRESETS), default="cpu")
+    parser.add_argument("--preset", choices=list(PRESETS), default="cpu", help=PRESETS.help())
     parser.add_argument("--out", "-o", default="runs/study", help="output directory (runs, report.md, report.png)")
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
                         help="training overrides for every model, e.g. data.text.path=corpus:python-stdlib steps=1000")

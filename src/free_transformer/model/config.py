@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..base.checks import ConfigError, check_range
+from ..base.presets import Presets
 
 
 @dataclass(frozen=True)
@@ -186,15 +187,15 @@ class ModelConfig:
         return float(flops)
 
 
-# Named sizes. `debug` is for tests, `cpu-small` for the synthetic demo, the last two are the paper's.
-NAMED_CONFIGS: dict[str, ModelConfig] = {
-    "debug": ModelConfig(
+# Named sizes (`model.size=NAME`, `free-transformer info NAME`), from a model for tests to the paper's two.
+NAMED_CONFIGS: Presets[ModelConfig] = Presets("model size", {
+    "debug": (ModelConfig(
         vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64, latent_bits=4
-    ),
-    "cpu-small": ModelConfig(
+    ), "for tests: 2 blocks of width 32, H = 4"),
+    "cpu-small": (ModelConfig(
         vocab_size=256, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=384, max_seq_len=128, latent_bits=8
-    ),
-    "paper-1.5b": ModelConfig(
+    ), "the synthetic demo's: 4 blocks of width 128, H = 8, bytes"),
+    "paper-1.5b": (ModelConfig(
         vocab_size=2**17,
         dim=1536,
         n_layers=28,
@@ -205,8 +206,8 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         rope_theta=500000.0,
         tie_embeddings=True,
         latent_bits=16,
-    ),
-    "paper-8b": ModelConfig(
+    ), "the paper's 1.5B: 28 blocks of width 1536, H = 16"),
+    "paper-8b": (ModelConfig(
         vocab_size=2**17,
         dim=4096,
         n_layers=32,
@@ -216,12 +217,11 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         max_seq_len=8192,
         rope_theta=500000.0,
         latent_bits=16,
-    ),
-}
+    ), "the paper's 8B: 32 blocks of width 4096, H = 16"),
+})
 
 
 def named_config(name: str, **overrides) -> ModelConfig:
-    if name not in NAMED_CONFIGS:
-        raise ConfigError(f"unknown model size {name!r}; choose one of {', '.join(NAMED_CONFIGS)}")
+    """The named size with `overrides` (ModelConfig fields) replaced; an unknown name is a ConfigError."""
     return NAMED_CONFIGS[name].replace(**overrides)
 

@@ -8,11 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...base.presets import Presets
 from ...data import DataConfig
 from ...data.config import TextConfig
 from ...model.config import named_config
 from ...train.config import OptimConfig, TrainConfig, apply_overrides
-from ..launch.sweep import Sweep, Variant, fast_latent, kappa_fraction, kappa_label
+from ..launch.sweep import Sweep, Variant, kappa_fraction, kappa_label, with_latent
 
 
 def variants(kappas: list[float]) -> list[Variant]:
@@ -22,14 +23,13 @@ def variants(kappas: list[float]) -> list[Variant]:
 
 @dataclass(frozen=True)
 class StudyPreset:
-    name: str
+    name: str  # its name in PRESETS, recorded in the report
     config: Callable[[], TrainConfig]  # every model's, before its variant
     fast_latent: bool = True  # the Free Transformers get launch.sweep.fast_latent
     kappas: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
     seeds: int = 2
     heldout_windows: int = 256  # of the held-out text, for the likelihoods
     heldout_samples: int = 8  # K, for the prior cross-entropy and IWAE
-    about: str = ""
 
 
 def _shakespeare(tokenizer: str, seq_len: int) -> DataConfig:
@@ -59,14 +59,14 @@ def text_smoke() -> TrainConfig:
                        log_every=2, eval_every=2, eval_batches=1, keep_checkpoints=1)
 
 
-PRESETS = {
-    "cpu": StudyPreset("cpu", text_cpu,
-                       about="byte-level Shakespeare, 1.1 M-parameter models, 500 steps, 2 seeds: 49 min on 2 cores"),
-    "gpu": StudyPreset("gpu", text_gpu, seeds=3, heldout_windows=1024,
-                       about="GPT-2 BPE Shakespeare, 8 x 512 models, H = 16, 5,000 steps, 3 seeds, bf16 (one GPU)"),
-    "smoke": StudyPreset("smoke", text_smoke, fast_latent=False, kappas=(0.5, 4.0), seeds=2, heldout_windows=4,
-                         heldout_samples=2, about="a tiny model, 4 steps: checks the wiring"),
-}
+PRESETS: Presets[StudyPreset] = Presets("study preset", {
+    "cpu": (StudyPreset("cpu", text_cpu),
+            "byte-level Shakespeare, 1.1 M-parameter models, 500 steps, 2 seeds: 49 min on 2 cores"),
+    "gpu": (StudyPreset("gpu", text_gpu, seeds=3, heldout_windows=1024),
+            "GPT-2 BPE Shakespeare, 8 x 512 models, H = 16, 5,000 steps, 3 seeds, bf16 (one GPU)"),
+    "smoke": (StudyPreset("smoke", text_smoke, fast_latent=False, kappas=(0.5, 4.0), seeds=2, heldout_windows=4,
+                          heldout_samples=2), "a tiny model, 4 steps: checks the wiring"),
+})
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,8 @@ class StudyPlan:
 
     def config(self, variant: Variant) -> TrainConfig:
         config = self.preset.config()
-        if variant.kappa_bits is not None:
-            config = dataclasses.replace(config, kappa_bits=variant.kappa_bits)
-            config = fast_latent(config) if self.preset.fast_latent else config
-        elif not variant.matched:
-            config = dataclasses.replace(config, model=config.model.replace(latent_bits=0))
+        if not variant.matched:  # the matched baseline keeps the latent's size until matched_baseline() reads it
+            config = with_latent(config, variant, fast=self.preset.fast_latent)
         config = apply_overrides(config, list(self.extra))
         if variant.matched:  # the control of the Free Transformers' model: no latent, one more block
             config = dataclasses.replace(config, model=config.model.matched_baseline())

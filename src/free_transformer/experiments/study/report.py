@@ -12,7 +12,7 @@ from ...analysis.measures import honest_bits
 from ...base.fileio import atomic_write_text
 from ...base.plotting import Line, Panel, draw
 from ..launch.sweep import kappa_label
-from .presets import StudyPlan
+from .presets import PRESETS, StudyPlan
 
 
 def _mean(values: list[float]) -> float:
@@ -54,7 +54,7 @@ def summarize(plan: StudyPlan, records: list[dict]) -> list[dict]:
 def to_markdown(plan: StudyPlan, rows: list[dict], records: list[dict], seconds: float) -> str:
     seeds = ", ".join(map(str, plan.seeds))
     lines = [f"# κ study: {plan.preset.name} preset", "",
-             f"{plan.preset.about}. Seeds {seeds}. This invocation: {seconds / 60:.1f} min wall, "
+             f"{PRESETS.about(plan.preset.name)}. Seeds {seeds}. This invocation: {seconds / 60:.1f} min wall, "
              f"{sum(r.get('trained_now', True) for r in records)} of {len(records)} runs trained (the others reused "
              f"from an earlier one). Held-out text: "
              f"{plan.preset.heldout_windows} windows at most, K = {plan.preset.heldout_samples} latent samples.", "",
