@@ -28,7 +28,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="sequence length for the FLOP count")
     parser.add_argument("--presets", action="store_true",
                         help="list the model sizes, the demo's and the study's presets, and the YAML configs")
-    parser.add_argument("--configs", default="configs", help="the folder of YAML configs that --presets lists")
+    parser.add_argument("--configs", default="configs", help="the folder of YAML configs that --presets lists (default: configs)")
 
 
 def yaml_summary(path: Path) -> str:

@@ -191,10 +191,10 @@ class ModelConfig:
 NAMED_CONFIGS: Presets[ModelConfig] = Presets("model size", {
     "debug": (ModelConfig(
         vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64, latent_bits=4
-    ), "for tests: 2 blocks of width 32, H = 4"),
+    ), "a model for tests, 2 blocks of width 32, H = 4"),
     "cpu-small": (ModelConfig(
         vocab_size=256, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=384, max_seq_len=128, latent_bits=8
-    ), "the synthetic demo's: 4 blocks of width 128, H = 8, bytes"),
+    ), "the synthetic demo's model, 4 blocks of width 128, H = 8, a byte vocabulary"),
     "paper-1.5b": (ModelConfig(
         vocab_size=2**17,
         dim=1536,
@@ -206,7 +206,7 @@ NAMED_CONFIGS: Presets[ModelConfig] = Presets("model size", {
         rope_theta=500000.0,
         tie_embeddings=True,
         latent_bits=16,
-    ), "the paper's 1.5B: 28 blocks of width 1536, H = 16"),
+    ), "the paper's 1.5B model, 28 blocks of width 1536, H = 16"),
     "paper-8b": (ModelConfig(
         vocab_size=2**17,
         dim=4096,
@@ -217,7 +217,7 @@ NAMED_CONFIGS: Presets[ModelConfig] = Presets("model size", {
         max_seq_len=8192,
         rope_theta=500000.0,
         latent_bits=16,
-    ), "the paper's 8B: 32 blocks of width 4096, H = 16"),
+    ), "the paper's 8B model, 32 blocks of width 4096, H = 16"),
 })
 
 
