@@ -21,6 +21,7 @@ LAYERS = {
     "eval": {"base", "data", "model", "runs", "inference", "analysis"},
     "train": {"base", "data", "model", "runs", "inference", "analysis", "distributed", "eval"},
     "hf": {"base", "data", "model", "runs", "inference"},
+    "serve": {"base", "data", "model", "runs", "inference"},
     "reports": {"base", "eval", "train"},
     "experiments.launch": {"base", "data", "model", "runs", "distributed", "train"},
     "experiments.demo": {"base", "data", "model", "runs", "inference", "analysis", "train", "experiments.launch"},

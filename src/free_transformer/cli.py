@@ -15,7 +15,7 @@ import sys
 from .base.errors import Stopped, UserError
 
 COMMAND_MODULES = ["demo", "study", "train", "inspect", "generate", "eval", "compare", "info", "convert",
-                   "consolidate", "tokenize"]
+                   "consolidate", "tokenize", "serve"]
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -1,0 +1,192 @@
+"""A loaded model behind the completions API: a request is checked into a `Plan` (every refusal a
+`RequestError` with one line), then sampled. Each public method holds the engine's lock: requests
+use the model one at a time.
+
+Completion i of a prompt samples with seed + i, so a prompt's completions do not depend on the other
+prompts of its request, on n, or on streaming, and equal `free-transformer generate --seed SEED`'s."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..data.tokenizer import Tokenizer
+from ..inference.generate import GenerationConfig, generate
+from ..inference.latents import LatentChoice, parse_latents, resolve_latents
+from ..inference.stops import stop_at, stop_check
+from ..model.latent import ENCODER
+from ..model.transformer import FreeTransformer
+from .protocol import CompletionRequest
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+REPLACEMENT = "\ufffd"  # what decoding shows for the bytes of a character not yet complete
+
+
+class RequestError(ValueError):
+    """A request the server refuses: a one-line message, the field at fault, the HTTP status."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
+        super().__init__(" ".join(message.split()))
+        self.param, self.status, self.code = param, status, code
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    config: GenerationConfig
+    latents: str | torch.Tensor  # resolved: "encoder" or "prior", or (1, N) explicit Z ("shared", "reference")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked request: what sampling needs and nothing that can still be refused."""
+    prompts: list[Prompt]
+    n: int
+    seed: int
+    stops: list[str]
+
+    def index(self, prompt: int, sample: int) -> int:
+        """The choice's index in the response: the prompts' completions in order."""
+        return prompt * self.n + sample
+
+
+@dataclass(frozen=True)
+class Sample:
+    index: int
+    text: str  # the completion, cut before its first stop string
+    finish_reason: str  # "stop" (a stop string) or "length" (max_tokens)
+    tokens: int  # tokens generated
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of a streamed completion: text now final, and at its end the finish reason."""
+    index: int
+    text: str
+    finish_reason: str | None = None
+
+
+class Engine:
+    def __init__(self, model: FreeTransformer, tokenizer: Tokenizer, name: str):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.lock = threading.Lock()
+
+    def plan(self, request: CompletionRequest) -> Plan:
+        with self.lock:  # "reference" runs the encoder
+            return self._plan(request)
+
+    def complete(self, plan: Plan) -> list[Sample]:
+        """Every choice, each prompt's n completions decoded as one batch."""
+        should_stop = stop_check(self.tokenizer.decode, plan.stops)
+        samples = []
+        with self.lock:
+            for p, prompt in enumerate(plan.prompts):
+                result = generate(self.model, [prompt.ids] * plan.n, prompt.config, latents=prompt.latents,
+                                  seeds=[plan.seed + i for i in range(plan.n)], should_stop=should_stop)
+                samples += [self._sample(plan, plan.index(p, i), tokens) for i, tokens in enumerate(result.tokens)]
+        return samples
+
+    def stream(self, plan: Plan, send: Callable[[Delta], bool]) -> None:
+        """Every choice, one after the other, handed to `send` piece by piece as its tokens are sampled:
+        text is sent once no later token can change it (see `settled`). `send` returning False (the
+        client left) ends the stream."""
+        with self.lock:
+            for p, prompt in enumerate(plan.prompts):
+                for i in range(plan.n):
+                    if not self._stream_one(plan, prompt, i, plan.index(p, i), send):
+                        return
+
+    def _stream_one(self, plan: Plan, prompt: Prompt, i: int, index: int, send) -> bool:
+        shown, listening = "", True
+
+        def step(new: list[int]) -> bool:  # generate's should_stop, called after each new token
+            nonlocal shown, listening
+            text = self.tokenizer.decode(new)
+            end = stop_at(text, plan.stops)
+            final = settled(text, plan.stops) if end is None else text[:end]
+            if len(final) > len(shown) and final.startswith(shown):
+                listening = send(Delta(index, final[len(shown):]))
+                shown = final
+            return end is not None or not listening
+
+        # one row: a sample depends on its seed, not on its batch, so this is complete()'s choice
+        result = generate(self.model, [prompt.ids], prompt.config, seeds=[plan.seed + i], latents=prompt.latents,
+                          should_stop=step)
+        if not listening:
+            return False
+        sample = self._sample(plan, index, result.tokens[0])
+        rest = sample.text[len(shown):] if sample.text.startswith(shown) else ""
+        return send(Delta(index, rest, sample.finish_reason))
+
+    def _sample(self, plan: Plan, index: int, tokens: list[int]) -> Sample:
+        text = self.tokenizer.decode(tokens)
+        end = stop_at(text, plan.stops)
+        return Sample(index, text if end is None else text[:end], "length" if end is None else "stop", len(tokens))
+
+    def _plan(self, request: CompletionRequest) -> Plan:
+        if request.model != self.name:
+            raise RequestError(f"the model {request.model!r} does not exist; this server serves {self.name!r}",
+                               "model", 404, "model_not_found")
+        texts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
+        ids = [self.tokenizer.encode(text) for text in texts]
+        if not ids or not all(ids):
+            raise RequestError("prompt must not be empty (give at least one character)", "prompt")
+        context, longest = self.model.config.max_seq_len, max(map(len, ids))
+        room = context - longest + 1  # new tokens that fit: the last one is never fed back
+        if room < 1:
+            raise RequestError(f"the prompt has {longest} tokens; this model reads at most {context}", "prompt",
+                               code="context_length_exceeded")
+        max_tokens = request.max_tokens or min(DEFAULT_MAX_TOKENS, room)
+        if max_tokens > room:
+            raise RequestError(f"max_tokens {max_tokens} does not fit: the prompt has {longest} tokens and this "
+                               f"model reads at most {context}, so max_tokens can be at most {room}", "max_tokens",
+                               code="context_length_exceeded")
+        try:
+            config = GenerationConfig(max_new_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p)
+        except ValueError as error:
+            raise RequestError(str(error)) from None
+        try:
+            choice = ENCODER if request.latents is None else parse_latents(request.latents, indices=False)
+        except ValueError as error:
+            raise RequestError(str(error), "latents") from None
+        seed = secrets.randbits(62) if request.seed is None else request.seed
+        latent_seed = seed if request.latent_seed is None else request.latent_seed
+        reference = self._reference(request.reference)
+        prompts = [self._prompt(prompt, config, choice, reference, latent_seed) for prompt in ids]
+        stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
+        return Plan(prompts, request.n, seed, [stop for stop in stops if stop])
+
+    def _reference(self, text: str | None) -> torch.Tensor | None:
+        """The reference text as (1, T) ids, T within the model's context (resolve_latents checks the rest)."""
+        if text is None:
+            return None
+        ids, context = self.tokenizer.encode(text), self.model.config.max_seq_len
+        if len(ids) > context:
+            raise RequestError(f"reference has {len(ids)} tokens; this model reads at most {context}", "reference")
+        return torch.tensor([ids])
+
+    def _prompt(self, ids: list[int], config: GenerationConfig, choice: LatentChoice, reference,
+                latent_seed: int) -> Prompt:
+        """One prompt's Z resolved as `free-transformer generate --seed latent_seed` resolves it: a
+        generator of its own, so that its "shared" or "reference" draw does not depend on the other prompts."""
+        generator = torch.Generator(device=self.model.rope_cos.device).manual_seed(latent_seed)
+        try:
+            resolved = resolve_latents(self.model, choice, length=len(ids) + config.max_new_tokens - 1,
+                                       reference=reference, generator=generator, batch_size=1,
+                                       prompt_length=len(ids), where="latents")
+        except ValueError as error:
+            raise RequestError(str(error), "reference" if reference is not None else "latents") from None
+        return Prompt(ids, config, resolved.prompt_source if resolved.explicit is None else resolved.explicit)
+
+
+def settled(text: str, stops: list[str]) -> str:
+    """The part of a completion's text so far that no later token can change: without the replacement
+    characters it ends with (a character whose bytes are not all there yet) and without the longest
+    end that begins a stop string (it may become one)."""
+    text = text.rstrip(REPLACEMENT)
+    held = max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
+    return text[: len(text) - held]

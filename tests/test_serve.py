@@ -1,0 +1,281 @@
+"""`free-transformer serve`: a real uvicorn server on 127.0.0.1, driven by the official openai client."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import tiny_checkpoint
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from free_transformer.cli import main  # noqa: E402
+from free_transformer.data.tokenizer import get_tokenizer  # noqa: E402
+from free_transformer.runs.checkpoint import load_model  # noqa: E402
+from free_transformer.serve import engine as engine_module  # noqa: E402
+from free_transformer.serve.app import build_app  # noqa: E402
+from free_transformer.serve.engine import Engine, settled  # noqa: E402
+
+NAME = "tiny"
+COOL = 0.1  # a temperature at which the random tiny model's logits, so its latents, shape the text
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("serve"), NAME, latent_bits=4)
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    """(base URL, engine) of a server on a free port, in a thread of this process."""
+    model, config = load_model(checkpoint)
+    engine = Engine(model, get_tokenizer(config["tokenizer"]), NAME)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    uv = uvicorn.Server(uvicorn.Config(build_app(engine), log_level="critical"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not uv.started:
+        assert thread.is_alive(), "the server did not start"
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1", engine
+    uv.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0], api_key="none", max_retries=0)  # a 500 must not be retried
+
+
+def complete(client, prompt="Hello", **options):
+    options = {"max_tokens": 12, "seed": 7, **options}
+    return client.completions.create(model=NAME, prompt=prompt, **options)
+
+
+def texts(response) -> list[str]:
+    assert [choice.index for choice in response.choices] == list(range(len(response.choices)))
+    return [choice.text for choice in response.choices]
+
+
+def test_models_lists_the_one_model(client):
+    assert [model.id for model in client.models.list().data] == [NAME]
+
+
+def test_a_completion_has_max_tokens_and_the_same_seed_gives_the_same_text(client):
+    first = complete(client, max_tokens=12)
+    assert first.object == "text_completion" and first.model == NAME
+    assert first.choices[0].finish_reason == "length"
+    assert (first.usage.prompt_tokens, first.usage.completion_tokens, first.usage.total_tokens) == (5, 12, 17)
+    assert texts(complete(client, max_tokens=12)) == texts(first)
+    assert texts(complete(client, max_tokens=12, seed=8)) != texts(first)
+
+
+def test_each_prompt_of_a_list_and_each_of_n_is_its_own_seeded_completion(client):
+    """Prompts of different lengths in one request; completion i of a prompt samples with seed + i."""
+    both = texts(complete(client, ["Hi", "Hello there"], n=2, temperature=COOL))
+    assert len(both) == 4 and len(set(both)) == 4
+    for p, prompt in enumerate(["Hi", "Hello there"]):
+        for i in range(2):
+            assert both[2 * p + i] == texts(complete(client, prompt, seed=7 + i, temperature=COOL))[0]
+
+
+def test_a_stream_sends_the_text_in_pieces_as_it_is_sampled(client, monkeypatch):
+    """Several chunks that add up to the unstreamed text for the same seed; the first reaches the client
+    while the tokens after it are not yet sampled (sampling waits for it, or gives up after 10 s)."""
+    steps, received = [], threading.Event()
+    real = engine_module.generate
+
+    def watched(*args, should_stop, **kwargs):
+        def step(new):
+            steps.append(len(new))
+            if len(new) == 20:
+                received.wait(10)
+            return should_stop(new)
+        return real(*args, should_stop=step, **kwargs)
+
+    whole = texts(complete(client, ["Hi", "Hello there"], n=2, max_tokens=40))
+    monkeypatch.setattr(engine_module, "generate", watched)
+    chunks, sampled_at_first = [], None
+    for chunk in complete(client, ["Hi", "Hello there"], n=2, max_tokens=40, stream=True):
+        if sampled_at_first is None:
+            sampled_at_first = len(steps)  # tokens sampled so far, every choice's
+            received.set()
+        chunks.append(chunk)
+    assert sampled_at_first <= 20
+    assert len(chunks) > 8
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(4)]
+    assert streamed == whole
+    ends = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason is not None]
+    assert ends == ["length"] * 4
+
+
+def test_a_stop_string_ends_the_text_before_it_streamed_or_not(client):
+    full = texts(complete(client, max_tokens=30, temperature=COOL))[0]
+    # two printable characters (bytes that decode alone): the first shows before the second comes
+    start = next(i for i in range(5, len(full)) if full[i:i + 2].isascii() and full[i:i + 2].isprintable())
+    stop = full[start:start + 2]
+    cut = full[: full.index(stop)]
+    stopped = complete(client, max_tokens=30, temperature=COOL, stop=[stop, "never"])
+    assert texts(stopped) == [cut] and stopped.choices[0].finish_reason == "stop"
+    streamed = list(complete(client, max_tokens=30, temperature=COOL, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == cut
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def cli_texts(capsys, checkpoint, prompt, seed, *options) -> list[str]:
+    """What `free-transformer generate` prints, without the prompt."""
+    assert main(["generate", str(checkpoint), "--prompt", prompt, "--seed", str(seed), "--max-new-tokens", "12",
+                 "--temperature", str(COOL), *options]) == 0
+    lines = capsys.readouterr().out.split("\n")[:-1]  # one a line ("\n" in a text is printed escaped)
+    assert all(line.startswith(prompt) for line in lines)
+    return [line[len(prompt):] for line in lines]
+
+
+def test_the_latent_fields_choose_z_as_the_generate_command_does(client, checkpoint, capsys):
+    prompt, reference = "Hello", "Once upon a time"
+    by_choice = {}
+    for choice in ["encoder", "prior", "shared", "reference"]:
+        extra = {"latents": choice, **({"reference": reference} if choice == "reference" else {})}
+        served = texts(complete(client, prompt, n=2, temperature=COOL, extra_body=extra))
+        by_choice[choice] = cli_texts(capsys, checkpoint, prompt, 7, "-n", "2", "--latents", choice,
+                                      *(["--reference", reference] if choice == "reference" else []))
+        assert [text.replace("\n", "\\n") for text in served] == by_choice[choice], choice
+    assert len({tuple(t) for t in by_choice.values()}) == 4  # each choice gives other texts: the test can fail
+    # latent_seed: the draw of "shared" apart from the sampling seed
+    shared = texts(complete(client, prompt, temperature=COOL, extra_body={"latents": "shared", "latent_seed": 7}))
+    assert shared == texts(complete(client, prompt, temperature=COOL, extra_body={"latents": "shared"}))
+    other = texts(complete(client, prompt, temperature=COOL, extra_body={"latents": "shared", "latent_seed": 8}))
+    assert other != shared
+
+
+def error_of(server, body: dict, path="/completions", status=400) -> dict:
+    response = httpx.post(server[0] + path, json=body, timeout=30)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and "\n" not in error["message"]
+    return error
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"model": "other"}, "model", "does not exist"),
+    ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ({"max_tokens": 61}, "max_tokens", "at most 60"),
+    ({"prompt": "x" * 65}, "prompt", "at most 64"),
+    ({"prompt": ""}, "prompt", "must not be empty"),
+    ({"prompt": ["ok", ""]}, "prompt", "must not be empty"),
+    ({"prompt": []}, "prompt", "must not be empty"),
+    ({"prompt": [1, 2]}, "prompt", "a string or a list of strings"),
+    ({"temperature": "hot"}, "temperature", "valid number"),
+    ({"n": 0}, "n", "greater than or equal to 1"),
+    ({"max_tokens": "5"}, "max_tokens", "valid integer"),
+    ({"logprobs": 2}, "logprobs", "unsupported field"),
+    ({"presence_penalty": 1.0}, "presence_penalty", "penalties"),
+    ({"latents": "posterior-ish"}, "latents", "'encoder', 'prior', 'shared', 'reference'"),
+    ({"latents": "reference"}, "latents", "needs a reference text"),
+    ({"latents": "reference", "reference": "Hi"}, "reference", "prompt"),
+    ({"latents": "shared", "reference": "Hello there"}, "reference", "goes with latents='reference'"),
+])
+def test_a_bad_request_is_a_400_with_one_line(server, client, body, param, words):
+    request = {"model": NAME, "prompt": "Hello", "max_tokens": 5, **body}
+    error = error_of(server, request, status=404 if param == "model" else 400)
+    assert error["param"] == param and words in error["message"], error
+    if param not in ("model", "prompt", "max_tokens", "temperature", "n", "logprobs", "presence_penalty"):
+        with pytest.raises(openai.BadRequestError):  # what a client sees of the extra fields
+            client.completions.create(model=NAME, prompt="Hello", max_tokens=5,
+                                      extra_body={k: v for k, v in body.items()})
+
+
+def test_chat_completions_say_there_is_no_chat_template(server, client):
+    with pytest.raises(openai.NotFoundError, match="no chat template"):
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hello"}])
+    assert error_of(server, {"nothing": 1}, path="/nowhere", status=404)["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_exception_in_a_request_is_a_500_and_the_next_request_is_served(client, monkeypatch, stream):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the kernel\nfell over")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine_module, "generate", broken)
+        with pytest.raises(openai.InternalServerError) as caught:
+            complete(client, stream=stream)
+        assert caught.value.status_code == 500
+        assert caught.value.body["message"].endswith("RuntimeError: the kernel fell over")
+    assert texts(complete(client, stream=False))[0]
+
+
+def test_an_exception_mid_stream_ends_it_with_an_error_event(server, monkeypatch):
+    real = engine_module.generate
+
+    def breaks_later(*args, should_stop, **kwargs):
+        def step(new):
+            if len(new) == 6:
+                raise RuntimeError("fell over mid-stream")
+            return should_stop(new)
+        return real(*args, should_stop=step, **kwargs)
+
+    monkeypatch.setattr(engine_module, "generate", breaks_later)
+    body = {"model": NAME, "prompt": "Hello", "max_tokens": 12, "seed": 7, "stream": True}
+    with httpx.stream("POST", server[0] + "/completions", json=body, timeout=30) as response:
+        events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    assert response.status_code == 200
+    assert "fell over mid-stream" in json.loads(events[-1])["error"]["message"]
+    assert all("choices" in json.loads(event) for event in events[:-1])
+
+
+def test_the_serve_command_serves_the_checkpoint_under_its_name(checkpoint):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "serve", str(checkpoint), "--port",
+                                str(port), "--device", "cpu", "--model-name", "my-model"],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not answer within 60 s"
+                time.sleep(0.2)
+        assert [model["id"] for model in models["data"]] == ["my-model"]
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        assert client.completions.create(model="my-model", prompt="Hi", max_tokens=3).usage.completion_tokens == 3
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_without_the_serve_extra_the_command_says_how_to_install_it(checkpoint, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` fails as if not installed
+    monkeypatch.delitem(sys.modules, "free_transformer.serve.app")
+    assert main(["serve", str(checkpoint)]) == 2
+    assert capsys.readouterr().err == "error: serve needs fastapi and uvicorn: " \
+                                      "pip install 'free-transformer-reference[serve]'\n"
+
+
+def test_the_package_and_its_command_line_import_no_server_library():
+    code = ("import sys, free_transformer, free_transformer.cli as cli; cli.build_parser(); "
+            "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_stream_holds_back_what_a_later_token_may_change():
+    assert settled("caf\ufffd", []) == "caf"  # a character whose bytes are not all there
+    assert settled("the EN", ["END", "NEVER"]) == "the "  # may become a stop string
+    assert settled("the ENDS", ["END"]) == "the ENDS"  # a stop string found is cut by the caller, not here
+    assert settled("the E.", ["END"]) == "the E."
