@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import TINY, run_losses, tiny_run_config
 
+from free_transformer.analysis.measures import bits_saved, saving
 from free_transformer.base.seeding import seed_of
 from free_transformer.cli import main
 from free_transformer.data import build_dataset
@@ -50,6 +51,26 @@ def test_validation_measures_equal_a_hand_computation():
     assert sum(measures["val_kl_bits_per_bit"]) == pytest.approx(kl / 2 / LN2, rel=1e-5)  # bits add up to the KL
     assert measures["dead_bits"] == sum(v < 0.01 for v in measures["val_kl_bits_per_bit"])
     assert measures["latent_bits_saved"] != 0.0  # Z reaches the output: prior and encoder Z differ
+
+
+def test_bits_saved_per_token_is_the_prior_minus_the_encoder_cross_entropy_in_bits():
+    """measures.saving is the one definition of the bits Z saves (validation's latent_bits_saved, the study's
+    bits_saved, the demo's per-token bits_saved): the cross-entropy with prior Z minus with encoder Z, in
+    bits; per token, each cross-entropy averaged over the draws of Z (seeds seed, seed + 1, ...)."""
+    assert saving(3.5, 1.25) == 2.25
+    model, dataset, config = _model_and_data()
+    tokens = dataset.batch(0, config.batch_size, split="val")
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    ce = {}
+    with torch.no_grad():
+        for source in ("prior", "encoder"):
+            draws = [model(inputs, latents=source, generator=torch.Generator().manual_seed(5 + k)).logits
+                     for k in range(3)]
+            ce[source] = sum(-logits.double().log_softmax(-1).gather(-1, targets[..., None])[..., 0]
+                             for logits in draws) / 3 / LN2  # (B, T) bits
+    saved = bits_saved(model, tokens, samples=3, seed=5)
+    torch.testing.assert_close(saved, ce["prior"] - ce["encoder"], rtol=0, atol=1e-5)
+    assert saved.abs().max() > 0.01  # Z reaches the output
 
 
 def test_evaluation_leaves_the_rng_streams_and_a_baseline_alone():

@@ -1,8 +1,9 @@
 """What Z holds, measured one way everywhere: during training (validation), in `inspect`, in the demo,
 in the study and in held-out likelihoods.
 
-    bits_saved       per token: the cross-entropy with Z from the prior minus with Z from the encoder,
-                     how much knowing the sequence's own Z helps the decoder (0 when it ignores Z)
+    saving           the bits Z saves: the cross-entropy with Z from the prior minus with Z from the
+                     encoder, how much knowing the sequence's own Z helps the decoder (0 when it ignores Z)
+    bits_saved       the saving at every predicted token of given sequences
     dead_bits        the bits of Z whose KL to a fair coin is under DEAD_BIT_KL
     code_log_probabilities  log Q(Z_t = z) of every code
     kl_split         the per-token KL as information about the sequence plus prior mismatch, the part
@@ -33,20 +34,26 @@ COLLAPSED_SAVING = 0.01
 COPYING_KAPPA, COPYING_SHARE = 2.0, 0.5
 
 
+def saving(prior_ce_bits, encoder_ce_bits):
+    """The bits Z saves: the cross-entropy with Z drawn from the prior minus the cross-entropy with Z from
+    the encoder (which has read the sequence), both in bits; floats or tensors of one shape alike."""
+    return prior_ce_bits - encoder_ce_bits
+
+
 @torch.no_grad()
 def bits_saved(model, tokens: torch.Tensor, *, samples: int = 2, seed: int = 0) -> torch.Tensor:
-    """(B, T) sequences -> (B, T - 1) bits knowing the sequence's own Z saves at each predicted token:
-    cross-entropy with Z from the prior minus with Z from the encoder, averaged over `samples` draws."""
+    """(B, T) sequences -> (B, T - 1) `saving` at each predicted token, each cross-entropy averaged over
+    `samples` draws of Z."""
     model.eval()
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    saved = torch.zeros(targets.shape, dtype=torch.float64, device=tokens.device)
+    ce = {source: torch.zeros(targets.shape, dtype=torch.float64, device=tokens.device) for source in (PRIOR, ENCODER)}
     for k in range(samples):
-        for source, sign in ((PRIOR, 1.0), (ENCODER, -1.0)):
+        for source in ce:
             generator = torch.Generator(device=tokens.device).manual_seed(seed + k)
             logits = model(inputs, latents=source, generator=generator).logits  # (B, T - 1, V)
             nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, T - 1)
-            saved += sign * nats.double() / (samples * LN2)
-    return saved
+            ce[source] += nats.double() / (samples * LN2)
+    return saving(ce[PRIOR], ce[ENCODER])
 
 
 def dead_bits(kl_bits_per_bit: list[float]) -> int:

@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from ..analysis.measures import dead_bits, latent_verdict
+from ..analysis.measures import dead_bits, latent_verdict, saving
 from ..base.seeding import generator
 from ..base.units import LN2
 from ..distributed import ParallelEnv
@@ -34,7 +34,7 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
 
     val_cross_entropy_bits, val_kl_bits: with Z from the encoder, as the training loss.
     For a Free Transformer also: val_prior_cross_entropy_bits (Z from the uniform prior: what generation
-    does; an upper bound of the honest -log P(x)), latent_bits_saved (prior minus encoder cross-entropy),
+    does; an upper bound of the honest -log P(x)), latent_bits_saved (measures.saving of the two),
     val_kl_bits_per_bit (H values), dead_bits (measures.dead_bits)."""
     env = env or ParallelEnv("none", device)
     free = getattr(model, "module", model).latent is not None  # ddp wraps the model
@@ -62,7 +62,7 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
         return {"val_cross_entropy_bits": ce, "val_kl_bits": 0.0}
     kl_bits = per_bit.tolist()
     return {"val_cross_entropy_bits": ce, "val_kl_bits": kl, "val_prior_cross_entropy_bits": prior_ce,
-            "latent_bits_saved": prior_ce - ce, "val_kl_bits_per_bit": kl_bits,
+            "latent_bits_saved": saving(prior_ce, ce), "val_kl_bits_per_bit": kl_bits,
             "dead_bits": dead_bits(kl_bits)}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...analysis.measures import collapsed, copies_tokens
+from ...analysis.measures import collapsed, copies_tokens, saving
 from ...base.fileio import atomic_write_text
 from ...data.tokenizer import get_tokenizer
 from ...eval.likelihood import heldout_likelihood
@@ -36,7 +36,7 @@ def measure_run(run_dir: Path, heldout: str, *, kappa_bits: float, samples: int,
     free = model.config.is_free
     measures = {"settings": settings, "free": free, "params": model.num_params(), "likelihood": like}
     if free:
-        saved = like["prior_ce"]["bits_per_token"] - like["posterior_ce"]["bits_per_token"]
+        saved = saving(like["prior_ce"]["bits_per_token"], like["posterior_ce"]["bits_per_token"])
         kl = like["kl"]["bits_per_token"]
         measures.update({
             "bits_saved": saved, "kl_bits": kl, "kappa_bits": kappa_bits, "collapsed": collapsed(saved),
