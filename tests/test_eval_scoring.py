@@ -121,8 +121,10 @@ def test_generation_stops_at_stop_strings(latent_bits):
 
 
 def test_policy_validation_and_description():
-    with pytest.raises(ValueError):
-        LatentPolicy(context="posterior")
+    with pytest.raises(ValueError, match="latent context must be one of 'encoder', 'prior'; got 'shared'"):
+        LatentPolicy(context="shared")
+    with pytest.warns(DeprecationWarning, match="'posterior' is deprecated"):
+        assert LatentPolicy(context="posterior").context == "encoder"
     with pytest.raises(ValueError):
         LatentPolicy(samples=0)
     described = LatentPolicy(samples=8).describe(tiny_model(latent_bits=4))

@@ -174,7 +174,7 @@ def test_generate_rejects_bad_input(free_pair):
         hf_model.generate(prompts, attention_mask=torch.tensor([[0, 1, 1, 1, 1]] * 3), max_new_tokens=2)
     with pytest.raises(ValueError, match="latents must be"):
         hf_model.generate(prompts, latents=torch.zeros(3, 2, dtype=torch.int64), max_new_tokens=2)
-    with pytest.raises(ValueError, match="latents must be None"):
+    with pytest.raises(ValueError, match="latents must be one of 'encoder', 'prior', 'shared', 'reference'"):
         hf_model.generate(prompts, latents="posterior-ish", max_new_tokens=2)
     with pytest.raises(ValueError, match="latent indices"):
         hf_model.generate(prompts, latents=torch.full((1, 8), 16), max_new_tokens=2)

@@ -5,7 +5,8 @@ from reference import naive_forward
 
 from free_transformer import ConfigError, FreeTransformer, ModelConfig, named_config
 from free_transformer.model.config import LatentConfig
-from free_transformer.model.latent import check_latent_indices, free_bits_kl
+from free_transformer.inference.latents import check_latent_indices
+from free_transformer.model.latent import free_bits_kl
 from free_transformer.model.state_names import split_state_dict
 
 
@@ -171,17 +172,15 @@ def test_bad_inputs_raise_clear_errors():
         check_latent_indices(torch.zeros(1, 3, dtype=torch.long), 0, 1)
     with pytest.raises(ValueError, match="encoder latents need the whole sequence"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(1), start=2)
-    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or a tensor"):
+    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or an index tensor"):
         model(torch.zeros(1, 3, dtype=torch.long), latents="posteriour")
 
 
-def test_old_spelling_of_encoder_latents_still_works_with_a_warning():
-    model = tiny_model()
-    tokens = _tokens()
-    with pytest.warns(DeprecationWarning, match="'posterior' is deprecated .* use 'encoder'"):
-        old = model(tokens, latents="posterior", generator=torch.Generator().manual_seed(3))
-    new = model(tokens, latents="encoder", generator=torch.Generator().manual_seed(3))
-    assert torch.equal(old.latent_index, new.latent_index) and torch.equal(old.logits, new.logits)
+def test_forward_takes_resolved_sources_only():
+    """A user's spelling is parsed by free_transformer.inference.latents, not by the model: the old name of
+    "encoder" is not a source, and the forward says what is."""
+    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or an index tensor"):
+        tiny_model()(_tokens(), latents="posterior")
 
 
 @pytest.mark.parametrize("overrides", [{}, *VARIANTS])

@@ -3,7 +3,8 @@
 from .base.checks import ConfigError
 from .base.units import bits_to_nats, nats_to_bits
 from .base.version import __version__
-from .inference.generate import GenerationConfig, GenerationResult, generate, infer_latents, shared_prior_latents
+from .inference.generate import GenerationConfig, GenerationResult, generate
+from .inference.latents import infer_latents, shared_prior_latents
 from .model.config import NAMED_CONFIGS, ModelConfig, named_config
 from .model.latent import binary_mapper_project, kl_to_uniform
 from .model.transformer import FreeTransformer, ModelOutput

@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import warnings
 
 import torch
 
 from ..base.devices import DTYPES, decoding_dtype, parse_device
 from ..data.tokenizer import get_tokenizer
 from ..inference.generate import GenerationConfig, generate
-from ..inference.latents import CHOICES, CONTEXT_CHOICES, resolve_latents
+from ..inference.latents import CHOICES, CONTEXT_CHOICES, parse_latents, resolve_latents
 from ..inference.stops import cut_at_stop, stop_check
-from ..model.latent import ENCODER, PRIOR
+from ..model.latent import ENCODER
 from ..runs.checkpoint import load_model
 
 NAME = "generate"
@@ -40,14 +41,13 @@ def add_arguments(parser) -> None:
                         help="stop string, with the escapes \\n \\t \\r \\0 \\\\ read: a sample ends where it first "
                              "appears, which is not printed; repeatable")
     parser.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
-    parser.add_argument("--latents", choices=[*CHOICES, "independent"],
-                        default="encoder",
+    parser.add_argument("--latents", metavar="{" + ",".join(CHOICES) + "}", default=ENCODER,
                         help="Free Transformer: where Z comes from. encoder: the prompt's Z from the encoder (the "
                              "paper's prefill), each new token's from the prior, per sample; prior: every Z from "
                              "the prior, per sample; shared: one prior Z sequence for all samples; reference: Z "
-                             "inferred by the encoder from --reference (independent: deprecated name of encoder)")
+                             "inferred by the encoder from --reference")
     parser.add_argument("--reference", help="text whose encoder latents condition generation (--latents reference)")
-    parser.add_argument("--prompt-latents", choices=["posterior", "encoder", "prior"],
+    parser.add_argument("--prompt-latents", metavar="{" + ",".join(CONTEXT_CHOICES) + "}",
                         help="deprecated: use --latents encoder or --latents prior")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
@@ -72,6 +72,7 @@ def _say_compile_times() -> None:
 def run(args) -> int:
     if args.compile:
         _say_compile_times()
+    choice = _latent_choice(args)  # a misspelt --latents fails before the checkpoint is read
     device = parse_device(args.device)
     model, config = load_model(args.checkpoint, device)
     model = model.to(decoding_dtype(args.dtype, device))
@@ -86,29 +87,20 @@ def run(args) -> int:
         raise ValueError(f"the prompt has {len(prompt)} tokens; this model reads at most {model.config.max_seq_len}")
     max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
     stops = [unescape(s) for s in args.stop if s]
-    source = _latent_choice(args)
-    if args.reference and source != "reference":
-        raise ValueError("--reference is only used with --latents reference; add it, or drop --reference")
-    if source not in CONTEXT_CHOICES and model.latent is None:
-        raise ValueError(f"--latents {source} needs a Free Transformer; this checkpoint is a baseline")
-    reference = None
-    if source == "reference":
-        if not args.reference:
-            raise ValueError("--latents reference needs --reference TEXT")
-        reference = tokenizer.encode(args.reference)
-        if len(reference) < len(prompt):
-            raise ValueError("--reference must be at least as long as the prompt")
-        reference = torch.tensor([reference])
-    resolved = resolve_latents(model, source, length=len(prompt) + max_new_tokens - 1, reference=reference,
-                               generator=torch.Generator(device=device).manual_seed(args.seed))
+    reference = torch.tensor([tokenizer.encode(args.reference)]) if args.reference is not None else None
+    # Resolved once for every batch: "shared" and "reference" give every sample the same Z.
+    resolved = resolve_latents(model, choice, length=len(prompt) + max_new_tokens - 1,
+                               reference=reference, generator=torch.Generator(device=device).manual_seed(args.seed),
+                               batch_size=1, prompt_length=len(prompt), where="--latents")
+    latents = resolved.prompt_source if resolved.explicit is None else resolved.explicit  # (1, N) when explicit
     gen_config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p, prompt_latents=resolved.prompt_source)
+                                  top_p=args.top_p)
     should_stop = stop_check(tokenizer.decode, stops)
     prompt_chars = len(tokenizer.decode(prompt))
     for first in range(0, args.num_samples, args.batch_size):  # printed as each batch ends
         seeds = [args.seed + i for i in range(first, min(first + args.batch_size, args.num_samples))]
         prompts = torch.tensor([prompt] * len(seeds))
-        result = generate(model, prompts, gen_config, seeds=seeds, latents=resolved.explicit,
+        result = generate(model, prompts, gen_config, seeds=seeds, latents=latents,
                           should_stop=should_stop, compile=args.compile)
         for tokens in result.tokens:
             text = tokenizer.decode(prompt + tokens)
@@ -121,15 +113,19 @@ def unescape(text: str) -> str:
     return re.sub(r"\\(.)", lambda match: ESCAPES.get(match[1], match[0]), text)
 
 
-def _latent_choice(args) -> str:
-    """--latents, with the spellings of 0.1 (--latents independent, --prompt-latents) mapped onto it."""
-    source = args.latents
-    if source == "independent":
-        print("warning: --latents independent is deprecated; use --latents encoder", file=sys.stderr)
-        source = ENCODER
+def _latent_choice(args):
+    """--latents parsed (free_transformer.inference.latents), with 0.1's --prompt-latents mapped onto it;
+    deprecations are said on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        choice = parse_latents(args.latents, where="--latents", indices=False)
+        if args.prompt_latents is not None:
+            if choice != ENCODER:
+                raise ValueError(f"--prompt-latents cannot be combined with --latents {choice}")
+            choice = parse_latents(args.prompt_latents, where="--prompt-latents", allowed=CONTEXT_CHOICES,
+                                   indices=False)
     if args.prompt_latents is not None:
         print("warning: --prompt-latents is deprecated; use --latents encoder or --latents prior", file=sys.stderr)
-        if source != ENCODER:
-            raise ValueError(f"--prompt-latents cannot be combined with --latents {source}")
-        source = PRIOR if args.prompt_latents == PRIOR else ENCODER
-    return source
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    return choice

@@ -447,7 +447,3 @@ def get_benchmark(name: str) -> Benchmark:
     if name not in REGISTRY:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(REGISTRY)}")
     return REGISTRY[name]
-
-
-def all_benchmarks() -> list[Benchmark]:
-    return list(REGISTRY.values())

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..base.seeding import benchmark_seed, generators
 from ..inference.generate import GenerationConfig, generate
-from ..inference.latents import CONTEXT_CHOICES, check_choice
+from ..inference.latents import CONTEXT_CHOICES, parse_latents
 from ..inference.stops import cut_at_stop, stop_check
 from ..model.latent import ENCODER, uniform_latents
 from ..model.transformer import FreeTransformer
@@ -54,7 +54,8 @@ class LatentPolicy:
     """Seeds every draw, per document, so results do not depend on batching or --limit."""
 
     def __post_init__(self) -> None:
-        check_choice(self.context, where="latent context", allowed=CONTEXT_CHOICES)
+        object.__setattr__(self, "context", parse_latents(self.context, where="latent context",
+                                                          allowed=CONTEXT_CHOICES, indices=False))
         if self.samples < 1 or self.generation_samples < 1:
             raise ValueError("latent samples must be >= 1")
 

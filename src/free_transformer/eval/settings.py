@@ -13,6 +13,7 @@ from typing import Literal
 
 from ..base.errors import UserError
 from ..data.corpora import is_named, named_corpus, read_heldout
+from ..inference.latents import CONTEXT_CHOICES, parse_latents
 from .scoring import LatentPolicy
 
 
@@ -112,6 +113,7 @@ class EvalSettings:
         for task, _ in self.data:
             _known_task(task, "data")
         try:
+            object.__setattr__(self, "latents", parse_latents(self.latents, allowed=CONTEXT_CHOICES, indices=False))
             self.policy
         except ValueError as error:
             raise EvalSettingsError(str(error)) from None

@@ -7,7 +7,7 @@ Importing this package registers `FreeTransformerConfig` and `FreeTransformerFor
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ..model.latent import LatentPlan  # the decoding plan, shared with free_transformer.inference.generate
+from ..inference.latents import LatentPlan  # the decoding plan, shared with free_transformer.inference.generate
 from .configuration import FreeTransformerConfig
 from .generation import RowSeededSampler
 from .modeling import FreeTransformerCausalLMOutput, FreeTransformerForCausalLM, FreeTransformerPreTrainedModel

@@ -1,5 +1,5 @@
 """What `FreeTransformerForCausalLM.generate` adds to Hugging Face's decoding loop besides the latent
-plan (free_transformer.model.latent.LatentPlan, the same decoding rule as `free_transformer.inference.generate`):
+plan (free_transformer.inference.latents.LatentPlan, the same decoding rule as `free_transformer.inference.generate`):
 per-row seeded sampling (`RowSeededSampler`)."""
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
 from ..inference.generate import GenerationConfig, row_generators
-from ..inference.latents import resolve_latents
-from ..model.latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source
+from ..inference.latents import LatentPlan, forward_source, plan_latents
 from ..model.state_names import fused_name, legacy_latent_key_mapping, upgrade_state_dict
 from ..model.transformer import IGNORE_INDEX, FreeTransformer
 from .configuration import FreeTransformerConfig
@@ -235,14 +234,8 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             if latents is not None:
                 raise ValueError("pass either latents or latent_plan, not both")
             source, generator = latent_plan.source(start, T, input_ids.device), latent_plan.generators
-        elif latents is None:
-            source = ENCODER if start == 0 else PRIOR
-        elif self.model.latent is None:
-            raise ValueError("latents need a Free Transformer (latent_bits > 0); this is a baseline decoder")
-        elif isinstance(latents, str):
-            source = latent_source(latents)
         else:
-            source = check_latent_indices(latents, self.config.latent_bits, input_ids.shape[0], min_length=T)
+            source = forward_source(self.model, latents, input_ids.shape[0], T, start)
 
         targets = None
         if labels is not None:
@@ -356,18 +349,14 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         return output
 
     def _latent_plan(self, B, P, latents, reference, latent_seed, generators) -> LatentPlan:
+        """The plan of `free_transformer.inference.generate` for generate's latent arguments (latents parsed
+        and resolved by free_transformer.inference.latents); "shared" draws max_position_embeddings Z, as
+        many as our `shared_prior_latents(model, max_seq_len)`, so that the same seed gives the same Z."""
         device = self.model.rope_cos.device
         one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
         if reference is not None:
             if latents is not None:
                 raise ValueError("pass either latents or latent_reference, not both")
-            reference = torch.as_tensor(reference, dtype=torch.int64, device=device)
-            if reference.dim() != 2 or reference.shape[0] not in (1, B):
-                raise ValueError(f"latent_reference must have shape ({B} or 1, T), got {tuple(reference.shape)}")
             latents = "reference"
-        resolved = resolve_latents(self.model, latents, length=self.config.max_position_embeddings,
-                                   reference=reference, generator=one_off)
-        if resolved.explicit is None:
-            return LatentPlan(B, self.config.latent_bits, prompt_source=resolved.prompt_source, generators=generators)
-        explicit = check_latent_indices(resolved.explicit, self.config.latent_bits, B, min_length=P, device=device)
-        return LatentPlan(B, self.config.latent_bits, explicit=explicit, generators=generators)
+        return plan_latents(self.model, latents, B, P, length=self.config.max_position_embeddings,
+                            reference=reference, generator=one_off, generators=generators)

@@ -1,7 +1,7 @@
 """Sampling with a KV cache. For a Free Transformer the prompt is prefilled with latents from the
 encoder's posterior (as the paper prescribes for KV-cache prefill) unless the caller gives them, and
 every new token's Z_t is drawn uniformly once and then kept in the cache with its keys/values: the
-rule of `LatentPlan` (free_transformer.model.latent.sources), which the Hugging Face wrapper follows too."""
+rule of `LatentPlan` (free_transformer.inference.latents), which the Hugging Face wrapper follows too."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ import torch
 from torch import Tensor
 
 from ..base.seeding import generators
-from ..model.latent import ENCODER, PRIOR, LatentPlan, check_latent_indices, latent_source, uniform_latents
+from ..model.latent import ENCODER
 from ..model.latent.sampling import uniform_latents_
 from ..model.transformer import FreeTransformer
+from .latents import CONTEXT_CHOICES, LatentChoice, LatentPlan, parse_latents, plan_latents
+from .latents import infer_latents, shared_prior_latents  # noqa: F401 (also importable from this module)
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,8 @@ class GenerationConfig:
     stop_tokens: Sequence[int] = field(default_factory=tuple)
     """A row stops after emitting any of these (the stop token is kept in its output)."""
     prompt_latents: str = ENCODER
-    """Free Transformer: Z for prompt positions from the encoder (the paper's prefill) or the prior."""
+    """Free Transformer: Z for prompt positions from the encoder (the paper's prefill) or the prior
+    (free_transformer.inference.latents.CONTEXT_CHOICES)."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -48,9 +51,8 @@ class GenerationConfig:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        self.prompt_latents = latent_source(self.prompt_latents, where="prompt_latents")
-        if self.prompt_latents not in (ENCODER, PRIOR):
-            raise ValueError(f"prompt_latents must be 'encoder' or 'prior', got {self.prompt_latents!r}")
+        self.prompt_latents = parse_latents(self.prompt_latents, where="prompt_latents", allowed=CONTEXT_CHOICES,
+                                            indices=False)
 
 
 @dataclass
@@ -335,17 +337,21 @@ def generate(
     config: GenerationConfig | None = None,
     *,
     seeds: Sequence[int] | None = None,
-    latents: Tensor | None = None,
+    latents: LatentChoice | None = None,
+    reference: Tensor | Sequence[Sequence[int]] | None = None,
+    latent_seed: int | None = None,
     should_stop: Callable[[list[int]], bool] | None = None,
     compile: bool = False,
 ) -> GenerationResult:
     """Sample continuations of a batch of equal-length prompts with a KV cache.
 
     prompts: (B, P) token ids. seeds: one per row, so each row's sample does not depend on the
-    others. latents (Free Transformer only): (B or 1, N) explicit Z indices for positions [0, N),
-    N >= P; positions from N on draw Z_t from the uniform prior. A (1, N) tensor shares one latent
-    sequence across the batch (the paper's green groups); see `shared_prior_latents` and
-    `infer_latents` to make one. should_stop: called with a row's new tokens after each step; True
+    others. latents: where Z comes from (free_transformer.inference.latents; None: config.prompt_latents):
+    "encoder" or "prior" for the prompt's Z; "shared", one prior sequence for every row (the paper's
+    green groups); "reference", the encoder's posterior on `reference`, (B or 1, T >= P) token ids; or
+    (B or 1, N) explicit indices for positions [0, N), N >= P. Positions past the explicit ones draw
+    Z_t from the uniform prior, per row. latent_seed seeds the one-off draw of "shared" and "reference"
+    (default: the global RNG). should_stop: called with a row's new tokens after each step; True
     finishes that row (for stop strings, which token ids cannot express). compile: decode with
     `StaticDecodeStep`, which draws Z and samples inside the step: on a GPU compiled by Inductor
     (the first call of a shape and sampling setting compiles: a minute at paper sizes, logged by the
@@ -367,11 +373,13 @@ def generate(
         raise ValueError(
             f"prompt ({P}) + max_new_tokens ({config.max_new_tokens}) - 1 exceeds max_seq_len {model.config.max_seq_len}"
         )
+    if latents is not None and config.prompt_latents != ENCODER:
+        raise ValueError(f"pass the latents once: as generate's latents or as GenerationConfig(prompt_latents="
+                         f"{config.prompt_latents!r}), not both")
     generators = row_generators(seeds, B, device)
-    if latents is not None:
-        latents = check_latent_indices(latents, model.config.latent_bits, B, min_length=P, device=device)
-    plan = LatentPlan(B, model.config.latent_bits, explicit=latents, prompt_source=config.prompt_latents,
-                      generators=generators)
+    one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
+    plan = plan_latents(model, config.prompt_latents if latents is None else latents, B, P, length=fed_positions,
+                        reference=reference, generator=one_off, generators=generators)
 
     # inference_mode rather than no_grad alone: no version counters or view tracking on the ~400 small
     # operations of each step (7% faster decoding at B=1 on 2 CPU cores). The latents are concatenated
@@ -438,19 +446,3 @@ def _decode(model, cache, plan: LatentPlan, logits: Tensor, config: GenerationCo
         plan.record(first_fed, step_fn.fed_latents[:, first_fed:position].clone())
     kept = lengths.tolist()
     return [row[:n] for row, n in zip(tokens[:, : step + 1].tolist(), kept)]
-
-
-@torch.no_grad()
-def shared_prior_latents(model: FreeTransformer, length: int, generator: torch.Generator | None = None) -> Tensor:
-    """(1, length) indices drawn once from the uniform prior, to share across a batch."""
-    return uniform_latents((1, length), model.config.latent_bits, generator=generator, device=model.rope_cos.device)
-
-
-@torch.no_grad()
-def infer_latents(model: FreeTransformer, reference: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """(B, T) indices sampled from the encoder's posterior Q(Z | reference) for a (B, T) reference text."""
-    if model.latent is None:
-        raise ValueError("latents exist only in a Free Transformer (latent_bits > 0)")
-    reference = torch.as_tensor(reference, dtype=torch.int64, device=model.rope_cos.device)
-    model.check_tokens(reference)
-    return model(reference, latents=ENCODER, generator=generator).latent_index

@@ -1,70 +1,227 @@
-"""Where Z comes from, as every entry point names it, resolved in one place.
+"""Where Z comes from, as every entry point names it: parsed by `parse_latents`, resolved once by
+`resolve_latents`, and handed out position by position by `LatentPlan`.
 
     "encoder"    the prompt's Z from the encoder's posterior (the paper's prefill), each new Z from the prior
     "prior"      every Z from the uniform prior
-    "shared"     one prior Z sequence for every row (the paper's green groups)
-    "reference"  Z sampled from the encoder's posterior on a reference text ("in the manner of" it)
-    indices      a (B or 1, T) integer tensor of explicit Z
+    "shared"     one prior Z sequence for every row (the paper's green groups): `shared_prior_latents`
+    "reference"  Z sampled from the encoder's posterior on a reference text ("in the manner of" it): `infer_latents`
+    indices      a (B or 1, N) integer tensor of explicit Z, each in [0, 2^H)
 
-`resolve_latents` turns a choice into what the model's forward and `LatentPlan` take: the source of
-the prompt's Z and, for the last three, explicit indices. `free-transformer generate`, the Hugging Face
-`generate`, benchmark scoring (CONTEXT_CHOICES) and validation (latent.ENCODER, latent.PRIOR) name Z
-through it. The spelling of 0.1, "posterior", means "encoder" (with a DeprecationWarning) until 0.3.
+The entry points (`free-transformer generate --latents`, `generate(latents=...)` and `GenerationConfig`,
+the Hugging Face `forward` and `generate`, evaluation's `latents` and `LatentPolicy`) parse what the
+user wrote with `parse_latents`; what a context needs no model to resolve is CONTEXT_CHOICES. The model's
+forward receives a resolved source (free_transformer.model.latent: ENCODER, PRIOR or checked indices)
+and checks it no further. Old spellings (DEPRECATED_CHOICES) work, with one DeprecationWarning per
+parse, until REMOVED_IN.
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from ..model.latent import ENCODER, PRIOR, LatentSource, latent_source
-from ..model.latent.sources import DEPRECATED_SOURCES
-from .generate import infer_latents, shared_prior_latents
+from ..model.latent import ENCODER, PRIOR, Generators, LatentSource, uniform_latents
 
-LatentChoice = Literal["encoder", "prior", "shared", "reference"]
-CHOICES: tuple[str, ...] = ("encoder", "prior", "shared", "reference")
+LatentChoice = Literal["encoder", "prior", "shared", "reference"] | Tensor
+CHOICES: tuple[str, ...] = (ENCODER, PRIOR, "shared", "reference")
 CONTEXT_CHOICES: tuple[str, ...] = (ENCODER, PRIOR)  # what needs no model to resolve: a prompt's or a context's Z
+DEPRECATED_CHOICES = {"posterior": ENCODER, "independent": ENCODER}  # 0.1's names
+REMOVED_IN = "0.3"
+
+
+def named(where: str, value) -> str:
+    """How an error names a setting and its value: `--latents shared` on the command line, `latents='shared'`
+    elsewhere."""
+    if isinstance(value, Tensor):
+        return "explicit latents"
+    return f"{where} {value}" if where.startswith("--") else f"{where}={value!r}"
+
+
+def parse_latents(value, *, where: str = "latents", allowed: tuple[str, ...] = CHOICES,
+                  indices: bool = True) -> LatentChoice:
+    """The canonical form of a user's choice of Z: one of `allowed`, or (with `indices`) an index tensor
+    (a nested list becomes one; its values are checked when resolved). An old spelling gives one
+    DeprecationWarning; anything else a one-line ValueError naming the allowed values."""
+    if indices and isinstance(value, Tensor):
+        return value
+    if indices and value is not None and not isinstance(value, str):  # nested lists, arrays
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):  # not numbers: refused below
+            return torch.as_tensor(value)
+    if isinstance(value, str) and value in DEPRECATED_CHOICES and DEPRECATED_CHOICES[value] in allowed:
+        new = DEPRECATED_CHOICES[value]
+        warnings.warn(f"{named(where, value)} is deprecated and will be removed in {REMOVED_IN}; use "
+                      f"{named(where, new)}", DeprecationWarning, stacklevel=3)
+        return new
+    if isinstance(value, str) and value in allowed:
+        return value
+    names = ", ".join(repr(name) for name in allowed) + (" or an index tensor (B or 1, N)" if indices else "")
+    raise ValueError(f"{where} must be one of {names}; got {value!r}")
+
+
+def check_latent_indices(latents, bits: int, batch_size: int, *, min_length: int = 0, device=None) -> Tensor:
+    """Explicit latents as a (batch_size, N) int64 tensor, N >= min_length, every index in [0, 2^bits).
+    Reads the values on the host: called once per generation, never by the model's forward."""
+    if bits == 0:
+        raise ValueError("explicit latents need a Free Transformer (latent_bits > 0); this is a baseline decoder")
+    latents = torch.as_tensor(latents, device=device)
+    if latents.is_floating_point() or latents.dtype == torch.bool or latents.dim() != 2 \
+            or latents.shape[0] not in (1, batch_size) or latents.shape[1] < min_length:
+        raise ValueError(f"latents must be integer indices of shape ({batch_size} or 1, N >= {min_length}), "
+                         f"got {tuple(latents.shape)} {latents.dtype}")
+    if latents.numel() and (int(latents.min()) < 0 or int(latents.max()) >= 2**bits):
+        raise ValueError(f"latent indices must lie in [0, 2^{bits}), got min {int(latents.min())} max {int(latents.max())}")
+    return latents.to(torch.int64).expand(batch_size, -1)
 
 
 @dataclass(frozen=True)
 class ResolvedLatents:
-    prompt_source: LatentSource  # "encoder" or "prior": the Z of the prompt when no explicit Z covers it
-    explicit: Tensor | None = None  # (B or 1, N) indices of positions [0, N), unchecked against the batch
+    prompt_source: LatentSource  # ENCODER or PRIOR: the Z of the prompt when no explicit Z covers it
+    explicit: Tensor | None = None  # (batch_size or 1, N) int64 indices of positions [0, N), N >= prompt length
 
 
-def check_choice(choice, *, where: str = "latents", allowed: tuple[str, ...] = CHOICES) -> None:
-    """Raise a ValueError naming the allowed choices unless `choice` is one of them: with every choice
-    allowed, also None (encoder) or an index tensor; a context's Z (CONTEXT_CHOICES) is named only."""
-    anything = allowed == CHOICES
-    if choice is None or isinstance(choice, Tensor):
-        if anything:
-            return
-    elif choice in allowed or (anything and choice in DEPRECATED_SOURCES):
-        return
-    names = ", ".join(repr(c) for c in allowed)
-    raise ValueError(f"{where} must be None, {names} or an index tensor, got {choice!r}" if anything
-                     else f"{where} must be one of {names}, got {choice!r}")
-
-
-def resolve_latents(model, choice: LatentChoice | Tensor | None, *, length: int = 0, reference=None,
-                    generator: torch.Generator | None = None, where: str = "latents") -> ResolvedLatents:
-    """`choice` (None: "encoder") for a generation whose fed positions number `length`; `reference`, (B or
-    1, T) token ids, for "reference"; `generator` for the one-off draws of "shared" and "reference"."""
-    check_choice(choice, where=where)
-    if reference is not None and choice not in (None, "reference"):
-        raise ValueError(f"a reference text goes with {where}='reference', not {choice!r}")
-    if choice is None or (isinstance(choice, str) and choice not in ("shared", "reference")):
-        return ResolvedLatents(latent_source(choice or ENCODER, where=where))
-    if model.latent is None:
-        raise ValueError(f"{where} {choice if isinstance(choice, str) else 'indices'} need a Free Transformer "
-                         "(latent_bits > 0); this is a baseline decoder")
+def resolve_latents(model, choice: LatentChoice | None, *, length: int = 0, reference=None,
+                    generator: torch.Generator | None = None, batch_size: int | None = None,
+                    prompt_length: int = 0, where: str = "latents") -> ResolvedLatents:
+    """`choice` (None: "encoder") for `batch_size` rows (default: as many as the indices or the reference
+    have) whose first `prompt_length` positions are the prompt and whose fed positions number `length`.
+    `reference`, (B or 1, T >= prompt_length) token ids, goes with "reference"; `generator` makes the
+    one-off draws of "shared" and "reference". Every check of the choice is here, before any model work."""
+    choice = ENCODER if choice is None else parse_latents(choice, where=where)
+    is_reference = isinstance(choice, str) and choice == "reference"
+    if reference is not None and not is_reference:
+        raise ValueError(f"a reference text goes with {named(where, 'reference')}, not {named(where, choice)}")
+    if isinstance(choice, str) and choice in CONTEXT_CHOICES:
+        return ResolvedLatents(choice)
+    bits = model.config.latent_bits
     if isinstance(choice, Tensor):
-        return ResolvedLatents(ENCODER, choice)
+        rows = batch_size or (choice.shape[0] if choice.dim() == 2 else 1)
+        return ResolvedLatents(ENCODER, check_latent_indices(choice, bits, rows, min_length=prompt_length,
+                                                             device=model.rope_cos.device))
+    if bits == 0:
+        raise ValueError(f"{named(where, choice)} needs a Free Transformer (latent_bits > 0); "
+                         "this is a baseline decoder")
     if choice == "shared":
         return ResolvedLatents(ENCODER, shared_prior_latents(model, length, generator))
     if reference is None:
-        raise ValueError(f"{where}='reference' needs a reference text")
+        raise ValueError(f"{named(where, 'reference')} needs a reference text")
+    reference = torch.as_tensor(reference, dtype=torch.int64, device=model.rope_cos.device)
+    if reference.dim() != 2 or reference.shape[0] not in (1, batch_size or reference.shape[0]):
+        raise ValueError(f"the reference text must be token ids of shape ({batch_size or 'B'} or 1, T), "
+                         f"got {tuple(reference.shape)}")
+    if reference.shape[1] < max(prompt_length, 1):
+        raise ValueError(f"the reference text must be at least as long as the prompt ({prompt_length} tokens), "
+                         f"got {reference.shape[1]}")
     return ResolvedLatents(ENCODER, infer_latents(model, reference, generator))
+
+
+def plan_latents(model, choice: LatentChoice | None, batch_size: int, prompt_length: int, *, length: int,
+                 reference=None, generator: torch.Generator | None = None, generators: Generators = None,
+                 where: str = "latents") -> LatentPlan:
+    """The plan of one generation of `batch_size` rows from a `prompt_length`-token prompt, `choice`
+    resolved once (`resolve_latents`); `generators` (one per row) draw the new positions' prior Z."""
+    resolved = resolve_latents(model, choice, length=length, reference=reference, generator=generator,
+                               batch_size=batch_size, prompt_length=prompt_length, where=where)
+    explicit = None if resolved.explicit is None else resolved.explicit.expand(batch_size, -1)
+    return LatentPlan(batch_size, model.config.latent_bits, explicit=explicit, prompt_source=resolved.prompt_source,
+                      generators=generators)
+
+
+class LatentPlan:
+    """Z for each position of one generation, handed to the model's forward at every step; the one
+    decoding rule of `free_transformer.inference.generate` and `FreeTransformerForCausalLM.generate`.
+
+    Positions [0, N) take the explicit (B, N) indices when given. Otherwise the prompt (the call at
+    position 0) takes `prompt_source`, and every later position one uniform draw, made once when its
+    token is fed (with `generators`, one per row, or the global RNG) and then kept: a forward that
+    re-feeds positions already planned (Hugging Face without a cache) gets the same Z again. The plan
+    records every Z the model used, so generate can return them. With bits = 0 (a baseline) it
+    hands out PRIOR, which a baseline ignores, and records nothing.
+    """
+
+    def __init__(self, batch_size: int, bits: int, *, explicit: Tensor | None = None,
+                 prompt_source: LatentSource = ENCODER, generators: Generators = None):
+        self.batch_size = batch_size
+        self.bits = bits
+        self.explicit = explicit  # (B, N), resolved by resolve_latents
+        self.prompt_source = prompt_source  # ENCODER or PRIOR
+        self.generators = generators
+        self.used: list[Tensor] = []  # (B, t) chunks, the Z of positions [0, length)
+        self.length = 0
+
+    def source(self, start: int, length: int, device=None) -> LatentSource:
+        """What the model's forward gets as `latents` for positions [start, start + length)."""
+        if self.bits == 0:
+            return PRIOR
+        if start > self.length:
+            raise RuntimeError(f"the latent plan has Z for positions [0, {self.length}) but the model is fed "
+                               f"position {start}")
+        end, new = start + length, max(start, self.length)
+        known = torch.cat(self.used, dim=1)[:, start:new] if new > start else None  # (B, new - start)
+        if new == end:
+            return known
+        explicit = self.explicit
+        if explicit is not None and new < explicit.shape[1]:
+            if end > explicit.shape[1]:
+                raise ValueError(f"explicit latents cover positions [0, {explicit.shape[1]}) but the model is fed "
+                                 f"[{start}, {end}) in one call")
+            fresh = explicit[:, new:end]
+        elif new == 0:
+            return self.prompt_source
+        else:
+            fresh = uniform_latents((self.batch_size, end - new), self.bits, generator=self.generators,
+                                    device=device if known is None else known.device)
+        return fresh if known is None else torch.cat([known, fresh], dim=1)
+
+    def record(self, start: int, latent_index: Tensor | None) -> None:
+        """Keep the Z the model used for positions [start, ...) that the plan had not recorded yet."""
+        if latent_index is None:
+            return
+        new = latent_index[:, self.length - start :].expand(self.batch_size, -1)
+        if new.shape[1]:
+            self.used.append(new)
+            self.length += new.shape[1]
+
+    def latents(self, length: int | None = None) -> Tensor | None:
+        """(B, length) the Z used at the first `length` positions (all recorded ones by default);
+        None for a baseline."""
+        if self.bits == 0:
+            return None
+        used = torch.cat(self.used, dim=1) if self.used else torch.zeros(self.batch_size, 0, dtype=torch.int64)
+        return used if length is None else used[:, :length]
+
+
+def forward_source(model, latents: LatentChoice | None, batch_size: int, length: int, start: int) -> LatentSource:
+    """What one forward of `length` tokens from position `start` takes, for a caller that names Z per call
+    (the Hugging Face forward): None is the encoder for a sequence from position 0 and the prior for a
+    continuation; "encoder", "prior" or (batch_size or 1, length) indices otherwise. A baseline ignores
+    "encoder" and "prior" and refuses indices."""
+    if latents is None:
+        return ENCODER if start == 0 else PRIOR
+    choice = parse_latents(latents, allowed=CONTEXT_CHOICES)
+    if isinstance(choice, Tensor):
+        return check_latent_indices(choice, model.config.latent_bits, batch_size, min_length=length,
+                                    device=model.rope_cos.device)
+    return choice
+
+
+@torch.no_grad()
+def shared_prior_latents(model, length: int, generator: torch.Generator | None = None) -> Tensor:
+    """(1, length) indices drawn once from the uniform prior, to share across a batch."""
+    return uniform_latents((1, length), model.config.latent_bits, generator=generator, device=model.rope_cos.device)
+
+
+@torch.no_grad()
+def infer_latents(model, reference: Tensor | Sequence[Sequence[int]],
+                  generator: torch.Generator | None = None) -> Tensor:
+    """(B, T) indices sampled from the encoder's posterior Q(Z | reference) for a (B, T) reference text."""
+    if model.latent is None:
+        raise ValueError("latents exist only in a Free Transformer (latent_bits > 0)")
+    reference = torch.as_tensor(reference, dtype=torch.int64, device=model.rope_cos.device)
+    model.check_tokens(reference)
+    return model(reference, latents=ENCODER, generator=generator).latent_index

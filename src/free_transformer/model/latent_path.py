@@ -64,9 +64,12 @@ class LatentPath(nn.Module):
 
     def forward(self, x_half: Tensor, source: LatentSource, cos: Tensor, sin: Tensor,
                 generator: Generators = None) -> tuple[Tensor, LatentSample]:
-        """R (B, T, D) and the sample it came from. cos/sin: the RoPE tables of the T positions."""
+        """R (B, T, D) and the sample it came from. cos/sin: the RoPE tables of the T positions. `source` is
+        resolved (free_transformer.inference.latents): its values are not checked here."""
         B, T, _ = x_half.shape
-        if isinstance(source, Tensor):  # explicit indices, checked by the entry point
+        if isinstance(source, Tensor):
+            # The shape only (no read of the values, so no sync): a direct forward with indices for other
+            # positions would otherwise fail inside expand() with a message that names neither.
             if source.dim() != 2 or source.shape[1] != T or source.shape[0] not in (1, B):
                 raise ValueError(f"explicit latents must have shape ({B} or 1, {T}), got {tuple(source.shape)}")
             index = source.expand(B, T)
@@ -74,8 +77,8 @@ class LatentPath(nn.Module):
         if source == PRIOR:
             index = uniform_latents((B, T), self.bits, generator=generator, device=x_half.device)
             return self.mapper.lookup(index), LatentSample(index)
-        if source != ENCODER:
-            raise ValueError(f"latents must be 'encoder', 'prior' or an index tensor, got {source!r}")
+        if source != ENCODER:  # not a source at all (a user's spelling is parsed by inference.latents.parse_latents)
+            raise ValueError(f"latents must be {ENCODER!r}, {PRIOR!r} or an index tensor (B or 1, T), got {source!r}")
         bit_logits = self.encode(x_half, cos, sin)  # (B, T, H)
         kl = kl_to_uniform(bit_logits)  # before sampling: the order of 0.1's graph, so the same gradient sums
         r, index = self.mapper.sample(bit_logits, generator)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..base.checks import ConfigError
 from .config import ModelConfig
-from .latent import ENCODER, Generators, LatentSource, free_bits_kl, latent_source
+from .latent import ENCODER, Generators, LatentSource, free_bits_kl
 from .latent_path import LatentPath, LatentSample
 from .layers import Block, KVCache, rope_tables
 from .loss import IGNORE_INDEX, cross_entropy, readout_cross_entropy
@@ -167,14 +167,15 @@ class FreeTransformer(nn.Module):
         explicit latents, the whole static cache attended with a mask, nothing read back to the host,
         so that it can be captured as a CUDA graph (free_transformer.inference.generate with compile=True).
 
-        latents: where Z comes from (Free Transformer only; free_transformer.model.latent.sources): "encoder"
-        samples it from the encoder's posterior (training, KV-cache prefill; needs the whole sequence,
-        start = 0), "prior" draws every Z_t uniformly and independently, and an int tensor (B or 1, T)
-        gives the indices explicitly. kappa_nats: the free-bits threshold of the KL term, in nats per
+        latents: where Z comes from (Free Transformer only), resolved (free_transformer.model.latent.sources;
+        a user's choice is parsed and resolved by free_transformer.inference.latents): ENCODER samples it
+        from the encoder's posterior (training, KV-cache prefill; needs the whole sequence, start = 0),
+        PRIOR draws every Z_t uniformly and independently, and an int64 tensor (B or 1, T) gives the
+        indices explicitly. kappa_nats: the free-bits threshold of the KL term, in nats per
         token. generator: one generator, or one per row (each row then reproducible on its own).
 
         Shapes are checked here; the ranges of token ids and latent indices are not (that reads values
-        on the host): entry points check them once, with `check_tokens` and `check_latent_indices`.
+        on the host): entry points check them once, with `check_tokens` and free_transformer.inference.latents.
         """
         if start is None:
             start = cache.length if cache is not None else 0
@@ -188,11 +189,11 @@ class FreeTransformer(nn.Module):
         for i, block in enumerate(self.layers):
             kv_input = None
             if i == self.config.injection_layer and self.latent is not None:  # queries from X, keys/values from X + R
-                source = latent_source(latents)
-                if isinstance(source, str) and source == ENCODER and (isinstance(start, Tensor) or start):
+                # ENCODER is the default: a direct call continuing a cache would otherwise encode a fragment.
+                if isinstance(latents, str) and latents == ENCODER and (isinstance(start, Tensor) or start):
                     raise ValueError("encoder latents need the whole sequence: the encoder is non-causal "
                                      "(start must be 0)")
-                r, sample = self.latent(x, source, cos, sin, generator)  # (B, T, D)
+                r, sample = self.latent(x, latents, cos, sin, generator)  # (B, T, D)
                 kv_input = x + r.to(x.dtype)
             x = block(x, cos, sin, kv_input=kv_input, cache=cache, layer=i, start=start)
         if return_logits is None:

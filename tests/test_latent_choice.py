@@ -1,0 +1,206 @@
+"""Where Z comes from is one choice: each entry point (the `generate` command, the Python `generate`, the
+Hugging Face `generate`, evaluation's settings and policy) parses what the user wrote into the same value,
+refuses a bad one with one line naming the allowed values before any model work, and resolves it once."""
+
+import warnings
+
+import pytest
+import torch
+from conftest import tiny_checkpoint, tiny_model
+
+from free_transformer import FreeTransformer, GenerationConfig, generate
+from free_transformer.cli import build_parser, main
+from free_transformer.commands.generate import _latent_choice
+from free_transformer.eval.scoring import LatentPolicy
+from free_transformer.eval.settings import EvalConfig
+from free_transformer.inference import latents as latent_choice
+
+P = 4
+# Every spelling a user may write, and what it means.
+SPELLINGS = {"encoder": "encoder", "prior": "prior", "shared": "shared", "reference": "reference",
+             "posterior": "encoder", "independent": "encoder"}
+
+
+def _prompts():
+    return torch.randint(0, 50, (2, P), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(latent_bits=4)
+
+
+@pytest.fixture(scope="module")
+def hf_model(model):
+    pytest.importorskip("transformers")
+    from free_transformer.hf import FreeTransformerForCausalLM
+
+    return FreeTransformerForCausalLM.from_free_transformer(model)
+
+
+@pytest.fixture
+def parsed(monkeypatch):
+    """The choices that resolution received, as parse_latents returned them."""
+    seen, real = [], latent_choice.parse_latents
+    monkeypatch.setattr(latent_choice, "parse_latents", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    return seen
+
+
+def _cli(spelling, request):
+    return _latent_choice(build_parser().parse_args(["generate", "run", "--latents", spelling]))
+
+
+def _python(spelling, request):
+    model, parsed = request.getfixturevalue("model"), request.getfixturevalue("parsed")
+    reference = _prompts() if spelling == "reference" else None
+    generate(model, _prompts(), GenerationConfig(max_new_tokens=2), latents=spelling, reference=reference,
+             seeds=[0, 1])
+    return parsed[-1]
+
+
+def _hugging_face(spelling, request):
+    hf_model, parsed = request.getfixturevalue("hf_model"), request.getfixturevalue("parsed")
+    kwargs = {"latent_reference": _prompts()} if spelling == "reference" else {"latents": spelling}
+    hf_model.generate(_prompts(), max_new_tokens=2, seeds=[0, 1], **kwargs)
+    return parsed[-1]
+
+
+def _eval_settings(spelling, request):
+    return EvalConfig(tasks="none", heldout="held.txt", latents=spelling).settings().latents
+
+
+def _eval_policy(spelling, request):
+    return LatentPolicy(context=spelling).context
+
+
+ENTRY_POINTS = {"cli": _cli, "python": _python, "hugging_face": _hugging_face, "eval_settings": _eval_settings,
+                "eval_policy": _eval_policy}
+CONTEXT_ONLY = {"eval_settings", "eval_policy"}  # a context's Z: encoder or prior
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_every_entry_point_parses_every_spelling_alike(entry, spelling, request):
+    meaning = SPELLINGS[spelling]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if entry in CONTEXT_ONLY and meaning not in ("encoder", "prior"):
+            with pytest.raises(ValueError, match=f"must be one of 'encoder', 'prior'; got '{spelling}'"):
+                ENTRY_POINTS[entry](spelling, request)
+        else:
+            assert ENTRY_POINTS[entry](spelling, request) == meaning
+
+
+@pytest.fixture
+def no_model_work(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model ran before the latents were checked")
+
+    monkeypatch.setattr(FreeTransformer, "forward", refuse)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_bad_choice_is_one_line_naming_the_choices_before_any_model_work(entry, request, no_model_work):
+    with pytest.raises(ValueError) as error:
+        ENTRY_POINTS[entry]("posteriour", request)
+    message = str(error.value)
+    assert "\n" not in message and "'encoder', 'prior'" in message and "got 'posteriour'" in message
+
+
+def test_bad_indices_and_references_are_refused_before_any_model_work(model, no_model_work):
+    config = GenerationConfig(max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"latent indices must lie in \[0, 2\^4\)"):
+        generate(model, _prompts(), config, latents=torch.full((1, P + 1), 16))
+    with pytest.raises(ValueError, match="a reference text goes with latents='reference', not latents='shared'"):
+        generate(model, _prompts(), config, latents="shared", reference=_prompts())
+    with pytest.raises(ValueError, match="at least as long as the prompt"):
+        generate(model, _prompts(), config, latents="reference", reference=_prompts()[:, :2])
+    with pytest.raises(ValueError, match="latents='shared' needs a Free Transformer"):
+        generate(tiny_model(latent_bits=0), _prompts(), config, latents="shared")
+    with pytest.raises(ValueError, match="pass the latents once"):
+        generate(model, _prompts(), GenerationConfig(max_new_tokens=2, prompt_latents="prior"), latents="shared")
+
+
+def test_the_command_refuses_a_bad_choice_before_reading_the_checkpoint(tmp_path, capsys):
+    assert main(["generate", str(tmp_path / "missing"), "--prompt", "K>", "--latents", "sharde"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --latents must be one of 'encoder', 'prior', 'shared', 'reference'; got 'sharde'"]
+
+
+def _deprecations(caught):
+    return [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+
+
+def test_the_old_spelling_warns_once_and_means_encoder(model, hf_model):
+    runs = {
+        "generate": lambda spelling: generate(model, _prompts(), GenerationConfig(max_new_tokens=3),
+                                              latents=spelling, seeds=[0, 1]).latents,
+        "GenerationConfig": lambda spelling: generate(model, _prompts(), GenerationConfig(
+            max_new_tokens=3, prompt_latents=spelling), seeds=[0, 1]).latents,
+        "hugging_face": lambda spelling: hf_model.generate(_prompts(), max_new_tokens=3, seeds=[0, 1], latents=spelling,
+                                                           return_dict_in_generate=True)["latents"],
+        "eval_settings": lambda spelling: EvalConfig(tasks="none", heldout="held.txt", latents=spelling).settings(),
+    }
+    for name, run in runs.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            old = run("posterior")
+        where = "prompt_latents" if name == "GenerationConfig" else "latents"
+        assert _deprecations(caught) == [
+            f"{where}='posterior' is deprecated and will be removed in 0.3; use {where}='encoder'"], name
+        new = run("encoder")
+        if name == "eval_settings":
+            assert old == new and old.key == new.key
+        else:
+            assert torch.equal(old, new), name
+
+
+def test_the_command_says_the_old_spelling_once_and_samples_as_encoder(tmp_path, capsys):
+    checkpoint = str(tiny_checkpoint(tmp_path, "run", 4))
+    common = ["generate", checkpoint, "--prompt", "K>", "-n", "2", "--max-new-tokens", "5"]
+    assert main([*common, "--latents", "encoder"]) == 0
+    new = capsys.readouterr()
+    assert main([*common, "--latents", "posterior"]) == 0
+    old = capsys.readouterr()
+    assert old.out == new.out and new.err == ""
+    assert old.err.splitlines() == [
+        "warning: --latents posterior is deprecated and will be removed in 0.3; use --latents encoder"]
+
+
+def test_a_generation_resolves_its_choice_once_and_the_model_gets_resolved_sources(model, hf_model, monkeypatch):
+    """However many steps are decoded, the choice is resolved (and explicit indices range-checked) once per
+    generate; every forward receives ENCODER, PRIOR or an index tensor, never a user's spelling."""
+    counts = {"resolve": 0, "check": 0}
+    real_resolve, real_check = latent_choice.resolve_latents, latent_choice.check_latent_indices
+
+    def resolve(*args, **kwargs):
+        counts["resolve"] += 1
+        return real_resolve(*args, **kwargs)
+
+    def check(*args, **kwargs):
+        counts["check"] += 1
+        return real_check(*args, **kwargs)
+
+    sources, forward = [], FreeTransformer.forward
+
+    def spy(self, tokens, *args, latents="encoder", **kwargs):
+        sources.append(latents if isinstance(latents, str) else "indices")
+        return forward(self, tokens, *args, latents=latents, **kwargs)
+
+    monkeypatch.setattr(latent_choice, "resolve_latents", resolve)
+    monkeypatch.setattr(latent_choice, "check_latent_indices", check)
+    monkeypatch.setattr(FreeTransformer, "forward", spy)
+    explicit = torch.randint(0, 16, (1, P + 1))
+    for steps in (2, 9):
+        for choice in ("posterior", "prior", "shared", explicit):
+            counts.update(resolve=0, check=0)
+            sources.clear()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                generate(model, _prompts(), GenerationConfig(max_new_tokens=steps), latents=choice, seeds=[0, 1])
+            assert counts == {"resolve": 1, "check": int(isinstance(choice, torch.Tensor))}, (steps, choice)
+            assert len(sources) == steps and set(sources) <= {"encoder", "prior", "indices"}
+            assert sources[0] == {"posterior": "encoder", "prior": "prior"}.get(choice, "indices")
+        counts.update(resolve=0, check=0)
+        hf_model.generate(_prompts(), max_new_tokens=steps, seeds=[0, 1], latents="shared", latent_seed=3)
+        assert counts == {"resolve": 1, "check": 0}
