@@ -10,11 +10,11 @@ import time
 
 import httpx
 import pytest
-
 from conftest import tiny_checkpoint
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi")
 
 from free_transformer.cli import main  # noqa: E402
 from free_transformer.data.tokenizer import get_tokenizer  # noqa: E402

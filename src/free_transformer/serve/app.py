@@ -96,7 +96,7 @@ def build_app(engine: Engine) -> FastAPI:
             return error_response(error.status, str(error), error.param, error.code)
         except Exception as error:
             return error_response(500, failure(error))
-        head = dict(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=engine.name)
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": engine.name}
         if request.stream:
             return await stream(engine, plan, head)
         try:
@@ -105,9 +105,10 @@ def build_app(engine: Engine) -> FastAPI:
             return error_response(500, failure(error))
         prompt_tokens = sum(len(prompt.ids) for prompt in plan.prompts)
         completion_tokens = sum(sample.tokens for sample in samples)
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      total_tokens=prompt_tokens + completion_tokens)
         choices = [CompletionChoice(index=s.index, text=s.text, finish_reason=s.finish_reason) for s in samples]
-        return Completion(**head, choices=choices, usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens
-                                                               + completion_tokens, completion_tokens=completion_tokens))
+        return Completion(**head, choices=choices, usage=usage)
 
     return app
 
