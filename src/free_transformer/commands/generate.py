@@ -114,7 +114,7 @@ def unescape(text: str) -> str:
 
 
 def _latent_choice(args):
-    """--latents parsed (free_transformer.inference.latents), with 0.1's --prompt-latents mapped onto it;
+    """--latents parsed (free_transformer.inference.latents), with the deprecated --prompt-latents mapped onto it;
     deprecations are said on stderr."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecationWarning)

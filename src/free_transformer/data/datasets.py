@@ -108,7 +108,7 @@ class TokenWindows:
     """Random windows of T + 1 consecutive tokens from each split (the text and tokens kinds).
 
     The window start is uniform over every position of every array that leaves T + 1 tokens; with one
-    array that is `randint(0, len - T)`, as before arrays were lists."""
+    array that is `randint(0, len - T)`."""
 
     def __init__(self, splits: dict[str, Split], sequence_length: int, seed: int, tokenizer_name: str, source: str,
                  val_required: bool, vocab_size: int | None = None):

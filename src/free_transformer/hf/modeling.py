@@ -34,7 +34,7 @@ from .generation import RowSeededSampler
 # forward and as the output's field. Forward accepts either name; the output fills the installed release's.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
-# Tensor names of exports written before 0.2 (regular expressions, as from_pretrained's key_mapping takes them).
+# The latent path's older tensor names (state_names.LEGACY_LATENT_NAMES) as from_pretrained's key_mapping takes them.
 LEGACY_KEY_MAPPING = legacy_latent_key_mapping("model.")
 
 # Hugging Face's library defaults for the generation settings read here (GenerationConfig leaves them
@@ -141,8 +141,8 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path=None, *args, **kwargs):
-        """Hugging Face's from_pretrained; exports written before 0.2 (the latent path's old tensor
-        names) load too, renamed on the way in, and so do exports with separate q/k/v and gate/up
+        """Hugging Face's from_pretrained; exports with the latent path's older tensor names
+        (LEGACY_KEY_MAPPING) load too, renamed on the way in, and so do exports with separate q/k/v and gate/up
         weights: Hugging Face's loading leaves those aside (and initialises the fused projections),
         then they are read from the export's files and concatenated into the fused weights."""
         kwargs.setdefault("key_mapping", LEGACY_KEY_MAPPING)

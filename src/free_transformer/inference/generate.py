@@ -108,8 +108,8 @@ NON_FINITE = "the next-token probabilities contain NaN (non-finite logits)"
 
 
 # Device types on which generate(compile=True) compiles its static step with Inductor before capturing it.
-# On a CPU the step runs eagerly by default: Inductor's compilation (17-64 s for a 4-layer toy model on 2
-# cores) costs more than a short generation saves; add "cpu" here to compile there too (tests, benches).
+# On a CPU the step runs eagerly by default: Inductor's compilation costs more than a short generation
+# saves (bench/README.md, generate.py part (d)); add "cpu" here to compile there too (tests, benches).
 INDUCTOR_DEVICES = {"cuda"}
 # torch.compile's backend for those steps ("inductor"; tests count compilations with a backend of their own).
 COMPILE_BACKEND = "inductor"
@@ -382,7 +382,7 @@ def generate(
                         reference=reference, generator=one_off, generators=generators)
 
     # inference_mode rather than no_grad alone: no version counters or view tracking on the ~400 small
-    # operations of each step (7% faster decoding at B=1 on 2 CPU cores). The latents are concatenated
+    # operations of each step (its gain: bench/README.md, generate.py). The latents are concatenated
     # outside it, so the caller gets an ordinary tensor (usable in a later training forward).
     with torch.inference_mode():
         step_fn = static_decode_step(model, B, fed_positions) if compile else None

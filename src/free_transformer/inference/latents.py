@@ -31,7 +31,7 @@ from ..model.latent import ENCODER, PRIOR, Generators, LatentSource, uniform_lat
 LatentChoice = Literal["encoder", "prior", "shared", "reference"] | Tensor
 CHOICES: tuple[str, ...] = (ENCODER, PRIOR, "shared", "reference")
 CONTEXT_CHOICES: tuple[str, ...] = (ENCODER, PRIOR)  # what needs no model to resolve: a prompt's or a context's Z
-DEPRECATED_CHOICES = {"posterior": ENCODER, "independent": ENCODER}  # 0.1's names
+DEPRECATED_CHOICES = {"posterior": ENCODER, "independent": ENCODER}  # read, with a warning, until REMOVED_IN
 REMOVED_IN = "0.3"
 
 

@@ -80,6 +80,6 @@ class LatentPath(nn.Module):
         if source != ENCODER:  # not a source at all (a user's spelling is parsed by inference.latents.parse_latents)
             raise ValueError(f"latents must be {ENCODER!r}, {PRIOR!r} or an index tensor (B or 1, T), got {source!r}")
         bit_logits = self.encode(x_half, cos, sin)  # (B, T, H)
-        kl = kl_to_uniform(bit_logits)  # before sampling: the order of 0.1's graph, so the same gradient sums
+        kl = kl_to_uniform(bit_logits)  # before sampling: this graph order gives the gradient sums of tests/golden
         r, index = self.mapper.sample(bit_logits, generator)
         return r, LatentSample(index, bit_logits, kl)

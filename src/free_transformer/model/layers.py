@@ -92,7 +92,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
 def gqa_route(device_type: str, dtype: torch.dtype, query_len: int, masked: bool) -> str:
     """How `attend` runs grouped-query attention. On CPU SDPA's enable_gqa is fast in every case. On CUDA
     enable_gqa runs on flash attention only (half precision, no mask; in float32 it falls back to the
-    math kernel, 2.4x slower than K/V repeated on an H100: docs/gpu.md): masked and one-token queries
+    math kernel, slower than K/V repeated: docs/gpu.md): masked and one-token queries
     are folded into rows (the memory-efficient kernel takes masks and float32), unmasked float32 gets
     K/V repeated."""
     if device_type != "cuda":

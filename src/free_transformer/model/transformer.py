@@ -87,8 +87,8 @@ class FreeTransformer(nn.Module):
         the latent path as `LatentPath.init_weights` says, its mapper giving R a standard deviation
         of post_sampler_std (default std). Tensors on the meta device are skipped.
 
-        A fused projection (FUSED_PROJECTIONS) is drawn part by part, in the order its parts had as
-        separate parameters, so that a seed gives the weights it gave then. The parts are views, which
+        A fused projection (FUSED_PROJECTIONS) is drawn part by part, in its parts' order, so that a
+        seed gives the weights it gives separate q/k/v and gate/up projections. The parts are views, which
         carry no mark of their parameter: `keep(param)` true leaves such a parameter as it is (the
         Hugging Face wrapper passes its loader's mark of loaded tensors, which its guarded init
         functions read on whole parameters).
@@ -108,7 +108,7 @@ class FreeTransformer(nn.Module):
                     nn.init.ones_(param)
                 elif name.endswith(("o_proj.weight", "down_proj.weight")):
                     nn.init.normal_(param, std=out_std)
-                elif name in FUSED_PROJECTIONS:  # part by part, as when they were separate: the same draws
+                elif name in FUSED_PROJECTIONS:  # part by part: the draws of separate projections
                     if keep is not None and keep(param):
                         continue
                     for piece in param.split(part_rows(self.config)[name], dim=0):
@@ -116,8 +116,8 @@ class FreeTransformer(nn.Module):
                 else:
                     nn.init.normal_(param, std=std)
 
-        # The draws keep the order of 0.1 (zeta, embeddings, blocks, head, rest of the latent path), so
-        # a seed gives the weights it gave before.
+        # The draws come in a fixed order (zeta, embeddings, blocks, head, rest of the latent path): a
+        # seed's weights, and so the golden losses (tests/golden), depend on it.
         latent = self.latent if self.latent is not None and self.latent.zeta.device.type != "meta" else None
         if latent is not None:
             nn.init.normal_(latent.zeta, std=1.0)  # normalised before use

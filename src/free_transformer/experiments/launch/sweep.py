@@ -2,7 +2,7 @@
 here, or one Slurm job each) -> the runs, for an experiment to measure and report. It names no experiment.
 
 Run layout: OUT/seed-S/SLUG, or OUT/SLUG when `flat_single_seed` and there is one seed (the demo's
-layout from before it had seeds, kept so that its finished runs are reused)."""
+one-seed layout: runs finished there are found and reused)."""
 
 from __future__ import annotations
 

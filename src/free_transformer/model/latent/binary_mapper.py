@@ -169,7 +169,7 @@ class BinaryMapper(LatentMapper):
     def __init__(self, bits: int, dim: int):
         super().__init__(bits, dim)
         self.weight = nn.Parameter(torch.empty(2**bits, dim))  # (2^H, D), rows contiguous like an embedding
-        self.reset_parameters(1.0)  # as nn.Embedding does (the same draws as 0.1's post_sampler); init_weights rescales
+        self.reset_parameters(1.0)  # as nn.Embedding does (a seed's draws: tests/golden); init_weights rescales
         self.compiled_backward = False  # the backward's chunk bodies compiled: `compile_backward`
 
     def sample(self, bit_logits: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
