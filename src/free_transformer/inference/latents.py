@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..model.latent import ENCODER, PRIOR, Generators, LatentSource, uniform_latents
+from ..model.transformer import FreeTransformer
 
 LatentChoice = Literal["encoder", "prior", "shared", "reference"] | Tensor
 CHOICES: tuple[str, ...] = (ENCODER, PRIOR, "shared", "reference")
@@ -85,7 +86,7 @@ class ResolvedLatents:
     explicit: Tensor | None = None  # (batch_size or 1, N) int64 indices of positions [0, N), N >= prompt length
 
 
-def resolve_latents(model, choice: LatentChoice | None, *, length: int = 0, reference=None,
+def resolve_latents(model: FreeTransformer, choice: LatentChoice | None, *, length: int = 0, reference=None,
                     generator: torch.Generator | None = None, batch_size: int | None = None,
                     prompt_length: int = 0, where: str = "latents") -> ResolvedLatents:
     """`choice` (None: "encoder") for `batch_size` rows (default: as many as the indices or the reference
@@ -94,8 +95,9 @@ def resolve_latents(model, choice: LatentChoice | None, *, length: int = 0, refe
     one-off draws of "shared" and "reference". Every check of the choice is here, before any model work."""
     choice = ENCODER if choice is None else parse_latents(choice, where=where)
     is_reference = isinstance(choice, str) and choice == "reference"
+    text = "--reference TEXT" if where.startswith("--") else "a reference text"  # as the command line names it
     if reference is not None and not is_reference:
-        raise ValueError(f"a reference text goes with {named(where, 'reference')}, not {named(where, choice)}")
+        raise ValueError(f"{text} goes with {named(where, 'reference')}, not {named(where, choice)}")
     if isinstance(choice, str) and choice in CONTEXT_CHOICES:
         return ResolvedLatents(choice)
     bits = model.config.latent_bits
@@ -109,7 +111,7 @@ def resolve_latents(model, choice: LatentChoice | None, *, length: int = 0, refe
     if choice == "shared":
         return ResolvedLatents(ENCODER, shared_prior_latents(model, length, generator))
     if reference is None:
-        raise ValueError(f"{named(where, 'reference')} needs a reference text")
+        raise ValueError(f"{named(where, 'reference')} needs {text}")
     reference = torch.as_tensor(reference, dtype=torch.int64, device=model.rope_cos.device)
     if reference.dim() != 2 or reference.shape[0] not in (1, batch_size or reference.shape[0]):
         raise ValueError(f"the reference text must be token ids of shape ({batch_size or 'B'} or 1, T), "
@@ -120,9 +122,9 @@ def resolve_latents(model, choice: LatentChoice | None, *, length: int = 0, refe
     return ResolvedLatents(ENCODER, infer_latents(model, reference, generator))
 
 
-def plan_latents(model, choice: LatentChoice | None, batch_size: int, prompt_length: int, *, length: int,
-                 reference=None, generator: torch.Generator | None = None, generators: Generators = None,
-                 where: str = "latents") -> LatentPlan:
+def plan_latents(model: FreeTransformer, choice: LatentChoice | None, batch_size: int, prompt_length: int, *,
+                 length: int, reference=None, generator: torch.Generator | None = None,
+                 generators: Generators = None, where: str = "latents") -> LatentPlan:
     """The plan of one generation of `batch_size` rows from a `prompt_length`-token prompt, `choice`
     resolved once (`resolve_latents`); `generators` (one per row) draw the new positions' prior Z."""
     resolved = resolve_latents(model, choice, length=length, reference=reference, generator=generator,
@@ -196,7 +198,8 @@ class LatentPlan:
         return used if length is None else used[:, :length]
 
 
-def forward_source(model, latents: LatentChoice | None, batch_size: int, length: int, start: int) -> LatentSource:
+def forward_source(model: FreeTransformer, latents: LatentChoice | None, batch_size: int, length: int,
+                   start: int) -> LatentSource:
     """What one forward of `length` tokens from position `start` takes, for a caller that names Z per call
     (the Hugging Face forward): None is the encoder for a sequence from position 0 and the prior for a
     continuation; "encoder", "prior" or (batch_size or 1, length) indices otherwise. A baseline ignores
@@ -211,13 +214,13 @@ def forward_source(model, latents: LatentChoice | None, batch_size: int, length:
 
 
 @torch.no_grad()
-def shared_prior_latents(model, length: int, generator: torch.Generator | None = None) -> Tensor:
+def shared_prior_latents(model: FreeTransformer, length: int, generator: torch.Generator | None = None) -> Tensor:
     """(1, length) indices drawn once from the uniform prior, to share across a batch."""
     return uniform_latents((1, length), model.config.latent_bits, generator=generator, device=model.rope_cos.device)
 
 
 @torch.no_grad()
-def infer_latents(model, reference: Tensor | Sequence[Sequence[int]],
+def infer_latents(model: FreeTransformer, reference: Tensor | Sequence[Sequence[int]],
                   generator: torch.Generator | None = None) -> Tensor:
     """(B, T) indices sampled from the encoder's posterior Q(Z | reference) for a (B, T) reference text."""
     if model.latent is None:
