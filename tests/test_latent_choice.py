@@ -210,3 +210,19 @@ def test_a_generation_resolves_its_choice_once_and_the_model_gets_resolved_sourc
         counts.update(parse=0, resolve=0, check=0)
         hf_model.generate(_prompts(), max_new_tokens=steps, seeds=[0, 1], latents="shared", latent_seed=3)
         assert counts == {"parse": 1, "resolve": 1, "check": 0}
+
+
+def test_named_choices_resolve_to_the_documented_indices(model):
+    """generate(latents="shared" / "reference", latent_seed=s) samples as the indices that shared_prior_latents
+    and infer_latents draw with torch.Generator().manual_seed(s)."""
+    config, prompts, seed = GenerationConfig(max_new_tokens=5), _prompts(), 7
+    fed = P + config.max_new_tokens - 1
+    by_name = generate(model, prompts, config, latents="shared", latent_seed=seed, seeds=[0, 1])
+    by_indices = generate(model, prompts, config, seeds=[0, 1], latents=latent_choice.shared_prior_latents(
+        model, fed, torch.Generator().manual_seed(seed)))
+    assert by_name.tokens == by_indices.tokens and torch.equal(by_name.latents, by_indices.latents)
+    reference = torch.randint(0, 50, (2, fed), generator=torch.Generator().manual_seed(2))
+    by_name = generate(model, prompts, config, latents="reference", reference=reference, latent_seed=seed,
+                       seeds=[0, 1])
+    inferred = latent_choice.infer_latents(model, reference, torch.Generator().manual_seed(seed))
+    assert torch.equal(by_name.latents, inferred)
