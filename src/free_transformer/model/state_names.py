@@ -1,10 +1,10 @@
 """The names of the model's tensors in every layout a checkpoint may hold, and the one migration
 between them.
 
-Two older layouts are read: checkpoints written before the latent path was one module (0.1: loose
-`encoder.*`, `zeta`, ... attributes, renamed by `LEGACY_LATENT_NAMES`), and checkpoints or Llama
-weights with separate q/k/v and gate/up projections (stacked by rows into the fused `qkv_proj` and
-`gate_up_proj`: `FUSED_PROJECTIONS`). `upgrade_state_dict` brings any of them to the current names;
+Two older layouts are read: the latent path as loose attributes (`encoder.*`, `zeta`, ...: renamed
+by `LEGACY_LATENT_NAMES`; tests/data/legacy-run holds such a run), and separate q/k/v and gate/up
+projections (checkpoints of that run, and Llama's weights: stacked by rows into the fused `qkv_proj`
+and `gate_up_proj`, `FUSED_PROJECTIONS`). `upgrade_state_dict` brings any of them to the current names;
 `split_state_dict` is its inverse for the projections (Llama's layout, for exports)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from .config import ModelConfig
 from .layers import qkv_rows
 
-# Parameter names of checkpoints written before the latent path was one module (0.1): old prefix -> new.
+# The latent path's tensors as loose attributes of the model, old prefix -> the module's name.
 LEGACY_LATENT_NAMES = {
     "encoder.": "latent.encoder.0.",
     "zeta": "latent.zeta",
@@ -72,7 +72,7 @@ def legacy_latent_key_mapping(prefix: str = "") -> dict[str, str]:
 
 def upgrade_state_dict(state: dict, prefix: str = "") -> dict:
     """Upgrade, in place, the tensors under `prefix` of a state dict in an older layout: the latent
-    path's 0.1 names (LEGACY_LATENT_NAMES) renamed, separate q/k/v and gate/up weights concatenated by
+    path's loose names (LEGACY_LATENT_NAMES) renamed, separate q/k/v and gate/up weights concatenated by
     rows into their fused projection. What is already current is kept; a fused projection with a part
     missing is left as its parts (load_state_dict then names what is missing). Returns `state`."""
     for name in [n for n in state if n.startswith(prefix)]:
