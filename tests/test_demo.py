@@ -8,11 +8,15 @@ from test_unchanged import SMOKE, same_measures
 
 from free_transformer.cli import main
 from free_transformer.data.synthetic import coinflip_batch, letters_batch
-from free_transformer.experiments.demo.claims import judge_claims
+from free_transformer.experiments.demo.claims import claims_over_seeds, judge_claims
 from free_transformer.experiments.demo.coins import coin_bits_saved, coin_measures, majority_coin
 from free_transformer.experiments.demo.groups import Groups, group_measures
 from free_transformer.experiments.demo.letters import latent_bits, target_starts
-from free_transformer.experiments.demo.run import VARIANTS, ModelResult
+from free_transformer.experiments.demo.presets import PRESETS, coins, letters
+from free_transformer.experiments.demo.report import panel_boxes, write_report
+from free_transformer.experiments.demo.run import VARIANTS, ModelResult, demo_sweep, first_line
+from free_transformer.experiments.launch.launchers import LocalLauncher
+from free_transformer.experiments.launch.pool import step_work, work_done
 from free_transformer.train.metrics import read_metrics
 
 BLOCK = "KKKKKKKK"
@@ -146,7 +150,8 @@ def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
     out = tmp_path / "demo"
     args = ["demo", "--preset", "smoke", "--workers", "1", "--out", str(out), "--seeds", "2", "--device", "cpu"]
     assert main(args) == 0
-    assert "report:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"demo: preset smoke, seeds 0, 1, output {out}, on cpu;") and "report:" in printed
     results = json.loads((out / "results.json").read_text())
     assert results["seeds"] == [0, 1]
     for seed in ("0", "1"):
@@ -236,3 +241,74 @@ def test_latent_kl_split_adds_up_to_the_validation_kl():
     assert split["kl_information_bits"] + split["kl_prior_mismatch_bits"] == pytest.approx(kl, rel=1e-4)
     assert split["kl_information_bits"] >= -1e-9 and split["kl_prior_mismatch_bits"] >= -1e-9
     assert latent_kl_split(tiny_model(vocab_size=256, max_seq_len=72, latent_bits=0)) == {}
+
+
+def _paper_like_seed(valid_kappa_1: float) -> list[ModelResult]:
+    """One seed's results as the paper's figure has them, with the given validity at kappa = 1 bit; the groups
+    drawn: a blue group of targets spread out, green groups sharing one start, coin groups."""
+    letters_groups = {"letter": "K", "blue": [_body(p) for p in (0, 9, 18, 27, 36)],
+                      "greens": [[_body(20, [3])] * 4, [_body(40)] * 4]}
+    coin_groups = {"letter": "", "blue": ["0001", "1110", "0100", "1011"], "greens": [["1111", "1101"], ["0000"] * 2]}
+    measures = {
+        "baseline": dict(valid=0.95, val_cross_entropy_bits=0.42, green_position_agreement=0.03),
+        "kappa-1-64": dict(valid=0.9, green_position_agreement=0.02, green_noise_jaccard=0.04, latent_bits_position=0.0,
+                           latent_bits_noise=0.0),
+        "kappa-1-8": dict(valid=0.85, green_position_near=0.6, blue_position_near=0.1, green_noise_jaccard=0.05,
+                          latent_bits_position=2.5, latent_bits_noise=0.0),
+        "kappa-1": dict(valid=valid_kappa_1, green_position_near=0.5, blue_position_near=0.15, green_noise_jaccard=0.4,
+                        blue_noise_jaccard=0.08, latent_bits_position=7.1, latent_bits_noise=4.0),
+        "kappa-8": dict(valid=0.1, val_cross_entropy_bits=0.05),
+        "coins": dict(posterior_coin_match=0.85, green_coin_agreement=0.72, blue_coin_agreement=0.5,
+                      coin_bits_saved=1.3),
+    }
+    return [ModelResult(v, measures[v.slug], coin_groups if v.task == "coins" else letters_groups, 60.0)
+            for v in VARIANTS]
+
+
+def test_the_report_shows_each_conditions_values_and_why_a_claim_failed(tmp_path):
+    results = {0: _paper_like_seed(0.8), 1: _paper_like_seed(0.6)}
+    claims = claims_over_seeds({seed: judge_claims(seed_results) for seed, seed_results in results.items()})
+    assert [c["reproduced"] for c in claims] == [2, 2, 1, 2, 2]
+    kappa_1 = claims[2]
+    assert [c["holds"] for c in kappa_1["conditions"][1]] == [False, True, True, True, True]
+    assert kappa_1["conditions"][1][0] == {"test": "valid ≥ 0.7", "measured": "0.6", "holds": False}
+    summary = {"preset": {"name": "fake"}, "per_seed": {0: {"models": []}}, "claims": claims, "workers": 2,
+               "total_seconds": 60.0}
+    write_report(tmp_path, results, summary)
+    page = (tmp_path / "report.html").read_text()
+    assert "<td class='fails'>✘ 0.6</td>" in page and "<td class='holds'>✔ 0.8</td>" in page
+    assert "seed 1: valid ≥ 0.7: measured 0.6" in page and "docs/demo.md" in page  # why it failed, and the account
+    assert "✔✘ 1 of 2 seeds" in page and "✔✔ 2 of 2 seeds" in page
+    # the paper's figure counted beside ours: its 1-bit green groups share a start within ±2 in every pair
+    assert "<td>κ = 1 bit, paper</td><td>1.00</td><td>0.135</td><td>0.70</td><td>1.00</td>" in page
+    assert (tmp_path / "report.png").stat().st_size > 50_000 and (tmp_path / "spread.png").is_file()
+    baseline, kappa, coin = (panel_boxes(results[0][i]) for i in (0, 3, 5))
+    assert len(baseline) == 1 and "no green groups" in page and "<td>— (no Z)</td>" in page  # the baseline has no Z
+    assert len(kappa) == 3 and kappa[1][2][0].endswith("start 20") and kappa[0][2][1].endswith("start  9")
+    assert coin[1][1].endswith("coins 1 1: pairs agreeing 1.00") and coin[0][2][2] == "0100  → coin 0"
+    assert coin[0][1].endswith("coins 0 1 0 1: pairs agreeing 0.33")
+
+
+def test_the_progress_bar_counts_work_not_steps():
+    """A coin model's step costs a fraction of a letters model's: a sweep whose coin run is done and whose
+    letters run has not started has done a sliver of its work, not the share of its steps."""
+    coin, letter = step_work(coins(), 32), step_work(letters(steps=400), 65)
+    assert letter > 30 * coin
+    runs = [(1000, coin), (400, letter)]
+    done, finished = work_done(runs, [1000, 0])
+    assert finished == 1 and done / (1000 * coin + 400 * letter) < 0.05  # steps would say 1000 / 1400
+    assert work_done(runs, [1000, 200]) == (1000 * coin + 200 * letter, 1)
+    assert work_done(runs, [1000, 400]) == (1000 * coin + 400 * letter, 2)
+
+
+def test_the_first_line_says_what_runs_where_and_how_long_it_should_take(tmp_path):
+    quick, local = PRESETS["quick"], LocalLauncher(2)
+    line = first_line(quick, demo_sweep(quick, tmp_path, seeds=(0, 1, 2)), local)
+    assert line == (f"demo: preset quick, seeds 0, 1, 2, output {tmp_path}, on cpu; expected time about 38 min "
+                    "(an estimate: 12.6 min a seed measured on 2 CPU cores)")
+    line = first_line(quick, demo_sweep(quick, tmp_path, seeds=(0, 1, 2), device="cuda"), local)
+    assert line.endswith("on cuda; expected time about 3 min (an estimate: 0.9 min a seed measured on one H100 GPU, "
+                         "seeds side by side add less)")
+    smoke = first_line(PRESETS["smoke"], demo_sweep(PRESETS["smoke"], tmp_path), local)
+    assert smoke == (f"demo: preset smoke, seed 0, output {tmp_path}, on cpu; no time measured for this preset on 2 "
+                     "CPU cores")

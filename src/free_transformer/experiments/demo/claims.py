@@ -3,6 +3,10 @@ demo's measures: their thresholds, the verdict per seed, and the count over seed
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from dataclasses import dataclass
+
 # Chance for the data itself: two independent valid samples share their target position with probability
 # 1/57 (0.018) and their noise patterns have Jaccard similarity 0.03.
 CHANCE_LIKE = 0.12  # no more agreement than a few times chance
@@ -21,60 +25,93 @@ USED, IGNORED = 1.0, 0.1
 COIN_MATCH, COIN_OVER_BLUE, COPYING_BITS = 0.75, 0.1, 4.0
 
 
-def judge_claims(results: list) -> list[dict]:
-    """The verdict on each claim from one seed's results (each with `.variant.slug` and `.measures`)."""
+@dataclass(frozen=True)
+class Condition:
+    """One condition of a claim's test, as read on one seed's measures."""
+
+    test: str  # what it requires, e.g. "valid ≥ 0.7"
+    measured: str  # the values it read, e.g. "0.91" or "green 0.31, blue 0.12"
+    holds: bool
+
+
+def _shown(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.3g}"
+
+
+def claim_conditions(results: list) -> list[tuple[str, str, list[Condition]]]:
+    """(model slug, claim, its conditions) for each claim, read from one seed's results (each with
+    `.variant.slug` and `.measures`); a claim holds when every condition does."""
     by_slug = {r.variant.slug: r.measures for r in results}
 
     def m(slug, key):  # a missing measure (e.g. no valid sequence to compare) fails every test
         value = by_slug[slug].get(key)
         return value if value is not None else float("nan")
 
-    def green_over_blue(slug, decision):  # at least OVER_BLUE x blue's agreement, and above it (blue may be 0)
-        green, blue = m(slug, f"green_{decision}"), m(slug, f"blue_{decision}")
-        return green >= OVER_BLUE * blue and green > blue
+    def at_least(slug, key, name, threshold):
+        return Condition(f"{name} ≥ {threshold:g}", _shown(m(slug, key)), m(slug, key) >= threshold)
 
-    claims = [
-        ("kappa-1-64", "1/64 bit: behaves as a vanilla model",
-         (f"valid ≥ {VALID}, green groups agree no more than blue (position and noise < {CHANCE_LIKE}), "
-          f"Z saves < {USED:g} bit at the target start and per '!' (no whole decision)"),
-         m("kappa-1-64", "valid") >= VALID and m("kappa-1-64", "green_position_agreement") < CHANCE_LIKE
-         and m("kappa-1-64", "green_noise_jaccard") < CHANCE_LIKE
-         and m("kappa-1-64", "latent_bits_position") < USED and m("kappa-1-64", "latent_bits_noise") < USED),
-        ("kappa-1-8", "1/8 bit: Z encodes the target position",
-         (f"valid ≥ {VALID}; green groups agree on the position within ±2 at least {OVER_BLUE:g}× as often as the "
-          f"blue group, and on the noise no more than a few times chance (< {CHANCE_LIKE}); Z saves ≥ {USED:g} bit "
-          f"at the target start and < {IGNORED} bit per '!'"),
-         m("kappa-1-8", "valid") >= VALID and green_over_blue("kappa-1-8", "position_near")
-         and m("kappa-1-8", "green_noise_jaccard") < CHANCE_LIKE
-         and m("kappa-1-8", "latent_bits_position") >= USED and m("kappa-1-8", "latent_bits_noise") < IGNORED),
-        ("kappa-1", "1 bit: Z encodes the position and the noise",
-         (f"valid ≥ {VALID}; green groups agree on the position within ±2, and on the noise (Jaccard), each at "
-          f"least {OVER_BLUE:g}× as often as the blue group; Z saves ≥ {USED:g} bit at the target start and "
-          f"≥ {USED:g} bit per '!'"),
-         m("kappa-1", "valid") >= VALID and green_over_blue("kappa-1", "position_near")
-         and green_over_blue("kappa-1", "noise_jaccard")
-         and m("kappa-1", "latent_bits_position") >= USED and m("kappa-1", "latent_bits_noise") >= USED),
-        ("kappa-8", "8 bits: the encoder copies the sequence, generation breaks",
-         f"valid < {BROKEN} while the posterior cross-entropy is below the baseline's",
-         m("kappa-8", "valid") < BROKEN
-         and m("kappa-8", "val_cross_entropy_bits") < m("baseline", "val_cross_entropy_bits")),
-        ("coins", "coin flips (Motivation section): Z carries the hidden coin",
-         (f"generations given a sequence's encoder Z show its coin ≥ {COIN_MATCH} of the time (chance 0.5); green "
-          f"groups agree on the coin ≥ {COIN_OVER_BLUE} more often than the blue group; Z saves ≤ {COPYING_BITS:g} "
-          "bits per sequence (more: it copies flips)"),
-         m("coins", "posterior_coin_match") >= COIN_MATCH
-         and m("coins", "green_coin_agreement") >= m("coins", "blue_coin_agreement") + COIN_OVER_BLUE
-         and m("coins", "coin_bits_saved") <= COPYING_BITS),
+    def below(slug, key, name, threshold):
+        return Condition(f"{name} < {threshold:g}", _shown(m(slug, key)), m(slug, key) < threshold)
+
+    def green_over_blue(slug, decision, name):  # at least OVER_BLUE x blue's agreement, and above it (blue may be 0)
+        green, blue = m(slug, f"green_{decision}"), m(slug, f"blue_{decision}")
+        return Condition(f"green groups agree on {name} ≥ {OVER_BLUE:g}× as often as the blue group, and more",
+                         f"green {_shown(green)}, blue {_shown(blue)}", green >= OVER_BLUE * blue and green > blue)
+
+    position, noise = "the position within ±2", "the noise (Jaccard)"
+    at_start, per_noise = "bits Z saves at the target start", "bits Z saves per '!'"
+    kl_ce, base_ce = m("kappa-8", "val_cross_entropy_bits"), m("baseline", "val_cross_entropy_bits")
+    green_coin, blue_coin = m("coins", "green_coin_agreement"), m("coins", "blue_coin_agreement")
+    coin_bits = m("coins", "coin_bits_saved")
+    return [
+        ("kappa-1-64", "1/64 bit: behaves as a vanilla model", [
+            at_least("kappa-1-64", "valid", "valid", VALID),
+            below("kappa-1-64", "green_position_agreement", "green position agreement", CHANCE_LIKE),
+            below("kappa-1-64", "green_noise_jaccard", "green noise Jaccard", CHANCE_LIKE),
+            below("kappa-1-64", "latent_bits_position", at_start, USED),
+            below("kappa-1-64", "latent_bits_noise", per_noise, USED)]),
+        ("kappa-1-8", "1/8 bit: Z encodes the target position", [
+            at_least("kappa-1-8", "valid", "valid", VALID),
+            green_over_blue("kappa-1-8", "position_near", position),
+            below("kappa-1-8", "green_noise_jaccard", "green noise Jaccard", CHANCE_LIKE),
+            at_least("kappa-1-8", "latent_bits_position", at_start, USED),
+            below("kappa-1-8", "latent_bits_noise", per_noise, IGNORED)]),
+        ("kappa-1", "1 bit: Z encodes the position and the noise", [
+            at_least("kappa-1", "valid", "valid", VALID),
+            green_over_blue("kappa-1", "position_near", position),
+            green_over_blue("kappa-1", "noise_jaccard", noise),
+            at_least("kappa-1", "latent_bits_position", at_start, USED),
+            at_least("kappa-1", "latent_bits_noise", per_noise, USED)]),
+        ("kappa-8", "8 bits: the encoder copies the sequence, generation breaks", [
+            below("kappa-8", "valid", "valid", BROKEN),
+            Condition("posterior cross-entropy below the baseline's", f"{_shown(kl_ce)}, baseline {_shown(base_ce)}",
+                      kl_ce < base_ce)]),
+        ("coins", "coin flips (Motivation section): Z carries the hidden coin", [
+            Condition(f"generations given a sequence's encoder Z show its coin ≥ {COIN_MATCH} of the time "
+                      "(chance 0.5)", _shown(m("coins", "posterior_coin_match")),
+                      m("coins", "posterior_coin_match") >= COIN_MATCH),
+            Condition(f"green groups agree on the coin ≥ {COIN_OVER_BLUE} more often than the blue group",
+                      f"green {_shown(green_coin)}, blue {_shown(blue_coin)}",
+                      green_coin >= blue_coin + COIN_OVER_BLUE),
+            Condition(f"Z saves ≤ {COPYING_BITS:g} bits per sequence (more: it copies flips)", _shown(coin_bits),
+                      coin_bits <= COPYING_BITS)]),
     ]
-    return [{"model": slug, "claim": claim, "test": test, "reproduced": bool(passed)}
-            for slug, claim, test, passed in claims]
+
+
+def judge_claims(results: list) -> list[dict]:
+    """The verdict on each claim from one seed's results, with its test and each condition's values."""
+    return [{"model": slug, "claim": claim, "test": "; ".join(c.test for c in conditions),
+             "conditions": [dataclasses.asdict(c) for c in conditions],
+             "reproduced": all(c.holds for c in conditions)}
+            for slug, claim, conditions in claim_conditions(results)]
 
 
 def claims_over_seeds(claims_by_seed: dict[int, list[dict]]) -> list[dict]:
-    """Per claim: on how many seeds it was reproduced, and which."""
+    """Per claim: on how many seeds it was reproduced, which, and each seed's conditions."""
     first = next(iter(claims_by_seed.values()))
     return [{**{k: claim[k] for k in ("model", "claim", "test")},
              "per_seed": {seed: claims[index]["reproduced"] for seed, claims in claims_by_seed.items()},
+             "conditions": {seed: claims[index]["conditions"] for seed, claims in claims_by_seed.items()},
              "reproduced": sum(claims[index]["reproduced"] for claims in claims_by_seed.values()),
              "seeds": len(claims_by_seed)}
             for index, claim in enumerate(first)]

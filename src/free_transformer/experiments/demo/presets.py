@@ -32,12 +32,23 @@ def coins(*, length: int = 32, steps: int = 1000, batch_size: int = 64, warmup_s
 
 
 @dataclass(frozen=True)
+class WallTime:
+    """Minutes one seed of the demo took with a preset, training to report (docs/results.md); None where not
+    measured. An estimate for another run: the load of the machine changes it, and so do the seeds (on a CPU each
+    adds about as much, on a GPU, where every run trains side by side, less)."""
+
+    cpu: float | None = None  # on 2 CPU cores, two runs side by side
+    gpu: float | None = None  # on one H100 GPU, every run side by side
+
+
+@dataclass(frozen=True)
 class DemoPreset:
     name: str  # its name in PRESETS, recorded in the report
     config: Callable[[Variant], TrainConfig]  # every variant's training config
     blue_size: int = 32  # the generated groups
     green_groups: int = 8
     green_size: int = 12
+    minutes_per_seed: WallTime = WallTime()  # what the demo prints before it trains
 
 
 def quick(variant: Variant) -> TrainConfig:
@@ -82,10 +93,11 @@ def smoke(variant: Variant) -> TrainConfig:
 
 
 PRESETS: Presets[DemoPreset] = Presets("demo preset", {
-    "quick": (DemoPreset("quick", quick), "~12 minutes on 2 CPU cores, 3 of the paper's 4 claims and the coin"),
-    "paper": (DemoPreset("paper", paper),
+    "quick": (DemoPreset("quick", quick, minutes_per_seed=WallTime(cpu=12.6, gpu=0.9)),
+              "~12 minutes on 2 CPU cores, 3 of the paper's 4 claims and the coin"),
+    "paper": (DemoPreset("paper", paper, minutes_per_seed=WallTime(cpu=37.4, gpu=0.72)),
               "the paper's recipe (kappa fixed, batch 256, width 64), all of them in ~37 minutes per seed"),
-    "narrow": (DemoPreset("narrow", narrow),
+    "narrow": (DemoPreset("narrow", narrow, minutes_per_seed=WallTime(cpu=40.0)),
                "the paper's recipe at width 32 (kappa = 1 bit at 64), compiled, under evaluation"),
     "smoke": (DemoPreset("smoke", smoke, blue_size=4, green_groups=2, green_size=3),
               "a debug model, 3 steps: checks the wiring"),

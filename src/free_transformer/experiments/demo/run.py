@@ -21,6 +21,7 @@ from ...train.config import TrainConfig, apply_overrides, overrides_of
 from ...train.metrics import read_metrics
 from ...train.validation import validate
 from ..launch.launchers import Launcher
+from ..launch.pool import last_step, run_work, work_done
 from ..launch.sweep import Sweep, Variant
 from .claims import claims_over_seeds, judge_claims
 from .coins import coin_bits_saved, coin_groups, coin_measures, posterior_coin_match
@@ -118,10 +119,39 @@ def run_demo(preset: DemoPreset, out_dir: Path, *, launcher: Launcher, seeds: tu
     sweep = demo_sweep(preset, out_dir, seeds=seeds, extra=extra, device=device)
     for seed, variant in sweep.runs():  # every run's config is checked before anything is written
         sweep.train_config(variant, seed)
+    print(first_line(preset, sweep, launcher), flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     wall = sweep.train(launcher)
     return launcher.finish(measure_and_report, preset, sweep, extra, launcher.side_by_side(len(sweep.runs())), wall,
                            started, device=device)
+
+
+def first_line(preset: DemoPreset, sweep: Sweep, launcher: Launcher) -> str:
+    """What the demo is about to do, and how long it is expected to take: the preset's measured minutes per seed
+    (DemoPreset.minutes_per_seed) times the seeds, times the share of training work left (finished runs are
+    reused)."""
+    seeds = sweep.seeds
+    start = (f"demo: preset {preset.name}, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, "
+             f"output {sweep.out_dir}, on {sweep.device}")
+    runs = sweep.runs()
+    steps = run_work([sweep.train_config(variant, seed) for seed, variant in runs])
+    done, _ = work_done(steps, [last_step(str(sweep.run_dir(seed, variant))) for seed, variant in runs])
+    left = 1 - done / sum(count * step for count, step in steps)
+    if left == 0:
+        return f"{start}; every run is trained: measures and report only"
+    on_gpu = sweep.device.startswith("cuda")
+    minutes = preset.minutes_per_seed.gpu if on_gpu else preset.minutes_per_seed.cpu
+    where = "one H100 GPU" if on_gpu else "2 CPU cores"
+    if launcher.name != "local" or minutes is None:
+        return f"{start}; no time measured for this preset on {where if launcher.name == 'local' else 'Slurm'}"
+    share = "" if left == 1 else f", {100 * left:.0f}% of the training left"
+    more = ", seeds side by side add less" if on_gpu and len(seeds) > 1 else ""
+    return (f"{start}; expected time about {_duration(minutes * len(seeds) * left)} (an estimate: {minutes:g} min a "
+            f"seed measured on {where}{more}{share})")
+
+
+def _duration(minutes: float) -> str:
+    return f"{minutes * 60:.0f} s" if minutes < 1 else f"{minutes:.0f} min"
 
 
 def measure_and_report(preset: DemoPreset, sweep: Sweep, extra: tuple[str, ...], workers: int,

@@ -17,7 +17,7 @@ from ...base.errors import Stopped, UserError
 from ...data import build_dataset
 from ...runs.checkpoint import checkpoint_dirs
 from ...train.config import TrainConfig
-from ...train.metrics import read_metrics
+from ...train.metrics import read_metrics, tokens_per_step
 from ...train.trainer import StopSignals, train
 
 CONTINUE = "run the same command again: finished runs are reused and stopped ones resumed"
@@ -62,18 +62,27 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
     after it, the running ones save a checkpoint and stop, and Stopped says how to continue."""
     jobs = [(config, str(run_dir)) for config, run_dir in jobs]
     todo = sorted((job for job in jobs if not finished(*job)), key=lambda job: -job[0].steps)
-    total = sum(config.steps for config, _ in jobs)
+    runs = run_work([config for config, _ in jobs])  # datasets built here, before any worker starts
     wall: dict[str, float] = {}
     stopped: dict[str, int] = {}  # run directory -> the signal that stopped it
-    with tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True) as bar, StopSignals() as signals:
+
+    def progress() -> tuple[float, int, dict[str, dict]]:
+        latest = latest_metrics(jobs)
+        return (*work_done(runs, [latest[run_dir].get("step", 0) for _, run_dir in jobs]), latest)
+
+    before, _, _ = progress()  # the work of reused runs: not part of the rate
+    total = sum(steps * step for steps, step in runs)
+    bar_format = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]"
+    with tqdm(total=total, initial=before, desc=desc, bar_format=bar_format, dynamic_ncols=True) as bar, \
+            StopSignals() as signals:
         def show() -> None:
-            latest = latest_metrics(jobs)
-            bar.n = sum(m.get("step", 0) for m in latest.values())
-            if len(jobs) <= 6:
-                bar.set_postfix_str(" ".join(f"{Path(d).name}:{m['kl_bits']:.2f}b"
-                                             for d, m in latest.items() if "kl_bits" in m))
+            bar.n, runs_done, latest = progress()
+            kl = (" ".join(f"{Path(d).name}:{m['kl_bits']:.2f}b" for d, m in latest.items() if "kl_bits" in m)
+                  if len(jobs) <= 6 else "")
+            bar.set_postfix_str(f"{runs_done} of {len(jobs)} runs done {kl}".rstrip(), refresh=False)
             bar.refresh()
 
+        show()
         if workers == 1 or len(todo) <= 1:
             for job in todo:  # train() catches the signals while it runs; this loop's StopSignals between runs
                 if signals.received or stopped:
@@ -83,13 +92,31 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
                     stopped[run_dir] = signum
                 show()
         elif todo:
-            prepare_data([config for config, _ in todo])
             _train_processes(todo, workers, signals, wall, stopped, show)
         if signals.received or stopped:
             signum = signals.received or next(iter(stopped.values()))
             raise Stopped(_stop_message(todo, wall, stopped, signum), signum)
         bar.n = total
+        bar.set_postfix_str(f"{len(jobs)} of {len(jobs)} runs done")
     return wall
+
+
+def step_work(config: TrainConfig, sequence_length: int) -> float:
+    """The training FLOPs of one step (ModelConfig.training_flops_per_token x the step's tokens): the unit of
+    the progress bar, as a step of the demo's coin model costs a fraction of one of its letters models."""
+    return config.model.training_flops_per_token(sequence_length) * tokens_per_step(config, sequence_length)
+
+
+def run_work(configs: list[TrainConfig]) -> list[tuple[int, float]]:
+    """Each run's (steps, work of one step), its datasets built (prepare_data)."""
+    return [(config.steps, step_work(config, length)) for config, length in zip(configs, prepare_data(configs))]
+
+
+def work_done(runs: list[tuple[int, float]], steps_reached: list[int]) -> tuple[float, int]:
+    """The work done by runs that reached the given steps, and how many are done: runs are each run's
+    (steps, work of one step), as run_work gives."""
+    work = sum(min(reached, steps) * step for (steps, step), reached in zip(runs, steps_reached))
+    return work, sum(reached >= steps for (steps, _), reached in zip(runs, steps_reached))
 
 
 def _train_processes(todo, workers: int, signals: StopSignals, wall: dict, stopped: dict, show) -> None:
@@ -157,15 +184,20 @@ def last_step(run_dir: str) -> int:
     return int(done[-1].name[5:]) if done else 0
 
 
-def prepare_data(configs: list[TrainConfig]) -> None:
+def prepare_data(configs: list[TrainConfig]) -> list[int]:
     """Build each distinct dataset once in this process, so that a corpus is tokenized into its cache
     before the pool starts: a pool's workers are daemonic processes, which may not start the tokenizer's
-    worker processes (and several runs would tokenize the same corpus at once)."""
-    built = []
+    worker processes (and several runs would tokenize the same corpus at once). Returns each config's
+    sequence length (the model's input length T)."""
+    built: list[tuple] = []  # (data config, its sequence length)
+    lengths = []
     for config in configs:
-        if config.data not in built:
-            build_dataset(config.data, config.seed)
-            built.append(config.data)
+        length = next((length for data, length in built if data == config.data), None)
+        if length is None:
+            length = build_dataset(config.data, config.seed).sequence_length
+            built.append((config.data, length))
+        lengths.append(length)
+    return lengths
 
 
 def latest_metrics(jobs) -> dict[str, dict]:
