@@ -48,14 +48,14 @@ def test_run_dir_is_never_overwritten(tmp_path):
 
 
 def test_outputs_of_a_run(tmp_path):
-    train(_config("steps=3", "keep_checkpoints=2", "checkpoint_every=1", "eval_every=3"), tmp_path)
+    train(_config("steps=3", "keep_checkpoints=2", "checkpoint_every=1", "validate_every=3"), tmp_path)
     assert [d.name for d in checkpoint_dirs(tmp_path)] == ["step_00000002", "step_00000003"]
     metrics = read_metrics(tmp_path / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3] and "val_cross_entropy_bits" in metrics[-1]
     assert {"cross_entropy_bits", "kl_bits", "lr", "tokens_per_s"} <= set(metrics[0])
     assert (tmp_path / "training_curves.png").stat().st_size > 0
     assert load_train_config(tmp_path / "config.yaml") == _config("steps=3", "keep_checkpoints=2",
-                                                                  "checkpoint_every=1", "eval_every=3")
+                                                                  "checkpoint_every=1", "validate_every=3")
     state = load_training_state(tmp_path)
     assert state["step"] == 3 and "optimizer" in state and "rng" in state
 

@@ -86,7 +86,7 @@ def test_trainer_applies_the_options(tmp_path, monkeypatch, option):
     if option == "compile":
         monkeypatch.setattr(trainer, "apply_compile", lambda model: calls.append(model) or model)
     args = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=4", "log_every=1",
-            "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25", "steps=3", "eval_every=3"]
+            "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25", "steps=3", "validate_every=3"]
     trainer.train(load_train_config(None, args), tmp_path / "plain")
     trainer.train(load_train_config(None, args + [f"{option}=true"]), tmp_path / "option")
     losses = [[m["loss"] for m in read_metrics(tmp_path / run / "metrics.jsonl")] for run in ("plain", "option")]

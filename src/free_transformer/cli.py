@@ -11,8 +11,10 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from .base.errors import Stopped, UserError
+from .distributed.env import is_main_process
 
 COMMAND_MODULES = ["demo", "study", "train", "inspect", "generate", "eval", "compare", "info", "convert",
                    "consolidate", "tokenize", "serve"]
@@ -57,7 +59,19 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None):
     return args
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning meant for the user (a FutureWarning: an old setting's name) as one line; others as Python
+    writes them."""
+    if issubclass(category, FutureWarning):
+        return f"warning: {' '.join(str(message).split())}\n"
+    return PYTHON_WARNING_FORMAT(message, category, filename, lineno, line)
+
+
+PYTHON_WARNING_FORMAT = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.formatwarning = _one_line_warning
     args = parse_args(build_parser(), argv)
     try:
         code = int(args.run(args) or 0)
@@ -68,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, as a shell reports a writer the closed pipe stopped
     except (UserError, ValueError, OSError) as error:  # OSError: a path that cannot be read or written
         if isinstance(error, Stopped):  # a saved, resumable stop is no error; under torchrun rank 0 says it
-            if int(os.environ.get("RANK", 0)) == 0:
+            if is_main_process():
                 print(" ".join(str(error).split()), file=sys.stderr)
         else:
             print("error: " + " ".join(str(error).split()), file=sys.stderr)  # always one line

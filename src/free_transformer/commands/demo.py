@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..experiments.demo.presets import PRESETS
-from ..experiments.demo.run import VARIANTS, run_demo
-from .arguments import add_launcher_arguments, launcher_from, parse_seeds, training_device
+from ..experiments.demo.run import VARIANTS, demo_sweep, run_demo
+from ..train.config import settings_help
+from .arguments import add_launcher_arguments, launcher_from, parse_seeds, print_configs, training_device
 
 NAME = "demo"
 HELP = ("train a baseline and Free Transformers at kappa = 1/64, 1/8, 1, 8 bits on the synthetic letters, and one on "
         "the coin flips; report")
+EPILOG = "The overrides apply on top of the preset's own settings.\n\n" + settings_help()
 
 
 def add_arguments(parser) -> None:
@@ -26,6 +28,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
     add_launcher_arguments(parser, "models trained side by side, one process each (default: 2 on CPU, all of them "
                                    "on a GPU)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print every run's resolved training config (one YAML document each, which "
+                             "`train -c FILE` reads) and exit without training")
 
 
 def run(args) -> int:
@@ -36,6 +41,11 @@ def run(args) -> int:
         raise ValueError("give --seed or --seeds, not both")
     seeds = parse_seeds(args.seeds, 1) if args.seeds is not None else (args.seed or 0,)
     launcher = launcher_from(args, Path(args.out), len(VARIANTS) * len(seeds) if device.startswith("cuda") else 2)
+    if args.print_config:
+        sweep = demo_sweep(preset, Path(args.out), seeds=seeds, extra=extra, device=device)
+        print_configs([(str(sweep.run_dir(seed, variant)), sweep.train_config(variant, seed, launcher.threads))
+                       for seed, variant in sweep.runs()])
+        return 0
     report = run_demo(preset, Path(args.out), seeds=seeds, extra=extra, launcher=launcher, device=device)
     print(f"report: {report.resolve()}")
     print(f"figure: {(report.parent / 'report.png').resolve()}")

@@ -3,6 +3,7 @@ checkpoints of a run, each appended to its evaluation record (RUN/eval/curve.jso
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import time
@@ -12,15 +13,17 @@ from pathlib import Path
 from ..base.devices import parse_device
 from ..base.errors import Stopped, UserError
 from ..data.tokenizer import get_tokenizer
-from ..inference.latents import CONTEXT_CHOICES
+from ..eval.sandbox import SandboxLimits
+from ..eval.settings import EvalConfig
 from ..runs.checkpoint import CheckpointError, chosen_checkpoints, load_model, resolve_checkpoint
 from ..runs.runlock import RunLock
+from .arguments import add_field_option, join_repeated
 
 NAME = "eval"
 HELP = ("evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table "
         "(--checkpoints: a run's checkpoints, into its evaluation record)")
 
-TASK_GROUPS = {"mc": "multiple-choice tasks", "generative": "em and pass@1 tasks", "paper": "the paper's 16 rows"}
+SANDBOX = SandboxLimits()  # the defaults of --code-timeout and --code-memory-mb
 
 
 def add_arguments(parser) -> None:
@@ -30,42 +33,29 @@ def add_arguments(parser) -> None:
     parser.add_argument("--checkpoints", metavar="all | every:K | last-third", default=None,
                         help="score several checkpoints of the run RUN, appending one line each to "
                              "RUN/eval/curve.jsonl; those already scored under the same settings are skipped")
-    parser.add_argument("--tasks", default="all",
-                        help="comma-separated task names, or all (default), paper, mc, generative; "
-                             "none: only the --heldout likelihoods; see --list-tasks")
+    add_field_option(parser, EvalConfig, "tasks")
     parser.add_argument("--list-tasks", action="store_true", help="list the benchmarks, their measures and availability")
-    parser.add_argument("--num-fewshot", action="append", default=[], metavar="N | TASK=N",
-                        help="few-shot examples for every task (N) or one task (TASK=N); repeatable")
-    parser.add_argument("--limit", type=int, default=None,
-                        help="evaluate only the first N documents of each task (of each subject for mmlu)")
-    parser.add_argument("--data", action="append", default=[], metavar="TASK=PATH",
-                        help="local data file for a task (race_high, race_middle, humaneval_plus, or to replace a "
-                             "shipped one); repeatable")
+    add_field_option(parser, EvalConfig, "num_fewshot", metavar="N | TASK=N", repeatable=True)
+    add_field_option(parser, EvalConfig, "limit")
+    add_field_option(parser, EvalConfig, "data", metavar="TASK=PATH", repeatable=True)
     latents = parser.add_argument_group("Free Transformer latents (ignored for a baseline)")
-    latents.add_argument("--latents", choices=list(CONTEXT_CHOICES), default="prior",
-                         help="Z for the context positions: uniform prior (default, as the paper generates) or the "
-                              "encoder run on the context only (the paper's KV-cache prefill); continuation and "
-                              "generated positions always use the prior")
-    latents.add_argument("--latent-samples", type=int, default=4,
-                         help="K latent draws per multiple-choice question, combined as log mean_k P(choice | Z_k)")
-    latents.add_argument("--generation-samples", type=int, default=1,
-                         help="generations per prompt, each with its own latent draw (em / pass@1 averaged)")
-    latents.add_argument("--seed", type=int, default=0, help="seed of the latent draws")
+    for name in ("latents", "latent_samples", "generation_samples", "seed"):
+        add_field_option(latents, EvalConfig, name)
     like = parser.add_argument_group("held-out likelihood")
-    like.add_argument("--heldout", action="append", default=[], metavar="FILE",
-                      help="text file(s) for bits/token and bits/byte (baseline exact; Free: prior CE, ELBO, IWAE), "
-                           "or corpus:NAME for a named corpus's held-out documents (e.g. corpus:shakespeare)")
-    like.add_argument("--heldout-samples", type=int, default=8, help="K samples for the prior CE and IWAE bound")
-    like.add_argument("--heldout-windows", type=int, default=None, help="use at most this many windows")
+    add_field_option(like, EvalConfig, "heldout", metavar="FILE", repeatable=True)
+    add_field_option(like, EvalConfig, "heldout_samples")
+    add_field_option(like, EvalConfig, "heldout_windows")
     gen = parser.add_argument_group("generation and code execution")
-    gen.add_argument("--max-new-tokens", type=int, default=None, help="override every generative task's budget")
-    gen.add_argument("--code-timeout", type=float, default=10.0, help="seconds per generated program (sandbox)")
-    gen.add_argument("--code-memory-mb", type=int, default=1024, help="address-space limit per generated program")
+    add_field_option(gen, EvalConfig, "max_new_tokens")
+    gen.add_argument("--code-timeout", type=float, default=SANDBOX.timeout_s,
+                     help=f"seconds per generated program (sandbox) (default: {SANDBOX.timeout_s})")
+    gen.add_argument("--code-memory-mb", type=int, default=SANDBOX.memory_mb,
+                     help=f"address-space limit per generated program (default: {SANDBOX.memory_mb})")
     parser.add_argument("--output", default=None,
                         help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json); an existing file is "
                              "never overwritten")
     parser.add_argument("--device", default="auto",
-                        help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
+                        help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps (default: auto)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -95,13 +85,11 @@ def _list_tasks() -> int:
 
 
 def _settings(args):
-    from ..eval.settings import EvalSettings
-
-    settings = EvalSettings.from_options(
-        tasks=args.tasks, data=args.data, num_fewshot=args.num_fewshot, heldout=args.heldout, limit=args.limit,
-        latents=args.latents, latent_samples=args.latent_samples, generation_samples=args.generation_samples,
-        seed=args.seed, max_new_tokens=args.max_new_tokens, heldout_samples=args.heldout_samples,
-        heldout_windows=args.heldout_windows)
+    """The flags as the EvalConfig they stand for, resolved."""
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if f.name != "every"}
+    for name in ("num_fewshot", "data", "heldout"):
+        options[name] = join_repeated(options[name])
+    settings = EvalConfig(**options).settings()
     settings.check_heldout()
     return settings
 
@@ -146,7 +134,6 @@ def _run(args) -> int:
     if not args.checkpoint:
         raise ValueError("give a CHECKPOINT (or --list-tasks)")
     from ..eval.runner import score
-    from ..eval.sandbox import SandboxLimits
     from ..reports.results import format_table, write_json
 
     device = parse_device(args.device)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from ..train.config import load_train_config
+from ..distributed.env import is_main_process
+from ..train.config import config_yaml, load_train_config, settings_help
 from ..train.trainer import TrainingError, train
 
 NAME = "train"
@@ -13,29 +13,39 @@ HELP = "train a model (YAML config, then section.field=value overrides); --resum
 EPILOG = """example (the paper's synthetic letters, a debug-size model, about a minute on 2 CPU cores):
   free-transformer train --out runs/try model.size=debug model.vocab_size=256 model.max_seq_len=72 steps=100
 
-SIGTERM or Ctrl-C saves a checkpoint at the next step and exits (143 / 130); --resume continues."""
+SIGTERM or Ctrl-C saves a checkpoint at the next step and exits (143 / 130); --resume continues.
+
+""" + settings_help()
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
-                        help="config overrides, e.g. optim.lr=3e-4 kappa_bits=0.125 model.size=cpu-small")
+                        help="config overrides, e.g. optim.lr=3e-4 kappa_bits=0.125 model.size=cpu-small (every "
+                             "setting is listed below)")
     parser.add_argument("--config", "-c", help="YAML config (see configs/); defaults apply without one")
-    parser.add_argument("--out", "-o", required=True, help="run directory (checkpoints, metrics, plots)")
+    parser.add_argument("--out", "-o", help="run directory (checkpoints, metrics, plots); required to train")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out from its newest checkpoint, with its saved config")
     parser.add_argument("--init-from", help="checkpoint whose decoder weights initialise the model")
     parser.add_argument("--matched-baseline", action="store_true",
                         help="train the control of the configured Free Transformer: no latent, one more block per "
                              "encoder block (the same parameters and about the same FLOPs; docs/real-text.md)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config as YAML (which `train -c FILE` reads back) and exit without "
+                             "training")
 
 
 def run(args) -> int:
-    out = Path(args.out)
+    if args.out is None and not args.print_config:
+        raise TrainingError("give the run directory with --out (or --print-config to only print the config)")
+    out = Path(args.out) if args.out is not None else None
     if args.resume and args.init_from:  # a resumed run goes on from its own checkpoint, never another's weights
         raise TrainingError("--init-from starts a new run from another checkpoint's decoder; --resume continues "
                             "this run from its own: give one of them")
     config_path = args.config
     if args.resume and config_path is None:
+        if out is None:
+            raise TrainingError("--resume continues the run in --out: give it")
         config_path = out / "config.yaml"
         if not config_path.exists():
             raise TrainingError(f"nothing to resume: {config_path} not found")
@@ -51,9 +61,12 @@ def run(args) -> int:
         if args.resume:
             raise TrainingError("--matched-baseline makes a new run's config; --resume reads the run's own")
         config.model = config.model.matched_baseline()
+    if args.print_config:
+        print(config_yaml(config), end="")
+        return 0
     result = train(config, out, resume=args.resume, init_from=args.init_from)
     m = result.metrics
-    if int(os.environ.get("RANK", 0)) != 0:  # under torchrun, rank 0 reports for all
+    if not is_main_process():  # under torchrun, rank 0 reports for all
         return 0
     losses = (f", cross-entropy {m['cross_entropy_bits']:.4f} bits/token, KL {m['kl_bits']:.4f} bits/token"
               if "cross_entropy_bits" in m else "")  # nothing logged: say nothing rather than nan

@@ -18,6 +18,12 @@ import torch.distributed as dist
 from ..base.checks import ConfigError
 
 
+def is_main_process() -> bool:
+    """Whether this process is rank 0 of torchrun's launch (or was started without torchrun): the one that
+    speaks for all, before and after the process group exists."""
+    return int(os.environ.get("RANK", 0)) == 0
+
+
 @dataclass
 class ParallelEnv:
     """Where this process stands: its rank among world_size processes and its device."""

@@ -1,6 +1,8 @@
-"""What an evaluation is scored under (tasks, documents, latent draws, held-out text): one type for
-`free-transformer eval`'s flags and a config's `eval` section, so that the same settings give the same
-numbers (and the same record key) whichever of them ran. runner.score scores a model under it."""
+"""What an evaluation is scored under (tasks, documents, latent draws, held-out text). EvalConfig is the one
+definition of the options, as a user writes them: a training config's `eval` section, and the source of
+`free-transformer eval`'s flags and their defaults. EvalSettings is an EvalConfig resolved (task names, data
+files, shots): the same settings give the same numbers and the same record key whichever of them ran.
+runner.score scores a model under it."""
 
 from __future__ import annotations
 
@@ -76,23 +78,90 @@ def _shots(values: Iterable[str]) -> dict[str, int]:
     return out
 
 
+def _items(text: str) -> list[str]:
+    """'a, b,,c' -> ['a', 'b', 'c']: a comma-separated option's values."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@dataclass
+class EvalConfig:
+    """Benchmarks and held-out likelihoods: `free-transformer eval`'s options (its flags are these fields but
+    `every`), and a training config's `eval` section, which scores the live model during training, one line
+    per evaluation appended to RUN/eval/curve.jsonl (docs/evaluation.md); training's losses are unchanged
+    by it."""
+
+    every: int = 0
+    """Training only: score every N optimizer steps and at the last step (0: never). One process only: under
+    ddp / fsdp, score the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`."""
+    tasks: str = "all"
+    """Comma-separated task names, or all, paper (the paper's 16 rows), mc (multiple-choice tasks),
+    generative (em and pass@1 tasks); none: only the held-out likelihoods (see `eval --list-tasks`)."""
+    limit: int | None = None
+    """Evaluate only the first N documents of each task (of each subject for mmlu); null: all."""
+    latents: Literal["prior", "encoder"] = "prior"
+    """Z for the context positions of a Free Transformer: the uniform prior (as the paper generates) or the
+    encoder run on the context only (the paper's KV-cache prefill); continuation and generated positions
+    always use the prior. Ignored for a baseline."""
+    latent_samples: int = 4
+    """K latent draws per multiple-choice question, combined as log mean_k P(choice | Z_k)."""
+    generation_samples: int = 1
+    """Generations per prompt, each with its own latent draw (em / pass@1 averaged)."""
+    seed: int = 0
+    """Seed of the latent draws (not training's)."""
+    num_fewshot: str = ""
+    """Few-shot examples: N for every task or TASK=N for one, comma-separated (empty: each task's own)."""
+    data: str = ""
+    """Local data files, comma-separated TASK=PATH (race_high, race_middle, humaneval_plus, or to replace a
+    shipped one)."""
+    max_new_tokens: int | None = None
+    """Override every generative task's token budget (null: each task's own)."""
+    heldout: str = ""
+    """Comma-separated text files for bits per token and per byte (baseline exact; Free: prior CE, ELBO,
+    IWAE), or corpus:NAME for a named corpus's held-out documents (e.g. corpus:shakespeare)."""
+    heldout_samples: int = 8
+    """K samples for the prior cross-entropy and the IWAE bound of the held-out likelihood."""
+    heldout_windows: int | None = None
+    """Score at most this many windows of the held-out text (null: all)."""
+
+    def settings(self) -> EvalSettings:
+        """These options resolved: task names, data files and shots parsed (one-line errors)."""
+        return EvalSettings(
+            tasks=tuple(task_names(self.tasks)), limit=self.limit, latents=self.latents,
+            latent_samples=self.latent_samples, generation_samples=self.generation_samples, seed=self.seed,
+            num_fewshot=tuple(sorted(_shots(_items(self.num_fewshot)).items())),
+            data=tuple(sorted(_pairs(_items(self.data), "data", "TASK=PATH").items())),
+            max_new_tokens=self.max_new_tokens, heldout=tuple(_items(self.heldout)),
+            heldout_samples=self.heldout_samples, heldout_windows=self.heldout_windows)
+
+    def validate(self) -> None:
+        """A training config's section: every >= 0 and, when it scores, settings that can be used now."""
+        if self.every < 0:
+            raise EvalSettingsError(f"eval.every must be >= 0, got {self.every}")
+        if self.every:
+            try:
+                self.settings().check_heldout()
+            except EvalSettingsError as error:
+                raise EvalSettingsError(f"eval: {error}") from None
+
+
 @dataclass(frozen=True)
 class EvalSettings:
-    """Everything that changes a score. Two evaluations under equal settings of the same weights give
-    the same numbers; `key` names the settings in the record (RUN/eval/curve.jsonl)."""
+    """Everything that changes a score, resolved from an EvalConfig (EvalConfig.settings; the defaults are
+    its). Two evaluations under equal settings of the same weights give the same numbers; `key` names the
+    settings in the record (RUN/eval/curve.jsonl)."""
 
-    tasks: tuple[str, ...] = ()
-    limit: int | None = None
-    latents: Literal["prior", "encoder"] = "prior"  # the Z of context positions (latent_choice.CONTEXT_CHOICES)
-    latent_samples: int = 4
-    generation_samples: int = 1
-    seed: int = 0
-    num_fewshot: tuple[tuple[str, int], ...] = ()  # (task or "*", shots)
-    data: tuple[tuple[str, str], ...] = ()  # (task, local data file)
-    max_new_tokens: int | None = None
-    heldout: tuple[str, ...] = ()  # files or corpus:NAME
-    heldout_samples: int = 8
-    heldout_windows: int | None = None
+    tasks: tuple[str, ...]
+    limit: int | None
+    latents: Literal["prior", "encoder"]  # the Z of context positions (latent_choice.CONTEXT_CHOICES)
+    latent_samples: int
+    generation_samples: int
+    seed: int
+    num_fewshot: tuple[tuple[str, int], ...]  # (task or "*", shots)
+    data: tuple[tuple[str, str], ...]  # (task, local data file)
+    max_new_tokens: int | None
+    heldout: tuple[str, ...]  # files or corpus:NAME
+    heldout_samples: int
+    heldout_windows: int | None
 
     def __post_init__(self) -> None:
         if not self.tasks and not self.heldout:
@@ -117,15 +186,6 @@ class EvalSettings:
             self.policy
         except ValueError as error:
             raise EvalSettingsError(str(error)) from None
-
-    @classmethod
-    def from_options(cls, *, tasks: str = "all", data: Iterable[str] = (), num_fewshot: Iterable[str] = (),
-                     heldout: Iterable[str] = (), **fields) -> EvalSettings:
-        """Settings from options as a user writes them (`free-transformer eval`'s flags, a config's `eval`
-        section): a task spec (task_names), TASK=PATH data files, N or TASK=N shots, held-out files."""
-        return cls(tasks=tuple(task_names(tasks)), data=tuple(sorted(_pairs(data, "data", "TASK=PATH").items())),
-                   num_fewshot=tuple(sorted(_shots(num_fewshot).items())),
-                   heldout=tuple(p.strip() for p in heldout if p.strip()), **fields)
 
     @property
     def policy(self) -> LatentPolicy:

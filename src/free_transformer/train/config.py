@@ -1,24 +1,29 @@
 """The run configuration: nested dataclasses, loaded from dataclass defaults, then a YAML file, then
-`section.field=value` overrides from the command line. The resolved config is saved with the run."""
+`section.field=value` overrides from the command line (base/settings.py reads and writes them). The
+resolved config is saved with the run. Besides the fields: `model.size=NAME` (a named model size, its
+fields under the other model fields given) and the old names of renamed fields (RENAMED)."""
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-import yaml
-
+from ..base import settings
 from ..base.checks import ConfigError, check_range
-from ..base.fileio import atomic_write_text
+from ..base.settings import Renamed
 from ..base.units import bits_to_nats
 from ..data import DataConfig
 from ..data.config import nest_flat_fields
-from ..model.config import ModelConfig, named_config
+from ..eval.settings import EvalConfig
+from ..model.config import NAMED_CONFIGS, ModelConfig, named_config
 from ..runs.checkpoint import MAX_STEP
+
+# Fields renamed, each old name read with a warning until the release named: the one table of them.
+RENAMED = (
+    Renamed("eval_every", "validate_every", until="0.3"),
+    Renamed("eval_batches", "validation_batches", until="0.3"),
+)
+DEFAULT_SIZE = "cpu-small"  # the model of a config that names no size
 
 
 @dataclass
@@ -28,9 +33,11 @@ class OptimConfig:
     latent_lr_scale: float = 1.0
     """Multiplier of the learning rate for the encoder block, zeta, read-out and post-sampler."""
     betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's (beta1, beta2)."""
     weight_decay: float = 0.1
     """Applied to matrices of the blocks and read-outs; never to norms, biases, embeddings, zeta or the post-sampler table."""
     warmup_steps: int = 200
+    """Steps of linear warmup from 0 to lr."""
     min_lr_ratio: float = 0.1
     """The cosine schedule ends at lr * min_lr_ratio."""
     schedule: str = "cosine"
@@ -68,70 +75,19 @@ class DistributedConfig:
 
 
 @dataclass
-class BenchmarkEvalConfig:
-    """Benchmarks (and held-out likelihoods) scored on the live model during training, one line per
-    evaluation appended to RUN/eval/curve.jsonl (docs/evaluation.md). The fields are those of
-    `free-transformer eval`; training's losses are unchanged by it."""
-
-    every: int = 0
-    """Score every N optimizer steps and at the last step (0: never). One process only: under ddp / fsdp,
-    score the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`."""
-    tasks: str = "all"
-    """Comma-separated task names, or all, paper, mc, generative, none (only the held-out likelihoods)."""
-    limit: int | None = None
-    """The first N documents of each task (null: all)."""
-    latents: Literal["prior", "encoder"] = "prior"
-    """Z for the context positions of a Free Transformer: prior or encoder (see `eval --latents`)."""
-    latent_samples: int = 4
-    """K latent draws per multiple-choice question."""
-    generation_samples: int = 1
-    seed: int = 0
-    """Seed of the latent draws (not training's)."""
-    data: str = ""
-    """Local data files, comma-separated TASK=PATH (race_high, race_middle, humaneval_plus)."""
-    max_new_tokens: int | None = None
-    heldout: str = ""
-    """Comma-separated held-out text files or corpus:NAME for bits per token and per byte."""
-    heldout_samples: int = 8
-    heldout_windows: int | None = None
-
-    def settings(self):
-        """The section as evaluation settings (the same key as `eval --checkpoints` with equal options)."""
-        from ..eval.settings import EvalSettings
-
-        return EvalSettings.from_options(
-            tasks=self.tasks, data=self.data.split(","), heldout=self.heldout.split(","), limit=self.limit,
-            latents=self.latents, latent_samples=self.latent_samples, generation_samples=self.generation_samples,
-            seed=self.seed, max_new_tokens=self.max_new_tokens, heldout_samples=self.heldout_samples,
-            heldout_windows=self.heldout_windows)
-
-    def validate(self, strategy: str) -> None:
-        if self.every < 0:
-            raise ConfigError(f"eval.every must be >= 0, got {self.every}")
-        if not self.every:
-            return
-        if strategy != "none":
-            raise ConfigError(f"eval.every runs on one process, not under distributed.strategy={strategy}: score "
-                              "the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`")
-        try:
-            self.settings().check_heldout()
-        except ValueError as error:
-            raise ConfigError(f"eval: {error}") from None
-
-
-@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=lambda: named_config("cpu-small"))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    eval: BenchmarkEvalConfig = field(default_factory=BenchmarkEvalConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     kappa_bits: float = 0.5
     """Free-bits threshold kappa of the KL term, in bits per token (the paper: 1/64 ... 8)."""
     kappa_start_bits: float | None = None
     """If set, kappa starts here and moves linearly to kappa_bits over kappa_anneal_steps (not in the
     paper, which keeps kappa fixed: a larger early budget lets the decoder learn to read Z first)."""
     kappa_anneal_steps: int = 0
+    """Steps over which kappa moves from kappa_start_bits to kappa_bits."""
     post_sampler_init_std: float = 0.02
     """Standard deviation of the post-sampler table's rows at initialisation (a larger R makes the
     decoder read Z from the start)."""
@@ -140,7 +96,9 @@ class TrainConfig:
     batch_size: int = 64
     """Sequences per optimizer step (split into grad_accum micro-batches)."""
     grad_accum: int = 1
+    """Micro-batches per optimizer step (the same step with less activation memory)."""
     seed: int = 0
+    """Seed of the weights' initialisation, the data order and the latent noise."""
     latent_noise: str = "global"
     """Noise of the posterior sampling of Z: global (the torch RNG stream seeded by `seed`; under ddp /
     fsdp each rank's stream is reseeded every step from (seed, step, rank)) or row (one generator
@@ -161,18 +119,23 @@ class TrainConfig:
     threads: int = 0
     """CPU threads for torch (0: torch's default)."""
     log_every: int = 10
-    eval_every: int = 0
+    """Log the training measures every N steps."""
+    validate_every: int = 0
     """Validation measures every N steps (0: never): cross-entropy and KL and, for a Free Transformer, the
     cross-entropy with prior Z, the bits Z saves, the KL of each bit, and a warning when Z is unused or
     carries the tokens (train/validation.py)."""
-    eval_batches: int = 4
+    validation_batches: int = 4
+    """Held-out batches of each validation (the same ones every time)."""
     checkpoint_every: int = 500
+    """Save a checkpoint every N steps (and at the last one)."""
     keep_checkpoints: int = 3
+    """Keep the newest N checkpoints."""
     tensorboard: bool = False
     """Also write TensorBoard events (needs the tensorboard package)."""
     wandb: bool = False
     """Also log to Weights & Biases (needs the wandb package; WANDB_MODE=offline keeps it on disk)."""
     wandb_project: str = "free-transformer"
+    """The Weights & Biases project of the run."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -189,10 +152,11 @@ class TrainConfig:
         check_range("steps", self.steps, 1, MAX_STEP, high_closed=True)  # every step's checkpoint must be nameable
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"grad_accum ({self.grad_accum}) must divide batch_size ({self.batch_size})")
-        for name in ("kappa_bits", "kappa_start_bits", "post_sampler_init_std", "kappa_anneal_steps", "eval_every"):
+        for name in ("kappa_bits", "kappa_start_bits", "post_sampler_init_std", "kappa_anneal_steps",
+                     "validate_every"):
             if getattr(self, name) is not None:
                 check_range(name, getattr(self, name))
-        check_range("eval_batches", self.eval_batches, 1)
+        check_range("validation_batches", self.validation_batches, 1)
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0 (0: torch's default), got {self.threads}")
         if self.kappa_start_bits is not None and self.kappa_anneal_steps < 1:
@@ -215,143 +179,58 @@ class TrainConfig:
                 raise ConfigError(f"distributed.{name}={value} needs strategy fsdp (use precision=bf16 otherwise)")
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError("checkpoint_every and log_every must be >= 1")
-        self.eval.validate(dist.strategy)
+        if self.eval.every and dist.strategy != "none":
+            raise ConfigError(f"eval.every runs on one process, not under distributed.strategy={dist.strategy}: "
+                              "score the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`")
+        self.eval.validate()
         return self
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return settings.to_dict(self)
 
 
-def _coerce(value, annotation, where: str):
-    """Convert a YAML / command-line value to the field's declared type, or raise ConfigError."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(annotation)
-        if value is None and type(None) in options:
-            return None
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(value, option, where)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{where}: cannot read {value!r} as {annotation}")
-    if origin is typing.Literal:
-        if value not in typing.get_args(annotation):
-            raise ConfigError(f"{where}: {value!r} is not one of {typing.get_args(annotation)}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.strip("()[] ").split(",") if v]
-        items = typing.get_args(annotation)
-        if not isinstance(value, (list, tuple)) or len(value) != len(items):
-            raise ConfigError(f"{where}: expected {len(items)} values, got {value!r}")
-        return tuple(_coerce(v, t, where) for v, t in zip(value, items))
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if annotation in (int, float, str):
-        if isinstance(value, bool) or (annotation is not str and isinstance(value, (list, dict))):
-            raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}")
-        try:
-            number = annotation(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}") from None
-        if annotation is int and isinstance(value, float) and value != number:
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return number
-    raise ConfigError(f"{where}: unsupported type {annotation}")
 
 
-def _build(cls, values: dict, where: str):
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {values!r}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names - ({"size"} if cls is ModelConfig else set()))
-    if unknown:
-        raise ConfigError(f"unknown field(s) in {where or 'config'}: {', '.join(unknown)}")
-    kwargs = {}
-    for name, value in values.items():
-        if name == "size":
-            continue
-        hint, path = hints[name], f"{where}.{name}" if where else name
-        kwargs[name] = _build(hint, value, path) if dataclasses.is_dataclass(hint) else _coerce(value, hint, path)
-    if cls is ModelConfig and "size" in values:
-        return named_config(str(values["size"]), **kwargs)
-    return cls(**kwargs)
+def _layer(values: dict, source: str) -> dict:
+    """One layer of settings (a file's, the overrides') in today's names: renamed fields moved, data's flat
+    fields nested."""
+    values = settings.upgrade_names(values, RENAMED, source)
+    if isinstance(values.get("data"), dict):
+        values["data"] = nest_flat_fields(values["data"])
+    return values
 
 
-def _merge(base: dict, update: dict) -> dict:
-    merged = dict(base)
-    for key, value in update.items():
-        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
-    return merged
+def _sized(model: dict, base: dict) -> dict:
+    """The model section with `size` resolved: the named size's fields, then the section's other fields;
+    without a size, `base` (the fields it overrides)."""
+    if "size" not in model:
+        return {**base, **model}
+    size, fields = model["size"], {key: value for key, value in model.items() if key != "size"}
+    return {**named_config(str(size)).to_dict(), **fields}
 
 
-def parse_overrides(overrides: list[str]) -> dict:
-    """['optim.lr=3e-4', 'model.size=debug'] -> nested dict; values parsed as YAML scalars."""
-    result: dict = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} is not of the form section.field=value")
-        node = result
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {part} was given a value, it is a section")
-        node[leaf] = yaml.safe_load(raw) if raw else ""
-    return result
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load, except that a key given twice in one mapping is an error (YAML keeps the last silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
+def _build(values: dict) -> TrainConfig:
+    if isinstance(values.get("model"), dict) and "size" in values["model"]:
+        values = {**values, "model": _sized(values["model"], {})}
+    return settings.build(TrainConfig, values)
 
 
 def read_config_file(path: str | Path) -> dict:
     """A YAML config file as a mapping; every way it can be wrong is a one-line ConfigError."""
-    try:
-        loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise ConfigError(f"cannot read config {path}: {' '.join(str(error).split())}") from None  # one line
-    except RecursionError:  # the YAML composer recurses once per level of nesting
-        raise ConfigError(f"cannot read config {path}: nested too deeply (a config is sections of fields)") from None
-    if loaded is None:
-        raise ConfigError(f"config {path} is empty: give at least one field, or leave --config out for the defaults")
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config {path} must be a mapping (section: fields), not a {type(loaded).__name__}: "
-                          f"{str(loaded)[:60]!r}")
-    return loaded
+    return settings.read_yaml(path)
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
                       periodic_eval: bool = True) -> TrainConfig:
     """Defaults, then the YAML file, then the overrides. periodic_eval=False turns the `eval` section off
     (eval.every = 0), for a reader of a run that does not train it."""
-    layers = [read_config_file(path) if path is not None else {}, parse_overrides(overrides or [])]
-    for layer in layers:  # data's flat fields of older configs and commands, each layer on its own
-        if isinstance(layer.get("data"), dict):
-            layer["data"] = nest_flat_fields(layer["data"])
-    values = _merge(*layers)
-    model_values = values.get("model", {})
-    if isinstance(model_values, dict) and "size" not in model_values:  # fields override the default size
-        values["model"] = {**named_config("cpu-small").to_dict(), **model_values}
-    config = _build(TrainConfig, values, "")
+    layers = [_layer(read_config_file(path), str(path)) if path is not None else {},
+              _layer(settings.parse_overrides(overrides or []), "command line")]
+    values = settings.merge(*layers)
+    model = values.get("model", {})
+    if isinstance(model, dict):  # the fields given override the default size's
+        values["model"] = _sized(model, named_config(DEFAULT_SIZE).to_dict())
+    config = _build(values)
     if not periodic_eval:
         config.eval.every = 0
     return config.validate()
@@ -363,53 +242,46 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     other model fields."""
     if not overrides:
         return config
-    update = parse_overrides(overrides)
-    if isinstance(update.get("data"), dict):
-        update["data"] = nest_flat_fields(update["data"])
-    values = _merge(config.to_dict(), update)
+    update = _layer(settings.parse_overrides(overrides), "overrides")
+    values = settings.merge(config.to_dict(), update)
     model = update.get("model")
     if isinstance(model, dict) and "size" in model:
         values["model"] = {"latent_bits": config.model.latent_bits, **model}
-    return _build(TrainConfig, values, "").validate()
+    return _build(values).validate()
 
 
 def overrides_of(config: TrainConfig) -> list[str]:
     """The `section.field=value` overrides that give `config` from the defaults (`free-transformer train`'s
     command line for it): what a report shows of each run's settings."""
-    out: list[str] = []
-
-    def walk(value, default, where: str) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, default.get(key) if isinstance(default, dict) else None, f"{where}{key}.")
-        elif value != default:
-            text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
-            out.append(f"{where[:-1]}={text.removesuffix(chr(10) + '...')}")
-
-    walk(config.to_dict(), TrainConfig().to_dict(), "")
-    return out
+    return settings.overrides_of(config, TrainConfig())
 
 
 def save_train_config(config: TrainConfig, path: str | Path) -> None:
-    values = config.to_dict()
-    values["optim"]["betas"] = list(values["optim"]["betas"])
-    atomic_write_text(path, yaml.safe_dump(values, sort_keys=False))
+    settings.write_yaml(config, path)
+
+
+def config_yaml(config: TrainConfig) -> str:
+    """The config as `save_train_config` writes it (`train -c` reads it back)."""
+    return settings.to_yaml(config)
 
 
 def flat_settings(config: TrainConfig) -> dict:
     """{"section.field": value} of every setting of a config."""
-    def flatten(values: dict, prefix: str) -> dict:
-        flat = {}
-        for key, value in values.items():
-            if isinstance(value, dict):
-                flat.update(flatten(value, f"{prefix}{key}."))
-            else:
-                flat[prefix + key] = list(value) if isinstance(value, tuple) else value
-        return flat
-    return flatten(config.to_dict(), "")
+    return settings.flat(config)
 
 
 def changed_settings(before: TrainConfig, after: TrainConfig) -> dict[str, list]:
     """{"section.field": [before, after]} of the settings that differ."""
-    old, new = flat_settings(before), flat_settings(after)
-    return {key: [old.get(key), new.get(key)] for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)}
+    return settings.changed(before, after)
+
+
+def settings_help() -> str:
+    """Every setting with its default, type and docstring, by section (`train --help`)."""
+    size = settings.Setting("model.size", " | ".join(NAMED_CONFIGS), DEFAULT_SIZE,
+                            "A named model size: its fields, under the other model fields given.")
+    described = settings.describe(TrainConfig())
+    first_model = next(i for i, item in enumerate(described) if item.path.startswith("model."))
+    described.insert(first_model, size)
+    renamed = "; ".join(f"{r.old} (now {r.new}, read until {r.until})" for r in RENAMED)
+    return (f"settings (section.field=value, after the config file; the defaults below):\n"
+            f"{settings.help_text(described)}\n\nold names still read, with a warning: {renamed}")

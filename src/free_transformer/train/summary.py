@@ -43,7 +43,7 @@ def _summary(run_dir: Path, config, metrics: list, history: int) -> str:
                  + (f", KL {last['kl_bits']:.4f} (kappa {last['kappa_bits']:g})" if bits else ""))
     evaluated = [m for m in metrics if "val_cross_entropy_bits" in m]
     if not evaluated:
-        return "\n".join(lines + ["no validation measures: train with eval_every=N to see what Z does"])
+        return "\n".join(lines + ["no validation measures: train with validate_every=N to see what Z does"])
     val = evaluated[-1]
     if not bits:
         return "\n".join(lines + [f"validation (step {val['step']}): cross-entropy {val['val_cross_entropy_bits']:.4f}"])

@@ -387,7 +387,7 @@ def step_metrics(run: Run, done: int, result: StepResult, seconds_per_step: floa
         "kappa_bits": result.kappa_nats / LN2, "lr": result.lr, "grad_norm": float(result.grad_norm),
         "tokens_per_s": tokens_per_step(config, run.dataset.sequence_length) / max(seconds_per_step, 1e-9),
     }
-    if config.eval_every and done % config.eval_every == 0:
+    if config.validate_every and done % config.validate_every == 0:
         metrics.update(validate(run.runner, run.dataset, config, run.device, run.env))
         # Z is unused early in every run: only a quarter into training, and past the warm-up, is that news
         settled = done > max(config.optim.warmup_steps, config.steps // 4)

@@ -1,4 +1,4 @@
-"""Validation during training (every `eval_every` steps): cross-entropy and KL on held-out batches
+"""Validation during training (every `validate_every` steps): cross-entropy and KL on held-out batches
 and, for a Free Transformer, what its latent does (measures.py): the honest cross-entropy with Z
 drawn from the prior (as at generation), the bits the encoder's Z saves per token, the KL of each bit,
 and a warning when Z has collapsed or carries the tokens themselves. Computed with its own
@@ -29,7 +29,7 @@ def autocast_context(precision: str, device: torch.device):
 @torch.no_grad()
 def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch.device,
              env: ParallelEnv | None = None) -> dict:
-    """Validation measures in bits per token, on `config.eval_batches` held-out batches (the same ones at
+    """Validation measures in bits per token, on `config.validation_batches` held-out batches (the same ones at
     every evaluation). Under ddp / fsdp (env given) each rank computes its slice of every batch.
 
     val_cross_entropy_bits, val_kl_bits: with Z from the encoder, as the training loss.
@@ -42,7 +42,7 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
     totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # CE encoder Z, KL, CE prior Z (nats)
     per_bit = torch.zeros(config.model.latent_bits, dtype=torch.float64, device=env.device)  # (H,) KL nats
     rows = env.rows(config.batch_size)
-    for index in range(config.eval_batches):
+    for index in range(config.validation_batches):
         batch = dataset.batch(index, config.batch_size, split="val")[rows.start : rows.stop].to(env.device)
         inputs, targets = batch[:, :-1], batch[:, 1:]
         with autocast_context(config.precision, env.device):
@@ -56,7 +56,7 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
             totals[2] += prior.cross_entropy_nats.double()
             per_bit += kl_per_bit(out.bit_logits).double().mean(dim=(0, 1))
     model.train()
-    totals, per_bit = env.mean(totals) / config.eval_batches / LN2, env.mean(per_bit) / config.eval_batches / LN2
+    totals, per_bit = env.mean(totals) / config.validation_batches / LN2, env.mean(per_bit) / config.validation_batches / LN2
     ce, kl, prior_ce = totals.tolist()
     if not free:
         return {"val_cross_entropy_bits": ce, "val_kl_bits": 0.0}

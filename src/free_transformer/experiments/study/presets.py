@@ -41,7 +41,7 @@ def text_cpu() -> TrainConfig:
     (2 M tokens, a fifth of an epoch)."""
     return TrainConfig(model=named_config("cpu-small", max_seq_len=128, latent_bits=8), data=_shakespeare("byte", 128),
                        optim=OptimConfig(lr=2e-3, warmup_steps=50), batch_size=32, steps=500, log_every=25,
-                       eval_every=50, eval_batches=4, checkpoint_every=250, keep_checkpoints=1)
+                       validate_every=50, validation_batches=4, checkpoint_every=250, keep_checkpoints=1)
 
 
 def text_gpu() -> TrainConfig:
@@ -49,14 +49,14 @@ def text_gpu() -> TrainConfig:
     model = named_config("cpu-small", vocab_size=50257, dim=512, n_layers=8, n_heads=8, n_kv_heads=4, ffn_hidden=1536,
                          max_seq_len=512, tie_embeddings=True, latent_bits=16)
     return TrainConfig(model=model, data=_shakespeare("gpt2", 512), optim=OptimConfig(lr=1e-3, warmup_steps=200),
-                       batch_size=64, steps=5000, precision="bf16", log_every=50, eval_every=250, eval_batches=8,
-                       checkpoint_every=1000, keep_checkpoints=1)
+                       batch_size=64, steps=5000, precision="bf16", log_every=50, validate_every=250,
+                       validation_batches=8, checkpoint_every=1000, keep_checkpoints=1)
 
 
 def text_smoke() -> TrainConfig:
     return TrainConfig(model=named_config("debug", vocab_size=256, max_seq_len=32, latent_bits=4),
                        data=_shakespeare("byte", 32), optim=OptimConfig(warmup_steps=1), batch_size=4, steps=4,
-                       log_every=2, eval_every=2, eval_batches=1, keep_checkpoints=1)
+                       log_every=2, validate_every=2, validation_batches=1, keep_checkpoints=1)
 
 
 PRESETS: Presets[StudyPreset] = Presets("study preset", {

@@ -1,0 +1,295 @@
+"""Settings as a tree of dataclasses, for any such tree: read from mappings (a YAML file, `section.field=value`
+overrides) with each value converted to its field's declared type, written back as YAML or as overrides,
+compared setting by setting, and described for a command's help (type, default and the docstring under
+each field). One bad value is one ConfigError naming the setting."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+import typing
+import warnings
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from .checks import ConfigError
+from .fileio import atomic_write_text
+
+
+def coerce(value, annotation, where: str):
+    """A YAML or command-line value converted to the declared type `annotation`, or a ConfigError."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(value, option, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}: cannot read {value!r} as {type_name(annotation)}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(annotation):
+            raise ConfigError(f"{where}: {value!r} is not one of {typing.get_args(annotation)}")
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.strip("()[] ").split(",") if v]
+        items = typing.get_args(annotation)
+        if not isinstance(value, (list, tuple)) or len(value) != len(items):
+            raise ConfigError(f"{where}: expected {len(items)} values, got {value!r}")
+        return tuple(coerce(v, t, where) for v, t in zip(value, items))
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if annotation in (int, float, str):
+        if isinstance(value, bool) or (annotation is not str and isinstance(value, (list, dict))):
+            raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}")
+        try:
+            number = annotation(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}") from None
+        if annotation is int and isinstance(value, float) and value != number:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return number
+    raise ConfigError(f"{where}: unsupported type {annotation}")
+
+
+def build(cls, values: dict, where: str = ""):
+    """An instance of the dataclass `cls` from a mapping of its fields (nested mappings for nested
+    dataclasses); a field left out keeps its default."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ConfigError(f"unknown field(s) in {where or 'config'}: {', '.join(map(str, unknown))}")
+    kwargs = {}
+    for name, value in values.items():
+        hint, path = hints[name], f"{where}.{name}" if where else name
+        kwargs[name] = build(hint, value, path) if dataclasses.is_dataclass(hint) else coerce(value, hint, path)
+    return cls(**kwargs)
+
+
+def merge(base: dict, update: dict) -> dict:
+    """`update` over `base`, section by section."""
+    merged = dict(base)
+    for key, value in update.items():
+        merged[key] = merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """['optim.lr=3e-4', 'model.size=debug'] -> nested dict; values parsed as YAML scalars."""
+    result: dict = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form section.field=value")
+        node = result
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part} was given a value, it is a section")
+        node[leaf] = yaml.safe_load(raw) if raw else ""
+    return result
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """A setting's old name, still read (with a FutureWarning) until the release `until`."""
+
+    old: str  # dotted path, e.g. "eval_every"
+    new: str
+    until: str
+
+
+def upgrade_names(values: dict, renames: tuple[Renamed, ...], source: str) -> dict:
+    """`values` (a nested mapping) with each old name moved to its new one, warning once per name; an old
+    and a new name given together with different values is a ConfigError."""
+    values = dict(values)
+    for rename in renames:
+        *parents, old_leaf = rename.old.split(".")
+        *new_parents, new_leaf = rename.new.split(".")
+        if parents != new_parents:
+            raise ValueError(f"a rename stays in its section: {rename.old} -> {rename.new}")
+        node = values
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                break
+            node[part] = node = dict(node[part])
+        else:
+            if old_leaf not in node:
+                continue
+            value = node.pop(old_leaf)
+            if new_leaf in node and node[new_leaf] != value:
+                raise ConfigError(f"{source}: {rename.old} ({value!r}) and {rename.new} ({node[new_leaf]!r}) "
+                                  f"disagree: give {rename.new} only")
+            node[new_leaf] = value
+            warnings.warn(f"{source}: {rename.old} is now {rename.new}; the old name is read until "
+                          f"version {rename.until}", FutureWarning, stacklevel=2)
+    return values
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, except that a key given twice in one mapping is an error (YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """A YAML settings file as a mapping; every way it can be wrong is a one-line ConfigError."""
+    try:
+        loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read config {path}: {' '.join(str(error).split())}") from None  # one line
+    except RecursionError:  # the YAML composer recurses once per level of nesting
+        raise ConfigError(f"cannot read config {path}: nested too deeply (a config is sections of fields)") from None
+    if loaded is None:
+        raise ConfigError(f"config {path} is empty: give at least one field, or leave --config out for the defaults")
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config {path} must be a mapping (section: fields), not a {type(loaded).__name__}: "
+                          f"{str(loaded)[:60]!r}")
+    return loaded
+
+
+def to_dict(settings) -> dict:
+    """The nested mapping of a dataclass tree, tuples as lists (as YAML and JSON write them)."""
+    def plain(value):
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        return [plain(item) for item in value] if isinstance(value, (list, tuple)) else value
+    return plain(dataclasses.asdict(settings))
+
+
+def to_yaml(settings) -> str:
+    return yaml.safe_dump(to_dict(settings), sort_keys=False)
+
+
+def write_yaml(settings, path: str | Path) -> None:
+    atomic_write_text(path, to_yaml(settings))
+
+
+def flat(settings) -> dict:
+    """{"section.field": value} of every setting."""
+    def flatten(values: dict, prefix: str) -> dict:
+        out = {}
+        for key, value in values.items():
+            if isinstance(value, dict):
+                out.update(flatten(value, f"{prefix}{key}."))
+            else:
+                out[prefix + key] = value
+        return out
+    return flatten(to_dict(settings), "")
+
+
+def changed(before, after) -> dict[str, list]:
+    """{"section.field": [before, after]} of the settings that differ."""
+    old, new = flat(before), flat(after)
+    return {key: [old.get(key), new.get(key)] for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)}
+
+
+def overrides_of(settings, defaults) -> list[str]:
+    """The `section.field=value` overrides that give `settings` from `defaults`."""
+    out = []
+    default_values = flat(defaults)
+    for key, value in flat(settings).items():
+        if key in default_values and value == default_values[key]:
+            continue
+        out.append(f"{key}={value if isinstance(value, str) else format_value(value)}")
+    return out
+
+
+@cache
+def field_docs(cls) -> dict[str, str]:
+    """{field: the docstring under it} of a dataclass (and of its bases), read from its source."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):  # no source (a class made at run time): no docstrings
+            continue
+        body = tree.body[0].body
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def type_name(annotation) -> str:
+    """'int', 'int | None', 'prior | encoder', 'tuple[float, float]': a type as a user writes the value."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return " | ".join(map(str, typing.get_args(annotation)))
+    if origin is tuple:
+        return f"tuple[{', '.join(type_name(a) for a in typing.get_args(annotation))}]"
+    return "null" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
+
+
+@dataclass(frozen=True)
+class Setting:
+    path: str  # "optim.lr"
+    type: str  # "float"
+    default: object
+    doc: str
+
+
+def describe(settings, prefix: str = "") -> list[Setting]:
+    """Every setting of a dataclass tree, in declaration order, with the instance `settings`'s values as
+    the defaults."""
+    out = []
+    hints, docs = typing.get_type_hints(type(settings)), field_docs(type(settings))
+    for item in dataclasses.fields(settings):
+        value, path = getattr(settings, item.name), prefix + item.name
+        if dataclasses.is_dataclass(value):
+            out += describe(value, path + ".")
+        else:
+            out.append(Setting(path, type_name(hints[item.name]), value, docs.get(item.name, "")))
+    return out
+
+
+def format_value(value) -> str:
+    """A value as it is written after `section.field=`."""
+    if isinstance(value, str):
+        return value or "''"
+    value = list(value) if isinstance(value, tuple) else value
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+
+
+def help_text(settings_list: list[Setting], width: int = 100) -> str:
+    """The settings grouped by section, each as `path=DEFAULT  (type)` and its docstring, indented."""
+    lines, section = [], None
+    for item in settings_list:
+        here = item.path.rpartition(".")[0]
+        if here != section:
+            section = here
+            lines += ["", f"{section or 'top level'}:"]
+        lines.append(f"  {item.path}={format_value(item.default)}  ({item.type})")
+        if item.doc:
+            lines += textwrap.wrap(item.doc, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines).lstrip("\n")
