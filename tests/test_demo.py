@@ -271,13 +271,13 @@ def test_the_report_shows_each_conditions_values_and_why_a_claim_failed(tmp_path
     assert [c["reproduced"] for c in claims] == [2, 2, 1, 2, 2]
     kappa_1 = claims[2]
     assert [c["holds"] for c in kappa_1["conditions"][1]] == [False, True, True, True, True]
-    assert kappa_1["conditions"][1][0] == {"test": "valid ≥ 0.7", "measured": "0.6", "holds": False}
+    assert kappa_1["conditions"][1][0] == {"test": "valid ≥ 0.7", "measured": "0.600", "holds": False}
     summary = {"preset": {"name": "fake"}, "per_seed": {0: {"models": []}}, "claims": claims, "workers": 2,
                "total_seconds": 60.0}
     write_report(tmp_path, results, summary)
     page = (tmp_path / "report.html").read_text()
-    assert "<td class='fails'>✘ 0.6</td>" in page and "<td class='holds'>✔ 0.8</td>" in page
-    assert "seed 1: valid ≥ 0.7: measured 0.6" in page and "docs/demo.md" in page  # why it failed, and the account
+    assert "<td class='fails'>✘ 0.600</td>" in page and "<td class='holds'>✔ 0.800</td>" in page
+    assert "seed 1: valid ≥ 0.7: measured 0.600" in page and "docs/demo.md" in page  # why it failed, and the account
     assert "✔✘ 1 of 2 seeds" in page and "✔✔ 2 of 2 seeds" in page
     # the paper's figure counted beside ours: its 1-bit green groups share a start within ±2 in every pair
     assert "<td>κ = 1 bit, paper</td><td>1.00</td><td>0.135</td><td>0.70</td><td>1.00</td>" in page

@@ -35,7 +35,7 @@ class Condition:
 
 
 def _shown(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.3g}"
+    return "n/a" if math.isnan(value) else f"{value:.3f}"
 
 
 def claim_conditions(results: list) -> list[tuple[str, str, list[Condition]]]:

@@ -1,7 +1,9 @@
-"""report.html and report.png: the groups drawn as in the paper's figure (monospace rows in blue and
-green boxes), the measures per model, the verdict on each of the paper's claims (four on the letters,
-one on the coin flips; on how many seeds), training curves; with several seeds, spread.png: each
-claim's measures, one dot per seed."""
+"""report.html and report.png: the verdict on each of the paper's claims (four on the letters, one on the
+coin flips) with each condition of its test and the value each seed measured, and why a claim failed; the
+paper's figure counted with the demo's measures beside ours; the groups drawn as in the figure (monospace
+rows in blue and green boxes, each row with its target start or coin; the baseline, without Z, only blue);
+the measures per model and training curves (report.html); with several seeds, spread.png: each claim's
+measures, one dot per seed."""
 
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ WHY_IT_FAILS = {
                 "bits a sequence, more than the data's 27.4 bits of entropy, so what Z holds changes from seed to seed "
                 "(docs/demo.md, “κ = 1 bit: Z is one binary digit per token, and the prior's digits are noise”)."),
 }
+NOT_MEASURED = "n/a: nothing to measure (no valid generation to compare, or no Z), which fails the condition"
 NO_Z = "no green groups: the baseline has no Z, so a Z shared by a group means nothing"
 
 
@@ -220,7 +223,9 @@ def _figure_png(results, claims, seeds: list, preset: str) -> bytes:
     sheet.down(0.4)
     sheet.text(0.3, "The paper's claims: each test's conditions, measured on each seed (✔ holds, ✘ fails)", 11,
                mono=False, weight="bold")
-    sheet.down(0.3)
+    sheet.down(0.25)
+    sheet.text(0.3, NOT_MEASURED, 8, mono=False, color="#555")
+    sheet.down(0.25)
     condition_width, cell = 0.3 + 6.4, 2.05  # inches: the conditions' column, then one column per seed
     for claim in claims:
         count = claim["reproduced"]
@@ -425,7 +430,8 @@ group); the coin a sequence shows is its majority value, and two independent seq
 the time. “Coin of the Z's source”: generations given the encoder's Z of a fresh sequence, and how often they show
 that sequence's coin.</p>
 <h2>The paper's claims, seed by seed</h2>
-<p>Each claim's test is a list of conditions; each cell is what a seed measured, ✔ where the condition holds.</p>
+<p>Each claim's test is a list of conditions; each cell is what a seed measured, ✔ where the condition holds;
+{esc(NOT_MEASURED)}.</p>
 <table><tr><th>reproduced</th><th>claim, and its test's conditions</th>{seed_header}</tr>{claim_rows}</table>
 <h2>Beside the paper's figure (ours: seed {seeds[0]})</h2>
 <p>{esc(COMPARED_NOTE)}</p>
