@@ -41,9 +41,9 @@ def coin_groups(model: FreeTransformer, length: int, *, blue_size: int, green_gr
                 seed: int) -> Groups:
     """Generated values ('0'/'1' strings of `length`) of a blue group and of green groups, every Z from the prior."""
     prompt = torch.full((1, 1), COIN_START)
-    config = GenerationConfig(max_new_tokens=length, temperature=1.0, prompt_latents=PRIOR)
+    config = GenerationConfig(max_new_tokens=length, temperature=1.0)
     return Groups("", *blue_and_greens(model, prompt, config, blue_size=blue_size, green_groups=green_groups,
-                                       green_size=green_size, seed=seed))
+                                       green_size=green_size, seed=seed, prompt_latents=PRIOR))
 
 
 def posterior_coin_match(model: FreeTransformer, length: int, epsilon: float, *, references: int = 16,

@@ -14,7 +14,8 @@ import torch
 
 from ...data.synthetic import BODY_LENGTH, analyse_letters
 from ...inference.generate import GenerationConfig, generate
-from ...inference.latents import resolve_latents
+from ...inference.latents import LatentChoice, resolve_latents
+from ...model.latent import ENCODER
 from ...model.transformer import FreeTransformer
 
 
@@ -35,9 +36,11 @@ def generate_groups(model: FreeTransformer, letter: str, *, blue_size: int, gree
 
 
 def blue_and_greens(model: FreeTransformer, prompt: torch.Tensor, config: GenerationConfig, *, blue_size: int,
-                    green_groups: int, green_size: int, seed: int) -> tuple[list[str], list[list[str]]]:
-    """The new text of a blue group (row i samples its own latents with seed `seed + i`) and of green groups
-    (one prior latent sequence per group, repeated over its rows) continuing the (1, P) prompt."""
+                    green_groups: int, green_size: int, seed: int,
+                    prompt_latents: str = ENCODER) -> tuple[list[str], list[list[str]]]:
+    """The new text of a blue group (row i samples its own latents with seed `seed + i`, those of the prompt
+    from `prompt_latents`) and of green groups (one prior latent sequence per group, repeated over its rows)
+    continuing the (1, P) prompt."""
     latents = None
     if model.config.is_free:
         generator = torch.Generator(device=model.rope_cos.device).manual_seed(seed + 1)
@@ -46,13 +49,13 @@ def blue_and_greens(model: FreeTransformer, prompt: torch.Tensor, config: Genera
                   for _ in range(green_groups)]
         latents = torch.cat(shared).repeat_interleave(green_size, dim=0)  # (groups * size, length)
     greens = generate_strings(model, prompt.expand(green_groups * green_size, -1), config, seed + blue_size, latents)
-    blue = generate_strings(model, prompt.expand(blue_size, -1), config, seed)
+    blue = generate_strings(model, prompt.expand(blue_size, -1), config, seed, prompt_latents)
     return blue, [greens[g * green_size : (g + 1) * green_size] for g in range(green_groups)]
 
 
 def generate_strings(model: FreeTransformer, prompts: torch.Tensor, config: GenerationConfig, base_seed: int,
-                     latents: torch.Tensor | None = None) -> list[str]:
-    """The new bytes of each row as text; row i samples with seed base_seed + i."""
+                     latents: LatentChoice | None = None) -> list[str]:
+    """The new bytes of each row as text; row i samples with seed base_seed + i; latents as generate's."""
     result = generate(model, prompts, config, seeds=range(base_seed, base_seed + len(prompts)), latents=latents)
     return [bytes(row).decode("latin-1") for row in result.tokens]
 
