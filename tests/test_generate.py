@@ -257,7 +257,7 @@ def test_generate_command_decodes_in_the_dtype_asked(tmp_path, capsys, monkeypat
     from conftest import tiny_checkpoint
 
     from free_transformer.cli import main
-    from free_transformer.commands import generate as command
+    from free_transformer.inference import batches as command  # where the command calls generate
 
     dtypes = []
     real = command.generate

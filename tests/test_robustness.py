@@ -207,7 +207,7 @@ def test_a_failed_start_leaves_no_run_directory(tmp_path):
 def test_generate_caps_its_default_length_to_the_model(tmp_path, capsys, monkeypatch):
     from conftest import tiny_checkpoint
 
-    from free_transformer.commands import generate as command
+    from free_transformer.inference import batches as command  # where the command calls generate
 
     lengths = []
     real = command.generate

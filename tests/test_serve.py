@@ -18,8 +18,8 @@ pytest.importorskip("fastapi")
 
 from free_transformer.cli import main  # noqa: E402
 from free_transformer.data.tokenizer import get_tokenizer  # noqa: E402
+from free_transformer.inference import batches as sampler  # noqa: E402
 from free_transformer.runs.checkpoint import load_model  # noqa: E402
-from free_transformer.serve import engine as engine_module  # noqa: E402
 from free_transformer.serve.app import build_app  # noqa: E402
 from free_transformer.serve.engine import Engine, settled  # noqa: E402
 
@@ -91,7 +91,7 @@ def test_a_stream_sends_the_text_in_pieces_as_it_is_sampled(client, monkeypatch)
     """Several chunks that add up to the unstreamed text for the same seed; the first reaches the client
     while the tokens after it are not yet sampled (sampling waits for it, or gives up after 10 s)."""
     steps, received = [], threading.Event()
-    real = engine_module.generate
+    real = sampler.generate
 
     def watched(*args, should_stop, **kwargs):
         def step(new):
@@ -102,7 +102,7 @@ def test_a_stream_sends_the_text_in_pieces_as_it_is_sampled(client, monkeypatch)
         return real(*args, should_stop=step, **kwargs)
 
     whole = texts(complete(client, ["Hi", "Hello there"], n=2, max_tokens=40))
-    monkeypatch.setattr(engine_module, "generate", watched)
+    monkeypatch.setattr(sampler, "generate", watched)
     chunks, sampled_at_first = [], None
     for chunk in complete(client, ["Hi", "Hello there"], n=2, max_tokens=40, stream=True):
         if sampled_at_first is None:
@@ -206,7 +206,7 @@ def test_an_exception_in_a_request_is_a_500_and_the_next_request_is_served(clien
         raise RuntimeError("the kernel\nfell over")
 
     with monkeypatch.context() as patch:
-        patch.setattr(engine_module, "generate", broken)
+        patch.setattr(sampler, "generate", broken)
         with pytest.raises(openai.InternalServerError) as caught:
             complete(client, stream=stream)
         assert caught.value.status_code == 500
@@ -215,7 +215,7 @@ def test_an_exception_in_a_request_is_a_500_and_the_next_request_is_served(clien
 
 
 def test_an_exception_mid_stream_ends_it_with_an_error_event(server, monkeypatch):
-    real = engine_module.generate
+    real = sampler.generate
 
     def breaks_later(*args, should_stop, **kwargs):
         def step(new):
@@ -224,7 +224,7 @@ def test_an_exception_mid_stream_ends_it_with_an_error_event(server, monkeypatch
             return should_stop(new)
         return real(*args, should_stop=step, **kwargs)
 
-    monkeypatch.setattr(engine_module, "generate", breaks_later)
+    monkeypatch.setattr(sampler, "generate", breaks_later)
     body = {"model": NAME, "prompt": "Hello", "max_tokens": 12, "seed": 7, "stream": True}
     with httpx.stream("POST", server[0] + "/completions", json=body, timeout=30) as response:
         events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]

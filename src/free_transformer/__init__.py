@@ -8,6 +8,7 @@ from .inference.latents import infer_latents, shared_prior_latents
 from .model.config import NAMED_CONFIGS, ModelConfig, named_config
 from .model.latent import binary_mapper_project, kl_to_uniform
 from .model.transformer import FreeTransformer, ModelOutput
+from .runs.checkpoint import load_model
 
 __all__ = [
     "NAMED_CONFIGS",
@@ -22,6 +23,7 @@ __all__ = [
     "generate",
     "infer_latents",
     "kl_to_uniform",
+    "load_model",
     "named_config",
     "nats_to_bits",
     "shared_prior_latents",

@@ -1,52 +1,66 @@
-"""`free-transformer generate`: sample from a checkpoint, one sample per line."""
+"""`free-transformer generate`: sample continuations of one prompt or many (of any lengths) from a
+checkpoint, one sample per line, or interactively with the model kept loaded (docs/sampling.md)."""
 
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import warnings
-
-import torch
+from pathlib import Path
 
 from ..base.devices import DTYPES, decoding_dtype, parse_device
 from ..data.tokenizer import get_tokenizer
-from ..inference.generate import GenerationConfig, generate
-from ..inference.latents import CHOICES, CONTEXT_CHOICES, parse_latents, resolve_latents
-from ..inference.stops import cut_at_stop, stop_check
+from ..inference.batches import DEFAULT_BATCH_SIZE
+from ..inference.latents import CHOICES, CONTEXT_CHOICES, parse_latents
 from ..model.latent import ENCODER
 from ..runs.checkpoint import load_model
+from .interactive import interact
+from .sampling import DEFAULT_NEW_TOKENS, FORMATS, Sampler, Settings, unescape
 
 NAME = "generate"
-HELP = "sample continuations of a prompt from a checkpoint (one sample per line)"
-DEFAULT_NEW_TOKENS = 64
+HELP = ("sample continuations of one or many prompts from a checkpoint (one sample per line), or interactively "
+        "(docs/sampling.md)")
 FORMATTER = "defaults"  # cli.py: --help shows every default
-# The backslash escapes --stop reads (a shell passes "\n" as a backslash and an n).
-ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\"}
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
-    parser.add_argument("--prompt", default="", help="text to continue (required)")
-    parser.add_argument("--num-samples", "-n", type=int, default=4, help="samples, one per line")
-    parser.add_argument("--batch-size", type=int, default=64,
-                        help="samples decoded at once (a sample depends on its seed, not on its batch)")
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, or fewer if the model's context "
-                             "is shorter)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
-    parser.add_argument("--top-k", type=int, help="sample among the k likeliest tokens (default: all)")
-    parser.add_argument("--top-p", type=float, help="nucleus sampling threshold (default: none)")
-    parser.add_argument("--stop", action="append", default=[],
+    parser.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                        help="text to continue, as typed (no escapes read); repeatable: one more prompt each time")
+    parser.add_argument("--prompts-file", metavar="FILE",
+                        help="more prompts, one per line, with the escapes of --stop read (write a newline inside a "
+                             "prompt as \\n); - reads them from stdin. They follow the --prompt ones (default: none)")
+    parser.add_argument("--interactive", action="store_true",
+                        help="keep the model loaded and read prompts from the terminal (or stdin), one per line; "
+                             "/help lists the commands that change the settings (/latents, /seed, /n ...)")
+    parser.add_argument("--format", choices=FORMATS, default="text",
+                        help="text: one sample per line, the prompt and its continuation, newlines written \\n, a "
+                             "prompt's samples together, prompts in order; jsonl: one JSON object per sample with "
+                             "the keys prompt, sample (the continuation alone), index (the prompt's), seed and latents")
+    parser.add_argument("--num-samples", "-n", type=int, default=4, metavar="N", help="samples of each prompt")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="N",
+                        help="samples decoded at once, prompts of one length together (a sample depends on its "
+                             "prompt and seed, not on its batch)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                        help=f"tokens to generate after each prompt (default: {DEFAULT_NEW_TOKENS}, or fewer where "
+                             "the model's context is shorter)")
+    parser.add_argument("--temperature", type=float, default=1.0, metavar="T", help="softmax temperature; 0 for greedy decoding")
+    parser.add_argument("--top-k", type=int, metavar="K", help="sample among the k likeliest tokens (default: all)")
+    parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling threshold in (0, 1] (default: none)")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
                         help="stop string, with the escapes \\n \\t \\r \\0 \\\\ read: a sample ends where it first "
-                             "appears, which is not printed; repeatable")
-    parser.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
+                             "appears, which is not printed; repeatable (default: none)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N",
+                        help="sample i of every prompt uses seed + i, and --latents shared/reference draw their Z "
+                             "with seed: the same command prints the same samples")
     parser.add_argument("--latents", metavar="{" + ",".join(CHOICES) + "}", default=ENCODER,
                         help="Free Transformer: where Z comes from. encoder: the prompt's Z from the encoder (the "
                              "paper's prefill), each new token's from the prior, per sample; prior: every Z from "
                              "the prior, per sample; shared: one prior Z sequence for all samples; reference: Z "
                              "inferred by the encoder from --reference")
-    parser.add_argument("--reference", help="text whose encoder latents condition generation (--latents reference)")
+    parser.add_argument("--reference", metavar="TEXT",
+                        help="text whose encoder latents condition generation, at least as long as each prompt (goes "
+                             "with --latents reference; default: none)")
     parser.add_argument("--prompt-latents", metavar="{" + ",".join(CONTEXT_CHOICES) + "}",
                         help="deprecated: use --latents encoder or --latents prior")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
@@ -54,8 +68,9 @@ def add_arguments(parser) -> None:
                         help="weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it "
                              "(half the bytes read per token), else fp32")
     parser.add_argument("--compile", action="store_true",
-                        help="decode through one static step that samples inside itself, compiled by Inductor and captured as "
-                             "a CUDA graph on a GPU (the first use of a batch size compiles, said on stderr; same samples)")
+                        help="decode through one static step that samples inside itself, compiled by Inductor and "
+                             "captured as a CUDA graph on a GPU (the first use of a batch size compiles, said on "
+                             "stderr; same samples)")
 
 
 def _say_compile_times() -> None:
@@ -73,44 +88,45 @@ def run(args) -> int:
     if args.compile:
         _say_compile_times()
     choice = _latent_choice(args)  # a misspelt --latents fails before the checkpoint is read
+    settings = Settings(args.num_samples, args.seed, choice, args.reference, args.temperature, args.top_k, args.top_p,
+                        args.max_new_tokens, [unescape(s) for s in args.stop if s])
+    settings.check()
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.interactive and (args.prompt or args.prompts_file is not None):
+        raise ValueError("--interactive reads its prompts as you type them: drop --prompt and --prompts-file")
+    labelled = [] if args.interactive else _prompts(args)  # a missing file fails before the checkpoint is read
     device = parse_device(args.device)
     model, config = load_model(args.checkpoint, device)
     model = model.to(decoding_dtype(args.dtype, device))
-    tokenizer = get_tokenizer(config.get("tokenizer", "byte"))
-    prompt = tokenizer.encode(args.prompt)
-    if not prompt:
-        raise ValueError("--prompt must not be empty (give at least one character)")
-    if args.num_samples < 1 or args.batch_size < 1:
-        raise ValueError("--num-samples and --batch-size must be >= 1")
-    room = model.config.max_seq_len - len(prompt) + 1  # the last new token is never fed back
-    if room < 1:
-        raise ValueError(f"the prompt has {len(prompt)} tokens; this model reads at most {model.config.max_seq_len}")
-    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
-    stops = [unescape(s) for s in args.stop if s]
-    reference = torch.tensor([tokenizer.encode(args.reference)]) if args.reference is not None else None
-    # Resolved once for every batch: "shared" and "reference" give every sample the same Z.
-    resolved = resolve_latents(model, choice, length=len(prompt) + max_new_tokens - 1,
-                               reference=reference, generator=torch.Generator(device=device).manual_seed(args.seed),
-                               batch_size=1, prompt_length=len(prompt), where="--latents")
-    latents = resolved.prompt_source if resolved.explicit is None else resolved.explicit  # (1, N) when explicit
-    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p)
-    should_stop = stop_check(tokenizer.decode, stops)
-    prompt_chars = len(tokenizer.decode(prompt))
-    for first in range(0, args.num_samples, args.batch_size):  # printed as each batch ends
-        seeds = [args.seed + i for i in range(first, min(first + args.batch_size, args.num_samples))]
-        prompts = torch.tensor([prompt] * len(seeds))
-        result = generate(model, prompts, gen_config, seeds=seeds, latents=latents,
-                          should_stop=should_stop, compile=args.compile)
-        for tokens in result.tokens:
-            text = tokenizer.decode(prompt + tokens)
-            print(cut_at_stop(text, stops, prompt_chars).replace("\n", "\\n"), flush=True)
+    sampler = Sampler(model, get_tokenizer(config.get("tokenizer", "byte")), args.format, args.batch_size,
+                      args.compile)
+    if args.interactive:
+        return interact(sampler, settings)
+    sampler.sample([text for _, text in labelled], settings, [label for label, _ in labelled])
     return 0
 
 
-def unescape(text: str) -> str:
-    """`text` with the backslash escapes of ESCAPES read; any other backslash is kept as typed."""
-    return re.sub(r"\\(.)", lambda match: ESCAPES.get(match[1], match[0]), text)
+def _prompts(args) -> list[tuple[str, str]]:
+    """(label, text) of each prompt: the --prompt ones, then the lines of --prompts-file."""
+    labelled = [(f"--prompt {k + 1}", text) for k, text in enumerate(args.prompt)]
+    if args.prompts_file is not None:
+        name = "stdin" if args.prompts_file == "-" else args.prompts_file
+        content = sys.stdin.read() if args.prompts_file == "-" else Path(args.prompts_file).read_text(encoding="utf-8")
+        lines = content.split("\n")
+        if lines[-1] == "":  # the newline that ends the last line
+            lines.pop()
+        for number, line in enumerate(lines, 1):
+            line = line.removesuffix("\r")
+            if not line:
+                raise ValueError(f"{name} line {number} is empty: every line is a prompt (write a newline inside "
+                                 "one as \\n)")
+            labelled.append((f"{name} line {number}", unescape(line)))
+        if not lines:
+            raise ValueError(f"{name} holds no prompt (--prompts-file)")
+    if not labelled:
+        raise ValueError("give a prompt: --prompt TEXT, --prompts-file FILE (- reads stdin) or --interactive")
+    return labelled
 
 
 def _latent_choice(args):

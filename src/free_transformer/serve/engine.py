@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from ..data.tokenizer import Tokenizer
-from ..inference.generate import GenerationConfig, generate
-from ..inference.latents import LatentChoice, parse_latents, resolve_latents
+from ..inference.batches import Prompt, prepare_prompts, sample_prompts
+from ..inference.generate import GenerationConfig
+from ..inference.latents import parse_latents
 from ..inference.stops import stop_at, stop_check
 from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
@@ -32,13 +33,6 @@ class RequestError(ValueError):
     def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
         super().__init__(" ".join(message.split()))
         self.param, self.status, self.code = param, status, code
-
-
-@dataclass(frozen=True)
-class Prompt:
-    ids: list[int]
-    config: GenerationConfig
-    latents: str | torch.Tensor  # resolved: "encoder" or "prior", or (1, N) explicit Z ("shared", "reference")
 
 
 @dataclass(frozen=True)
@@ -80,15 +74,11 @@ class Engine:
             return self._plan(request)
 
     def complete(self, plan: Plan) -> list[Sample]:
-        """Every choice, each prompt's n completions decoded as one batch."""
+        """Every choice, in order, decoded in batches (free_transformer.inference.batches)."""
         should_stop = stop_check(self.tokenizer.decode, plan.stops)
-        samples = []
         with self.lock:
-            for p, prompt in enumerate(plan.prompts):
-                result = generate(self.model, [prompt.ids] * plan.n, prompt.config, latents=prompt.latents,
-                                  seeds=[plan.seed + i for i in range(plan.n)], should_stop=should_stop)
-                samples += [self._sample(plan, plan.index(p, i), tokens) for i, tokens in enumerate(result.tokens)]
-        return samples
+            return [self._sample(plan, plan.index(row.prompt, row.sample), row.tokens)
+                    for row in sample_prompts(self.model, plan.prompts, plan.n, plan.seed, should_stop=should_stop)]
 
     def stream(self, plan: Plan, send: Callable[[Delta], bool]) -> None:
         """Every choice, one after the other, handed to `send` piece by piece as its tokens are sampled:
@@ -114,11 +104,10 @@ class Engine:
             return end is not None or not listening
 
         # one row: a sample depends on its seed, not on its batch, so this is complete()'s choice
-        result = generate(self.model, [prompt.ids], prompt.config, seeds=[plan.seed + i], latents=prompt.latents,
-                          should_stop=step)
+        [row] = sample_prompts(self.model, [prompt], 1, plan.seed + i, should_stop=step)
         if not listening:
             return False
-        sample = self._sample(plan, index, result.tokens[0])
+        sample = self._sample(plan, index, row.tokens)
         rest = sample.text[len(shown):] if sample.text.startswith(shown) else ""
         return send(Delta(index, rest, sample.finish_reason))
 
@@ -156,7 +145,11 @@ class Engine:
         seed = secrets.randbits(62) if request.seed is None else request.seed
         latent_seed = seed if request.latent_seed is None else request.latent_seed
         reference = self._reference(request.reference)
-        prompts = [self._prompt(prompt, config, choice, reference, latent_seed) for prompt in ids]
+        try:  # each prompt's Z as `free-transformer generate --seed latent_seed` resolves it
+            prompts = prepare_prompts(self.model, ids, [config] * len(ids), choice, reference=reference,
+                                      latent_seed=latent_seed)
+        except ValueError as error:
+            raise RequestError(str(error), "reference" if reference is not None else "latents") from None
         stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
         return Plan(prompts, request.n, seed, [stop for stop in stops if stop])
 
@@ -168,19 +161,6 @@ class Engine:
         if len(ids) > context:
             raise RequestError(f"reference has {len(ids)} tokens; this model reads at most {context}", "reference")
         return torch.tensor([ids])
-
-    def _prompt(self, ids: list[int], config: GenerationConfig, choice: LatentChoice, reference,
-                latent_seed: int) -> Prompt:
-        """One prompt's Z resolved as `free-transformer generate --seed latent_seed` resolves it: a
-        generator of its own, so that its "shared" or "reference" draw does not depend on the other prompts."""
-        generator = torch.Generator(device=self.model.rope_cos.device).manual_seed(latent_seed)
-        try:
-            resolved = resolve_latents(self.model, choice, length=len(ids) + config.max_new_tokens - 1,
-                                       reference=reference, generator=generator, batch_size=1,
-                                       prompt_length=len(ids), where="latents")
-        except ValueError as error:
-            raise RequestError(str(error), "reference" if reference is not None else "latents") from None
-        return Prompt(ids, config, resolved.prompt_source if resolved.explicit is None else resolved.explicit)
 
 
 def settled(text: str, stops: list[str]) -> str:

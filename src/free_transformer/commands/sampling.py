@@ -1,0 +1,112 @@
+"""What `free-transformer generate` prints for its prompts, with or without --interactive: the settings
+a sample depends on and the printer of samples (text or JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ..inference.batches import DEFAULT_BATCH_SIZE, prepare_prompts, sample_prompts
+from ..inference.generate import GenerationConfig
+from ..inference.stops import cut_at_stop, stop_check
+
+DEFAULT_NEW_TOKENS = 64
+FORMATS = ("text", "jsonl")
+# The backslash escapes --stop, --prompts-file and the interactive prompts read (a shell passes "\n" as a
+# backslash and an n; a line of a file cannot hold a newline).
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\"}
+
+
+@dataclass
+class Settings:
+    """What a prompt's samples depend on besides the prompt and the model: the options, which the
+    interactive commands change."""
+    n: int
+    seed: int
+    latents: str  # a name of CHOICES
+    reference: str | None
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    max_new_tokens: int | None  # None: DEFAULT_NEW_TOKENS, or fewer where the model's context is shorter
+    stops: list[str]
+
+    def check(self) -> None:
+        """A one-line ValueError for a value sampling would refuse, before any model work."""
+        if self.n < 1:
+            raise ValueError(f"the number of samples (--num-samples) must be >= 1, got {self.n}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        GenerationConfig(max_new_tokens=1, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    def options(self) -> str:
+        """The command-line options that give these settings."""
+        words = [f"-n {self.n}", f"--seed {self.seed}", f"--latents {self.latents}"]
+        words += [f"--reference {json.dumps(self.reference)}"] if self.reference is not None else []
+        words += [f"--temperature {self.temperature:g}"]
+        words += [f"--top-k {self.top_k}"] if self.top_k is not None else []
+        words += [f"--top-p {self.top_p:g}"] if self.top_p is not None else []
+        words += [f"--max-new-tokens {self.max_new_tokens}"] if self.max_new_tokens is not None else []
+        words += [f"--stop {json.dumps(escape(stop))}" for stop in self.stops]
+        return " ".join(words)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """A loaded model with the options that do not change what it samples: how samples are batched,
+    compiled and printed."""
+    model: torch.nn.Module
+    tokenizer: object
+    format: str = "text"
+    batch_size: int = DEFAULT_BATCH_SIZE
+    compile: bool = False
+
+    def sample(self, texts: list[str], settings: Settings, labels: list[str] | None = None, first_index: int = 0):
+        """Print every prompt's settings.n samples, in order, as they are decoded. Every refusal (one line,
+        naming the prompt by its label when there are several) comes before the first sample."""
+        tokenizer, context = self.tokenizer, self.model.config.max_seq_len
+        labels = labels or [f"prompt {k + 1}" for k in range(len(texts))]
+        ids, configs = [], []
+        for text, label in zip(texts, labels):
+            where = f"{label}: " if len(texts) > 1 else ""
+            prompt = tokenizer.encode(text)
+            if not prompt:
+                raise ValueError(f"{label if where else '--prompt'} must not be empty (give at least one character)")
+            room = context - len(prompt) + 1  # the last new token is never fed back
+            if room < 1:
+                raise ValueError(f"{where}the prompt has {len(prompt)} tokens; this model reads at most {context}")
+            new = settings.max_new_tokens if settings.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
+            if new > room:
+                raise ValueError(f"{where}prompt ({len(prompt)}) + max_new_tokens ({new}) - 1 exceeds max_seq_len "
+                                 f"{context}")
+            ids.append(prompt)
+            configs.append(GenerationConfig(max_new_tokens=new, temperature=settings.temperature,
+                                            top_k=settings.top_k, top_p=settings.top_p))
+        reference = None if settings.reference is None else torch.tensor([tokenizer.encode(settings.reference)])
+        prompts = prepare_prompts(self.model, ids, configs, settings.latents, reference=reference,
+                                  latent_seed=settings.seed, where="--latents")
+        prompt_chars = [len(tokenizer.decode(prompt)) for prompt in ids]
+        rows = sample_prompts(self.model, prompts, settings.n, settings.seed, batch_size=self.batch_size,
+                              should_stop=stop_check(tokenizer.decode, settings.stops), compile=self.compile)
+        for row in rows:
+            text = cut_at_stop(tokenizer.decode(ids[row.prompt] + row.tokens), settings.stops, prompt_chars[row.prompt])
+            if self.format == "text":
+                print(text.replace("\n", "\\n"), flush=True)
+            else:
+                print(json.dumps({"prompt": texts[row.prompt], "sample": text[prompt_chars[row.prompt]:],
+                                  "index": first_index + row.prompt, "seed": row.seed, "latents": settings.latents},
+                                 ensure_ascii=False), flush=True)
+
+
+def unescape(text: str) -> str:
+    """`text` with the backslash escapes of ESCAPES read; any other backslash is kept as typed."""
+    return re.sub(r"\\(.)", lambda match: ESCAPES.get(match[1], match[0]), text)
+
+
+def escape(text: str) -> str:
+    """What `unescape` reads back as `text`."""
+    inverse = {value: key for key, value in ESCAPES.items()}
+    return "".join("\\" + inverse[char] if char in inverse else char for char in text)
