@@ -89,13 +89,13 @@ def test_a_resume_from_step_0_with_changed_settings_records_them(tmp_path, capsy
 
 
 BAD_SETTINGS = ["optim.latent_lr_scale=nan", "optim.grad_clip=nan", "model.rope_theta=nan", "optim.min_lr_ratio=nan",
-                "optim.weight_decay=-1", "eval_batches=0", "eval_every=-1", "data.tokens.val_fraction=-1",
+                "optim.weight_decay=-1", "validation_batches=0", "validate_every=-1", "data.tokens.val_fraction=-1",
                 "steps=100000000"]  # a step whose checkpoint directory (step_ and 8 digits) no loader finds
 
 
 def test_settings_out_of_range_are_refused_when_parsed(tmp_path, capsys):
     """NaN settings used to fail at step 1 or 2 (leaving a run that refused the corrected command), the
-    others to train silently (eval_batches=0 wrote NaN into metrics.jsonl)."""
+    others to train silently (validation_batches=0 wrote NaN into metrics.jsonl)."""
     run = tmp_path / "run"
     for override in BAD_SETTINGS:
         assert main(["train", "--out", str(run), *TINY, "steps=1", override]) == 2, override

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..data.corpora import is_named, named_corpus, read_heldout
 from ..inference.latents import CONTEXT_CHOICES, parse_latents
@@ -136,12 +137,12 @@ class EvalConfig:
     def validate(self) -> None:
         """A training config's section: every >= 0 and, when it scores, settings that can be used now."""
         if self.every < 0:
-            raise EvalSettingsError(f"eval.every must be >= 0, got {self.every}")
+            raise ConfigError(f"eval.every must be >= 0, got {self.every}")
         if self.every:
             try:
                 self.settings().check_heldout()
-            except EvalSettingsError as error:
-                raise EvalSettingsError(f"eval: {error}") from None
+            except ValueError as error:
+                raise ConfigError(f"eval: {error}") from None
 
 
 @dataclass(frozen=True)

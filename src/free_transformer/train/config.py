@@ -189,8 +189,6 @@ class TrainConfig:
         return settings.to_dict(self)
 
 
-
-
 def _layer(values: dict, source: str) -> dict:
     """One layer of settings (a file's, the overrides') in today's names: renamed fields moved, data's flat
     fields nested."""
@@ -202,17 +200,11 @@ def _layer(values: dict, source: str) -> dict:
 
 def _sized(model: dict, base: dict) -> dict:
     """The model section with `size` resolved: the named size's fields, then the section's other fields;
-    without a size, `base` (the fields it overrides)."""
+    without a size, `base`'s fields, then the section's."""
     if "size" not in model:
         return {**base, **model}
     size, fields = model["size"], {key: value for key, value in model.items() if key != "size"}
     return {**named_config(str(size)).to_dict(), **fields}
-
-
-def _build(values: dict) -> TrainConfig:
-    if isinstance(values.get("model"), dict) and "size" in values["model"]:
-        values = {**values, "model": _sized(values["model"], {})}
-    return settings.build(TrainConfig, values)
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -230,7 +222,7 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | Non
     model = values.get("model", {})
     if isinstance(model, dict):  # the fields given override the default size's
         values["model"] = _sized(model, named_config(DEFAULT_SIZE).to_dict())
-    config = _build(values)
+    config = settings.build(TrainConfig, values)
     if not periodic_eval:
         config.eval.every = 0
     return config.validate()
@@ -246,8 +238,8 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     values = settings.merge(config.to_dict(), update)
     model = update.get("model")
     if isinstance(model, dict) and "size" in model:
-        values["model"] = {"latent_bits": config.model.latent_bits, **model}
-    return _build(values).validate()
+        values["model"] = _sized({"latent_bits": config.model.latent_bits, **model}, {})
+    return settings.build(TrainConfig, values).validate()
 
 
 def overrides_of(config: TrainConfig) -> list[str]:
