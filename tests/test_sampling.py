@@ -1,0 +1,176 @@
+"""Sampling as users run it: many prompts of different lengths in one call (each sample as that prompt alone
+would give it), prompts from a file or stdin, the output formats, the interactive mode, and `load_model`
+in the public API."""
+
+import io
+import json
+
+import pytest
+import torch
+from conftest import tiny_checkpoint, tiny_model
+
+import free_transformer
+from free_transformer import FreeTransformer, GenerationConfig, generate, load_model
+from free_transformer.cli import main
+from free_transformer.inference import batches
+from free_transformer.inference.batches import prepare_prompts, sample_prompts
+
+PROMPTS = ["K>", "Hello there", "Hi", "K>abc"]  # lengths 2, 11, 2, 5: two of one length, not side by side
+COMMON = ["-n", "3", "--max-new-tokens", "6"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return str(tiny_checkpoint(tmp_path_factory.mktemp("sampling"), "run", 4))
+
+
+def _out(capsys, argv: list[str]) -> list[str]:
+    assert main(argv) == 0, capsys.readouterr().err
+    return capsys.readouterr().out.split("\n")[:-1]  # not splitlines(): a sample may hold \x1e, \x85...
+
+
+def _alone(capsys, checkpoint, prompts, *options) -> list[str]:
+    """The lines of one call per prompt, in order."""
+    return [line for prompt in prompts for line in _out(capsys, ["generate", checkpoint, "--prompt", prompt, *options])]
+
+
+@pytest.mark.parametrize("choice", ["encoder", "prior", "shared", "reference"])
+@pytest.mark.parametrize("batch_size", [1, 3, 64])
+def test_each_prompt_samples_as_it_would_alone(choice, batch_size):
+    """sample_prompts over prompts of lengths 3, 7, 3, 5: every prompt's samples are those of `generate` on that
+    prompt alone (seeds seed + i, its Z resolved with latent_seed), in order, however the rows are batched."""
+    model = tiny_model()  # seeds the global RNG: the prompts below are fixed
+    ids = [torch.randint(0, 50, (length,)).tolist() for length in (3, 7, 3, 5)]
+    config = GenerationConfig(max_new_tokens=6, temperature=0.8)
+    reference = torch.randint(0, 50, (1, 9)) if choice == "reference" else None
+    prompts = prepare_prompts(model, ids, [config] * len(ids), choice, reference=reference, latent_seed=11)
+    rows = list(sample_prompts(model, prompts, 3, 40, batch_size=batch_size))
+    assert [(row.prompt, row.sample, row.seed) for row in rows] == [(p, i, 40 + i) for p in range(4) for i in range(3)]
+    for p, prompt in enumerate(ids):
+        alone = generate(model, [prompt] * 3, config, seeds=[40, 41, 42], latents=choice, reference=reference,
+                         latent_seed=11)
+        assert [row.tokens for row in rows if row.prompt == p] == alone.tokens, p
+
+
+def test_prompts_of_one_length_share_a_batch_and_come_out_in_order(monkeypatch):
+    """Grouping by length is what makes different lengths work: the two 3-token prompts (first and third) are
+    decoded in one batch, the others each in theirs, in the order of their first rows."""
+    model, calls = tiny_model(), []
+    real = batches.generate
+    monkeypatch.setattr(batches, "generate", lambda model, prompts, config, **kw: calls.append(
+        (len(prompts), len(prompts[0]), kw["seeds"])) or real(model, prompts, config, **kw))
+    ids = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10, 11]]
+    config = GenerationConfig(max_new_tokens=3)
+    rows = list(sample_prompts(model, prepare_prompts(model, ids, [config] * 3, "encoder", latent_seed=0), 2, 5))
+    assert calls == [(4, 3, [5, 6, 5, 6]), (2, 5, [5, 6])]
+    assert [(row.prompt, row.sample) for row in rows] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    with pytest.raises(ValueError, match="2 generation settings for 3 prompts"):
+        prepare_prompts(model, ids, [config] * 2, "encoder", latent_seed=0)
+
+
+@pytest.mark.parametrize("options", [[], ["--batch-size", "2"], ["--latents", "shared", "--seed", "9"],
+                                     ["--latents", "reference", "--reference", "K>abcdefghijkl"]])
+def test_the_command_samples_many_prompts_as_one_call_each(checkpoint, capsys, options):
+    """Repeated --prompt, of different lengths: the lines of one call per prompt, in the order given."""
+    many = _out(capsys, ["generate", checkpoint, *[w for p in PROMPTS for w in ("--prompt", p)], *COMMON, *options])
+    assert many == _alone(capsys, checkpoint, PROMPTS, *COMMON, *options) and len(many) == 12
+
+
+def test_prompts_from_a_file_or_stdin_read_escapes(checkpoint, capsys, tmp_path, monkeypatch):
+    """--prompts-file: one prompt per line with \\n-style escapes read (a tab here), after the --prompt ones;
+    `-` reads stdin. A line left empty is refused, with its number, before the checkpoint is read."""
+    (tmp_path / "prompts.txt").write_text("Hello there\r\nA\\tB\n")
+    from_file = _out(capsys, ["generate", checkpoint, "--prompt", "K>", "--prompts-file", str(tmp_path / "prompts.txt"),
+                              *COMMON])
+    assert from_file == _alone(capsys, checkpoint, ["K>", "Hello there", "A\tB"], *COMMON)
+    monkeypatch.setattr("sys.stdin", io.StringIO("K>\nHello there"))
+    assert _out(capsys, ["generate", checkpoint, "--prompts-file", "-", *COMMON]) == from_file[:6]
+    (tmp_path / "gap.txt").write_text("K>\n\nHi\n")
+    assert main(["generate", str(tmp_path / "missing"), "--prompts-file", str(tmp_path / "gap.txt")]) == 2
+    assert main(["generate", checkpoint, "-n", "1"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert errors[0] == f"error: {tmp_path / 'gap.txt'} line 2 is empty: every line is a prompt (write a newline " \
+                        "inside one as \\n)"
+    assert errors[1].startswith("error: give a prompt: --prompt TEXT, --prompts-file FILE") and len(errors) == 2
+
+
+def test_jsonl_gives_each_sample_with_its_prompt_index_seed_and_latents(checkpoint, capsys):
+    text = _out(capsys, ["generate", checkpoint, "--prompt", "K>", "--prompt", "Hi\nthere", *COMMON, "--seed", "4",
+                         "--latents", "prior"])
+    records = [json.loads(line) for line in _out(capsys, ["generate", checkpoint, "--prompt", "K>", "--prompt",
+                                                          "Hi\nthere", *COMMON, "--seed", "4", "--latents", "prior",
+                                                          "--format", "jsonl"])]
+    assert [(r["prompt"], r["index"], r["seed"], r["latents"]) for r in records] == \
+        [(prompt, index, 4 + i, "prior") for index, prompt in enumerate(["K>", "Hi\nthere"]) for i in range(3)]
+    assert [(r["prompt"] + r["sample"]).replace("\n", "\\n") for r in records] == text
+
+
+def test_a_prompt_that_does_not_fit_is_refused_before_any_sample(checkpoint, capsys):
+    assert main(["generate", checkpoint, "--prompt", "K>", "--prompt", "x" * 70, "-n", "1"]) == 2
+    assert main(["generate", checkpoint, "--prompt", "K>", "--prompt", "x" * 40, "--max-new-tokens", "30"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        "error: --prompt 2: the prompt has 70 tokens; this model reads at most 64",
+        "error: --prompt 2: prompt (40) + max_new_tokens (30) - 1 exceeds max_seq_len 64"]
+
+
+def test_a_stop_string_written_with_escapes_ends_samples_at_a_newline(checkpoint, capsys):
+    """--stop "\\n" as a shell passes it (a backslash and an n) ends each sample at its first newline."""
+    options = ["--prompt", "K>", "-n", "16", "--max-new-tokens", "40", "--format", "jsonl"]
+    full = [json.loads(line)["sample"] for line in _out(capsys, ["generate", checkpoint, *options])]
+    assert any("\n" in sample for sample in full)  # the seeds give the random model's newlines
+    stopped = [json.loads(line)["sample"] for line in _out(capsys, ["generate", checkpoint, *options, "--stop", "\\n"])]
+    assert stopped == [sample.split("\n")[0] for sample in full]
+
+
+def _interact(monkeypatch, capsys, checkpoint, script: str, *options) -> tuple[list[str], list[str]]:
+    monkeypatch.setattr("sys.stdin", io.StringIO(script))
+    assert main(["generate", checkpoint, "--interactive", *options]) == 0
+    out, err = capsys.readouterr()
+    return out.split("\n")[:-1], [line for line in err.splitlines() if line.startswith("error: ")]
+
+
+def test_interactive_samples_equal_the_command_with_the_same_settings(checkpoint, capsys, monkeypatch):
+    """Settings changed by commands; each prompt's lines are the non-interactive command's with those options;
+    a bad command is one line and the loop goes on; unpinned, each prompt moves the seed on by n."""
+    script = "\n".join(["/n 2", "/seed 5", "/latents shared", "K>", "/bogus", "/temperature warm", "/latents reference",
+                        "", "/reference K>abc\\tdefgh", "Hello", "/seed off", "/latents prior", "K>", "//x", "/quit",
+                        "never sampled"])
+    out, errors = _interact(monkeypatch, capsys, checkpoint, script, "--max-new-tokens", "6")
+    common = ["--max-new-tokens", "6", "-n", "2"]
+    expected = [*_alone(capsys, checkpoint, ["K>"], *common, "--seed", "5", "--latents", "shared"),
+                *_alone(capsys, checkpoint, ["Hello"], *common, "--seed", "5", "--latents", "reference",
+                        "--reference", "K>abc\tdefgh"),
+                *_alone(capsys, checkpoint, ["K>"], *common, "--seed", "5", "--latents", "prior"),
+                *_alone(capsys, checkpoint, ["/x"], *common, "--seed", "7", "--latents", "prior")]
+    assert out == expected
+    assert errors == ["error: unknown command /bogus: /help lists the commands",
+                      "error: /temperature takes a number, got 'warm'",
+                      "error: /latents reference needs a text: /reference TEXT"]
+
+
+def test_interactive_starts_from_the_options_and_leaves_cleanly(checkpoint, capsys, monkeypatch):
+    """Without commands the first prompt is `generate --prompt` with the same options; the end of stdin
+    (Ctrl-D) and Ctrl-C leave with status 0; a prompt the model refuses is one line, not the end."""
+    options = ["--max-new-tokens", "6", "-n", "2", "--seed", "3", "--latents", "prior"]
+    out, errors = _interact(monkeypatch, capsys, checkpoint, "K>\n" + "x" * 70 + "\nHi\n", *options)
+    assert out == _alone(capsys, checkpoint, ["K>"], *options) + _alone(capsys, checkpoint, ["Hi"], *options[:4],
+                                                                         "--seed", "5", "--latents", "prior")
+    assert errors == ["error: the prompt has 70 tokens; this model reads at most 64"]
+
+    class Interrupted(io.StringIO):
+        def readline(self, *args):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("sys.stdin", Interrupted())
+    assert main(["generate", checkpoint, "--interactive"]) == 0
+    assert main(["generate", checkpoint, "--interactive", "--prompt", "K>"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "error: --interactive reads its prompts as you type them: drop --prompt and --prompts-file"
+
+
+def test_load_model_is_public(tmp_path):
+    model, config = load_model(tiny_checkpoint(tmp_path, "run", 4))
+    assert "load_model" in free_transformer.__all__
+    assert isinstance(model, FreeTransformer) and not model.training and model.config.latent_bits == 4
+    assert config["tokenizer"] == "byte" and config["step"] == 1
