@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass
 
 import torch
 
-from ..inference.batches import DEFAULT_BATCH_SIZE, prepare_prompts, sample_prompts
+from ..data.tokenizer import Tokenizer
+from ..inference.batches import DEFAULT_BATCH_SIZE, Prompt, prepare_prompts, sample_prompts
 from ..inference.generate import GenerationConfig
 from ..inference.stops import cut_at_stop, stop_check
+from ..model.transformer import FreeTransformer
 
 DEFAULT_NEW_TOKENS = 64
 FORMATS = ("text", "jsonl")
@@ -43,14 +46,14 @@ class Settings:
         GenerationConfig(max_new_tokens=1, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
     def options(self) -> str:
-        """The command-line options that give these settings."""
+        """The command-line options that give these settings, quoted for a POSIX shell."""
         words = [f"-n {self.n}", f"--seed {self.seed}", f"--latents {self.latents}"]
-        words += [f"--reference {json.dumps(self.reference)}"] if self.reference is not None else []
+        words += [f"--reference {shlex.quote(self.reference)}"] if self.reference is not None else []
         words += [f"--temperature {self.temperature:g}"]
         words += [f"--top-k {self.top_k}"] if self.top_k is not None else []
         words += [f"--top-p {self.top_p:g}"] if self.top_p is not None else []
         words += [f"--max-new-tokens {self.max_new_tokens}"] if self.max_new_tokens is not None else []
-        words += [f"--stop {json.dumps(escape(stop))}" for stop in self.stops]
+        words += [f"--stop {shlex.quote(escape(stop))}" for stop in self.stops]
         return " ".join(words)
 
 
@@ -58,21 +61,39 @@ class Settings:
 class Sampler:
     """A loaded model with the options that do not change what it samples: how samples are batched,
     compiled and printed."""
-    model: torch.nn.Module
-    tokenizer: object
-    format: str = "text"
+    model: FreeTransformer
+    tokenizer: Tokenizer
+    format: str = "text"  # one of FORMATS
     batch_size: int = DEFAULT_BATCH_SIZE
     compile: bool = False
 
-    def sample(self, texts: list[str], settings: Settings, labels: list[str] | None = None, first_index: int = 0):
-        """Print every prompt's settings.n samples, in order, as they are decoded. Every refusal (one line,
-        naming the prompt by its label when there are several) comes before the first sample."""
-        tokenizer, context = self.tokenizer, self.model.config.max_seq_len
+    def sample(self, texts: list[str], settings: Settings, labels: list[str] | None = None,
+               first_index: int = 0) -> None:
+        """Print every prompt's settings.n samples, in order, as they are decoded (JSON lines number the
+        prompts from first_index). Every refusal comes before the first sample."""
+        prompts = self.prepare(texts, settings, labels)
+        decode, stops = self.tokenizer.decode, settings.stops
+        prompt_chars = [len(decode(prompt.ids)) for prompt in prompts]
+        rows = sample_prompts(self.model, prompts, settings.n, settings.seed, batch_size=self.batch_size,
+                              should_stop=stop_check(decode, stops), compile=self.compile)
+        for row in rows:
+            start = prompt_chars[row.prompt]
+            text = cut_at_stop(decode(prompts[row.prompt].ids + row.tokens), stops, start)  # prompt and sample
+            if self.format == "text":
+                print(text.replace("\n", "\\n"), flush=True)
+            else:
+                print(json.dumps({"prompt": texts[row.prompt], "sample": text[start:], "index": first_index + row.prompt,
+                                  "seed": row.seed, "latents": settings.latents}, ensure_ascii=False), flush=True)
+
+    def prepare(self, texts: list[str], settings: Settings, labels: list[str] | None = None) -> list[Prompt]:
+        """The prompts tokenized, checked against the model's context and given their Z (`prepare_prompts`);
+        a one-line ValueError names the prompt at fault by its label when there are several."""
+        context = self.model.config.max_seq_len
         labels = labels or [f"prompt {k + 1}" for k in range(len(texts))]
         ids, configs = [], []
         for text, label in zip(texts, labels):
             where = f"{label}: " if len(texts) > 1 else ""
-            prompt = tokenizer.encode(text)
+            prompt = self.tokenizer.encode(text)
             if not prompt:
                 raise ValueError(f"{label if where else '--prompt'} must not be empty (give at least one character)")
             room = context - len(prompt) + 1  # the last new token is never fed back
@@ -85,20 +106,9 @@ class Sampler:
             ids.append(prompt)
             configs.append(GenerationConfig(max_new_tokens=new, temperature=settings.temperature,
                                             top_k=settings.top_k, top_p=settings.top_p))
-        reference = None if settings.reference is None else torch.tensor([tokenizer.encode(settings.reference)])
-        prompts = prepare_prompts(self.model, ids, configs, settings.latents, reference=reference,
-                                  latent_seed=settings.seed, where="--latents")
-        prompt_chars = [len(tokenizer.decode(prompt)) for prompt in ids]
-        rows = sample_prompts(self.model, prompts, settings.n, settings.seed, batch_size=self.batch_size,
-                              should_stop=stop_check(tokenizer.decode, settings.stops), compile=self.compile)
-        for row in rows:
-            text = cut_at_stop(tokenizer.decode(ids[row.prompt] + row.tokens), settings.stops, prompt_chars[row.prompt])
-            if self.format == "text":
-                print(text.replace("\n", "\\n"), flush=True)
-            else:
-                print(json.dumps({"prompt": texts[row.prompt], "sample": text[prompt_chars[row.prompt]:],
-                                  "index": first_index + row.prompt, "seed": row.seed, "latents": settings.latents},
-                                 ensure_ascii=False), flush=True)
+        reference = None if settings.reference is None else torch.tensor([self.tokenizer.encode(settings.reference)])
+        return prepare_prompts(self.model, ids, configs, settings.latents, reference=reference,
+                               latent_seed=settings.seed, where="--latents")
 
 
 def unescape(text: str) -> str:
