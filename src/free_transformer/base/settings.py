@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import textwrap
 import types
 import typing
@@ -232,7 +233,7 @@ def field_docs(cls) -> dict[str, str]:
         except (OSError, TypeError):  # no source (a class made at run time): no docstrings
             continue
         body = tree.body[0].body
-        for node, after in zip(body, body[1:]):
+        for node, after in itertools.pairwise(body):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                     and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
                 docs[node.target.id] = " ".join(after.value.value.split())

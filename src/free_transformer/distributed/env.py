@@ -21,7 +21,7 @@ from ..base.checks import ConfigError
 def is_main_process() -> bool:
     """Whether this process is rank 0 of torchrun's launch (or was started without torchrun): the one that
     speaks for all, before and after the process group exists."""
-    return int(os.environ.get("RANK", 0)) == 0
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 @dataclass

@@ -268,12 +268,15 @@ def changed_settings(before: TrainConfig, after: TrainConfig) -> dict[str, list]
 
 
 def settings_help() -> str:
-    """Every setting with its default, type and docstring, by section (`train --help`)."""
+    """Every setting with its default, type and docstring, by section, the top-level ones (the most used)
+    first (`train --help`)."""
+    described = settings.describe(TrainConfig())
     size = settings.Setting("model.size", " | ".join(NAMED_CONFIGS), DEFAULT_SIZE,
                             "A named model size: its fields, under the other model fields given.")
-    described = settings.describe(TrainConfig())
-    first_model = next(i for i, item in enumerate(described) if item.path.startswith("model."))
-    described.insert(first_model, size)
-    renamed = "; ".join(f"{r.old} (now {r.new}, read until {r.until})" for r in RENAMED)
-    return (f"settings (section.field=value, after the config file; the defaults below):\n"
-            f"{settings.help_text(described)}\n\nold names still read, with a warning: {renamed}")
+    top = [item for item in described if "." not in item.path]
+    sections = [item for item in described if "." in item.path]
+    first_model = next(i for i, item in enumerate(sections) if item.path.startswith("model."))
+    sections.insert(first_model, size)
+    renamed = "".join(f"\n  {r.old}: now {r.new} (the old name is read until {r.until})" for r in RENAMED)
+    return ("settings (section.field=value, after the config file; the defaults below):\n"
+            f"{settings.help_text(top + sections)}\n\nold names, still read with a warning:{renamed}")
