@@ -174,3 +174,18 @@ def test_load_model_is_public(tmp_path):
     assert "load_model" in free_transformer.__all__
     assert isinstance(model, FreeTransformer) and not model.training and model.config.latent_bits == 4
     assert config["tokenizer"] == "byte" and config["step"] == 1
+
+
+def test_generate_help_says_what_every_option_does_with_its_default():
+    """Every option of `generate --help` has a text, and the text of one with a default value names it."""
+    from free_transformer.cli import build_parser
+
+    command = build_parser()._subparsers._group_actions[0].choices["generate"]
+    formatter = command.formatter_class(prog="generate")
+    options = {action.option_strings[-1]: action for action in command._actions if action.option_strings}
+    assert {"--prompt", "--prompts-file", "--interactive", "--format", "--stop", "--latents"} <= set(options)
+    for name, action in options.items():
+        assert action.help, name
+        if action.default not in (None, False, [], "==SUPPRESS=="):
+            assert "default" in formatter._get_help_string(action), name
+    assert "(default: text)" in " ".join(command.format_help().split())
