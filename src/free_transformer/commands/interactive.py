@@ -85,7 +85,7 @@ def _command(sampler: Sampler, settings: Settings, pinned: bool, name: str, argu
         print(INTERACTIVE_HELP, file=sys.stderr)
         return settings, pinned
     if name == "settings":
-        print(settings.options() + ("" if pinned else " (the seed moves on by n after each prompt)"), file=sys.stderr)
+        _show(settings, pinned)
         return settings, pinned
     if name not in SETTERS:
         raise ValueError(f"unknown command /{name}: /help lists the commands")
@@ -97,8 +97,12 @@ def _command(sampler: Sampler, settings: Settings, pinned: bool, name: str, argu
         changed = SETTERS[name](settings, argument, sampler.model.config.latent_bits)
         pinned = pinned or name == "seed"
     changed.check()
-    print(changed.options() + ("" if pinned else " (the seed moves on by n after each prompt)"), file=sys.stderr)
+    _show(changed, pinned)
     return changed, pinned
+
+
+def _show(settings: Settings, pinned: bool) -> None:
+    print(settings.options() + ("" if pinned else " (the seed moves on by n after each prompt)"), file=sys.stderr)
 
 
 def _number(kind: type, name: str, argument: str, off: str | None = None):
@@ -132,7 +136,7 @@ def _reference(settings: Settings, argument: str, bits: int) -> Settings:
 SETTERS = {
     "latents": _latents,
     "reference": _reference,
-    "seed": lambda s, a, _: dataclasses.replace(s, seed=_number(int, "seed", a, "off")),
+    "seed": lambda s, a, _: dataclasses.replace(s, seed=_number(int, "seed", a)),
     "n": lambda s, a, _: dataclasses.replace(s, n=_number(int, "n", a)),
     "temperature": lambda s, a, _: dataclasses.replace(s, temperature=_number(float, "temperature", a)),
     "top-k": lambda s, a, _: dataclasses.replace(s, top_k=_number(int, "top-k", a, "off")),
