@@ -167,8 +167,8 @@ def test_compiled_chunk_body_gives_the_eager_gradient(monkeypatch, device):
     assert eager.abs().max() > 0
 
 
-def test_the_readme_example_registers_a_latent_variant_that_trains():
-    """README's "Adding a latent variant" block, run as written: the kind builds, trains, and its
+def test_the_documented_example_registers_a_latent_variant_that_trains():
+    """docs/latent-variants.md's worked example, run as written: the kind builds, trains, and its
     encoder gets no gradient through R (only the KL's, which is zero here: kappa above any KL)."""
     from pathlib import Path
 
@@ -176,11 +176,11 @@ def test_the_readme_example_registers_a_latent_variant_that_trains():
     from free_transformer.model.config import LatentConfig
     from free_transformer.model.latent import LATENT_KINDS
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    block = readme.split("### Adding a latent variant", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    page = (Path(__file__).parents[1] / "docs" / "latent-variants.md").read_text()
+    block = page.split("## A worked example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert len(block.splitlines()) <= 50
     LATENT_KINDS.pop("table_no_encoder_gradient", None)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/latent-variants.md", "exec"), {})
     try:
         config = named_config("debug", latent=LatentConfig("table_no_encoder_gradient"))
         model = FreeTransformer(config)
