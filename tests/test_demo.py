@@ -13,7 +13,7 @@ from free_transformer.experiments.demo.coins import coin_bits_saved, coin_measur
 from free_transformer.experiments.demo.groups import Groups, group_measures
 from free_transformer.experiments.demo.letters import latent_bits, target_starts
 from free_transformer.experiments.demo.presets import PRESETS, coins, letters
-from free_transformer.experiments.demo.report import panel_boxes, write_report
+from free_transformer.experiments.demo.report import coin_comparison, panel_boxes, write_report
 from free_transformer.experiments.demo.run import VARIANTS, ModelResult, demo_sweep, first_line
 from free_transformer.experiments.launch.launchers import LocalLauncher
 from free_transformer.experiments.launch.pool import step_work, work_done
@@ -287,6 +287,10 @@ def test_the_report_shows_each_conditions_values_and_why_a_claim_failed(tmp_path
     assert len(kappa) == 3 and kappa[1][2][0].endswith("start 20") and kappa[0][2][1].endswith("start  9")
     assert coin[1][1].endswith("coins 1 1: pairs agreeing 1.00") and coin[0][2][2] == "0100  → coin 0"
     assert coin[0][1].endswith("coins 0 1 0 1: pairs agreeing 0.33")
+    # the coin panel compares groups of the same size: blocks of the blue group against the green groups
+    blue, green = coin_comparison(results[0][5].groups)[1:]
+    assert blue.startswith("blue, blocks of 2 rows") and blue.endswith("mean 0.00: 0.00 0.00")
+    assert green.endswith("mean 1.00: 1.00 1.00")
 
 
 def test_the_progress_bar_counts_work_not_steps():

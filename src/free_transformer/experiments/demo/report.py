@@ -17,12 +17,13 @@ from ...base.plotting import Line, Panel, draw
 from ...data.synthetic import analyse_letters
 from .claims import BROKEN, COIN_MATCH, IGNORED, USED, VALID
 from .coins import coin_measures, majority_coin
-from .groups import Groups
+from .groups import Groups, mean_of_present
 from .paper_figure import figure_measures, noise_share
 
 BLUE, GREEN = "#cfe2ff", "#d4f5d4"
 ROWS_SHOWN = 8
 COIN_ROWS_COUNTED = 12  # coins: the rows whose coins a box's heading lists (a green group's size)
+COIN_GROUPS_LISTED = 14  # coins: the groups whose agreement the panel lists
 MEASURES = [  # key, column title, format
     ("valid", "valid generations", "{:.2f}"),
     ("blue_valid", "valid, blue", "{:.2f}"),
@@ -74,11 +75,30 @@ def _row_note(body: str, letter: str) -> str:
     return f"start {analysis.position:2d}" if analysis.valid else "invalid"
 
 
+def _same_coin(bodies: list[str]) -> float | None:
+    """How often two of the rows show the same coin (coins.coin_measures' agreement of one group)."""
+    return coin_measures(Groups("", bodies))["blue_coin_agreement"]
+
+
 def _coins_of(bodies: list[str]) -> str:
     """The coin each row shows (its majority value; '-' on a tie), and how often two rows agree."""
     coins = " ".join("-" if c is None else str(c) for c in map(majority_coin, bodies))
-    agreement = coin_measures(Groups("", bodies))["blue_coin_agreement"]
-    return f"coins {coins}: pairs agreeing {_fmt(agreement, '{:.2f}')}"
+    return f"coins {coins}: pairs agreeing {_fmt(_same_coin(bodies), '{:.2f}')}"
+
+
+def coin_comparison(groups: dict) -> list[str]:
+    """The coin panel's comparison, group against group of the same size: how often two rows show the same coin
+    in each green group (one Z) and in each block of as many rows of the blue group (a Z per row)."""
+    size = len(groups["greens"][0])
+    blue = groups["blue"]
+    blocks = [blue[start : start + size] for start in range(0, len(blue) - size + 1, size)]
+    lines = []
+    for name, bodies in ((f"blue, blocks of {size} rows", blocks), ("green groups, one Z each", groups["greens"])):
+        values = [_same_coin(group) for group in bodies]
+        shown = " ".join(_fmt(v, "{:.2f}") for v in values[:COIN_GROUPS_LISTED])
+        more = " …" if len(values) > COIN_GROUPS_LISTED else ""
+        lines.append(f"{name:27s} mean {_fmt(mean_of_present(values), '{:.2f}')}: {shown}{more}")
+    return ["same coin, share of pairs of rows, per group:", *lines]
 
 
 def panel_boxes(result) -> list[tuple[str, str, list[str]]]:
@@ -274,6 +294,10 @@ def _figure_png(results, claims, seeds: list, preset: str) -> bytes:
                 sheet.text(x, line, 8, mono=False, weight="bold")
                 sheet.down(0.17)
             sheet.down(0.05)
+            if result.variant.task == "coins":
+                lines = coin_comparison(result.groups)
+                sheet.text(x + 0.05, "\n".join(lines), 6.8, linespacing=1.3)
+                sheet.down(0.125 * len(lines) + 0.1)
             for colour, heading, rows in panel_boxes(result):
                 sheet.text(x + 0.05, heading, 6.8, color="#333")
                 sheet.down(0.15)
@@ -397,7 +421,9 @@ def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
     for r in results:
         boxes = "".join(f"<p class='heading'>{esc(heading)}</p><pre class='{'blue' if colour == BLUE else 'green'}'>"
                         f"{esc(chr(10).join(rows))}</pre>" for colour, heading, rows in panel_boxes(r))
-        panels += f"<div class='panel'><h3>{esc(panel_title(r))}</h3>{boxes}</div>"
+        comparison = (f"<pre>{esc(chr(10).join(coin_comparison(r.groups)))}</pre>" if r.variant.task == "coins"
+                      else "")
+        panels += f"<div class='panel'><h3>{esc(panel_title(r))}</h3>{comparison}{boxes}</div>"
     preset = summary["preset"]
     models = summary["per_seed"][seeds[0]]["models"]
     settings = "".join(f"<li>{esc(m['label'])}: <code>{esc(' '.join(m['train_overrides']))}</code></li>"
