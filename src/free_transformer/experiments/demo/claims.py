@@ -35,7 +35,8 @@ class Condition:
 
 
 def _shown(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.3f}"
+    shown = f"{value:.3f}"
+    return "n/a" if math.isnan(value) else "0.000" if shown == "-0.000" else shown
 
 
 def claim_conditions(results: list) -> list[tuple[str, str, list[Condition]]]:
