@@ -1,6 +1,8 @@
 """Several training runs side by side, one process each (on CPU each with its share of the cores; on a
-GPU they share the device), followed by one progress bar over their metrics.jsonl files. Finished runs
-are reused and partial ones resumed, so a sweep that was stopped continues where it was."""
+GPU they share the device), followed by one progress bar over their metrics.jsonl files. The bar counts
+training FLOPs, not steps: a sweep's runs may differ widely in the cost of a step, and its rate and time left
+must hold from the start. Finished runs are reused and partial ones resumed, so a sweep that was stopped
+continues where it was."""
 
 from __future__ import annotations
 
