@@ -8,7 +8,7 @@ from test_unchanged import SMOKE, same_measures
 
 from free_transformer.cli import main
 from free_transformer.data.synthetic import coinflip_batch, letters_batch
-from free_transformer.experiments.demo.claims import claims_over_seeds, judge_claims
+from free_transformer.experiments.demo.claims import claims_over_seeds, judge_claims, shown
 from free_transformer.experiments.demo.coins import coin_bits_saved, coin_measures, majority_coin
 from free_transformer.experiments.demo.groups import Groups, group_measures
 from free_transformer.experiments.demo.letters import latent_bits, target_starts
@@ -269,6 +269,7 @@ def test_the_report_shows_each_conditions_values_and_why_a_claim_failed(tmp_path
     results = {0: _paper_like_seed(0.8), 1: _paper_like_seed(0.6)}
     claims = claims_over_seeds({seed: judge_claims(seed_results) for seed, seed_results in results.items()})
     assert [c["reproduced"] for c in claims] == [2, 2, 1, 2, 2]
+    assert [shown(v) for v in (0.5, -0.0004, -0.02, None, math.nan)] == ["0.500", "0.000", "-0.020", "n/a", "n/a"]
     kappa_1 = claims[2]
     assert [c["holds"] for c in kappa_1["conditions"][1]] == [False, True, True, True, True]
     assert kappa_1["conditions"][1][0] == {"test": "valid ≥ 0.7", "measured": "0.600", "holds": False}

@@ -34,9 +34,12 @@ class Condition:
     holds: bool
 
 
-def _shown(value: float) -> str:
-    shown = f"{value:.3f}"
-    return "n/a" if math.isnan(value) else "0.000" if shown == "-0.000" else shown
+def shown(value: float | None, pattern: str = "{:.3f}") -> str:
+    """A measure as the report shows it: n/a where there is none (None, or NaN for a test), -0.00 as 0.00."""
+    if value is None or math.isnan(value):
+        return "n/a"
+    text = pattern.format(value)
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
 def claim_conditions(results: list) -> list[tuple[str, str, list[Condition]]]:
@@ -49,15 +52,15 @@ def claim_conditions(results: list) -> list[tuple[str, str, list[Condition]]]:
         return value if value is not None else float("nan")
 
     def at_least(slug, key, name, threshold):
-        return Condition(f"{name} ≥ {threshold:g}", _shown(m(slug, key)), m(slug, key) >= threshold)
+        return Condition(f"{name} ≥ {threshold:g}", shown(m(slug, key)), m(slug, key) >= threshold)
 
     def below(slug, key, name, threshold):
-        return Condition(f"{name} < {threshold:g}", _shown(m(slug, key)), m(slug, key) < threshold)
+        return Condition(f"{name} < {threshold:g}", shown(m(slug, key)), m(slug, key) < threshold)
 
     def green_over_blue(slug, decision, name):  # at least OVER_BLUE x blue's agreement, and above it (blue may be 0)
         green, blue = m(slug, f"green_{decision}"), m(slug, f"blue_{decision}")
         return Condition(f"green groups agree on {name} ≥ {OVER_BLUE:g}× as often as the blue group, and more",
-                         f"green {_shown(green)}, blue {_shown(blue)}", green >= OVER_BLUE * blue and green > blue)
+                         f"green {shown(green)}, blue {shown(blue)}", green >= OVER_BLUE * blue and green > blue)
 
     position, noise = "the position within ±2", "the noise (Jaccard)"
     at_start, per_noise = "bits Z saves at the target start", "bits Z saves per '!'"
@@ -85,16 +88,16 @@ def claim_conditions(results: list) -> list[tuple[str, str, list[Condition]]]:
             at_least("kappa-1", "latent_bits_noise", per_noise, USED)]),
         ("kappa-8", "8 bits: the encoder copies the sequence, generation breaks", [
             below("kappa-8", "valid", "valid", BROKEN),
-            Condition("posterior cross-entropy below the baseline's", f"{_shown(kl_ce)}, baseline {_shown(base_ce)}",
+            Condition("posterior cross-entropy below the baseline's", f"{shown(kl_ce)}, baseline {shown(base_ce)}",
                       kl_ce < base_ce)]),
         ("coins", "coin flips (Motivation section): Z carries the hidden coin", [
             Condition(f"generations given a sequence's encoder Z show its coin ≥ {COIN_MATCH} of the time "
-                      "(chance 0.5)", _shown(m("coins", "posterior_coin_match")),
+                      "(chance 0.5)", shown(m("coins", "posterior_coin_match")),
                       m("coins", "posterior_coin_match") >= COIN_MATCH),
             Condition(f"green groups agree on the coin ≥ {COIN_OVER_BLUE} more often than the blue group",
-                      f"green {_shown(green_coin)}, blue {_shown(blue_coin)}",
+                      f"green {shown(green_coin)}, blue {shown(blue_coin)}",
                       green_coin >= blue_coin + COIN_OVER_BLUE),
-            Condition(f"Z saves ≤ {COPYING_BITS:g} bits per sequence (more: it copies flips)", _shown(coin_bits),
+            Condition(f"Z saves ≤ {COPYING_BITS:g} bits per sequence (more: it copies flips)", shown(coin_bits),
                       coin_bits <= COPYING_BITS)]),
     ]
 

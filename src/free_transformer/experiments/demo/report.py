@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ...base.plotting import Line, Panel, draw
 from ...data.synthetic import analyse_letters
-from .claims import BROKEN, COIN_MATCH, IGNORED, USED, VALID
+from .claims import BROKEN, COIN_MATCH, IGNORED, USED, VALID, shown
 from .coins import coin_measures, majority_coin
 from .groups import Groups, mean_of_present
 from .paper_figure import figure_measures, noise_share
@@ -45,10 +45,6 @@ MEASURES = [  # key, column title, format
     ("val_kl_bits", "KL (bits/token)", "{:.3f}"),
     ("val_cross_entropy_bits", "cross-entropy (bits/token)", "{:.3f}"),
 ]
-
-
-def _fmt(value, pattern: str) -> str:
-    return "n/a" if value is None else pattern.format(value)
 
 
 def _printable(text: str) -> str:
@@ -83,7 +79,7 @@ def _same_coin(bodies: list[str]) -> float | None:
 def _coins_of(bodies: list[str]) -> str:
     """The coin each row shows (its majority value; '-' on a tie), and how often two rows agree."""
     coins = " ".join("-" if c is None else str(c) for c in map(majority_coin, bodies))
-    return f"coins {coins}: pairs agreeing {_fmt(_same_coin(bodies), '{:.2f}')}"
+    return f"coins {coins}: pairs agreeing {shown(_same_coin(bodies), '{:.2f}')}"
 
 
 def coin_comparison(groups: dict) -> list[str]:
@@ -95,9 +91,9 @@ def coin_comparison(groups: dict) -> list[str]:
     lines = []
     for name, bodies in ((f"blue, blocks of {size} rows", blocks), ("green groups, one Z each", groups["greens"])):
         values = [_same_coin(group) for group in bodies]
-        shown = " ".join(_fmt(v, "{:.2f}") for v in values[:COIN_GROUPS_LISTED])
+        listed = " ".join(shown(v, "{:.2f}") for v in values[:COIN_GROUPS_LISTED])
         more = " …" if len(values) > COIN_GROUPS_LISTED else ""
-        lines.append(f"{name:27s} mean {_fmt(mean_of_present(values), '{:.2f}')}: {shown}{more}")
+        lines.append(f"{name:27s} mean {shown(mean_of_present(values), '{:.2f}')}: {listed}{more}")
     return ["same coin, share of pairs of rows, per group:", *lines]
 
 
@@ -113,27 +109,27 @@ def panel_boxes(result) -> list[tuple[str, str, list[str]]]:
             heading += f"; {_coins_of(bodies[:COIN_ROWS_COUNTED])}"
         return colour, heading, rows
 
-    shown = f", {ROWS_SHOWN} shown" if len(groups["blue"]) > ROWS_SHOWN else ""
-    boxes = [box(BLUE, f"blue: each row draws its own Z ({len(groups['blue'])} rows{shown})", groups["blue"])]
+    cut = f", {ROWS_SHOWN} shown" if len(groups["blue"]) > ROWS_SHOWN else ""
+    boxes = [box(BLUE, f"blue: each row draws its own Z ({len(groups['blue'])} rows{cut})", groups["blue"])]
     if result.variant.kappa_bits is None:
         return boxes
     for index, green in enumerate(groups["greens"][:2]):
-        shown = f", {ROWS_SHOWN} shown" if len(green) > ROWS_SHOWN else ""
+        cut = f", {ROWS_SHOWN} shown" if len(green) > ROWS_SHOWN else ""
         boxes.append(box(GREEN, f"green group {index + 1} of {len(groups['greens'])}: one Z for its {len(green)} "
-                                f"rows{shown}", green))
+                                f"rows{cut}", green))
     return boxes
 
 
 def panel_title(result) -> str:
     m = result.measures
     if result.variant.task == "coins":
-        return (f"{result.variant.label}: coin agreement, green {_fmt(m.get('green_coin_agreement'), '{:.2f}')} "
-                f"vs blue {_fmt(m.get('blue_coin_agreement'), '{:.2f}')} (chance 0.5)")
-    title = f"{result.variant.label}: valid {_fmt(m.get('valid'), '{:.2f}')}"
+        return (f"{result.variant.label}: coin agreement, green {shown(m.get('green_coin_agreement'), '{:.2f}')} "
+                f"vs blue {shown(m.get('blue_coin_agreement'), '{:.2f}')} (chance 0.5)")
+    title = f"{result.variant.label}: valid {shown(m.get('valid'), '{:.2f}')}"
     if result.variant.kappa_bits is None:
         return f"{title}; {NO_Z}"
-    return (f"{title}, Z saves {_fmt(m.get('latent_bits_position'), '{:.2f}')} bits at the target start and "
-            f"{_fmt(m.get('latent_bits_noise'), '{:.2f}')} per '!'")
+    return (f"{title}, Z saves {shown(m.get('latent_bits_position'), '{:.2f}')} bits at the target start and "
+            f"{shown(m.get('latent_bits_noise'), '{:.2f}')} per '!'")
 
 
 def condition_table(claim: dict, seeds: list) -> list[tuple[str, list[tuple[str, bool]]]]:
@@ -179,7 +175,7 @@ def comparison_rows(results) -> list[tuple[str, list[str]]]:
         ours = {**result.measures, "noise_share": noise_share(drawn)}
         for source, measures in (("paper", paper[result.variant.slug]), ("ours", ours)):
             rows.append((f"{result.variant.label}, {source}",
-                         [_fmt(measures.get(key), pattern) for key, _, pattern in COMPARED]))
+                         [shown(measures.get(key), pattern) for key, _, pattern in COMPARED]))
     return rows
 
 
@@ -364,7 +360,7 @@ def _spread_png(results_by_seed: dict) -> bytes:
 def _measure_cell(result, key: str, pattern: str) -> str:
     if result.variant.kappa_bits is None and key.startswith("green_"):
         return "— (no Z)"  # the baseline's green groups are independent draws: nothing is shared
-    return _fmt(result.measures.get(key), pattern)
+    return shown(result.measures.get(key), pattern)
 
 
 def _measure_rows(results, seed: int | None) -> str:
