@@ -317,3 +317,20 @@ def test_the_first_line_says_what_runs_where_and_how_long_it_should_take(tmp_pat
     smoke = first_line(PRESETS["smoke"], demo_sweep(PRESETS["smoke"], tmp_path), local)
     assert smoke == (f"demo: preset smoke, seed 0, output {tmp_path}, on cpu; no time measured for this preset on 2 "
                      "CPU cores")
+
+
+@pytest.mark.parametrize("device, preset, seed_dirs", [("cpu", "quick", {""}),
+                                                      ("cuda", "paper", {"seed-0/", "seed-1/", "seed-2/"})])
+def test_the_demo_defaults_to_the_quick_preset_once_on_a_cpu_and_the_paper_over_three_seeds_on_a_gpu(
+        monkeypatch, capsys, tmp_path, device, preset, seed_dirs):
+    import yaml
+
+    from free_transformer.commands import demo as demo_command
+
+    monkeypatch.setattr(demo_command, "training_device", lambda args: device)  # no GPU needed to read the plan
+    assert main(["demo", "--out", str(tmp_path), "--print-config"]) == 0
+    out = capsys.readouterr().out
+    run_dirs = [line[2:] for line in out.splitlines() if line.startswith(f"# {tmp_path}/")]
+    assert run_dirs == [f"{tmp_path}/{seed}{v.slug}" for seed in sorted(seed_dirs) for v in VARIANTS]
+    letters_batch_sizes = {c["batch_size"] for c in yaml.safe_load_all(out) if c and c["data"]["kind"] == "letters"}
+    assert letters_batch_sizes == {PRESETS[preset].config(VARIANTS[1]).batch_size}  # quick 64, paper 256

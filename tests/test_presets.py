@@ -155,7 +155,6 @@ def test_info_without_a_size_or_presets_is_one_line(capsys):
 def test_a_commands_help_gives_every_preset_and_its_description(command, presets, capsys):
     with pytest.raises(SystemExit):
         main([command, "--help"])
-    words = capsys.readouterr().out.split()  # argparse wraps lines anywhere between words
-    text = " ".join(words)
+    text = "".join(capsys.readouterr().out.split())  # argparse wraps lines between words and after hyphens
     for name in presets:
-        assert f"{name}: {' '.join(presets.about(name).split())}" in text, name
+        assert "".join(f"{name}: {presets.about(name)}".split()) in text, name
