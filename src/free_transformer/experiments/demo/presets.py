@@ -1,5 +1,5 @@
 """The demo's presets: functions from a variant to its training config, typed, so that a wrong field
-fails at import. How each was found, with its measurements: docs/demo.md."""
+fails at import. What each setting rests on, measured: docs/demo.md."""
 
 from __future__ import annotations
 
