@@ -56,7 +56,7 @@ def _printable(text: str) -> str:
 WHY_IT_FAILS = {
     "kappa-1": ("With the paper's loss this test fails in most seeds: at κ = 1 bit the hinge charges nothing up to 65 "
                 "bits a sequence, more than the data's 27.4 bits of entropy, so what Z holds changes from seed to seed "
-                "(docs/demo.md, “κ = 1 bit: Z is one binary digit per token, and the prior's digits are noise”)."),
+                "(docs/demo.md, “The free budget is larger than the data”)."),
 }
 NOT_MEASURED = "n/a: nothing to measure (no valid generation to compare, or no Z), which fails the condition"
 NO_Z = "no green groups: the baseline has no Z, so a Z shared by a group means nothing"
