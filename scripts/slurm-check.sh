@@ -124,7 +124,7 @@ say "demo --preset smoke --seeds 2 --launcher slurm --report-on slurm"
 
 # ---- 3. a run stopped with scancel --signal=TERM mid-training, resumed by running the command again ---------
 
-LONG=(study --preset smoke --seeds 1 --kappas 4 steps=2000 eval_every=0 log_every=1 checkpoint_every=20)
+LONG=(study --preset smoke --seeds 1 --kappas 4 steps=2000 validate_every=0 log_every=1 checkpoint_every=20)
 say "${LONG[*]} --launcher local (uninterrupted)"
 "${CLI[@]}" "${LONG[@]}" --launcher local --device cpu --out "$OUT/long-local" > /dev/null 2>&1 || fail "local long study"
 say "${LONG[*]} --launcher slurm, with kappa-4 cancelled by TERM"

@@ -153,7 +153,7 @@ class EvalSettings:
 
     tasks: tuple[str, ...]
     limit: int | None
-    latents: Literal["prior", "encoder"]  # the Z of context positions (latent_choice.CONTEXT_CHOICES)
+    latents: Literal["prior", "encoder"]  # the Z of context positions (inference.latents.CONTEXT_CHOICES)
     latent_samples: int
     generation_samples: int
     seed: int
