@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.tokenizer import Tokenizer
-from ..inference.batches import DEFAULT_BATCH_SIZE, Prompt, prepare_prompts, sample_prompts
+from ..inference.batches import DEFAULT_BATCH_SIZE, Prompt, new_token_room, prepare_prompts, sample_prompts
 from ..inference.generate import GenerationConfig
 from ..inference.stops import cut_at_stop, stop_check
 from ..model.transformer import FreeTransformer
@@ -96,9 +96,10 @@ class Sampler:
             prompt = self.tokenizer.encode(text)
             if not prompt:
                 raise ValueError(f"{label if where else '--prompt'} must not be empty (give at least one character)")
-            room = context - len(prompt) + 1  # the last new token is never fed back
-            if room < 1:
-                raise ValueError(f"{where}the prompt has {len(prompt)} tokens; this model reads at most {context}")
+            try:
+                room = new_token_room(len(prompt), context)
+            except ValueError as error:
+                raise ValueError(f"{where}{error}") from None
             new = settings.max_new_tokens if settings.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
             if new > room:
                 raise ValueError(f"{where}prompt ({len(prompt)}) + max_new_tokens ({new}) - 1 exceeds max_seq_len "

@@ -43,6 +43,15 @@ class PromptSample:
     tokens: list[int]  # the new tokens, stop token included
 
 
+def new_token_room(prompt_length: int, context: int) -> int:
+    """How many new tokens fit after a prompt of `prompt_length` tokens in a model that reads `context`
+    (the last new token is never fed back); a one-line ValueError when not even one does."""
+    room = context - prompt_length + 1
+    if room < 1:
+        raise ValueError(f"the prompt has {prompt_length} tokens; this model reads at most {context}")
+    return room
+
+
 def prepare_prompts(model: FreeTransformer, prompts: Sequence[Sequence[int]], configs: Sequence[GenerationConfig],
                     choice: LatentChoice | None, *, reference=None, latent_seed: int,
                     where: str = "latents") -> list[Prompt]:

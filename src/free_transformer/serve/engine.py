@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.tokenizer import Tokenizer
-from ..inference.batches import Prompt, prepare_prompts, sample_prompts
+from ..inference.batches import Prompt, new_token_room, prepare_prompts, sample_prompts
 from ..inference.generate import GenerationConfig
 from ..inference.latents import parse_latents
 from ..inference.stops import stop_at, stop_check
@@ -125,10 +125,10 @@ class Engine:
         if not ids or not all(ids):
             raise RequestError("prompt must not be empty (give at least one character)", "prompt")
         context, longest = self.model.config.max_seq_len, max(map(len, ids))
-        room = context - longest + 1  # new tokens that fit: the last one is never fed back
-        if room < 1:
-            raise RequestError(f"the prompt has {longest} tokens; this model reads at most {context}", "prompt",
-                               code="context_length_exceeded")
+        try:
+            room = new_token_room(longest, context)
+        except ValueError as error:
+            raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
         max_tokens = request.max_tokens or min(DEFAULT_MAX_TOKENS, room)
         if max_tokens > room:
             raise RequestError(f"max_tokens {max_tokens} does not fit: the prompt has {longest} tokens and this "
