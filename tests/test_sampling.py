@@ -169,6 +169,15 @@ def test_interactive_starts_from_the_options_and_leaves_cleanly(checkpoint, caps
         "error: --interactive reads its prompts as you type them: drop --prompt and --prompts-file"
 
 
+def test_interactive_refuses_shared_and_reference_z_on_a_baseline_as_generate_does(capsys, monkeypatch, tmp_path):
+    """A baseline has no Z to share or infer: the commands are refused in one line, worded as the resolution
+    that `generate --latents` goes through words it, and the loop goes on."""
+    baseline = str(tiny_checkpoint(tmp_path, "baseline", 0))
+    _, errors = _interact(monkeypatch, capsys, baseline, "/latents shared\n/reference K>\n/latents prior\n")
+    assert errors == ["error: /latents shared needs a Free Transformer (latent_bits > 0); this is a baseline decoder",
+                      "error: /latents reference needs a Free Transformer (latent_bits > 0); this is a baseline decoder"]
+
+
 def test_load_model_is_public(tmp_path):
     model, config = load_model(tiny_checkpoint(tmp_path, "run", 4))
     assert "load_model" in free_transformer.__all__

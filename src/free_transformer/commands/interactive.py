@@ -8,7 +8,7 @@ import dataclasses
 import sys
 
 from ..base.errors import UserError
-from ..inference.latents import CONTEXT_CHOICES, parse_latents
+from ..inference.latents import parse_latents, refuse_on_baseline
 from .sampling import Sampler, Settings, unescape
 
 INTERACTIVE_HELP = """\
@@ -119,16 +119,14 @@ def _number(kind: type, name: str, argument: str, off: str | None = None):
 
 def _latents(settings: Settings, argument: str, bits: int) -> Settings:
     choice = parse_latents(argument, where="/latents", indices=False)
-    if bits == 0 and choice not in CONTEXT_CHOICES:
-        raise ValueError(f"/latents {choice} needs a Free Transformer (latent_bits > 0); this is a baseline decoder")
+    refuse_on_baseline(choice, bits, "/latents")
     if choice == "reference" and settings.reference is None:
         raise ValueError("/latents reference needs a text: /reference TEXT")
     return dataclasses.replace(settings, latents=choice, reference=settings.reference if choice == "reference" else None)
 
 
 def _reference(settings: Settings, argument: str, bits: int) -> Settings:
-    if bits == 0:
-        raise ValueError("/reference needs a Free Transformer (latent_bits > 0); this is a baseline decoder")
+    refuse_on_baseline("reference", bits, "/latents")  # /reference TEXT is /latents reference with its text
     return dataclasses.replace(settings, latents="reference", reference=unescape(argument))
 
 

@@ -37,11 +37,11 @@ REMOVED_IN = "0.3"
 
 
 def named(where: str, value) -> str:
-    """How an error names a setting and its value: `--latents shared` on the command line, `latents='shared'`
-    elsewhere."""
+    """How an error names a setting and its value: `--latents shared` on the command line (`/latents shared`
+    in generate --interactive), `latents='shared'` elsewhere."""
     if isinstance(value, Tensor):
         return "explicit latents"
-    return f"{where} {value}" if where.startswith("--") else f"{where}={value!r}"
+    return f"{where} {value}" if where.startswith(("--", "/")) else f"{where}={value!r}"
 
 
 def parse_latents(value, *, where: str = "latents", allowed: tuple[str, ...] = CHOICES,
@@ -80,6 +80,14 @@ def check_latent_indices(latents, bits: int, batch_size: int, *, min_length: int
     return latents.to(torch.int64).expand(batch_size, -1)
 
 
+def refuse_on_baseline(choice: LatentChoice, bits: int, where: str = "latents") -> None:
+    """A one-line ValueError when a named choice that is not a context's Z ("shared", "reference") meets a
+    baseline decoder (latent_bits = 0), which has no Z to share or infer."""
+    if bits == 0 and isinstance(choice, str) and choice not in CONTEXT_CHOICES:
+        raise ValueError(f"{named(where, choice)} needs a Free Transformer (latent_bits > 0); "
+                         "this is a baseline decoder")
+
+
 @dataclass(frozen=True)
 class ResolvedLatents:
     prompt_source: LatentSource  # ENCODER or PRIOR: the Z of the prompt when no explicit Z covers it
@@ -105,9 +113,7 @@ def resolve_latents(model: FreeTransformer, choice: LatentChoice | None, *, leng
         rows = batch_size or (choice.shape[0] if choice.dim() == 2 else 1)
         return ResolvedLatents(ENCODER, check_latent_indices(choice, bits, rows, min_length=prompt_length,
                                                              device=model.rope_cos.device))
-    if bits == 0:
-        raise ValueError(f"{named(where, choice)} needs a Free Transformer (latent_bits > 0); "
-                         "this is a baseline decoder")
+    refuse_on_baseline(choice, bits, where)
     if choice == "shared":
         return ResolvedLatents(ENCODER, shared_prior_latents(model, length, generator))
     if reference is None:
