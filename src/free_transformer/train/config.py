@@ -257,11 +257,6 @@ def config_yaml(config: TrainConfig) -> str:
     return settings.to_yaml(config)
 
 
-def flat_settings(config: TrainConfig) -> dict:
-    """{"section.field": value} of every setting of a config."""
-    return settings.flat(config)
-
-
 def changed_settings(before: TrainConfig, after: TrainConfig) -> dict[str, list]:
     """{"section.field": [before, after]} of the settings that differ."""
     return settings.changed(before, after)
