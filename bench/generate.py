@@ -38,7 +38,7 @@ post-sampler row are left out (B * D each). Those bytes / the measured copy band
 measured one (1.0 = at the memory roofline; target on a GPU at paper-1.5b bf16, B=1: >= 0.60).
 
 Options for a GPU: --size paper-1.5b (the named size's dims and H=16), --dtype bf16
-(weights and KV cache in bf16; the RoPE tables stay float32), --compile (generate(..., compile=True):
+(weights, RoPE tables and KV cache in bf16, as `generate --dtype bf16`), --compile (generate(..., compile=True):
 the decoding step captured as a CUDA graph; the same static step, eager, on a CPU).
 
 FLOPs (to print the achieved GFLOP/s beside the machine's matmul limit): a token fed at position t
@@ -110,14 +110,12 @@ def cached_decode_bytes(config: ModelConfig, batch: int, prompt_len: int, new_to
 
 
 def build_model(config: ModelConfig, device, seed: int = 0, dtype: torch.dtype = torch.float32) -> FreeTransformer:
-    """Initialised on its device (a 1.5B model on the host takes minutes), in `dtype`; the RoPE tables stay float32."""
+    """Initialised on its device (a 1.5B model on the host takes minutes), in `dtype` (its RoPE tables too, as
+    `free-transformer generate --dtype` casts them)."""
     torch.manual_seed(seed)
     with torch.device(device):
         model = FreeTransformer(config)
-    rope = model.rope_cos, model.rope_sin
-    model = model.to(dtype).eval()
-    model.rope_cos, model.rope_sin = rope
-    return model
+    return model.to(dtype).eval()
 
 
 @torch.no_grad()

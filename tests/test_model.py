@@ -1,12 +1,13 @@
 import pytest
 import torch
 from conftest import on_cpu, tiny_config, tiny_model, tolerance
-from reference import naive_forward
+from reference import _rope, naive_forward
 
 from free_transformer import ConfigError, FreeTransformer, ModelConfig, named_config
-from free_transformer.model.config import LatentConfig
 from free_transformer.inference.latents import check_latent_indices
+from free_transformer.model.config import LatentConfig
 from free_transformer.model.latent import free_bits_kl
+from free_transformer.model.layers import apply_rope, rope_tables
 from free_transformer.model.state_names import split_state_dict
 
 
@@ -261,3 +262,19 @@ def test_a_forward_without_backward_leaves_nothing_alive_once_its_output_is_drop
     assert len(saved) > 20 and all(ref() is not None for ref in saved)  # alive while the caller holds `out`
     del out
     assert [ref for ref in saved + produced if ref() is not None] == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_is_llamas_rotate_half_to_the_bit(dtype):
+    """apply_rope's roll over the signed sin table gives Llama's x * cos + cat(-x2, x1) * sin exactly; the
+    tables are the reference's float64 angles to float32 rounding."""
+    head_dim, T = 16, 40
+    cos, signed_sin = rope_tables(head_dim, T, 10000.0)
+    half = head_dim // 2
+    sin = torch.cat([-signed_sin[:, :half], signed_sin[:, half:]], -1)  # Llama's table: (sin, sin)
+    x = torch.randn(2, 3, T, head_dim, generator=torch.Generator().manual_seed(0)).to(dtype)
+    llama = x * cos.to(dtype) + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.to(dtype)
+    assert torch.equal(apply_rope(x, cos, signed_sin), llama)
+    x64 = x.double()
+    torch.testing.assert_close(apply_rope(x64, cos, signed_sin), _rope(x64, torch.arange(T), 10000.0),
+                               atol=1e-5, rtol=0)

@@ -13,19 +13,23 @@ from .config import ModelConfig
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> tuple[Tensor, Tensor]:
-    """cos and sin, each (max_seq_len, head_dim), in the rotate-half layout of Llama."""
+    """cos and signed sin, each (max_seq_len, head_dim), in the rotate-half layout of Llama: sin's first
+    half is negated, so that `apply_rope` rotates with one roll instead of a negation and a concatenation."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)  # (T, head_dim)
-    return angles.cos(), angles.sin()
+    angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, hd/2)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)  # (T, head_dim) each
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, heads, T, head_dim); cos/sin (T, head_dim) for the positions of x."""
+    """x (B, heads, T, head_dim); cos/sin (T, head_dim) from rope_tables, for the positions of x.
+
+    Llama's x * cos + cat(-x2, x1) * sin, with the sign in the table: cat(x2, x1) * cat(-sin, sin), the same
+    products to the bit, with one roll where a negation and a concatenation ran (each its own kernel in eager
+    decoding). The tables are cast only when their dtype differs from x's: .to(dtype) casts them with the
+    weights."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class KVCache:
