@@ -1,10 +1,13 @@
-"""Training options that must not change results: activation checkpointing and torch.compile."""
+"""Training options that must not change results: activation checkpointing and torch.compile; and what bf16
+autocast costs them in weight casts."""
 
+import collections
 import copy
 
 import pytest
 import torch
 from conftest import tiny_config
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from free_transformer.distributed.parallelize import apply_activation_checkpointing, apply_compile
 from free_transformer.model.config import named_config
@@ -12,6 +15,7 @@ from free_transformer.model.transformer import FreeTransformer
 from free_transformer.train import trainer
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics
+from free_transformer.train.validation import autocast_context
 
 
 def _step(model, tokens, seed=None):
@@ -93,3 +97,50 @@ def test_trainer_applies_the_options(tmp_path, monkeypatch, option):
     assert losses[0] == losses[1]
     if option == "compile":
         assert len(calls) == 1
+
+
+class WeightCasts(TorchDispatchMode):
+    """Counts, per parameter, the elements that casts to bfloat16 read from its storage."""
+
+    CASTS = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+    def __init__(self, model):
+        super().__init__()
+        self.names = {p.untyped_storage().data_ptr(): name for name, p in model.named_parameters()}
+        self.elements = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.CASTS and out.dtype == torch.bfloat16:
+            name = self.names.get(args[0].untyped_storage().data_ptr())
+            if name is not None:
+                self.elements[name] += args[0].numel()
+        return out
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_bf16_step_casts_each_weight_once(compiled):
+    """Under precision=bf16 a training step casts every matrix to bf16 once (autocast's cache in eager; in a
+    compiled block the forward's cast is saved for backward, not recomputed) and the fused cross-entropy
+    casts the read-out once for all its chunks: the casts a float32 master copy needs, and no more.
+    Compiled: the blocks with Inductor's partitioner and decompositions, without its code generation."""
+    torch.manual_seed(0)
+    model = FreeTransformer(tiny_config(n_layers=4, latent_bits=4, tie_embeddings=True)).train()
+    if compiled:
+        for block in [*model.layers, *model.latent.encoder]:
+            block.compile(backend="aot_eager_decomp_partition")
+    tokens = torch.randint(0, model.config.vocab_size, (2, 33))
+
+    def step():
+        with autocast_context("bf16", tokens.device):
+            out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05)
+        out.loss.backward()
+
+    step()  # compiles
+    with WeightCasts(model) as casts:
+        step()
+    for name, p in model.named_parameters():
+        expected = p.numel() if p.dim() == 2 else 0  # norms and zeta stay float32; the tied embedding: its read-out
+        if name == "latent.readout.bias":
+            expected = p.numel()  # F.linear's bias follows its weight
+        assert casts.elements[name] == expected, name
