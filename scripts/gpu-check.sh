@@ -5,6 +5,7 @@
 #
 #     bash scripts/gpu-check.sh [OUT_DIR]          (default OUT_DIR: gpu-check-<date>-<time>)
 #     PYTHON=/path/to/python bash scripts/gpu-check.sh   (default: python)
+#     ONLY="generate-compiled profile" bash scripts/gpu-check.sh   (those steps alone; names: STEPS below)
 #
 # Exits 2 with one line when no CUDA device is visible; otherwise 0 when every command succeeded, 1 when
 # one failed or ran past its time limit (the report says which). Benchmarks that miss a target print
@@ -15,6 +16,16 @@ cd "$(dirname "$0")/.." || exit 2
 PYTHON=${PYTHON:-python}
 OUT=${1:-gpu-check-$(date +%Y%m%d-%H%M%S)}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+STEPS="pytest mapper step-eager step-compiled generate-eager generate-compiled profile peers latent-kinds demo-paper"
+ONLY=${ONLY:-$STEPS}
+for name in ${ONLY//,/ }; do
+    case " $STEPS " in
+        *" $name "*) ;;
+        *) echo "gpu-check: unknown step '$name' in ONLY (steps: $STEPS)" >&2; exit 2 ;;
+    esac
+done
+# wanted NAME: whether ONLY names the step
+wanted() { case " ${ONLY//,/ } " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     echo "gpu-check: no CUDA device ($PYTHON: torch missing or torch.cuda.is_available() is False)" >&2
@@ -34,6 +45,8 @@ fence() { echo '```'; cat; echo '```'; }
     echo
     echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)'), host $(hostname)"
     echo
+    echo "steps: ${ONLY//,/ }"
+    echo
     echo "## Versions"
     "$PYTHON" -c "import platform, torch; print('python', platform.python_version()); print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'cuDNN', torch.backends.cudnn.version()); print('device', torch.cuda.get_device_name(0), '| devices visible:', torch.cuda.device_count())" 2>&1 | fence
     echo
@@ -45,6 +58,7 @@ fence() { echo '```'; cat; echo '```'; }
 run() {
     local name=$1 limit=$2
     shift 2
+    wanted "${name%-fp32}" || wanted "${name%-bf16}" || return 0  # peers-fp32 and peers-bf16: the step "peers"
     STEP=$((STEP + 1))
     local log
     log="$OUT/$(printf '%02d' "$STEP")-$name.log"
@@ -71,19 +85,22 @@ run() {
     } >> "$REPORT"
 }
 
-run pytest 300 "$PYTHON" -m pytest --device cuda -q -rs -p no:cacheprovider
+run pytest 480 "$PYTHON" -m pytest --device cuda -q -rs -p no:cacheprovider
 run mapper 240 "$PYTHON" bench/mapper.py --quick --dtype bf16
 run step-eager 360 "$PYTHON" bench/step.py --size paper-1.5b --dtype bf16 --bits 16
 run step-compiled 420 "$PYTHON" bench/step.py --size paper-1.5b --dtype bf16 --bits 16 --compile --no-memory
 GENERATE=(bench/generate.py --size paper-1.5b --dtype bf16 --batch 1 16 --new-tokens 64 --recompute-tokens 0 --rounds 5)
 run generate-eager 300 "$PYTHON" "${GENERATE[@]}"
-# with --compile it also checks the graph's tokens against the same static step run eagerly (part (c))
-run generate-compiled 300 "$PYTHON" "${GENERATE[@]}" --compile
+# with --compile it also checks the graph's tokens against the same static step run eagerly (part (c)); each
+# model, batch size and sampling variant compiles its step with Inductor first (about a minute at this size)
+run generate-compiled 600 "$PYTHON" "${GENERATE[@]}" --compile
 # where the time of one training step (eager) and of one compiled decoding step goes: the top GPU kernels
-run profile 300 "$PYTHON" bench/profile_steps.py --size paper-1.5b --dtype bf16 --new-tokens 32 --top 25
+run profile 420 "$PYTHON" bench/profile_steps.py --size paper-1.5b --dtype bf16 --new-tokens 32 --top 25
 # x-transformers 2.31.10 (pip install x-transformers==2.31.10), at the size of docs/gpu.md's comparison target.
 PEERS=(bench/peers.py --layers 16 --dim 1024 --heads 16 --kv-heads 4 --ffn 2816 --vocab 32000 --seq-len 1024 --batch 8 --rounds 3)
-if "$PYTHON" -c "import x_transformers.free_transformer" 2>/dev/null; then
+if ! wanted peers; then
+    :
+elif "$PYTHON" -c "import x_transformers.free_transformer" 2>/dev/null; then
     run peers-fp32 300 "$PYTHON" "${PEERS[@]}" --dtype fp32
     run peers-bf16 300 "$PYTHON" "${PEERS[@]}" --dtype bf16
 else
