@@ -23,7 +23,7 @@ matmul limit of the dtype the step runs its matmuls in (bf16 with --dtype bf16, 
 
 Sizes (--size): `narrow` (default) is dim 256 at the paper's depths, L in {8, 28}, T=256, B=8;
 `paper-1.5b` is free_transformer.model.config's named size (L=28, D=1536, 12/2 heads, vocab 2^17, tied),
-H in {16, 8}, T=2048, B=4 by default: the GPU targets of docs/gpu.md, about 60 GiB at its peak in bf16
+H in {16, 8}, T=2048, B=4 by default: the GPU targets of docs/gpu.md, about 50 GiB at its eager peak in bf16 (bench/memory.py)
 (a GPU with 80 GB; never on a CPU). At that size the two models of a pair share one decoder: the
 baseline is made of the Free Transformer's own embedding, blocks and read-out (no copy) and both
 steps use one optimizer (AdamW skips the latent path's parameters, which get no gradient in the

@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.." || exit 2
 PYTHON=${PYTHON:-python}
 OUT=${1:-gpu-check-$(date +%Y%m%d-%H%M%S)}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-STEPS="pytest mapper step-eager step-compiled generate-eager generate-compiled profile peers latent-kinds demo-paper"
+STEPS="pytest mapper step-eager step-compiled generate-eager generate-compiled profile profile-compiled"
+STEPS+=" peers latent-kinds demo-paper"
 ONLY=${ONLY:-$STEPS}
 for name in ${ONLY//,/ }; do
     case " $STEPS " in
@@ -88,7 +89,7 @@ run() {
 run pytest 480 "$PYTHON" -m pytest --device cuda -q -rs -p no:cacheprovider
 run mapper 240 "$PYTHON" bench/mapper.py --quick --dtype bf16
 run step-eager 360 "$PYTHON" bench/step.py --size paper-1.5b --dtype bf16 --bits 16
-run step-compiled 420 "$PYTHON" bench/step.py --size paper-1.5b --dtype bf16 --bits 16 --compile --no-memory
+run step-compiled 600 "$PYTHON" bench/step.py --size paper-1.5b --dtype bf16 --bits 16 --compile
 GENERATE=(bench/generate.py --size paper-1.5b --dtype bf16 --batch 1 16 --new-tokens 64 --recompute-tokens 0 --rounds 5)
 run generate-eager 300 "$PYTHON" "${GENERATE[@]}"
 # with --compile it also checks the graph's tokens against the same static step run eagerly (part (c)); each
@@ -96,6 +97,8 @@ run generate-eager 300 "$PYTHON" "${GENERATE[@]}"
 run generate-compiled 600 "$PYTHON" "${GENERATE[@]}" --compile
 # where the time of one training step (eager) and of one compiled decoding step goes: the top GPU kernels
 run profile 420 "$PYTHON" bench/profile_steps.py --size paper-1.5b --dtype bf16 --new-tokens 32 --top 25
+# the same for a training step with every block compiled (compile=true), where the MFU target is read
+run profile-compiled 420 "$PYTHON" bench/profile_steps.py --size paper-1.5b --dtype bf16 --compile --parts train --top 25
 # x-transformers 2.31.10 (pip install x-transformers==2.31.10), at the size of docs/gpu.md's comparison target.
 PEERS=(bench/peers.py --layers 16 --dim 1024 --heads 16 --kv-heads 4 --ffn 2816 --vocab 32000 --seq-len 1024 --batch 8 --rounds 3)
 if ! wanted peers; then
