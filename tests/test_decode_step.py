@@ -84,6 +84,19 @@ def test_compiled_step_is_compiled_once_per_shape_and_variant(monkeypatch):
     assert alive() is None
 
 
+def test_inductor_compiles_the_step_with_coordinate_descent_tuning(monkeypatch):
+    """Inductor gets INDUCTOR_OPTIONS (coordinate-descent tuning: its own tuned GEMVs at one row on a GPU);
+    another backend gets no Inductor options."""
+    calls = []
+    monkeypatch.setattr(generate_module.torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    generate_module.StaticDecodeStep(model, 1, 16, inductor=True)
+    assert calls[-1]["backend"] == "inductor" and calls[-1]["options"] == {"coordinate_descent_tuning": True}
+    monkeypatch.setattr(generate_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
+    generate_module.StaticDecodeStep(model, 1, 16, inductor=True)
+    assert calls[-1]["options"] is None
+
+
 def _inductor_cases():
     return pytest.mark.parametrize("latent_bits, B", [(0, 1), (4, 3)])
 

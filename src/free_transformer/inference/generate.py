@@ -113,6 +113,12 @@ NON_FINITE = "the next-token probabilities contain NaN (non-finite logits)"
 INDUCTOR_DEVICES = {"cuda"}
 # torch.compile's backend for those steps ("inductor"; tests count compilations with a backend of their own).
 COMPILE_BACKEND = "inductor"
+# Inductor's options for them. coordinate_descent_tuning: on a GPU, Inductor then writes a one-row step's
+# matrix-vector products as reductions of its own and tunes their launch configurations, which is how
+# its decompositions say a GEMV reaches the memory bandwidth (without it they stay cuBLAS GEMVs, well
+# below it: docs/gpu.md); the tuned configurations are cached on disk with the compiled code. No
+# effect on a CPU.
+INDUCTOR_OPTIONS = {"coordinate_descent_tuning": True}
 
 
 @dataclass(frozen=True)
@@ -181,8 +187,9 @@ class StaticDecodeStep:
         self.use_graph = device.type == "cuda"
         self.inductor = device.type in INDUCTOR_DEVICES if inductor is None else inductor
         # one graph per variant, shapes fixed (batch, capacity, vocabulary): what a CUDA graph captures
+        options = dict(INDUCTOR_OPTIONS) if COMPILE_BACKEND == "inductor" else None
         self.core = torch.compile(_fresh_function(_step_core), backend=COMPILE_BACKEND, dynamic=False,
-                                  fullgraph=True) if self.inductor else _step_core
+                                  fullgraph=True, options=options) if self.inductor else _step_core
         self.compile_seconds: dict[SamplingVariant, float] = {}  # the first (compiling) call of each variant
         # per variant (None: the model alone, `__call__`): its graph, the output buffer the graph writes
         self.graphs: dict[SamplingVariant | None, torch.cuda.CUDAGraph] = {}
