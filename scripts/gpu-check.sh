@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.." || exit 2
 PYTHON=${PYTHON:-python}
 OUT=${1:-gpu-check-$(date +%Y%m%d-%H%M%S)}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-STEPS="pytest mapper step-eager step-compiled generate-eager generate-compiled profile profile-compiled"
+STEPS="pytest mapper step-eager step-compiled generate-eager generate-compiled decode-step profile profile-compiled"
 STEPS+=" peers latent-kinds demo-paper"
 ONLY=${ONLY:-$STEPS}
 for name in ${ONLY//,/ }; do
@@ -95,6 +95,8 @@ run generate-eager 300 "$PYTHON" "${GENERATE[@]}"
 # with --compile it also checks the graph's tokens against the same static step run eagerly (part (c)); each
 # model, batch size and sampling variant compiles its step with Inductor first (about a minute at this size)
 run generate-compiled 600 "$PYTHON" "${GENERATE[@]}" --compile
+# the B=1 static decoding step alone: as is (CUDA graph), compiled with and without coordinate-descent tuning
+run decode-step 480 "$PYTHON" bench/generate.py --size paper-1.5b --dtype bf16 --parts d --batch 1 --new-tokens 64 --step-rounds 5
 # where the time of one training step (eager) and of one compiled decoding step goes: the top GPU kernels
 run profile 420 "$PYTHON" bench/profile_steps.py --size paper-1.5b --dtype bf16 --new-tokens 32 --top 25
 # the same for a training step with every block compiled (compile=true), where the MFU target is read
