@@ -8,7 +8,7 @@ compile=True)`: after a warm-up call (which compiles and captures the static ste
 --new-tokens tokens is profiled and each operator's time is divided by the tokens decoded.
 
     PYTHONPATH=src python bench/profile_steps.py [--size narrow|paper-1.5b] [--dtype fp32|bf16] [--compile]
-                                           [--bits H] [--batch B] [--seq-len T] [--decode-batch B]
+                                           [--bits H] [--batch B] [--seq-len T] [--decode-batch B ...]
                                            [--new-tokens N] [--top K] [--device cpu|cuda] [--threads T]
 """
 
@@ -59,19 +59,19 @@ def profile_training(args, device: torch.device) -> str:
             f"{', compiled blocks' if args.compile else ''}\n{top_operators(prof, device, 1, args.top)}")
 
 
-def profile_decoding(args, device: torch.device) -> str:
+def profile_decoding(args, device: torch.device, batch: int) -> str:
     cfg = model_config(args.bits, 8, args.size)
     model, _ = build(cfg, device)
     model.eval()
     if args.precision == "bf16":
         model.to(torch.bfloat16)  # decoding reads bf16 weights and cache, as generate --dtype bf16
-    prompts = make_batch(cfg, args.decode_batch, 16, device)[:, :16]
+    prompts = make_batch(cfg, batch, 16, device)[:, :16]
     config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=0.0)
     generate(model, prompts, config, compile=True)  # compiles and captures the static step on a GPU
     with profile(activities=activities(device)) as prof:
         generate(model, prompts, config, compile=True)
         sync(device)
-    return (f"decoding step (generate compile=True): {shape_of(cfg)}, B={args.decode_batch}, "
+    return (f"decoding step (generate compile=True): {shape_of(cfg)}, B={batch}, "
             f"{args.precision}, per token of {args.new_tokens}\n"
             f"{top_operators(prof, device, args.new_tokens, args.top)}")
 
@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--bits", type=int, default=16, help="H of the Free Transformer")
     parser.add_argument("--batch", type=int, help=f"training B (default {BATCH}; {PAPER}: {PAPER_BATCH})")
     parser.add_argument("--seq-len", type=int, help=f"training T (default {SEQ_LEN}; {PAPER}: {PAPER_SEQ_LEN})")
-    parser.add_argument("--decode-batch", type=int, default=1)
+    parser.add_argument("--decode-batch", type=int, nargs="+", default=[1], help="decoding batch sizes, one table each")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--top", type=int, default=20, help="operators listed per table")
     parser.add_argument("--parts", default="train,decode", help="train, decode or both (comma-separated)")
@@ -106,8 +106,8 @@ def main() -> None:
         print("\n" + profile_training(args, device))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if "decode" in parts:
-        print("\n" + profile_decoding(args, device))
+    for batch in args.decode_batch if "decode" in parts else ():
+        print("\n" + profile_decoding(args, device, batch))
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ run generate-compiled 600 "$PYTHON" "${GENERATE[@]}" --compile
 # the B=1 static decoding step alone: as is (CUDA graph), compiled with and without coordinate-descent tuning
 run decode-step 480 "$PYTHON" bench/generate.py --size paper-1.5b --dtype bf16 --parts d --batch 1 --new-tokens 64 --step-rounds 5
 # where the time of one training step (eager) and of one compiled decoding step goes: the top GPU kernels
-run profile 420 "$PYTHON" bench/profile_steps.py --size paper-1.5b --dtype bf16 --new-tokens 32 --top 25
+run profile 540 "$PYTHON" bench/profile_steps.py --size paper-1.5b --dtype bf16 --new-tokens 32 --decode-batch 1 16 --top 25
 # the same for a training step with every block compiled (compile=true), where the MFU target is read
 run profile-compiled 420 "$PYTHON" bench/profile_steps.py --size paper-1.5b --dtype bf16 --compile --parts train --top 25
 # x-transformers 2.31.10 (pip install x-transformers==2.31.10), at the size of docs/gpu.md's comparison target.
