@@ -7,6 +7,9 @@ import copy
 import pytest
 import torch
 from conftest import tiny_config
+from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+from torch._dynamo.backends.common import aot_autograd
+from torch._inductor.decomposition import select_decomp_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from free_transformer.distributed.parallelize import apply_activation_checkpointing, apply_compile
@@ -118,29 +121,62 @@ class WeightCasts(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_a_bf16_step_casts_each_weight_once(compiled):
-    """Under precision=bf16 a training step casts every matrix to bf16 once (autocast's cache in eager; in a
-    compiled block the forward's cast is saved for backward, not recomputed) and the fused cross-entropy
-    casts the read-out once for all its chunks: the casts a float32 master copy needs, and no more.
-    Compiled: the blocks with Inductor's partitioner and decompositions, without its code generation."""
+def test_an_eager_bf16_step_casts_each_weight_once():
+    """Under precision=bf16 an eager training step casts every matrix to bf16 once (autocast's cache keeps
+    the copy for backward) and the fused cross-entropy casts the tied read-out once for all its chunks: the
+    casts a float32 master copy needs, and no more (activation checkpointing, which recomputes the
+    forward, would make them two)."""
     torch.manual_seed(0)
     model = FreeTransformer(tiny_config(n_layers=4, latent_bits=4, tie_embeddings=True)).train()
-    if compiled:
-        for block in [*model.layers, *model.latent.encoder]:
-            block.compile(backend="aot_eager_decomp_partition")
     tokens = torch.randint(0, model.config.vocab_size, (2, 33))
-
-    def step():
+    with WeightCasts(model) as casts:
         with autocast_context("bf16", tokens.device):
             out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05)
         out.loss.backward()
-
-    step()  # compiles
-    with WeightCasts(model) as casts:
-        step()
     for name, p in model.named_parameters():
         expected = p.numel() if p.dim() == 2 else 0  # norms and zeta stay float32; the tied embedding: its read-out
         if name == "latent.readout.bias":
             expected = p.numel()  # F.linear's bias follows its weight
         assert casts.elements[name] == expected, name
+
+
+def test_a_compiled_bf16_block_casts_each_weight_once():
+    """A decoder block compiled the way compile=true compiles it (Inductor's decompositions and partitioner;
+    the graphs kept instead of turned into kernels) casts each weight to bf16 once, in forward: backward
+    reads the saved bf16 copy and never casts a weight again. (A partitioner told to save less memory,
+    torch._functorch.config.activation_memory_budget = 0, recomputes the casts in backward and fails this.)
+    A dispatch mode cannot count this: under one, torch.compile runs the block eagerly."""
+    graphs = {}
+
+    def keep(kind):
+        def compiler(graph_module, example_inputs):
+            graphs[kind] = graph_module.graph
+            return make_boxed_func(graph_module.forward)
+        return compiler
+
+    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+                           partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+    model = FreeTransformer(tiny_config(n_layers=2, latent_bits=0))
+    block = model.layers[0]
+    block.compile(backend=backend)
+    x = torch.randn(2, 32, model.config.dim, requires_grad=True)
+    with autocast_context("bf16", x.device):
+        y = block(x, model.rope_cos[:32], model.rope_sin[:32])
+    y.float().sum().backward()
+
+    weight_shapes = sorted(tuple(p.shape) for p in block.parameters() if p.dim() == 2)
+
+    def weight_casts(graph):  # the shapes of the graph's inputs of a weight's shape that it casts to bf16
+        shapes = []
+        for node in graph.nodes:
+            source = node.args[0] if node.target in WeightCasts.CASTS else None
+            if source is not None and source.op == "placeholder" and _cast_dtype(node) == torch.bfloat16:
+                shapes.append(tuple(source.meta["val"].shape))
+        return sorted(shape for shape in shapes if shape in weight_shapes)
+
+    assert weight_casts(graphs["forward"]) == weight_shapes
+    assert weight_casts(graphs["backward"]) == []
+
+
+def _cast_dtype(node):
+    return node.kwargs.get("dtype", node.args[1] if len(node.args) > 1 else None)
