@@ -76,6 +76,8 @@ DEMO, DEMO_NARROW = "demo", "demo-narrow"
 DEMO_WIDTHS = {DEMO: (64, 192), DEMO_NARROW: (32, 96)}  # dim, ffn_hidden
 DEMO_SEQ_LEN, DEMO_BATCH, DEMO_BITS = 65, 256, 8
 TARGET = 1.10  # (time ratio) / (FLOP ratio) and (memory ratio) / (analytic memory ratio) at most this
+# On a GPU at paper-1.5b, bf16, B=4, T=2048, compiled (docs/gpu.md): the baseline's MFU, the Free H=16 step's peak
+TARGET_MFU, TARGET_PEAK_GIB = 0.60, 45
 KAPPA_NATS = 0.5 * 0.6931471805599453  # the trainer's default kappa_bits = 0.5
 GRAD_CLIP = OptimConfig().grad_clip
 
@@ -385,14 +387,35 @@ def main():
               f"{r['mem_ratio']:>6.3f} {model_ratio:>7.3f} {r['mem_excess']:>5.3f} {verdict:<4} | "
               f"{r['saved']['free'] / MIB:>14.1f} {model_saved['free']:>8.1f} {r['saved']['base'] / MIB:>6.1f} "
               f"{model_saved['base']:>8.1f}")
+    print_gpu_targets(rows, args, device, limits)
     print(f"\nt/F = time ratio / FLOP ratio, m/M = memory ratio / analytic memory ratio; target <= {TARGET} "
-          f"(targets on a GPU at {PAPER} bf16 H=16: t/F <= 1.05, baseline MFU compiled >= 55%). "
+          f"(on a GPU at {PAPER} bf16 H=16: t/F <= 1.05, baseline MFU compiled >= {TARGET_MFU:.0%}, peak compiled <= "
+          f"{TARGET_PEAK_GIB} GiB). "
           f"TF/s = training_flops_per_token(T) * B * T / median step time; MFU = TF/s / the {args.precision} matmul "
           f"limit ({limits[args.precision]:.0f} GFLOP/s)")
     if args.precision == "bf16":
         print("bf16: the analytic memory counts every activation in fp32 (autocast keeps matmul outputs in "
               "bf16, norms and the residual stream in fp32), so its columns only bound the measured ones")
     print(f"load average at the end {os.getloadavg()[0]:.1f}; {time.perf_counter() - began:.0f} s")
+
+
+def print_gpu_targets(rows, args, device, limits) -> None:
+    """docs/gpu.md's training targets where this run is their configuration (paper-1.5b, bf16, B=4, T=2048 on a
+    GPU), with PASS or FAIL when compiled (--compile): they are targets for the compiled step."""
+    if (args.size, args.precision, args.batch, args.seq_len, device.type) != (PAPER, "bf16", PAPER_BATCH,
+                                                                             PAPER_SEQ_LEN, "cuda"):
+        return
+    row = next((r for r in rows if r["n_bits"] == 16), rows[0])
+
+    def verdict(passed: bool) -> str:
+        return (" PASS" if passed else " FAIL") if args.compile else ""
+
+    base_mfu = mfu(row["gflops"]["base"] * 1e9, limits, args.precision)
+    peak_gib = row["mem"]["free"] / 2**30
+    peak = f"{peak_gib:.1f} GiB{verdict(peak_gib <= TARGET_PEAK_GIB)}" if args.memory else "not measured (--no-memory)"
+    print(f"\ntargets ({'compiled' if args.compile else 'eager: they are read with --compile'}): baseline MFU >= "
+          f"{TARGET_MFU:.0%}: {base_mfu:.1%}{verdict(base_mfu >= TARGET_MFU)}; H={row['n_bits']} peak <= "
+          f"{TARGET_PEAK_GIB} GiB: {peak}")
 
 
 if __name__ == "__main__":
