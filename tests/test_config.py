@@ -85,6 +85,25 @@ def test_print_config_of_a_resume_is_the_runs_config_with_the_overrides(capsys, 
     assert not (run / "config-changes.jsonl").exists()  # printing trains nothing and records nothing
 
 
+def test_a_resumed_run_rewrites_its_config_yaml_in_todays_names(capsys, tmp_path):
+    """A run written before the renames, resumed with the same settings: its config.yaml is rewritten in the
+    new names (read without a warning from then on), no change is recorded and its checkpoints stay."""
+    run = tmp_path / "run"
+    shutil.copytree(LEGACY_RUN, run)
+    checkpoints = {path: path.read_bytes() for path in (run / "checkpoints").rglob("*") if path.is_file()}
+    with pytest.warns(FutureWarning, match="eval_every is now validate_every"):
+        legacy = load_train_config(LEGACY_RUN / "config.yaml")
+        assert main(["train", "--out", str(run), "--resume"]) == 0
+    assert "rewritten in today's names (it used eval_every, eval_batches)" in capsys.readouterr().err
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert "eval_every" not in saved and (saved["validate_every"], saved["validation_batches"]) == (0, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        assert load_train_config(run / "config.yaml") == legacy
+    assert not (run / "config-changes.jsonl").exists()
+    assert {path: path.read_bytes() for path in checkpoints} == checkpoints
+
+
 def test_a_printed_config_trains_to_the_same_first_losses(capsys, tmp_path):
     overrides = [*TINY, "steps=3", "model.latent_bits=3", "optim.lr=3e-3", "kappa_bits=0.125"]
     path = tmp_path / "printed.yaml"

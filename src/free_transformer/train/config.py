@@ -252,6 +252,22 @@ def save_train_config(config: TrainConfig, path: str | Path) -> None:
     settings.write_yaml(config, path)
 
 
+def renamed_names_in(path: str | Path) -> list[str]:
+    """The old names of renamed fields (RENAMED) that a config file still uses, such as a run's config.yaml
+    written before the rename."""
+    values = read_config_file(path)
+
+    def given(dotted: str) -> bool:
+        node = values
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    return [rename.old for rename in RENAMED if given(rename.old)]
+
+
 def config_yaml(config: TrainConfig) -> str:
     """The config as `save_train_config` writes it (`train -c` reads it back)."""
     return settings.to_yaml(config)
