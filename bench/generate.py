@@ -67,18 +67,20 @@ import statistics
 import torch
 
 from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
-                    interleaved_times, matmul_limits_gflops, median_ratio, model_config, setup_machine)
+                    interleaved_times, matmul_limits_gflops, median_ratio, model_config, seconds_per_call,
+                    setup_machine)
 from free_transformer.base.devices import DTYPES
 from free_transformer.base.seeding import generators
 from free_transformer.inference import generate as generate_module
 from free_transformer.inference.generate import GenerationConfig, generate, shared_prior_latents, static_decode_step
 from free_transformer.model.config import ModelConfig, named_config
 from free_transformer.model.transformer import FreeTransformer
+from targets import TARGETS, write_figure
 
 TARGET_FREE_VS_BASELINE = 0.95
 TARGET_CACHE_SPEEDUP, TARGET_CACHE_TOKENS = 10.0, 512
 # The decoding targets on a GPU, at paper-1.5b in bf16 on an H100 (3.0 TB/s: the B=1 roofline is ~992 tokens/s).
-TARGET_B1_ROOF, TARGET_B16_TOKENS_S = 0.60, 8000.0
+TARGET_B1_ROOF, TARGET_B16_TOKENS_S = TARGETS["decode-b1-roof"].at_least, TARGETS["decode-b16-tokens"].at_least
 SIZES = ("paper-1.5b",)
 
 
@@ -134,25 +136,30 @@ def recompute_greedy(model: FreeTransformer, prompts: torch.Tensor, new_tokens: 
 
 def free_vs_baseline(config, batch, args, device):
     """Median seconds of each, median per-round ratios Free / baseline and baseline B / baseline A
-    (tokens/s; the second is the A/A control).
+    (tokens/s; the second is the A/A control), and each instance's first call in seconds.
 
-    Two instances of each model, built from different seeds: identical models in different memory
-    decode at speeds up to ~5% apart on these CPUs (measured), so one instance of each would measure
-    where their weights landed as much as the design. Each round times all four; the ratio uses the
-    sum of each model's two instances, and the control compares the two baseline instances."""
+    --instances (default two) of each model, built from different seeds: identical models in different
+    memory decode at speeds up to ~5% apart on these CPUs (measured), so one instance of each would measure
+    where their weights landed as much as the design. Each round times all of them; the ratio uses the
+    sum of each model's instances, and the control compares the first two baseline instances. The first
+    call of each instance is timed apart: under --compile it compiles and captures its static step, the
+    first instance of each model with whatever Inductor's caches hold, the later ones with what the first
+    left there (the same graph, other weights)."""
     models = {f"{name}{i}": build_model(config.replace(latent_bits=bits), device, seed=i, dtype=DTYPES[args.dtype])
-              for i in (0, 1) for name, bits in (("free", config.latent_bits), ("baseline", 0))}
+              for i in range(args.instances) for name, bits in (("free", config.latent_bits), ("baseline", 0))}
     prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
     gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0, prompt_latents="prior")
     seeds = list(range(batch))
-    times = interleaved_times(
-        {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds, compile=args.compile)
-         for name, model in models.items()},
-        args.rounds, device)
-    free = [a + b for a, b in zip(times["free0"], times["free1"])]
-    baseline = [a + b for a, b in zip(times["baseline0"], times["baseline1"])]
-    return (statistics.median(free) / 2, statistics.median(baseline) / 2,
-            median_ratio(baseline, free), median_ratio(times["baseline0"], times["baseline1"]))
+    calls = {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds, compile=args.compile)
+             for name, model in models.items()}
+    first = {name: seconds_per_call(call, 1, device) for name, call in calls.items()}
+    times = interleaved_times(calls, args.rounds, device)
+    instances = range(args.instances)
+    free = [sum(t) for t in zip(*(times[f"free{i}"] for i in instances))]
+    baseline = [sum(t) for t in zip(*(times[f"baseline{i}"] for i in instances))]
+    control = median_ratio(times["baseline0"], times["baseline1"]) if args.instances > 1 else float("nan")
+    return (statistics.median(free) / args.instances, statistics.median(baseline) / args.instances,
+            median_ratio(baseline, free), control, first)
 
 
 def cache_vs_recompute(config, args, device):
@@ -192,11 +199,16 @@ def static_step_bytes(config: ModelConfig, batch: int, visible: float, element_b
     return float(element_bytes) * (matmul_weights(config) + kv_per_position * visible)
 
 
+def untuned_options() -> dict:
+    """generate's Inductor options without coordinate-descent tuning."""
+    return {k: v for k, v in generate_module.INDUCTOR_OPTIONS.items() if k != "coordinate_descent_tuning"}
+
+
 def untuned_step(model, batch: int, capacity: int):
     """A StaticDecodeStep compiled by Inductor without coordinate-descent tuning (the step generate() keeps
     is tuned): made directly, not through static_decode_step's per-model store."""
     tuned = generate_module.INDUCTOR_OPTIONS
-    generate_module.INDUCTOR_OPTIONS = {k: v for k, v in tuned.items() if k != "coordinate_descent_tuning"}
+    generate_module.INDUCTOR_OPTIONS = untuned_options()
     try:
         return generate_module.StaticDecodeStep(model, batch, capacity, inductor=True)
     finally:
@@ -234,8 +246,12 @@ def static_step_eager_vs_compiled(config, batch, args, device):
             step.advance(sampling, None)
 
     reference = decode(steps["as is"])
-    same = {name: (decode(step) == reference).double().mean().item()  # compiles; captures on a GPU
-            for name, step in steps.items() if name != "as is"}
+    same = {}
+    for name, step in steps.items():
+        if name != "as is":  # compiles (coordinate-descent tuning may take minutes); captures on a GPU
+            print(f"  B={batch}: compiling the {name} step ...", flush=True)
+            same[name] = (decode(step) == reference).double().mean().item()
+            print(f"  B={batch}: compiled the {name} step in {sum(step.compile_seconds.values()):.1f} s", flush=True)
     compile_s = {name: sum(step.compile_seconds.values()) for name, step in steps.items() if name != "as is"}
     times = interleaved_times({name: functools.partial(run, step) for name, step in steps.items()},
                               args.step_rounds, device)
@@ -269,6 +285,25 @@ def print_static_step(config, args, device, limits, element_bytes):
         for name, s in seconds.items():
             compiled = f"{compile_s[name]:>9.1f} | {same[name]:>12.1%}" if name in compile_s else f"{'-':>9} | {'-':>12}"
             print(f"  {name:>8} | {s * 1e3:>8.2f} {batch / s:>9.1f} {roofline_s / s:>6.1%} | {compiled}", flush=True)
+        if at_target and batch == 1:
+            write_figure(args.figures, "decode-step-b1-roof-tuned", roofline_s / seconds["inductor"], "static step alone")
+            write_figure(args.figures, "decode-step-b1-roof-untuned", roofline_s / seconds["untuned"],
+                         "static step alone")
+
+
+def write_decode_figures(path, batch, tokens_per_s, roof, free_vs_base, first) -> None:
+    """docs/gpu.md's decoding targets from part (a) at their configuration (bench/targets.py), and the first
+    call's time: cold (the first Free instance) and warm (the second, once the first filled the caches)."""
+    note = f"generate(compile=True), B={batch}"
+    if batch == 1:
+        write_figure(path, "decode-b1-roof", roof, note)
+        write_figure(path, "decode-b1-free-base", free_vs_base, note)
+        write_figure(path, "decode-compile-cold", first["free0"], f"{note}, free0")
+        if "free1" in first:
+            write_figure(path, "decode-compile-warm", first["free1"], f"{note}, free1")
+    elif batch == 16:
+        write_figure(path, "decode-b16-tokens", tokens_per_s, note)
+        write_figure(path, "decode-b16-free-base", free_vs_base, note)
 
 
 def main():
@@ -290,8 +325,19 @@ def main():
     parser.add_argument("--parts", nargs="+", choices=("a", "b", "c", "d"), default=None,
                         help="parts to run (default a b, and c with --compile); d: the static step, eager vs Inductor")
     parser.add_argument("--step-rounds", type=int, default=5, help="interleaved timing rounds of part (d)")
+    parser.add_argument("--instances", type=int, default=2, help="instances of each model in part (a), at least 1")
+    parser.add_argument("--untuned", action="store_true",
+                        help="compile the static steps without coordinate-descent tuning (part (d) compares both)")
+    parser.add_argument("--figures", metavar="PATH",
+                        help="append the GPU targets' figures (bench/targets.py) to PATH as JSON lines")
     add_machine_arguments(parser)
     args = parser.parse_args()
+    if args.instances < 1:
+        parser.error("--instances must be at least 1")
+    if args.untuned and "d" in (args.parts or ()):
+        parser.error("--untuned: part (d) compiles the step both ways itself")
+    if args.untuned:
+        generate_module.INDUCTOR_OPTIONS = untuned_options()
     args.parts = set(args.parts or ["a", "b"] + (["c"] if args.compile else []))
     if "b" not in args.parts:
         args.recompute_tokens = 0
@@ -319,8 +365,9 @@ def main():
               f"{args.rounds} rounds; target Free / baseline >= {TARGET_FREE_VS_BASELINE}")
         print(f"{'B':>3} | {'free tok/s':>10} {'base tok/s':>10} {'free/base':>9} {'control':>7} | "
               f"model GFLOP/s free base | roof free  base | target")
+    at_target = args.size == "paper-1.5b" and args.dtype == "bf16" and device.type == "cuda" and args.compile
     for batch in args.batch if "a" in args.parts else ():
-        free_s, base_s, ratio, control = free_vs_baseline(config, batch, args, device)
+        free_s, base_s, ratio, control, first = free_vs_baseline(config, batch, args, device)
         flops = cached_decode_flops(config, batch, args.prompt_len, args.new_tokens)
         roofline_s = (cached_decode_bytes(config, batch, args.prompt_len, args.new_tokens, element_bytes)
                       / (limits["copy_gbps"] * 1e9))
@@ -329,6 +376,10 @@ def main():
         print(f"{batch:>3} | {tokens / free_s:>10.1f} {tokens / base_s:>10.1f} {ratio:>9.3f} {control:>7.3f} | "
               f"{'':>14}{flops / free_s / 1e9:>4.1f} {flops / base_s / 1e9:>4.1f} | "
               f"{'':>4}{roofline_s / free_s:>5.1%} {roofline_s / base_s:>5.1%} | {target}", flush=True)
+        print(f"    first call of each instance (compiles and captures under --compile), s: "
+              + ", ".join(f"{name} {seconds:.1f}" for name, seconds in first.items()), flush=True)
+        if at_target:
+            write_decode_figures(args.figures, batch, tokens / free_s, roofline_s / free_s, ratio, first)
 
     if args.recompute_tokens:
         n = args.recompute_tokens

@@ -36,6 +36,7 @@ from common import (MIB, add_machine_arguments, describe_limits, describe_machin
                     matmul_limits_gflops, median_ratio, mfu, peak_memory_in_fresh_process, setup_machine)
 from free_transformer.base.devices import DTYPES
 from free_transformer.model.latent import binary_mapper_project, index_to_bits, sample_bits
+from targets import TARGETS, write_figure
 
 # (H, N tokens, D)
 FULL_GRID = [(h, n, d) for h in (8, 12, 16) for n in (1024, 4096) for d in (256, 512)]
@@ -46,7 +47,7 @@ GPU_GRID = [(8, 8192, 1536), (16, 8192, 1536)]
 TARGET_BITS, TARGET_TOKENS, TARGET_SPEEDUP, TARGET_MEMORY = 16, 4096, 4.0, 15.0
 # Target on a GPU (docs/gpu.md) at (H, N, D) = GPU_TARGET: fused forward + backward at most this many
 # times the dR @ W^T matmul alone.
-GPU_TARGET, GPU_TARGET_MATMUL_X = (16, 8192, 1536), 3.0
+GPU_TARGET, GPU_TARGET_MATMUL_X = (16, 8192, 1536), TARGETS["mapper-matmul-x"].at_most
 
 
 def naive_mapper_project(bit_logits, weight, generator=None):
@@ -157,6 +158,8 @@ def main():
     parser.add_argument("--compile", action="store_true",
                         help="fuse each backward chunk with torch.compile (binary_mapper_project(..., compiled=True), "
                              "as the trainer's compile=true)")
+    parser.add_argument("--figures", metavar="PATH",
+                        help="append the GPU target's figure (bench/targets.py) to PATH as a JSON line")
     add_machine_arguments(parser)
     args = parser.parse_args()
     device = setup_machine(args)
@@ -186,6 +189,8 @@ def main():
         rows.append((*config, medians["fused"] * 1e3, medians["naive"] * 1e3, speedup, medians["matmul"] * 1e3,
                      matmul_x, fused_flops / 1e12, mfu(fused_flops, limits, args.precision), fused_mem / MIB,
                      naive_mem / MIB, memory_ratio, grad_err, verdict(config, speedup, memory_ratio, matmul_x)))
+        if tuple(config) == GPU_TARGET and device.type == "cuda":
+            write_figure(args.figures, "mapper-matmul-x", matmul_x, f"{args.precision}, fused {medians['fused'] * 1e3:.2f} ms")
 
     print(f"{'H':>3} {'N':>5} {'D':>4} | {'fused ms':>9} {'naive ms':>9} {'time x':>7} | {'matmul ms':>9} "
           f"{'f/mm':>5} {'TFLOP/s':>7} {'MFU':>5} | {'fused MiB':>9} {'naive MiB':>9} {'mem x':>7} | "

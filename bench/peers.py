@@ -65,12 +65,17 @@ from common import (MIB, add_machine_arguments, add_model_arguments, describe_li
                     peak_memory_in_fresh_process, setup_machine)
 from free_transformer.model.config import ModelConfig
 from free_transformer.model.transformer import FreeTransformer
+from targets import TARGETS as GPU_TARGETS
+from targets import write_figure
 
 IMPLEMENTATIONS = ("ours", "x-transformers")
 KAPPA_NATS = math.log(2.0)  # x-transformers' default free-bits threshold, one bit
 # device type: {H: (ours at least this many times faster, at least this many times less peak memory or None)}
-# cpu: the first targets; cuda: docs/gpu.md's (H=16 2x faster and 3x lighter; H=8 never slower nor larger).
-TARGETS = {"cpu": {16: (1.5, 3.0), 8: (1.0, None)}, "cuda": {16: (2.0, 3.0), 8: (1.0, 1.0)}}
+# cpu: the first targets; cuda: docs/gpu.md's (bench/targets.py: H=16 2x faster and 3x lighter; H=8 never slower
+# nor larger), the same in fp32 and bf16.
+TARGETS = {"cpu": {16: (1.5, 3.0), 8: (1.0, None)},
+           "cuda": {bits: (GPU_TARGETS[f"peers-bf16-h{bits}-time"].at_least,
+                           GPU_TARGETS[f"peers-bf16-h{bits}-memory"].at_least) for bits in (16, 8)}}
 
 
 def build_x_transformers(config: ModelConfig):
@@ -165,6 +170,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--dtype", dest="precision", choices=("fp32", "bf16"), default="fp32",
                         help="bf16: both under bf16 autocast (weights and AdamW state float32)")
+    parser.add_argument("--figures", metavar="PATH",
+                        help="on CUDA, append the GPU targets' figures (bench/targets.py) to PATH as JSON lines")
     add_machine_arguments(parser)
     args = parser.parse_args()
     device = setup_machine(args)
@@ -191,6 +198,10 @@ def main():
         rows.append((bits, medians, speedup, memory, memory_ratio, flops, losses,
                      verdict(bits, speedup, memory_ratio, device.type)))
         print(f"  H={bits}: first losses {', '.join(f'{k} {v:.3f}' for k, v in losses.items())}")
+        if device.type == "cuda" and bits in (8, 16):
+            for what, value in (("time", speedup), ("memory", memory_ratio)):
+                write_figure(args.figures, f"peers-{args.precision}-h{bits}-{what}",
+                             float("nan") if value is None else value)
 
     def ms(seconds):
         return f"{seconds * 1e3:>9.1f}" if seconds is not None else f"{'failed':>9}"

@@ -60,6 +60,7 @@ from free_transformer.model.transformer import FreeTransformer
 from free_transformer.train.config import OptimConfig
 from free_transformer.train.optim import build_optimizer
 from free_transformer.train.validation import autocast_context
+from targets import TARGETS, write_figure
 
 # Narrow width, the paper's depths: dim 256, 4 query / 2 key-value heads (head dim 64), SwiGLU 3 * dim.
 DIMS = dict(vocab_size=256, dim=256, n_heads=4, n_kv_heads=2, ffn_hidden=768, max_seq_len=256)
@@ -76,8 +77,10 @@ DEMO, DEMO_NARROW = "demo", "demo-narrow"
 DEMO_WIDTHS = {DEMO: (64, 192), DEMO_NARROW: (32, 96)}  # dim, ffn_hidden
 DEMO_SEQ_LEN, DEMO_BATCH, DEMO_BITS = 65, 256, 8
 TARGET = 1.10  # (time ratio) / (FLOP ratio) and (memory ratio) / (analytic memory ratio) at most this
-# On a GPU at paper-1.5b, bf16, B=4, T=2048, compiled (docs/gpu.md): the baseline's MFU, the Free H=16 step's peak
-TARGET_MFU, TARGET_PEAK_GIB = 0.60, 45
+# On a GPU at paper-1.5b, bf16, B=4, T=2048, compiled (docs/gpu.md, bench/targets.py): the baseline's MFU, the Free
+# H=16 step's peak, its time per FLOP
+TARGET_MFU, TARGET_PEAK_GIB = TARGETS["train-base-mfu"].at_least, TARGETS["train-peak"].at_most
+TARGET_GPU_T_PER_F = TARGETS["train-free-per-flop"].at_most
 KAPPA_NATS = 0.5 * 0.6931471805599453  # the trainer's default kappa_bits = 0.5
 GRAD_CLIP = OptimConfig().grad_clip
 
@@ -273,8 +276,20 @@ def time_config(n_bits, n_layers, device, rounds, precision, compile_model, args
     steps = {name: functools.partial(train_step, *states[name], tokens, precision) for name in configs}
     for fn in steps.values():  # optimizer state, compilation, first-call allocations
         fn()
+    peaks = {name: peak_memory_here(fn, device) for name, fn in steps.items()} if args.memory == "here" else None
     times = interleaved_times(steps, rounds, device)
-    return configs, times, saved
+    return configs, times, saved, peaks
+
+
+def peak_memory_here(step, device) -> int:
+    """Peak bytes allocated during one call of `step` in this process (CUDA only): everything the process holds
+    at that peak, so the model, its optimizer state, gradients and the step's activations, as a fresh process
+    that builds the model and runs two steps measures it, without compiling the model a second time."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
 
 
 def main():
@@ -294,6 +309,11 @@ def main():
                              "(vocabulary 32,768 unless --vocab)")
     parser.add_argument("--vocab", type=int, help="the vocabulary size (default the size's own)")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the fresh-process peak memory")
+    parser.add_argument("--memory-here", dest="memory", action="store_const", const="here",
+                        help="on CUDA: peak memory of one step in this process (torch.cuda.max_memory_allocated, "
+                             "all the process holds) instead of fresh processes, which compile again under --compile")
+    parser.add_argument("--figures", metavar="PATH",
+                        help="append the GPU targets' figures (bench/targets.py) to PATH as JSON lines")
     parser.add_argument("--size", choices=("narrow", DEMO, DEMO_NARROW, PAPER), default="narrow",
                         help=f"narrow: dim 256 at L in {{8, 28}}; {DEMO}: the demo's letters model (width 64, "
                              f"L=4, H={DEMO_BITS}, T={DEMO_SEQ_LEN}, B={DEMO_BATCH}); {DEMO_NARROW}: the same at "
@@ -306,6 +326,8 @@ def main():
                         help=f"the baseline made of the Free Transformer's decoder, one optimizer (default: on at "
                              f"{PAPER}, off otherwise; --no-shared-decoder at {PAPER} needs more than 80 GB)")
     args = parser.parse_args()
+    if args.memory == "here" and not args.device.startswith("cuda"):
+        parser.error("--memory-here needs --device cuda (the CPU allocator keeps no peak statistics)")
     paper, demo = args.size == PAPER, args.size in DEMO_WIDTHS
     args.seq_len = args.seq_len or (PAPER_SEQ_LEN if paper else DEMO_SEQ_LEN if demo else SEQ_LEN)
     args.batch = args.batch or (PAPER_BATCH if paper else DEMO_BATCH if demo else BATCH)
@@ -347,14 +369,17 @@ def main():
         return
     rows = []
     for n_bits, n_layers in tqdm(grid, desc="configs"):
-        configs, times, saved = time_config(n_bits, n_layers, device, rounds, args.precision, args.compile, args)
+        configs, times, saved, peaks = time_config(n_bits, n_layers, device, rounds, args.precision, args.compile,
+                                                   args)
         flops = {name: cfg.training_flops_per_token(args.seq_len) * tokens_per_step for name, cfg in configs.items()}
         ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         time_ratio = median_ratio(times["free"], times["base"])
         flop_ratio = flops["free"] / flops["base"]
         gflops = {name: flops[name] / ms[name] / 1e6 for name in configs}
         analytic = {name: analytic_memory_bytes(cfg, tokens_per_step) for name, cfg in configs.items()}
-        if args.memory:
+        if peaks is not None:
+            mem = peaks
+        elif args.memory:
             mem = {name: peak_memory(cfg.latent_bits, n_layers, args) for name, cfg in configs.items()}
             mem_ratio = mem["free"] / mem["base"]
             mem_excess = mem_ratio / (analytic["free"] / analytic["base"])
@@ -401,7 +426,8 @@ def main():
 
 def print_gpu_targets(rows, args, device, limits) -> None:
     """docs/gpu.md's training targets where this run is their configuration (paper-1.5b, bf16, B=4, T=2048 on a
-    GPU), with PASS or FAIL when compiled (--compile): they are targets for the compiled step."""
+    GPU), with PASS or FAIL when compiled (--compile): they are targets for the compiled step. --figures: each
+    figure also goes to that file (bench/targets.py), the eager run's time per FLOP under its own id."""
     if (args.size, args.precision, args.batch, args.seq_len, device.type) != (PAPER, "bf16", PAPER_BATCH,
                                                                              PAPER_SEQ_LEN, "cuda"):
         return
@@ -412,11 +438,21 @@ def print_gpu_targets(rows, args, device, limits) -> None:
 
     base_mfu = mfu(row["gflops"]["base"] * 1e9, limits, args.precision)
     peak_gib = row["mem"]["free"] / 2**30
-    peak = f"{peak_gib:.1f} GiB{verdict(peak_gib <= TARGET_PEAK_GIB)}" if args.memory else "not measured (--no-memory)"
+    measured = args.memory is not False
+    peak = f"{peak_gib:.1f} GiB{verdict(peak_gib <= TARGET_PEAK_GIB)}" if measured else "not measured (--no-memory)"
     print(f"\ntargets ({'compiled' if args.compile else 'eager: they are read with --compile'}): baseline MFU >= "
           f"{TARGET_MFU:.0%}: {base_mfu:.1%}{verdict(base_mfu >= TARGET_MFU)}; H={row['n_bits']} peak <= "
-          f"{TARGET_PEAK_GIB} GiB: {peak}")
-
+          f"{TARGET_PEAK_GIB} GiB: {peak}; t/F <= {TARGET_GPU_T_PER_F}: {row['excess']:.3f}"
+          f"{verdict(row['excess'] <= TARGET_GPU_T_PER_F)}")
+    note = f"H={row['n_bits']}, B={args.batch}, T={args.seq_len}"
+    if not args.compile:
+        write_figure(args.figures, "train-free-per-flop-eager", row["excess"], note)
+        return
+    write_figure(args.figures, "train-base-mfu", base_mfu, note)
+    write_figure(args.figures, "train-free-per-flop", row["excess"], note)
+    if measured:
+        where = "in the step's process" if args.memory == "here" else "in a fresh process"
+        write_figure(args.figures, "train-peak", peak_gib, f"{note}, {where}")
 
 if __name__ == "__main__":
     main()
