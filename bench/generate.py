@@ -223,7 +223,8 @@ def static_step_eager_vs_compiled(config, batch, args, device):
     holding whatever it held (the step attends the whole cache under a mask, so its cost does not depend
     on the values)."""
     model = build_model(config, device, dtype=DTYPES[args.dtype])
-    prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len),
+                            generator=torch.Generator().manual_seed(1)).to(device)
     sampling = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0, top_k=50)
     capacity = args.prompt_len + args.new_tokens
     steps = {name: static_decode_step(model, batch, capacity, inductor=inductor)

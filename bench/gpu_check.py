@@ -58,18 +58,18 @@ class Step:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("train-compiled", 200, 120,
+    Step("train-compiled", 120, 60,
          ("{python}", "bench/step.py", *PAPER, "--bits", "16", "--compile", "--memory-here", "--figures", "{figures}"),
          reads=("train-base-mfu", "train-peak", "train-free-per-flop"),
          what="the training step, every block compiled (compile=true), Free H=16 and the baseline, B=4, T=2048"),
-    Step("decode-compiled", 270, 150,
+    Step("decode-compiled", 200, 120,
          ("{python}", "bench/generate.py", *PAPER, "--batch", "1", "16", "--new-tokens", "64", "--parts", "a",
           "--rounds", "5", "--compile", "--untuned", "--figures", "{figures}"),
          reads=("decode-b1-roof", "decode-b1-free-base", "decode-b16-tokens", "decode-b16-free-base",
                 "decode-compile-cold", "decode-compile-warm"),
          what="generate(compile=True), Free and baseline, two instances each, B=1 and 16, 64 new tokens; the step "
               "compiled without coordinate-descent tuning (its compile time is bounded; decode-tuned times it)"),
-    Step("pytest", 300, 60, ("{python}", "-m", "pytest", "--device", "cuda", "-q", "-rs", "-p", "no:cacheprovider"),
+    Step("pytest", 240, 60, ("{python}", "-m", "pytest", "--device", "cuda", "-q", "-rs", "-p", "no:cacheprovider"),
          what="the tests that take the device fixture, on the GPU, and tests/test_cuda.py"),
     Step("demo-paper", 300, 150,
          ("{python}", "-m", "free_transformer.cli", "demo", "--preset", "paper", "--seeds", "3", "--device", "cuda",
@@ -81,15 +81,15 @@ STEPS: tuple[Step, ...] = (
          reads=("decode-step-b1-roof-tuned", "decode-step-b1-roof-untuned"),
          what="the B=1 static step alone: CUDA graph, compiled with coordinate-descent tuning (generate's default) "
               "and without; tuning may take minutes, so it runs here, cut with its time so far if need be"),
+    Step("profile", 300, 150,
+         ("{python}", "bench/profile_steps.py", *PAPER, "--new-tokens", "32", "--decode-batch", "1", "16", "--top",
+          "25"),
+         what="where an eager training step and a compiled decoding step (B=1, 16) spend their GPU time"),
     Step("profile-compiled", 240, 120,
          ("{python}", "bench/profile_steps.py", *PAPER, "--compile", "--parts", "train", "--top", "25"),
          what="where the compiled training step's GPU time goes (the MFU target)"),
     Step("mapper", 120, 60, ("{python}", "bench/mapper.py", "--quick", "--dtype", "bf16", "--figures", "{figures}"),
          reads=("mapper-matmul-x",), what="the Binary Mapper at N=8192, D=1536, H 8 and 16"),
-    Step("profile", 300, 150,
-         ("{python}", "bench/profile_steps.py", *PAPER, "--new-tokens", "32", "--decode-batch", "1", "16", "--top",
-          "25"),
-         what="where an eager training step and a compiled decoding step (B=1, 16) spend their GPU time"),
     Step("step-eager", 180, 90,
          ("{python}", "bench/step.py", *PAPER, "--bits", "16", "--memory-here", "--figures", "{figures}"),
          reads=("train-free-per-flop-eager",), what="the training step, eager"),
@@ -263,9 +263,11 @@ def stop_group(process: subprocess.Popen) -> None:
 
 
 def read_log(path: str) -> str:
-    """The log as a reader sees it: progress bars rewrite one line with carriage returns, keep each line's last state."""
-    with open(path, errors="replace") as f:
-        return "\n".join(line.rsplit("\r", 1)[-1] for line in f.read().splitlines())
+    """The log as a terminal shows it: a progress bar rewrites its line after each carriage return, so each
+    line keeps its last non-empty state."""
+    with open(path, errors="replace", newline="") as f:
+        lines = f.read().split("\n")
+    return "\n".join(next((part for part in reversed(line.split("\r")) if part.strip()), "") for line in lines)
 
 
 def header(python: str, budget: int, cache_files: int) -> str:

@@ -377,10 +377,8 @@ def main():
         flop_ratio = flops["free"] / flops["base"]
         gflops = {name: flops[name] / ms[name] / 1e6 for name in configs}
         analytic = {name: analytic_memory_bytes(cfg, tokens_per_step) for name, cfg in configs.items()}
-        if peaks is not None:
-            mem = peaks
-        elif args.memory:
-            mem = {name: peak_memory(cfg.latent_bits, n_layers, args) for name, cfg in configs.items()}
+        if peaks is not None or args.memory:
+            mem = peaks or {name: peak_memory(cfg.latent_bits, n_layers, args) for name, cfg in configs.items()}
             mem_ratio = mem["free"] / mem["base"]
             mem_excess = mem_ratio / (analytic["free"] / analytic["base"])
         else:
