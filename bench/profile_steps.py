@@ -18,6 +18,7 @@ import argparse
 
 import torch
 from step import BATCH, PAPER, PAPER_BATCH, PAPER_SEQ_LEN, SEQ_LEN, build, make_batch, model_config, train_step
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from common import add_machine_arguments, describe_machine, setup_machine, sync
@@ -25,10 +26,14 @@ from free_transformer import GenerationConfig, generate
 
 
 def top_operators(prof, device: torch.device, per: int, top: int) -> str:
-    """The `top` operators by self time (device time on a GPU), as a table; times divided by `per`."""
+    """The `top` operators by self time (on a GPU its kernels by device time), as a table; times divided by
+    `per`. On a GPU only the kernels' own events are counted: an operator's self device time is that of the
+    kernels it launched, which the kernels' rows already hold (counted both ways, the total doubles)."""
     on_gpu = device.type == "cuda"
     rows = []
     for event in prof.key_averages():
+        if on_gpu and event.device_type != DeviceType.CUDA:
+            continue
         self_us = event.self_device_time_total if on_gpu else event.self_cpu_time_total
         if self_us > 0:
             rows.append((self_us, event.count, event.key))
