@@ -84,17 +84,17 @@ def rate(url: str, clients: int, tokens: int) -> float:
     return sum(done) / (time.perf_counter() - started)
 
 
-def short_beside_long(url: str, long_tokens: int) -> float:
-    """Seconds to answer a 1-token request sent 1 s into a `long_tokens` streamed completion."""
+def short_beside_long(url: str, long_tokens: int) -> tuple[float, bool]:
+    """Seconds to answer a 1-token request sent 1 s into a `long_tokens` streamed completion, and whether
+    the long completion was still streaming when the answer came."""
     long = threading.Thread(target=complete, args=(url, long_tokens, 0, True))
     long.start()
     time.sleep(1.0)
     started = time.perf_counter()
     complete(url, 1, seed=1)
-    latency = time.perf_counter() - started
-    assert long.is_alive(), "the long completion ended before the short request: make it longer"
+    latency, streaming = time.perf_counter() - started, long.is_alive()
     long.join()
-    return latency
+    return latency, streaming
 
 
 def main() -> None:
@@ -104,9 +104,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (1 client, N clients)")
     parser.add_argument("--long-tokens", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=None, help="the server's torch threads (default: torch's)")
+    parser.add_argument("--max-batch", type=int, default=16,
+                        help="the server's --max-batch (1: one completion at a time, as before batching)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
-        server, url = start(Path(directory), max(16, args.clients), args.threads)
+        server, url = start(Path(directory), args.max_batch, args.threads)
         try:
             measure(url, args)
         finally:
@@ -122,14 +124,15 @@ def measure(url: str, args) -> None:
         together.append(rate(url, args.clients, args.tokens))
         ratios.append(together[-1] / alone[-1])
     speedup = statistics.median(ratios)
-    latency = short_beside_long(url, args.long_tokens)
+    latency, streaming = short_beside_long(url, args.long_tokens)
     print(f"1 client:  {statistics.median(alone):7.1f} tokens/s ({args.tokens} new tokens)")
     print(f"{args.clients} clients: {statistics.median(together):7.1f} tokens/s aggregate, "
           f"{speedup:.1f}x one client (median of {args.rounds} interleaved rounds)")
-    print(f"a 1-token request while a {args.long_tokens}-token completion streams: answered in {latency:.2f} s")
+    print(f"a 1-token request while a {args.long_tokens}-token completion streams: answered in {latency:.2f} s"
+          + ("" if streaming else " (after the long completion had ended: it waited for it)"))
     print(f"targets: {args.clients} clients >= {SPEEDUP_TARGET:.0f}x one client "
           f"{'PASS' if speedup >= SPEEDUP_TARGET else 'FAIL'}; short request < {LATENCY_TARGET_S:.0f} s "
-          f"{'PASS' if latency < LATENCY_TARGET_S else 'FAIL'}")
+          f"{'PASS' if latency < LATENCY_TARGET_S and streaming else 'FAIL'}")
 
 
 if __name__ == "__main__":
