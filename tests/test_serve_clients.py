@@ -117,6 +117,14 @@ def test_the_api_key_is_asked_for_everywhere_but_health(served):
     assert httpx.get(base + "/openapi.json").json()["info"]["version"] == __version__
 
 
+def test_a_missing_field_is_called_missing(served):
+    response = httpx.post(served[0] + "/completions", json={"model": NAME},
+                          headers={"Authorization": "Bearer sesame"})
+    assert response.status_code == 400
+    assert response.json()["error"] == {"message": "missing required field 'prompt'", "type": "invalid_request_error",
+                                        "param": "prompt", "code": "missing_required_parameter"}
+
+
 def test_the_tokenizer_endpoints_are_vllms(served):
     base, key = served[0].removesuffix("/v1"), {"Authorization": "Bearer sesame"}
     assert httpx.post(base + "/tokenize", json={"prompt": "Hi", "add_special_tokens": False},
