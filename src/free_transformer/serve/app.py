@@ -139,7 +139,10 @@ class Channel:
         self.queue: asyncio.Queue = asyncio.Queue()
 
     def put(self, item) -> None:  # on any thread
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop has closed (the server is stopping): no one is listening
+            pass
 
     async def get(self):
         return await self.queue.get()

@@ -206,7 +206,10 @@ class Batcher:
             jobs = {id(row.job): row.job for row in self.rows}
             self.rows = []
             for job in jobs.values():
-                self._end(job, error)
+                try:
+                    self._end(job, error)
+                except Exception as failure:  # a caller's finish that fails must not stop the loop
+                    logger.error("a request's end failed", exc_info=failure)
 
     def _end(self, job: Job, error: Exception) -> None:
         """The request fails: its rows leave the batch at the next step (`_drop_cancelled`)."""
