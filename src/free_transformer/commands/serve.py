@@ -14,6 +14,7 @@ from ..data.tokenizer import get_tokenizer
 from ..inference.latents import CONTEXT_CHOICES
 from ..model.latent import ENCODER
 from ..runs.checkpoint import load_model
+from ..serve.engine import DEFAULT_MAX_BATCH, DEFAULT_MAX_REQUEST_MB, Engine
 
 NAME = "serve"
 HELP = "serve a checkpoint over HTTP with OpenAI's completions API, requests batched together (docs/serving.md)"
@@ -32,12 +33,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model-name", help="the model's id in the API (default: the name of the directory given)")
     parser.add_argument("--api-key", help=f"clients must send 'Authorization: Bearer KEY' (default: the environment "
                                           f"variable {API_KEY_VARIABLE}; unset: no key)")
-    parser.add_argument("--max-batch", type=int, default=16,
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                         help="completions decoded together, each step (each holds a KV cache of the model's context)")
     parser.add_argument("--latents", choices=CONTEXT_CHOICES, default=ENCODER,
                         help="Z of a request that names none: the prompt's from the encoder, or every Z from the "
                              "prior (what a log-likelihood through echo should use: docs/serving.md)")
-    parser.add_argument("--max-request-mb", type=float, default=16, help="largest request body read, in MiB")
+    parser.add_argument("--max-request-mb", type=float, default=DEFAULT_MAX_REQUEST_MB,
+                        help="largest request body read, in MiB")
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -63,7 +65,6 @@ def run(args) -> int:
         import uvicorn
 
         from ..serve.app import build_app
-        from ..serve.engine import Engine
     except ImportError as error:
         if error.name not in ("fastapi", "uvicorn", "starlette", "pydantic"):
             raise

@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 
 from ..base.version import __version__
 from .batcher import Delta, Job
-from .engine import Engine, Plan, RequestError
+from .engine import DEFAULT_MAX_REQUEST_MB, Engine, Plan, RequestError
 from .protocol import (Completion, CompletionChoice, CompletionRequest, DetokenizeRequest, ErrorBody, ErrorDetail,
                        Logprobs, ModelCard, ModelList, TokenizeRequest, Usage)
 
@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 UNION_FIELDS = {"prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
                 "stop": "a string or a list of strings"}
 OPEN_PATHS = {"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}  # no API key needed
-DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -151,7 +150,7 @@ class Channel:
 END = object()  # the last item of a channel when the request succeeded
 
 
-def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_REQUEST_MB * 2**20):
     """The ASGI app (the FastAPI app inside the Guard); starts the engine's decoding loop."""
     app = FastAPI(title="free-transformer", version=__version__,
                   summary=f"OpenAI-compatible completions from {engine.name}")

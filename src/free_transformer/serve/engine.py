@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,7 +21,9 @@ from ..inference.latents import CONTEXT_CHOICES, parse_latents
 from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
 from .batcher import Batcher, RowSpec
-from .protocol import CompletionRequest
+
+if TYPE_CHECKING:  # pydantic is imported by the app, not by the command line that reads these defaults
+    from .protocol import CompletionRequest
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_MAX_BATCH = 16  # completions decoded together (`serve --max-batch`)
@@ -29,6 +32,7 @@ DEFAULT_MAX_BATCH = 16  # completions decoded together (`serve --max-batch`)
 MAX_COMPLETIONS = 1024  # prompts x n
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
+DEFAULT_MAX_REQUEST_MB = 16  # the largest body read (`serve --max-request-mb`)
 
 
 class RequestError(ValueError):
