@@ -50,8 +50,9 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(served):
 
 
 @pytest.mark.parametrize("body", [b'{"model": "tiny", "prompt": "\xff\xfe"}', b'{"model": "tiny", "prompt": "\\ud800"}',
-                                  b'{"model": "tiny", "prompt": ["ok", "\\udc00x"]}', b"\xc3(", b"[1, 2]"])
-def test_text_that_is_not_valid_unicode_is_a_400(served, body):
+                                  b'{"model": "tiny", "prompt": ["ok", "\\udc00x"]}', b"\xc3(", b"[1, 2]",
+                                  b"[" * 2000 + b"]" * 2000])
+def test_text_or_json_that_is_not_valid_is_a_400(served, body):
     response = post(served, None, content=body, headers={"Content-Type": "application/json"})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["type"] == "invalid_request_error"
