@@ -187,7 +187,7 @@ def error_of(server, body: dict, path="/completions", status=400) -> dict:
     ({"best_of": 2}, "best_of", "must equal n (1)"),
     ({"logit_bias": {"1": 5}}, "logit_bias", "does not bias"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "with stream true"),
-    ({"max_tokens": 0}, "max_tokens", "echo true"),
+    ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ({"n": 9, "prompt": ["a"] * 120}, "n", "at most 1024"),
     ({"stop": ["a"] * 17}, "stop", "at most 16 strings"),
     ({"stop": "x" * 257}, "stop", "at most 256 characters"),

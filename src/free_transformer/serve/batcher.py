@@ -39,10 +39,10 @@ class RowSpec:
     """One completion to decode: nothing about it can still be refused."""
     index: int  # the choice's index in the response
     ids: list[int]  # the prompt, token ids
-    config: GenerationConfig  # temperature, top_k, top_p (max_new_tokens is max_tokens, or 1 when it is 0)
+    config: GenerationConfig  # temperature, top_k, top_p
     latents: str | Tensor  # "encoder" or "prior" for the prompt, or (1, N) explicit Z of positions [0, N)
     seed: int  # the row's generator
-    max_tokens: int  # new tokens; 0: the prompt is only scored (echo)
+    max_tokens: int  # new tokens, >= 1
 
 
 @dataclass
@@ -250,9 +250,6 @@ class Batcher:
         generator = torch.Generator(device=self.device).manual_seed(spec.seed)
         row = Row(spec, job, generator, RowText(self.tokenizer.decode, job.stops), position=len(spec.ids))
         row.head = self.tokenizer.decode(spec.ids) if job.echo else ""
-        prompt_logprobs = job.echo and job.logprobs is not None
-        if spec.max_tokens == 0 and not prompt_logprobs:  # nothing to compute
-            return self._deliver(row)
         if self.cache is None:
             self.cache = self.model.new_cache(self.max_batch)
         slot, P = len(self.rows), len(spec.ids)
@@ -260,10 +257,8 @@ class Batcher:
         source = PRIOR if self.bits == 0 else spec.latents[:, :P] if isinstance(spec.latents, Tensor) else spec.latents
         out = self.model(ids, latents=source, generator=[generator], cache=self.cache.view(slice(slot, slot + 1), P))
         logits = out.logits[0]  # (P, V)
-        if prompt_logprobs:
+        if job.echo and job.logprobs is not None:
             row.pending = self._prompt_logprobs(spec.ids, logits[:-1], job.logprobs)
-        if spec.max_tokens == 0:
-            return self._deliver(row)
         token = sample_next(logits[-1:], spec.config, [generator])  # (1,)
         self._take(row, int(token), logits[-1:], job.logprobs)
         if not row.ended:

@@ -84,8 +84,7 @@ class Engine:
                                f"{len(stops)} of at most {max(map(len, stops))}", "stop")
         max_tokens = self._max_tokens(request, max(map(len, ids)))
         try:
-            config = GenerationConfig(max_new_tokens=max(max_tokens, 1), temperature=request.temperature,
-                                      top_p=request.top_p)
+            config = GenerationConfig(max_new_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p)
         except ValueError as error:
             raise RequestError(str(error)) from None
         try:
@@ -126,9 +125,6 @@ class Engine:
             room = new_token_room(longest, self.context)
         except ValueError as error:
             raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
-        if request.max_tokens == 0 and not request.echo:
-            raise RequestError("max_tokens 0 samples nothing: give at least 1, or echo true to have the prompt "
-                               "scored", "max_tokens")
         max_tokens = min(DEFAULT_MAX_TOKENS, room) if request.max_tokens is None else request.max_tokens
         if max_tokens > room:
             raise RequestError(f"max_tokens {max_tokens} does not fit: the prompt has {longest} tokens and this "

@@ -31,11 +31,8 @@ class CompletionRequest(BaseModel):
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     """One prompt or several, as text or as token ids; each is continued n times."""
-
-    # ---- sampling: how each completion is drawn --------------------------------------------------
-    max_tokens: int | None = Field(None, ge=0)
-    """New tokens per completion (default: 16, fewer if the model's context is shorter; 0 with echo:
-    score the prompt only)."""
+    max_tokens: int | None = Field(None, ge=1)
+    """New tokens per completion (default: 16, fewer if the model's context is shorter)."""
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
     """0 is greedy decoding."""
     top_p: float | None = Field(None, gt=0, le=1)
@@ -44,6 +41,8 @@ class CompletionRequest(BaseModel):
     """A completion ends where one of these strings first appears in its text (not included)."""
     seed: int | None = Field(None, ge=0, lt=2**63)
     """Completion i of each prompt samples with seed + i (default: a fresh random seed)."""
+    stream: bool = False
+    user: str | None = None  # OpenAI's end-user id: accepted, unused
     # OpenAI clients send these two at 0 by default; anything else asks for what this server lacks.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -62,8 +61,7 @@ class CompletionRequest(BaseModel):
             raise ValueError("this server does not apply penalties; give 0 or leave it out")
         return value
 
-    # ---- what the response holds and how it is sent (not sampling) -----------------------------
-    stream: bool = False
+    # ---- OpenAI's other fields: what the response holds (none of them changes sampling) ----------
     stream_options: StreamOptions | None = None
     """With stream: include_usage adds a last chunk with the usage."""
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -76,7 +74,6 @@ class CompletionRequest(BaseModel):
     """Text after the completion (insertion): not supported, only null."""
     logit_bias: dict[str, float] | None = None
     """Not supported: only null or {}."""
-    user: str | None = None  # OpenAI's end-user id: accepted, unused
 
     @field_validator("suffix")
     @classmethod
