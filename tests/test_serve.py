@@ -18,10 +18,11 @@ pytest.importorskip("fastapi")
 
 from free_transformer.cli import main  # noqa: E402
 from free_transformer.data.tokenizer import get_tokenizer  # noqa: E402
-from free_transformer.inference import batches as sampler  # noqa: E402
+from free_transformer.serve import batcher as loop  # noqa: E402
 from free_transformer.runs.checkpoint import load_model  # noqa: E402
 from free_transformer.serve.app import build_app  # noqa: E402
-from free_transformer.serve.engine import Engine, settled  # noqa: E402
+from free_transformer.serve.batcher import settled  # noqa: E402
+from free_transformer.serve.engine import Engine  # noqa: E402
 
 NAME = "tiny"
 COOL = 0.1  # a temperature at which the random tiny model's logits, so its latents, shape the text
@@ -32,22 +33,27 @@ def checkpoint(tmp_path_factory):
     return tiny_checkpoint(tmp_path_factory.mktemp("serve"), NAME, latent_bits=4)
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint):
-    """(base URL, engine) of a server on a free port, in a thread of this process."""
+def start_server(checkpoint, **options):
+    """(base URL, engine, uvicorn server) of a server on a free port, in a thread of this process."""
     model, config = load_model(checkpoint)
-    engine = Engine(model, get_tokenizer(config["tokenizer"]), NAME)
+    engine = Engine(model, get_tokenizer(config["tokenizer"]), NAME, **options.pop("engine", {}))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    uv = uvicorn.Server(uvicorn.Config(build_app(engine), log_level="critical"))
+    uv = uvicorn.Server(uvicorn.Config(build_app(engine, **options), log_level="critical"))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not uv.started:
         assert thread.is_alive(), "the server did not start"
         time.sleep(0.01)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1", engine
+    return f"http://127.0.0.1:{sock.getsockname()[1]}/v1", engine, uv
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    """(base URL, engine) of a server on a free port, in a thread of this process."""
+    url, engine, uv = start_server(checkpoint)
+    yield url, engine
     uv.should_exit = True
-    thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +97,16 @@ def test_a_stream_sends_the_text_in_pieces_as_it_is_sampled(client, monkeypatch)
     """Several chunks that add up to the unstreamed text for the same seed; the first reaches the client
     while the tokens after it are not yet sampled (sampling waits for it, or gives up after 10 s)."""
     steps, received = [], threading.Event()
-    real = sampler.generate
+    real = loop.Batcher._take
 
-    def watched(*args, should_stop, **kwargs):
-        def step(new):
-            steps.append(len(new))
-            if len(new) == 20:
-                received.wait(10)
-            return should_stop(new)
-        return real(*args, should_stop=step, **kwargs)
+    def watched(self, row, *args):
+        steps.append(row.sampled)
+        if row.sampled == 20:
+            received.wait(10)
+        return real(self, row, *args)
 
     whole = texts(complete(client, ["Hi", "Hello there"], n=2, max_tokens=40))
-    monkeypatch.setattr(sampler, "generate", watched)
+    monkeypatch.setattr(loop.Batcher, "_take", watched)
     chunks, sampled_at_first = [], None
     for chunk in complete(client, ["Hi", "Hello there"], n=2, max_tokens=40, stream=True):
         if sampled_at_first is None:
@@ -157,7 +161,8 @@ def test_the_latent_fields_choose_z_as_the_generate_command_does(client, checkpo
 
 
 def error_of(server, body: dict, path="/completions", status=400) -> dict:
-    response = httpx.post(server[0] + path, json=body, timeout=30)
+    response = httpx.post(server[0] + path, content=json.dumps(body), timeout=30,  # lone surrogates escaped
+                          headers={"Content-Type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -167,17 +172,28 @@ def error_of(server, body: dict, path="/completions", status=400) -> dict:
 
 @pytest.mark.parametrize("body, param, words", [
     ({"model": "other"}, "model", "does not exist"),
-    ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ({"max_tokens": 61}, "max_tokens", "at most 60"),
     ({"prompt": "x" * 65}, "prompt", "at most 64"),
     ({"prompt": ""}, "prompt", "must not be empty"),
     ({"prompt": ["ok", ""]}, "prompt", "must not be empty"),
     ({"prompt": []}, "prompt", "must not be empty"),
-    ({"prompt": [1, 2]}, "prompt", "a string or a list of strings"),
+    ({"prompt": [1.5]}, "prompt", "a string, a list of strings, a list of token ids"),
+    ({"prompt": [[1, 256]]}, "prompt", "token ids must lie in [0, 256)"),
     ({"temperature": "hot"}, "temperature", "valid number"),
     ({"n": 0}, "n", "greater than or equal to 1"),
     ({"max_tokens": "5"}, "max_tokens", "valid integer"),
-    ({"logprobs": 2}, "logprobs", "unsupported field"),
+    ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
+    ({"suffix": "x"}, "suffix", "suffix out or null"),
+    ({"best_of": 2}, "best_of", "must equal n (1)"),
+    ({"logit_bias": {"1": 5}}, "logit_bias", "does not bias"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "with stream true"),
+    ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ({"n": 9, "prompt": ["a"] * 120}, "n", "at most 1024"),
+    ({"stop": ["a"] * 17}, "stop", "at most 16 strings"),
+    ({"stop": "x" * 257}, "stop", "at most 256 characters"),
+    ({"prompt": "\ud800 lone"}, "prompt", "lone surrogate"),
+    ({"stop": ["\udfff"]}, "stop", "lone surrogate"),
+    ({"prompt": None}, "prompt", "a string"),
     ({"presence_penalty": 1.0}, "presence_penalty", "penalties"),
     ({"latents": "posterior-ish"}, "latents", "'encoder', 'prior', 'shared', 'reference'"),
     ({"latents": "reference"}, "latents", "needs a reference text"),
@@ -188,7 +204,7 @@ def test_a_bad_request_is_a_400_with_one_line(server, client, body, param, words
     request = {"model": NAME, "prompt": "Hello", "max_tokens": 5, **body}
     error = error_of(server, request, status=404 if param == "model" else 400)
     assert error["param"] == param and words in error["message"], error
-    if param not in ("model", "prompt", "max_tokens", "temperature", "n", "logprobs", "presence_penalty"):
+    if param in ("latents", "reference"):
         with pytest.raises(openai.BadRequestError):  # what a client sees of the extra fields
             client.completions.create(model=NAME, prompt="Hello", max_tokens=5,
                                       extra_body={k: v for k, v in body.items()})
@@ -197,7 +213,7 @@ def test_a_bad_request_is_a_400_with_one_line(server, client, body, param, words
 def test_chat_completions_say_there_is_no_chat_template(server, client):
     with pytest.raises(openai.NotFoundError, match="no chat template"):
         client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hello"}])
-    assert error_of(server, {"nothing": 1}, path="/nowhere", status=404)["type"] == "not_found_error"
+    assert error_of(server, {"nothing": 1}, path="/nowhere", status=404)["type"] == "invalid_request_error"
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -206,7 +222,7 @@ def test_an_exception_in_a_request_is_a_500_and_the_next_request_is_served(clien
         raise RuntimeError("the kernel\nfell over")
 
     with monkeypatch.context() as patch:
-        patch.setattr(sampler, "generate", broken)
+        patch.setattr(loop, "sample_next", broken)
         with pytest.raises(openai.InternalServerError) as caught:
             complete(client, stream=stream)
         assert caught.value.status_code == 500
@@ -215,16 +231,15 @@ def test_an_exception_in_a_request_is_a_500_and_the_next_request_is_served(clien
 
 
 def test_an_exception_mid_stream_ends_it_with_an_error_event(server, monkeypatch):
-    real = sampler.generate
+    real, calls = loop.sample_next, []
 
-    def breaks_later(*args, should_stop, **kwargs):
-        def step(new):
-            if len(new) == 6:
-                raise RuntimeError("fell over mid-stream")
-            return should_stop(new)
-        return real(*args, should_stop=step, **kwargs)
+    def breaks_later(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("fell over mid-stream")
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(sampler, "generate", breaks_later)
+    monkeypatch.setattr(loop, "sample_next", breaks_later)
     body = {"model": NAME, "prompt": "Hello", "max_tokens": 12, "seed": 7, "stream": True}
     with httpx.stream("POST", server[0] + "/completions", json=body, timeout=30) as response:
         events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]

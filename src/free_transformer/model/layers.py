@@ -64,13 +64,28 @@ class KVCache:
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
     def write_at(self, layer: int, position: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Store one position's k, v (B, kv_heads, 1, head_dim) at the device index `position` (shape ());
-        return the whole static cache of the layer and the mask (1, capacity) of the keys up to it."""
-        index = position.view(1)
-        self.keys[layer].index_copy_(2, index, k)
-        self.values[layer].index_copy_(2, index, v)
+        """Store one position's k, v (B, kv_heads, 1, head_dim) at the device index `position`: shape ()
+        for every row, or (B,) one per row (rows at different lengths, continuous batching). Return the
+        whole cache of the layer and the mask of the keys up to the position: (1, capacity), or
+        (B, 1, 1, capacity) per row."""
         key_positions = torch.arange(self.keys.shape[3], device=position.device)
-        return self.keys[layer], self.values[layer], (key_positions <= position)[None, :]
+        if position.dim() == 0:
+            index = position.view(1)
+            self.keys[layer].index_copy_(2, index, k)
+            self.values[layer].index_copy_(2, index, v)
+            return self.keys[layer], self.values[layer], (key_positions <= position)[None, :]
+        rows = torch.arange(k.shape[0], device=position.device)
+        self.keys[layer][rows, :, position] = k[:, :, 0]  # (B, kv_heads, head_dim) at each row's position
+        self.values[layer][rows, :, position] = v[:, :, 0]
+        return self.keys[layer], self.values[layer], (key_positions <= position[:, None])[:, None, None, :]
+
+    def view(self, rows: slice, length: int) -> KVCache:
+        """Rows `rows` and the first `length` positions of this cache, sharing its storage: what one row's
+        prefill writes into, or the decoding step of the rows in flight reads (continuous batching)."""
+        view = object.__new__(KVCache)
+        view.keys, view.values = self.keys[:, rows, :, :length], self.values[:, rows, :, :length]
+        view.length, view.position = 0, torch.zeros((), dtype=torch.int64, device=self.keys.device)
+        return view
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
@@ -84,7 +99,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     route = gqa_route(q.device.type, q.dtype, T, mask is not None) if groups > 1 else "native"
     if route == "fold":  # row g * T + t of kv head j is query head j * groups + g at position t
         rows = q.reshape(B, k.shape[1], groups * T, hd)
-        mask = mask.repeat(groups, 1) if mask is not None and mask.shape[0] > 1 else mask
+        mask = mask.repeat(groups, 1) if mask is not None and mask.dim() == 2 and mask.shape[0] > 1 else mask
         # reshape, not view: the memory-efficient CUDA kernel returns its rows head-minor ((B, M, H, K)
         # memory transposed to (B, H, M, K)), and such rows cannot be viewed back as query heads
         return F.scaled_dot_product_attention(rows, k, v, attn_mask=mask).reshape(B, h, T, hd)
@@ -143,7 +158,7 @@ class Attention(nn.Module):
         causal: bool,
         cache: KVCache | None = None,
         layer: int = 0,
-        start: int | Tensor = 0,  # a () device tensor: one position of a static decoding step (T = 1)
+        start: int | Tensor = 0,  # a () or (B,) device tensor: one position of a static decoding step (T = 1)
     ) -> Tensor:
         B, T, _ = x_kv.shape
         q, k, v = self.project(x_q, x_kv)

@@ -1,30 +1,38 @@
 """A loaded model behind the completions API: a request is checked into a `Plan` (every refusal a
-`RequestError` with one line), then sampled. Each public method holds the engine's lock: requests
-use the model one at a time.
+`RequestError` with one line, before any sampling), whose rows the decoding loop
+(free_transformer.serve.batcher) then samples, batched with every other request's.
 
 Completion i of a prompt samples with seed + i, so a prompt's completions do not depend on the other
-prompts of its request, on n, or on streaming, and equal `free-transformer generate --seed SEED`'s."""
+prompts of its request, on n, on streaming or on the batch, and equal `free-transformer generate
+--seed SEED`'s (up to float rounding)."""
 
 from __future__ import annotations
 
 import secrets
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..data.tokenizer import Tokenizer
-from ..inference.batches import Prompt, new_token_room, prepare_prompts, sample_prompts
+from ..inference.batches import new_token_room, prepare_prompts
 from ..inference.generate import GenerationConfig
-from ..inference.latents import parse_latents
-from ..inference.stops import stop_at, stop_check
+from ..inference.latents import CONTEXT_CHOICES, parse_latents
 from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
-from .protocol import CompletionRequest
+from .batcher import Batcher, RowSpec
+
+if TYPE_CHECKING:  # pydantic is imported by the app, not by the command line that reads these defaults
+    from .protocol import CompletionRequest
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-REPLACEMENT = "\ufffd"  # what decoding shows for the bytes of a character not yet complete
+DEFAULT_MAX_BATCH = 16  # completions decoded together (`serve --max-batch`)
+# Bounds on one request, checked before any sampling (a client cannot make the server sample for minutes
+# or scan a huge stop string at every token).
+MAX_COMPLETIONS = 1024  # prompts x n
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+DEFAULT_MAX_REQUEST_MB = 16  # the largest body read (`serve --max-request-mb`)
 
 
 class RequestError(ValueError):
@@ -37,109 +45,50 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class Plan:
-    """A checked request: what sampling needs and nothing that can still be refused."""
-    prompts: list[Prompt]
-    n: int
-    seed: int
+    """A checked request: its rows (prompt p's completion i is choice p * n + i) and what the
+    response holds."""
+    rows: list[RowSpec]
     stops: list[str]
+    prompt_tokens: int  # every prompt's tokens, each counted once
 
-    def index(self, prompt: int, sample: int) -> int:
-        """The choice's index in the response: the prompts' completions in order."""
-        return prompt * self.n + sample
-
-
-@dataclass(frozen=True)
-class Sample:
-    index: int
-    text: str  # the completion, cut before its first stop string
-    finish_reason: str  # "stop" (a stop string) or "length" (max_tokens)
-    tokens: int  # tokens generated
-
-
-@dataclass(frozen=True)
-class Delta:
-    """A piece of a streamed completion: text now final, and at its end the finish reason."""
-    index: int
-    text: str
-    finish_reason: str | None = None
+    @property
+    def completions(self) -> int:
+        return len(self.rows)
 
 
 class Engine:
-    def __init__(self, model: FreeTransformer, tokenizer: Tokenizer, name: str):
+    def __init__(self, model: FreeTransformer, tokenizer: Tokenizer, name: str, *, max_batch: int = DEFAULT_MAX_BATCH,
+                 latents: str = ENCODER):
         self.model, self.tokenizer, self.name = model, tokenizer, name
-        self.lock = threading.Lock()
+        self.latents = parse_latents(latents, where="--latents", allowed=CONTEXT_CHOICES, indices=False)
+        self.batcher = Batcher(model, tokenizer, max_batch)
+
+    @property
+    def context(self) -> int:
+        return self.model.config.max_seq_len
+
+    def start(self) -> None:
+        self.batcher.start()
 
     def plan(self, request: CompletionRequest) -> Plan:
-        with self.lock:  # "reference" runs the encoder
-            return self._plan(request)
-
-    def complete(self, plan: Plan) -> list[Sample]:
-        """Every choice, in order, decoded in batches (free_transformer.inference.batches)."""
-        should_stop = stop_check(self.tokenizer.decode, plan.stops)
-        with self.lock:
-            return [self._sample(plan, plan.index(row.prompt, row.sample), row.tokens)
-                    for row in sample_prompts(self.model, plan.prompts, plan.n, plan.seed, should_stop=should_stop)]
-
-    def stream(self, plan: Plan, send: Callable[[Delta], bool]) -> None:
-        """Every choice, one after the other, handed to `send` piece by piece as its tokens are sampled:
-        text is sent once no later token can change it (see `settled`). `send` returning False (the
-        client left) ends the stream."""
-        with self.lock:
-            for p, prompt in enumerate(plan.prompts):
-                for i in range(plan.n):
-                    if not self._stream_one(plan, prompt, i, plan.index(p, i), send):
-                        return
-
-    def _stream_one(self, plan: Plan, prompt: Prompt, i: int, index: int, send) -> bool:
-        shown, listening = "", True
-
-        def step(new: list[int]) -> bool:  # generate's should_stop, called after each new token
-            nonlocal shown, listening
-            text = self.tokenizer.decode(new)
-            end = stop_at(text, plan.stops)
-            final = settled(text, plan.stops) if end is None else text[:end]
-            if len(final) > len(shown) and final.startswith(shown):
-                listening = send(Delta(index, final[len(shown):]))
-                shown = final
-            return end is not None or not listening
-
-        # one row: a sample depends on its seed, not on its batch, so this is complete()'s choice
-        [row] = sample_prompts(self.model, [prompt], 1, plan.seed + i, should_stop=step)
-        if not listening:
-            return False
-        sample = self._sample(plan, index, row.tokens)
-        rest = sample.text[len(shown):] if sample.text.startswith(shown) else ""
-        return send(Delta(index, rest, sample.finish_reason))
-
-    def _sample(self, plan: Plan, index: int, tokens: list[int]) -> Sample:
-        text = self.tokenizer.decode(tokens)
-        end = stop_at(text, plan.stops)
-        return Sample(index, text if end is None else text[:end], "length" if end is None else "stop", len(tokens))
-
-    def _plan(self, request: CompletionRequest) -> Plan:
         if request.model != self.name:
             raise RequestError(f"the model {request.model!r} does not exist; this server serves {self.name!r}",
                                "model", 404, "model_not_found")
-        texts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
-        ids = [self.tokenizer.encode(text) for text in texts]
-        if not ids or not all(ids):
-            raise RequestError("prompt must not be empty (give at least one character)", "prompt")
-        context, longest = self.model.config.max_seq_len, max(map(len, ids))
-        try:
-            room = new_token_room(longest, context)
-        except ValueError as error:
-            raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
-        max_tokens = request.max_tokens or min(DEFAULT_MAX_TOKENS, room)
-        if max_tokens > room:
-            raise RequestError(f"max_tokens {max_tokens} does not fit: the prompt has {longest} tokens and this "
-                               f"model reads at most {context}, so max_tokens can be at most {room}", "max_tokens",
-                               code="context_length_exceeded")
+        ids = self._prompt_ids(request.prompt)
+        if len(ids) * request.n > MAX_COMPLETIONS:
+            raise RequestError(f"{len(ids)} prompts x n = {request.n} asks for {len(ids) * request.n} completions; "
+                               f"one request may ask for at most {MAX_COMPLETIONS}", "n", code="too_many_completions")
+        stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
+        if len(stops) > MAX_STOPS or any(len(stop) > MAX_STOP_CHARS for stop in stops):
+            raise RequestError(f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters, got "
+                               f"{len(stops)} of at most {max(map(len, stops))}", "stop")
+        max_tokens = self._max_tokens(request, max(map(len, ids)))
         try:
             config = GenerationConfig(max_new_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p)
         except ValueError as error:
             raise RequestError(str(error)) from None
         try:
-            choice = ENCODER if request.latents is None else parse_latents(request.latents, indices=False)
+            choice = self.latents if request.latents is None else parse_latents(request.latents, indices=False)
         except ValueError as error:
             raise RequestError(str(error), "latents") from None
         seed = secrets.randbits(62) if request.seed is None else request.seed
@@ -150,23 +99,45 @@ class Engine:
                                       latent_seed=latent_seed)
         except ValueError as error:
             raise RequestError(str(error), "reference" if reference is not None else "latents") from None
-        stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
-        return Plan(prompts, request.n, seed, [stop for stop in stops if stop])
+        rows = [RowSpec(p * request.n + i, prompt.ids, config, prompt.latents, seed + i, max_tokens)
+                for p, prompt in enumerate(prompts) for i in range(request.n)]
+        return Plan(rows, [stop for stop in stops if stop], sum(map(len, ids)))
+
+    def _prompt_ids(self, prompt: str | list) -> list[list[int]]:
+        """Each prompt's token ids: text encoded, token ids checked against the vocabulary."""
+        if isinstance(prompt, str):
+            prompts = [self.tokenizer.encode(prompt)]
+        elif prompt and isinstance(prompt[0], int):
+            prompts = [prompt]
+        elif prompt and isinstance(prompt[0], list):
+            prompts = prompt
+        else:
+            prompts = [self.tokenizer.encode(text) for text in prompt]
+        if not prompts or not all(prompts):
+            raise RequestError("prompt must not be empty (give at least one character or token)", "prompt")
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= token < vocab for ids in prompts for token in ids):
+            raise RequestError(f"prompt: token ids must lie in [0, {vocab})", "prompt")
+        return prompts
+
+    def _max_tokens(self, request: CompletionRequest, longest: int) -> int:
+        try:
+            room = new_token_room(longest, self.context)
+        except ValueError as error:
+            raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
+        max_tokens = min(DEFAULT_MAX_TOKENS, room) if request.max_tokens is None else request.max_tokens
+        if max_tokens > room:
+            raise RequestError(f"max_tokens {max_tokens} does not fit: the prompt has {longest} tokens and this "
+                               f"model reads at most {self.context}, so max_tokens can be at most {room}",
+                               "max_tokens", code="context_length_exceeded")
+        return max_tokens
 
     def _reference(self, text: str | None) -> torch.Tensor | None:
         """The reference text as (1, T) ids, T within the model's context (resolve_latents checks the rest)."""
         if text is None:
             return None
-        ids, context = self.tokenizer.encode(text), self.model.config.max_seq_len
-        if len(ids) > context:
-            raise RequestError(f"reference has {len(ids)} tokens; this model reads at most {context}", "reference")
+        ids = self.tokenizer.encode(text)
+        if len(ids) > self.context:
+            raise RequestError(f"reference has {len(ids)} tokens; this model reads at most {self.context}",
+                               "reference")
         return torch.tensor([ids])
-
-
-def settled(text: str, stops: list[str]) -> str:
-    """The part of a completion's text so far that no later token can change: without the replacement
-    characters it ends with (a character whose bytes are not all there yet) and without the longest
-    end that begins a stop string (it may become one)."""
-    text = text.rstrip(REPLACEMENT)
-    held = max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
-    return text[: len(text) - held]

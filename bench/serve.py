@@ -1,0 +1,139 @@
+"""`free-transformer serve` under load on the CPU: the aggregate decoding rate of 8 concurrent clients
+against one client alone (the decoding loop batches the requests in flight), and the latency of a
+1-token request while a 2,000-token completion streams.
+
+A random cpu-small model (4 blocks of width 128, H = 8, byte vocabulary) with a 2,112-token context,
+saved as a checkpoint and served by a `free-transformer serve` process on 127.0.0.1; the clients are
+httpx threads of this process. Targets (bench/README.md): 8 clients at least 3x one client's
+tokens/s, and the short request answered in under 2 s.
+
+    PYTHONPATH=src python bench/serve.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from free_transformer.model.config import named_config
+from free_transformer.model.transformer import FreeTransformer
+from free_transformer.runs.checkpoint import save_checkpoint
+
+MODEL = "bench"
+# one client for every thread: httpx.post would build a client (and its SSL context) per request
+HTTP = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=64))
+SPEEDUP_TARGET = 3.0
+LATENCY_TARGET_S = 2.0
+
+
+def start(directory: Path, max_batch: int, threads: int | None) -> tuple[subprocess.Popen, str]:
+    """A `free-transformer serve` process of a random cpu-small model, once it answers /health."""
+    torch.manual_seed(0)
+    save_checkpoint(directory / MODEL, 1, FreeTransformer(named_config("cpu-small", max_seq_len=2112)),
+                    {"tokenizer": "byte"})
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    server = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "serve", str(directory / MODEL),
+                               "--device", "cpu", "--port", str(port), "--max-batch", str(max_batch)], env=env)
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                return server, f"http://127.0.0.1:{port}/v1/completions"
+        except httpx.TransportError:
+            if server.poll() is not None:
+                raise SystemExit("the server did not start")
+            time.sleep(0.2)
+
+
+def complete(url: str, max_tokens: int, seed: int, stream: bool = False) -> int:
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens, "seed": seed, "stream": stream}
+    if not stream:
+        return HTTP.post(url, json=body).json()["usage"]["completion_tokens"]
+    with HTTP.stream("POST", url, json=body) as response:
+        for _ in response.iter_lines():
+            pass
+    return max_tokens
+
+
+def rate(url: str, clients: int, tokens: int) -> float:
+    """Tokens per second of `clients` concurrent requests of `tokens` new tokens each."""
+    done = [0] * clients
+
+    def one(i: int) -> None:
+        done[i] = complete(url, tokens, seed=i)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(done) / (time.perf_counter() - started)
+
+
+def short_beside_long(url: str, long_tokens: int) -> tuple[float, bool]:
+    """Seconds to answer a 1-token request sent 1 s into a `long_tokens` streamed completion, and whether
+    the long completion was still streaming when the answer came."""
+    long = threading.Thread(target=complete, args=(url, long_tokens, 0, True))
+    long.start()
+    time.sleep(1.0)
+    started = time.perf_counter()
+    complete(url, 1, seed=1)
+    latency, streaming = time.perf_counter() - started, long.is_alive()
+    long.join()
+    return latency, streaming
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per client")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (1 client, N clients)")
+    parser.add_argument("--long-tokens", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=None, help="the server's torch threads (default: torch's)")
+    parser.add_argument("--max-batch", type=int, default=16,
+                        help="the server's --max-batch (1: one completion at a time, as before batching)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        server, url = start(Path(directory), args.max_batch, args.threads)
+        try:
+            measure(url, args)
+        finally:
+            server.terminate()
+            server.wait(30)
+
+
+def measure(url: str, args) -> None:
+    rate(url, 1, 8)  # warm-up
+    ratios, alone, together = [], [], []
+    for _ in range(args.rounds):  # interleaved: the machine's load moves both alike
+        alone.append(rate(url, 1, args.tokens))
+        together.append(rate(url, args.clients, args.tokens))
+        ratios.append(together[-1] / alone[-1])
+    speedup = statistics.median(ratios)
+    latency, streaming = short_beside_long(url, args.long_tokens)
+    print(f"1 client:  {statistics.median(alone):7.1f} tokens/s ({args.tokens} new tokens)")
+    print(f"{args.clients} clients: {statistics.median(together):7.1f} tokens/s aggregate, "
+          f"{speedup:.1f}x one client (median of {args.rounds} interleaved rounds)")
+    print(f"a 1-token request while a {args.long_tokens}-token completion streams: answered in {latency:.2f} s"
+          + ("" if streaming else " (after the long completion had ended: it waited for it)"))
+    print(f"targets: {args.clients} clients >= {SPEEDUP_TARGET:.0f}x one client "
+          f"{'PASS' if speedup >= SPEEDUP_TARGET else 'FAIL'}; short request < {LATENCY_TARGET_S:.0f} s "
+          f"{'PASS' if latency < LATENCY_TARGET_S and streaming else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()

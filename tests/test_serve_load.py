@@ -1,0 +1,222 @@
+"""`free-transformer serve` under hostile and heavy load: bounded requests refused before any sampling,
+invalid text a 4xx, a departed client's rows dropped, one decoding loop shared by the requests in
+flight, stop strings looked for in the new text only, and a bad address refused in one line."""
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import tiny_checkpoint
+from test_serve import NAME, start_server
+
+pytest.importorskip("openai")
+
+from free_transformer.cli import main  # noqa: E402
+from free_transformer.serve import batcher as loop  # noqa: E402
+from free_transformer.serve.batcher import RowText  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("serve-load"), NAME, latent_bits=4, max_seq_len=256)
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    url, engine, uv = start_server(checkpoint, max_body_bytes=4096, engine={"max_batch": 4})
+    yield url, engine
+    uv.should_exit = True
+
+
+def post(served, body, timeout=60, **options):
+    return httpx.post(served[0] + "/completions", timeout=timeout, **({"json": body} if body is not None else {}),
+                      **options)
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(served):
+    steps = served[1].batcher.steps
+    declared = post(served, {"model": NAME, "prompt": "x" * 5000})
+    assert declared.status_code == 413 and declared.json()["error"]["code"] == "request_too_large"
+
+    def chunked():  # no Content-Length: counted as it arrives
+        for _ in range(10):
+            yield b" " * 1000
+
+    streamed = httpx.post(served[0] + "/completions", content=chunked(), headers={"Content-Type": "application/json"})
+    assert streamed.status_code == 413 and "at most 4096" in streamed.json()["error"]["message"]
+    assert served[1].batcher.steps == steps
+
+
+@pytest.mark.parametrize("body", [b'{"model": "tiny", "prompt": "\xff\xfe"}', b'{"model": "tiny", "prompt": "\\ud800"}',
+                                  b'{"model": "tiny", "prompt": ["ok", "\\udc00x"]}', b"\xc3(", b"[1, 2]",
+                                  b"[" * 2000 + b"]" * 2000])
+def test_text_or_json_that_is_not_valid_is_a_400(served, body):
+    response = post(served, None, content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_requests_over_the_bounds_take_no_decoding_step(served):
+    steps = served[1].batcher.steps
+    for body in [{"prompt": ["a"] * 200, "n": 6}, {"stop": ["x" * 300]}, {"stop": [str(i) for i in range(20)]},
+                 {"max_tokens": 250, "prompt": "x" * 10}]:
+        assert post(served, {"model": NAME, "prompt": "Hi", **body}).status_code == 400
+    assert served[1].batcher.steps == steps
+
+
+def slow_steps(monkeypatch, seconds: float, record: list) -> None:
+    """Each decoding step takes `seconds` more, and `record` gets each step's rows."""
+    real = loop.Batcher._step
+
+    def step(self):
+        record.append([row.spec.max_tokens for row in self.rows])
+        time.sleep(seconds)
+        return real(self)
+
+    monkeypatch.setattr(loop.Batcher, "_step", step)
+
+
+def wait_idle(engine, timeout=30):
+    deadline = time.monotonic() + timeout
+    while engine.batcher.rows or engine.batcher.waiting:
+        assert time.monotonic() < deadline, "the decoding loop still holds rows"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_departed_clients_rows_leave_the_batch_at_the_next_step(served, monkeypatch, stream):
+    """A client gives up after ~5 steps of a 200-token completion: its row is dropped within a step or two
+    of the disconnect (it used to be sampled to its end)."""
+    steps: list = []
+    slow_steps(monkeypatch, 0.02, steps)
+    body = {"model": NAME, "prompt": "Hi", "max_tokens": 200, "stream": stream}
+    if stream:  # reads 3 chunks, then closes the connection
+        with httpx.stream("POST", served[0] + "/completions", json=body, timeout=30) as response:
+            for _, _ in zip(range(3), response.iter_lines()):
+                pass
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            post(served, body, timeout=0.3)
+    left = len(steps)
+    wait_idle(served[1])
+    assert 0 < len(steps) < 200 and len(steps) - left <= 3, (left, len(steps))
+
+
+def test_one_loop_batches_a_short_request_beside_a_long_stream(served, monkeypatch):
+    """While a 100-token completion streams, a 3-token request is answered at once (its row joins the batch
+    at the next step), and the two share steps; so do 3 concurrent completions."""
+    steps: list = []
+    slow_steps(monkeypatch, 0.01, steps)
+    long_done, events = threading.Event(), []
+
+    def long_stream():
+        body = {"model": NAME, "prompt": "Once", "max_tokens": 100, "stream": True, "seed": 1}
+        with httpx.stream("POST", served[0] + "/completions", json=body, timeout=60) as response:
+            for _ in response.iter_lines():
+                pass
+        events.append("long")
+        long_done.set()
+
+    thread = threading.Thread(target=long_stream)
+    thread.start()
+    while len(steps) < 10:
+        time.sleep(0.005)
+    short = post(served, {"model": NAME, "prompt": "Hi", "max_tokens": 3, "seed": 2})
+    events.append("short")
+    thread.join(60)
+    assert short.status_code == 200 and events == ["short", "long"]
+    assert [rows for rows in steps if len(rows) == 2] == [[100, 3]] * 2  # its 2 steps after the prefill's token
+    steps.clear()
+    answers = []
+    threads = [threading.Thread(target=lambda s=s: answers.append(post(served, {"model": NAME, "prompt": "Hi",
+                                                                            "max_tokens": 40, "seed": s})))
+               for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(a.status_code == 200 for a in answers)
+    assert max(map(len, steps)) == 3 and len(steps) < 3 * 40
+
+
+def test_concurrent_completions_are_the_ones_each_gets_alone(served):
+    bodies = [{"model": NAME, "prompt": p, "max_tokens": 16, "seed": s, "temperature": 0.1, "n": 2}
+              for p, s in [("Hi", 1), ("Hello there", 2), ("Hi", 4)]]
+    alone = [post(served, body).json()["choices"] for body in bodies]
+    together: dict = {}
+    threads = [threading.Thread(target=lambda i=i, b=b: together.__setitem__(i, post(served, b).json()["choices"]))
+               for i, b in enumerate(bodies)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [together[i] for i in range(len(bodies))] == alone
+
+
+def test_stop_strings_are_looked_for_in_the_new_text_only(monkeypatch):
+    """Each token's search starts at most len(stop) - 1 characters before the new text: a 256-character stop
+    string and 2,000 tokens read about 2,000 x 256 characters, not 2,000^2 / 2."""
+    searched = []
+    real = loop.stop_at
+
+    def counted(text, stops, start=0):
+        searched.append(len(text) - start)
+        return real(text, stops, start)
+
+    monkeypatch.setattr(loop, "stop_at", counted)
+    stop = "z" * 255 + "!"
+    text = RowText(lambda ids: bytes(ids).decode("utf-8", errors="replace"), [stop])
+    for token in b"ab" * 1000:
+        text.push(token)
+    assert text.stop_end is None and max(searched) <= len(stop)
+    for token in stop.encode():
+        text.push(token)
+    assert text.stop_end == 2000 and text.final == "ab" * 1000
+    multibyte = RowText(lambda ids: bytes(ids).decode("utf-8", errors="replace"), ["é!"])
+    for token in "café! more".encode():
+        multibyte.push(token)
+    assert multibyte.final == "caf"
+
+
+def test_a_bad_host_or_a_port_in_use_is_one_line_and_exit_2(checkpoint, capsys):
+    assert main(["serve", str(checkpoint), "--host", "no-such-host.invalid", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --host 'no-such-host.invalid'") and err.count("\n") == 1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(checkpoint), "--port", str(port), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+@pytest.mark.parametrize("route", ["native", "fold", "expand"])
+def test_a_step_of_rows_at_their_own_positions_equals_each_row_alone(monkeypatch, route):
+    """The continuous batch's step (start a (B,) tensor of positions) gives each row the logits of its own
+    one-row decoding, on each of attend's grouped-query routes (CUDA takes "fold" for one-token queries)."""
+    import torch
+
+    from free_transformer.model import layers
+    from free_transformer.model.config import ModelConfig
+    from free_transformer.model.transformer import FreeTransformer
+
+    torch.manual_seed(0)
+    model = FreeTransformer(ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64,
+                                        max_seq_len=64, latent_bits=4)).eval()
+    prompts = [torch.randint(0, 256, (1, length)) for length in (7, 12, 3)]
+    batch, alone = model.new_cache(4), [model.new_cache(1) for _ in prompts]
+    with torch.no_grad():
+        for slot, (prompt, cache) in enumerate(zip(prompts, alone)):
+            model(prompt, latents="prior", generator=torch.Generator().manual_seed(slot), cache=cache)
+            model(prompt, latents="prior", generator=torch.Generator().manual_seed(slot),
+                  cache=batch.view(slice(slot, slot + 1), prompt.shape[1]))
+        monkeypatch.setattr(layers, "gqa_route", lambda *args: route)
+        tokens, latents = torch.tensor([[5], [9], [200]]), torch.tensor([[3], [11], [0]])
+        positions = torch.tensor([7, 12, 3])
+        together = model(tokens, latents=latents, cache=batch.view(slice(0, 3), 13), start=positions).logits[:, -1]
+        for row, cache in enumerate(alone):
+            single = model(tokens[row : row + 1], latents=latents[row : row + 1], cache=cache).logits[0, -1]
+            assert torch.allclose(together[row], single, atol=1e-5)
