@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from free_transformer.eval.programs import build_program, check_completion
+from free_transformer.eval.programs import check_completion
 from free_transformer.eval.sandbox import SandboxLimits, isolation_report, run_python
 
 FAST = SandboxLimits(timeout_s=1.5, memory_mb=512)
@@ -97,8 +97,6 @@ def test_code_checkers_pass_the_reference_and_fail_a_wrong_answer():
             "inputs": [[1], [2.5], [-9]], "atol": 1e-12}
     assert check_completion(plus, "    return x * (1 / 3)\n", FAST).passed  # equal within the tolerance
     assert not check_completion(plus, "    return x // 3\n", FAST).passed
-    assert "check(inc)" in build_program(humaneval, "    return x + 1\n")
-
 
 
 def test_cpu_limit_counts_as_the_timeout(monkeypatch):
