@@ -7,16 +7,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
 import pytest
-from conftest import tiny_checkpoint
+from conftest import hook_only_args, kernel_sandbox, tiny_checkpoint
 
 from free_transformer.eval.programs import check_completion
 from free_transformer.eval.sandbox import SandboxLimits, run_python
 
-FAST = SandboxLimits(timeout_s=3, memory_mb=512)
+FAST = SandboxLimits(timeout_s=3, memory_mb=512, allow_hook_only=not kernel_sandbox())
 NO_KERNEL = SandboxLimits(timeout_s=3, memory_mb=512, namespaces=False, seccomp=False,
                           allow_hook_only=True)  # the audit hook alone
 
@@ -184,7 +185,8 @@ import sys
 from free_transformer.cli import main
 from free_transformer.eval import runner
 runner.generate_texts = lambda *args, **kwargs: ([{sleeper!r}], False)
-sys.exit(main(["eval", {run!r}, "--tasks", "humaneval", "--limit", "1", "--code-timeout", "60", "--no-progress"]))
+sys.exit(main(["eval", {run!r}, "--tasks", "humaneval", "--limit", "1", "--code-timeout", "60", "--no-progress",
+              *{hook_only!r}]))
 """
 
 
@@ -194,7 +196,7 @@ def test_a_stopped_eval_kills_its_sandboxed_program_and_removes_its_directory(tm
     temp = tmp_path / "temp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-c", EVAL.format(sleeper=SLEEPER, run=str(run))], env=env,
+    process = subprocess.Popen([sys.executable, "-c", EVAL.format(sleeper=SLEEPER, run=str(run), hook_only=hook_only_args())], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (pids := list(temp.glob("ft-sandbox-*/work/pid"))):
@@ -207,4 +209,48 @@ def test_a_stopped_eval_kills_its_sandboxed_program_and_removes_its_directory(tm
     assert stderr.strip().splitlines()[-1] == f"eval stopped by {signal.Signals(signum).name}", stderr
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+    assert list(temp.iterdir()) == []
+
+
+CALLER = """
+import sys, threading
+from free_transformer.eval.sandbox import SandboxLimits, run_python
+program = "import os, time\\nopen('pid.tmp', 'w').write(str(os.getpid()))\\nos.rename('pid.tmp', 'pid')\\ntime.sleep(60)\\n"
+limits = SandboxLimits(timeout_s=60, allow_hook_only={hook_only})
+if {in_thread}:
+    threading.Thread(target=run_python, args=(program, limits)).start()
+else:
+    run_python(program, limits)
+"""
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main-thread", "other-thread"])
+def test_sigterm_to_any_caller_of_run_python_kills_its_program_and_removes_its_directory(tmp_path, monkeypatch,
+                                                                                       in_thread):
+    """A program calling run_python and killed by SIGTERM still dies of SIGTERM, and leaves neither the
+    sandboxed program running nor its directory: from the main thread at once; from another thread the
+    program dies with its caller and the next sandbox removes the directory."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    source = CALLER.format(hook_only=not kernel_sandbox(), in_thread=in_thread)
+    process = subprocess.Popen([sys.executable, "-c", source], env={**os.environ, "TMPDIR": str(temp)},
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (pids := list(temp.glob("ft-sandbox-*/work/pid"))):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    pid = int(pids[0].read_text())
+    process.terminate()
+    assert process.wait(timeout=30) == -signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while True:  # the program's death (PR_SET_PDEATHSIG) is asynchronous
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the sandboxed program outlived its caller"
+        time.sleep(0.05)
+    if in_thread:
+        monkeypatch.setattr(tempfile, "tempdir", str(temp))
+        run_python("pass\n", FAST)
     assert list(temp.iterdir()) == []

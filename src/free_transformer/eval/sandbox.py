@@ -40,10 +40,12 @@ from .sandbox_guard import REFUSED, REPORT_PREFIX
 GUARD = Path(__file__).with_name("sandbox_guard.py")
 CODEC = Path(plain.__file__)
 PREFIX = "ft-sandbox-"
-ENABLE = ("enable unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
-          "kernel.unprivileged_userns_clone=1 where it exists, kernel.apparmor_restrict_unprivileged_userns=0 "
-          "on Ubuntu 23.10+; in a container, one started without a seccomp profile that forbids unshare) and a "
-          "kernel with CONFIG_SECCOMP_FILTER")
+ENABLE = {  # what gives each kernel layer to an unprivileged process
+    "namespaces": ("unprivileged user namespaces (sysctl user.max_user_namespaces > 0; "
+                   "kernel.unprivileged_userns_clone=1 where it exists; kernel.apparmor_restrict_unprivileged_userns=0 "
+                   "on Ubuntu 23.10+; a container whose seccomp profile allows unshare)"),
+    "seccomp": "a kernel with CONFIG_SECCOMP_FILTER (and a container that allows nested seccomp filters)",
+}
 
 
 class SandboxUnavailable(UserError):
@@ -310,11 +312,13 @@ class Sandbox:
             return
         if returncode == REFUSED:
             isolation = self._isolation()
-            if isolation.get("missing"):
+            missing = isolation.get("missing")
+            if missing:
+                enable = " and ".join(ENABLE[m.partition(" ")[0]] for m in missing)
                 raise SandboxUnavailable(
-                    "generated code is not run without kernel isolation, and this machine gives no "
-                    f"{' and no '.join(isolation['missing'])}: {ENABLE}; or accept the Python audit hook alone, "
-                    "which is no security boundary (eval --sandbox-hook-only, SandboxLimits(allow_hook_only=True))")
+                    f"generated code is not run without kernel isolation, and this machine gives no "
+                    f"{' and no '.join(missing)}: enable {enable}; or accept the Python audit hook alone, which is "
+                    "no security boundary (eval --sandbox-hook-only, SandboxLimits(allow_hook_only=True))")
 
     def _isolation(self) -> dict:
         first = _tail(self.root / "stderr", 1 << 16).partition("\n")[0]
