@@ -147,3 +147,14 @@ def test_without_a_kernel_layer_generated_code_runs_only_when_hook_only_is_asked
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
         assert refused.stderr.startswith("error: generated code is not run without kernel isolation")
         assert not (run / "eval").exists() or not list((run / "eval").iterdir())  # nothing scored
+
+
+def test_the_canonical_solutions_pass_their_checkers():
+    """docs/evaluation.md's command, on the first problems of each benchmark (all of them: 164/164,
+    499/500 and 164/164, as before the verdict moved out of the sandbox)."""
+    script = Path(__file__).parents[1] / "scripts" / "canonical_pass.py"
+    result = subprocess.run([sys.executable, str(script), "--limit", "3"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["humaneval", "mbpp", "evalplus"]
+    assert all("pass@1 1.0000 (3/3)" in line for line in lines), result.stdout

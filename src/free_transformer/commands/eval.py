@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..base.devices import parse_device
 from ..base.errors import Stopped, UserError
+from ..base.fileio import refuse_links
 from ..data.tokenizer import get_tokenizer
 from ..eval.catalog import get_benchmark
 from ..eval.sandbox import SandboxLimits, isolation_report
@@ -162,7 +163,7 @@ def _run(args) -> int:
     model, config, tokenizer = _load(ckpt, device)
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
     tag = _tag(args, model, settings.tasks)
-    output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, tag)
+    output = Path(args.output) if args.output else _free_path(refuse_links(run_dir / "eval", run_dir), ckpt.name, tag)
     partial = output.with_name(output.name + ".partial")  # the tasks finished so far, kept if interrupted
     try:  # an unwritable place fails now, not after hours of evaluation
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -123,7 +123,7 @@ class Broken(Exception):
 
 # Live sandboxes of this process, cleaned up by the SIGTERM handler below
 _LIVE: set = set()
-_LIVE_LOCK = threading.Lock()
+_LIVE_LOCK = threading.RLock()  # re-entered when the handler runs in a thread holding it
 _DEFAULT_HANDLER: list = []  # the SIGTERM handler to restore, while ours is installed
 
 
@@ -170,8 +170,8 @@ class Sandbox:
     program defines to ("callable",), ("module", module name) or ("value", plain value).
 
         with Sandbox(source, limits, names=["f"]) as box:
-            box.call("f", 1, 2)   # a plain value, or the program's exception as CandidateError
-        box.result("passed")
+            box.call("f", 1, 2)     # a plain value, or the program's exception raised again here
+            result = box.result("passed")   # "failed" / "timeout" instead when a call went wrong
     """
 
     def __init__(self, source: str, limits: SandboxLimits | None = None, names: list[str] | None = None):
