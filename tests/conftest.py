@@ -1,9 +1,25 @@
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 
 from free_transformer import FreeTransformer, ModelConfig
+
+
+@functools.cache
+def kernel_sandbox() -> bool:
+    """Whether this machine gives generated code the sandbox's kernel layers (user namespaces and
+    seccomp). Where it does not, sandbox tests run hook-only, which an evaluation there must ask for."""
+    from free_transformer.eval.sandbox import SandboxLimits, isolation_report
+
+    layers = isolation_report(SandboxLimits(allow_hook_only=True))
+    return bool(layers.get("network_namespace") and layers.get("read_only_fs") and layers.get("seccomp"))
+
+
+def hook_only_args() -> list[str]:
+    """eval's option that code tasks need where the kernel layers are missing."""
+    return [] if kernel_sandbox() else ["--sandbox-hook-only"]
 
 
 def tiny_config(**overrides) -> ModelConfig:

@@ -258,3 +258,54 @@ def test_consolidate_on_a_full_disk_is_one_line_and_leaves_nothing(runs, tmp_pat
     assert verify_checkpoint(newest) is None
     assert _cli("consolidate", str(newest)).returncode == 0
     assert verify_checkpoint(newest) is None
+
+
+# -- links and storage paths: a checkpoint's files are its own ------------------------------------------
+
+
+def test_a_checkpoint_file_or_step_that_is_a_link_is_not_read_through(tmp_path, capsys):
+    """model.safetensors replaced by a link (to an identical copy outside, so that its digest matches) is
+    damage; a checkpoints/step_N link is refused in one line by every command that looks for a checkpoint."""
+    checkpoint = checkpoint_dirs(tiny_checkpoint(tmp_path, "run", 0))[-1]
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(checkpoint / "model.safetensors", outside)
+    (checkpoint / "model.safetensors").unlink()
+    (checkpoint / "model.safetensors").symlink_to(outside)
+    assert verify_checkpoint(checkpoint) == "model.safetensors is a symbolic link (a checkpoint's files must be its own)"
+    run = tmp_path / "run2"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step_00000009").symlink_to(checkpoint)
+    assert main(["generate", str(run), "--prompt", "a", "--max-new-tokens", "2"]) == 2
+    assert "step_00000009 is a symbolic link" in _one_line_error(capsys)
+
+
+def test_a_sharded_checkpoint_whose_storage_path_leaves_it_is_refused_naming_it(runs, tmp_path, capsys):
+    """A .metadata storage path of ../../../etc/passwd (DCP would read that file; it used to be refused only
+    as EOFError) is unsafe metadata: consolidate says which path, and verification counts it damaged."""
+    import pickle
+
+    run = shutil.copytree(runs / "sharded", tmp_path / "sharded")
+    newest = checkpoint_dirs(run)[-1]
+    metadata_path = newest / "dcp" / ".metadata"
+    with open(metadata_path, "rb") as handle:
+        metadata = pickle.load(handle)
+    info = next(iter(metadata.storage_data.values()))
+    info.relative_path = "../../../etc/passwd"
+    with open(metadata_path, "wb") as handle:
+        pickle.dump(metadata, handle)
+    rewrite_checksums(newest)
+    assert main(["consolidate", str(newest)]) == 2
+    error = _one_line_error(capsys)
+    assert "storage path '../../../etc/passwd' is not a file of the checkpoint's dcp/ folder" in error, error
+    assert "../../../etc/passwd" in verify_checkpoint(newest)
+
+
+@pytest.mark.parametrize("to", ["hf", "checkpoint"])
+def test_convert_into_a_link_to_an_empty_folder_says_so(tmp_path, capsys, to):
+    """It used to be refused as "is the disk full ..."."""
+    checkpoint = tiny_checkpoint(tmp_path, "run", 0)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "dest").symlink_to(tmp_path / "empty")
+    assert main(["convert", str(checkpoint), str(tmp_path / "dest"), "--to", to]) == 2
+    assert "dest is a symbolic link: nothing is written through one" in _one_line_error(capsys)
+    assert list((tmp_path / "empty").iterdir()) == []

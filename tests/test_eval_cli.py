@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import tiny_checkpoint
+from conftest import hook_only_args, tiny_checkpoint
 
 from free_transformer.cli import main
 
@@ -21,7 +21,7 @@ def evaluated(tmp_path_factory):
         code = main(["eval", str(run), "--tasks", TASKS, "--limit", "2", "--latent-samples", "2",
                      "--data", f"race_high={DATA / 'race_tiny.jsonl'}", "--max-new-tokens", "16",
                      "--heldout", str(DATA / "heldout_tiny.txt"), "--heldout-samples", "2", "--no-progress",
-                     "--code-timeout", "5"])
+                     "--code-timeout", "5", *hook_only_args()])
         assert code == 0
         outputs[name] = run
     return root, outputs

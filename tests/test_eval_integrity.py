@@ -1,22 +1,25 @@
-"""Evaluation counts only what was earned: a generated program cannot mark itself passed, cannot
-write outside its work directory through descriptors when the kernel layers are missing, and a
-stopped `eval` leaves no sandboxed program or directory behind."""
+"""Evaluation counts only what was earned: a generated program cannot mark itself passed (the verdict
+is decided outside the sandbox, on the plain values it returned), cannot write outside its work
+directory through descriptors when the kernel layers are missing, and a stopped `eval` leaves no
+sandboxed program or directory behind."""
 
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
 import pytest
-from conftest import tiny_checkpoint
+from conftest import hook_only_args, kernel_sandbox, tiny_checkpoint
 
 from free_transformer.eval.programs import check_completion
 from free_transformer.eval.sandbox import SandboxLimits, run_python
 
-FAST = SandboxLimits(timeout_s=3, memory_mb=512)
-NO_KERNEL = SandboxLimits(timeout_s=3, memory_mb=512, namespaces=False, seccomp=False)  # the audit hook alone
+FAST = SandboxLimits(timeout_s=3, memory_mb=512, allow_hook_only=not kernel_sandbox())
+NO_KERNEL = SandboxLimits(timeout_s=3, memory_mb=512, namespaces=False, seccomp=False,
+                          allow_hook_only=True)  # the audit hook alone
 
 HUMANEVAL = {"style": "humaneval", "prompt": "def inc(x):\n", "test": "def check(f):\n    assert f(1) == 2\n",
              "entry_point": "inc"}
@@ -39,20 +42,42 @@ def test_a_wrong_answer_that_exits_early_is_no_pass(style, exit):
     test, body = STYLES[style]
     assert check_completion(test, body.format("x + 1"), FAST).passed  # the right answer passes
     outcome = check_completion(test, body.format("x") + EXITS[exit], FAST)
-    assert outcome.status == "failed" and outcome.returncode == 0  # it did exit 0, before its tests
+    assert outcome.status == "failed"  # whenever it exits: its tests never got a right answer
 
 
-FORGERIES = {  # each tries to produce the harness's report before the tests, then exits 0
+FORGERIES = {  # each tries to make a wrong answer (inc(x) = x) pass, then exits 0
+    # the attack that beat the in-process report: the audit hook refuses something, the program walks
+    # the PermissionError's traceback to the hook's frame, takes the report descriptor and the nonce
+    # out of its closures and writes it
+    "reads the hook's secret through a refused call's traceback": """
+        import os, socket
+        for attempt in (lambda: open('/etc/forged', 'w'), socket.socket):
+            try:
+                attempt()
+            except (PermissionError, OSError) as error:
+                tb = error.__traceback__
+                while tb is not None:
+                    for value in list(tb.tb_frame.f_locals.values()):
+                        for cell in getattr(value, '__closure__', None) or ():
+                            try:
+                                held = cell.cell_contents
+                            except ValueError:
+                                continue
+                            if type(held) is tuple and len(held) > 1 and type(held[0]) is int and type(held[1]) is bytes:
+                                os.write(held[0], held[1])
+                                os._exit(0)
+                    tb = tb.tb_next
+        """,
     "reads every descriptor, argv and environment": """
         import os
         for fd in range(3, 64):
             try:
+                os.set_blocking(fd, False)
                 print(os.read(fd, 256))
             except OSError:
                 pass
         print(open('/proc/self/cmdline', 'rb').read(), open('/proc/self/environ', 'rb').read(), flush=True)
         """,
-    "raises the report's audit event": "import sys\nsys.audit('sandbox.finished')\n",
     "walks the frames": """
         import sys
         frame = sys._getframe()
@@ -61,15 +86,6 @@ FORGERIES = {  # each tries to produce the harness's report before the tests, th
             frame = frame.f_back
         """,
     "walks the garbage collector's objects": "import gc\nprint(gc.get_objects(), flush=True)\n",
-    "runs the guard again": """
-        import json, os, sys
-        guard = sys.modules['__main__']
-        r, w = os.pipe()
-        os.write(w, b'x')
-        sys.argv = ['guard', json.dumps({'nonce_fd': r, 'report_fd': 1, 'work_dir': os.getcwd(), 'limits': {},
-                                         'namespaces': False, 'seccomp': False, 'program': '/dev/null'})]
-        guard.main()
-        """,
     "skips statements with a tracer": """
         import sys
         def skip(frame, event, arg):
@@ -80,12 +96,44 @@ FORGERIES = {  # each tries to produce the harness's report before the tests, th
 }
 
 
+@pytest.mark.parametrize("style", list(STYLES))
 @pytest.mark.parametrize("forgery", list(FORGERIES))
 @pytest.mark.parametrize("limits", [FAST, NO_KERNEL], ids=["all-layers", "no-kernel-layers"])
-def test_a_program_cannot_forge_the_report_that_it_ran_to_its_end(forgery, limits):
-    source = textwrap.dedent(FORGERIES[forgery]) + "import os\nos._exit(0)\n"
-    assert run_python(source, limits).status == "failed"
-    assert run_python("print('done')\n", limits).passed
+def test_a_program_cannot_forge_a_pass(style, forgery, limits):
+    test, body = STYLES[style]
+    source = body.format("x") + textwrap.dedent(FORGERIES[forgery]) + "import os\nos._exit(0)\n"
+    assert check_completion(test, source, limits).status == "failed"
+    assert check_completion(test, body.format("x + 1"), limits).passed
+
+
+ANSWERS = {  # wrong answers that made the test's own comparison hold when it ran beside them
+    "an object whose == always holds": "type('Yes', (), {'__eq__': lambda s, o: True, '__hash__': lambda s: 0})()",
+    "an int whose == always holds": "type('Yes', (int,), {'__eq__': lambda s, o: True, '__hash__': lambda s: 0})(x)",
+}
+CASES = [(style, answer) for style in STYLES for answer in ANSWERS] + [
+    ("evalplus", "a float after patching the math.isclose of the comparison"),
+]
+ANSWERS["a float after patching the math.isclose of the comparison"] = (
+    "(__import__('math').__setattr__('isclose', lambda *a, **k: True), x + 0.5)[1]")
+
+
+@pytest.mark.parametrize("style,answer", CASES)
+def test_a_wrong_answer_that_fools_comparisons_is_no_pass(style, answer):
+    test, body = STYLES[style]
+    outcome = check_completion(test, body.format(ANSWERS[answer]), FAST)
+    assert outcome.status == "failed", outcome
+
+
+def test_calls_cross_as_plain_values_and_the_candidates_exceptions_come_back():
+    test = {"style": "humaneval", "prompt": "def f(x):\n",
+            "test": ("def check(f):\n    assert f((1, [2.5, None], {'k': {3}})) == ((1, [2.5, None], {'k': {3}}), 'tuple')\n"
+                     "    try:\n        f('boom')\n    except ValueError as e:\n        assert str(e) == 'boom'\n"
+                     "    else:\n        assert False\n"),
+            "entry_point": "f"}
+    body = "    if x == 'boom':\n        raise ValueError(x)\n    return x, type(x).__name__\n"
+    assert check_completion(test, body, FAST).passed
+    generator = check_completion(test, "    return (v for v in [x])\n", FAST)
+    assert generator.status == "failed" and "generator is not a plain value" in generator.reason
 
 
 DIR_FD = "d = os.open(FOLDER, os.O_RDONLY)\n"
@@ -137,7 +185,8 @@ import sys
 from free_transformer.cli import main
 from free_transformer.eval import runner
 runner.generate_texts = lambda *args, **kwargs: ([{sleeper!r}], False)
-sys.exit(main(["eval", {run!r}, "--tasks", "humaneval", "--limit", "1", "--code-timeout", "60", "--no-progress"]))
+sys.exit(main(["eval", {run!r}, "--tasks", "humaneval", "--limit", "1", "--code-timeout", "60", "--no-progress",
+              *{hook_only!r}]))
 """
 
 
@@ -147,7 +196,7 @@ def test_a_stopped_eval_kills_its_sandboxed_program_and_removes_its_directory(tm
     temp = tmp_path / "temp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-c", EVAL.format(sleeper=SLEEPER, run=str(run))], env=env,
+    process = subprocess.Popen([sys.executable, "-c", EVAL.format(sleeper=SLEEPER, run=str(run), hook_only=hook_only_args())], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (pids := list(temp.glob("ft-sandbox-*/work/pid"))):
@@ -160,4 +209,48 @@ def test_a_stopped_eval_kills_its_sandboxed_program_and_removes_its_directory(tm
     assert stderr.strip().splitlines()[-1] == f"eval stopped by {signal.Signals(signum).name}", stderr
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+    assert list(temp.iterdir()) == []
+
+
+CALLER = """
+import sys, threading
+from free_transformer.eval.sandbox import SandboxLimits, run_python
+program = "import os, time\\nopen('pid.tmp', 'w').write(str(os.getpid()))\\nos.rename('pid.tmp', 'pid')\\ntime.sleep(60)\\n"
+limits = SandboxLimits(timeout_s=60, allow_hook_only={hook_only})
+if {in_thread}:
+    threading.Thread(target=run_python, args=(program, limits)).start()
+else:
+    run_python(program, limits)
+"""
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main-thread", "other-thread"])
+def test_sigterm_to_any_caller_of_run_python_kills_its_program_and_removes_its_directory(tmp_path, monkeypatch,
+                                                                                       in_thread):
+    """A program calling run_python and killed by SIGTERM still dies of SIGTERM, and leaves neither the
+    sandboxed program running nor its directory: from the main thread at once; from another thread the
+    program dies with its caller and the next sandbox removes the directory."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    source = CALLER.format(hook_only=not kernel_sandbox(), in_thread=in_thread)
+    process = subprocess.Popen([sys.executable, "-c", source], env={**os.environ, "TMPDIR": str(temp)},
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (pids := list(temp.glob("ft-sandbox-*/work/pid"))):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    pid = int(pids[0].read_text())
+    process.terminate()
+    assert process.wait(timeout=30) == -signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while True:  # the program's death (PR_SET_PDEATHSIG) is asynchronous
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the sandboxed program outlived its caller"
+        time.sleep(0.05)
+    if in_thread:
+        monkeypatch.setattr(tempfile, "tempdir", str(temp))
+        run_python("pass\n", FAST)
     assert list(temp.iterdir()) == []

@@ -215,3 +215,72 @@ def test_a_closed_stdout_ends_generate_quietly(tmp_path):
     process.stdout.close()  # before anything is written: every write fails
     assert process.wait(timeout=120) == 141
     assert process.stderr.read() == b""
+
+
+# ---- configuration input is bounded ------------------------------------------------------------------------
+
+BOMB = "[" + ", ".join(f"&l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else 'lol'}]" for i in range(10)) + "]"
+"""A list whose nested aliases expand to more than 9**9 values."""
+
+
+def test_a_yaml_alias_bomb_is_one_line_at_once(tmp_path, capsys):
+    """The bomb as a setting's value, in a config file and in a key=value override: each is refused in one
+    line (they used to get no answer in 60 s: the expanded value was printed in the error message)."""
+    config = tmp_path / "bomb.yaml"
+    config.write_text(f"optim:\n  lr: {BOMB}\n")
+    error = _one_line_error(capsys, "train", "--config", str(config), "--out", str(tmp_path / "run"))
+    assert f"cannot read config {config}: its aliases expand to more than 10,000 values" in error
+    error = _one_line_error(capsys, "train", "--out", str(tmp_path / "run"), f"optim.lr={BOMB}")
+    assert "override optim.lr: cannot read its value: its aliases expand to more than 10,000 values" in error
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_yaml_merge_key_is_read(tmp_path):
+    """`<<` merges a mapping (keys given beside it win); it used to be refused. A key given twice is still
+    an error."""
+    from free_transformer.base.checks import ConfigError
+    from free_transformer.base.settings import read_yaml
+    from free_transformer.train.config import load_train_config
+
+    config = tmp_path / "merge.yaml"
+    config.write_text("steps: 3\noptim:\n  <<: &adam {lr: 0.001, weight_decay: 0.0}\n  lr: 0.002\n")
+    assert read_yaml(config) == {"steps": 3, "optim": {"lr": 0.002, "weight_decay": 0.0}}
+    assert load_train_config(config).optim.lr == 0.002
+    config.write_text("steps: 3\nsteps: 4\n")
+    with pytest.raises(ConfigError, match="duplicate key 'steps'"):
+        read_yaml(config)
+
+
+DEEP = "[" * 200_000 + "]" * 200_000
+
+
+def test_json_nested_too_deep_is_one_line_in_every_reader(tmp_path, capsys):
+    """metrics.jsonl on --resume and inspect (the line is skipped, as a damaged one), config.json on
+    generate (the checkpoint is damaged) and on resume (it falls back to the older checkpoint), compare
+    and eval --data: each used to end in a RecursionError traceback."""
+    from conftest import TINY, rewrite_checksums
+
+    from free_transformer.runs.checkpoint import checkpoint_dirs
+
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *TINY, "steps=2", "checkpoint_every=1"]) == 0
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write(DEEP + "\n")
+    assert main(["inspect", str(run)]) == 0
+    older, newest = checkpoint_dirs(run)
+    (newest / "config.json").write_text(DEEP)
+    rewrite_checksums(newest)
+    error = _one_line_error(capsys, "generate", str(newest), "--prompt", "a", "--max-new-tokens", "2")
+    assert f"corrupt checkpoint config {newest / 'config.json'}: nested too deeply" in error
+    assert main(["train", "--out", str(run), "--resume", "steps=3"]) == 0
+    err = capsys.readouterr().err
+    assert f"checkpoint {newest} is damaged" in err and "nested too deeply" in err and "Traceback" not in err
+    deep = tmp_path / "deep.json"
+    deep.write_text(DEEP)
+    error = _one_line_error(capsys, "compare", str(deep), str(deep))
+    assert str(deep) in error and "nested too deeply" in error
+    data = tmp_path / "deep.jsonl"
+    data.write_text(DEEP + "\n")
+    error = _one_line_error(capsys, "eval", str(run), "--tasks", "race_high", "--data", f"race_high={data}",
+                            "--limit", "1", "--no-progress")
+    assert str(data) in error and "nested too deeply" in error

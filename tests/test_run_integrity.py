@@ -150,3 +150,33 @@ def test_deleting_the_lock_stops_the_writer_before_a_second_one_gets_in(tmp_path
     error = first.stderr.read().strip()
     assert "deleted or replaced" in error and len(error.splitlines()) == 1, error
     assert read_metrics(run / "metrics.jsonl")[-1]["step"] < 400
+
+
+def test_a_folder_of_the_run_linked_outside_is_neither_written_nor_pruned_through(tmp_path, capsys):
+    """RUN/checkpoints or RUN/eval made a link to a folder outside the run: training, resuming and eval
+    refuse it in one line naming the link; the outside folder's checkpoint is neither joined by a new
+    one nor deleted by rotation (both used to happen), and no eval result is written there."""
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    assert main(["train", "--out", str(run), *TINY, "steps=2", "checkpoint_every=1", "keep_checkpoints=1"]) == 0
+    shutil.move(run / "checkpoints", outside)
+    (run / "checkpoints").symlink_to(outside)
+    kept = sorted(p.name for p in outside.iterdir())
+    assert main(["train", "--out", str(run), "--resume", "steps=4"]) == 2
+    _one_line_error(capsys, "symbolic link", str(run / "checkpoints"))
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "checkpoints").symlink_to(outside)
+    assert main(["train", "--out", str(fresh), *TINY, "steps=2", "checkpoint_every=1", "keep_checkpoints=1"]) == 2
+    _one_line_error(capsys, "symbolic link", str(fresh / "checkpoints"))
+    assert sorted(p.name for p in outside.iterdir()) == kept
+    (run / "checkpoints").unlink()
+    shutil.move(outside, run / "checkpoints")
+    (tmp_path / "eval-outside").mkdir()
+    (run / "eval").symlink_to(tmp_path / "eval-outside")
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text("some held-out text " * 20)
+    assert main(["eval", str(run), "--tasks", "none", "--heldout", str(heldout), "--no-progress"]) == 2
+    _one_line_error(capsys, "symbolic link", str(run / "eval"))
+    with pytest.raises(UserError, match="symbolic link"):
+        CurveRecord(run)
+    assert list((tmp_path / "eval-outside").iterdir()) == []

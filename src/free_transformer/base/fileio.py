@@ -25,6 +25,23 @@ def open_no_follow(path: str | Path, flags: int, mode: int = 0o666) -> int:
         raise SymlinkRefused(f"{path} is a symbolic link: not written through; remove it, then run again") from None
 
 
+def refuse_links(path: str | Path, root: str | Path) -> Path:
+    """`path`, once no component of it below `root` (a run directory, which may itself be a link the
+    user made) is a symbolic link: SymlinkRefused names the first one. A planted `RUN/checkpoints` or
+    `RUN/eval` link would otherwise take a run's writes, and its checkpoint rotation's deletions,
+    outside the run. Components that do not exist yet are created as directories by the caller."""
+    path, root = Path(path), Path(root)
+    current = root
+    for part in path.relative_to(root).parts:
+        current = current / part
+        if current.is_symlink():
+            raise SymlinkRefused(f"{current} is a symbolic link: nothing in a run is read or written through "
+                                 "one; remove it, then run again")
+        if not current.exists():
+            break
+    return path
+
+
 def open_append(path: str | Path):
     """`path` opened to append text (created if missing), never through a symbolic link."""
     return os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from .bounded import load_yaml
 from .checks import ConfigError
 from .fileio import atomic_write_text
 
@@ -105,7 +106,10 @@ def parse_overrides(overrides: list[str]) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part} was given a value, it is a section")
-        node[leaf] = yaml.safe_load(raw) if raw else ""
+        try:
+            node[leaf] = load_yaml(raw) if raw else ""
+        except yaml.YAMLError as error:
+            raise ConfigError(f"override {key}: cannot read its value: {' '.join(str(error).split())}") from None
     return result
 
 
@@ -145,27 +149,12 @@ def upgrade_names(values: dict, renames: tuple[Renamed, ...], source: str) -> di
     return values
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load, except that a key given twice in one mapping is an error (YAML keeps the last silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
 def read_yaml(path: str | Path) -> dict:
     """A YAML settings file as a mapping; every way it can be wrong is a one-line ConfigError."""
     try:
-        loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        loaded = load_yaml(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise ConfigError(f"cannot read config {path}: {' '.join(str(error).split())}") from None  # one line
-    except RecursionError:  # the YAML composer recurses once per level of nesting
-        raise ConfigError(f"cannot read config {path}: nested too deeply (a config is sections of fields)") from None
     if loaded is None:
         raise ConfigError(f"config {path} is empty: give at least one field, or leave --config out for the defaults")
     if not isinstance(loaded, dict):

@@ -12,8 +12,10 @@ from pathlib import Path
 
 from ..base.devices import parse_device
 from ..base.errors import Stopped, UserError
+from ..base.fileio import refuse_links
 from ..data.tokenizer import get_tokenizer
-from ..eval.sandbox import SandboxLimits
+from ..eval.catalog import get_benchmark
+from ..eval.sandbox import SandboxLimits, isolation_report
 from ..eval.settings import EvalConfig
 from ..runs.checkpoint import CheckpointError, chosen_checkpoints, load_model, resolve_checkpoint
 from ..runs.runlock import RunLock
@@ -51,6 +53,11 @@ def add_arguments(parser) -> None:
                      help=f"seconds per generated program (sandbox) (default: {SANDBOX.timeout_s})")
     gen.add_argument("--code-memory-mb", type=int, default=SANDBOX.memory_mb,
                      help=f"address-space limit per generated program (default: {SANDBOX.memory_mb})")
+    gen.add_argument("--sandbox-hook-only", action="store_true",
+                     help="run generated code even where the kernel gives no user namespaces or seccomp, with "
+                          "resource limits and a Python audit hook alone. The hook is no security boundary: a "
+                          "program can undo it, write wherever you can and reach the network. Only for code you "
+                          "would run anyway (without it, such a machine refuses code tasks)")
     parser.add_argument("--output", default=None,
                         help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json); an existing file is "
                              "never overwritten")
@@ -145,7 +152,10 @@ def _run(args) -> int:
         raise ValueError(f"--code-timeout must be > 0 seconds and --code-memory-mb >= 1, got {args.code_timeout} "
                          f"and {args.code_memory_mb}")
     settings = _settings(args)
-    sandbox = SandboxLimits(timeout_s=args.code_timeout, memory_mb=args.code_memory_mb)
+    sandbox = SandboxLimits(timeout_s=args.code_timeout, memory_mb=args.code_memory_mb,
+                            allow_hook_only=args.sandbox_hook_only)
+    if any(get_benchmark(name).kind == "code" for name in settings.tasks):
+        isolation_report(sandbox)  # SandboxUnavailable before any scoring where the kernel layers are missing
     if args.checkpoints:
         return _score_checkpoints(Path(args.checkpoint), args.checkpoints, settings, sandbox, device,
                                   not args.no_progress)
@@ -153,7 +163,7 @@ def _run(args) -> int:
     model, config, tokenizer = _load(ckpt, device)
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
     tag = _tag(args, model, settings.tasks)
-    output = Path(args.output) if args.output else _free_path(run_dir / "eval", ckpt.name, tag)
+    output = Path(args.output) if args.output else _free_path(refuse_links(run_dir / "eval", run_dir), ckpt.name, tag)
     partial = output.with_name(output.name + ".partial")  # the tasks finished so far, kept if interrupted
     try:  # an unwritable place fails now, not after hours of evaluation
         output.parent.mkdir(parents=True, exist_ok=True)

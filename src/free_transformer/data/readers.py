@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..base.bounded import loads_json
 from ..base.install import install_hint
 from .datasets import DataError
 
@@ -96,7 +97,7 @@ def read_jsonl(path: Path, field: str) -> Iterator[Piece]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = loads_json(line)
             except json.JSONDecodeError as error:
                 raise DataError(f"{path} line {number} is not JSON: {error.msg}") from None
             if not isinstance(record, dict):
@@ -197,7 +198,7 @@ def corpus_files(path: str | None) -> tuple[list[Path], list[Path] | None]:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return loads_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise DataError(f"cannot read {path}: {error}") from None
 

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ..base.fileio import share_like_umask
+from ..base.fileio import refuse_links, share_like_umask
 from ..model.config import ModelConfig
 from ..model.state_names import fused_name, upgrade_state_dict
 from ..model.transformer import FreeTransformer
@@ -57,8 +57,8 @@ def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: to
                  metadata: dict, env: ParallelEnv, keep: int = 3) -> Path:
     """Collective: every rank calls it. Writes step_N with DCP shards and config.json; keeps the newest `keep`."""
     check_step(step)
-    root = Path(run_dir) / "checkpoints"
-    final, tmp = root / f"step_{step:08d}", root / f".tmp_step_{step:08d}"
+    root = refuse_links(Path(run_dir) / "checkpoints", run_dir)
+    final, tmp = refuse_links(root / f"step_{step:08d}", run_dir), refuse_links(root / f".tmp_step_{step:08d}", run_dir)
     if env.is_main:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -227,6 +227,9 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
                               "(nothing was written)")
     # Written in a temporary directory (inside the step directory, or beside `out`), then renamed into place.
     target = checkpoint if out is None else Path(out)
+    if target.is_symlink():
+        raise CheckpointError(f"{target} is a symbolic link: nothing is written through one; choose another --out "
+                              "(nothing was written)")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".consolidating", dir=checkpoint if out is None else target.parent))
     try:

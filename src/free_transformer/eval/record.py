@@ -17,8 +17,9 @@ import os
 import time
 from pathlib import Path
 
+from ..base.bounded import loads_json
 from ..base.errors import UserError
-from ..base.fileio import open_no_follow
+from ..base.fileio import open_no_follow, refuse_links
 from .runner import score
 from .sandbox import SandboxLimits
 from .settings import EvalSettings
@@ -28,7 +29,7 @@ TASK_FIELDS = ("metric", "value", "n", "num_fewshot", "paper_name", "category", 
 
 
 def record_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "eval" / RECORD_NAME
+    return refuse_links(Path(run_dir) / "eval" / RECORD_NAME, run_dir)
 
 
 def read_record(path: str | Path) -> list[dict]:
@@ -39,7 +40,7 @@ def read_record(path: str | Path) -> list[dict]:
     entries = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            entry = json.loads(line)
+            entry = loads_json(line)
         except json.JSONDecodeError:
             continue
         if isinstance(entry, dict) and "step" in entry and "settings_key" in entry:

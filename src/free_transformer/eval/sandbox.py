@@ -3,13 +3,17 @@
 Every program runs as `python -I -S -B` (isolated mode: no user site, no PYTHON* variables, no
 site-packages) in a new session, with stdin closed, a minimal environment (PATH=/usr/bin:/bin and
 nothing else of the user's), and a fresh temporary working directory that is deleted afterwards.
-A wall-clock timeout kills the whole process group. Inside the child, `sandbox_guard.py` adds, where
-the kernel allows: a read-only file tree except the work directory and no network (user, mount and
-network namespaces), resource limits (CPU, memory, file size, open files, processes), a seccomp
-filter (no fork, exec, sockets, mounts, ptrace, signals to others), and a Python audit hook (no
-sockets, subprocesses, ctypes, tracing, or writes outside the work directory). `SandboxResult.isolation`
-says which layers were in force; docs/evaluation.md states what this does and does not guarantee.
-A program passes only when it ran to its end: the guard then reports a nonce the program never sees.
+A wall-clock timeout kills the whole process group. Inside the child, `sandbox_guard.py` adds a
+read-only file tree except the work directory and no network (user, mount and network namespaces),
+resource limits (CPU, memory, file size, open files, processes), a seccomp filter (no fork, exec,
+sockets, mounts, ptrace, signals to others), and a Python audit hook (no sockets, subprocesses,
+ctypes, tracing, or writes outside the work directory). Where the kernel gives no namespaces or
+seccomp, nothing runs (SandboxUnavailable) unless `allow_hook_only` says so.
+`SandboxResult.isolation` says which layers were in force; docs/evaluation.md states what this does
+and does not guarantee.
+
+`Sandbox` keeps the program running and calls its functions: arguments go in and results come back
+as plain values (`plain.py`), so whoever calls can judge them without running any of its code.
 """
 
 from __future__ import annotations
@@ -17,19 +21,35 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .sandbox_guard import REPORT_PREFIX
+from ..base.errors import UserError
+from . import plain
+from .plain import NotPlain
+from .sandbox_guard import REFUSED, REPORT_PREFIX
 
 GUARD = Path(__file__).with_name("sandbox_guard.py")
+CODEC = Path(plain.__file__)
+PREFIX = "ft-sandbox-"
+ENABLE = {  # what gives each kernel layer to an unprivileged process
+    "namespaces": ("unprivileged user namespaces (sysctl user.max_user_namespaces > 0; "
+                   "kernel.unprivileged_userns_clone=1 where it exists; kernel.apparmor_restrict_unprivileged_userns=0 "
+                   "on Ubuntu 23.10+; a container whose seccomp profile allows unshare)"),
+    "seccomp": "a kernel with CONFIG_SECCOMP_FILTER (and a container that allows nested seccomp filters)",
+}
+
+
+class SandboxUnavailable(UserError):
+    """The kernel layers generated code needs are missing and hook-only mode was not asked for."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +72,13 @@ class SandboxLimits:
     """Try the seccomp filter."""
     audit_hook: bool = True
     """Install the Python audit hook (turned off only to test the kernel layers on their own)."""
+    allow_hook_only: bool = False
+    """Run generated code even where the kernel gives no namespaces or seccomp (or they are turned
+    off above), with the resource limits and the Python audit hook alone. The hook is no security
+    boundary (PEP 578): a program can undo it (re-import `posix`, `_posixsubprocess`, race a rename),
+    write anywhere the user can and reach the network. Only for code you would run anyway."""
+    reply_mb: int = 64
+    """Largest answer (one call's result, as text) read back from the program."""
 
     def rlimits(self) -> dict:
         return {
@@ -66,12 +93,13 @@ class SandboxLimits:
 
 @dataclass
 class SandboxResult:
-    status: str  # "passed" (ran to its end, exit 0), "failed" (anything else), "timeout"
+    status: str  # "passed", "failed" or "timeout"; run_python: "passed" means exit status 0, nothing more
     returncode: int | None
     stdout: str
     stderr: str
     duration_s: float
     isolation: dict = field(default_factory=dict)  # layers reported by the guard
+    reason: str = ""  # why it failed, when it did (check_completion)
 
     @property
     def passed(self) -> bool:
@@ -85,63 +113,290 @@ def _tail(path: Path, limit: int) -> str:
         return handle.read().decode("utf-8", errors="replace")
 
 
-def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run a Python program confined as described above; never raises for anything the program does."""
-    limits = limits or SandboxLimits()
-    root = Path(tempfile.mkdtemp(prefix="ft-sandbox-"))
-    try:
-        work = root / "work"
+class Timeout(Exception):
+    """The program ran past its wall-clock limit."""
+
+
+class Broken(Exception):
+    """The program stopped answering (it exited or closed its descriptors) or sent what is no answer."""
+
+
+# Live sandboxes of this process, cleaned up by the SIGTERM handler below
+_LIVE: set = set()
+_LIVE_LOCK = threading.RLock()  # re-entered when the handler runs in a thread holding it
+_DEFAULT_HANDLER: list = []  # the SIGTERM handler to restore, while ours is installed
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM while sandboxes run and the caller kept the default action: kill them and remove their
+    directories, then die of SIGTERM as the default action would."""
+    for box in list(_LIVE):
+        box.close()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _track(box, alive: bool) -> None:
+    """Keep `box` in _LIVE; in the main thread, with SIGTERM at its default action, catch it while any
+    box is live. (In other threads, a killed caller's program dies with it (PR_SET_PDEATHSIG) and the
+    next sandbox removes the directory of a process that no longer runs.)"""
+    with _LIVE_LOCK:
+        (_LIVE.add if alive else _LIVE.discard)(box)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if alive and not _DEFAULT_HANDLER and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            _DEFAULT_HANDLER.append(signal.signal(signal.SIGTERM, _on_sigterm))
+        elif not _LIVE and _DEFAULT_HANDLER and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, _DEFAULT_HANDLER.pop())
+
+
+def _remove_orphans() -> None:
+    """Directories of sandboxes whose process died before it could remove them (named by its PID)."""
+    for path in Path(tempfile.gettempdir()).glob(PREFIX + "*-*"):
+        pid = path.name[len(PREFIX):].partition("-")[0]
+        try:
+            if not pid.isdigit() or path.lstat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+
+
+class Sandbox:
+    """One confined run of `source`. With `names`, the program stays alive once it has run and
+    `call(name, *args)` calls its function `name`; `names` maps each of those names that the
+    program defines to ("callable",), ("module", module name) or ("value", plain value).
+
+        with Sandbox(source, limits, names=["f"]) as box:
+            box.call("f", 1, 2)     # a plain value, or the program's exception raised again here
+            result = box.result("passed")   # "failed" / "timeout" instead when a call went wrong
+    """
+
+    def __init__(self, source: str, limits: SandboxLimits | None = None, names: list[str] | None = None):
+        self.limits = limits or SandboxLimits()
+        self.source, self.wanted = source, names
+        self.names: dict = {}
+        self.failure: tuple[str, str] | None = None  # (status, reason) of the first call that went wrong
+        self.proc = self.root = None
+        self._buffer = b""
+        self._closed = False
+
+    def __enter__(self) -> Sandbox:
+        _remove_orphans()
+        _track(self, True)
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        limits = self.limits
+        self.root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+        work = self.root / "work"
         work.mkdir()
-        program = root / "program.py"  # outside the writable directory
-        program.write_text(source, encoding="utf-8")
-        # A program passes only when the guard reports that it ran to its end: an exit status of 0
-        # alone could come from the program exiting before its tests. The report is a nonce the
-        # program cannot know: it travels through a pipe the guard reads and closes first.
-        nonce = secrets.token_hex(16).encode()
-        nonce_fd, nonce_writer = os.pipe()
-        os.write(nonce_writer, nonce)
-        os.close(nonce_writer)
-        started = time.monotonic()
-        with (open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err,
-              open(root / "report", "wb") as report):
-            config = {"work_dir": str(work), "program": str(program), "limits": limits.rlimits(),
-                      "namespaces": limits.namespaces, "seccomp": limits.seccomp, "audit_hook": limits.audit_hook,
-                      "nonce_fd": nonce_fd, "report_fd": report.fileno()}
-            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
-            try:
-                proc = subprocess.Popen(
+        program = self.root / "program.py"  # outside the writable directory
+        program.write_text(self.source, encoding="utf-8")
+        config = {"work_dir": str(work), "program": str(program), "limits": limits.rlimits(),
+                  "namespaces": limits.namespaces, "seccomp": limits.seccomp, "audit_hook": limits.audit_hook,
+                  "require": [] if limits.allow_hook_only else ["namespaces", "seccomp"], "parent": os.getpid()}
+        passed = []
+        if self.wanted is not None:
+            requests_r, self._requests = os.pipe()
+            self._replies, replies_w = os.pipe()
+            passed = [requests_r, replies_w]
+            config.update(serve=True, codec=str(CODEC), names=self.wanted, requests_fd=requests_r,
+                          replies_fd=replies_w)
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
+        self.started = time.monotonic()
+        self.deadline = self.started + limits.timeout_s
+        try:
+            with open(self.root / "stdout", "wb") as out, open(self.root / "stderr", "wb") as err:
+                self.proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", "-B", str(GUARD), json.dumps(config)],
                     cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True, close_fds=True, pass_fds=(nonce_fd, report.fileno()),
-                )
-            finally:
-                os.close(nonce_fd)
-            timed_out, returncode = False, None
+                    start_new_session=True, close_fds=True, pass_fds=passed)
+        finally:
+            for fd in passed:
+                os.close(fd)
+        if self.wanted is not None:
+            os.set_blocking(self._requests, False)
             try:
-                returncode = proc.wait(timeout=limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:  # also when this process is stopped (eval's SIGTERM / SIGINT): no child outlives it
-                try:  # the whole group: anything the program managed to start goes too
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
+                reply = self._reply()
+            except Timeout:
+                return self._fail("timeout", f"the program ran past the time limit of {limits.timeout_s} s")
+            except Broken as error:
+                return self._fail("failed", str(error))
+            if reply is None or reply[0] != "names":
+                return self._fail("failed", "the program ended before any call (an exception, or an exit)")
+            self.names = reply[1]
+
+    def _wait(self, fd: int, writing: bool) -> None:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise Timeout()
+        ready = select.select([], [fd], [], remaining) if writing else select.select([fd], [], [], remaining)
+        if not any(ready):
+            raise Timeout()
+
+    def _reply(self):
+        """The next answer line, decoded; None at the end of the program's answers."""
+        limit = self.limits.reply_mb * 2**20
+        while b"\n" not in self._buffer:
+            self._wait(self._replies, False)
+            chunk = os.read(self._replies, 2**20)
+            if not chunk:
+                self._check_refused()
+                return None
+            self._buffer += chunk
+            if len(self._buffer) > limit:
+                raise Broken(f"an answer longer than {self.limits.reply_mb} MB")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            reply = plain.decode(line)
+        except ValueError as error:
+            raise Broken(f"an answer that is not a plain value: {error}") from None
+        shapes = {"names": (dict,), "value": (object,), "raised": (str, str), "not plain": (str,)}
+        kind = reply[0] if type(reply) is tuple and reply else None
+        if kind not in shapes or len(reply) != 1 + len(shapes[kind]) or not all(
+                isinstance(x, t) for x, t in zip(reply[1:], shapes[kind])):
+            raise Broken("an answer of another shape")
+        return reply
+
+    def call(self, name: str, *args):
+        """The program's `name(*args)` as a plain value. Raises the program's exception (candidate_error),
+        NotPlain (arguments or a result that are not plain values), Timeout or Broken; the first of the
+        last three is also kept in `failure` (a test may catch what it raises)."""
+        try:
+            return self._call(name, args)
+        except Timeout:
+            self._fail("timeout", f"{name} ran past the time limit of {self.limits.timeout_s} s")
+            raise
+        except (Broken, NotPlain) as error:
+            self._fail("failed", f"{name}: {error}")
+            raise
+
+    def _fail(self, status: str, reason: str) -> None:
+        self.failure = self.failure or (status, reason)
+
+    def _call(self, name: str, args: tuple):
+        if self.failure:
+            raise Broken(self.failure[1])
+        request = (plain.encode(("call", name, args)) + "\n").encode()
+        try:
+            while request:
+                self._wait(self._requests, True)
+                request = request[os.write(self._requests, request):]
+        except OSError:
+            raise Broken("the program stopped taking calls") from None
+        reply = self._reply()
+        if reply is None:
+            raise Broken(f"the program ended during its call of {name}")
+        if reply[0] == "value":
+            return reply[1]
+        if reply[0] == "raised":
+            raise candidate_error(reply[1], reply[2])
+        raise NotPlain(f"it returned a {reply[1]}")
+
+    def _check_refused(self) -> None:
+        """SandboxUnavailable when the guard refused to run the program (a required layer missing)."""
+        try:
+            returncode = self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return
+        if returncode == REFUSED:
+            isolation = self._isolation()
+            missing = isolation.get("missing")
+            if missing:
+                enable = " and ".join(ENABLE[m.partition(" ")[0]] for m in missing)
+                raise SandboxUnavailable(
+                    f"generated code is not run without kernel isolation, and this machine gives no "
+                    f"{' and no '.join(missing)}: enable {enable}; or accept the Python audit hook alone, which is "
+                    "no security boundary (eval --sandbox-hook-only, SandboxLimits(allow_hook_only=True))")
+
+    def _isolation(self) -> dict:
+        first = _tail(self.root / "stderr", 1 << 16).partition("\n")[0]
+        return json.loads(first[len(REPORT_PREFIX):]) if first.startswith(REPORT_PREFIX) else {}
+
+    def wait(self) -> int | None:
+        """The program's exit status once it ends by itself; None when it ran past the time limit."""
+        try:
+            return self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def result(self, status: str, reason: str = "") -> SandboxResult:
+        """Stops the program; its output, the layers in force, and `status` (or the `failure` of a call)."""
+        status, reason = self.failure or (status, reason)
+        self._kill()
+        stderr = _tail(self.root / "stderr", self.limits.output_chars + 4096)
+        isolation = self._isolation()
+        if isolation:
+            stderr = stderr.partition("\n")[2]
+        return SandboxResult(status, self.proc.returncode, _tail(self.root / "stdout", self.limits.output_chars),
+                             stderr[-self.limits.output_chars:], time.monotonic() - self.started, isolation, reason)
+
+    def _kill(self) -> None:
+        if self.proc is None:
+            return
+        try:  # the whole group: anything the program managed to start goes too
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
+    def close(self) -> None:
+        """Kill the program's process group and remove its directory (also from a signal handler)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._kill()
+        for fd in (getattr(self, "_requests", None), getattr(self, "_replies", None)):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
                     pass
-                proc.wait()
-        duration = time.monotonic() - started
-        stderr = _tail(root / "stderr", limits.output_chars + 4096)
-        isolation = {}
-        first, _, rest = stderr.partition("\n")
-        if first.startswith(REPORT_PREFIX):
-            isolation, stderr = json.loads(first[len(REPORT_PREFIX) :]), rest
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        _track(self, False)
+
+
+class CandidateError(Exception):
+    """An exception of the generated code, raised again in the evaluating process by name and message."""
+
+
+def candidate_error(name: str, message: str) -> Exception:
+    """The built-in exception `name` with `message` (a test may expect one); CandidateError otherwise."""
+    import builtins
+
+    kind = getattr(builtins, name, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        try:
+            return kind(message)
+        except Exception:
+            pass
+    return CandidateError(f"{name}: {message}")
+
+
+def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResult:
+    """Run a Python program confined as described above; never raises for anything the program does.
+    status "passed" means only that it exited with status 0 (a program can exit whenever it likes):
+    a verdict on generated code comes from programs.check_completion."""
+    with Sandbox(source, limits) as box:
+        returncode = box.wait()
+        if returncode == REFUSED:
+            box._check_refused()
         # RLIMIT_CPU is derived from the timeout: a CPU-bound program can reach it (SIGXCPU) a moment
         # before the wall clock does, and that is the same verdict.
-        timed_out = timed_out or returncode == -signal.SIGXCPU
-        finished = (root / "report").read_bytes() == nonce
-        status = "timeout" if timed_out else ("passed" if returncode == 0 and finished else "failed")
-        return SandboxResult(status, returncode, _tail(root / "stdout", limits.output_chars),
-                             stderr[-limits.output_chars :], duration, isolation)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        timed_out = returncode is None or returncode == -signal.SIGXCPU
+        return box.result("timeout" if timed_out else ("passed" if returncode == 0 else "failed"))
 
 
 def isolation_report(limits: SandboxLimits | None = None) -> dict:

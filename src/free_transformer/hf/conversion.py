@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
+from ..base.bounded import loads_json
 from ..base.checks import ConfigError
 from ..model.config import ModelConfig
 from ..model.layers import rope_tables
@@ -48,7 +49,7 @@ class ConversionError(ValueError):
 
 def read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        return loads_json(path.read_text())
     except FileNotFoundError:
         raise ConversionError(f"missing {path}") from None
     except ValueError as error:  # not JSON, not UTF-8
@@ -307,6 +308,9 @@ def convert(source: str | Path, destination: str | Path, to: str, *, latent_bits
     if to not in FORMATS:
         raise ConversionError(f"unknown target format {to!r}; choose one of {', '.join(FORMATS)}")
     destination = Path(destination)
+    if destination.is_symlink():  # os.replace would put the result beside the link's target, or fail obscurely
+        raise ConversionError(f"{destination} is a symbolic link: nothing is written through one; choose another "
+                              "destination (nothing was written)")
     if to in ("hf", "llama") and destination.exists() and any(destination.iterdir()):
         raise ConversionError(f"{destination} exists and is not empty")
     if to == "checkpoint" and ((destination / "checkpoints").exists() or (destination / "config.yaml").exists()):

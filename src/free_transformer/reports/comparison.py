@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..base.bounded import loads_json
 from ..base.units import LN2
 from ..eval import task_metrics
 from ..eval.catalog import DEFAULT_TASKS
@@ -45,7 +45,7 @@ def load_results(path: str | Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"no eval results at {path}")
     try:
-        results = json.loads(path.read_text(encoding="utf-8"))
+        results = loads_json(path.read_text(encoding="utf-8"))
     except ValueError as error:  # not UTF-8, not JSON
         raise ValueError(f"cannot read {path}: {error}") from None
     if not _is_results(results):

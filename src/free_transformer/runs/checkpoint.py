@@ -37,9 +37,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..base.bounded import loads_json
 from ..base.checks import ConfigError
 from ..base.errors import UserError
-from ..base.fileio import sha256_file, share_like_umask
+from ..base.fileio import refuse_links, sha256_file, share_like_umask
 from ..model.config import ModelConfig
 from ..model.state_names import fused_name, part_names
 from ..model.transformer import FreeTransformer
@@ -74,10 +75,13 @@ def checksums(directory: Path, files) -> str:
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints under run_dir/checkpoints, oldest first."""
-    root = Path(run_dir) / "checkpoints"
+    root = refuse_links(Path(run_dir) / "checkpoints", run_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name))
+    found = sorted(p for p in root.iterdir() if STEP_DIR.match(p.name) and (p.is_symlink() or p.is_dir()))
+    for path in found:  # a step_N link would make loads read, and rotation delete, outside the run
+        refuse_links(path, run_dir)
+    return found
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -119,9 +123,9 @@ def save_checkpoint(
 ) -> Path:
     """Write weights + config (+ training state) for `step` atomically; keep the newest `keep`."""
     check_step(step)
-    root = Path(run_dir) / "checkpoints"
+    root = refuse_links(Path(run_dir) / "checkpoints", run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:08d}"
+    final = refuse_links(root / f"step_{step:08d}", run_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp_step_{step:08d}_", dir=root))
     try:
         weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -158,7 +162,7 @@ def read_checkpoint_config(path: str | Path) -> dict:
     hold values of the wrong type, which would fail far from here."""
     ckpt = resolve_checkpoint(path)
     try:
-        config = json.loads((ckpt / "config.json").read_text())
+        config = loads_json((ckpt / "config.json").read_text())
         _check_config_schema(config)
         ModelConfig.from_dict(config["model"])
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, ConfigError) as error:
@@ -335,11 +339,16 @@ def check_dcp_metadata(checkpoint: Path) -> None:
     path = checkpoint / "dcp" / ".metadata"
     try:
         with open(path, "rb") as handle:
-            _DcpMetadataUnpickler(handle).load()
+            metadata = _DcpMetadataUnpickler(handle).load()
     except CheckpointError as error:
         raise CheckpointError(f"unsafe sharded checkpoint metadata {path}: {error}") from None
     except Exception as error:  # truncated or garbled
         raise CheckpointError(f"corrupt sharded checkpoint metadata {path}: {type(error).__name__}: {error}") from None
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        name = str(getattr(info, "relative_path", ""))
+        if not name or "/" in name or "\\" in name or name in (".", "..") or not (checkpoint / "dcp" / name).is_file():
+            raise CheckpointError(f"unsafe sharded checkpoint metadata {path}: its storage path {name!r} is not a "
+                                  "file of the checkpoint's dcp/ folder (DCP would read it)")
 
 
 def verify_checkpoint(path: str | Path, read_weights: bool = True) -> str | None:
@@ -347,6 +356,9 @@ def verify_checkpoint(path: str | Path, read_weights: bool = True) -> str | None
     file: the recorded digests, config.json, the safetensors header and tensors (unless read_weights is
     False: a caller about to load them reads them once), state.pt."""
     path = Path(path)
+    links = [f for f in path.rglob("*") if f.is_symlink()] if path.is_dir() else []
+    if links:  # a checkpoint's files are read only from inside it
+        return f"{links[0].relative_to(path).as_posix()} is a symbolic link (a checkpoint's files must be its own)"
     try:
         problem = _check_digests(path) if (path / CHECKSUMS).is_file() else None  # absent: written before it existed
         if problem is not None:

@@ -7,6 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..base.bounded import loads_json
 from ..base.errors import UserError
 from ..base.fileio import atomic_write_text, open_append
 from ..base.install import install_hint
@@ -30,7 +31,7 @@ def read_metrics(path: str | Path) -> list[dict]:
     metrics = []
     for line in path.read_text().splitlines():
         try:
-            logged = json.loads(line)
+            logged = loads_json(line)
         except json.JSONDecodeError:
             continue
         if isinstance(logged, dict):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import os
 import signal
 import sys
@@ -23,6 +22,7 @@ from typing import TypeVar
 
 from tqdm.auto import tqdm
 
+from ...base.bounded import loads_json
 from ...base.devices import parse_device
 from ...base.errors import Stopped, UserError
 from ...base.install import install_hint
@@ -273,7 +273,7 @@ def read_result(path: Path, *, training: bool) -> dict | None:
     """A job's result file (slurm_job.run_in_job): {"value": ...} or {"error": ...}; None where it is missing
     or not what a job writes (a training job's value: [run directory, wall seconds, signal number or null])."""
     try:
-        outcome = json.loads(path.read_text())
+        outcome = loads_json(path.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(outcome, dict) or not ("value" in outcome or "error" in outcome):

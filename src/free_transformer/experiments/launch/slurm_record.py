@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ...base.bounded import loads_json
 from ...base.errors import UserError
 from ...base.fileio import atomic_write_text
 
@@ -52,7 +53,7 @@ class Record:
         self.report: JobEntry | None = None
         if self.path.is_file():
             try:
-                saved = json.loads(self.path.read_text())
+                saved = loads_json(self.path.read_text())
                 self.runs = {key: JobEntry(**entry) for key, entry in saved["runs"].items()}
                 self.report = JobEntry(**saved["report"]) if saved.get("report") else None
             except (ValueError, KeyError, TypeError) as error:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ...base.bounded import loads_json
 from ...analysis.measures import collapsed, copies_tokens, saving
 from ...base.fileio import atomic_write_text
 from ...data.tokenizer import get_tokenizer
@@ -26,7 +27,7 @@ def measure_run(run_dir: Path, heldout: str, *, kappa_bits: float, samples: int,
     settings = {"checkpoint": checkpoint.name, "samples": samples, "windows": windows, "seed": seed,
                 "heldout_chars": len(heldout)}
     if cache.is_file():
-        cached = json.loads(cache.read_text())
+        cached = loads_json(cache.read_text())
         if cached.get("settings") == settings:
             return cached
     model, metadata = load_model(checkpoint, device)

@@ -1,0 +1,99 @@
+"""Plain values across the sandbox's boundary: what a call of generated code may take and give back.
+
+A plain value is None, a bool, int, float, complex, str or bytes, or a list, tuple, set, frozenset or
+dict of plain values (subclasses are sent as their base type: a namedtuple as a tuple, a Counter as a
+dict). It travels as one line of JSON in which every value that JSON lacks is tagged
+(`{"tuple": [...]}`), and `decode` builds it again from built-in types only, so what comes back
+from the sandbox holds no code: its `==`, `hash` and `repr` are Python's own.
+
+Standard library only: the sandbox's guard loads this file before the program runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+MAX_DEPTH = 100
+"""Deepest nesting of containers accepted either way."""
+
+_TAGS = ("tuple", "set", "frozenset", "dict", "int", "bytes", "complex")
+_SMALL_INT = 10**4000  # str(int) refuses more than 4300 digits: larger ones travel in hex
+
+
+class NotPlain(ValueError):
+    """A value that is not plain, or nested deeper than MAX_DEPTH."""
+
+
+def _encode(value, depth: int):
+    if depth > MAX_DEPTH:
+        raise NotPlain(f"nested deeper than {MAX_DEPTH}")
+    if value is None or type(value) in (bool, str):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        value = int.__index__(value)
+        return value if -_SMALL_INT < value < _SMALL_INT else {"int": format(value, "x")}
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, complex):
+        return {"complex": [value.real, value.imag]}
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": bytes(value).hex()}
+    if isinstance(value, list):
+        return [_encode(v, depth + 1) for v in list.__iter__(value)]
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(v, depth + 1) for v in tuple.__iter__(value)]}
+    if isinstance(value, (set, frozenset)):
+        tag = "frozenset" if isinstance(value, frozenset) else "set"
+        return {tag: [_encode(v, depth + 1) for v in (frozenset.__iter__ if tag == "frozenset" else set.__iter__)(value)]}
+    if isinstance(value, dict):
+        return {"dict": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in dict.items(value)]}
+    raise NotPlain(f"{type(value).__name__} is not a plain value (None, bool, int, float, complex, str, bytes, "
+                   "list, tuple, set, frozenset, dict)")
+
+
+def encode(value) -> str:
+    """One line of JSON; NotPlain for anything else."""
+    return json.dumps(_encode(value, 0))
+
+
+def _decode(node, depth: int):
+    if depth > MAX_DEPTH:
+        raise NotPlain(f"nested deeper than {MAX_DEPTH}")
+    kind = type(node)
+    if node is None or kind in (bool, int, float, str):
+        return node
+    if kind is list:
+        return [_decode(v, depth + 1) for v in node]
+    if kind is not dict or len(node) != 1:
+        raise NotPlain(f"not an encoded plain value: {kind.__name__}")
+    (tag, body), = node.items()
+    if tag == "int" and type(body) is str:
+        return int(body, 16)
+    if tag == "bytes" and type(body) is str:
+        return bytes.fromhex(body)
+    if tag == "complex" and type(body) is list and len(body) == 2 and all(type(x) is float for x in body):
+        return complex(body[0], body[1])
+    if tag not in _TAGS or type(body) is not list:
+        raise NotPlain(f"not an encoded plain value: tag {tag!r}")
+    items = [_decode(v, depth + 1) for v in body]
+    if tag == "tuple":
+        return tuple(items)
+    if tag == "set":
+        return set(items)
+    if tag == "frozenset":
+        return frozenset(items)
+    if not all(type(pair) is list and len(pair) == 2 for pair in items):
+        raise NotPlain("not an encoded plain value: a dict entry that is not a pair")
+    return {k: v for k, v in items}
+
+
+def decode(line: str | bytes):
+    """The plain value `encode` wrote; NotPlain (or ValueError for text that is not JSON) otherwise."""
+    try:
+        return _decode(json.loads(line), 0)
+    except RecursionError:
+        raise NotPlain(f"nested deeper than {MAX_DEPTH}") from None
+    except TypeError as error:  # an unhashable member of a set or key of a dict
+        raise NotPlain(f"not an encoded plain value: {error}") from None
