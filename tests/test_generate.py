@@ -8,6 +8,7 @@ from conftest import tiny_model, tolerance
 
 from free_transformer import GenerationConfig, generate, infer_latents, shared_prior_latents
 from free_transformer.inference.generate import StaticDecodeStep, filter_logits, static_decode_step
+from free_transformer.inference.params import Sampling
 
 generate_module = importlib.import_module("free_transformer.inference.generate")  # the package's `generate` is the function
 
@@ -108,9 +109,9 @@ def test_stop_tokens_end_rows(device):
 
 def test_top_k_and_top_p_filtering():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    assert torch.isinf(filter_logits(logits, 2, None)).tolist() == [[False, False, True, True]]
-    assert torch.isinf(filter_logits(logits, None, 0.8)).tolist() == [[False, False, True, True]]
-    assert torch.isinf(filter_logits(logits, None, 0.81)).tolist() == [[False, False, False, True]]
+    assert torch.isinf(filter_logits(logits, Sampling(top_k=2))).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, Sampling(top_p=0.8))).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, Sampling(top_p=0.81))).tolist() == [[False, False, False, True]]
 
 
 def test_generation_errors():

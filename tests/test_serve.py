@@ -167,7 +167,7 @@ def error_of(server, body: dict, path="/completions", status=400) -> dict:
 
 @pytest.mark.parametrize("body, param, words", [
     ({"model": "other"}, "model", "does not exist"),
-    ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ({"max_tokens": 0}, "max_tokens", "must be >= 1, got 0"),
     ({"max_tokens": 61}, "max_tokens", "at most 60"),
     ({"prompt": "x" * 65}, "prompt", "at most 64"),
     ({"prompt": ""}, "prompt", "must not be empty"),
@@ -175,7 +175,11 @@ def error_of(server, body: dict, path="/completions", status=400) -> dict:
     ({"prompt": []}, "prompt", "must not be empty"),
     ({"prompt": [1, 2]}, "prompt", "a string or a list of strings"),
     ({"temperature": "hot"}, "temperature", "valid number"),
-    ({"n": 0}, "n", "greater than or equal to 1"),
+    ({"n": 0}, "n", "must be >= 1, got 0"),
+    ({"n": 129}, "n", "at most 128"),
+    ({"temperature": -1.0}, "temperature", "must be a finite number >= 0"),
+    ({"top_p": 1.5}, "top_p", "must be in (0, 1]"),
+    ({"top_k": 0}, "top_k", "must be >= 1"),
     ({"max_tokens": "5"}, "max_tokens", "valid integer"),
     ({"logprobs": 2}, "logprobs", "unsupported field"),
     ({"presence_penalty": 1.0}, "presence_penalty", "penalties"),
@@ -188,7 +192,7 @@ def test_a_bad_request_is_a_400_with_one_line(server, client, body, param, words
     request = {"model": NAME, "prompt": "Hello", "max_tokens": 5, **body}
     error = error_of(server, request, status=404 if param == "model" else 400)
     assert error["param"] == param and words in error["message"], error
-    if param not in ("model", "prompt", "max_tokens", "temperature", "n", "logprobs", "presence_penalty"):
+    if param not in ("model", "prompt", "max_tokens", "temperature", "top_p", "n", "logprobs", "presence_penalty"):
         with pytest.raises(openai.BadRequestError):  # what a client sees of the extra fields
             client.completions.create(model=NAME, prompt="Hello", max_tokens=5,
                                       extra_body={k: v for k, v in body.items()})

@@ -294,3 +294,31 @@ def help_text(settings_list: list[Setting], width: int = 100) -> str:
         if item.doc:
             lines += textwrap.wrap(item.doc, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines).lstrip("\n")
+
+
+def add_option(parser, cls, name: str, *, flag: str | None = None, aliases: tuple[str, ...] = (),
+               default=dataclasses.MISSING, metavar: str | None = None, repeatable: bool = False,
+               choices: bool = True, extra_help: str = "") -> None:
+    """The command-line option of the field `name` of the dataclass `cls` (flag: --NAME with dashes for
+    underscores, unless given): its type, its choices (a Literal; choices=False shows them without argparse
+    refusing the others, for a value that is parsed afterwards), its default (the field's unless given) and
+    its docstring as help, written once, in the dataclass. A repeatable option collects a list."""
+    hint = typing.get_type_hints(cls)[name]
+    declared = next(f for f in dataclasses.fields(cls) if f.name == name)
+    if default is dataclasses.MISSING:
+        default = declared.default if declared.default_factory is dataclasses.MISSING else declared.default_factory()
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: an X, or left out
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is tuple:  # tuple[X, ...]: a repeatable option of Xs
+        hint, repeatable = typing.get_args(hint)[0], True
+    kwargs: dict = {"metavar": metavar or ("N" if hint is int else None)}
+    if typing.get_origin(hint) is typing.Literal:
+        names = list(typing.get_args(hint))
+        kwargs = {"choices": names} if choices else {"metavar": "{" + ",".join(names) + "}"}
+    elif hint is not str:
+        kwargs["type"] = hint
+    shown = "none" if default in (None, "", ()) else default
+    more = "; repeatable" if repeatable else ""
+    parser.add_argument(flag or f"--{name.replace('_', '-')}", *aliases, dest=name,
+                        action="append" if repeatable else "store", default=list(default or []) if repeatable else default,
+                        help=f"{field_docs(cls).get(name, '')}{extra_help} (default: {shown}{more})", **kwargs)

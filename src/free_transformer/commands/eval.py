@@ -17,7 +17,8 @@ from ..eval.sandbox import SandboxLimits
 from ..eval.settings import EvalConfig
 from ..runs.checkpoint import CheckpointError, chosen_checkpoints, load_model, resolve_checkpoint
 from ..runs.runlock import RunLock
-from .arguments import add_field_option, join_repeated
+from ..base.settings import add_option
+from .arguments import join_repeated
 
 NAME = "eval"
 HELP = ("evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table "
@@ -33,20 +34,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--checkpoints", metavar="all | every:K | last-third", default=None,
                         help="score several checkpoints of the run RUN, appending one line each to "
                              "RUN/eval/curve.jsonl; those already scored under the same settings are skipped")
-    add_field_option(parser, EvalConfig, "tasks")
+    add_option(parser, EvalConfig, "tasks")
     parser.add_argument("--list-tasks", action="store_true", help="list the benchmarks, their measures and availability")
-    add_field_option(parser, EvalConfig, "num_fewshot", metavar="N | TASK=N", repeatable=True)
-    add_field_option(parser, EvalConfig, "limit")
-    add_field_option(parser, EvalConfig, "data", metavar="TASK=PATH", repeatable=True)
+    add_option(parser, EvalConfig, "num_fewshot", metavar="N | TASK=N", repeatable=True)
+    add_option(parser, EvalConfig, "limit")
+    add_option(parser, EvalConfig, "data", metavar="TASK=PATH", repeatable=True)
     latents = parser.add_argument_group("Free Transformer latents (ignored for a baseline)")
     for name in ("latents", "latent_samples", "generation_samples", "seed"):
-        add_field_option(latents, EvalConfig, name)
+        add_option(latents, EvalConfig, name)
     like = parser.add_argument_group("held-out likelihood")
-    add_field_option(like, EvalConfig, "heldout", metavar="FILE", repeatable=True)
-    add_field_option(like, EvalConfig, "heldout_samples")
-    add_field_option(like, EvalConfig, "heldout_windows")
+    add_option(like, EvalConfig, "heldout", metavar="FILE", repeatable=True)
+    add_option(like, EvalConfig, "heldout_samples")
+    add_option(like, EvalConfig, "heldout_windows")
     gen = parser.add_argument_group("generation and code execution")
-    add_field_option(gen, EvalConfig, "max_new_tokens")
+    add_option(gen, EvalConfig, "max_new_tokens")
     gen.add_argument("--code-timeout", type=float, default=SANDBOX.timeout_s,
                      help=f"seconds per generated program (sandbox) (default: {SANDBOX.timeout_s})")
     gen.add_argument("--code-memory-mb", type=int, default=SANDBOX.memory_mb,

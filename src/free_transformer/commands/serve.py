@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..base.devices import DTYPES, decoding_dtype, parse_device
+from ..base.devices import DTYPE_NAMES, decoding_dtype, parse_device
 from ..base.errors import UserError
 from ..base.install import install_hint
 from ..data.tokenizer import get_tokenizer
@@ -21,7 +21,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+    parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto",
                         help="weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it, "
                              "else fp32")
     parser.add_argument("--model-name", help="the model's id in the API (default: the name of the directory given)")

@@ -7,7 +7,7 @@
     "reference"  Z sampled from the encoder's posterior on a reference text ("in the manner of" it): `infer_latents`
     indices      a (B or 1, N) integer tensor of explicit Z, each in [0, 2^H)
 
-The entry points (`free-transformer generate --latents`, `generate(latents=...)` and `GenerationConfig`,
+The entry points (`free-transformer generate --latents`, `generate(latents=...)`, `SamplingParams.latents`,
 the Hugging Face `forward` and `generate`, evaluation's `latents` and `LatentPolicy`) parse what the
 user wrote with `parse_latents`; what a context needs no model to resolve is CONTEXT_CHOICES. The model's
 forward receives a resolved source (free_transformer.model.latent: ENCODER, PRIOR or checked indices)

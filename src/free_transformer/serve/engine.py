@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from ..data.tokenizer import Tokenizer
-from ..inference.batches import Prompt, new_token_room, prepare_prompts, sample_prompts
-from ..inference.generate import GenerationConfig
+from ..inference.batches import Prompt, prepare_prompts, sample_prompts
 from ..inference.latents import parse_latents
+from ..inference.params import SamplingError, SamplingParams, new_token_room
 from ..inference.stops import stop_at, stop_check
 from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
-from .protocol import CompletionRequest
+from .protocol import SAMPLING_NAMES, CompletionRequest
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 REPLACEMENT = "\ufffd"  # what decoding shows for the bytes of a character not yet complete
@@ -134,24 +134,32 @@ class Engine:
             raise RequestError(f"max_tokens {max_tokens} does not fit: the prompt has {longest} tokens and this "
                                f"model reads at most {context}, so max_tokens can be at most {room}", "max_tokens",
                                code="context_length_exceeded")
-        try:
-            config = GenerationConfig(max_new_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p)
-        except ValueError as error:
-            raise RequestError(str(error)) from None
-        try:
-            choice = ENCODER if request.latents is None else parse_latents(request.latents, indices=False)
-        except ValueError as error:
-            raise RequestError(str(error), "latents") from None
-        seed = secrets.randbits(62) if request.seed is None else request.seed
-        latent_seed = seed if request.latent_seed is None else request.latent_seed
-        reference = self._reference(request.reference)
+        params = self._params(request, max_tokens)
+        reference = self._reference(params.reference)
+        latent_seed = params.seed if params.latent_seed is None else params.latent_seed
         try:  # each prompt's Z as `free-transformer generate --seed latent_seed` resolves it
-            prompts = prepare_prompts(self.model, ids, [config] * len(ids), choice, reference=reference,
-                                      latent_seed=latent_seed)
+            prompts = prepare_prompts(self.model, ids, [params.generation_config(max_tokens)] * len(ids),
+                                      params.latents, reference=reference, latent_seed=latent_seed)
         except ValueError as error:
             raise RequestError(str(error), "reference" if reference is not None else "latents") from None
-        stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
-        return Plan(prompts, request.n, seed, [stop for stop in stops if stop])
+        return Plan(prompts, params.n, params.seed, list(params.stop))
+
+    @staticmethod
+    def _params(request: CompletionRequest, max_tokens: int) -> SamplingParams:
+        """The request's sampling fields as the SamplingParams they stand for, with the server's defaults
+        (max_tokens: DEFAULT_MAX_TOKENS or fewer, seed: a fresh random one)."""
+        values = {name: getattr(request, field) for name, field in SAMPLING_NAMES.items()}
+        try:
+            values["latents"] = ENCODER if request.latents is None else parse_latents(request.latents, indices=False)
+        except ValueError as error:
+            raise RequestError(str(error), "latents") from None
+        values["stop"] = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+        values["max_new_tokens"] = max_tokens
+        values["seed"] = secrets.randbits(62) if request.seed is None else request.seed
+        try:
+            return SamplingParams(**values)
+        except SamplingError as error:
+            raise RequestError(str(error), SAMPLING_NAMES[error.field]) from None
 
     def _reference(self, text: str | None) -> torch.Tensor | None:
         """The reference text as (1, T) ids, T within the model's context (resolve_latents checks the rest)."""
