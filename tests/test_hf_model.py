@@ -91,7 +91,7 @@ def _ours(model, prompts, seeds, latents=None, **sampling):
     return generate(model, prompts, config, seeds=seeds, latents=latents)
 
 
-SAMPLING = dict(temperature=0.8, top_k=20, top_p=0.9)
+SAMPLING = dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.5)
 
 
 @pytest.mark.parametrize("choice", ["explicit", "encoder", "prior", "shared", "reference", "sampled"])

@@ -156,6 +156,18 @@ def test_the_latent_fields_choose_z_as_the_generate_command_does(client, checkpo
     assert other != shared
 
 
+def test_the_sampling_fields_sample_what_generate_samples(client, checkpoint, capsys):
+    """The request's sampling fields are SamplingParams' (top_k and min_p too, as extra_body): a completion is
+    `free-transformer generate`'s sample for the same settings and seed."""
+    settings = {"temperature": 0.5, "top_k": 20, "min_p": 0.5}
+    got = texts(complete(client, "Hello", max_tokens=12, seed=7, temperature=0.5,
+                         extra_body={"top_k": 20, "min_p": 0.5}))
+    options = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()]
+    assert main(["generate", str(checkpoint), "--prompt", "Hello", "-n", "1", "--seed", "7", "--max-new-tokens", "12",
+                 "--format", "jsonl", *options]) == 0
+    assert got == [json.loads(capsys.readouterr().out)["sample"]]
+
+
 def error_of(server, body: dict, path="/completions", status=400) -> dict:
     response = httpx.post(server[0] + path, json=body, timeout=30)
     assert response.status_code == status, response.text
@@ -180,6 +192,7 @@ def error_of(server, body: dict, path="/completions", status=400) -> dict:
     ({"temperature": -1.0}, "temperature", "must be a finite number >= 0"),
     ({"top_p": 1.5}, "top_p", "must be in (0, 1]"),
     ({"top_k": 0}, "top_k", "must be >= 1"),
+    ({"min_p": 1.5}, "min_p", "must be in (0, 1]"),
     ({"max_tokens": "5"}, "max_tokens", "valid integer"),
     ({"logprobs": 2}, "logprobs", "unsupported field"),
     ({"presence_penalty": 1.0}, "presence_penalty", "penalties"),

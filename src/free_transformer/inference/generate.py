@@ -45,6 +45,9 @@ def filter_logits(logits: Tensor, rule: Sampling) -> Tensor:
         # drop a token when the tokens strictly more likely already reach top_p
         drop_sorted = probs.cumsum(-1) - probs >= top_p
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    if rule.min_p is not None:  # p_i >= min_p * max_j p_j, with p the softmax of what top-k and top-p kept
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < rule.min_p * probs.amax(-1, keepdim=True), float("-inf"))
     return logits
 
 

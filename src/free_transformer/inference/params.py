@@ -82,6 +82,9 @@ class Sampling:
     top_p: float | None = field(default=None, metadata=spelt("top_p", metavar="P"))
     """Nucleus sampling: keep the smallest set of likeliest tokens whose probability reaches top_p, in (0, 1]
     (unset: all)."""
+    min_p: float | None = field(default=None, metadata=spelt("min_p", metavar="P"))
+    """Min-p sampling: keep the tokens whose probability is at least min_p times the likeliest one's, in
+    (0, 1] (unset: all)."""
 
     def __post_init__(self) -> None:
         _check("max_new_tokens", self.max_new_tokens, isinstance(self.max_new_tokens, int)
@@ -89,6 +92,7 @@ class Sampling:
         _check("temperature", self.temperature, 0 <= self.temperature < math.inf, "must be a finite number >= 0")
         _check("top_k", self.top_k, self.top_k is not None and self.top_k >= 1, "must be >= 1")
         _check("top_p", self.top_p, self.top_p is not None and 0 < self.top_p <= 1, "must be in (0, 1]")
+        _check("min_p", self.min_p, self.min_p is not None and 0 < self.min_p <= 1, "must be in (0, 1]")
 
     @property
     def greedy(self) -> bool:
