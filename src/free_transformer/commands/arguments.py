@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..base import settings
 from ..base.devices import parse_device
-from ..experiments.launch.launchers import Launcher, LocalLauncher
-from ..experiments.launch.slurm import SlurmLauncher, SlurmOptions, parse_slurm_args
+
+if TYPE_CHECKING:  # the launchers import torch: when a command runs, not for its --help
+    from ..experiments.launch.launchers import Launcher
 
 MAX_SEEDS = 1000  # seeds of one sweep: each trains every model, so more is a typo, not a plan
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64
@@ -74,6 +76,9 @@ def training_device(args) -> str:
 
 
 def launcher_from(args, out_dir: Path, default_workers: int) -> Launcher:
+    from ..experiments.launch.launchers import LocalLauncher
+    from ..experiments.launch.slurm import SlurmLauncher, SlurmOptions, parse_slurm_args
+
     if args.workers is not None and args.workers < 1:
         raise ValueError("--workers must be >= 1")
     if args.launcher == "local":

@@ -10,13 +10,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..base.devices import parse_device
 from ..base.errors import Stopped, UserError
-from ..data.tokenizer import get_tokenizer
 from ..eval.sandbox import SandboxLimits
 from ..eval.settings import EvalConfig
-from ..runs.checkpoint import CheckpointError, chosen_checkpoints, load_model, resolve_checkpoint
-from ..runs.runlock import RunLock
 from ..base.settings import add_option
 from .arguments import join_repeated
 
@@ -96,6 +92,9 @@ def _settings(args):
 
 
 def _load(checkpoint, device):
+    from ..data.tokenizer import get_tokenizer
+    from ..runs.checkpoint import load_model
+
     model, config = load_model(checkpoint, device)
     if "tokenizer" not in config:
         raise ValueError(f"{checkpoint}/config.json names no tokenizer")
@@ -134,8 +133,10 @@ def run(args) -> int:
 def _run(args) -> int:
     if not args.checkpoint:
         raise ValueError("give a CHECKPOINT (or --list-tasks)")
+    from ..base.devices import parse_device
     from ..eval.runner import score
     from ..reports.results import format_table, write_json
+    from ..runs.checkpoint import resolve_checkpoint
 
     device = parse_device(args.device)
     if args.checkpoints and args.output:
@@ -193,6 +194,8 @@ def _run(args) -> int:
 def _score_checkpoints(run_dir: Path, spec: str, settings, sandbox, device, progress: bool) -> int:
     """Score the run's checkpoints that `spec` chooses, appending to its record; skip the scored ones."""
     from ..eval.record import CurveRecord, score_and_record
+    from ..runs.checkpoint import CheckpointError, chosen_checkpoints
+    from ..runs.runlock import RunLock
 
     chosen = chosen_checkpoints(run_dir, spec)  # before loading anything: a wrong spec fails now
     record = CurveRecord(run_dir)

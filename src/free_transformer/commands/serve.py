@@ -5,11 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..base.devices import DTYPE_NAMES, decoding_dtype, parse_device
+from ..base.devices import DTYPE_NAMES
 from ..base.errors import UserError
 from ..base.install import install_hint
-from ..data.tokenizer import get_tokenizer
-from ..runs.checkpoint import load_model
 
 NAME = "serve"
 HELP = "serve a checkpoint over HTTP with OpenAI's completions API, one request at a time (docs/serving.md)"
@@ -28,6 +26,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from ..base.devices import decoding_dtype, parse_device
+    from ..data.tokenizer import get_tokenizer
+    from ..runs.checkpoint import load_model
+
     try:
         import uvicorn
 

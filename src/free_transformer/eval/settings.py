@@ -11,13 +11,14 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..data.corpora import is_named, named_corpus, read_heldout
-from ..inference.latents import CONTEXT_CHOICES, parse_latents
-from .scoring import LatentPolicy
+
+if TYPE_CHECKING:  # torch is imported when an evaluation runs, not for --help
+    from .scoring import LatentPolicy
 
 
 class EvalSettingsError(UserError, ValueError):
@@ -182,6 +183,8 @@ class EvalSettings:
                 raise EvalSettingsError(f"num-fewshot must be >= 0, got {shots} for {task}")
         for task, _ in self.data:
             _known_task(task, "data")
+        from ..inference.latents import CONTEXT_CHOICES, parse_latents
+
         try:
             object.__setattr__(self, "latents", parse_latents(self.latents, allowed=CONTEXT_CHOICES, indices=False))
             self.policy
@@ -190,6 +193,8 @@ class EvalSettings:
 
     @property
     def policy(self) -> LatentPolicy:
+        from .scoring import LatentPolicy
+
         return LatentPolicy(context=self.latents, samples=self.latent_samples,
                             generation_samples=self.generation_samples, seed=self.seed)
 

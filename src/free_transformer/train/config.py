@@ -12,11 +12,9 @@ from ..base import settings
 from ..base.checks import ConfigError, check_range
 from ..base.settings import Renamed
 from ..base.units import bits_to_nats
-from ..data import DataConfig
-from ..data.config import nest_flat_fields
+from ..data.config import DataConfig, nest_flat_fields
 from ..eval.settings import EvalConfig
 from ..model.config import NAMED_CONFIGS, ModelConfig, named_config
-from ..runs.checkpoint import MAX_STEP
 
 # Fields renamed, each old name read with a warning until the release named: the one table of them.
 RENAMED = (
@@ -147,6 +145,8 @@ class TrainConfig:
         return bits_to_nats(self.kappa_start_bits + progress * (self.kappa_bits - self.kappa_start_bits))
 
     def validate(self) -> TrainConfig:
+        from ..runs.checkpoint import MAX_STEP
+
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
             raise ConfigError("steps, batch_size and grad_accum must be >= 1")
         check_range("steps", self.steps, 1, MAX_STEP, high_closed=True)  # every step's checkpoint must be nameable
@@ -163,6 +163,7 @@ class TrainConfig:
             raise ConfigError("kappa_start_bits needs kappa_anneal_steps >= 1")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        self.model.check_latent_kind()
         self.optim.validate()
         if self.latent_noise not in ("global", "row"):
             raise ConfigError(f"latent_noise must be global or row, got {self.latent_noise!r}")
