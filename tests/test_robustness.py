@@ -558,7 +558,7 @@ def test_eval_refuses_sandbox_limits_that_fail_every_program(tmp_path, capsys):
     for option in (["--code-timeout", "-1"], ["--code-memory-mb", "0"]):
         assert main(["eval", checkpoint, "--tasks", "none", "--no-progress", *option]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 2 and all("--code-timeout must be > 0 seconds" in line for line in errors)
+    assert errors == ["error: --code-timeout must be > 0 seconds, got -1.0", "error: --code-memory-mb must be >= 1, got 0"]
 
 
 # -- evaluation: nothing finished is lost, one writer of a record ----------------------------------------

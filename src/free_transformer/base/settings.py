@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import inspect
 import itertools
 import textwrap
@@ -40,7 +41,10 @@ def coerce(value, annotation, where: str):
         raise ConfigError(f"{where}: cannot read {value!r} as {type_name(annotation)}")
     if origin is typing.Literal:
         if value not in typing.get_args(annotation):
-            raise ConfigError(f"{where}: {value!r} is not one of {typing.get_args(annotation)}")
+            choices = typing.get_args(annotation)
+            close = difflib.get_close_matches(str(value), list(map(str, choices)), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}{hint}")
         return value
     if origin is tuple:
         if isinstance(value, str):
@@ -74,14 +78,36 @@ def build(cls, values: dict, where: str = ""):
     if not isinstance(values, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {values!r}")
     hints = typing.get_type_hints(cls)
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names), key=str)
     if unknown:
-        raise ConfigError(f"unknown field(s) in {where or 'config'}: {', '.join(map(str, unknown))}")
+        raise ConfigError("; ".join(unknown_setting(str(name), names, where) for name in unknown))
     kwargs = {}
     for name, value in values.items():
         hint, path = hints[name], f"{where}.{name}" if where else name
         kwargs[name] = build(hint, value, path) if dataclasses.is_dataclass(hint) else coerce(value, hint, path)
     return cls(**kwargs)
+
+
+def unknown_setting(name: str, names: list[str], where: str = "") -> str:
+    """'unknown setting optim.lrr: did you mean optim.lr?': the closest real field by difflib's ratio, or the
+    section's fields when none is close."""
+    prefix = f"{where}." if where else ""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f"did you mean {prefix}{close[0]}?" if close else f"{where or 'the config'} has {', '.join(names)}"
+    return f"unknown setting {prefix}{name}: {hint}"
+
+
+def check_choices(settings, prefix: str = "") -> None:
+    """A ConfigError for a setting of a closed set (a Literal) holding a value outside it, anywhere in the tree:
+    `build` checks the values it reads, this the ones code set."""
+    hints = typing.get_type_hints(type(settings))
+    for item in dataclasses.fields(settings):
+        value, path = getattr(settings, item.name), prefix + item.name
+        if dataclasses.is_dataclass(value):
+            check_choices(value, path + ".")
+        elif typing.get_origin(hints[item.name]) is typing.Literal:
+            coerce(value, hints[item.name], path)
 
 
 def merge(base: dict, update: dict) -> dict:

@@ -20,7 +20,8 @@ NAME = "eval"
 HELP = ("evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table "
         "(--checkpoints: a run's checkpoints, into its evaluation record)")
 
-SANDBOX = SandboxLimits()  # the defaults of --code-timeout and --code-memory-mb
+# the options of the sandbox limits (the others are eval.sandbox.* of a training config only)
+SANDBOX_OPTIONS = {"timeout_s": "--code-timeout", "memory_mb": "--code-memory-mb"}
 
 
 def add_arguments(parser) -> None:
@@ -44,10 +45,8 @@ def add_arguments(parser) -> None:
     add_option(like, EvalConfig, "heldout_windows")
     gen = parser.add_argument_group("generation and code execution")
     add_option(gen, EvalConfig, "max_new_tokens")
-    gen.add_argument("--code-timeout", type=float, default=SANDBOX.timeout_s,
-                     help=f"seconds per generated program (sandbox) (default: {SANDBOX.timeout_s})")
-    gen.add_argument("--code-memory-mb", type=int, default=SANDBOX.memory_mb,
-                     help=f"address-space limit per generated program (default: {SANDBOX.memory_mb})")
+    for name, flag in SANDBOX_OPTIONS.items():
+        add_option(gen, SandboxLimits, name, flag=flag)
     parser.add_argument("--output", default=None,
                         help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json); an existing file is "
                              "never overwritten")
@@ -83,12 +82,22 @@ def _list_tasks() -> int:
 
 def _settings(args):
     """The flags as the EvalConfig they stand for, resolved."""
-    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if f.name != "every"}
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if f.name not in ("every", "sandbox")}
     for name in ("num_fewshot", "data", "heldout"):
         options[name] = join_repeated(options[name])
     settings = EvalConfig(**options).settings()
     settings.check_heldout()
     return settings
+
+
+def _sandbox(args) -> SandboxLimits:
+    """The sandbox limits of the options, checked; the error names the option."""
+    limits = SandboxLimits(**{name: getattr(args, name) for name in SANDBOX_OPTIONS})
+    try:
+        return limits.check()
+    except ValueError as error:
+        name, _, rest = str(error).partition(" ")
+        raise ValueError(f"{SANDBOX_OPTIONS.get(name, name)} {rest}") from None
 
 
 def _load(checkpoint, device):
@@ -143,11 +152,8 @@ def _run(args) -> int:
         raise ValueError("--checkpoints appends to RUN/eval/curve.jsonl: leave --output out")
     if args.output and Path(args.output).exists():  # before hours of evaluation, not after
         raise FileExistsError(f"--output {args.output} already exists: it is kept; choose another name")
-    if not (0 < args.code_timeout < float("inf")) or args.code_memory_mb < 1:  # else every program fails: pass@1 = 0
-        raise ValueError(f"--code-timeout must be > 0 seconds and --code-memory-mb >= 1, got {args.code_timeout} "
-                         f"and {args.code_memory_mb}")
+    sandbox = _sandbox(args)  # a limit that fails every program (pass@1 = 0) is refused before any scoring
     settings = _settings(args)
-    sandbox = SandboxLimits(timeout_s=args.code_timeout, memory_mb=args.code_memory_mb)
     if args.checkpoints:
         return _score_checkpoints(Path(args.checkpoint), args.checkpoints, settings, sandbox, device,
                                   not args.no_progress)

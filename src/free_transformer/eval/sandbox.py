@@ -50,6 +50,15 @@ class SandboxLimits:
     """Try user + mount + network namespaces (read-only files, no network)."""
     seccomp: bool = True
     """Try the seccomp filter."""
+
+    def check(self) -> SandboxLimits:
+        """A one-line ValueError, naming the field, for a limit that would fail every program (pass@1 = 0)."""
+        if not 0 < self.timeout_s < math.inf:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
+        for name in ("memory_mb", "file_size_mb", "open_files", "processes", "output_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        return self
     audit_hook: bool = True
     """Install the Python audit hook (turned off only to test the kernel layers on their own)."""
 

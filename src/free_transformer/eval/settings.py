@@ -9,13 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..data.corpora import is_named, named_corpus, read_heldout
+from .sandbox import SandboxLimits
 
 if TYPE_CHECKING:  # torch is imported when an evaluation runs, not for --help
     from .scoring import LatentPolicy
@@ -124,6 +125,8 @@ class EvalConfig:
     """K samples for the prior cross-entropy and the IWAE bound of the held-out likelihood."""
     heldout_windows: int | None = None
     """Score at most this many windows of the held-out text (null: all)."""
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
+    """The limits of each generated program that a pass@1 task runs (eval/sandbox.py)."""
 
     def settings(self) -> EvalSettings:
         """These options resolved: task names, data files and shots parsed (one-line errors)."""
@@ -139,6 +142,10 @@ class EvalConfig:
         """A training config's section: every >= 0 and, when it scores, settings that can be used now."""
         if self.every < 0:
             raise ConfigError(f"eval.every must be >= 0, got {self.every}")
+        try:
+            self.sandbox.check()
+        except ValueError as error:
+            raise ConfigError(f"eval.sandbox.{error}") from None
         if self.every:
             try:
                 self.settings().check_heldout()
