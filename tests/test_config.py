@@ -94,7 +94,8 @@ def test_a_resumed_run_rewrites_its_config_yaml_in_todays_names(capsys, tmp_path
     with pytest.warns(FutureWarning, match="eval_every is now validate_every"):
         legacy = load_train_config(LEGACY_RUN / "config.yaml")
         assert main(["train", "--out", str(run), "--resume"]) == 0
-    assert "rewritten in today's names (it used eval_every, eval_batches)" in capsys.readouterr().err
+    assert ("rewritten in today's names (it used eval_every, eval_batches, data.path, data.tokenizer, data.seq_len, "
+            "data.val_fraction, data.cache_dir, data.coinflip_length, data.coinflip_epsilon)") in capsys.readouterr().err
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert "eval_every" not in saved and (saved["validate_every"], saved["validation_batches"]) == (0, 4)
     with warnings.catch_warnings():
@@ -130,8 +131,8 @@ def test_demo_and_study_print_every_runs_config(capsys, tmp_path, command):
 
 def test_old_field_names_warn_and_give_the_same_config(tmp_path):
     new = load_train_config(None, ["validate_every=5", "validation_batches=2"])
-    for old in RENAMED:
-        assert old.until == "0.3" and old.old in {"eval_every", "eval_batches"}
+    for old in RENAMED:  # the one table of old names: each with the release that stops reading it
+        assert old.until == "0.3" and (old.old in {"eval_every", "eval_batches"} or old.old.startswith("data."))
     with pytest.warns(FutureWarning, match="eval_batches is now validation_batches"):
         assert load_train_config(None, ["eval_every=5", "eval_batches=2"]) == new
     path = tmp_path / "old.yaml"
@@ -229,3 +230,16 @@ def test_a_training_config_sets_the_sandbox_limits_of_its_evaluations(tmp_path):
     assert (config.eval.sandbox.timeout_s, config.eval.sandbox.memory_mb) == (3.0, 512)
     with pytest.raises(ConfigError, match=r"^eval.sandbox.memory_mb must be >= 1, got 0$"):
         load_train_config(None, ["eval.sandbox.memory_mb=0"])
+
+
+def test_no_compatibility_shim_outlives_its_release():
+    """Every old spelling the package still reads is in base/compat.py with the release that drops it; this
+    fails when the package reaches that release with the shim still there."""
+    from free_transformer.base import compat
+    from free_transformer.base.version import __version__
+
+    def release(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".")[:2])
+
+    assert release(__version__) < release(compat.REMOVED_IN)
+    assert all(release(rename.until) == release(compat.REMOVED_IN) for rename in compat.RENAMED)

@@ -137,11 +137,27 @@ def parse_overrides(overrides: list[str]) -> dict:
 
 @dataclass(frozen=True)
 class Renamed:
-    """A setting's old name, still read (with a FutureWarning) until the release `until`."""
+    """A setting's old name, still read (with a FutureWarning) until the release `until`; the new name may be
+    in another section (a flat field moved into its section: data.path -> data.text.path)."""
 
     old: str  # dotted path, e.g. "eval_every"
     new: str
     until: str
+
+
+def _node(values: dict, parents: list[str], create: bool) -> dict | None:
+    """The mapping at `parents` in a nested mapping, copied on the way so that `values` can change; None where
+    a part is missing (or made, with create) or is not a mapping."""
+    node = values
+    for part in parents:
+        if part not in node and create:
+            node[part] = {}
+        if not isinstance(node.get(part), dict):
+            if part in node and create:
+                raise ConfigError(f"{'.'.join(parents)}: expected a mapping, got {node[part]!r}")
+            return None
+        node[part] = node = dict(node[part])
+    return node
 
 
 def upgrade_names(values: dict, renames: tuple[Renamed, ...], source: str) -> dict:
@@ -151,23 +167,17 @@ def upgrade_names(values: dict, renames: tuple[Renamed, ...], source: str) -> di
     for rename in renames:
         *parents, old_leaf = rename.old.split(".")
         *new_parents, new_leaf = rename.new.split(".")
-        if parents != new_parents:
-            raise ValueError(f"a rename stays in its section: {rename.old} -> {rename.new}")
-        node = values
-        for part in parents:
-            if not isinstance(node.get(part), dict):
-                break
-            node[part] = node = dict(node[part])
-        else:
-            if old_leaf not in node:
-                continue
-            value = node.pop(old_leaf)
-            if new_leaf in node and node[new_leaf] != value:
-                raise ConfigError(f"{source}: {rename.old} ({value!r}) and {rename.new} ({node[new_leaf]!r}) "
-                                  f"disagree: give {rename.new} only")
-            node[new_leaf] = value
-            warnings.warn(f"{source}: {rename.old} is now {rename.new}; the old name is read until "
-                          f"version {rename.until}", FutureWarning, stacklevel=2)
+        node = _node(values, parents, create=False)
+        if node is None or old_leaf not in node:
+            continue
+        value = node.pop(old_leaf)
+        target = _node(values, new_parents, create=True)
+        if new_leaf in target and target[new_leaf] != value:
+            raise ConfigError(f"{source}: {rename.old} ({value!r}) and {rename.new} ({target[new_leaf]!r}) "
+                              f"disagree: give {rename.new} only")
+        target[new_leaf] = value
+        warnings.warn(f"{source}: {rename.old} is now {rename.new}; the old name is read until "
+                      f"version {rename.until}", FutureWarning, stacklevel=2)
     return values
 
 

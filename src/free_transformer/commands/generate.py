@@ -8,6 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from ..base.compat import DEPRECATED_OPTIONS, REMOVED_IN
 from ..base.devices import DTYPE_NAMES
 from ..inference.params import DEFAULT_BATCH_SIZE
 from .sampling import FORMATS, Sampler, add_sampling_options, params_from, unescape
@@ -37,7 +38,7 @@ def add_arguments(parser) -> None:
                              "prompt and seed, not on its batch)")
     add_sampling_options(parser)
     parser.add_argument("--prompt-latents", metavar="{encoder,prior}",
-                        help="deprecated: use --latents encoder or --latents prior")
+                        help=f"deprecated, read until {REMOVED_IN}: use {DEPRECATED_OPTIONS['--prompt-latents']}")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto",
                         help="weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it "
@@ -122,7 +123,7 @@ def _latent_choice(args):
             choice = parse_latents(args.prompt_latents, where="--prompt-latents", allowed=CONTEXT_CHOICES,
                                    indices=False)
     if args.prompt_latents is not None:
-        print("warning: --prompt-latents is deprecated; use --latents encoder or --latents prior", file=sys.stderr)
+        print(f"warning: --prompt-latents is deprecated; use {DEPRECATED_OPTIONS['--prompt-latents']}", file=sys.stderr)
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
     return choice

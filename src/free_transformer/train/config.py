@@ -1,7 +1,7 @@
 """The run configuration: nested dataclasses, loaded from dataclass defaults, then a YAML file, then
 `section.field=value` overrides from the command line (base/settings.py reads and writes them). The
 resolved config is saved with the run. Besides the fields: `model.size=NAME` (a named model size, its
-fields under the other model fields given) and the old names of renamed fields (RENAMED)."""
+fields under the other model fields given) and the old names of renamed fields (base/compat.RENAMED)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,12 @@ from typing import Literal
 from ..base import settings
 from ..base.checks import ConfigError, check_range
 from ..base.devices import Precision
-from ..base.settings import Renamed
+from ..base.compat import RENAMED
 from ..base.units import bits_to_nats
-from ..data.config import DataConfig, nest_flat_fields
+from ..data.config import DataConfig
 from ..eval.settings import EvalConfig
 from ..model.config import NAMED_CONFIGS, ModelConfig, named_config
 
-# Fields renamed, each old name read with a warning until the release named: the one table of them.
-RENAMED = (
-    Renamed("eval_every", "validate_every", until="0.3"),
-    Renamed("eval_batches", "validation_batches", until="0.3"),
-)
 DEFAULT_SIZE = "cpu-small"  # the model of a config that names no size
 
 
@@ -182,12 +177,8 @@ class TrainConfig:
 
 
 def _layer(values: dict, source: str) -> dict:
-    """One layer of settings (a file's, the overrides') in today's names: renamed fields moved, data's flat
-    fields nested."""
-    values = settings.upgrade_names(values, RENAMED, source)
-    if isinstance(values.get("data"), dict):
-        values["data"] = nest_flat_fields(values["data"])
-    return values
+    """One layer of settings (a file's, the overrides') in today's names (RENAMED)."""
+    return settings.upgrade_names(values, RENAMED, source)
 
 
 def _sized(model: dict, base: dict) -> dict:
