@@ -56,11 +56,10 @@ def test_static_step_samples_as_eager_decoding(latent_bits, B, config):
         assert torch.equal(static.latents, eager.latents) and static.latents.shape == (B, 4 + 7 - 1)
 
 
-def test_compiled_step_is_compiled_once_per_shape_and_variant(monkeypatch):
-    """Counted with a backend of our own (Dynamo's tracing, no Inductor, so the test is fast): a second
-    generate call of the same batch size and similar length, other prompts and seeds, compiles
-    nothing; a new sampling setting or batch size compiles once more. The kept step, with its compiled
-    code, does not keep the model alive."""
+@pytest.fixture
+def counted_compiles(monkeypatch) -> list:
+    """The static step compiled on every device with a backend of our own (Dynamo's tracing, no Inductor, so
+    a test is fast), which lists each graph it is given."""
     compiled = []
 
     def counting_backend(graph_module, example_inputs):
@@ -69,6 +68,15 @@ def test_compiled_step_is_compiled_once_per_shape_and_variant(monkeypatch):
 
     monkeypatch.setattr(generate_module, "COMPILE_BACKEND", counting_backend)
     monkeypatch.setattr(generate_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    return compiled
+
+
+def test_compiled_step_is_compiled_once_per_shape_and_variant(counted_compiles):
+    """Counted with a backend of our own (Dynamo's tracing, no Inductor, so the test is fast): a second
+    generate call of the same batch size and similar length, other prompts and seeds, compiles
+    nothing; a new sampling setting or batch size compiles once more. The kept step, with its compiled
+    code, does not keep the model alive."""
+    compiled = counted_compiles
     model = tiny_model(latent_bits=4, dtype=torch.float32)
     for seed in (3, 4):
         prompts = _prompts(2, seed=seed)
@@ -86,17 +94,10 @@ def test_compiled_step_is_compiled_once_per_shape_and_variant(monkeypatch):
     assert alive() is None
 
 
-def test_min_p_is_traced_into_the_compiled_step_and_samples_as_eager(monkeypatch):
+def test_min_p_is_traced_into_the_compiled_step_and_samples_as_eager(counted_compiles):
     """Min-p is part of the step's rule: Dynamo traces it into the one graph (fullgraph) of a variant of its
     own, and the step samples what eager decoding samples, which min-p changes."""
-    compiled = []
-
-    def counting_backend(graph_module, example_inputs):
-        compiled.append(len(example_inputs))
-        return graph_module.forward
-
-    monkeypatch.setattr(generate_module, "COMPILE_BACKEND", counting_backend)
-    monkeypatch.setattr(generate_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    compiled = counted_compiles
     model = tiny_model(latent_bits=4, dtype=torch.float32)
     prompts, seeds = _prompts(3), [4, 5, 6]
     eager = generate(model, prompts, MIN_P, seeds=seeds)
