@@ -7,21 +7,23 @@ import sys
 
 import pytest
 
+from free_transformer.cli import COMMAND_MODULES
+
 HEAVY = ("torch", "numpy", "transformers", "fastapi")
 
 
-@pytest.mark.parametrize("command", ["train", "generate", "eval", "serve", "inspect", "compare", "convert",
-                                     "consolidate"])
-def test_help_does_not_import_torch(command):
+@pytest.mark.parametrize("argv", [[command, "--help"] for command in COMMAND_MODULES] + [["--help"]],
+                         ids=[*COMMAND_MODULES, "free-transformer"])
+def test_help_does_not_import_torch(argv):
     script = ("import contextlib, io, sys\n"
               "from free_transformer.cli import main\n"
               "with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
-              f"    main([{command!r}, '--help'])\n"
+              f"    main({argv!r})\n"
               "assert 'usage: free-transformer' in out.getvalue()\n"
               f"print(','.join(name for name in {HEAVY!r} if name in sys.modules))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "", f"{command} --help imported {done.stdout.strip()}"
+    assert done.stdout.strip() == "", f"{' '.join(argv)} imported {done.stdout.strip()}"
 
 
 def test_the_package_imports_without_torch_and_loads_it_on_first_use():
