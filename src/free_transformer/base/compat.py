@@ -4,7 +4,18 @@ fails once the package's version reaches a shim's release."""
 
 from __future__ import annotations
 
-from .settings import Renamed
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """A setting's old name, still read (with a FutureWarning) until the release `until`; the new name may be
+    in another section (a flat field moved into its section: data.path -> data.text.path)."""
+
+    old: str  # dotted path, e.g. "eval_every"
+    new: str
+    until: str
+
 
 REMOVED_IN = "0.3"  # the release that stops reading every old spelling below
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from .checks import ConfigError
+from .compat import Renamed
 from .fileio import atomic_write_text
 
 
@@ -133,16 +134,6 @@ def parse_overrides(overrides: list[str]) -> dict:
                 raise ConfigError(f"override {item!r}: {part} was given a value, it is a section")
         node[leaf] = yaml.safe_load(raw) if raw else ""
     return result
-
-
-@dataclass(frozen=True)
-class Renamed:
-    """A setting's old name, still read (with a FutureWarning) until the release `until`; the new name may be
-    in another section (a flat field moved into its section: data.path -> data.text.path)."""
-
-    old: str  # dotted path, e.g. "eval_every"
-    new: str
-    until: str
 
 
 def _node(values: dict, parents: list[str], create: bool) -> dict | None:
