@@ -146,7 +146,8 @@ def free_vs_baseline(config, batch, args, device):
     gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0)
     seeds = list(range(batch))
     times = interleaved_times(
-        {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds, latents="prior", compile=args.compile)
+        {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds, latents="prior",
+                                 compile=args.compile)
          for name, model in models.items()},
         args.rounds, device)
     free = [a + b for a, b in zip(times["free0"], times["free1"])]

@@ -347,5 +347,6 @@ def add_option(parser, cls, name: str, *, flag: str | None = None, aliases: tupl
     shown = "none" if default in (None, "", ()) else default
     more = "; repeatable" if repeatable else ""
     parser.add_argument(flag or f"--{name.replace('_', '-')}", *aliases, dest=name,
-                        action="append" if repeatable else "store", default=list(default or []) if repeatable else default,
+                        action="append" if repeatable else "store",
+                        default=list(default or []) if repeatable else default,
                         help=f"{field_docs(cls).get(name, '')}{extra_help} (default: {shown}{more})", **kwargs)

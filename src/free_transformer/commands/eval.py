@@ -82,7 +82,8 @@ def _list_tasks() -> int:
 
 def _settings(args):
     """The flags as the EvalConfig they stand for, resolved."""
-    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if f.name not in ("every", "sandbox")}
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig)
+               if f.name not in ("every", "sandbox")}  # training's only; the sandbox's options: _sandbox
     for name in ("num_fewshot", "data", "heldout"):
         options[name] = join_repeated(options[name])
     settings = EvalConfig(**options).settings()

@@ -94,7 +94,8 @@ def _read_line(tty: bool) -> str | None:
     return line.removesuffix("\n").removesuffix("\r") if line else None
 
 
-def _command(sampler: Sampler, settings: SamplingParams, pinned: bool, name: str, argument: str) -> tuple[SamplingParams, bool]:
+def _command(sampler: Sampler, settings: SamplingParams, pinned: bool, name: str,
+             argument: str) -> tuple[SamplingParams, bool]:
     """(settings, pinned) after the command `/name argument`; a one-line ValueError for a bad one."""
     if name == "help":
         print(interactive_help(), file=sys.stderr)
