@@ -14,4 +14,6 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'free_transformer.data' has no attribute {name!r}")
+    if _EXPORTS[name] == "datasets":  # the kinds defined in modules of their own register on import
+        from . import shards, text  # noqa: F401
     return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

@@ -49,6 +49,8 @@ def register_data_kind(name: str):
 
 
 def build_dataset(config: DataConfig, seed: int) -> Dataset:
+    from . import shards, text  # noqa: F401  (the kinds defined in modules of their own register on import)
+
     if config.kind not in DATA_KINDS:
         raise DataError(f"unknown data kind {config.kind!r}; choose one of {', '.join(DATA_KINDS)}")
     return DATA_KINDS[config.kind](config.section(), seed)
@@ -138,8 +140,3 @@ class TokenWindows:
             raise DataError(f"{self.source} holds token id {batch.max()}, beyond the {self.tokenizer_name} tokenizer's "
                             f"{self.vocab_size} ids: name the tokenizer the shards were written with")
         return torch.from_numpy(batch)
-
-
-# The kinds of datasets defined in modules of their own register themselves on import: build_dataset knows
-# them whichever module of the package was imported first. At the end: they import from this module.
-from . import shards, text  # noqa: E402, F401
