@@ -38,7 +38,9 @@ def interactive_help() -> str:
         lines.append((usage, f"{field_docs(SamplingParams)[name]} ({spelt.flag})"))
     lines += [("/settings", "the current settings, as generate's options"), ("/help", "this text"),
               ("/quit", "leave (Ctrl-D and Ctrl-C too)")]
-    listed = ["\n".join(textwrap.wrap(text, 100, initial_indent=f"  {usage:<24}", subsequent_indent=" " * 26))
+    listed = [("" if len(usage) < 24 else f"  {usage}\n")  # a long command on a line of its own
+              + "\n".join(textwrap.wrap(text, 100, initial_indent=f"  {usage if len(usage) < 24 else '':<24}",
+                                         subsequent_indent=" " * 26))
               for usage, text in lines]
     return ("A line is a prompt: its samples are printed as `generate --prompt` prints them for its text, with the\n"
             "current settings. The escapes of --stop are read (\\n is a newline); begin a line with // for a prompt "
