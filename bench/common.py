@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from free_transformer.base.devices import DTYPES
+from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
 from free_transformer.model.config import ModelConfig
 
 MIN_SAMPLE_S = 0.05  # a timing sample repeats the step until it lasts at least this long
@@ -177,7 +177,7 @@ def matmul_limits_gflops(device: torch.device, *, bandwidth: bool = False,
     with bandwidth=True its copy bandwidth in GB/s under "copy_gbps" (see copy_bandwidth_gbps). "size"
     records the matmul's side. (A CPU without bf16 instructions takes minutes over one bf16 2048^3 matmul:
     a benchmark of fp32 steps asks for fp32 alone.)"""
-    limits = {name: matmul_flops_per_second(device, DTYPES[name]) / 1e9 for name in precisions}
+    limits = {name: matmul_flops_per_second(device, torch_dtype(name)) / 1e9 for name in precisions}
     limits["size"] = matmul_size(device)
     if bandwidth:
         limits["copy_gbps"] = copy_bandwidth_gbps(device)
@@ -186,7 +186,7 @@ def matmul_limits_gflops(device: torch.device, *, bandwidth: bool = False,
 
 def describe_limits(limits: dict[str, float]) -> str:
     line = f"machine limit: matmul {limits['size']}^3 " + ", ".join(
-        f"{name} {limits[name]:.0f} GFLOP/s" for name in DTYPES if name in limits)
+        f"{name} {limits[name]:.0f} GFLOP/s" for name in DTYPE_NAMES if name in limits)
     if "copy_gbps" in limits:
         line += f"; copy bandwidth {limits['copy_gbps']:.0f} GB/s (read + write)"
     return line

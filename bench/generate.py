@@ -2,7 +2,7 @@
 
 (a) Free vs baseline. Two models of the same size, one with H latent bits and one without (the
     baseline: latent_bits = 0, the same blocks), generate with free_transformer.inference.generate: a KV
-    cache, sampling at temperature 1 with one generator per row, prompt_latents = "prior". Every
+    cache, sampling at temperature 1 with one generator per row, latents = "prior". Every
     Z_t, prompt included, is drawn from the uniform prior: the encoder is never run and Z_t is one
     row of the post-sampler table. Two instances of each model (different seeds, so different
     memory) are timed in every round. Reported: tokens/s of each and the median per-round ratio
@@ -69,7 +69,7 @@ import torch
 from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
                     interleaved_times, matmul_limits_gflops, median_ratio, model_config, seconds_per_call,
                     setup_machine)
-from free_transformer.base.devices import DTYPES
+from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
 from free_transformer.base.seeding import generators
 from free_transformer.inference import generate as generate_module
 from free_transformer.inference.generate import GenerationConfig, generate, shared_prior_latents, static_decode_step
@@ -145,12 +145,13 @@ def free_vs_baseline(config, batch, args, device):
     call of each instance is timed apart: under --compile it compiles and captures its static step, the
     first instance of each model with whatever Inductor's caches hold, the later ones with what the first
     left there (the same graph, other weights)."""
-    models = {f"{name}{i}": build_model(config.replace(latent_bits=bits), device, seed=i, dtype=DTYPES[args.dtype])
+    models = {f"{name}{i}": build_model(config.replace(latent_bits=bits), device, seed=i, dtype=torch_dtype(args.dtype))
               for i in range(args.instances) for name, bits in (("free", config.latent_bits), ("baseline", 0))}
     prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
-    gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0, prompt_latents="prior")
+    gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0)
     seeds = list(range(batch))
-    calls = {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds, compile=args.compile)
+    calls = {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds, latents="prior",
+                                   compile=args.compile)
              for name, model in models.items()}
     first = {name: seconds_per_call(call, 1, device) for name, call in calls.items()}
     times = interleaved_times(calls, args.rounds, device)
@@ -164,7 +165,7 @@ def free_vs_baseline(config, batch, args, device):
 
 def cache_vs_recompute(config, args, device):
     """Median seconds of each, median per-round ratio recompute / cached, and whether the tokens agree."""
-    model = build_model(config, device, dtype=DTYPES[args.dtype])
+    model = build_model(config, device, dtype=torch_dtype(args.dtype))
     prompts = torch.randint(0, config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
     n = args.recompute_tokens
     latents = shared_prior_latents(model, args.prompt_len + n - 1, torch.Generator(device).manual_seed(2))
@@ -179,7 +180,7 @@ def cache_vs_recompute(config, args, device):
 
 def graph_vs_eager(config, batch, args, device):
     """(graph tokens == the static step's eager tokens, share of tokens equal to eager decoding's)."""
-    model = build_model(config, device, dtype=DTYPES[args.dtype])
+    model = build_model(config, device, dtype=torch_dtype(args.dtype))
     prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
     gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0)
     run = functools.partial(generate, model, prompts, gen_config, seeds=list(range(batch)))
@@ -222,7 +223,7 @@ def static_step_eager_vs_compiled(config, batch, args, device):
     each filling its own cache. A timed sample is `steps` calls of the step from position P of a cache
     holding whatever it held (the step attends the whole cache under a mask, so its cost does not depend
     on the values)."""
-    model = build_model(config, device, dtype=DTYPES[args.dtype])
+    model = build_model(config, device, dtype=torch_dtype(args.dtype))
     prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len),
                             generator=torch.Generator().manual_seed(1)).to(device)
     sampling = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0, top_k=50)
@@ -320,7 +321,7 @@ def main():
     parser.add_argument("--recompute-rounds", type=int, default=3, help="interleaved timing rounds of part (b)")
     parser.add_argument("--size", choices=SIZES, help="a named size's dims (overrides --dim ... --vocab; H=16 "
                                                         "unless --bits is given)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="weights and KV cache dtype")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp32", help="weights and KV cache dtype")
     parser.add_argument("--compile", action="store_true",
                         help="generate(..., compile=True): graph-captured decoding on CUDA")
     parser.add_argument("--parts", nargs="+", choices=("a", "b", "c", "d"), default=None,
@@ -353,7 +354,7 @@ def main():
     else:
         args.bits = args.bits if args.bits is not None else 16
         config = model_config(args, max_seq_len=max_len, latent_bits=args.bits)
-    element_bytes = DTYPES[args.dtype].itemsize
+    element_bytes = torch_dtype(args.dtype).itemsize
 
     print(describe_machine(device))
     limits = matmul_limits_gflops(device, bandwidth=True)

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from common import (MIB, add_machine_arguments, describe_limits, describe_machine, interleaved_times,
                     matmul_limits_gflops, median_ratio, mfu, peak_memory_in_fresh_process, setup_machine)
-from free_transformer.base.devices import DTYPES
+from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
 from free_transformer.model.latent import binary_mapper_project, index_to_bits, sample_bits
 from targets import TARGETS, write_figure
 
@@ -113,7 +113,7 @@ def time_config(config, device, rounds, precision):
     )
     del grads
     _, weight, grad_out = inputs
-    dtype = DTYPES[precision]
+    dtype = torch_dtype(precision)
     table, dr = weight.detach().to(dtype), grad_out.to(dtype)
     out = dr.new_empty(dr.shape[0], table.shape[0])  # (N, 2^H)
     variants = {v: functools.partial(step, v, *inputs, precision) for v in VARIANTS}
@@ -153,7 +153,7 @@ def main():
     parser.add_argument("--quick", action="store_true",
                         help="H in {8, 16}, 3 rounds; N=4096, D=256 on a CPU, N=8192, D=1536 on a GPU")
     parser.add_argument("--repeats", type=int, help="timing rounds per config (default 5, 3 with --quick)")
-    parser.add_argument("--dtype", dest="precision", choices=tuple(DTYPES), default="fp32",
+    parser.add_argument("--dtype", dest="precision", choices=DTYPE_NAMES, default="fp32",
                         help="bf16: forward under bf16 autocast (the backward's matmul follows it)")
     parser.add_argument("--compile", action="store_true",
                         help="fuse each backward chunk with torch.compile (binary_mapper_project(..., compiled=True), "

@@ -10,10 +10,8 @@ Mapper's backward are set to their CUDA values. A dispatch mode adds the bytes o
 op returns and subtracts them when the storage is freed; the estimate is the peak of that sum.
 
 Left out: the caching allocator's rounding and fragmentation, cuBLAS and cuDNN workspaces, the CUDA
-context. Calibrated on one H100 80GB (bench/step.py, 2026-11-25, commit 922e0bb: the plain cross-entropy
-and separate q/k/v and gate/up projections), paper-1.5b, B=4, T=2048, bf16, eager: estimated 59.3 / 62.1
-GiB (baseline / Free H=16) at that commit against 61.8 / 64.4 GiB measured, 4% low. Eager only:
-torch.compile does not run on fake tensors (compiled, that H100 measured 11.7 GiB less than eager).
+context: how far the estimate falls from a GPU's measured peak, and on which GPU and commit, is in
+docs/results.md ("Speed on a GPU"). Eager only: torch.compile does not run on fake tensors.
 
 --check first runs a small step twice, on real CPU tensors and on fake ones, and stops unless both
 give the same peak: the estimate counts what a real run allocates.

@@ -94,7 +94,8 @@ def test_a_resumed_run_rewrites_its_config_yaml_in_todays_names(capsys, tmp_path
     with pytest.warns(FutureWarning, match="eval_every is now validate_every"):
         legacy = load_train_config(LEGACY_RUN / "config.yaml")
         assert main(["train", "--out", str(run), "--resume"]) == 0
-    assert "rewritten in today's names (it used eval_every, eval_batches)" in capsys.readouterr().err
+    assert ("rewritten in today's names (it used eval_every, eval_batches, data.path, data.tokenizer, data.seq_len, "
+            "data.val_fraction, data.cache_dir, data.coinflip_length, data.coinflip_epsilon)") in capsys.readouterr().err
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert "eval_every" not in saved and (saved["validate_every"], saved["validation_batches"]) == (0, 4)
     with warnings.catch_warnings():
@@ -130,8 +131,8 @@ def test_demo_and_study_print_every_runs_config(capsys, tmp_path, command):
 
 def test_old_field_names_warn_and_give_the_same_config(tmp_path):
     new = load_train_config(None, ["validate_every=5", "validation_batches=2"])
-    for old in RENAMED:
-        assert old.until == "0.3" and old.old in {"eval_every", "eval_batches"}
+    for old in RENAMED:  # the one table of old names: each with the release that stops reading it
+        assert old.until == "0.3" and (old.old in {"eval_every", "eval_batches"} or old.old.startswith("data."))
     with pytest.warns(FutureWarning, match="eval_batches is now validation_batches"):
         assert load_train_config(None, ["eval_every=5", "eval_batches=2"]) == new
     path = tmp_path / "old.yaml"
@@ -170,13 +171,14 @@ def test_the_legacy_runs_config_reads_its_old_names():
 def test_eval_flags_are_the_config_eval_section(capsys):
     text = " ".join(_help(capsys, "eval").split())
     for item in dataclasses.fields(EvalConfig):
-        if item.name == "every":  # training's only
+        if item.name in ("every", "sandbox"):  # training's only; the sandbox's two options below
             continue
         flag = f"--{item.name.replace('_', '-')}"
         shown = "none" if item.default in (None, "") else item.default
         assert flag in text and settings.field_docs(EvalConfig)[item.name].split(".")[0] in text, flag
         assert f"(default: {shown}" in text.split(flag)[-1], flag  # every default, from the dataclass
     assert "--code-timeout" in text and "(default: 10.0)" in text and "(default: 1024)" in text
+    assert "Wall-clock seconds before the process group is killed" in text  # SandboxLimits' docstrings
     parser = build_parser()
     defaults = parser.parse_args(["eval", "ckpt"])
     assert eval_flags_settings(defaults) == EvalConfig().settings()
@@ -206,3 +208,38 @@ def test_rank_zero_has_one_owner(monkeypatch):
 def test_train_without_out_is_one_line_error(capsys):
     assert main(["train", *TINY]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override, line", [
+    ("optim.lrr=1", "error: unknown setting optim.lrr: did you mean optim.lr?"),
+    ("kapa_bits=1", "error: unknown setting kapa_bits: did you mean kappa_bits?"),
+    ("data.text.pth=x.txt", "error: unknown setting data.text.pth: did you mean data.text.path?"),
+    ("model.latent.knid=bit_linear", "error: unknown setting model.latent.knid: did you mean model.latent.kind?"),
+])
+def test_a_misspelt_setting_names_the_closest_real_one(tmp_path, capsys, override, line):
+    """One line naming the closest real field (difflib), a non-zero exit, nothing written."""
+    assert main(["train", "--out", str(tmp_path / "run"), override]) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_training_config_sets_the_sandbox_limits_of_its_evaluations(tmp_path):
+    """eval.sandbox.* is a section of the config, read by the periodic evaluation; a limit that fails every
+    program is refused when the config is read."""
+    config = load_train_config(None, ["eval.sandbox.timeout_s=3", "eval.sandbox.memory_mb=512"])
+    assert (config.eval.sandbox.timeout_s, config.eval.sandbox.memory_mb) == (3.0, 512)
+    with pytest.raises(ConfigError, match=r"^eval.sandbox.memory_mb must be >= 1, got 0$"):
+        load_train_config(None, ["eval.sandbox.memory_mb=0"])
+
+
+def test_no_compatibility_shim_outlives_its_release():
+    """Every old spelling the package still reads is in base/compat.py with the release that drops it; this
+    fails when the package reaches that release with the shim still there."""
+    from free_transformer.base import compat
+    from free_transformer.base.version import __version__
+
+    def release(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".")[:2])
+
+    assert release(__version__) < release(compat.REMOVED_IN)
+    assert all(release(rename.until) == release(compat.REMOVED_IN) for rename in compat.RENAMED)

@@ -233,7 +233,7 @@ def test_sampling_static_step_reads_the_same_storages_at_every_step(latent_bits)
     same storages at every step (the noise buffer, the temperature, the fed-latents record)."""
     model = tiny_model(dtype=torch.float32, latent_bits=latent_bits)
     config = GenerationConfig(temperature=0.8, top_k=10, top_p=0.9)
-    variant = SamplingVariant(False, 10, 0.9, latent_bits > 0)
+    variant = SamplingVariant(config.rule(), latent_bits > 0)
     with torch.inference_mode():
         step = static_decode_step(model, B, 12)
         model(torch.zeros(B, 5, dtype=torch.int64), cache=step.restart())

@@ -1,6 +1,7 @@
 """The static decoding step of generate(compile=True) with its draws and sampling inside: the same tokens
 and latents as eager decoding (eager and compiled by Inductor), compiled once per shape and variant."""
 
+import dataclasses
 import gc
 import importlib
 import weakref
@@ -18,6 +19,7 @@ generate_module = importlib.import_module("free_transformer.inference.generate")
 
 GREEDY = GenerationConfig(max_new_tokens=7, temperature=0)
 SAMPLED = GenerationConfig(max_new_tokens=7, temperature=0.7, top_k=30, top_p=0.95)
+MIN_P = GenerationConfig(max_new_tokens=7, temperature=0.5, min_p=0.5)  # the tiny model's flat logits: it bites
 
 
 def _prompts(B, P=4, seed=3):
@@ -39,7 +41,7 @@ def test_uniform_latents_in_place_draws_what_uniform_latents_draws():
 
 
 @pytest.mark.parametrize("latent_bits, B", [(0, 1), (0, 3), (4, 1), (4, 3)])
-@pytest.mark.parametrize("config", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("config", [GREEDY, SAMPLED, MIN_P], ids=["greedy", "sampled", "min_p"])
 def test_static_step_samples_as_eager_decoding(latent_bits, B, config):
     """Eagerly (the CPU's default): the step's own draws of Z and of the sampling noise are the eager
     loop's, in its order, so a seeded row gives the same tokens and latents, with explicit latents for
@@ -54,11 +56,10 @@ def test_static_step_samples_as_eager_decoding(latent_bits, B, config):
         assert torch.equal(static.latents, eager.latents) and static.latents.shape == (B, 4 + 7 - 1)
 
 
-def test_compiled_step_is_compiled_once_per_shape_and_variant(monkeypatch):
-    """Counted with a backend of our own (Dynamo's tracing, no Inductor, so the test is fast): a second
-    generate call of the same batch size and similar length, other prompts and seeds, compiles
-    nothing; a new sampling setting or batch size compiles once more. The kept step, with its compiled
-    code, does not keep the model alive."""
+@pytest.fixture
+def counted_compiles(monkeypatch) -> list:
+    """The static step compiled on every device with a backend of our own (Dynamo's tracing, no Inductor, so
+    a test is fast), which lists each graph it is given."""
     compiled = []
 
     def counting_backend(graph_module, example_inputs):
@@ -67,6 +68,15 @@ def test_compiled_step_is_compiled_once_per_shape_and_variant(monkeypatch):
 
     monkeypatch.setattr(generate_module, "COMPILE_BACKEND", counting_backend)
     monkeypatch.setattr(generate_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    return compiled
+
+
+def test_compiled_step_is_compiled_once_per_shape_and_variant(counted_compiles):
+    """Counted with a backend of our own (Dynamo's tracing, no Inductor, so the test is fast): a second
+    generate call of the same batch size and similar length, other prompts and seeds, compiles
+    nothing; a new sampling setting or batch size compiles once more. The kept step, with its compiled
+    code, does not keep the model alive."""
+    compiled = counted_compiles
     model = tiny_model(latent_bits=4, dtype=torch.float32)
     for seed in (3, 4):
         prompts = _prompts(2, seed=seed)
@@ -82,6 +92,20 @@ def test_compiled_step_is_compiled_once_per_shape_and_variant(monkeypatch):
     del model
     gc.collect()
     assert alive() is None
+
+
+def test_min_p_is_traced_into_the_compiled_step_and_samples_as_eager(counted_compiles):
+    """Min-p is part of the step's rule: Dynamo traces it into the one graph (fullgraph) of a variant of its
+    own, and the step samples what eager decoding samples, which min-p changes."""
+    compiled = counted_compiles
+    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    prompts, seeds = _prompts(3), [4, 5, 6]
+    eager = generate(model, prompts, MIN_P, seeds=seeds)
+    static = generate(model, prompts, MIN_P, seeds=seeds, compile=True)
+    assert compiled and static.tokens == eager.tokens and torch.equal(static.latents, eager.latents)
+    unfiltered = dataclasses.replace(MIN_P, min_p=None)
+    assert generate(model, prompts, unfiltered, seeds=seeds, compile=True).tokens != static.tokens
+    assert len(compiled) == 2  # one variant each
 
 
 def test_inductor_compiles_the_step_with_coordinate_descent_tuning(monkeypatch):
@@ -120,7 +144,7 @@ def test_inductor_step_gives_the_eager_logits_and_tokens(latent_bits, B, monkeyp
             assert int(step.cache.position) == 5
     assert steps[True].compile_seconds and not steps[False].compile_seconds
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
-    for config in (GREEDY, SAMPLED):
+    for config in (GREEDY, SAMPLED, MIN_P):
         eager = generate(model, prompts, config, seeds=seeds)
         compiled = generate(model, prompts, config, seeds=seeds, compile=True)
         assert compiled.tokens == eager.tokens

@@ -2,12 +2,16 @@ import gc
 import importlib
 import weakref
 
+import math
+
 import pytest
 import torch
 from conftest import tiny_model, tolerance
 
 from free_transformer import GenerationConfig, generate, infer_latents, shared_prior_latents
-from free_transformer.inference.generate import StaticDecodeStep, filter_logits, static_decode_step
+from free_transformer.inference.generate import (StaticDecodeStep, filter_logits, next_token_probs, sample_next,
+                                                 static_decode_step)
+from free_transformer.inference.params import Sampling
 
 generate_module = importlib.import_module("free_transformer.inference.generate")  # the package's `generate` is the function
 
@@ -108,9 +112,39 @@ def test_stop_tokens_end_rows(device):
 
 def test_top_k_and_top_p_filtering():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    assert torch.isinf(filter_logits(logits, 2, None)).tolist() == [[False, False, True, True]]
-    assert torch.isinf(filter_logits(logits, None, 0.8)).tolist() == [[False, False, True, True]]
-    assert torch.isinf(filter_logits(logits, None, 0.81)).tolist() == [[False, False, False, True]]
+    assert torch.isinf(filter_logits(logits, Sampling(top_k=2))).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, Sampling(top_p=0.8))).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, Sampling(top_p=0.81))).tolist() == [[False, False, False, True]]
+
+
+def _naive_filtered_probs(logits, temperature: float, top_k: int | None, min_p: float) -> list[list[float]]:
+    """The next-token distribution from the rules' definitions, one row and one token at a time: p =
+    softmax(logits / T); top-k keeps the k largest p_i; min-p keeps p_i >= min_p * max_j p_j of what is left;
+    the kept ones renormalised."""
+    out = []
+    for row in logits.tolist():
+        weights = [math.exp((x - max(row)) / temperature) for x in row]
+        p = [w / sum(weights) for w in weights]
+        kth = sorted(p, reverse=True)[top_k - 1] if top_k else 0.0
+        kept = [pi if pi >= kth else 0.0 for pi in p]
+        kept = [pi if pi >= min_p * max(kept) else 0.0 for pi in kept]
+        out.append([pi / sum(kept) for pi in kept])
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+@pytest.mark.parametrize("min_p, top_k", [(0.05, None), (0.3, None), (1.0, None), (0.1, 10)])
+def test_min_p_keeps_the_tokens_the_naive_rule_keeps(temperature, min_p, top_k):
+    logits = 3 * torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
+    rule = Sampling(temperature=temperature, top_k=top_k, min_p=min_p)
+    probs = next_token_probs(logits, temperature, rule)
+    expected = torch.tensor(_naive_filtered_probs(logits, temperature, top_k, min_p), dtype=torch.float64)
+    assert torch.equal(probs > 0, expected > 0)  # the same tokens kept
+    torch.testing.assert_close(probs.double(), expected, rtol=1e-5, atol=1e-6)
+    assert bool((probs == 0).any()) and (min_p < 1 or bool(((probs > 0).sum(-1) == 1).all()))  # it bites; 1: the top
+    seeds = [torch.Generator().manual_seed(s) for s in range(4)]
+    drawn = sample_next(logits, GenerationConfig(temperature=temperature, top_k=top_k, min_p=min_p), seeds)
+    assert all(expected[row, token] > 0 for row, token in enumerate(drawn.tolist()))
 
 
 def test_generation_errors():
@@ -124,6 +158,9 @@ def test_generation_errors():
         generate(model, _prompts(B=3), short, seeds=[1])
     with pytest.raises(ValueError, match="temperature"):
         GenerationConfig(temperature=-1)
+    for min_p in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"min_p must be in \(0, 1\]"):
+            GenerationConfig(min_p=min_p)
     with pytest.raises(ValueError, match="latent indices must lie in \\[0, 2\\^4\\)"):
         generate(model, _prompts(P=5), short, latents=torch.full((1, 5), 16))
     with pytest.raises(ValueError, match="token ids must lie in"):

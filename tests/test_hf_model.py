@@ -87,13 +87,11 @@ def test_forward_with_hf_cache_equals_full_forward(free_pair, cache_argument):
 
 
 def _ours(model, prompts, seeds, latents=None, **sampling):
-    config = GenerationConfig(max_new_tokens=NEW, temperature=sampling.get("temperature", 0.0),
-                              top_k=sampling.get("top_k"), top_p=sampling.get("top_p"),
-                              prompt_latents=sampling.get("prompt_latents", "encoder"))
+    config = GenerationConfig(max_new_tokens=NEW, **{"temperature": 0.0, **sampling})
     return generate(model, prompts, config, seeds=seeds, latents=latents)
 
 
-SAMPLING = dict(temperature=0.8, top_k=20, top_p=0.9)
+SAMPLING = dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.5)
 
 
 @pytest.mark.parametrize("choice", ["explicit", "encoder", "prior", "shared", "reference", "sampled"])
@@ -108,7 +106,7 @@ def test_hf_generate_equals_our_generate(free_pair, choice):
     elif choice == "encoder":
         ours = _ours(model, prompts, seeds)
     elif choice == "prior":
-        ours, hf_args["latents"] = _ours(model, prompts, seeds, prompt_latents="prior"), "prior"
+        ours, hf_args["latents"] = _ours(model, prompts, seeds, "prior"), "prior"
     elif choice == "shared":
         shared = shared_prior_latents(model, model.config.max_seq_len, torch.Generator().manual_seed(5))
         ours = _ours(model, prompts, seeds, shared)

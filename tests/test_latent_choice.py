@@ -117,8 +117,6 @@ def test_bad_indices_and_references_are_refused_before_any_model_work(model, no_
         generate(model, _prompts(), config, latents="reference", reference=_prompts()[:, :2])
     with pytest.raises(ValueError, match="latents='shared' needs a Free Transformer"):
         generate(tiny_model(latent_bits=0), _prompts(), config, latents="shared")
-    with pytest.raises(ValueError, match="pass the latents once"):
-        generate(model, _prompts(), GenerationConfig(max_new_tokens=2, prompt_latents="prior"), latents="shared")
 
 
 def test_the_command_refuses_a_bad_choice_before_reading_the_checkpoint(tmp_path, capsys):
@@ -135,8 +133,6 @@ def test_the_old_spelling_warns_once_and_means_encoder(model, hf_model):
     runs = {
         "generate": lambda spelling: generate(model, _prompts(), GenerationConfig(max_new_tokens=3),
                                               latents=spelling, seeds=[0, 1]).latents,
-        "GenerationConfig": lambda spelling: generate(model, _prompts(), GenerationConfig(
-            max_new_tokens=3, prompt_latents=spelling), seeds=[0, 1]).latents,
         "hugging_face": lambda spelling: hf_model.generate(_prompts(), max_new_tokens=3, seeds=[0, 1], latents=spelling,
                                                            return_dict_in_generate=True)["latents"],
         "eval_settings": lambda spelling: EvalConfig(tasks="none", heldout="held.txt", latents=spelling).settings(),
@@ -145,9 +141,8 @@ def test_the_old_spelling_warns_once_and_means_encoder(model, hf_model):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             old = run("posterior")
-        where = "prompt_latents" if name == "GenerationConfig" else "latents"
         assert _deprecations(caught) == [
-            f"{where}='posterior' is deprecated and will be removed in 0.3; use {where}='encoder'"], name
+            "latents='posterior' is deprecated and will be removed in 0.3; use latents='encoder'"], name
         new = run("encoder")
         if name == "eval_settings":
             assert old == new and old.key == new.key

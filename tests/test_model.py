@@ -33,8 +33,11 @@ def _tokens(B=2, T=12, vocab=50, seed=0, device="cpu"):
     ],
 )
 def test_config_errors(overrides, message):
+    """A wrong field is a ConfigError before any model work: the config's own fields when it is made, the
+    latent kind's name and limit (its registry imports torch) when a model is built or a run's config
+    validated (test_train)."""
     with pytest.raises(ConfigError, match=message):
-        tiny_config(**overrides)
+        FreeTransformer(tiny_config(**overrides))
 
 
 def test_config_round_trip_and_unknown_field():

@@ -558,7 +558,7 @@ def test_eval_refuses_sandbox_limits_that_fail_every_program(tmp_path, capsys):
     for option in (["--code-timeout", "-1"], ["--code-memory-mb", "0"]):
         assert main(["eval", checkpoint, "--tasks", "none", "--no-progress", *option]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 2 and all("--code-timeout must be > 0 seconds" in line for line in errors)
+    assert errors == ["error: --code-timeout must be > 0 seconds, got -1.0", "error: --code-memory-mb must be >= 1, got 0"]
 
 
 # -- evaluation: nothing finished is lost, one writer of a record ----------------------------------------
@@ -603,8 +603,8 @@ def test_an_interrupted_evaluation_keeps_the_tasks_it_finished(tmp_path, capsys,
 def test_one_writer_of_an_evaluation_record_and_no_step_recorded_twice(tmp_path, capsys, monkeypatch):
     """A second `eval --checkpoints` of a run exits 2 at once; two writers that both scored a step append
     it once; a checkpoint that training rotated away meanwhile is skipped, not an error."""
-    from free_transformer.commands import eval as command
     from free_transformer.eval.record import CurveRecord, read_record
+    from free_transformer.runs import checkpoint as checkpoints  # eval imports it when it runs
     from free_transformer.runs.runlock import RunLock
 
     run = _eval_run(tmp_path)
@@ -612,8 +612,8 @@ def test_one_writer_of_an_evaluation_record_and_no_step_recorded_twice(tmp_path,
     with RunLock(run / "eval", "another eval"):
         assert main(args) == 2
     assert "is in use by another process (PID" in capsys.readouterr().err
-    listed = command.chosen_checkpoints
-    monkeypatch.setattr(command, "chosen_checkpoints", lambda run_dir, spec: listed(run_dir, spec) + [
+    listed = checkpoints.chosen_checkpoints
+    monkeypatch.setattr(checkpoints, "chosen_checkpoints", lambda run_dir, spec: listed(run_dir, spec) + [
         (3, run / "checkpoints" / "step_00000003")])  # listed, then removed by a live run's training
     assert main(args) == 0
     assert "step 3: step_00000003 was removed since it was listed" in capsys.readouterr().out

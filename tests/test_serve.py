@@ -162,6 +162,18 @@ def test_the_latent_fields_choose_z_as_the_generate_command_does(client, checkpo
     assert other != shared
 
 
+def test_the_sampling_fields_sample_what_generate_samples(client, checkpoint, capsys):
+    """The request's sampling fields are SamplingParams' (top_k and min_p too, as extra_body): a completion is
+    `free-transformer generate`'s sample for the same settings and seed."""
+    settings = {"temperature": 0.5, "top_k": 20, "min_p": 0.5}
+    got = texts(complete(client, "Hello", max_tokens=12, seed=7, temperature=0.5,
+                         extra_body={"top_k": 20, "min_p": 0.5}))
+    options = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()]
+    assert main(["generate", str(checkpoint), "--prompt", "Hello", "-n", "1", "--seed", "7", "--max-new-tokens", "12",
+                 "--format", "jsonl", *options]) == 0
+    assert got == [json.loads(capsys.readouterr().out)["sample"]]
+
+
 def error_of(server, body: dict, path="/completions", status=400) -> dict:
     response = httpx.post(server[0] + path, content=json.dumps(body), timeout=30,  # lone surrogates escaped
                           headers={"Content-Type": "application/json"})
@@ -174,6 +186,7 @@ def error_of(server, body: dict, path="/completions", status=400) -> dict:
 
 @pytest.mark.parametrize("body, param, words", [
     ({"model": "other"}, "model", "does not exist"),
+    ({"max_tokens": 0}, "max_tokens", "must be >= 1, got 0"),
     ({"max_tokens": 61}, "max_tokens", "at most 60"),
     ({"prompt": "x" * 65}, "prompt", "at most 64"),
     ({"prompt": ""}, "prompt", "must not be empty"),
@@ -182,14 +195,18 @@ def error_of(server, body: dict, path="/completions", status=400) -> dict:
     ({"prompt": [1.5]}, "prompt", "a string, a list of strings, a list of token ids"),
     ({"prompt": [[1, 256]]}, "prompt", "token ids must lie in [0, 256)"),
     ({"temperature": "hot"}, "temperature", "valid number"),
-    ({"n": 0}, "n", "greater than or equal to 1"),
+    ({"n": 0}, "n", "must be >= 1, got 0"),
+    ({"n": 129}, "n", "at most 128"),
+    ({"temperature": -1.0}, "temperature", "must be a finite number >= 0"),
+    ({"top_p": 1.5}, "top_p", "must be in (0, 1]"),
+    ({"top_k": 0}, "top_k", "must be >= 1"),
+    ({"min_p": 1.5}, "min_p", "must be in (0, 1]"),
     ({"max_tokens": "5"}, "max_tokens", "valid integer"),
     ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
     ({"suffix": "x"}, "suffix", "suffix out or null"),
     ({"best_of": 2}, "best_of", "must equal n (1)"),
     ({"logit_bias": {"1": 5}}, "logit_bias", "does not bias"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "with stream true"),
-    ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ({"n": 9, "prompt": ["a"] * 120}, "n", "at most 1024"),
     ({"stop": ["a"] * 17}, "stop", "at most 16 strings"),
     ({"stop": "x" * 257}, "stop", "at most 256 characters"),
@@ -206,7 +223,7 @@ def test_a_bad_request_is_a_400_with_one_line(server, client, body, param, words
     request = {"model": NAME, "prompt": "Hello", "max_tokens": 5, **body}
     error = error_of(server, request, status=404 if param == "model" else 400)
     assert error["param"] == param and words in error["message"], error
-    if param in ("latents", "reference"):
+    if param in ("latents", "reference", "top_k", "min_p"):  # the fields a client sends as extra_body
         with pytest.raises(openai.BadRequestError):  # what a client sees of the extra fields
             client.completions.create(model=NAME, prompt="Hello", max_tokens=5,
                                       extra_body={k: v for k, v in body.items()})

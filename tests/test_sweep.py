@@ -34,7 +34,7 @@ def test_user_overrides_go_on_top_of_a_preset_and_a_typo_fails():
     config = sweep.config(VARIANTS[2])
     assert (config.steps, config.model.n_layers, config.model.dim, config.optim.lr) == (7, 2, 64, 3e-4)
     assert config.checkpoint_every == 1  # a quarter of the steps, at least 1
-    with pytest.raises(ConfigError, match="unknown field"):
+    with pytest.raises(ConfigError, match="unknown setting optim.lrr: did you mean optim.lr"):
         demo_sweep(DEMO["quick"], Path("out"), extra=("optim.lrr=1",)).config(VARIANTS[0])
 
 

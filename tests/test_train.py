@@ -120,7 +120,7 @@ def test_lr_schedule_and_parameter_groups():
     "overrides, message",
     [
         (["optim.lr=fast"], "optim.lr: expected float"),
-        (["optim.nope=1"], "unknown field"),
+        (["optim.nope=1"], "unknown setting optim.nope: optim has lr, latent_lr_scale"),
         (["batch_size=6", "grad_accum=4"], "must divide batch_size"),
         (["precision=fp8"], "precision"),
         (["model.size=huge"], "unknown model size"),

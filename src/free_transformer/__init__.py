@@ -1,30 +1,44 @@
-"""The Free Transformer (Fleuret, 2025): a decoder conditioned on latent random decisions."""
+"""The Free Transformer (Fleuret, 2025): a decoder conditioned on latent random decisions.
 
-from .base.checks import ConfigError
-from .base.units import bits_to_nats, nats_to_bits
+The names below are imported on first use (PEP 562), so that `import free_transformer` and the command
+line's `--help` do not load torch."""
+
+import importlib
+
 from .base.version import __version__
-from .inference.generate import GenerationConfig, GenerationResult, generate
-from .inference.latents import infer_latents, shared_prior_latents
-from .model.config import NAMED_CONFIGS, ModelConfig, named_config
-from .model.latent import binary_mapper_project, kl_to_uniform
-from .model.transformer import FreeTransformer, ModelOutput
-from .runs.checkpoint import load_model
 
-__all__ = [
-    "NAMED_CONFIGS",
-    "ConfigError",
-    "FreeTransformer",
-    "GenerationConfig",
-    "GenerationResult",
-    "ModelConfig",
-    "ModelOutput",
-    "binary_mapper_project",
-    "bits_to_nats",
-    "generate",
-    "infer_latents",
-    "kl_to_uniform",
-    "load_model",
-    "named_config",
-    "nats_to_bits",
-    "shared_prior_latents",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "ConfigError": "base.checks",
+    "bits_to_nats": "base.units",
+    "nats_to_bits": "base.units",
+    "GenerationConfig": "inference.params",
+    "Sampling": "inference.params",
+    "SamplingParams": "inference.params",
+    "GenerationResult": "inference.generate",
+    "generate": "inference.generate",
+    "infer_latents": "inference.latents",
+    "shared_prior_latents": "inference.latents",
+    "NAMED_CONFIGS": "model.config",
+    "ModelConfig": "model.config",
+    "named_config": "model.config",
+    "binary_mapper_project": "model.latent",
+    "kl_to_uniform": "model.latent",
+    "FreeTransformer": "model.transformer",
+    "ModelOutput": "model.transformer",
+    "load_model": "runs.checkpoint",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'free_transformer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -14,7 +14,6 @@ import sys
 import warnings
 
 from .base.errors import Stopped, UserError
-from .distributed.env import is_main_process
 
 COMMAND_MODULES = ["demo", "study", "train", "inspect", "generate", "eval", "compare", "info", "convert",
                    "consolidate", "tokenize", "serve"]
@@ -31,13 +30,16 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or where `argv` names one, of that command alone: only its module is
+    imported, and none imports torch before its command runs (`train --help` stays fast)."""
     from .base.version import __version__
 
     parser = argparse.ArgumentParser(prog="free-transformer", description="The Free Transformer (Fleuret, 2025).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for module_name in COMMAND_MODULES:
+    named = next((word for word in argv or [] if not word.startswith("-")), None)
+    for module_name in [named] if named in COMMAND_MODULES else COMMAND_MODULES:
         module = importlib.import_module(f"free_transformer.commands.{module_name}")
         formatter = (DefaultsHelpFormatter if getattr(module, "FORMATTER", None) == "defaults"
                      else argparse.RawDescriptionHelpFormatter)
@@ -72,7 +74,7 @@ PYTHON_WARNING_FORMAT = warnings.formatwarning
 
 def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = _one_line_warning
-    args = parse_args(build_parser(), argv)
+    args = parse_args(build_parser(sys.argv[1:] if argv is None else argv), argv)
     try:
         code = int(args.run(args) or 0)
         sys.stdout.flush()  # a reader that stopped is found here, not in the interpreter's last flush
@@ -82,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, as a shell reports a writer the closed pipe stopped
     except (UserError, ValueError, OSError) as error:  # OSError: a path that cannot be read or written
         if isinstance(error, Stopped):  # a saved, resumable stop is no error; under torchrun rank 0 says it
+            from .distributed.env import is_main_process
+
             if is_main_process():
                 print(" ".join(str(error).split()), file=sys.stderr)
         else:

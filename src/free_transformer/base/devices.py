@@ -1,14 +1,28 @@
 """One parser for every `--device` / `device=` an entry point accepts: a typo or a device this machine
-lacks is one clear line (DeviceError, exit 2), never a torch traceback at first use."""
+lacks is one clear line (DeviceError, exit 2), never a torch traceback at first use. torch is imported
+when a device or dtype is asked for, not by a command's --help."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from .errors import UserError
 
+if TYPE_CHECKING:
+    import torch
+
 CHOICES = "auto, cpu, cuda, cuda:N or mps"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # names that options take (--dtype, param_dtype)
+Precision = Literal["fp32", "bf16"]  # the dtype names that options take (--dtype, param_dtype, precision)
+DTYPE_NAMES: tuple[str, ...] = Precision.__args__
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a name of DTYPE_NAMES."""
+    import torch
+
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r}: choose {', '.join(DTYPE_NAMES)}")
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
 
 
 class DeviceError(UserError, ValueError):
@@ -17,6 +31,8 @@ class DeviceError(UserError, ValueError):
 
 def _available(kind: str) -> int:
     """How many devices of this kind the machine has (0: none)."""
+    import torch
+
     if kind == "cpu":
         return 1
     if kind == "cuda":
@@ -28,6 +44,8 @@ def _available(kind: str) -> int:
 
 def parse_device(name: str | torch.device | None) -> torch.device:
     """auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps, checked against this machine."""
+    import torch
+
     text = "auto" if name is None else str(name).strip().lower()
     if text == "auto":
         return torch.device("cuda" if _available("cuda") else "cpu")
@@ -49,8 +67,10 @@ def parse_device(name: str | torch.device | None) -> torch.device:
 def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
     """The weights' and KV cache's dtype for `--dtype`: fp32, bf16, or auto: bf16 on a CUDA device that
     supports it (decoding reads every weight and cached key once per token: half the bytes), else fp32."""
+    import torch
+
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}: choose auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r}: choose auto, {', '.join(DTYPE_NAMES)}")
+    return torch_dtype(name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import inspect
 import itertools
 import textwrap
@@ -21,6 +22,7 @@ import yaml
 
 from .bounded import load_yaml
 from .checks import ConfigError
+from .compat import Renamed
 from .fileio import atomic_write_text
 
 
@@ -41,7 +43,10 @@ def coerce(value, annotation, where: str):
         raise ConfigError(f"{where}: cannot read {value!r} as {type_name(annotation)}")
     if origin is typing.Literal:
         if value not in typing.get_args(annotation):
-            raise ConfigError(f"{where}: {value!r} is not one of {typing.get_args(annotation)}")
+            choices = typing.get_args(annotation)
+            close = difflib.get_close_matches(str(value), list(map(str, choices)), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}{hint}")
         return value
     if origin is tuple:
         if isinstance(value, str):
@@ -75,14 +80,36 @@ def build(cls, values: dict, where: str = ""):
     if not isinstance(values, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {values!r}")
     hints = typing.get_type_hints(cls)
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names), key=str)
     if unknown:
-        raise ConfigError(f"unknown field(s) in {where or 'config'}: {', '.join(map(str, unknown))}")
+        raise ConfigError("; ".join(unknown_setting(str(name), names, where) for name in unknown))
     kwargs = {}
     for name, value in values.items():
         hint, path = hints[name], f"{where}.{name}" if where else name
         kwargs[name] = build(hint, value, path) if dataclasses.is_dataclass(hint) else coerce(value, hint, path)
     return cls(**kwargs)
+
+
+def unknown_setting(name: str, names: list[str], where: str = "") -> str:
+    """'unknown setting optim.lrr: did you mean optim.lr?': the closest real field by difflib's ratio, or the
+    section's fields when none is close."""
+    prefix = f"{where}." if where else ""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f"did you mean {prefix}{close[0]}?" if close else f"{where or 'the config'} has {', '.join(names)}"
+    return f"unknown setting {prefix}{name}: {hint}"
+
+
+def check_choices(settings, prefix: str = "") -> None:
+    """A ConfigError for a setting of a closed set (a Literal) holding a value outside it, anywhere in the tree:
+    `build` checks the values it reads, this the ones code set."""
+    hints = typing.get_type_hints(type(settings))
+    for item in dataclasses.fields(settings):
+        value, path = getattr(settings, item.name), prefix + item.name
+        if dataclasses.is_dataclass(value):
+            check_choices(value, path + ".")
+        elif typing.get_origin(hints[item.name]) is typing.Literal:
+            coerce(value, hints[item.name], path)
 
 
 def merge(base: dict, update: dict) -> dict:
@@ -113,13 +140,19 @@ def parse_overrides(overrides: list[str]) -> dict:
     return result
 
 
-@dataclass(frozen=True)
-class Renamed:
-    """A setting's old name, still read (with a FutureWarning) until the release `until`."""
-
-    old: str  # dotted path, e.g. "eval_every"
-    new: str
-    until: str
+def _node(values: dict, parents: list[str], create: bool) -> dict | None:
+    """The mapping at `parents` in a nested mapping, copied on the way so that `values` can change; None where
+    a part is missing (or made, with create) or is not a mapping."""
+    node = values
+    for part in parents:
+        if part not in node and create:
+            node[part] = {}
+        if not isinstance(node.get(part), dict):
+            if part in node and create:
+                raise ConfigError(f"{'.'.join(parents)}: expected a mapping, got {node[part]!r}")
+            return None
+        node[part] = node = dict(node[part])
+    return node
 
 
 def upgrade_names(values: dict, renames: tuple[Renamed, ...], source: str) -> dict:
@@ -129,23 +162,17 @@ def upgrade_names(values: dict, renames: tuple[Renamed, ...], source: str) -> di
     for rename in renames:
         *parents, old_leaf = rename.old.split(".")
         *new_parents, new_leaf = rename.new.split(".")
-        if parents != new_parents:
-            raise ValueError(f"a rename stays in its section: {rename.old} -> {rename.new}")
-        node = values
-        for part in parents:
-            if not isinstance(node.get(part), dict):
-                break
-            node[part] = node = dict(node[part])
-        else:
-            if old_leaf not in node:
-                continue
-            value = node.pop(old_leaf)
-            if new_leaf in node and node[new_leaf] != value:
-                raise ConfigError(f"{source}: {rename.old} ({value!r}) and {rename.new} ({node[new_leaf]!r}) "
-                                  f"disagree: give {rename.new} only")
-            node[new_leaf] = value
-            warnings.warn(f"{source}: {rename.old} is now {rename.new}; the old name is read until "
-                          f"version {rename.until}", FutureWarning, stacklevel=2)
+        node = _node(values, parents, create=False)
+        if node is None or old_leaf not in node:
+            continue
+        value = node.pop(old_leaf)
+        target = _node(values, new_parents, create=True)
+        if new_leaf in target and target[new_leaf] != value:
+            raise ConfigError(f"{source}: {rename.old} ({value!r}) and {rename.new} ({target[new_leaf]!r}) "
+                              f"disagree: give {rename.new} only")
+        target[new_leaf] = value
+        warnings.warn(f"{source}: {rename.old} is now {rename.new}; the old name is read until "
+                      f"version {rename.until}", FutureWarning, stacklevel=2)
     return values
 
 
@@ -283,3 +310,32 @@ def help_text(settings_list: list[Setting], width: int = 100) -> str:
         if item.doc:
             lines += textwrap.wrap(item.doc, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines).lstrip("\n")
+
+
+def add_option(parser, cls, name: str, *, flag: str | None = None, aliases: tuple[str, ...] = (),
+               default=dataclasses.MISSING, metavar: str | None = None, repeatable: bool = False,
+               choices: bool = True, extra_help: str = "") -> None:
+    """The command-line option of the field `name` of the dataclass `cls` (flag: --NAME with dashes for
+    underscores, unless given): its type, its choices (a Literal; choices=False shows them without argparse
+    refusing the others, for a value that is parsed afterwards), its default (the field's unless given) and
+    its docstring as help, written once, in the dataclass. A repeatable option collects a list."""
+    hint = typing.get_type_hints(cls)[name]
+    declared = next(f for f in dataclasses.fields(cls) if f.name == name)
+    if default is dataclasses.MISSING:
+        default = declared.default if declared.default_factory is dataclasses.MISSING else declared.default_factory()
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: an X, or left out
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is tuple:  # tuple[X, ...]: a repeatable option of Xs
+        hint, repeatable = typing.get_args(hint)[0], True
+    kwargs: dict = {"metavar": metavar or ("N" if hint is int else None)}
+    if typing.get_origin(hint) is typing.Literal:
+        names = list(typing.get_args(hint))
+        kwargs = {"choices": names} if choices else {"metavar": "{" + ",".join(names) + "}"}
+    elif hint is not str:
+        kwargs["type"] = hint
+    shown = "none" if default in (None, "", ()) else default
+    more = "; repeatable" if repeatable else ""
+    parser.add_argument(flag or f"--{name.replace('_', '-')}", *aliases, dest=name,
+                        action="append" if repeatable else "store",
+                        default=list(default or []) if repeatable else default,
+                        help=f"{field_docs(cls).get(name, '')}{extra_help} (default: {shown}{more})", **kwargs)

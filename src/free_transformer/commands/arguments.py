@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..base import settings
 from ..base.devices import parse_device
-from ..experiments.launch.launchers import Launcher, LocalLauncher
-from ..experiments.launch.slurm import SlurmLauncher, SlurmOptions, parse_slurm_args
+
+if TYPE_CHECKING:  # the launchers import torch: when a command runs, not for its --help
+    from ..experiments.launch.launchers import Launcher
 
 MAX_SEEDS = 1000  # seeds of one sweep: each trains every model, so more is a typo, not a plan
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64
@@ -77,6 +76,9 @@ def training_device(args) -> str:
 
 
 def launcher_from(args, out_dir: Path, default_workers: int) -> Launcher:
+    from ..experiments.launch.launchers import LocalLauncher
+    from ..experiments.launch.slurm import SlurmLauncher, SlurmOptions, parse_slurm_args
+
     if args.workers is not None and args.workers < 1:
         raise ValueError("--workers must be >= 1")
     if args.launcher == "local":
@@ -91,26 +93,6 @@ def launcher_from(args, out_dir: Path, default_workers: int) -> Launcher:
                            time_minutes=args.time_limit, extra=parse_slurm_args(args.slurm_arg),
                            report_on=args.report_on)
     return SlurmLauncher(options, out_dir)
-
-
-def add_field_option(parser, cls, name: str, *, metavar: str | None = None, repeatable: bool = False) -> None:
-    """The option --NAME (dashes for underscores) of the field `name` of the dataclass `cls`: its type, its
-    choices (a Literal), its default and its docstring as help, written once, in the dataclass. A repeatable
-    option collects a list, which stands for the field's comma-separated string (join_repeated)."""
-    hint = typing.get_type_hints(cls)[name]
-    default = next(f for f in dataclasses.fields(cls) if f.name == name).default
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: an X, or left out
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    kwargs: dict = {"metavar": metavar or ("N" if hint is int else None)}
-    if typing.get_origin(hint) is typing.Literal:
-        kwargs = {"choices": list(typing.get_args(hint))}
-    elif hint is not str:
-        kwargs["type"] = hint
-    shown = "none" if default in (None, "") else default
-    extra = "; repeatable" if repeatable else ""
-    parser.add_argument(f"--{name.replace('_', '-')}", action="append" if repeatable else "store",
-                        default=[] if repeatable else default,
-                        help=f"{settings.field_docs(cls).get(name, '')} (default: {shown}{extra})", **kwargs)
 
 
 def join_repeated(values: list[str]) -> str:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ..distributed.sharded_checkpoint import consolidate
-
 NAME = "consolidate"
 HELP = ("gather the sharded (DCP) checkpoint of a ddp / fsdp run into model.safetensors, so that generate, "
         "eval and convert read it; no process group needed")
@@ -17,6 +15,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from ..distributed.sharded_checkpoint import consolidate
+
     target = consolidate(args.path, args.out)
     print(f"consolidated: {target / 'model.safetensors'}")
     return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..experiments.demo.presets import PRESETS
-from ..experiments.demo.run import VARIANTS, demo_sweep, run_demo
 from ..train.config import settings_help
 from .arguments import add_launcher_arguments, launcher_from, parse_seeds, print_configs, training_device
 
@@ -50,6 +49,8 @@ def run(args) -> int:
         seeds = parse_seeds(args.seeds, default_seeds)
     else:
         seeds = (args.seed,) if args.seed is not None else parse_seeds(None, default_seeds)
+    from ..experiments.demo.run import VARIANTS, demo_sweep, run_demo
+
     launcher = launcher_from(args, Path(args.out), len(VARIANTS) * len(seeds) if device.startswith("cuda") else 2)
     if args.print_config:
         sweep = demo_sweep(preset, Path(args.out), seeds=seeds, extra=extra, device=device)

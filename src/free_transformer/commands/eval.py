@@ -10,22 +10,18 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..base.devices import parse_device
 from ..base.errors import Stopped, UserError
-from ..base.fileio import refuse_links
-from ..data.tokenizer import get_tokenizer
-from ..eval.catalog import get_benchmark
-from ..eval.sandbox import SandboxLimits, isolation_report
+from ..eval.sandbox import SandboxLimits
 from ..eval.settings import EvalConfig
-from ..runs.checkpoint import CheckpointError, chosen_checkpoints, load_model, resolve_checkpoint
-from ..runs.runlock import RunLock
-from .arguments import add_field_option, join_repeated
+from ..base.settings import add_option
+from .arguments import join_repeated
 
 NAME = "eval"
 HELP = ("evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table "
         "(--checkpoints: a run's checkpoints, into its evaluation record)")
 
-SANDBOX = SandboxLimits()  # the defaults of --code-timeout and --code-memory-mb
+# the options of the sandbox limits (the others are eval.sandbox.* of a training config only)
+SANDBOX_OPTIONS = {"timeout_s": "--code-timeout", "memory_mb": "--code-memory-mb"}
 
 
 def add_arguments(parser) -> None:
@@ -35,24 +31,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--checkpoints", metavar="all | every:K | last-third", default=None,
                         help="score several checkpoints of the run RUN, appending one line each to "
                              "RUN/eval/curve.jsonl; those already scored under the same settings are skipped")
-    add_field_option(parser, EvalConfig, "tasks")
+    add_option(parser, EvalConfig, "tasks")
     parser.add_argument("--list-tasks", action="store_true", help="list the benchmarks, their measures and availability")
-    add_field_option(parser, EvalConfig, "num_fewshot", metavar="N | TASK=N", repeatable=True)
-    add_field_option(parser, EvalConfig, "limit")
-    add_field_option(parser, EvalConfig, "data", metavar="TASK=PATH", repeatable=True)
+    add_option(parser, EvalConfig, "num_fewshot", metavar="N | TASK=N", repeatable=True)
+    add_option(parser, EvalConfig, "limit")
+    add_option(parser, EvalConfig, "data", metavar="TASK=PATH", repeatable=True)
     latents = parser.add_argument_group("Free Transformer latents (ignored for a baseline)")
     for name in ("latents", "latent_samples", "generation_samples", "seed"):
-        add_field_option(latents, EvalConfig, name)
+        add_option(latents, EvalConfig, name)
     like = parser.add_argument_group("held-out likelihood")
-    add_field_option(like, EvalConfig, "heldout", metavar="FILE", repeatable=True)
-    add_field_option(like, EvalConfig, "heldout_samples")
-    add_field_option(like, EvalConfig, "heldout_windows")
+    add_option(like, EvalConfig, "heldout", metavar="FILE", repeatable=True)
+    add_option(like, EvalConfig, "heldout_samples")
+    add_option(like, EvalConfig, "heldout_windows")
     gen = parser.add_argument_group("generation and code execution")
-    add_field_option(gen, EvalConfig, "max_new_tokens")
-    gen.add_argument("--code-timeout", type=float, default=SANDBOX.timeout_s,
-                     help=f"seconds per generated program (sandbox) (default: {SANDBOX.timeout_s})")
-    gen.add_argument("--code-memory-mb", type=int, default=SANDBOX.memory_mb,
-                     help=f"address-space limit per generated program (default: {SANDBOX.memory_mb})")
+    add_option(gen, EvalConfig, "max_new_tokens")
+    for name, flag in SANDBOX_OPTIONS.items():
+        add_option(gen, SandboxLimits, name, flag=flag)
     gen.add_argument("--sandbox-hook-only", action="store_true",
                      help="run generated code even where the kernel gives no user namespaces or seccomp, with "
                           "resource limits and a Python audit hook alone. The hook is no security boundary: a "
@@ -93,7 +87,8 @@ def _list_tasks() -> int:
 
 def _settings(args):
     """The flags as the EvalConfig they stand for, resolved."""
-    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if f.name != "every"}
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig)
+               if f.name not in ("every", "sandbox")}  # training's only; the sandbox's options: _sandbox
     for name in ("num_fewshot", "data", "heldout"):
         options[name] = join_repeated(options[name])
     settings = EvalConfig(**options).settings()
@@ -101,7 +96,21 @@ def _settings(args):
     return settings
 
 
+def _sandbox(args) -> SandboxLimits:
+    """The sandbox limits of the options, checked; the error names the option."""
+    limits = SandboxLimits(**{name: getattr(args, name) for name in SANDBOX_OPTIONS},
+                           allow_hook_only=args.sandbox_hook_only)
+    try:
+        return limits.check()
+    except ValueError as error:
+        name, _, rest = str(error).partition(" ")
+        raise ValueError(f"{SANDBOX_OPTIONS.get(name, name)} {rest}") from None
+
+
 def _load(checkpoint, device):
+    from ..data.tokenizer import get_tokenizer
+    from ..runs.checkpoint import load_model
+
     model, config = load_model(checkpoint, device)
     if "tokenizer" not in config:
         raise ValueError(f"{checkpoint}/config.json names no tokenizer")
@@ -140,20 +149,21 @@ def run(args) -> int:
 def _run(args) -> int:
     if not args.checkpoint:
         raise ValueError("give a CHECKPOINT (or --list-tasks)")
+    from ..base.devices import parse_device
+    from ..base.fileio import refuse_links
+    from ..eval.catalog import get_benchmark
     from ..eval.runner import score
+    from ..eval.sandbox import isolation_report
     from ..reports.results import format_table, write_json
+    from ..runs.checkpoint import resolve_checkpoint
 
     device = parse_device(args.device)
     if args.checkpoints and args.output:
         raise ValueError("--checkpoints appends to RUN/eval/curve.jsonl: leave --output out")
     if args.output and Path(args.output).exists():  # before hours of evaluation, not after
         raise FileExistsError(f"--output {args.output} already exists: it is kept; choose another name")
-    if not (0 < args.code_timeout < float("inf")) or args.code_memory_mb < 1:  # else every program fails: pass@1 = 0
-        raise ValueError(f"--code-timeout must be > 0 seconds and --code-memory-mb >= 1, got {args.code_timeout} "
-                         f"and {args.code_memory_mb}")
+    sandbox = _sandbox(args)  # a limit that fails every program (pass@1 = 0) is refused before any scoring
     settings = _settings(args)
-    sandbox = SandboxLimits(timeout_s=args.code_timeout, memory_mb=args.code_memory_mb,
-                            allow_hook_only=args.sandbox_hook_only)
     if any(get_benchmark(name).kind == "code" for name in settings.tasks):
         isolation_report(sandbox)  # SandboxUnavailable before any scoring where the kernel layers are missing
     if args.checkpoints:
@@ -202,6 +212,8 @@ def _run(args) -> int:
 def _score_checkpoints(run_dir: Path, spec: str, settings, sandbox, device, progress: bool) -> int:
     """Score the run's checkpoints that `spec` chooses, appending to its record; skip the scored ones."""
     from ..eval.record import CurveRecord, score_and_record
+    from ..runs.checkpoint import CheckpointError, chosen_checkpoints
+    from ..runs.runlock import RunLock
 
     chosen = chosen_checkpoints(run_dir, spec)  # before loading anything: a wrong spec fails now
     record = CurveRecord(run_dir)

@@ -8,14 +8,10 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..base.devices import DTYPES, decoding_dtype, parse_device
-from ..data.tokenizer import get_tokenizer
-from ..inference.batches import DEFAULT_BATCH_SIZE
-from ..inference.latents import CHOICES, CONTEXT_CHOICES, parse_latents
-from ..model.latent import ENCODER
-from ..runs.checkpoint import load_model
-from .interactive import interact
-from .sampling import DEFAULT_NEW_TOKENS, FORMATS, Sampler, Settings, unescape
+from ..base.compat import DEPRECATED_OPTIONS, REMOVED_IN
+from ..base.devices import DTYPE_NAMES
+from ..inference.params import DEFAULT_BATCH_SIZE
+from .sampling import FORMATS, Sampler, add_sampling_options, params_from, unescape
 
 NAME = "generate"
 HELP = ("sample continuations of one or many prompts from a checkpoint (one sample per line), or interactively "
@@ -37,34 +33,14 @@ def add_arguments(parser) -> None:
                         help="text: one sample per line, the prompt and its continuation, newlines written \\n, a "
                              "prompt's samples together, prompts in order; jsonl: one JSON object per sample with "
                              "the keys prompt, sample (the continuation alone), index (the prompt's), seed and latents")
-    parser.add_argument("--num-samples", "-n", type=int, default=4, metavar="N", help="samples of each prompt")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="N",
                         help="samples decoded at once, prompts of one length together (a sample depends on its "
                              "prompt and seed, not on its batch)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
-                        help=f"tokens to generate after each prompt (default: {DEFAULT_NEW_TOKENS}, or fewer where "
-                             "the model's context is shorter)")
-    parser.add_argument("--temperature", type=float, default=1.0, metavar="T", help="softmax temperature; 0 for greedy decoding")
-    parser.add_argument("--top-k", type=int, metavar="K", help="sample among the k likeliest tokens (default: all)")
-    parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling threshold in (0, 1] (default: none)")
-    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                        help="stop string, with the escapes \\n \\t \\r \\0 \\\\ read: a sample ends where it first "
-                             "appears, which is not printed; repeatable (default: none)")
-    parser.add_argument("--seed", type=int, default=0, metavar="N",
-                        help="sample i of every prompt uses seed + i, and --latents shared/reference draw their Z "
-                             "with seed: the same command prints the same samples")
-    parser.add_argument("--latents", metavar="{" + ",".join(CHOICES) + "}", default=ENCODER,
-                        help="Free Transformer: where Z comes from. encoder: the prompt's Z from the encoder (the "
-                             "paper's prefill), each new token's from the prior, per sample; prior: every Z from "
-                             "the prior, per sample; shared: one prior Z sequence for all samples; reference: Z "
-                             "inferred by the encoder from --reference")
-    parser.add_argument("--reference", metavar="TEXT",
-                        help="text whose encoder latents condition generation, at least as long as each prompt (goes "
-                             "with --latents reference; default: none)")
-    parser.add_argument("--prompt-latents", metavar="{" + ",".join(CONTEXT_CHOICES) + "}",
-                        help="deprecated: use --latents encoder or --latents prior")
+    add_sampling_options(parser)
+    parser.add_argument("--prompt-latents", metavar="{encoder,prior}",
+                        help=f"deprecated, read until {REMOVED_IN}: use {DEPRECATED_OPTIONS['--prompt-latents']}")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+    parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto",
                         help="weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it "
                              "(half the bytes read per token), else fp32")
     parser.add_argument("--compile", action="store_true",
@@ -85,12 +61,15 @@ def _say_compile_times() -> None:
 
 
 def run(args) -> int:
+    from ..base.devices import decoding_dtype, parse_device
+    from ..data.tokenizer import get_tokenizer
+    from ..runs.checkpoint import load_model
+    from .interactive import interact
+
     if args.compile:
         _say_compile_times()
-    choice = _latent_choice(args)  # a misspelt --latents fails before the checkpoint is read
-    settings = Settings(args.num_samples, args.seed, choice, args.reference, args.temperature, args.top_k, args.top_p,
-                        args.max_new_tokens, [unescape(s) for s in args.stop if s])
-    settings.check()
+    args.latents = _latent_choice(args)  # a misspelt --latents fails before the checkpoint is read
+    params = params_from(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.interactive and (args.prompt or args.prompts_file is not None):
@@ -102,8 +81,8 @@ def run(args) -> int:
     sampler = Sampler(model, get_tokenizer(config.get("tokenizer", "byte")), args.format, args.batch_size,
                       args.compile)
     if args.interactive:
-        return interact(sampler, settings)
-    sampler.sample([text for _, text in labelled], settings, [label for label, _ in labelled])
+        return interact(sampler, params)
+    sampler.sample([text for _, text in labelled], params, [label for label, _ in labelled])
     return 0
 
 
@@ -132,6 +111,9 @@ def _prompts(args) -> list[tuple[str, str]]:
 def _latent_choice(args):
     """--latents parsed (free_transformer.inference.latents), with the deprecated --prompt-latents mapped onto it;
     deprecations are said on stderr."""
+    from ..inference.latents import CONTEXT_CHOICES, parse_latents
+    from ..model.latent import ENCODER
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecationWarning)
         choice = parse_latents(args.latents, where="--latents", indices=False)
@@ -141,7 +123,7 @@ def _latent_choice(args):
             choice = parse_latents(args.prompt_latents, where="--prompt-latents", allowed=CONTEXT_CHOICES,
                                    indices=False)
     if args.prompt_latents is not None:
-        print("warning: --prompt-latents is deprecated; use --latents encoder or --latents prior", file=sys.stderr)
+        print(f"warning: --prompt-latents is deprecated; use {DEPRECATED_OPTIONS['--prompt-latents']}", file=sys.stderr)
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
     return choice

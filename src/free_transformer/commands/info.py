@@ -6,12 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import torch
-
 from ..experiments.demo.presets import PRESETS as DEMO_PRESETS
 from ..experiments.study.presets import PRESETS as STUDY_PRESETS
 from ..model.config import NAMED_CONFIGS, named_config
-from ..model.transformer import FreeTransformer
 
 NAME = "info"
 HELP = ("print parameter counts and training FLOPs of a named model size (no memory allocated), or list every "
@@ -60,6 +57,10 @@ def print_size(size: str, seq_len: int | None) -> None:
     config = named_config(size)
     if seq_len is not None and seq_len < 1:
         raise ValueError(f"--seq-len must be >= 1, got {seq_len}")
+    import torch
+
+    from ..model.transformer import FreeTransformer
+
     seq_len = seq_len or config.max_seq_len
     with torch.device("meta"):
         model = FreeTransformer(config)

@@ -6,31 +6,48 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import textwrap
+import types
+import typing
 
 from ..base.errors import UserError
+from ..base.settings import field_docs
 from ..inference.latents import parse_latents, refuse_on_baseline
-from .sampling import Sampler, Settings, unescape
+from ..inference.params import SamplingError, SamplingParams, spelling, spelt_fields
+from .sampling import Sampler, options, unescape
 
-INTERACTIVE_HELP = """\
-A line is a prompt: its samples are printed as `generate --prompt` prints them for its text, with the
-current settings. The escapes of --stop are read (\\n is a newline); begin a line with // for a prompt that
-begins with /. An empty line is skipped. Commands:
-  /latents encoder|prior|shared|reference  where Z comes from (--latents)
-  /reference TEXT         Z inferred by the encoder from TEXT (--latents reference --reference TEXT)
-  /seed N                 pin the seed: every prompt samples with N, N+1, ... (--seed N)
-  /seed off               each prompt takes the next n seeds (the default, from --seed)
-  /n N                    samples per prompt (-n)
-  /temperature T          softmax temperature; 0 for greedy decoding
-  /top-k K|off            sample among the K likeliest tokens
-  /top-p P|off            nucleus sampling threshold in (0, 1]
-  /max-new-tokens N|auto  tokens after each prompt
-  /stop TEXT|off          add a stop string (escapes read); off: none
-  /settings               the current settings, as generate's options
-  /help                   this text
-  /quit                   leave (Ctrl-D and Ctrl-C too)"""
+# the commands that do more than set their field (their help, then their code below)
+SPECIAL_HELP = {
+    "seed": [("/seed N", "pin the seed: every prompt samples with N, N+1, ... (--seed N)"),
+             ("/seed off", "each prompt takes the next n seeds (the default, from --seed)")],
+    "stop": [("/stop TEXT|off", "add a stop string (escapes read); off: none")],
+    "latents": [("/latents encoder|prior|shared|reference", "where Z comes from (--latents)")],
+    "reference": [("/reference TEXT", "Z inferred by the encoder from TEXT (--latents reference --reference TEXT)")],
+}
 
 
-def interact(sampler: Sampler, settings: Settings) -> int:
+def interactive_help() -> str:
+    """/help's text: a command per sampling setting (SamplingParams), its help from the field's docstring."""
+    lines = []
+    for name, command in spelt_fields(SamplingParams, "command").items():
+        if name in SPECIAL_HELP:
+            lines += SPECIAL_HELP[name]
+            continue
+        spelt = spelling(SamplingParams, name)
+        usage = f"{command} {spelt.metavar}" + (f"|{spelt.unset}" if _optional(name) else "")
+        lines.append((usage, f"{field_docs(SamplingParams)[name]} ({spelt.flag})"))
+    lines += [("/settings", "the current settings, as generate's options"), ("/help", "this text"),
+              ("/quit", "leave (Ctrl-D and Ctrl-C too)")]
+    listed = [("" if len(usage) < 24 else f"  {usage}\n")  # a long command on a line of its own
+              + "\n".join(textwrap.wrap(text, 100, initial_indent=f"  {usage if len(usage) < 24 else '':<24}",
+                                         subsequent_indent=" " * 26))
+              for usage, text in lines]
+    return ("A line is a prompt: its samples are printed as `generate --prompt` prints them for its text, with the\n"
+            "current settings. The escapes of --stop are read (\\n is a newline); begin a line with // for a prompt "
+            "that\nbegins with /. An empty line is skipped. Commands:\n" + "\n".join(listed))
+
+
+def interact(sampler: Sampler, settings: SamplingParams) -> int:
     """Read a prompt or a command per line from stdin until /quit, its end (Ctrl-D) or Ctrl-C, and print
     each prompt's samples as the non-interactive command prints them with the same options. Messages,
     errors (one line each; the loop goes on) and the "> " marker of a terminal go to stderr."""
@@ -79,45 +96,60 @@ def _read_line(tty: bool) -> str | None:
     return line.removesuffix("\n").removesuffix("\r") if line else None
 
 
-def _command(sampler: Sampler, settings: Settings, pinned: bool, name: str, argument: str) -> tuple[Settings, bool]:
+def _command(sampler: Sampler, settings: SamplingParams, pinned: bool, name: str,
+             argument: str) -> tuple[SamplingParams, bool]:
     """(settings, pinned) after the command `/name argument`; a one-line ValueError for a bad one."""
     if name == "help":
-        print(INTERACTIVE_HELP, file=sys.stderr)
+        print(interactive_help(), file=sys.stderr)
         return settings, pinned
     if name == "settings":
         _show(settings, pinned)
         return settings, pinned
-    if name not in SETTERS:
+    field = COMMANDS.get(f"/{name}")
+    if field is None:
         raise ValueError(f"unknown command /{name}: /help lists the commands")
     if not argument:
         raise ValueError(f"/{name} needs a value: /help lists the commands")
     if name == "seed" and argument == "off":
         changed, pinned = settings, False
     else:
-        changed = SETTERS[name](settings, argument, sampler.model.config.latent_bits)
+        try:
+            setter = SPECIAL_SETTERS.get(field, _set)
+            changed = setter(settings, field, argument, sampler.model.config.latent_bits)
+        except SamplingError as error:
+            raise ValueError(error.spelt(f"/{name}")) from None
         pinned = pinned or name == "seed"
-    changed.check()
     _show(changed, pinned)
     return changed, pinned
 
 
-def _show(settings: Settings, pinned: bool) -> None:
-    print(settings.options() + ("" if pinned else " (the seed moves on by n after each prompt)"), file=sys.stderr)
+def _show(settings: SamplingParams, pinned: bool) -> None:
+    print(options(settings) + ("" if pinned else " (the seed moves on by n after each prompt)"), file=sys.stderr)
 
 
-def _number(kind: type, name: str, argument: str, off: str | None = None):
-    """`argument` read as an int or a float; `off` (a word) is None."""
-    if off is not None and argument == off:
-        return None
+def _optional(name: str) -> bool:
+    """Whether the field can be unset (its type allows None)."""
+    hint = typing.get_type_hints(SamplingParams)[name]
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def _set(settings: SamplingParams, field: str, argument: str, bits: int) -> SamplingParams:
+    """The settings with `field` set from a command's argument: a number, or the field's unset word."""
+    spelt, hint = spelling(SamplingParams, field), typing.get_type_hints(SamplingParams)[field]
+    kind = int if int in (hint, *typing.get_args(hint)) else float
+    unset = spelt.unset if _optional(field) else None
+    if argument == unset:
+        return dataclasses.replace(settings, **{field: None})
     try:
-        return kind(argument)
+        value = kind(argument)
     except ValueError:
-        extra = f" or {off}" if off else ""
-        raise ValueError(f"/{name} takes {'an integer' if kind is int else 'a number'}{extra}, got {argument!r}") \
-            from None
+        extra = f" or {unset}" if unset else ""
+        raise ValueError(f"{spelt.command} takes {'an integer' if kind is int else 'a number'}{extra}, "
+                         f"got {argument!r}") from None
+    return dataclasses.replace(settings, **{field: value})
 
 
-def _latents(settings: Settings, argument: str, bits: int) -> Settings:
+def _latents(settings: SamplingParams, field: str, argument: str, bits: int) -> SamplingParams:
     choice = parse_latents(argument, where="/latents", indices=False)
     refuse_on_baseline(choice, bits, "/latents")
     if choice == "reference" and settings.reference is None:
@@ -125,20 +157,15 @@ def _latents(settings: Settings, argument: str, bits: int) -> Settings:
     return dataclasses.replace(settings, latents=choice, reference=settings.reference if choice == "reference" else None)
 
 
-def _reference(settings: Settings, argument: str, bits: int) -> Settings:
+def _reference(settings: SamplingParams, field: str, argument: str, bits: int) -> SamplingParams:
     refuse_on_baseline("reference", bits, "/latents")  # /reference TEXT is /latents reference with its text
     return dataclasses.replace(settings, latents="reference", reference=unescape(argument))
 
 
-# /name argument -> the settings it gives (the model's latent bits decide what a baseline refuses)
-SETTERS = {
-    "latents": _latents,
-    "reference": _reference,
-    "seed": lambda s, a, _: dataclasses.replace(s, seed=_number(int, "seed", a)),
-    "n": lambda s, a, _: dataclasses.replace(s, n=_number(int, "n", a)),
-    "temperature": lambda s, a, _: dataclasses.replace(s, temperature=_number(float, "temperature", a)),
-    "top-k": lambda s, a, _: dataclasses.replace(s, top_k=_number(int, "top-k", a, "off")),
-    "top-p": lambda s, a, _: dataclasses.replace(s, top_p=_number(float, "top-p", a, "off")),
-    "max-new-tokens": lambda s, a, _: dataclasses.replace(s, max_new_tokens=_number(int, "max-new-tokens", a, "auto")),
-    "stop": lambda s, a, _: dataclasses.replace(s, stops=[] if a == "off" else [*s.stops, unescape(a)]),
-}
+def _stop(settings: SamplingParams, field: str, argument: str, bits: int) -> SamplingParams:
+    return dataclasses.replace(settings, stop=() if argument == "off" else (*settings.stop, unescape(argument)))
+
+
+# the commands that do more than set their field; the model's latent bits decide what a baseline refuses
+SPECIAL_SETTERS = {"latents": _latents, "reference": _reference, "stop": _stop}
+COMMANDS = {command: name for name, command in spelt_fields(SamplingParams, "command").items()}  # "/top-k": "top_k"

@@ -7,54 +7,69 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from ..base import settings
+from ..inference.params import (DEFAULT_BATCH_SIZE, SamplingError, SamplingParams, new_token_room, spelling,
+                                spelt_fields)
 
-from ..data.tokenizer import Tokenizer
-from ..inference.batches import DEFAULT_BATCH_SIZE, Prompt, new_token_room, prepare_prompts, sample_prompts
-from ..inference.generate import GenerationConfig
-from ..inference.stops import cut_at_stop, stop_check
-from ..model.transformer import FreeTransformer
+if TYPE_CHECKING:  # torch is imported when a command runs, not for its --help
+    from ..data.tokenizer import Tokenizer
+    from ..inference.batches import Prompt
+    from ..model.transformer import FreeTransformer
 
-DEFAULT_NEW_TOKENS = 64
 FORMATS = ("text", "jsonl")
 # The backslash escapes --stop, --prompts-file and the interactive prompts read (a shell passes "\n" as a
 # backslash and an n; a line of a file cannot hold a newline).
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\"}
 
 
-@dataclass
-class Settings:
-    """What a prompt's samples depend on besides the prompt and the model: the options, which the
-    interactive commands change."""
-    n: int
-    seed: int
-    latents: str  # a name of CHOICES
-    reference: str | None
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    max_new_tokens: int | None  # None: DEFAULT_NEW_TOKENS, or fewer where the model's context is shorter
-    stops: list[str]
+# what the command line adds to a field's docstring
+OPTION_NOTES = {
+    "stop": r" The escapes \n \t \r \0 \\ are read.",
+    "latents": " Give the text with --reference.",
+}
 
-    def check(self) -> None:
-        """A one-line ValueError for a value sampling would refuse, before any model work."""
-        if self.n < 1:
-            raise ValueError(f"the number of samples (--num-samples) must be >= 1, got {self.n}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        GenerationConfig(max_new_tokens=1, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
-    def options(self) -> str:
-        """The command-line options that give these settings, quoted for a POSIX shell."""
-        words = [f"-n {self.n}", f"--seed {self.seed}", f"--latents {self.latents}"]
-        words += [f"--reference {shlex.quote(self.reference)}"] if self.reference is not None else []
-        words += [f"--temperature {self.temperature:g}"]
-        words += [f"--top-k {self.top_k}"] if self.top_k is not None else []
-        words += [f"--top-p {self.top_p:g}"] if self.top_p is not None else []
-        words += [f"--max-new-tokens {self.max_new_tokens}"] if self.max_new_tokens is not None else []
-        words += [f"--stop {shlex.quote(escape(stop))}" for stop in self.stops]
-        return " ".join(words)
+# generate's defaults where they differ from SamplingParams' (which are the server's)
+DEFAULTS = SamplingParams(n=4, seed=0)
+
+
+def add_sampling_options(parser) -> None:
+    """generate's options of the sampling settings: every field of SamplingParams that has a flag, with its
+    type, default and docstring as help (base/settings.add_option)."""
+    for name, flag in spelt_fields(SamplingParams, "flag").items():
+        spelt = spelling(SamplingParams, name)
+        settings.add_option(parser, SamplingParams, name, flag=flag, aliases=("-n",) if name == "n" else (),
+                            default=getattr(DEFAULTS, name), metavar=spelt.metavar, choices=name != "latents",
+                            extra_help=OPTION_NOTES.get(name, ""))
+
+
+def params_from(args) -> SamplingParams:
+    """The sampling settings the options give, checked (a one-line ValueError naming the option)."""
+    values = {name: getattr(args, name) for name in spelt_fields(SamplingParams, "flag")}
+    values["stop"] = tuple(unescape(stop) for stop in values["stop"])
+    return checked(values, "flag")
+
+
+def checked(values: dict, surface: str) -> SamplingParams:
+    """SamplingParams(**values), its refusal worded with the setting as `surface` ("flag" or "command") spells it."""
+    try:
+        return SamplingParams(**values)
+    except SamplingError as error:
+        raise ValueError(error.spelt(getattr(spelling(SamplingParams, error.field), surface))) from None
+
+
+def options(params: SamplingParams) -> str:
+    """The command-line options that give these settings, quoted for a POSIX shell."""
+    words = [f"-n {params.n}", f"--seed {params.seed}", f"--latents {params.latents}"]
+    for name, flag in spelt_fields(SamplingParams, "flag").items():
+        value = getattr(params, name)
+        if name == "stop":
+            words += [f"{flag} {shlex.quote(escape(stop))}" for stop in value]
+        elif name not in ("n", "seed", "latents") and value is not None:
+            words.append(f"{flag} {shlex.quote(value if isinstance(value, str) else f'{value:g}')}")
+    return " ".join(words)
 
 
 @dataclass(frozen=True)
@@ -67,14 +82,17 @@ class Sampler:
     batch_size: int = DEFAULT_BATCH_SIZE
     compile: bool = False
 
-    def sample(self, texts: list[str], settings: Settings, labels: list[str] | None = None,
+    def sample(self, texts: list[str], params: SamplingParams, labels: list[str] | None = None,
                first_index: int = 0) -> None:
         """Print every prompt's settings.n samples, in order, as they are decoded (JSON lines number the
         prompts from first_index). Every refusal comes before the first sample."""
-        prompts = self.prepare(texts, settings, labels)
-        decode, stops = self.tokenizer.decode, settings.stops
+        from ..inference.batches import sample_prompts
+        from ..inference.stops import cut_at_stop, stop_check
+
+        prompts = self.prepare(texts, params, labels)
+        decode, stops = self.tokenizer.decode, list(params.stop)
         prompt_chars = [len(decode(prompt.ids)) for prompt in prompts]
-        rows = sample_prompts(self.model, prompts, settings.n, settings.seed, batch_size=self.batch_size,
+        rows = sample_prompts(self.model, prompts, params.n, params.seed, batch_size=self.batch_size,
                               should_stop=stop_check(decode, stops), compile=self.compile)
         for row in rows:
             start = prompt_chars[row.prompt]
@@ -83,11 +101,15 @@ class Sampler:
                 print(text.replace("\n", "\\n"), flush=True)
             else:
                 print(json.dumps({"prompt": texts[row.prompt], "sample": text[start:], "index": first_index + row.prompt,
-                                  "seed": row.seed, "latents": settings.latents}, ensure_ascii=False), flush=True)
+                                  "seed": row.seed, "latents": params.latents}, ensure_ascii=False), flush=True)
 
-    def prepare(self, texts: list[str], settings: Settings, labels: list[str] | None = None) -> list[Prompt]:
+    def prepare(self, texts: list[str], params: SamplingParams, labels: list[str] | None = None) -> list[Prompt]:
         """The prompts tokenized, checked against the model's context and given their Z (`prepare_prompts`);
         a one-line ValueError names the prompt at fault by its label when there are several."""
+        import torch
+
+        from ..inference.batches import prepare_prompts
+
         context = self.model.config.max_seq_len
         labels = labels or [f"prompt {k + 1}" for k in range(len(texts))]
         ids, configs = [], []
@@ -100,16 +122,16 @@ class Sampler:
                 room = new_token_room(len(prompt), context)
             except ValueError as error:
                 raise ValueError(f"{where}{error}") from None
-            new = settings.max_new_tokens if settings.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
+            new = params.new_tokens(len(prompt), context)
             if new > room:
                 raise ValueError(f"{where}prompt ({len(prompt)}) + max_new_tokens ({new}) - 1 exceeds max_seq_len "
                                  f"{context}")
             ids.append(prompt)
-            configs.append(GenerationConfig(max_new_tokens=new, temperature=settings.temperature,
-                                            top_k=settings.top_k, top_p=settings.top_p))
-        reference = None if settings.reference is None else torch.tensor([self.tokenizer.encode(settings.reference)])
-        return prepare_prompts(self.model, ids, configs, settings.latents, reference=reference,
-                               latent_seed=settings.seed, where="--latents")
+            configs.append(params.generation_config(new))
+        reference = None if params.reference is None else torch.tensor([self.tokenizer.encode(params.reference)])
+        latent_seed = params.seed if params.latent_seed is None else params.latent_seed
+        return prepare_prompts(self.model, ids, configs, params.latents, reference=reference,
+                               latent_seed=latent_seed, where="--latents")
 
 
 def unescape(text: str) -> str:

@@ -7,14 +7,11 @@ import socket
 import sys
 from pathlib import Path
 
-from ..base.devices import DTYPES, decoding_dtype, parse_device
+from ..base.devices import DTYPE_NAMES
 from ..base.errors import UserError
 from ..base.install import install_hint
-from ..data.tokenizer import get_tokenizer
-from ..inference.latents import CONTEXT_CHOICES
-from ..model.latent import ENCODER
-from ..runs.checkpoint import load_model
-from ..serve.engine import DEFAULT_MAX_BATCH, DEFAULT_MAX_REQUEST_MB, Engine
+from ..inference.params import CONTEXT_LATENTS
+from ..serve.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_REQUEST_MB
 
 NAME = "serve"
 HELP = "serve a checkpoint over HTTP with OpenAI's completions API, requests batched together (docs/serving.md)"
@@ -27,7 +24,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+    parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto",
                         help="weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it, "
                              "else fp32")
     parser.add_argument("--model-name", help="the model's id in the API (default: the name of the directory given)")
@@ -35,7 +32,7 @@ def add_arguments(parser) -> None:
                                           f"variable {API_KEY_VARIABLE}; unset: no key)")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                         help="completions decoded together, each step (each holds a KV cache of the model's context)")
-    parser.add_argument("--latents", choices=CONTEXT_CHOICES, default=ENCODER,
+    parser.add_argument("--latents", choices=CONTEXT_LATENTS, default=CONTEXT_LATENTS[0],
                         help="Z of a request that names none: the prompt's from the encoder, or every Z from the "
                              "prior (what a log-likelihood through echo should use: docs/serving.md)")
     parser.add_argument("--max-request-mb", type=float, default=DEFAULT_MAX_REQUEST_MB,
@@ -61,10 +58,15 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def run(args) -> int:
+    from ..base.devices import decoding_dtype, parse_device
+    from ..data.tokenizer import get_tokenizer
+    from ..runs.checkpoint import load_model
+
     try:
         import uvicorn
 
         from ..serve.app import build_app
+        from ..serve.engine import Engine
     except ImportError as error:
         if error.name not in ("fastapi", "uvicorn", "starlette", "pydantic"):
             raise

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 from ..experiments.study.presets import PRESETS, StudyPlan
-from ..experiments.study.run import run_study
 from ..train.config import settings_help
 from .arguments import add_launcher_arguments, launcher_from, parse_seeds, print_configs, training_device
 
@@ -63,6 +62,8 @@ def run(args) -> int:
         print_configs([(str(sweep.run_dir(seed, variant)), sweep.train_config(variant, seed, launcher.threads))
                        for seed, variant in sweep.runs()])
         return 0
+    from ..experiments.study.run import run_study
+
     report = run_study(plan, launcher=launcher, heldout=args.heldout)
     print(f"report: {report.resolve()}")
     return 0

@@ -7,11 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..data.datasets import DataError
-from ..data.shards import MAX_SHARD_TOKENS, is_validation, read_shard, write_shards
-from ..data.text import corpus_splits
-from ..data.tokenizer import get_tokenizer
-from ..data.tokenizing import encode_corpus
 
 NAME = "tokenize"
 HELP = "tokenize a corpus once into token shards (llm.c's format) that data.kind=tokens trains on"
@@ -37,6 +32,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from ..data.datasets import DataError
+    from ..data.shards import MAX_SHARD_TOKENS, is_validation, read_shard, write_shards
+    from ..data.text import corpus_splits
+    from ..data.tokenizer import get_tokenizer
+    from ..data.tokenizing import encode_corpus
+
     out = Path(args.out)
     if not 0 < args.shard_tokens <= MAX_SHARD_TOKENS:
         raise DataError(f"--shard-tokens must be in [1, {MAX_SHARD_TOKENS}], got {args.shard_tokens}")

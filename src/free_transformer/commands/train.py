@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..distributed.env import is_main_process
 from ..train.config import config_yaml, load_train_config, settings_help
-from ..train.trainer import TrainingError, train
 
 NAME = "train"
 HELP = "train a model (YAML config, then section.field=value overrides); --resume continues a run"
@@ -36,6 +34,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from ..distributed.env import is_main_process
+    from ..train.trainer import TrainingError, train
+
     if args.out is None and not args.print_config:
         raise TrainingError("give the run directory with --out (or --print-config to only print the config)")
     out = Path(args.out) if args.out is not None else None

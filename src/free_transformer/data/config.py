@@ -93,33 +93,3 @@ class DataConfig:
 def data_kinds() -> list[str]:
     """The kinds a config can name: one section of DataConfig each."""
     return [f.name for f in dataclasses.fields(DataConfig) if f.name != "kind"]
-
-
-# The flat fields of configs written before the sections (tests/data/legacy-run/config.yaml, and the
-# documented `data.path=... data.seq_len=... data.tokenizer=gpt2`): each still means what it meant.
-FLAT_FIELDS = {
-    "path": ("text", "path"),
-    "tokenizer": ("text", "tokenizer"),
-    "seq_len": ("text", "seq_len"),
-    "val_fraction": ("text", "val_fraction"),
-    "cache_dir": ("text", "cache_dir"),
-    "coinflip_length": ("coinflip", "length"),
-    "coinflip_epsilon": ("coinflip", "epsilon"),
-}
-
-
-def nest_flat_fields(values: dict) -> dict:
-    """A `data` mapping (from one YAML file, or from the overrides) with its flat fields moved into their
-    sections: {"path": P, "coinflip_length": 8} -> {"text": {"path": P}, "coinflip": {"length": 8}}."""
-    nested = {key: value for key, value in values.items() if key not in FLAT_FIELDS}
-    for flat, (section, name) in FLAT_FIELDS.items():
-        if flat not in values:
-            continue
-        target = nested.setdefault(section, {})
-        if not isinstance(target, dict):
-            raise ConfigError(f"data.{section}: expected a mapping, got {target!r}")
-        if name in target and target[name] != values[flat]:
-            raise ConfigError(f"data.{flat} ({values[flat]!r}) and data.{section}.{name} ({target[name]!r}) "
-                              f"disagree: give data.{section}.{name} only")
-        nested[section] = {**target, name: values[flat]}
-    return nested

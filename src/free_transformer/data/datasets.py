@@ -49,6 +49,8 @@ def register_data_kind(name: str):
 
 
 def build_dataset(config: DataConfig, seed: int) -> Dataset:
+    from . import shards, text  # noqa: F401  (the kinds defined in modules of their own register on import)
+
     if config.kind not in DATA_KINDS:
         raise DataError(f"unknown data kind {config.kind!r}; choose one of {', '.join(DATA_KINDS)}")
     return DATA_KINDS[config.kind](config.section(), seed)

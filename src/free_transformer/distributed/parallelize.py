@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
-from ..base.devices import DTYPES
+from ..base.devices import torch_dtype
 from ..model.transformer import FreeTransformer
 from .env import ParallelEnv
 
@@ -70,7 +70,7 @@ def apply_compile(model: FreeTransformer) -> FreeTransformer:
 def apply_fsdp(model: FreeTransformer, param_dtype: str = "fp32", reduce_dtype: str = "fp32",
                reshard_after_forward: bool = True) -> FreeTransformer:
     """Shard `model` in place over the default process group: each block (decoder and encoder), then the root."""
-    mp_policy = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
+    mp_policy = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype), reduce_dtype=torch_dtype(reduce_dtype))
     for block in blocks(model):
         fully_shard(block, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
     # FSDP2 keeps the root's parameters (embeddings, read-outs) gathered between forward and backward.

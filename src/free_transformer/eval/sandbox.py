@@ -70,6 +70,7 @@ class SandboxLimits:
     """Try user + mount + network namespaces (read-only files, no network)."""
     seccomp: bool = True
     """Try the seccomp filter."""
+
     audit_hook: bool = True
     """Install the Python audit hook (turned off only to test the kernel layers on their own)."""
     allow_hook_only: bool = False
@@ -79,6 +80,15 @@ class SandboxLimits:
     write anywhere the user can and reach the network. Only for code you would run anyway."""
     reply_mb: int = 64
     """Largest answer (one call's result, as text) read back from the program."""
+
+    def check(self) -> SandboxLimits:
+        """A one-line ValueError, naming the field, for a limit that would fail every program (pass@1 = 0)."""
+        if not 0 < self.timeout_s < math.inf:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
+        for name in ("memory_mb", "file_size_mb", "open_files", "processes", "output_chars", "reply_mb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        return self
 
     def rlimits(self) -> dict:
         return {

@@ -214,10 +214,10 @@ def generate_texts(
     truncated = len(ids) > keep
     ids = ids[-keep:] if truncated else ids
     n = policy.draws(model, generation=True)
-    config = GenerationConfig(max_new_tokens=steps, temperature=0.0,
-                              prompt_latents=policy.context)
+    config = GenerationConfig(max_new_tokens=steps, temperature=0.0)
 
     prompts = torch.tensor([ids] * n, dtype=torch.int64)
     seeds = [benchmark_seed(policy.seed, key, "generate", k) for k in range(n)]
-    result = generate(model, prompts, config, seeds=seeds, should_stop=stop_check(tokenizer.decode, stop))
+    result = generate(model, prompts, config, seeds=seeds, latents=policy.context,
+                      should_stop=stop_check(tokenizer.decode, stop))
     return [cut_at_stop(tokenizer.decode(t), stop) for t in result.tokens], truncated

@@ -9,15 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..data.corpora import is_named, named_corpus, read_heldout
-from ..inference.latents import CONTEXT_CHOICES, parse_latents
-from .scoring import LatentPolicy
+from .sandbox import SandboxLimits
+
+if TYPE_CHECKING:  # torch is imported when an evaluation runs, not for --help
+    from .scoring import LatentPolicy
 
 
 class EvalSettingsError(UserError, ValueError):
@@ -123,6 +125,8 @@ class EvalConfig:
     """K samples for the prior cross-entropy and the IWAE bound of the held-out likelihood."""
     heldout_windows: int | None = None
     """Score at most this many windows of the held-out text (null: all)."""
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
+    """The limits of each generated program that a pass@1 task runs (eval/sandbox.py)."""
 
     def settings(self) -> EvalSettings:
         """These options resolved: task names, data files and shots parsed (one-line errors)."""
@@ -138,6 +142,10 @@ class EvalConfig:
         """A training config's section: every >= 0 and, when it scores, settings that can be used now."""
         if self.every < 0:
             raise ConfigError(f"eval.every must be >= 0, got {self.every}")
+        try:
+            self.sandbox.check()
+        except ValueError as error:
+            raise ConfigError(f"eval.sandbox.{error}") from None
         if self.every:
             try:
                 self.settings().check_heldout()
@@ -182,6 +190,8 @@ class EvalSettings:
                 raise EvalSettingsError(f"num-fewshot must be >= 0, got {shots} for {task}")
         for task, _ in self.data:
             _known_task(task, "data")
+        from ..inference.latents import CONTEXT_CHOICES, parse_latents
+
         try:
             object.__setattr__(self, "latents", parse_latents(self.latents, allowed=CONTEXT_CHOICES, indices=False))
             self.policy
@@ -190,6 +200,8 @@ class EvalSettings:
 
     @property
     def policy(self) -> LatentPolicy:
+        from .scoring import LatentPolicy
+
         return LatentPolicy(context=self.latents, samples=self.latent_samples,
                             generation_samples=self.generation_samples, seed=self.seed)
 

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor
 
-from ..inference.generate import GenerationConfig, sample_next
+from ..inference.generate import sample_next
+from ..inference.params import Sampling
 
 
 class RowSeededSampler(LogitsProcessor):
@@ -19,7 +20,7 @@ class RowSeededSampler(LogitsProcessor):
     step (argmax) takes exactly that token. It must be the last processor and generate must run with
     do_sample=False (FreeTransformerForCausalLM.generate arranges both when `seeds` is given)."""
 
-    def __init__(self, sampling: GenerationConfig, generators: Sequence[torch.Generator]):
+    def __init__(self, sampling: Sampling, generators: Sequence[torch.Generator]):
         self.sampling = sampling
         self.generators = generators
 

@@ -23,8 +23,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
-from ..inference.generate import GenerationConfig, row_generators
+from ..inference.generate import row_generators
 from ..inference.latents import LatentPlan, forward_source, plan_latents
+from ..inference.params import Sampling, spelt_fields
 from ..model.state_names import fused_name, legacy_latent_key_mapping, upgrade_state_dict
 from ..model.transformer import IGNORE_INDEX, FreeTransformer
 from .configuration import FreeTransformerConfig
@@ -38,11 +39,15 @@ CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ 
 LEGACY_KEY_MAPPING = legacy_latent_key_mapping("model.")
 
 # Hugging Face's library defaults for the generation settings read here (GenerationConfig leaves them
-# unset and fills these in when generate runs).
+# unset and fills these in when generate runs); a setting not listed defaults to None (unset).
 HF_GENERATION_DEFAULTS = {
     "do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "num_beams": 1,
     "num_return_sequences": 1, "max_length": 20, "max_new_tokens": None,
 }
+
+
+# Sampling's fields that choose a token (all but the length), as Hugging Face's generate() names them
+SAMPLING_RULE = {name: hf for name, hf in spelt_fields(Sampling, "hf").items() if name != "max_new_tokens"}
 
 
 class HFCacheView:
@@ -318,7 +323,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             for source in (generation_config, self.generation_config):
                 if source is not None and getattr(source, name, None) is not None:
                     return getattr(source, name)
-            return HF_GENERATION_DEFAULTS[name]
+            return HF_GENERATION_DEFAULTS.get(name)
 
         is_free = self.config.latent_bits > 0
         wants_plan = latents is not None or latent_reference is not None or latent_seed is not None
@@ -337,12 +342,12 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         plan = self._latent_plan(B, P, latents, latent_reference, latent_seed, generators) if is_free else None
         if plan is not None:
             kwargs["latent_plan"] = plan
-        if seeds is not None and setting("do_sample"):
-            top_k = setting("top_k")
-            sampling = GenerationConfig(temperature=setting("temperature"), top_k=top_k or None, top_p=setting("top_p"))
+        if seeds is not None and setting("do_sample"):  # our sampling rule, read from Hugging Face's settings
+            rule = {name: setting(hf) for name, hf in SAMPLING_RULE.items()}
+            sampling = Sampling(**{**rule, "top_k": rule["top_k"] or None})  # Hugging Face's top_k=0: no filter
             processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
             processors.append(RowSeededSampler(sampling, generators))
-            kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None, logits_processor=processors)
+            kwargs.update(do_sample=False, logits_processor=processors, **dict.fromkeys(SAMPLING_RULE.values()))
         output = super().generate(inputs, generation_config, **kwargs)
         if plan is not None and not isinstance(output, Tensor):
             output["latents"] = plan.latents(output.sequences.shape[1] - 1)

@@ -23,8 +23,7 @@ from torch import Tensor
 from ..model.transformer import FreeTransformer
 from .generate import GenerationConfig, generate
 from .latents import LatentChoice, resolve_latents
-
-DEFAULT_BATCH_SIZE = 64  # rows decoded at once unless the caller says otherwise
+from .params import DEFAULT_BATCH_SIZE
 
 
 @dataclass(frozen=True)
@@ -41,15 +40,6 @@ class PromptSample:
     sample: int  # i: the sample's index among its prompt's n
     seed: int  # seed + i, the row's generator
     tokens: list[int]  # the new tokens, stop token included
-
-
-def new_token_room(prompt_length: int, context: int) -> int:
-    """How many new tokens fit after a prompt of `prompt_length` tokens in a model that reads `context`
-    (the last new token is never fed back); a one-line ValueError when not even one does."""
-    room = context - prompt_length + 1
-    if room < 1:
-        raise ValueError(f"the prompt has {prompt_length} tokens; this model reads at most {context}")
-    return room
 
 
 def prepare_prompts(model: FreeTransformer, prompts: Sequence[Sequence[int]], configs: Sequence[GenerationConfig],

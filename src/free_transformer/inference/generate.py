@@ -5,54 +5,26 @@ rule of `LatentPlan` (free_transformer.inference.latents), which the Hugging Fac
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ..base.seeding import generators
-from ..model.latent import ENCODER
 from ..model.latent.sampling import uniform_latents_
 from ..model.transformer import FreeTransformer
-from .latents import CONTEXT_CHOICES, LatentChoice, LatentPlan, parse_latents, plan_latents
+from .latents import LatentChoice, LatentPlan, plan_latents
 from .latents import infer_latents, shared_prior_latents  # noqa: F401 (also importable from this module)
+from .params import GenerationConfig, Sampling
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class GenerationConfig:
-    max_new_tokens: int = 64
-    """Tokens to generate after the prompt (fewer if every row hits a stop token)."""
-    temperature: float = 1.0
-    """Softmax temperature; 0 means greedy decoding."""
-    top_k: int | None = None
-    """Keep only the k most likely tokens before sampling."""
-    top_p: float | None = None
-    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
-    stop_tokens: Sequence[int] = field(default_factory=tuple)
-    """A row stops after emitting any of these (the stop token is kept in its output)."""
-    prompt_latents: str = ENCODER
-    """Free Transformer: Z for prompt positions from the encoder (the paper's prefill) or the prior
-    (free_transformer.inference.latents.CONTEXT_CHOICES)."""
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not 0 <= self.temperature < float("inf"):  # also refuses NaN
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        self.prompt_latents = parse_latents(self.prompt_latents, where="prompt_latents", allowed=CONTEXT_CHOICES,
-                                            indices=False)
 
 
 @dataclass
@@ -61,8 +33,9 @@ class GenerationResult:
     latents: Tensor | None  # (B, P + steps - 1) the Z_t fed at every position; None for a baseline
 
 
-def filter_logits(logits: Tensor, top_k: int | None, top_p: float | None) -> Tensor:
-    """(B, V) logits with the tokens outside top-k / top-p set to -inf."""
+def filter_logits(logits: Tensor, rule: Sampling) -> Tensor:
+    """(B, V) logits (already divided by the temperature) with the tokens the rule's filters drop set to -inf."""
+    top_k, top_p = rule.top_k, rule.top_p
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -72,10 +45,13 @@ def filter_logits(logits: Tensor, top_k: int | None, top_p: float | None) -> Ten
         # drop a token when the tokens strictly more likely already reach top_p
         drop_sorted = probs.cumsum(-1) - probs >= top_p
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    if rule.min_p is not None:  # p_i >= min_p * max_j p_j, with p the softmax of what top-k and top-p kept
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < rule.min_p * probs.amax(-1, keepdim=True), float("-inf"))
     return logits
 
 
-def sample_next(logits: Tensor, config: GenerationConfig, generators: Sequence[torch.Generator],
+def sample_next(logits: Tensor, config: Sampling, generators: Sequence[torch.Generator],
                 validate: bool = True) -> Tensor:
     """(B, V) logits -> (B,) token ids, row i drawn with generators[i].
 
@@ -86,15 +62,16 @@ def sample_next(logits: Tensor, config: GenerationConfig, generators: Sequence[t
     validate=False leaves it to the caller)."""
     if config.temperature == 0:
         return logits.argmax(-1)
-    probs = next_token_probs(logits, config.temperature, config.top_k, config.top_p)
+    probs = next_token_probs(logits, config.temperature, config)
     if validate and bool(probs.isnan().any()):
         raise ValueError(NON_FINITE)
     return (probs / exponential_race_(torch.empty_like(probs), generators)).argmax(-1)
 
 
-def next_token_probs(logits: Tensor, temperature: float | Tensor, top_k: int | None, top_p: float | None) -> Tensor:
-    """(B, V) float32 probabilities of the next token: softmax of the filtered logits / temperature."""
-    return torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), -1)
+def next_token_probs(logits: Tensor, temperature: float | Tensor, rule: Sampling) -> Tensor:
+    """(B, V) float32 probabilities of the next token: softmax of the logits / temperature, filtered by the
+    rule (whose own temperature is not read: a compiled step is fed it as a device value)."""
+    return torch.softmax(filter_logits(logits.float() / temperature, rule), -1)
 
 
 def exponential_race_(race: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
@@ -123,12 +100,10 @@ INDUCTOR_OPTIONS = {"coordinate_descent_tuning": True}
 
 @dataclass(frozen=True)
 class SamplingVariant:
-    """What a static step computes after the logits, fixed when it is compiled and captured: greedy or
-    sampled (temperature itself is a device value, not part of the variant), the top-k / top-p filters,
+    """What a static step computes after the logits, fixed when it is compiled and captured: the sampling
+    rule (`Sampling.rule()`: greedy or sampled and the filters; the temperature itself is a device value),
     and whether the step draws the fed token's Z from the prior itself (else the caller wrote it)."""
-    greedy: bool
-    top_k: int | None
-    top_p: float | None
+    rule: Sampling
     draw_latent: bool
 
 
@@ -141,9 +116,9 @@ def _step_core(model: FreeTransformer, token: Tensor, latent: Tensor, race: Tens
     logits = model(token, latents=latent, cache=cache, start=cache.position).logits[:, -1]  # (B, V)
     if variant is None:
         return logits, logits.isnan().any()
-    if variant.greedy:
+    if variant.rule.greedy:
         return logits.argmax(-1), logits.isnan().any()
-    probs = next_token_probs(logits, temperature, variant.top_k, variant.top_p)
+    probs = next_token_probs(logits, temperature, variant.rule)
     return (probs / race).argmax(-1), probs.isnan().any()
 
 
@@ -231,7 +206,7 @@ class StaticDecodeStep:
         """Draws, model, next token: everything a replay does. Returns the next token (B,)."""
         if variant.draw_latent:
             uniform_latents_(self.latent, self.bits, self.generators)
-        if not variant.greedy:
+        if not variant.rule.greedy:
             exponential_race_(self.race, self.generators)
         if self.bits:  # Z of the fed position, kept for the caller
             self.fed_latents.index_copy_(1, self.cache.position.view(1), self.latent)
@@ -245,8 +220,7 @@ class StaticDecodeStep:
         """Feed the kept token with latent (B, 1) (None: drawn from the prior inside the step; ignored by
         a baseline) and return the next token (B,), also kept as the next call's input; the cache
         advances one position. bind() first."""
-        variant = SamplingVariant(config.temperature == 0, config.top_k, config.top_p,
-                                  latent is None and self.bits > 0)
+        variant = SamplingVariant(config.rule(), latent is None and self.bits > 0)
         if latent is not None:
             self.latent.copy_(latent)
         return self._replay(variant, lambda: self._step(variant))
@@ -353,7 +327,7 @@ def generate(
     """Sample continuations of a batch of equal-length prompts with a KV cache.
 
     prompts: (B, P) token ids. seeds: one per row, so each row's sample does not depend on the
-    others. latents: where Z comes from (free_transformer.inference.latents; None: config.prompt_latents):
+    others. latents: where Z comes from (free_transformer.inference.latents; None: "encoder"):
     "encoder" or "prior" for the prompt's Z; "shared", one prior sequence for every row (the paper's
     green groups); "reference", the encoder's posterior on `reference`, (B or 1, T >= P) token ids; or
     (B or 1, N) explicit indices for positions [0, N), N >= P. Positions past the explicit ones draw
@@ -375,17 +349,15 @@ def generate(
         raise ValueError(f"prompts must be a non-empty (B, P) batch of equal-length token lists, got {tuple(prompts.shape)}")
     B, P = prompts.shape
     model.check_tokens(prompts)
+    config = dataclasses.replace(config, max_new_tokens=config.new_tokens(P, model.config.max_seq_len))
     fed_positions = P + config.max_new_tokens - 1
     if fed_positions > model.config.max_seq_len:
         raise ValueError(
             f"prompt ({P}) + max_new_tokens ({config.max_new_tokens}) - 1 exceeds max_seq_len {model.config.max_seq_len}"
         )
-    if latents is not None and config.prompt_latents != ENCODER:
-        raise ValueError(f"pass the latents once: as generate's latents or as GenerationConfig(prompt_latents="
-                         f"{config.prompt_latents!r}), not both")
     generators = row_generators(seeds, B, device)
     one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
-    plan = plan_latents(model, config.prompt_latents if latents is None else latents, B, P, length=fed_positions,
+    plan = plan_latents(model, latents, B, P, length=fed_positions,
                         reference=reference, generator=one_off, generators=generators)
 
     # inference_mode rather than no_grad alone: no version counters or view tracking on the ~400 small

@@ -7,12 +7,12 @@
     "reference"  Z sampled from the encoder's posterior on a reference text ("in the manner of" it): `infer_latents`
     indices      a (B or 1, N) integer tensor of explicit Z, each in [0, 2^H)
 
-The entry points (`free-transformer generate --latents`, `generate(latents=...)` and `GenerationConfig`,
+The entry points (`free-transformer generate --latents`, `generate(latents=...)`, `SamplingParams.latents`,
 the Hugging Face `forward` and `generate`, evaluation's `latents` and `LatentPolicy`) parse what the
 user wrote with `parse_latents`; what a context needs no model to resolve is CONTEXT_CHOICES. The model's
 forward receives a resolved source (free_transformer.model.latent: ENCODER, PRIOR or checked indices)
-and checks it no further. Old spellings (DEPRECATED_CHOICES) work, with one DeprecationWarning per
-parse, until REMOVED_IN.
+and checks it no further. Old spellings (DEPRECATED_LATENT_CHOICES, base/compat.py) work, with one
+DeprecationWarning per parse, until REMOVED_IN.
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ..base.compat import DEPRECATED_LATENT_CHOICES, REMOVED_IN
 from ..model.latent import ENCODER, PRIOR, Generators, LatentSource, uniform_latents
 from ..model.transformer import FreeTransformer
 
 LatentChoice = Literal["encoder", "prior", "shared", "reference"] | Tensor
 CHOICES: tuple[str, ...] = (ENCODER, PRIOR, "shared", "reference")
 CONTEXT_CHOICES: tuple[str, ...] = (ENCODER, PRIOR)  # what needs no model to resolve: a prompt's or a context's Z
-DEPRECATED_CHOICES = {"posterior": ENCODER, "independent": ENCODER}  # read, with a warning, until REMOVED_IN
-REMOVED_IN = "0.3"
 
 
 def named(where: str, value) -> str:
@@ -54,8 +53,8 @@ def parse_latents(value, *, where: str = "latents", allowed: tuple[str, ...] = C
     if indices and value is not None and not isinstance(value, str):  # nested lists, arrays
         with contextlib.suppress(TypeError, ValueError, RuntimeError):  # not numbers: refused below
             return torch.as_tensor(value)
-    if isinstance(value, str) and value in DEPRECATED_CHOICES and DEPRECATED_CHOICES[value] in allowed:
-        new = DEPRECATED_CHOICES[value]
+    if isinstance(value, str) and value in DEPRECATED_LATENT_CHOICES and DEPRECATED_LATENT_CHOICES[value] in allowed:
+        new = DEPRECATED_LATENT_CHOICES[value]
         warnings.warn(f"{named(where, value)} is deprecated and will be removed in {REMOVED_IN}; use "
                       f"{named(where, new)}", DeprecationWarning, stacklevel=3)
         return new

@@ -85,18 +85,26 @@ class ModelConfig:
         check_range("norm_eps", self.norm_eps, low_open=True)
 
     def _check_latent(self) -> None:
-        from .latent import LATENT_KINDS  # the registry of latent kinds (it imports nothing of ours)
+        layers = self.latent.encoder_layers
+        if not isinstance(self.latent_bits, int) or isinstance(self.latent_bits, bool) or self.latent_bits < 0:
+            raise ConfigError(f"latent_bits must be an integer >= 0, got {self.latent_bits!r}")
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+            raise ConfigError(f"latent.encoder_layers must be a positive integer, got {layers!r}")
 
-        kind, layers = self.latent.kind, self.latent.encoder_layers
+    def check_latent_kind(self) -> ModelConfig:
+        """The latent kind named and its limit on latent_bits, from the kinds' registry. Not run when a config
+        is made: the registry holds the kinds' modules, which import torch, and a config is also made to be
+        described (`train --help`). TrainConfig.validate and FreeTransformer run it, before any model work."""
+        from .latent import LATENT_KINDS
+
+        kind = self.latent.kind
         if kind not in LATENT_KINDS:
             raise ConfigError(f"unknown latent kind {kind!r}; choose one of {', '.join(sorted(LATENT_KINDS))}")
         max_bits = LATENT_KINDS[kind].max_bits
-        if not (isinstance(self.latent_bits, int) and not isinstance(self.latent_bits, bool)
-                and 0 <= self.latent_bits <= max_bits):
+        if self.latent_bits > max_bits:
             raise ConfigError(f"latent_bits must be an integer in [0, {max_bits}] for latent kind {kind}, "
                               f"got {self.latent_bits!r}")
-        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-            raise ConfigError(f"latent.encoder_layers must be a positive integer, got {layers!r}")
+        return self
 
     @property
     def head_dim(self) -> int:

@@ -58,7 +58,7 @@ def _memory_for(config: ModelConfig):
 class FreeTransformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.config = config
+        self.config = config.check_latent_kind()
         with _memory_for(config):
             self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
             self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))

@@ -30,7 +30,8 @@ from starlette.exceptions import HTTPException
 
 from ..base.version import __version__
 from .batcher import Delta, Job
-from .engine import DEFAULT_MAX_REQUEST_MB, Engine, Plan, RequestError
+from .engine import Engine, Plan, RequestError
+from .limits import DEFAULT_MAX_REQUEST_MB
 from .protocol import (Completion, CompletionChoice, CompletionRequest, DetokenizeRequest, ErrorBody, ErrorDetail,
                        Logprobs, ModelCard, ModelList, TokenizeRequest, Usage)
 

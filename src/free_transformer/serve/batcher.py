@@ -39,7 +39,7 @@ class RowSpec:
     """One completion to decode: nothing about it can still be refused."""
     index: int  # the choice's index in the response
     ids: list[int]  # the prompt, token ids
-    config: GenerationConfig  # temperature, top_k, top_p
+    config: GenerationConfig  # how the row samples (temperature and the filters)
     latents: str | Tensor  # "encoder" or "prior" for the prompt, or (1, N) explicit Z of positions [0, N)
     seed: int  # the row's generator
     max_tokens: int  # new tokens, >= 1
@@ -301,7 +301,7 @@ class Batcher:
         groups: dict[tuple, list[int]] = {}
         for i, row in enumerate(rows):
             config = row.spec.config
-            groups.setdefault((config.temperature, config.top_k, config.top_p), []).append(i)
+            groups.setdefault((config.temperature, config.rule()), []).append(i)  # rows sampled alike
         for members in groups.values():  # one draw per row, from its own generator
             index = torch.tensor(members, device=self.device)
             sampled[index] = sample_next(logits[index], rows[members[0]].spec.config,

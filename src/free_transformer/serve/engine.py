@@ -10,29 +10,25 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..data.tokenizer import Tokenizer
-from ..inference.batches import new_token_room, prepare_prompts
-from ..inference.generate import GenerationConfig
+from ..inference.batches import prepare_prompts
 from ..inference.latents import CONTEXT_CHOICES, parse_latents
+from ..inference.params import SamplingError, SamplingParams, new_token_room
 from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
 from .batcher import Batcher, RowSpec
-
-if TYPE_CHECKING:  # pydantic is imported by the app, not by the command line that reads these defaults
-    from .protocol import CompletionRequest
+from .limits import DEFAULT_MAX_BATCH
+from .protocol import SAMPLING_NAMES, CompletionRequest
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-DEFAULT_MAX_BATCH = 16  # completions decoded together (`serve --max-batch`)
 # Bounds on one request, checked before any sampling (a client cannot make the server sample for minutes
 # or scan a huge stop string at every token).
 MAX_COMPLETIONS = 1024  # prompts x n
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
-DEFAULT_MAX_REQUEST_MB = 16  # the largest body read (`serve --max-request-mb`)
 
 
 class RequestError(ValueError):
@@ -83,25 +79,18 @@ class Engine:
             raise RequestError(f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters, got "
                                f"{len(stops)} of at most {max(map(len, stops))}", "stop")
         max_tokens = self._max_tokens(request, max(map(len, ids)))
-        try:
-            config = GenerationConfig(max_new_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p)
-        except ValueError as error:
-            raise RequestError(str(error)) from None
-        try:
-            choice = self.latents if request.latents is None else parse_latents(request.latents, indices=False)
-        except ValueError as error:
-            raise RequestError(str(error), "latents") from None
-        seed = secrets.randbits(62) if request.seed is None else request.seed
-        latent_seed = seed if request.latent_seed is None else request.latent_seed
-        reference = self._reference(request.reference)
+        params = self._params(request, max_tokens)
+        config = params.generation_config(max_tokens)
+        latent_seed = params.seed if params.latent_seed is None else params.latent_seed
+        reference = self._reference(params.reference)
         try:  # each prompt's Z as `free-transformer generate --seed latent_seed` resolves it
-            prompts = prepare_prompts(self.model, ids, [config] * len(ids), choice, reference=reference,
+            prompts = prepare_prompts(self.model, ids, [config] * len(ids), params.latents, reference=reference,
                                       latent_seed=latent_seed)
         except ValueError as error:
             raise RequestError(str(error), "reference" if reference is not None else "latents") from None
-        rows = [RowSpec(p * request.n + i, prompt.ids, config, prompt.latents, seed + i, max_tokens)
+        rows = [RowSpec(p * request.n + i, prompt.ids, config, prompt.latents, params.seed + i, max_tokens)
                 for p, prompt in enumerate(prompts) for i in range(request.n)]
-        return Plan(rows, [stop for stop in stops if stop], sum(map(len, ids)))
+        return Plan(rows, [stop for stop in params.stop if stop], sum(map(len, ids)))
 
     def _prompt_ids(self, prompt: str | list) -> list[list[int]]:
         """Each prompt's token ids: text encoded, token ids checked against the vocabulary."""
@@ -131,6 +120,23 @@ class Engine:
                                f"model reads at most {self.context}, so max_tokens can be at most {room}",
                                "max_tokens", code="context_length_exceeded")
         return max_tokens
+
+    def _params(self, request: CompletionRequest, max_tokens: int) -> SamplingParams:
+        """The request's sampling fields as the SamplingParams they stand for, with the server's defaults
+        (max_tokens: DEFAULT_MAX_TOKENS or fewer, latents: serve --latents, seed: a fresh random one)."""
+        values = {name: getattr(request, field) for name, field in SAMPLING_NAMES.items()}
+        try:
+            values["latents"] = self.latents if request.latents is None else parse_latents(request.latents,
+                                                                                           indices=False)
+        except ValueError as error:
+            raise RequestError(str(error), "latents") from None
+        values["stop"] = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+        values["max_new_tokens"] = max_tokens
+        values["seed"] = secrets.randbits(62) if request.seed is None else request.seed
+        try:
+            return SamplingParams(**values)
+        except SamplingError as error:
+            raise RequestError(str(error), SAMPLING_NAMES[error.field]) from None
 
     def _reference(self, text: str | None) -> torch.Tensor | None:
         """The reference text as (1, T) ids, T within the model's context (resolve_latents checks the rest)."""

@@ -5,17 +5,54 @@ Requests are strict (a number must be a JSON number, a flag true or false) and c
 OpenAI's completions API is accepted at its default, a value this server cannot honour (a non-null
 `suffix`, `best_of` other than n, a `logit_bias`, non-zero penalties) is a 400, and an unknown or
 misspelt field is a 400, never silently ignored. The Free Transformer's own fields (`latents`,
-`reference`, `latent_seed`) are what OpenAI clients send with `extra_body`.
+`reference`, `latent_seed`) are what OpenAI clients send with `extra_body`. The sampling fields are
+derived from SamplingParams (free_transformer.inference.params), the one definition of sampling.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
+from pydantic_core import PydanticCustomError
+
+from ..base.settings import field_docs
+from ..inference.params import SamplingError, SamplingParams, spelt_fields
 
 MAX_N = 128  # OpenAI's own limit on completions per prompt
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI allows 5, vLLM 20)
+# request fields whose JSON type is not their setting's: stop takes one string too; latents is read by
+# free_transformer.inference.latents.parse_latents (which also reads old spellings)
+REQUEST_TYPES = {"stop": str | list[str] | None, "latents": str | None}
+
+
+def _check_sampling(value, info):
+    """A sampling field checked as SamplingParams checks it, the error on that field."""
+    name = SAMPLING_FIELDS[info.field_name]
+    if value is not None and name not in REQUEST_TYPES:
+        try:
+            SamplingParams(**{name: value})
+        except SamplingError as error:
+            raise PydanticCustomError("sampling", error.spelt("").strip()) from None
+    return value
+
+
+def _sampling_request() -> type[BaseModel]:
+    """The request's sampling fields, one per field of SamplingParams (inference/params.py) under its request
+    name (`max_tokens`), with its type, default and docstring; checked as SamplingParams checks them."""
+    hints, docs = typing.get_type_hints(SamplingParams), field_docs(SamplingParams)
+    defaults = {item.name: item.default for item in dataclasses.fields(SamplingParams)}
+    fields = {request: (REQUEST_TYPES.get(name, hints[name]),
+                        Field(None if name in REQUEST_TYPES else defaults[name], description=docs.get(name)))
+              for name, request in SAMPLING_NAMES.items()}
+    return create_model("SamplingRequest", __config__=ConfigDict(extra="forbid", strict=True),
+                        __validators__={"check": field_validator(*fields)(_check_sampling)}, **fields)
+
+
+SAMPLING_NAMES = spelt_fields(SamplingParams, "request")  # {"max_new_tokens": "max_tokens", ...}
+SAMPLING_FIELDS = {request: name for name, request in SAMPLING_NAMES.items()}
 
 
 class StreamOptions(BaseModel):
@@ -25,34 +62,25 @@ class StreamOptions(BaseModel):
     """A last chunk, with no choices, carries the request's usage."""
 
 
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class CompletionRequest(_sampling_request()):
+    """The sampling fields (max_tokens, temperature, top_p, n, stop, seed, latents, ...: SamplingParams), then
+    what a completions request adds. `latents`, `reference` and `latent_seed` are the Free Transformer's own."""
 
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     """One prompt or several, as text or as token ids; each is continued n times."""
-    max_tokens: int | None = Field(None, ge=1)
-    """New tokens per completion (default: 16, fewer if the model's context is shorter)."""
-    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
-    """0 is greedy decoding."""
-    top_p: float | None = Field(None, gt=0, le=1)
-    n: int = Field(1, ge=1, le=MAX_N)
-    stop: str | list[str] | None = None
-    """A completion ends where one of these strings first appears in its text (not included)."""
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    """Completion i of each prompt samples with seed + i (default: a fresh random seed)."""
     stream: bool = False
     user: str | None = None  # OpenAI's end-user id: accepted, unused
     # OpenAI clients send these two at 0 by default; anything else asks for what this server lacks.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
 
-    latents: str | None = None
-    """Free Transformer: where Z comes from, as `free-transformer generate --latents` (default encoder)."""
-    reference: str | None = None
-    """The text whose encoder latents condition every completion (latents="reference")."""
-    latent_seed: int | None = Field(None, ge=0, lt=2**63)
-    """The seed of the one draw of latents "shared" and "reference" (default: seed)."""
+    @field_validator("n")
+    @classmethod
+    def _at_most_max_n(cls, value: int) -> int:
+        if value > MAX_N:
+            raise ValueError(f"at most {MAX_N} completions per prompt")
+        return value
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod

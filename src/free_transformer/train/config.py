@@ -1,28 +1,23 @@
 """The run configuration: nested dataclasses, loaded from dataclass defaults, then a YAML file, then
 `section.field=value` overrides from the command line (base/settings.py reads and writes them). The
 resolved config is saved with the run. Besides the fields: `model.size=NAME` (a named model size, its
-fields under the other model fields given) and the old names of renamed fields (RENAMED)."""
+fields under the other model fields given) and the old names of renamed fields (base/compat.RENAMED)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from ..base import settings
 from ..base.checks import ConfigError, check_range
-from ..base.settings import Renamed
+from ..base.devices import Precision
+from ..base.compat import RENAMED
 from ..base.units import bits_to_nats
-from ..data import DataConfig
-from ..data.config import nest_flat_fields
+from ..data.config import DataConfig
 from ..eval.settings import EvalConfig
 from ..model.config import NAMED_CONFIGS, ModelConfig, named_config
-from ..runs.checkpoint import MAX_STEP
 
-# Fields renamed, each old name read with a warning until the release named: the one table of them.
-RENAMED = (
-    Renamed("eval_every", "validate_every", until="0.3"),
-    Renamed("eval_batches", "validation_batches", until="0.3"),
-)
 DEFAULT_SIZE = "cpu-small"  # the model of a config that names no size
 
 
@@ -40,7 +35,7 @@ class OptimConfig:
     """Steps of linear warmup from 0 to lr."""
     min_lr_ratio: float = 0.1
     """The cosine schedule ends at lr * min_lr_ratio."""
-    schedule: str = "cosine"
+    schedule: Literal["cosine", "constant"] = "cosine"
     """cosine (warmup then cosine decay) or constant (warmup then constant)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
@@ -51,8 +46,6 @@ class OptimConfig:
         check_range("optim.min_lr_ratio", self.min_lr_ratio, 0, 1, high_closed=True)
         for beta in self.betas:
             check_range("optim.betas", beta, 0, 1)
-        if self.schedule not in ("cosine", "constant"):
-            raise ConfigError(f"optim.schedule must be cosine or constant, got {self.schedule!r}")
 
 
 @dataclass
@@ -60,15 +53,15 @@ class DistributedConfig:
     """How `torchrun` processes share the work (docs/distributed.md). Without torchrun, ddp and fsdp run
     as a world of one process."""
 
-    strategy: str = "none"
+    strategy: Literal["none", "ddp", "fsdp"] = "none"
     """none (one process, no process group), ddp (replicated weights, all-reduced gradients) or fsdp
     (FSDP2: fully_shard on each block and the encoder block, then the root)."""
-    backend: str = "auto"
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
     """Process-group backend: auto (nccl on cuda, gloo on cpu), nccl or gloo."""
-    param_dtype: str = "fp32"
+    param_dtype: Precision = "fp32"
     """fsdp mixed precision: dtype of the all-gathered parameters that forward and backward use (fp32 or
     bf16); the sharded master weights and the optimizer state stay fp32."""
-    reduce_dtype: str = "fp32"
+    reduce_dtype: Precision = "fp32"
     """fsdp mixed precision: dtype in which gradients are reduce-scattered (fp32 or bf16)."""
     reshard_after_forward: bool = True
     """fsdp: free each block's gathered parameters after its forward (gathered again for backward)."""
@@ -99,14 +92,14 @@ class TrainConfig:
     """Micro-batches per optimizer step (the same step with less activation memory)."""
     seed: int = 0
     """Seed of the weights' initialisation, the data order and the latent noise."""
-    latent_noise: str = "global"
+    latent_noise: Literal["global", "row"] = "global"
     """Noise of the posterior sampling of Z: global (the torch RNG stream seeded by `seed`; under ddp /
     fsdp each rank's stream is reseeded every step from (seed, step, rank)) or row (one generator
     per batch row seeded from (seed, step, row): the same Z whatever the number of processes or
     grad_accum)."""
     device: str = "auto"
     """auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     """fp32, or bf16 (autocast; weights and optimizer stay fp32)."""
     compile: bool = False
     """torch.compile each decoder block and the encoder block (in place: parameter names and checkpoints
@@ -147,6 +140,8 @@ class TrainConfig:
         return bits_to_nats(self.kappa_start_bits + progress * (self.kappa_bits - self.kappa_start_bits))
 
     def validate(self) -> TrainConfig:
+        from ..runs.checkpoint import MAX_STEP
+
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
             raise ConfigError("steps, batch_size and grad_accum must be >= 1")
         check_range("steps", self.steps, 1, MAX_STEP, high_closed=True)  # every step's checkpoint must be nameable
@@ -161,20 +156,12 @@ class TrainConfig:
             raise ConfigError(f"threads must be >= 0 (0: torch's default), got {self.threads}")
         if self.kappa_start_bits is not None and self.kappa_anneal_steps < 1:
             raise ConfigError("kappa_start_bits needs kappa_anneal_steps >= 1")
-        if self.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        settings.check_choices(self)  # the closed sets (Literal): build() checks what is read, this what code set
+        self.model.check_latent_kind()
         self.optim.validate()
-        if self.latent_noise not in ("global", "row"):
-            raise ConfigError(f"latent_noise must be global or row, got {self.latent_noise!r}")
         dist = self.distributed
-        if dist.strategy not in ("none", "ddp", "fsdp"):
-            raise ConfigError(f"distributed.strategy must be none, ddp or fsdp, got {dist.strategy!r}")
-        if dist.backend not in ("auto", "gloo", "nccl"):
-            raise ConfigError(f"distributed.backend must be auto, gloo or nccl, got {dist.backend!r}")
         for name in ("param_dtype", "reduce_dtype"):
             value = getattr(dist, name)
-            if value not in ("fp32", "bf16"):
-                raise ConfigError(f"distributed.{name} must be fp32 or bf16, got {value!r}")
             if value != "fp32" and dist.strategy != "fsdp":
                 raise ConfigError(f"distributed.{name}={value} needs strategy fsdp (use precision=bf16 otherwise)")
         if self.checkpoint_every < 1 or self.log_every < 1:
@@ -190,12 +177,8 @@ class TrainConfig:
 
 
 def _layer(values: dict, source: str) -> dict:
-    """One layer of settings (a file's, the overrides') in today's names: renamed fields moved, data's flat
-    fields nested."""
-    values = settings.upgrade_names(values, RENAMED, source)
-    if isinstance(values.get("data"), dict):
-        values["data"] = nest_flat_fields(values["data"])
-    return values
+    """One layer of settings (a file's, the overrides') in today's names (RENAMED)."""
+    return settings.upgrade_names(values, RENAMED, source)
 
 
 def _sized(model: dict, base: dict) -> dict:

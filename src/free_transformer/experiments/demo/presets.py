@@ -69,8 +69,7 @@ def paper(variant: Variant) -> TrainConfig:
 
 def narrow(variant: Variant) -> TrainConfig:
     """The paper's recipe at a lower cost: kappa fixed, 256 sequences per step, each block compiled; the letters
-    models at width 32, but kappa = 1 bit at width 64, whose generations from prior Z start the target less early
-    than at width 32. The candidate for the default, measured over seeds in docs/demo.md."""
+    models at width 32, but kappa = 1 bit at width 64 (why, and how it compares: docs/demo.md)."""
     if variant.task == "coins":
         return with_latent(coins(), variant)
     if variant.slug == "kappa-1":
@@ -94,10 +93,9 @@ def smoke(variant: Variant) -> TrainConfig:
 
 PRESETS: Presets[DemoPreset] = Presets("demo preset", {
     "quick": (DemoPreset("quick", quick, minutes_per_seed=WallTime(cpu=12.6, gpu=0.9)),
-              "cpu-small, 64 sequences per step; over seeds 0-2: 1/64 bit and the coin 3/3, 1 and 8 bits 1/3, 1/8 bit 0/3"),
+              "cpu-small, 64 sequences per step (what it reproduces: docs/results.md)"),
     "paper": (DemoPreset("paper", paper, minutes_per_seed=WallTime(cpu=37.4, gpu=0.72)),
-              "the paper's recipe (kappa fixed, 256 sequences per step, width 64); over seeds 0-2 on an H100: 1/64 bit and "
-              "the coin 3/3, 1/8 bit 2/3, 8 bits 1/3, 1 bit 0/3"),
+              "the paper's recipe (kappa fixed, 256 sequences per step, width 64; what it reproduces: docs/results.md)"),
     "narrow": (DemoPreset("narrow", narrow, minutes_per_seed=WallTime(cpu=40.0)),
                "the paper's recipe at width 32 (kappa = 1 bit at 64), compiled"),
     "smoke": (DemoPreset("smoke", smoke, blue_size=4, green_groups=2, green_size=3),

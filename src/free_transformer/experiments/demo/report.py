@@ -52,11 +52,12 @@ def _printable(text: str) -> str:
     return "".join(c if " " <= c <= "~" else "·" for c in text)
 
 
-# Where a claim fails for a known reason, the reason, shown beside its verdict.
+# Where a claim can fail for a known reason, the reason, shown beside a failed verdict (how often it fails:
+# docs/results.md).
 WHY_IT_FAILS = {
-    "kappa-1": ("With the paper's loss this test fails in most seeds: at κ = 1 bit the hinge charges nothing up to 65 "
-                "bits a sequence, more than the data's 27.4 bits of entropy, so what Z holds changes from seed to seed "
-                "(docs/demo.md, “The free budget is larger than the data”)."),
+    "kappa-1": ("At κ = 1 bit the hinge charges nothing up to 65 bits a sequence, more than the data's 27.4 bits of "
+                "entropy, so what Z holds can change from seed to seed (docs/demo.md, “The free budget is larger than "
+                "the data”)."),
 }
 NOT_MEASURED = "n/a: nothing to measure (no valid generation to compare, or no Z), which fails the condition"
 NO_Z = "no green groups: the baseline has no Z, so a Z shared by a group means nothing"

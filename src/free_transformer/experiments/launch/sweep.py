@@ -12,8 +12,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from ...train.config import TrainConfig
-from .launchers import Launcher
+
+if TYPE_CHECKING:  # the launchers import torch: when a sweep trains, not when presets are described
+    from .launchers import Launcher
 
 
 @dataclass(frozen=True)

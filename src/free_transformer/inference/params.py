@@ -1,0 +1,178 @@
+"""The one definition of sampling: every setting a sample depends on, declared once with its type, default,
+check and docstring, and how each entry point spells it. `generate()` takes a `GenerationConfig` (a
+`Sampling` plus stop token ids); `free-transformer generate` (its options and its --interactive commands),
+the server's completion requests and the Hugging Face wrapper's `generate()` arguments are derived from
+`SamplingParams` (a `Sampling` plus what a request adds: n, seeds, stop strings, where Z comes from), and
+checked by it.
+
+No torch here: `--help` reads these classes without loading it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+DEFAULT_BATCH_SIZE = 64  # rows decoded at once unless the caller says otherwise
+DEFAULT_NEW_TOKENS = 64  # max_new_tokens left unset: this many, or fewer where the model's context is shorter
+LatentName = Literal["encoder", "prior", "shared", "reference"]  # inference.latents.CHOICES
+CONTEXT_LATENTS: tuple[str, ...] = ("encoder", "prior")  # inference.latents.CONTEXT_CHOICES: a prompt's Z, no model needed
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes an int64
+
+
+def new_token_room(prompt_length: int, context: int) -> int:
+    """How many new tokens fit after a prompt of `prompt_length` tokens in a model that reads `context`
+    (the last new token is never fed back); a one-line ValueError when not even one does."""
+    room = context - prompt_length + 1
+    if room < 1:
+        raise ValueError(f"the prompt has {prompt_length} tokens; this model reads at most {context}")
+    return room
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How one setting is written at each entry point; None where that entry point does not offer it."""
+    flag: str | None  # `free-transformer generate`'s option
+    command: str | None  # `generate --interactive`'s command
+    request: str | None  # the completions request's field (free_transformer.serve.protocol)
+    hf: str | None  # the argument of Hugging Face's generate() / a field of its GenerationConfig
+    unset: str = "off"  # the word that leaves the setting unset (None) in an interactive command
+    metavar: str | None = None
+
+
+def spelt(name: str, *, flag: str | None = "", command: str | None = "", request: str | None = "",
+          hf: str | None = "", unset: str = "off", metavar: str | None = None) -> dict:
+    """A field's metadata: its Spelling, each entry point's name derived from `name` unless given."""
+    dashed = name.replace("_", "-")
+    return {"spelling": Spelling(f"--{dashed}" if flag == "" else flag, f"/{dashed}" if command == "" else command,
+                                 name if request == "" else request, name if hf == "" else hf, unset, metavar)}
+
+
+class SamplingError(ValueError):
+    """A sampling setting that cannot be used: `field` names it, so that each entry point can say it its way."""
+
+    def __init__(self, field_name: str, requirement: str, value):
+        self.field, self.requirement, self.value = field_name, requirement, value
+        super().__init__(f"{field_name} {requirement}, got {value!r}")
+
+    def spelt(self, name: str) -> str:
+        """The one-line message with the setting named as an entry point names it (`--top-p`, `/top-p`)."""
+        return f"{name} {self.requirement}, got {self.value!r}"
+
+
+def _check(name: str, value, ok: bool, requirement: str) -> None:
+    if value is not None and not ok:
+        raise SamplingError(name, requirement, value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How many tokens follow a prompt and how each is chosen from the model's logits: the logits divided
+    by the temperature, then the top-k, top-p and min-p filters in that order (as Hugging Face applies
+    them), then a draw from the softmax of what is left."""
+
+    max_new_tokens: int | None = field(default=None, metadata=spelt("max_new_tokens", request="max_tokens",
+                                                                    unset="auto", metavar="N"))
+    """Tokens to generate after each prompt, fewer if every sample hits a stop (unset: 64, or fewer where the
+    model's context is shorter; the server gives 16, as OpenAI does)."""
+    temperature: float = field(default=1.0, metadata=spelt("temperature", metavar="T"))
+    """Softmax temperature; 0 for greedy decoding."""
+    top_k: int | None = field(default=None, metadata=spelt("top_k", metavar="K"))
+    """Sample among the k likeliest tokens (unset: all)."""
+    top_p: float | None = field(default=None, metadata=spelt("top_p", metavar="P"))
+    """Nucleus sampling: keep the smallest set of likeliest tokens whose probability reaches top_p, in (0, 1]
+    (unset: all)."""
+    min_p: float | None = field(default=None, metadata=spelt("min_p", metavar="P"))
+    """Min-p sampling: keep the tokens whose probability is at least min_p times the likeliest one's, in
+    (0, 1] (unset: all)."""
+
+    def __post_init__(self) -> None:
+        _check("max_new_tokens", self.max_new_tokens, isinstance(self.max_new_tokens, int)
+               and self.max_new_tokens >= 1, "must be >= 1")
+        _check("temperature", self.temperature, 0 <= self.temperature < math.inf, "must be a finite number >= 0")
+        _check("top_k", self.top_k, self.top_k is not None and self.top_k >= 1, "must be >= 1")
+        _check("top_p", self.top_p, self.top_p is not None and 0 < self.top_p <= 1, "must be in (0, 1]")
+        _check("min_p", self.min_p, self.min_p is not None and 0 < self.min_p <= 1, "must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def rule(self) -> Sampling:
+        """What a compiled decoding step fixes: greedy or not, and the filters (the temperature itself is fed
+        to the step as a value, and the length is the caller's)."""
+        values = {item.name: getattr(self, item.name) for item in dataclasses.fields(Sampling)}
+        return Sampling(**{**values, "max_new_tokens": None, "temperature": 0.0 if self.greedy else 1.0})
+
+    def new_tokens(self, prompt_length: int, context: int, default: int = DEFAULT_NEW_TOKENS) -> int:
+        """max_new_tokens, or when unset `default` capped at what fits after the prompt (`new_token_room`;
+        a one-line ValueError when not even one token does)."""
+        room = new_token_room(prompt_length, context)
+        return self.max_new_tokens if self.max_new_tokens is not None else min(default, room)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationConfig(Sampling):
+    """What `free_transformer.generate` samples a batch of prompts with: the Sampling rule and the token ids
+    that end a row."""
+
+    stop_tokens: tuple[int, ...] = ()
+    """A row stops after emitting any of these (the stop token is kept in its output)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "stop_tokens", tuple(self.stop_tokens))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams(Sampling):
+    """Everything a request's samples depend on besides its prompts and the model: the Sampling rule, how
+    many samples, their seeds, where they stop and where their Z comes from. Each entry point reads these
+    settings under its own names (the `spelling` of each field's metadata): `free-transformer generate`'s
+    options and --interactive commands, the completion request's fields, the Hugging Face arguments."""
+
+    n: int = field(default=1, metadata=spelt("n", flag="--num-samples", hf=None, metavar="N"))
+    """Samples of each prompt."""
+    seed: int | None = field(default=None, metadata=spelt("seed", hf=None, metavar="N"))
+    """Sample i of every prompt samples with seed + i, and the Z of latents shared and reference is drawn with
+    latent_seed, which is seed when unset: the same settings give the same samples (unset: a fresh random
+    seed)."""
+    stop: tuple[str, ...] = field(default=(), metadata=spelt("stop", hf=None, metavar="TEXT"))
+    """Stop strings: a sample ends where one first appears, which is not part of it."""
+    latents: LatentName = field(default="encoder", metadata=spelt("latents"))
+    """Free Transformer: where Z comes from. encoder: the prompt's Z from the encoder (the paper's prefill),
+    each new token's from the prior, per sample; prior: every Z from the prior, per sample; shared: one prior
+    Z sequence for all samples; reference: Z inferred by the encoder from the reference text."""
+    reference: str | None = field(default=None, metadata=spelt("reference", hf=None, metavar="TEXT"))
+    """The text whose encoder latents condition every sample, at least as long as each prompt (goes with
+    latents reference)."""
+    latent_seed: int | None = field(default=None, metadata=spelt("latent_seed", flag=None, command=None))
+    """The seed of the one draw of latents shared and reference (unset: seed)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check("n", self.n, self.n >= 1, "must be >= 1")
+        for name in ("seed", "latent_seed"):
+            value = getattr(self, name)
+            _check(name, value, value is not None and 0 <= value <= MAX_SEED, "must be in [0, 2**63)")
+        _check("latents", self.latents, self.latents in LatentName.__args__,
+               f"must be one of {', '.join(LatentName.__args__)}")
+        object.__setattr__(self, "stop", tuple(stop for stop in self.stop if stop))
+
+    def generation_config(self, max_new_tokens: int) -> GenerationConfig:
+        """What `generate()` takes for one prompt: this rule with `max_new_tokens` (see `Sampling.new_tokens`);
+        stop strings are checked by the caller (free_transformer.inference.stops)."""
+        values = {item.name: getattr(self, item.name) for item in dataclasses.fields(Sampling)}
+        return GenerationConfig(**{**values, "max_new_tokens": max_new_tokens})
+
+
+def spelling(cls, name: str) -> Spelling:
+    """How the entry points write the field `name` of `cls` (SamplingParams or Sampling)."""
+    return next(item.metadata["spelling"] for item in dataclasses.fields(cls) if item.name == name)
+
+
+def spelt_fields(cls, surface: str) -> dict[str, str]:
+    """{field: its name at `surface` ("flag", "command", "request" or "hf")} of the fields offered there."""
+    spellings = {item.name: item.metadata["spelling"] for item in dataclasses.fields(cls) if "spelling" in item.metadata}
+    return {name: getattr(spelt, surface) for name, spelt in spellings.items() if getattr(spelt, surface) is not None}

@@ -1,0 +1,86 @@
+"""One definition of sampling (free_transformer.inference.params): every entry point's sampling settings are
+derived from SamplingParams' fields and checked by them, so a setting declared there (min-p) is an option
+of `generate`, an --interactive command, a completion request field and a Hugging Face argument, with the
+same check and the same samples everywhere."""
+
+import dataclasses
+import io
+import json
+
+import pytest
+import torch
+from conftest import tiny_checkpoint
+
+from free_transformer import GenerationConfig, SamplingParams, generate, load_model
+from free_transformer.cli import build_parser, main
+from free_transformer.commands.interactive import interactive_help
+from free_transformer.inference.params import Sampling
+
+SETTINGS = [f.name for f in dataclasses.fields(SamplingParams)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return str(tiny_checkpoint(tmp_path_factory.mktemp("params"), "run", 4))
+
+
+def test_every_setting_reaches_every_entry_point_that_offers_it():
+    generate_options = {option for action in build_parser()._subparsers._group_actions[0].choices["generate"]._actions
+                        for option in action.option_strings}
+    assert {f"--{name.replace('_', '-')}" for name in SETTINGS if name not in ("n", "latent_seed")} <= generate_options
+    assert "--num-samples" in generate_options and "--min-p" in generate_options
+    commands = {line.split()[0] for line in interactive_help().splitlines() if line.startswith("  /")}
+    assert {f"/{name.replace('_', '-')}" for name in SETTINGS if name != "latent_seed"} <= commands
+    pytest.importorskip("fastapi")
+    from free_transformer.serve.protocol import CompletionRequest
+
+    assert {"max_tokens", *(name for name in SETTINGS if name != "max_new_tokens")} <= set(CompletionRequest.model_fields)
+    pytest.importorskip("transformers")
+    from free_transformer.hf.modeling import SAMPLING_RULE
+
+    assert SAMPLING_RULE == {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}
+
+
+def test_generation_config_is_the_rule_plus_stop_tokens_and_has_no_second_latent_choice():
+    assert [f.name for f in dataclasses.fields(GenerationConfig)] == [
+        *(f.name for f in dataclasses.fields(Sampling)), "stop_tokens"]
+    with pytest.raises(TypeError, match="prompt_latents"):
+        GenerationConfig(prompt_latents="prior")
+
+
+@pytest.mark.parametrize("setting, value, words", [
+    ("min_p", 1.5, "must be in (0, 1], got 1.5"),
+    ("top_k", 0, "must be >= 1, got 0"),
+    ("temperature", -1.0, "must be a finite number >= 0, got -1.0"),
+    ("n", 0, "must be >= 1, got 0"),
+])
+def test_a_bad_setting_is_refused_in_each_entry_points_own_words(checkpoint, capsys, monkeypatch, setting, value,
+                                                                 words):
+    with pytest.raises(ValueError, match=rf"^{setting} {words.replace('(', '.').replace(']', '.')}$"):
+        SamplingParams(**{setting: value})
+    flag = "--num-samples" if setting == "n" else f"--{setting.replace('_', '-')}"
+    assert main(["generate", checkpoint, "--prompt", "K>", flag, str(value)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {flag} {words}"]
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"/{setting.replace('_', '-')} {value}\n"))
+    assert main(["generate", checkpoint, "--interactive"]) == 0
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")] == [
+        f"error: /{setting.replace('_', '-')} {words}"]
+
+
+def _samples(capsys, argv) -> list[str]:
+    assert main(argv) == 0, capsys.readouterr().err
+    return [json.loads(line)["sample"] for line in capsys.readouterr().out.splitlines()]
+
+
+def test_min_p_samples_alike_as_an_option_a_command_and_in_the_library(checkpoint, capsys, monkeypatch):
+    """--min-p, /min-p and GenerationConfig(min_p=...) give the same samples, and min-p changes them."""
+    options = ["-n", "3", "--seed", "4", "--max-new-tokens", "8", "--temperature", "0.5", "--format", "jsonl"]
+    command = ["generate", checkpoint, "--prompt", "K>", *options]
+    filtered = _samples(capsys, [*command, "--min-p", "0.5"])
+    assert filtered != _samples(capsys, command)
+    monkeypatch.setattr("sys.stdin", io.StringIO("/min-p 0.5\n/seed 4\nK>\n"))
+    assert _samples(capsys, ["generate", checkpoint, "--interactive", *options]) == filtered
+    model, _ = load_model(checkpoint)
+    ids = torch.tensor([[ord("K"), ord(">")]] * 3)
+    tokens = generate(model, ids, GenerationConfig(max_new_tokens=8, temperature=0.5, min_p=0.5), seeds=[4, 5, 6]).tokens
+    assert [bytes(row).decode("utf-8", "replace") for row in tokens] == filtered
