@@ -200,7 +200,7 @@ def test_overrides_may_come_before_and_after_options(tmp_path):
 
 
 def test_a_failed_start_leaves_no_run_directory(tmp_path):
-    assert main(["train", "--out", str(tmp_path / "run"), "model.size=debug"]) == 2  # vocab 64 < 256
+    assert main(["train", "--out", str(tmp_path / "run"), "model.size=debug", "model.vocab_size=64"]) == 2  # < 256
     assert not (tmp_path / "run").exists()
 
 

@@ -159,7 +159,7 @@ def _hold_out_tail(arrays: list[np.ndarray], fraction: float) -> tuple[list[np.n
 
 @register_data_kind("tokens")
 def build_tokens(config: TokensConfig, seed: int) -> TokenWindows:
-    if config.seq_len < 1:
+    if config.seq_len is None or config.seq_len < 1:
         raise DataError(f"data.tokens.seq_len must be >= 1, got {config.seq_len}")
     if not config.path:
         raise DataError("data.tokens.path is required: token shards, e.g. 'data/fineweb_*.bin' "

@@ -23,7 +23,7 @@ def corpus_splits(path: str | None) -> tuple[list[Path], list[Path] | None]:
 
 @register_data_kind("text")
 def build_text(config: TextConfig, seed: int) -> TokenWindows:
-    if config.seq_len < 1:
+    if config.seq_len is None or config.seq_len < 1:
         raise DataError(f"data.text.seq_len must be >= 1, got {config.seq_len}")
     tokenizer = get_tokenizer(config.tokenizer)
     train_files, val_files = corpus_splits(config.path)
