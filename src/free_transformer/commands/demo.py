@@ -7,7 +7,8 @@ from pathlib import Path
 from ..experiments.demo.presets import PRESETS
 from ..experiments.demo.run import VARIANTS, demo_sweep, run_demo
 from ..train.config import settings_help
-from .arguments import add_launcher_arguments, launcher_from, parse_seeds, print_configs, training_device
+from .arguments import (add_launcher_arguments, add_sweep_check_arguments, check_sweep, launcher_from, parse_seeds,
+                        training_device)
 
 NAME = "demo"
 HELP = ("train a baseline and Free Transformers at kappa = 1/64, 1/8, 1, 8 bits on the synthetic letters, and one on "
@@ -34,9 +35,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
     add_launcher_arguments(parser, "models trained side by side, one process each (default: 2 on CPU, all of them "
                                    "on a GPU)")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print every run's resolved training config (one YAML document each, which "
-                             "`train -c FILE` reads) and exit without training")
+    add_sweep_check_arguments(parser)
 
 
 def run(args) -> int:
@@ -51,10 +50,8 @@ def run(args) -> int:
     else:
         seeds = (args.seed,) if args.seed is not None else parse_seeds(None, default_seeds)
     launcher = launcher_from(args, Path(args.out), len(VARIANTS) * len(seeds) if device.startswith("cuda") else 2)
-    if args.print_config:
-        sweep = demo_sweep(preset, Path(args.out), seeds=seeds, extra=extra, device=device)
-        print_configs([(str(sweep.run_dir(seed, variant)), sweep.train_config(variant, seed, launcher.threads))
-                       for seed, variant in sweep.runs()])
+    if check_sweep(demo_sweep(preset, Path(args.out), seeds=seeds, extra=extra, device=device), launcher.threads,
+                   print_config=args.print_config, dry_run=args.dry_run):
         return 0
     report = run_demo(preset, Path(args.out), seeds=seeds, extra=extra, launcher=launcher, device=device)
     print(f"report: {report.resolve()}")

@@ -91,12 +91,13 @@ class DataConfig:
         """The options of the chosen kind (data.<kind>.*)."""
         return getattr(self, self.kind)
 
-    def fit_to(self, max_seq_len: int) -> None:
-        """Give the text and token sections that name no seq_len the model's `max_seq_len`, so that the
-        data a command defaults to fits the model it trains (and a printed config names the length)."""
-        for section in (self.text, self.tokens):
-            if section.seq_len is None:
-                section.seq_len = max_seq_len
+    def fitted_to(self, max_seq_len: int) -> DataConfig:
+        """This config with the model's `max_seq_len` as the seq_len of the text and token sections that name
+        none, so that the data a command defaults to fits the model it trains (and a printed config names
+        the length)."""
+        return dataclasses.replace(self, **{name: dataclasses.replace(section, seq_len=max_seq_len)
+                                            for name, section in (("text", self.text), ("tokens", self.tokens))
+                                            if section.seq_len is None})
 
 
 def data_kinds() -> list[str]:

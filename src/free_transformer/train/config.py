@@ -139,6 +139,9 @@ class TrainConfig:
     progress: bool = True
     """Show a progress bar."""
 
+    def __post_init__(self):
+        self.data = self.data.fitted_to(self.model.max_seq_len)  # data that names no length fits the model
+
     def kappa_nats(self, step: int) -> float:
         """kappa at optimizer step `step` (0-based), in nats per token."""
         if self.kappa_start_bits is None or step >= self.kappa_anneal_steps:
@@ -147,7 +150,7 @@ class TrainConfig:
         return bits_to_nats(self.kappa_start_bits + progress * (self.kappa_bits - self.kappa_start_bits))
 
     def validate(self) -> TrainConfig:
-        self.data.fit_to(self.model.max_seq_len)
+        self.data = self.data.fitted_to(self.model.max_seq_len)
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
             raise ConfigError("steps, batch_size and grad_accum must be >= 1")
         check_range("steps", self.steps, 1, MAX_STEP, high_closed=True)  # every step's checkpoint must be nameable
@@ -246,7 +249,7 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
 def overrides_of(config: TrainConfig) -> list[str]:
     """The `section.field=value` overrides that give `config` from the defaults (`free-transformer train`'s
     command line for it): what a report shows of each run's settings."""
-    return settings.overrides_of(config, TrainConfig().validate())
+    return settings.overrides_of(config, TrainConfig())
 
 
 def save_train_config(config: TrainConfig, path: str | Path) -> None:
