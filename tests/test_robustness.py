@@ -73,6 +73,7 @@ def test_a_signal_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, sign
     assert 3 <= step < 14 and f"after step {step} of 14" in message
     _every_checkpoint_loads(out)
     assert [s for s, _ in _losses(out)] == list(range(1, step + 1))
+    assert (out / "training_curves.png").stat().st_size > 0  # the curves of the steps it trained
     assert main(["train", "--out", str(out), "--resume"]) == 0
     assert _losses(out) == _losses(reference)
 

