@@ -230,7 +230,7 @@ def test_demo_trains_every_model_at_once_as_on_a_gpu(tmp_path, monkeypatch):
     results = json.loads((out / "results.json").read_text())
     assert results["workers"] == len(VARIANTS) and len(results["claims"]) == 5
     for variant in VARIANTS:
-        assert read_metrics(out / variant.slug / "metrics.jsonl")[-1]["step"] == 3
+        assert read_metrics(out / "seed-0" / variant.slug / "metrics.jsonl")[-1]["step"] == 3
 
 
 def test_latent_kl_split_adds_up_to_the_validation_kl():

@@ -23,7 +23,9 @@ EPILOG = "The overrides apply on top of the preset's own settings.\n\n" + settin
 def add_arguments(parser) -> None:
     parser.add_argument("--preset", choices=list(PRESETS), default=None,
                         help=f"default: {CPU_DEFAULT[0]} on a CPU, {GPU_DEFAULT[0]} on a GPU. " + PRESETS.help())
-    parser.add_argument("--out", "-o", default="runs/demo", help="output directory (finished runs are reused)")
+    parser.add_argument("--out", "-o", default="runs/demo",
+                        help="output directory: each seed's runs in OUT/seed-S/MODEL, one seed or many (finished runs "
+                             "are reused)")
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
                         help="training overrides applied to every model, e.g. steps=500 precision=bf16")
     parser.add_argument("--steps", type=int, help="training steps of every model (same as steps=N)")
