@@ -11,6 +11,7 @@ from ..base import settings
 from ..base.devices import parse_device
 from ..experiments.launch.launchers import Launcher, LocalLauncher
 from ..experiments.launch.slurm import SlurmLauncher, SlurmOptions, parse_slurm_args
+from ..train.trainer import check_run
 
 MAX_SEEDS = 1000  # seeds of one sweep: each trains every model, so more is a typo, not a plan
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64
@@ -137,8 +138,6 @@ def add_sweep_check_arguments(parser) -> None:
 
 def check_sweep(sweep, threads: int, *, print_config: bool, dry_run: bool) -> bool:
     """--print-config or --dry-run over every run of `sweep`; False when neither is asked."""
-    from ..train.trainer import check_run
-
     configs = [(str(sweep.run_dir(seed, variant)), sweep.train_config(variant, seed, threads))
                for seed, variant in sweep.runs()]
     if print_config:

@@ -11,7 +11,7 @@ from ..train.trainer import TrainingError, check_run, train
 NAME = "train"
 HELP = "train a model (YAML config, then section.field=value overrides); --resume continues a run"
 EPILOG = """example (the paper's synthetic letters, a debug-size model, about a minute on 2 CPU cores):
-  free-transformer train --out runs/try model.size=debug model.vocab_size=256 model.max_seq_len=72 steps=100
+  free-transformer train --out runs/try model.size=debug steps=100
 
 SIGTERM or Ctrl-C saves a checkpoint at the next step and exits (143 / 130); --resume continues.
 
