@@ -41,14 +41,14 @@ SKIPPED = [
     (r"curl ", "asks the server of the block above"),
     (r"free-transformer generate \S+ --interactive", "waits for a person's input (tests/test_sampling.py drives it)"),
     (r"free-transformer convert /models/|free-transformer convert runs/tinyllama|free-transformer train --config "
-     r"configs/tinyllama|free-transformer convert runs/tinyllama-free-ft", "TinyLlama's 1.1B weights, downloaded "
-                                                                            "(tests/test_hf_conversion.py converts a tiny Llama)"),
+     r"configs/tinyllama", "TinyLlama's 1.1B weights, downloaded (tests/test_hf_conversion.py converts a tiny "
+                           "Llama)"),
     (r"free-transformer eval runs/\S+-8b", "the paper's 8B models and the RACE and HumanEval+ files"),
     (r"free-transformer compare runs/baseline-8b", "the 8B models' evaluations above"),
     (r"free-transformer train .*data\.text\.path=/data/|free-transformer train .*data\.text\.path=notes\.jsonl\.gz",
      "the user's own corpus (tests/test_readers.py reads each format)"),
-    (r"python -m free_transformer\.eval\.lm_eval_adapter run .*--tasks my_task", "the user's own lm-eval task "
-                                                                                 "(tests/test_eval_lm_eval.py runs one)"),
+    (r"python -m free_transformer\.eval\.lm_eval_adapter run .*--tasks my_task",
+     "the user's own lm-eval task (tests/test_eval_lm_eval.py runs one)"),
     (r"OMP_NUM_THREADS=1 python - <<'PY'", "a timing of a 4 x 256 x 50257 softmax (bench/ holds the benchmarks)"),
     (r"python scripts/compare_losses\.py runs/a ", "runs of the reader's own"),
     (r"python scripts/compare_losses\.py runs/golden --save-golden", "rewrites the checkout's golden file"),

@@ -56,9 +56,9 @@ def demo_sweep(preset: DemoPreset, out_dir: Path, *, seeds: tuple[int, ...] = (0
 
 
 def move_one_seed_runs(out_dir: Path) -> list[str]:
-    """Runs of a one-seed demo written before 0.2 (OUT/SLUG) moved to the one layout (OUT/seed-S/SLUG, S the
-    seed in the run's config.yaml), where they are reused; a run already there is left alone. The moves made,
-    as "OLD -> NEW"."""
+    """Runs of a one-seed demo written by 0.2 or earlier (OUT/SLUG) moved to the one layout (OUT/seed-S/SLUG,
+    S the seed in the run's config.yaml), where they are reused; a run already there is left alone. The moves
+    made, as "OLD -> NEW"."""
     moved = []
     for variant in VARIANTS:
         old = out_dir / variant.slug
@@ -138,7 +138,7 @@ def run_demo(preset: DemoPreset, out_dir: Path, *, launcher: Launcher, seeds: tu
     for seed, variant in sweep.runs():  # every run's config is checked before anything is written
         sweep.train_config(variant, seed)
     for move in move_one_seed_runs(out_dir):
-        print(f"moved to the layout of every seed count: {move}", flush=True)
+        print(f"moved into OUT/seed-S/, where every seed's runs are kept: {move}", flush=True)
     print(first_line(preset, sweep, launcher), flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     wall = sweep.train(launcher)
