@@ -121,7 +121,7 @@ def commands(block: str) -> list[str]:
                 current, heredoc = "", None
             continue
         text = line if not current else current + ("\n" if quote else " ") + line.strip()
-        scanned, cut = [], None
+        cut = None
         for i, char in enumerate(line):
             if quote:
                 quote = None if char == quote else quote
@@ -192,18 +192,20 @@ def workspace(tmp_path_factory):
     server_script, socket_path = Path(__file__).parent / "command_server.py", root / "cli.sock"
     server = subprocess.Popen([sys.executable, str(server_script), str(socket_path)], env=env,
                               stdout=subprocess.PIPE, text=True)
-    assert server.stdout.readline().strip() == "ready"
-    for name, command in (("free-transformer", f"{sys.executable} -S {server_script} --client {socket_path}"),
-                          ("python", sys.executable)):
-        (bin_dir / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
-        (bin_dir / name).chmod(0o755)
-    run = root / "tiny-run"
-    subprocess.run(["free-transformer", "train", "--out", str(run), "model.size=debug", "model.max_seq_len=72",
-                    "batch_size=8", "steps=4", "checkpoint_every=2", "progress=false"],
-                   env=env, check=True, capture_output=True)
-    yield root, env, run
-    server.kill()
-    server.wait()
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        for name, command in (("free-transformer", f"{sys.executable} -S {server_script} --client {socket_path}"),
+                              ("python", sys.executable)):
+            (bin_dir / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+            (bin_dir / name).chmod(0o755)
+        run = root / "tiny-run"
+        subprocess.run(["free-transformer", "train", "--out", str(run), "model.size=debug", "model.max_seq_len=72",
+                        "batch_size=8", "steps=4", "checkpoint_every=2", "progress=false"],
+                       env=env, check=True, capture_output=True)
+        yield root, env, run
+    finally:
+        server.kill()
+        server.wait()
 
 
 def block_dir(workspace, name: str) -> Path:
