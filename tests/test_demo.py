@@ -176,6 +176,9 @@ def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
     first = (out / "seed-1" / "kappa-1" / "metrics.jsonl").read_text()
     assert main(args) == 0  # reuses finished runs
     assert (out / "seed-1" / "kappa-1" / "metrics.jsonl").read_text() == first
+    one_seed = demo_sweep(PRESETS["smoke"], out, seeds=(1,))  # `demo --seed 1` after `demo --seeds 2`
+    assert first_line(PRESETS["smoke"], one_seed, LocalLauncher(1)).endswith("every run is trained: measures and "
+                                                                             "report only")
     assert main(["demo", "--seed", "1", "--seeds", "2", "--out", str(out)]) == 2
 
 
@@ -227,7 +230,7 @@ def test_demo_trains_every_model_at_once_as_on_a_gpu(tmp_path, monkeypatch):
     results = json.loads((out / "results.json").read_text())
     assert results["workers"] == len(VARIANTS) and len(results["claims"]) == 5
     for variant in VARIANTS:
-        assert read_metrics(out / variant.slug / "metrics.jsonl")[-1]["step"] == 3
+        assert read_metrics(out / "seed-0" / variant.slug / "metrics.jsonl")[-1]["step"] == 3
 
 
 def test_latent_kl_split_adds_up_to_the_validation_kl():
@@ -319,7 +322,7 @@ def test_the_first_line_says_what_runs_where_and_how_long_it_should_take(tmp_pat
                      "CPU cores")
 
 
-@pytest.mark.parametrize("device, preset, seed_dirs", [("cpu", "quick", {""}),
+@pytest.mark.parametrize("device, preset, seed_dirs", [("cpu", "quick", {"seed-0/"}),
                                                       ("cuda", "paper", {"seed-0/", "seed-1/", "seed-2/"})])
 def test_the_demo_defaults_to_the_quick_preset_once_on_a_cpu_and_the_paper_over_three_seeds_on_a_gpu(
         monkeypatch, capsys, tmp_path, device, preset, seed_dirs):

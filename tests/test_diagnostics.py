@@ -120,6 +120,23 @@ def test_a_run_warns_once_records_every_warning_and_inspect_summarises(tmp_path,
     assert main(["inspect", str(tmp_path / "nothing")]) == 2
 
 
+def test_inspect_measures_what_z_does_for_a_run_that_logged_no_validation(tmp_path, capsys):
+    """The demo's runs train with validate_every=0: inspect validates their newest checkpoint itself, with the
+    numbers training would have logged there."""
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), *TINY, "steps=4", "checkpoint_every=2", "keep_checkpoints=2"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    summary = capsys.readouterr().out
+    assert "measured now on the newest checkpoint, step 4" in summary and "no validation measures" not in summary
+    logged = tmp_path / "logged"  # the same run, validated at its last step by training itself
+    assert main(["train", "--out", str(logged), *TINY, "steps=4", "checkpoint_every=2", "validate_every=4"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(logged)]) == 0
+    expected = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("validation", "KL per bit"))]
+    assert len(expected) == 2 and all(line in summary for line in expected)
+
+
 def test_tensorboard_and_wandb_offline_get_every_measure(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")

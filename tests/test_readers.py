@@ -317,7 +317,8 @@ def test_old_flat_configs_load_to_the_same_dataset(tmp_path):
     from free_transformer.train.config import load_train_config, save_train_config
 
     legacy_run = load_train_config(Path(__file__).parent / "data" / "legacy-run" / "config.yaml")
-    assert legacy_run.data == DataConfig(kind="letters")
+    assert legacy_run.data == DataConfig(kind="letters", text=TextConfig(seq_len=256)).fitted_to(
+        legacy_run.model.max_seq_len)  # the tokens section, absent then, takes the model's length
     (tmp_path / "a.txt").write_text("an old corpus\n" * 20)
     (tmp_path / "old.yaml").write_text(LEGACY_TEXT.format(path=tmp_path / "a.txt"))
     old = load_train_config(tmp_path / "old.yaml")

@@ -73,6 +73,7 @@ def test_a_signal_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, sign
     assert 3 <= step < 14 and f"after step {step} of 14" in message
     _every_checkpoint_loads(out)
     assert [s for s, _ in _losses(out)] == list(range(1, step + 1))
+    assert (out / "training_curves.png").stat().st_size > 0  # the curves of the steps it trained
     assert main(["train", "--out", str(out), "--resume"]) == 0
     assert _losses(out) == _losses(reference)
 
@@ -200,8 +201,25 @@ def test_overrides_may_come_before_and_after_options(tmp_path):
 
 
 def test_a_failed_start_leaves_no_run_directory(tmp_path):
-    assert main(["train", "--out", str(tmp_path / "run"), "model.size=debug"]) == 2  # vocab 64 < 256
+    assert main(["train", "--out", str(tmp_path / "run"), "model.size=debug", "model.vocab_size=64"]) == 2  # < 256
     assert not (tmp_path / "run").exists()
+
+
+def test_a_dry_run_checks_the_data_against_the_model_and_writes_nothing(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("a line of notes\n" * 2000)
+    text = ["data.kind=text", f"data.text.path={tmp_path / 'notes.txt'}", f"data.text.cache_dir={tmp_path / 'cache'}"]
+    assert main(["train", "--out", str(tmp_path / "run"), "model.size=debug", *text, "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("dry run, nothing trained: ") and not (tmp_path / "run").exists()
+    for wrong, message in ((["data.text.seq_len=200"], "exceed model.max_seq_len (128)"),
+                           (["model.vocab_size=64"], "smaller than the byte tokenizer's"),
+                           ([f"data.text.path={tmp_path / 'nope.txt'}"], "corpus not found")):
+        assert main(["train", "--out", str(tmp_path / "run"), "model.size=debug", *text, *wrong, "--dry-run"]) == 2
+        error = capsys.readouterr().err.strip()
+        assert message in error and error.count("\n") == 0, error
+    assert main(["train", "--out", str(tmp_path / "run"), *TINY, "steps=1"]) == 0
+    assert main(["train", "--out", str(tmp_path / "run"), *TINY, "--dry-run"]) == 2  # a run is there
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path / "run"), "--resume", "steps=5", "--dry-run"]) == 0
 
 
 def test_generate_caps_its_default_length_to_the_model(tmp_path, capsys, monkeypatch):

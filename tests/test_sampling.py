@@ -95,14 +95,19 @@ def test_prompts_from_a_file_or_stdin_read_escapes(checkpoint, capsys, tmp_path,
 
 
 def test_jsonl_gives_each_sample_with_its_prompt_index_seed_and_latents(checkpoint, capsys):
-    text = _out(capsys, ["generate", checkpoint, "--prompt", "K>", "--prompt", "Hi\nthere", *COMMON, "--seed", "4",
+    """The text format is one line a sample, unambiguous: a newline and a backslash followed by n differ."""
+    from free_transformer.commands.sampling import escape, unescape
+
+    prompts = ["K>", "Hi\nthere", "Hi\\nthere"]  # a newline; a backslash and an n
+    text = _out(capsys, ["generate", checkpoint, *[w for p in prompts for w in ("--prompt", p)], *COMMON, "--seed", "4",
                          "--latents", "prior"])
-    records = [json.loads(line) for line in _out(capsys, ["generate", checkpoint, "--prompt", "K>", "--prompt",
-                                                          "Hi\nthere", *COMMON, "--seed", "4", "--latents", "prior",
-                                                          "--format", "jsonl"])]
+    records = [json.loads(line) for line in _out(capsys, ["generate", checkpoint, *[w for p in prompts for w in (
+        "--prompt", p)], *COMMON, "--seed", "4", "--latents", "prior", "--format", "jsonl"])]
     assert [(r["prompt"], r["index"], r["seed"], r["latents"]) for r in records] == \
-        [(prompt, index, 4 + i, "prior") for index, prompt in enumerate(["K>", "Hi\nthere"]) for i in range(3)]
-    assert [(r["prompt"] + r["sample"]).replace("\n", "\\n") for r in records] == text
+        [(prompt, index, 4 + i, "prior") for index, prompt in enumerate(prompts) for i in range(3)]
+    assert [escape(r["prompt"] + r["sample"]) for r in records] == text
+    assert [unescape(line) for line in text] == [r["prompt"] + r["sample"] for r in records]
+    assert text[3].startswith("Hi\\nthere") and text[6].startswith("Hi\\\\nthere")
 
 
 def test_a_prompt_that_does_not_fit_is_refused_before_any_sample(checkpoint, capsys):

@@ -297,8 +297,9 @@ def test_without_the_serve_extra_the_command_says_how_to_install_it(checkpoint, 
     monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` fails as if not installed
     monkeypatch.delitem(sys.modules, "free_transformer.serve.app")
     assert main(["serve", str(checkpoint)]) == 2
-    assert capsys.readouterr().err == "error: serve needs fastapi and uvicorn: " \
-                                      "pip install 'free-transformer-reference[serve]'\n"
+    from free_transformer.base.install import install_hint
+
+    assert capsys.readouterr().err == f"error: serve needs fastapi and uvicorn: {install_hint('serve')}\n"
 
 
 def test_the_package_and_its_command_line_import_no_server_library():

@@ -130,7 +130,9 @@ def test_no_slurm_no_submitit_a_missing_partition_or_a_refused_job_is_one_line(t
     assert "--workers is for --launcher local" in error_of("--workers", "2")
     assert "--nodes-per-run > 1 needs --gpus-per-run" in error_of("--nodes-per-run", "2")
     monkeypatch.setitem(__import__("sys").modules, "submitit", None)  # as if it were not installed
-    assert "needs submitit: pip install 'free-transformer-reference[slurm]'" in error_of()
+    from free_transformer.base.install import install_hint
+
+    assert f"needs submitit: {install_hint('slurm')}" in error_of()
     assert not (tmp_path / "out" / "seed-0").exists()  # nothing trained, nothing written into a run
 
 

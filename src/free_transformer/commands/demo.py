@@ -6,7 +6,8 @@ from pathlib import Path
 
 from ..experiments.demo.presets import PRESETS
 from ..train.config import settings_help
-from .arguments import add_launcher_arguments, launcher_from, parse_seeds, print_configs, training_device
+from .arguments import (add_launcher_arguments, add_sweep_check_arguments, check_sweep, launcher_from, parse_seeds,
+                        training_device)
 
 NAME = "demo"
 HELP = ("train a baseline and Free Transformers at kappa = 1/64, 1/8, 1, 8 bits on the synthetic letters, and one on "
@@ -21,7 +22,9 @@ EPILOG = "The overrides apply on top of the preset's own settings.\n\n" + settin
 def add_arguments(parser) -> None:
     parser.add_argument("--preset", choices=list(PRESETS), default=None,
                         help=f"default: {CPU_DEFAULT[0]} on a CPU, {GPU_DEFAULT[0]} on a GPU. " + PRESETS.help())
-    parser.add_argument("--out", "-o", default="runs/demo", help="output directory (finished runs are reused)")
+    parser.add_argument("--out", "-o", default="runs/demo",
+                        help="output directory: each seed's runs in OUT/seed-S/MODEL, one seed or many (finished runs "
+                             "are reused)")
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
                         help="training overrides applied to every model, e.g. steps=500 precision=bf16")
     parser.add_argument("--steps", type=int, help="training steps of every model (same as steps=N)")
@@ -33,9 +36,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
     add_launcher_arguments(parser, "models trained side by side, one process each (default: 2 on CPU, all of them "
                                    "on a GPU)")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print every run's resolved training config (one YAML document each, which "
-                             "`train -c FILE` reads) and exit without training")
+    add_sweep_check_arguments(parser)
 
 
 def run(args) -> int:
@@ -52,10 +53,8 @@ def run(args) -> int:
     from ..experiments.demo.run import VARIANTS, demo_sweep, run_demo
 
     launcher = launcher_from(args, Path(args.out), len(VARIANTS) * len(seeds) if device.startswith("cuda") else 2)
-    if args.print_config:
-        sweep = demo_sweep(preset, Path(args.out), seeds=seeds, extra=extra, device=device)
-        print_configs([(str(sweep.run_dir(seed, variant)), sweep.train_config(variant, seed, launcher.threads))
-                       for seed, variant in sweep.runs()])
+    if check_sweep(demo_sweep(preset, Path(args.out), seeds=seeds, extra=extra, device=device), launcher.threads,
+                   print_config=args.print_config, dry_run=args.dry_run):
         return 0
     report = run_demo(preset, Path(args.out), seeds=seeds, extra=extra, launcher=launcher, device=device)
     print(f"report: {report.resolve()}")

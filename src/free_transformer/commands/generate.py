@@ -30,8 +30,9 @@ def add_arguments(parser) -> None:
                         help="keep the model loaded and read prompts from the terminal (or stdin), one per line; "
                              "/help lists the commands that change the settings (/latents, /seed, /n ...)")
     parser.add_argument("--format", choices=FORMATS, default="text",
-                        help="text: one sample per line, the prompt and its continuation, newlines written \\n, a "
-                             "prompt's samples together, prompts in order; jsonl: one JSON object per sample with "
+                        help="text: one sample per line, the prompt and its continuation, with the escapes of --stop "
+                             "written (\\n \\t \\r \\0, and a backslash as \\\\), a prompt's samples together, prompts "
+                             "in order; jsonl (the format to parse): one JSON object per sample with "
                              "the keys prompt, sample (the continuation alone), index (the prompt's), seed and latents")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="N",
                         help="samples decoded at once, prompts of one length together (a sample depends on its "

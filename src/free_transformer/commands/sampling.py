@@ -98,7 +98,7 @@ class Sampler:
             start = prompt_chars[row.prompt]
             text = cut_at_stop(decode(prompts[row.prompt].ids + row.tokens), stops, start)  # prompt and sample
             if self.format == "text":
-                print(text.replace("\n", "\\n"), flush=True)
+                print(escape(text), flush=True)  # one line, read back by unescape
             else:
                 print(json.dumps({"prompt": texts[row.prompt], "sample": text[start:], "index": first_index + row.prompt,
                                   "seed": row.seed, "latents": params.latents}, ensure_ascii=False), flush=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..experiments.study.presets import PRESETS, StudyPlan
 from ..train.config import settings_help
-from .arguments import add_launcher_arguments, launcher_from, parse_seeds, print_configs, training_device
+from .arguments import (add_launcher_arguments, add_sweep_check_arguments, check_sweep, launcher_from, parse_seeds,
+                        training_device)
 
 NAME = "study"
 HELP = ("train a baseline, a parameter-matched baseline and Free Transformers at several kappa on real text over "
@@ -34,9 +35,7 @@ def add_arguments(parser) -> None:
                              "held-out documents)")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
     add_launcher_arguments(parser, "models trained side by side (default: 2 on CPU, 6 on a GPU)")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print every run's resolved training config (one YAML document each, which "
-                             "`train -c FILE` reads) and exit without training")
+    add_sweep_check_arguments(parser)
 
 
 def parse_kappas(text: str | None, default: tuple[float, ...]) -> tuple[float, ...]:
@@ -57,10 +56,7 @@ def run(args) -> int:
     plan = StudyPlan(preset, Path(args.out), parse_seeds(args.seeds, preset.seeds),
                      parse_kappas(args.kappas, preset.kappas), tuple(args.overrides), device)
     launcher = launcher_from(args, Path(args.out), 6 if device.startswith("cuda") else 2)
-    if args.print_config:
-        sweep = plan.sweep
-        print_configs([(str(sweep.run_dir(seed, variant)), sweep.train_config(variant, seed, launcher.threads))
-                       for seed, variant in sweep.runs()])
+    if check_sweep(plan.sweep, launcher.threads, print_config=args.print_config, dry_run=args.dry_run):
         return 0
     from ..experiments.study.run import run_study
 

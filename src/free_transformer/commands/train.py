@@ -9,7 +9,7 @@ from ..train.config import config_yaml, load_train_config, settings_help
 NAME = "train"
 HELP = "train a model (YAML config, then section.field=value overrides); --resume continues a run"
 EPILOG = """example (the paper's synthetic letters, a debug-size model, about a minute on 2 CPU cores):
-  free-transformer train --out runs/try model.size=debug model.vocab_size=256 model.max_seq_len=72 steps=100
+  free-transformer train --out runs/try model.size=debug steps=100
 
 SIGTERM or Ctrl-C saves a checkpoint at the next step and exits (143 / 130); --resume continues.
 
@@ -31,13 +31,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved config as YAML (which `train -c FILE` reads back) and exit without "
                              "training")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check everything a run needs (the config, --out, the data against the model) and exit "
+                             "without training")
 
 
 def run(args) -> int:
     from ..distributed.env import is_main_process
-    from ..train.trainer import TrainingError, train
+    from ..train.trainer import TrainingError, check_run, train
 
-    if args.out is None and not args.print_config:
+    if args.out is None and not (args.print_config or args.dry_run):
         raise TrainingError("give the run directory with --out (or --print-config to only print the config)")
     out = Path(args.out) if args.out is not None else None
     if args.resume and args.init_from:  # a resumed run goes on from its own checkpoint, never another's weights
@@ -64,6 +67,9 @@ def run(args) -> int:
         config.model = config.model.matched_baseline()
     if args.print_config:
         print(config_yaml(config), end="")
+        return 0
+    if args.dry_run:
+        print(f"dry run, nothing trained: {check_run(config, out, resume=args.resume)}")
         return 0
     result = train(config, out, resume=args.resume, init_from=args.init_from)
     m = result.metrics

@@ -37,8 +37,8 @@ class TextConfig:
     """.jsonl, .parquet, .arrow: the key or column that holds each document's text."""
     tokenizer: str = "byte"
     """tokenizer name: byte, gpt2 (GPT-2's BPE, offline; needs the text extra) or hf:<directory>."""
-    seq_len: int = 256
-    """tokens per training sequence (model input length)."""
+    seq_len: int | None = None
+    """tokens per training sequence (model input length); none: the model's max_seq_len."""
     val_fraction: float = 0.01
     """share of the corpus (its last tokens) held out for validation; a corpus with its own held-out
     documents (a named corpus, a DatasetDict's validation split) holds those out instead."""
@@ -49,7 +49,8 @@ class TextConfig:
     free-transformer/tokens/; never beside the corpus, whose folder may be read-only)."""
 
     def __post_init__(self):
-        check_range("data.text.seq_len", self.seq_len, 1)
+        if self.seq_len is not None:
+            check_range("data.text.seq_len", self.seq_len, 1)
         check_range("data.text.val_fraction", self.val_fraction, 0, 1)
 
 
@@ -61,13 +62,14 @@ class TokensConfig:
     word val (valid, validation) are the validation split, as in llm.c."""
     tokenizer: str = "gpt2"
     """the tokenizer the shards were written with (the vocabulary, and how samples are decoded)."""
-    seq_len: int = 256
-    """tokens per training sequence (model input length)."""
+    seq_len: int | None = None
+    """tokens per training sequence (model input length); none: the model's max_seq_len."""
     val_fraction: float = 0.01
     """without validation shards: share of the tokens (the last ones) held out for validation."""
 
     def __post_init__(self):
-        check_range("data.tokens.seq_len", self.seq_len, 1)
+        if self.seq_len is not None:
+            check_range("data.tokens.seq_len", self.seq_len, 1)
         check_range("data.tokens.val_fraction", self.val_fraction, 0, 1)
 
 
@@ -88,6 +90,14 @@ class DataConfig:
     def section(self):
         """The options of the chosen kind (data.<kind>.*)."""
         return getattr(self, self.kind)
+
+    def fitted_to(self, max_seq_len: int) -> DataConfig:
+        """This config with the model's `max_seq_len` as the seq_len of the text and token sections that name
+        none, so that the data a command defaults to fits the model it trains (and a printed config names
+        the length)."""
+        return dataclasses.replace(self, **{name: dataclasses.replace(section, seq_len=max_seq_len)
+                                            for name, section in (("text", self.text), ("tokens", self.tokens))
+                                            if section.seq_len is None})
 
 
 def data_kinds() -> list[str]:

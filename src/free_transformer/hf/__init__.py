@@ -1,4 +1,4 @@
-"""Hugging Face integration (needs the `hf` extra: pip install 'free-transformer-reference[hf]').
+"""Hugging Face integration (needs the `hf` extra: README.md, Install).
 
 Importing this package registers `FreeTransformerConfig` and `FreeTransformerForCausalLM` with
 `AutoConfig` and `AutoModelForCausalLM` (model_type "free_transformer"), so that

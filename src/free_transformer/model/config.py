@@ -198,8 +198,8 @@ class ModelConfig:
 # Named sizes (`model.size=NAME`, `free-transformer info NAME`), from a model for tests to the paper's two.
 NAMED_CONFIGS: Presets[ModelConfig] = Presets("model size", {
     "debug": (ModelConfig(
-        vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64, latent_bits=4
-    ), "a model for tests, 2 blocks of width 32, H = 4"),
+        vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=128, latent_bits=4
+    ), "a model for tests, 2 blocks of width 32, H = 4, a byte vocabulary"),
     "cpu-small": (ModelConfig(
         vocab_size=256, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=384, max_seq_len=128, latent_bits=8
     ), "the synthetic demo's model, 4 blocks of width 128, H = 8, a byte vocabulary"),

@@ -132,6 +132,9 @@ class TrainConfig:
     progress: bool = True
     """Show a progress bar."""
 
+    def __post_init__(self):
+        self.data = self.data.fitted_to(self.model.max_seq_len)  # data that names no length fits the model
+
     def kappa_nats(self, step: int) -> float:
         """kappa at optimizer step `step` (0-based), in nats per token."""
         if self.kappa_start_bits is None or step >= self.kappa_anneal_steps:
@@ -142,6 +145,7 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         from ..runs.checkpoint import MAX_STEP
 
+        self.data = self.data.fitted_to(self.model.max_seq_len)
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
             raise ConfigError("steps, batch_size and grad_accum must be >= 1")
         check_range("steps", self.steps, 1, MAX_STEP, high_closed=True)  # every step's checkpoint must be nameable

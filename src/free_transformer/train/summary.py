@@ -1,16 +1,21 @@
 """A run at a glance, from its config.yaml and metrics.jsonl: training and validation losses and, for a
 Free Transformer, what Z does (the bits it saves, its KL against kappa, the bits that carry nothing,
-warnings). What `free-transformer inspect RUN` prints."""
+warnings). A run that logged no validation (validate_every=0, as the demo's runs) is validated now, at
+its newest checkpoint. What `free-transformer inspect RUN` prints."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from ..analysis.measures import DEAD_BIT_KL
 from ..base.errors import UserError
-from ..runs.checkpoint import checkpoint_dirs
+from ..data import build_dataset
+from ..runs.checkpoint import checkpoint_dirs, load_model, read_checkpoint_config
 from .config import load_train_config
 from .metrics import read_metrics
+from .validation import latent_warning, settled, validate
 
 
 def summarize_run(run_dir: str | Path, history: int = 8) -> str:
@@ -42,6 +47,10 @@ def _summary(run_dir: Path, config, metrics: list, history: int) -> str:
     lines.append(f"training (step {last['step']}): cross-entropy {last['cross_entropy_bits']:.4f} bits/token"
                  + (f", KL {last['kl_bits']:.4f} (kappa {last['kappa_bits']:g})" if bits else ""))
     evaluated = [m for m in metrics if "val_cross_entropy_bits" in m]
+    if not evaluated and kept:
+        evaluated = [validate_checkpoint(kept[-1], config)]
+        lines.append(f"no validation logged (validate_every=0): measured now on the newest checkpoint, step "
+                     f"{evaluated[0]['step']}")
     if not evaluated:
         return "\n".join(lines + ["no validation measures: train with validate_every=N to see what Z does"])
     val = evaluated[-1]
@@ -61,3 +70,13 @@ def _summary(run_dir: Path, config, metrics: list, history: int) -> str:
         lines.append(f"warnings at {len(warnings)} of {len(evaluated)} evaluations (steps {warnings[0]['step']}"
                      f"-{warnings[-1]['step']}); latest: {warnings[-1]['latent_warning']}")
     return "\n".join(lines)
+
+
+def validate_checkpoint(checkpoint: Path, config) -> dict:
+    """The validation measures training would have logged at `checkpoint`'s step (train/validation.py), on the
+    CPU, with the warning they call for."""
+    model, _ = load_model(checkpoint, "cpu")
+    step = int(read_checkpoint_config(checkpoint)["step"])
+    measures = {"step": step, **validate(model, build_dataset(config.data, config.seed), config, torch.device("cpu"))}
+    warning = latent_warning(measures, config.kappa_bits, settled=settled(config, step))
+    return {**measures, "latent_warning": warning} if warning else measures

@@ -48,7 +48,7 @@ from .metrics import MetricsLog, read_metrics, tokens_per_step
 from .noise import latent_generators
 from .optim import build_optimizer, lr_factor, set_lr
 from .periodic import periodic_evaluation
-from .validation import autocast_context, latent_warning, validate
+from .validation import autocast_context, latent_warning, settled, validate
 
 
 class TrainingError(UserError, RuntimeError):
@@ -212,13 +212,33 @@ class StepResult:
     stop: bool  # a signal asked every rank to stop after this step
 
 
-def build(config: TrainConfig, run_dir: Path, env: ParallelEnv, *, resume: bool, init_from) -> Run:
-    """Check the run directory and the config against the data, then build the dataset, the model (seeded,
-    optionally initialised from another checkpoint, transformed by the config's options) and the optimizer."""
+def _check_run_dir(run_dir: Path, resume: bool) -> None:
     if not resume:
         _check_fresh_run_dir(run_dir)
     elif not checkpoint_dirs(run_dir) and not (run_dir / "config.yaml").is_file():
         raise TrainingError(f"nothing to resume: no run in {run_dir} (no config.yaml, no checkpoint)")
+
+
+def check_run(config: TrainConfig, run_dir: str | Path | None = None, *, resume: bool = False) -> str:
+    """What `--dry-run` checks, training nothing and writing nothing but a text corpus's token cache: the
+    config, the run directory when given (a new run's must hold no run, a resumed one must exist), the data
+    (built, so a missing file or a too-short corpus shows) against the model, and the model (built on the
+    meta device: no memory). Returns a one-line summary of what would train."""
+    config.validate()
+    if run_dir is not None:
+        _check_run_dir(Path(run_dir), resume)
+    dataset = build_dataset(config.data, config.seed)
+    _check_data_fits_model(config, dataset, get_tokenizer(dataset.tokenizer_name))
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in FreeTransformer(config.model).parameters())
+    return (f"{parameters:,} parameters; {config.data.kind} data, {dataset.tokenizer_name} tokens, sequences of "
+            f"{dataset.sequence_length}; {config.steps} steps of {config.batch_size} sequences")
+
+
+def build(config: TrainConfig, run_dir: Path, env: ParallelEnv, *, resume: bool, init_from) -> Run:
+    """Check the run directory and the config against the data, then build the dataset, the model (seeded,
+    optionally initialised from another checkpoint, transformed by the config's options) and the optimizer."""
+    _check_run_dir(run_dir, resume)
     if config.batch_size % (env.world_size * config.grad_accum):
         raise ConfigError(f"batch_size ({config.batch_size}) must be a multiple of processes ({env.world_size}) "
                           f"x grad_accum ({config.grad_accum})")
@@ -393,9 +413,7 @@ def step_metrics(run: Run, done: int, result: StepResult, seconds_per_step: floa
     }
     if config.validate_every and done % config.validate_every == 0:
         metrics.update(validate(run.runner, run.dataset, config, run.device, run.env))
-        # Z is unused early in every run: only a quarter into training, and past the warm-up, is that news
-        settled = done > max(config.optim.warmup_steps, config.steps // 4)
-        warning = latent_warning(metrics, metrics["kappa_bits"], settled=settled)
+        warning = latent_warning(metrics, metrics["kappa_bits"], settled=settled(config, done))
         if warning:
             metrics["latent_warning"] = warning
     return metrics
@@ -464,8 +482,7 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
         progress.close()
         if log is not None:
             log.close()
-    if log is not None:
-        log.plot(run_dir / "training_curves.png")
+            log.plot(run_dir / "training_curves.png")  # a run stopped by a signal or an error has its curves too
     return TrainResult(run_dir, config.steps, last_metrics)
 
 

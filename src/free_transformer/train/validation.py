@@ -74,6 +74,11 @@ def _generator(config: TrainConfig, index: int, rows: range, env: ParallelEnv, s
     return generator(config.seed, "eval", split, index, env.rank, device=env.device)
 
 
+def settled(config: TrainConfig, step: int) -> bool:
+    """Z is unused early in every run: only a quarter into training, and past the warm-up, is that news."""
+    return step > max(config.optim.warmup_steps, config.steps // 4)
+
+
 def latent_warning(metrics: dict, kappa_bits: float, settled: bool) -> str | None:
     """measures.latent_verdict on `validate`'s measures (None for a baseline)."""
     if "latent_bits_saved" not in metrics:

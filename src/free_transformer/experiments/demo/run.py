@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from ...data import build_dataset
 from ...runs.checkpoint import load_model
-from ...train.config import TrainConfig, apply_overrides, overrides_of
+from ...train.config import TrainConfig, apply_overrides, load_train_config, overrides_of
 from ...train.metrics import read_metrics
 from ...train.validation import validate
 from ..launch.launchers import Launcher
@@ -52,7 +52,25 @@ def demo_sweep(preset: DemoPreset, out_dir: Path, *, seeds: tuple[int, ...] = (0
         return dataclasses.replace(config, log_every=25, keep_checkpoints=1,
                                    checkpoint_every=max(1, config.steps // 4))
 
-    return Sweep(out_dir, VARIANTS, seeds, config, device, flat_single_seed=True)
+    return Sweep(out_dir, VARIANTS, seeds, config, device)
+
+
+def move_one_seed_runs(out_dir: Path) -> list[str]:
+    """Runs of a one-seed demo written by 0.2 or earlier (OUT/SLUG) moved to the one layout (OUT/seed-S/SLUG,
+    S the seed in the run's config.yaml), where they are reused; a run already there is left alone. The moves
+    made, as "OLD -> NEW"."""
+    moved = []
+    for variant in VARIANTS:
+        old = out_dir / variant.slug
+        if not (old / "config.yaml").is_file():
+            continue
+        new = out_dir / f"seed-{load_train_config(old / 'config.yaml').seed}" / variant.slug
+        if new.exists():
+            continue
+        new.parent.mkdir(parents=True, exist_ok=True)
+        old.rename(new)
+        moved.append(f"{old} -> {new}")
+    return moved
 
 
 @dataclass
@@ -119,6 +137,8 @@ def run_demo(preset: DemoPreset, out_dir: Path, *, launcher: Launcher, seeds: tu
     sweep = demo_sweep(preset, out_dir, seeds=seeds, extra=extra, device=device)
     for seed, variant in sweep.runs():  # every run's config is checked before anything is written
         sweep.train_config(variant, seed)
+    for move in move_one_seed_runs(out_dir):
+        print(f"moved into OUT/seed-S/, where every seed's runs are kept: {move}", flush=True)
     print(first_line(preset, sweep, launcher), flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     wall = sweep.train(launcher)

@@ -1,8 +1,8 @@
 """A sweep: variants x seeds -> one TrainConfig per run -> runs trained by a launcher (launchers.py: side by side
 here, or one Slurm job each) -> the runs, for an experiment to measure and report. It names no experiment.
 
-Run layout: OUT/seed-S/SLUG, or OUT/SLUG when `flat_single_seed` and there is one seed (the demo's
-one-seed layout: runs finished there are found and reused)."""
+Run layout: OUT/seed-S/SLUG, whatever the number of seeds, so that a seed finished by one command is reused by
+the next (`demo`, then `demo --seeds 3`)."""
 
 from __future__ import annotations
 
@@ -61,13 +61,12 @@ class Sweep:
     seeds: tuple[int, ...]
     config: Callable[[Variant], TrainConfig]  # a variant's config, before the run's seed, device, threads
     device: str = "cpu"
-    flat_single_seed: bool = False
 
     def runs(self) -> list[tuple[int, Variant]]:
         return [(seed, variant) for seed in self.seeds for variant in self.variants]
 
     def seed_dir(self, seed: int) -> Path:
-        return self.out_dir if self.flat_single_seed and len(self.seeds) == 1 else self.out_dir / f"seed-{seed}"
+        return self.out_dir / f"seed-{seed}"
 
     def run_dir(self, seed: int, variant: Variant) -> Path:
         return self.seed_dir(seed) / variant.slug

@@ -54,7 +54,7 @@ def text_gpu() -> TrainConfig:
 
 
 def text_smoke() -> TrainConfig:
-    return TrainConfig(model=named_config("debug", vocab_size=256, max_seq_len=32, latent_bits=4),
+    return TrainConfig(model=named_config("debug", max_seq_len=32, latent_bits=4),
                        data=_shakespeare("byte", 32), optim=OptimConfig(warmup_steps=1), batch_size=4, steps=4,
                        log_every=2, validate_every=2, validation_batches=1, keep_checkpoints=1)
 

@@ -1,0 +1,265 @@
+"""README's and the docs' commands, run as a user runs them: every shell block of README.md and docs/*.md, in a
+fresh directory that holds this checkout's configs/, scripts/ and tests/golden/, with `free-transformer` and
+`python` on PATH. Quick commands run as written. Long ones (training to convergence, the demo, the study) run
+through their --dry-run, which checks the whole configuration, data included (DRY_RUN); a few run on fewer
+documents or steps (SMALLER); what cannot run on a CPU without the network is skipped (SKIPPED). Each entry
+says why, and a command that none matches runs as written: a new block is tested by default.
+
+A run that a block uses but that an earlier block trains (only checked here) is one tiny trained run, copied
+where the block expects it (RUNS)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHELL = ("bash", "sh", "shell")
+
+# (pattern at the start of a command, why): commands that are not run here
+SKIPPED = [
+    (r"python3 -m venv|\.venv/bin/pip|pip install", "installs packages from the network "
+                                                     "(tests/test_install.py checks what the install hints say)"),
+    (r"pip wheel", "builds the checkout's wheel (tests/test_install.py builds it)"),
+    (r"torchrun --nnodes", "several machines"),
+    (r"torchrun", "many processes training a real corpus (tests/test_distributed.py runs torchrun on a CPU)"),
+    (r"free-transformer (study|demo) .*--launcher slurm", "a Slurm cluster (tests/test_slurm.py)"),
+    (r"free-transformer (demo|eval|serve) .*--device cuda", "a GPU"),
+    (r"bash scripts/gpu-check\.sh|PYTHON=|ONLY=", "a GPU (scripts/gpu-check.sh)"),
+    (r"free-transformer consolidate", "a sharded (DCP) checkpoint, written by torchrun (tests/test_distributed.py "
+                                      "consolidates one)"),
+    (r"free-transformer generate runs/x --prompt", "the run consolidated above"),
+    (r"free-transformer serve", "a server that runs until stopped (tests/test_serve.py runs it with real clients)"),
+    (r"curl ", "asks the server of the block above"),
+    (r"free-transformer generate \S+ --interactive", "waits for a person's input (tests/test_sampling.py drives it)"),
+    (r"free-transformer convert /models/|free-transformer convert runs/tinyllama|free-transformer train --config "
+     r"configs/tinyllama", "TinyLlama's 1.1B weights, downloaded (tests/test_hf_conversion.py converts a tiny "
+                           "Llama)"),
+    (r"free-transformer eval runs/\S+-8b", "the paper's 8B models and the RACE and HumanEval+ files"),
+    (r"free-transformer compare runs/baseline-8b", "the 8B models' evaluations above"),
+    (r"free-transformer train .*data\.text\.path=/data/|free-transformer train .*data\.text\.path=notes\.jsonl\.gz",
+     "the user's own corpus (tests/test_readers.py reads each format)"),
+    (r"python -m free_transformer\.eval\.lm_eval_adapter run .*--tasks my_task",
+     "the user's own lm-eval task (tests/test_eval_lm_eval.py runs one)"),
+    (r"OMP_NUM_THREADS=1 python - <<'PY'", "a timing of a 4 x 256 x 50257 softmax (bench/ holds the benchmarks)"),
+    (r"python scripts/compare_losses\.py runs/a ", "runs of the reader's own"),
+    (r"python scripts/compare_losses\.py runs/golden --save-golden", "rewrites the checkout's golden file"),
+]
+# (pattern, why): long commands, run with --dry-run (everything checked, nothing trained)
+DRY_RUN = [
+    (r"free-transformer demo", "the demo trains for 12 minutes and more"),
+    (r"free-transformer study", "the study trains for 49 minutes and more"),
+    (r"free-transformer train --config configs/", "trains a real corpus to convergence"),
+    (r"free-transformer train --out runs/notes --resume steps=5000", "5,000 steps"),
+    (r"free-transformer train --out runs/try data\.kind=letters .*steps=2000", "2,000 steps"),
+    (r"free-transformer train -c configs/letters-free\.yaml", "the letters to convergence"),
+]
+# (pattern, replacement, why): commands run smaller than written
+SMALLER = [
+    (r"(free-transformer train --out runs/notes model\.size=cpu-small data\.kind=text .*)$", r"\1 steps=2",
+     "2 of its 1,000 steps: the default data of the named size trains"),
+    (r"(free-transformer train --config x\.yaml --out runs/x)$", r"\1 steps=2", "2 of its 1,000 steps: the printed "
+                                                                               "config trains"),
+    (r"--limit (200|50)\b", "--limit 2", "2 documents of each benchmark"),
+    (r"(free-transformer eval .*--heldout \S+)", r"\1 --heldout-windows 2", "2 windows of the held-out text"),
+    (r"\bsteps=120 (.*)checkpoint_every=20", r"steps=4 \1checkpoint_every=2", "4 of the 120 steps"),
+    (r"eval\.every=20 (.*)eval\.limit=20", r"eval.every=2 \1eval.limit=2", "benchmarks every 2 steps, on 2 "
+                                                                         "documents"),
+    (r"eval\.heldout_windows=20", "eval.heldout_windows=2", "2 windows of the held-out text"),
+]
+# Runs a block uses, trained by a block that is only checked here: a copy of one tiny run stands in for each.
+RUNS = ["runs/demo/seed-0/kappa-1", "runs/shake", "runs/ctrl", "runs/k1", "runs/x", "runs/baseline",
+        "runs/free-half-bit", "runs/curves-free", "runs/curves-baseline", "runs/shakespeare-baseline",
+        "runs/shakespeare-free", "runs/my-run"]
+# Files a block reads that the reader brings: made here.
+FILES = {
+    "notes.txt": "\n\n".join(f"Note {i}: the free bits keep the KL of each token under kappa; the encoder sees the "
+                             f"whole sequence, and the decoder reads Z in its middle block." for i in range(300)),
+    "heldout.txt": "ROMEO: But soft, what light through yonder window breaks?\n" * 40,
+    "prompts.txt": "K>\nOnce upon a time\n",
+}
+
+
+@dataclass
+class Command:
+    page: str
+    line: int
+    text: str  # one shell command, continuation lines joined, its trailing comment dropped
+
+
+def shell_blocks(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of each fenced block tagged as shell."""
+    text = path.read_text()
+    return [(text[: m.start()].count("\n") + 2, m.group(2))
+            for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M) if m.group(1) in SHELL]
+
+
+def untagged_commands(path: Path) -> list[int]:
+    """Lines of untagged blocks that start like a command: they must be tagged bash (and so run)."""
+    text = path.read_text()
+    return [text[: m.start()].count("\n") + 1 for m in re.finditer(r"^```\n(.*?)^```", text, re.S | re.M)
+            if re.match(r"(free-transformer|python|pip|torchrun|bash|curl) ", m.group(1))]
+
+
+def commands(block: str) -> list[str]:
+    """The block's commands: lines joined across a trailing backslash, across open quotes and through a
+    here-document; comments dropped."""
+    out, current, quote, heredoc = [], "", None, None
+    for line in block.splitlines():
+        if heredoc is not None:
+            current += "\n" + line
+            if line.strip() == heredoc:
+                out.append(current)
+                current, heredoc = "", None
+            continue
+        text = line if not current else current + ("\n" if quote else " ") + line.strip()
+        cut = None
+        for i, char in enumerate(line):
+            if quote:
+                quote = None if char == quote else quote
+            elif char in "'\"":
+                quote = char
+            elif char == "#" and (i == 0 or line[i - 1].isspace()):
+                cut = i
+                break
+        if cut is not None:
+            text = text[: len(text) - (len(line) - cut)]
+        scanned = text.rstrip()
+        if quote is None and scanned.endswith("\\"):
+            current = scanned[:-1].rstrip()
+            continue
+        if quote is not None:
+            current = scanned
+            continue
+        if (marker := re.search(r"<<'?(\w+)'?", scanned)) is not None:
+            current, heredoc = scanned, marker.group(1)
+            continue
+        if scanned.strip():
+            out.append(scanned.strip())
+        current = ""
+    return out
+
+
+def every_command() -> list[Command]:
+    found = []
+    for path in PAGES:
+        for line, block in shell_blocks(path):
+            for text in commands(block):
+                found.append(Command(str(path.relative_to(ROOT)), line, text))
+    return found
+
+
+def plan(text: str) -> tuple[str | None, str]:
+    """(the command to run, or None; why it differs from the text, or '')."""
+    for pattern, why in SKIPPED:
+        if re.match(pattern, text):
+            return None, f"skipped: {why}"
+    for pattern, why in DRY_RUN:
+        if re.match(pattern, text):
+            background = text.endswith("&")
+            return text.rstrip("& ") + " --dry-run" + (" &" if background else ""), f"dry run: {why}"
+    command, reasons = text, []
+    for pattern, replacement, why in SMALLER:
+        if re.search(pattern, command):
+            command, reasons = re.sub(pattern, replacement, command), reasons + [why]
+    return command, "; ".join(reasons)
+
+
+BLOCKS = {}
+for _command in every_command():
+    BLOCKS.setdefault((_command.page, _command.line), []).append(_command.text)
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory):
+    """The directory a reader works in (a checkout's configs/, scripts/, tests/golden/), the PATH and
+    environment of the commands, and one tiny trained Free Transformer that stands in for the RUNS.
+    `free-transformer` is served by command_server.py: the package and torch are imported once."""
+    root = tmp_path_factory.mktemp("docs")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "XDG_CACHE_HOME": str(root / "cache"), "PYTHONUNBUFFERED": "1"}
+    server_script, socket_path = Path(__file__).parent / "command_server.py", root / "cli.sock"
+    server = subprocess.Popen([sys.executable, str(server_script), str(socket_path)], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        for name, command in (("free-transformer", f"{sys.executable} -S {server_script} --client {socket_path}"),
+                              ("python", sys.executable)):
+            (bin_dir / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+            (bin_dir / name).chmod(0o755)
+        run = root / "tiny-run"
+        subprocess.run(["free-transformer", "train", "--out", str(run), "model.size=debug", "model.max_seq_len=72",
+                        "batch_size=8", "steps=4", "checkpoint_every=2", "progress=false"],
+                       env=env, check=True, capture_output=True)
+        yield root, env, run
+    finally:
+        server.kill()
+        server.wait()
+
+
+def block_dir(workspace, name: str) -> Path:
+    root, _, run = workspace
+    where = root / "blocks" / re.sub(r"\W+", "-", name)
+    where.mkdir(parents=True)
+    for folder in ("configs", "scripts"):
+        (where / folder).symlink_to(ROOT / folder)
+    (where / "tests").mkdir()
+    (where / "tests" / "golden").symlink_to(ROOT / "tests" / "golden")
+    for name, text in FILES.items():
+        (where / name).write_text(text)
+    return where
+
+
+def place_runs(where: Path, run: Path, block: list[str]) -> None:
+    """A copy of the tiny run for each of RUNS the block reads and trains nowhere."""
+    text = "\n".join(block)
+    for path in RUNS:
+        if re.search(rf"(?<![\w/-]){re.escape(path)}(?![\w-])", text) and f"--out {path}" not in text:
+            shutil.copytree(run, where / path)
+
+
+def stand_in(command: str, why: str) -> str:
+    """A dry run of a training that a later command reads is followed by a copy of the tiny run in its --out."""
+    out = re.search(r"--out (\S+)", command)
+    if not why.startswith("dry run") or out is None or out.group(1) not in RUNS:
+        return command
+    return f'{command}\nmkdir -p "$(dirname {out.group(1)})" && cp -R "$TINY_RUN" {out.group(1)}'
+
+
+def test_untagged_blocks_hold_no_commands():
+    untagged = [f"{path.relative_to(ROOT)}:{line}" for path in PAGES for line in untagged_commands(path)]
+    assert not untagged, f"tag these blocks ```bash so that this file runs them: {untagged}"
+
+
+def test_every_rule_matches_a_command():
+    """A rule that no longer matches anything is stale: remove it."""
+    texts = [command.text for command in every_command()]
+    for pattern, *_ in SKIPPED + DRY_RUN + SMALLER:
+        assert any(re.match(pattern, t) or re.search(pattern, t) for t in texts), pattern
+
+
+@pytest.mark.parametrize("where", list(BLOCKS), ids=[f"{page}:{line}" for page, line in BLOCKS])
+def test_the_block_runs(workspace, where):
+    _, env, run = workspace
+    planned = [plan(text) for text in BLOCKS[where]]
+    script = [stand_in(command, why) for command, why in planned if command is not None]
+    if not script:
+        pytest.skip("; ".join(sorted({why for _, why in planned})))
+    directory = block_dir(workspace, f"{where[0]}-{where[1]}")
+    place_runs(directory, run, BLOCKS[where])
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(script)], cwd=directory,
+                            env={**env, "TINY_RUN": str(run)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (f"{where[0]}:{where[1]} failed ({result.returncode}):\n" + "\n".join(script)
+                                    + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}")
