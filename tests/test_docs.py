@@ -33,12 +33,14 @@ SKIPPED = [
     (r"torchrun", "many processes training a real corpus (tests/test_distributed.py runs torchrun on a CPU)"),
     (r"free-transformer (study|demo) .*--launcher slurm", "a Slurm cluster (tests/test_slurm.py)"),
     (r"free-transformer (demo|eval|serve) .*--device cuda", "a GPU"),
-    (r"bash scripts/gpu-check\.sh|PYTHON=|ONLY=", "a GPU (scripts/gpu-check.sh)"),
+    (r"bash scripts/gpu-check\.sh|PYTHON=", "a GPU (tests/test_gpu_check.py runs its --plan, which needs none)"),
     (r"free-transformer consolidate", "a sharded (DCP) checkpoint, written by torchrun (tests/test_distributed.py "
                                       "consolidates one)"),
     (r"free-transformer generate runs/x --prompt", "the run consolidated above"),
     (r"free-transformer serve", "a server that runs until stopped (tests/test_serve.py runs it with real clients)"),
     (r"curl ", "asks the server of the block above"),
+    (r"lm_eval --model local-completions", "asks the server of the line above (tests/test_serve_clients.py runs "
+                                           "this lm_eval against a real serve)"),
     (r"free-transformer generate \S+ --interactive", "waits for a person's input (tests/test_sampling.py drives it)"),
     (r"free-transformer convert /models/|free-transformer convert runs/tinyllama|free-transformer train --config "
      r"configs/tinyllama", "TinyLlama's 1.1B weights, downloaded (tests/test_hf_conversion.py converts a tiny "
@@ -85,6 +87,7 @@ FILES = {
                              f"whole sequence, and the decoder reads Z in its middle block." for i in range(300)),
     "heldout.txt": "ROMEO: But soft, what light through yonder window breaks?\n" * 40,
     "prompts.txt": "K>\nOnce upon a time\n",
+    "race_tiny.jsonl": (Path(__file__).parent / "data" / "race_tiny.jsonl").read_text(),  # docs/serving.md's
 }
 
 
