@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .mappers import LatentMapper, register_latent_kind
+from .binary import BinaryLatentSpace
 from .sampling import Generators, at_least_float32, bits_to_index, index_to_bits, sample_bit_values
+from .space import register_latent_kind
 
 
 @register_latent_kind("bit_linear")
-class BitLinear(LatentMapper):
-    max_bits = 62  # indices d = sum_h 2^h B_h stay int64
+class BitLinear(BinaryLatentSpace):
 
     def __init__(self, bits: int, dim: int):
         super().__init__(bits, dim)
@@ -35,8 +35,8 @@ class BitLinear(LatentMapper):
         signs = (2 * bits.to(soft.dtype) - 1) + soft - soft.detach()  # value: exactly the ±1 bits
         return F.linear(signs.to(self.weight.dtype), self.weight), bits_to_index(bits)
 
-    def lookup(self, index: Tensor) -> Tensor:
-        signs = 2 * index_to_bits(index, self.bits) - 1  # (..., H)
+    def embed(self, value: Tensor) -> Tensor:
+        signs = 2 * index_to_bits(value, self.bits) - 1  # (..., H)
         return F.linear(signs.to(self.weight.dtype), self.weight)
 
     def reset_parameters(self, std: float) -> None:
