@@ -342,7 +342,7 @@ def _spread_png(results_by_seed: dict) -> bytes:
     fig, axes = plt.subplots(1, len(SPREAD), figsize=(2.6 * len(SPREAD), 3.2))
     for ax, (slug, key, title, threshold) in zip(axes, SPREAD):
         for seed, results in results_by_seed.items():
-            value = next(r.measures.get(key) for r in results if r.variant.slug == slug)
+            value = next((r.measures.get(key) for r in results if r.variant.slug == slug), None)  # None: not run
             if value is not None:
                 ax.scatter([0], [value], s=30)
                 ax.annotate(f"seed {seed}", (0, value), xytext=(6, 0), textcoords="offset points", fontsize=7)
