@@ -68,6 +68,7 @@ def code_log_probabilities(bit_logits: torch.Tensor) -> torch.Tensor:
     return F.logsigmoid(logits) @ codes.T + F.logsigmoid(-logits) @ (1 - codes).T
 
 
+@torch.no_grad()
 def kl_split(space: LatentSpace, posterior: torch.Tensor, *, generator: Generators = None,
              max_entries: int = 2**22) -> dict[str, float]:
     """The mean per-token KL(Q(Z_t | S) || prior) of a batch of sequences, (B, T, P) posteriors, split in

@@ -27,6 +27,7 @@ class GaussianLatent(LatentSpace):
     max_bits: ClassVar[int] = 4096
     params_per_unit: ClassVar[int] = 2  # mean, log-variance
     value_dtype: ClassVar[torch.dtype] = torch.float32
+    unit: ClassVar[str] = "dimension"
 
     def __init__(self, bits: int, dim: int):
         super().__init__(bits, dim)
@@ -58,7 +59,9 @@ class GaussianLatent(LatentSpace):
     def sample(self, posterior: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
         mean, log_var = self._moments(posterior)
         noise = self.prior(tuple(mean.shape[:-1]), generator, mean.device)  # (..., H) ~ N(0, I)
-        z = mean + (0.5 * log_var).exp() * noise  # (..., H)
+        # (..., H) in value_dtype, whatever the posterior's: the value recorded is the one R was made of, so
+        # that feeding it back as explicit latents gives the same R
+        z = (mean + (0.5 * log_var).exp() * noise).to(self.value_dtype)
         return self.embed(z), z.detach()
 
     def embed(self, value: Tensor) -> Tensor:

@@ -56,6 +56,8 @@ class LatentSpace(nn.Module):
     """Read-out outputs per unit of Z_t: the posterior is (..., H * params_per_unit)."""
     value_dtype: ClassVar[torch.dtype]
     """dtype of a value of Z."""
+    unit: ClassVar[str] = "bit"
+    """What one of the H units of Z_t is called in reports: "bit", "dimension"."""
 
     def __init__(self, bits: int, dim: int):
         super().__init__()
