@@ -239,7 +239,7 @@ def shared_prior_latents(model: FreeTransformer, length: int, generator: torch.G
     """(1, length, *value_shape) Z drawn once from the prior, to share across a batch."""
     if not model.config.is_free:
         raise ValueError("latents exist only in a Free Transformer (latent_bits > 0)")
-    return model.latent_space.prior((1, length), generator, model.rope_cos.device)
+    return LatentPlan(1, model.latent_space, generators=generator).draw(length, model.rope_cos.device)
 
 
 @torch.no_grad()
