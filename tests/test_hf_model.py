@@ -172,7 +172,7 @@ def test_generate_rejects_bad_input(free_pair):
     prompts = _prompts()
     with pytest.raises(ValueError, match="padded batches"):
         hf_model.generate(prompts, attention_mask=torch.tensor([[0, 1, 1, 1, 1]] * 3), max_new_tokens=2)
-    with pytest.raises(ValueError, match="latents must be"):
+    with pytest.raises(ValueError, match="latents of kind binary_mapper must have shape"):
         hf_model.generate(prompts, latents=torch.zeros(3, 2, dtype=torch.int64), max_new_tokens=2)
     with pytest.raises(ValueError, match="latents must be one of 'encoder', 'prior', 'shared', 'reference'"):
         hf_model.generate(prompts, latents="posterior-ish", max_new_tokens=2)

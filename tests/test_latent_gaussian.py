@@ -106,7 +106,8 @@ def test_generate_takes_every_latent_choice(choice):
     model = tiny_model(**GAUSSIAN)
     prompts, config = torch.randint(0, 50, (3, 4)), GenerationConfig(max_new_tokens=5, temperature=0.5)
     values = torch.randn(1, 6, 4)
-    options = {"values": dict(latents=values), "reference": dict(latents="reference", reference=torch.randint(0, 50, (1, 8)))}
+    reference = torch.randint(0, 50, (1, 8))
+    options = {"values": dict(latents=values), "reference": dict(latents="reference", reference=reference)}
     kwargs = options.get(choice, dict(latents=choice))
     out = generate(model, prompts, config, seeds=[1, 2, 3], latent_seed=0, **kwargs)
     assert out.latents.shape == (3, 4 + 5 - 1, 4) and out.latents.dtype == torch.float32

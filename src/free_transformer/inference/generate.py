@@ -359,7 +359,8 @@ def generate(
     "encoder" or "prior" for the prompt's Z; "shared", one prior sequence for every row (the paper's
     green groups); "reference", the encoder's posterior on `reference`, (B or 1, T >= P) token ids; or
     (B or 1, N, *value_shape) explicit values for positions [0, N), N >= P (indices (B or 1, N) for the
-    binary kinds). Positions past the explicit ones draw Z_t from the prior, per row. latent_seed seeds the one-off draw of "shared" and "reference"
+    binary kinds). Positions past the explicit ones draw Z_t from the prior, per row. latent_seed seeds the
+    one-off draw of "shared" and "reference"
     (default: the global RNG). should_stop: called with a row's new tokens after each step; True
     finishes that row (for stop strings, which token ids cannot express). compile: decode with
     `StaticDecodeStep`, which draws Z and samples inside the step: on a GPU compiled by Inductor
@@ -442,7 +443,7 @@ def _decode(model, cache, plan: LatentPlan, logits: Tensor, config: GenerationCo
             if last or bool((lengths <= step + 1).all()):
                 break
         if step_fn is None:
-            latent = plan.source(position, 1, device)  # (B, 1, ...) a prior draw or an explicit value; a baseline: "prior"
+            latent = plan.source(position, 1, device)  # (B, 1, ...) a prior or explicit Z; a baseline: "prior"
             logits = model(token[:, None], latents=latent, cache=cache, start=position).logits[:, -1]
             plan.record(position, latent if isinstance(latent, Tensor) else None)
             non_finite |= logits.isnan().any()

@@ -205,7 +205,8 @@ class LatentPlan:
         """Keep the Z the model used for positions [start, ...) that the plan had not recorded yet."""
         if latents is None:
             return
-        new = latents[:, self.length - start :].expand(self.batch_size, *latents.shape[1:])
+        new = latents[:, self.length - start :]
+        new = new.expand(self.batch_size, *new.shape[1:])
         if new.shape[1]:
             self.used.append(new)
             self.length += new.shape[1]

@@ -20,7 +20,7 @@ from .latent import ENCODER, Generators, LatentSource, LatentSpace, free_bits_kl
 from .latent_path import LatentPath, LatentSample
 from .layers import Block, KVCache, rope_tables
 from .loss import IGNORE_INDEX, cross_entropy, readout_cross_entropy
-from .state_names import FUSED_PROJECTIONS, part_rows, upgrade_state_dict
+from .state_names import FUSED_PROJECTIONS, part_rows
 
 
 @dataclass
@@ -69,13 +69,8 @@ class FreeTransformer(nn.Module):
         cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.register_load_state_dict_pre_hook(self._upgrade_legacy_names)
         self.compiled_loss = False  # set by distributed.parallelize.apply_compile (compile=true)
         self.init_weights()
-
-    @staticmethod
-    def _upgrade_legacy_names(module, state_dict, prefix, *args) -> None:
-        upgrade_state_dict(state_dict, prefix)
 
     @torch.no_grad()
     def init_weights(self, std: float = 0.02, post_sampler_std: float | None = None, *,
@@ -177,7 +172,8 @@ class FreeTransformer(nn.Module):
         from the encoder's posterior (training, KV-cache prefill; needs the whole sequence, start = 0),
         PRIOR draws every Z_t from the prior, independently, and a tensor (B or 1, T, *value_shape) gives
         the values explicitly (int64 indices (B or 1, T) for the binary kinds). kappa_nats: the free-bits
-        threshold of the KL term, in nats per token. generator: one generator, or one per row (each row then reproducible on its own).
+        threshold of the KL term, in nats per token. generator: one generator, or one per row (each row then
+        reproducible on its own).
 
         Shapes are checked here; the ranges of token ids and latent values are not (that reads values
         on the host): entry points check them once, with `check_tokens` and free_transformer.inference.latents.

@@ -49,13 +49,15 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
         with autocast_context(config.precision, env.device):
             out = model(inputs, targets, kappa_nats=config.kappa_nats(config.steps),
                         generator=_generator(config, index, rows, env, "val"))
-            prior = model(inputs, targets, latents=_prior(model, inputs, _generator(config, index, rows, env, "prior")))\
-                if free else None
+            if free:
+                prior_z = _prior(model, inputs, _generator(config, index, rows, env, "prior"))  # (B, T, ...)
+                prior = model(inputs, targets, latents=prior_z)
         totals[0] += out.cross_entropy_nats.double()
         if free:
             totals[1] += out.kl_nats.double()
             totals[2] += prior.cross_entropy_nats.double()
-            per_bit += getattr(model, "module", model).latent_space.kl_per_unit(out.posterior).double().mean(dim=(0, 1))
+            space = getattr(model, "module", model).latent_space  # ddp wraps the model
+            per_bit += space.kl_per_unit(out.posterior).double().mean(dim=(0, 1))
     model.train()
     totals, per_bit = env.mean(totals) / config.validation_batches / LN2, env.mean(per_bit) / config.validation_batches / LN2
     ce, kl, prior_ce = totals.tolist()

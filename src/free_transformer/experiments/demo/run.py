@@ -49,7 +49,8 @@ def demo_sweep(preset: DemoPreset, out_dir: Path, *, seeds: tuple[int, ...] = (0
     models: the slugs of the variants to run (default: all of VARIANTS); the claims of the others are not judged."""
     unknown = sorted(set(models or ()) - {v.slug for v in VARIANTS})
     if unknown:
-        raise ValueError(f"unknown demo model(s) {', '.join(unknown)}; choose among {', '.join(v.slug for v in VARIANTS)}")
+        known = ", ".join(v.slug for v in VARIANTS)
+        raise ValueError(f"unknown demo model(s) {', '.join(unknown)}; choose among {known}")
     variants = VARIANTS if models is None else tuple(v for v in VARIANTS if v.slug in models)
 
     def config(variant: Variant) -> TrainConfig:

@@ -12,11 +12,12 @@ from .gaussian import GaussianLatent
 from .sampling import (Generators, at_least_float32, bits_to_index, fill_rows_, free_bits_kl, index_to_bits,
                        kl_per_bit, kl_to_uniform, rand_rows, sample_bit_values, sample_bits)
 from .sources import ENCODER, PRIOR, LatentSource
-from .space import LATENT_KINDS, LatentSpace, latent_kind, register_latent_kind
+from .space import LATENT_KINDS, LatentSpace, LinearMap, latent_kind, register_latent_kind
 
 __all__ = [
     "ENCODER", "LATENT_KINDS", "PRIOR", "BinaryLatentSpace", "BinaryMapper", "BitLinear", "GaussianLatent",
-    "Generators", "LatentSource", "LatentSpace", "at_least_float32", "binary_mapper_project", "bits_to_index",
+    "Generators", "LatentSource", "LatentSpace", "LinearMap", "at_least_float32", "binary_mapper_project",
+    "bits_to_index",
     "fill_rows_", "free_bits_kl", "index_to_bits", "kl_per_bit", "kl_to_uniform", "latent_kind", "project_latents",
     "rand_rows", "register_latent_kind", "sample_bit_values", "sample_bits",
 ]

@@ -11,28 +11,23 @@ The free-bits hinge applies to the token's KL exactly as for the binary kinds. H
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from .sampling import Generators, at_least_float32, fill_rows_
-from .space import LatentSpace, register_latent_kind
+from .space import LinearMap, register_latent_kind
 
 
 @register_latent_kind("gaussian")
-class GaussianLatent(LatentSpace):
+class GaussianLatent(LinearMap):
+    """R = W z with W (D, H): LinearMap's weight, initialisation and costs."""
+
     max_bits: ClassVar[int] = 4096
     params_per_unit: ClassVar[int] = 2  # mean, log-variance
     value_dtype: ClassVar[torch.dtype] = torch.float32
     unit: ClassVar[str] = "dimension"
-
-    def __init__(self, bits: int, dim: int):
-        super().__init__(bits, dim)
-        self.weight = nn.Parameter(torch.empty(dim, bits))  # (D, H): R = W z
-        self.reset_parameters(1.0)  # the model's init_weights sets the scale it wants
 
     @property
     def value_shape(self) -> tuple[int, ...]:
@@ -65,7 +60,7 @@ class GaussianLatent(LatentSpace):
         return self.embed(z), z.detach()
 
     def embed(self, value: Tensor) -> Tensor:
-        return F.linear(value.to(self.weight.dtype), self.weight)
+        return self.linear(value)
 
     def check_values(self, values: Tensor) -> Tensor:
         if not values.is_floating_point():
@@ -76,14 +71,3 @@ class GaussianLatent(LatentSpace):
         if not bool(values.isfinite().all()):
             raise ValueError("latents of kind gaussian must be finite")
         return values.to(self.value_dtype)
-
-    def reset_parameters(self, std: float) -> None:
-        nn.init.normal_(self.weight, std=std / math.sqrt(self.bits))  # R of z ~ N(0, I) sums H terms
-
-    @classmethod
-    def num_params(cls, bits: int, dim: int) -> int:
-        return dim * bits
-
-    @classmethod
-    def training_flops_per_token(cls, bits: int, dim: int) -> float:
-        return 6.0 * dim * bits  # an ordinary (D, H) linear map, forward and backward

@@ -15,9 +15,11 @@ R is (..., D). KLs are in nats, per token.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .sampling import Generators
@@ -130,3 +132,28 @@ class LatentSpace(nn.Module):
     def training_flops_per_token(cls, bits: int, dim: int) -> float:
         """Forward + backward FLOPs per token of the matmuls the kind needs."""
         raise NotImplementedError
+
+
+class LinearMap(LatentSpace):
+    """Base of the kinds whose R is a linear map of H real numbers per token, R = W v with W (D, H)
+    (`bit_linear`: the ±1 bits; `gaussian`: z itself): the weight, its initialisation and its costs."""
+
+    def __init__(self, bits: int, dim: int):
+        super().__init__(bits, dim)
+        self.weight = nn.Parameter(torch.empty(dim, bits))  # (D, H): column h is what unit h adds
+        self.reset_parameters(1.0)  # the model's init_weights sets the scale it wants
+
+    def linear(self, units: Tensor) -> Tensor:
+        """(..., H) -> R (..., D) in the weight's dtype."""
+        return F.linear(units.to(self.weight.dtype), self.weight)
+
+    def reset_parameters(self, std: float) -> None:
+        nn.init.normal_(self.weight, std=std / math.sqrt(self.bits))  # R sums H terms of unit scale
+
+    @classmethod
+    def num_params(cls, bits: int, dim: int) -> int:
+        return dim * bits
+
+    @classmethod
+    def training_flops_per_token(cls, bits: int, dim: int) -> float:
+        return 6.0 * dim * bits  # an ordinary (D, H) linear map, forward and backward
