@@ -169,7 +169,7 @@ def test_the_command_says_the_old_spelling_once_and_samples_as_encoder(tmp_path,
 
 def test_a_generation_resolves_its_choice_once_and_the_model_gets_resolved_sources(model, hf_model, monkeypatch):
     """However many steps are decoded, the choice is parsed and resolved (and explicit indices range-checked)
-    once per generate; every forward receives ENCODER, PRIOR or an index tensor, never a user's spelling."""
+    once per generate; every forward receives ENCODER, PRIOR or a tensor of values, never a user's spelling."""
     counts = {"parse": 0, "resolve": 0, "check": 0}
     real_parse, real_resolve = latent_choice.parse_latents, latent_choice.resolve_latents
     real_check = latent_choice.check_latent_values

@@ -65,7 +65,7 @@ def parse_latents(value, *, where: str = "latents", allowed: tuple[str, ...] = C
         return new
     if isinstance(value, str) and value in allowed:
         return value
-    names = ", ".join(repr(name) for name in allowed) + (" or a tensor of values (B or 1, N, ...)" if indices else "")
+    names = ", ".join(repr(name) for name in allowed) + (" or a tensor of values (B or 1, N, ...)" * indices)
     raise ValueError(f"{where} must be one of {names}; got {value!r}")
 
 
@@ -96,7 +96,7 @@ def refuse_on_baseline(choice: LatentChoice, is_free: bool, where: str = "latent
 @dataclass(frozen=True)
 class ResolvedLatents:
     prompt_source: LatentSource  # ENCODER or PRIOR: the Z of the prompt when no explicit Z covers it
-    explicit: Tensor | None = None  # (batch_size or 1, N, *value_shape) values of positions [0, N), N >= prompt length
+    explicit: Tensor | None = None  # (batch_size or 1, N, *value_shape) Z of positions [0, N), N >= prompt length
 
 
 def resolve_latents(model: FreeTransformer, choice: LatentChoice | None, *, length: int = 0, reference=None,
@@ -138,7 +138,9 @@ def plan_latents(model: FreeTransformer, choice: LatentChoice | None, batch_size
     resolved once (`resolve_latents`); `generators` (one per row) draw the new positions' prior Z."""
     resolved = resolve_latents(model, choice, length=length, reference=reference, generator=generator,
                                batch_size=batch_size, prompt_length=prompt_length, where=where)
-    explicit = None if resolved.explicit is None else resolved.explicit.expand(batch_size, *resolved.explicit.shape[1:])
+    explicit = resolved.explicit
+    if explicit is not None:
+        explicit = explicit.expand(batch_size, *explicit.shape[1:])
     return LatentPlan(batch_size, model.latent_space, explicit=explicit, prompt_source=resolved.prompt_source,
                       generators=generators)
 
@@ -146,13 +148,13 @@ def plan_latents(model: FreeTransformer, choice: LatentChoice | None, batch_size
 class LatentPlan:
     """Z for each position of a sequence, handed to the model's forward call by call: the one dispenser
     of Z per position, used by `free_transformer.inference.generate` (eager and static decoding),
-    `FreeTransformerForCausalLM`, evaluation's scoring and the held-out likelihoods.
+    `FreeTransformerForCausalLM`, evaluation's scoring, the held-out likelihoods and validation.
 
     Positions [0, N) take the explicit (B, N, *value_shape) values when given. Otherwise the first call
     (at position 0) takes the encoder when `prompt_source` is ENCODER, and every other position one prior
-    draw of the latent space (`LatentSpace.prior`),
-    made once when its token is fed (with `generators`, one per row, or the global RNG) and then kept: a
-    forward that re-feeds positions already planned (Hugging Face without a cache) gets the same Z again.
+    draw of the latent space (`LatentSpace.prior`), made once when its token is fed (with `generators`,
+    one per row, or the global RNG) and then kept: a forward that re-feeds positions already planned
+    (Hugging Face without a cache) gets the same Z again.
     The plan records every Z the model used, so generate can return them. With no latent space (a
     baseline) it hands out PRIOR, which a baseline ignores, and records nothing.
     """
