@@ -137,7 +137,7 @@ def test_cpu_and_cuda_logits_agree(latent_bits):
     on_gpu = gpu(tokens.to(CUDA), latents=latents.to(CUDA) if latent_bits else latents).logits
     torch.testing.assert_close(on_gpu.cpu(), cpu(tokens, latents=latents).logits, rtol=1e-4, atol=1e-5)
     if latent_bits:
-        torch.testing.assert_close(gpu(tokens.to(CUDA)).bit_logits.cpu(), cpu(tokens).bit_logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(gpu(tokens.to(CUDA)).posterior.cpu(), cpu(tokens).posterior, rtol=1e-4, atol=1e-5)
 
 
 def test_demo_trains_every_model_of_every_seed_on_one_gpu(tmp_path):

@@ -12,8 +12,7 @@ from conftest import tiny_model
 
 from free_transformer import GenerationConfig, generate
 from free_transformer.inference.generate import static_decode_step
-from free_transformer.model.latent import uniform_latents
-from free_transformer.model.latent.sampling import uniform_latents_
+from free_transformer.model.latent import latent_kind
 
 generate_module = importlib.import_module("free_transformer.inference.generate")  # the package's `generate` is the function
 
@@ -26,34 +25,44 @@ def _prompts(B, P=4, seed=3):
     return torch.randint(0, 50, (B, P), generator=torch.Generator().manual_seed(seed))
 
 
-def _explicit(B, N):
+def _explicit(B, N, kind="binary_mapper"):
     """Explicit latents for the prompt and the first fed tokens only: the step then switches from
-    latents handed over to latents it draws itself."""
-    return torch.randint(0, 16, (B, N), generator=torch.Generator().manual_seed(5))
+    latents handed over to latents it draws itself. H = 4: indices in [0, 16), or 4 reals per position."""
+    generator = torch.Generator().manual_seed(5)
+    if kind == "gaussian":
+        return torch.randn(B, N, 4, generator=generator)
+    return torch.randint(0, 16, (B, N), generator=generator)
 
 
-def test_uniform_latents_in_place_draws_what_uniform_latents_draws():
+@pytest.mark.parametrize("kind", ["binary_mapper", "gaussian"])
+def test_prior_in_place_draws_what_prior_draws(kind):
+    """The static step's in-place prior draw (a buffer of fixed address) is the eager loop's draw."""
+    space = latent_kind(kind)(4, 8)
     seeds = [4, 5, 6]
-    expected = uniform_latents((3, 1), 4, generator=[torch.Generator().manual_seed(s) for s in seeds])
-    out = torch.full((3, 1), -1, dtype=torch.int64)
-    uniform_latents_(out, 4, [torch.Generator().manual_seed(s) for s in seeds])
+    expected = space.prior((3, 1), [torch.Generator().manual_seed(s) for s in seeds])
+    out = torch.full((3, 1, *space.value_shape), -1, dtype=space.value_dtype)
+    space.prior_(out, [torch.Generator().manual_seed(s) for s in seeds])
     assert torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("latent_bits, B", [(0, 1), (0, 3), (4, 1), (4, 3)])
+@pytest.mark.parametrize("latent_bits, B, kind", [(0, 1, "binary_mapper"), (0, 3, "binary_mapper"),
+                                                  (4, 1, "binary_mapper"), (4, 3, "binary_mapper"),
+                                                  (4, 3, "gaussian")])
 @pytest.mark.parametrize("config", [GREEDY, SAMPLED, MIN_P], ids=["greedy", "sampled", "min_p"])
-def test_static_step_samples_as_eager_decoding(latent_bits, B, config):
+def test_static_step_samples_as_eager_decoding(latent_bits, B, kind, config):
     """Eagerly (the CPU's default): the step's own draws of Z and of the sampling noise are the eager
     loop's, in its order, so a seeded row gives the same tokens and latents, with explicit latents for
-    the first positions and prior draws after them."""
-    model = tiny_model(latent_bits=latent_bits, dtype=torch.float32)
+    the first positions and prior draws after them; for every form of Z."""
+    model = tiny_model(latent_bits=latent_bits, dtype=torch.float32, latent={"kind": kind})
     prompts, seeds = _prompts(B), list(range(10, 10 + B))
-    latents = _explicit(B, 6) if latent_bits else None
+    latents = _explicit(B, 6, kind) if latent_bits else None
     eager = generate(model, prompts, config, seeds=seeds, latents=latents)
     static = generate(model, prompts, config, seeds=seeds, latents=latents, compile=True)
     assert static.tokens == eager.tokens
     if latent_bits:
-        assert torch.equal(static.latents, eager.latents) and static.latents.shape == (B, 4 + 7 - 1)
+        assert torch.equal(static.latents, eager.latents)
+        assert static.latents.shape == (B, 4 + 7 - 1, *model.latent_space.value_shape)
+        assert torch.equal(static.latents[:, :6], latents.to(static.latents.dtype))
 
 
 @pytest.fixture

@@ -337,3 +337,17 @@ def test_the_demo_defaults_to_the_quick_preset_once_on_a_cpu_and_the_paper_over_
     assert run_dirs == [f"{tmp_path}/{seed}{v.slug}" for seed in sorted(seed_dirs) for v in VARIANTS]
     letters_batch_sizes = {c["batch_size"] for c in yaml.safe_load_all(out) if c and c["data"]["kind"] == "letters"}
     assert letters_batch_sizes == {PRESETS[preset].config(VARIANTS[1]).batch_size}  # quick 64, paper 256
+
+
+def test_the_demo_takes_the_latent_kind_and_runs_some_of_its_models(tmp_path):
+    """model.latent.kind=gaussian on the command line reaches every Free Transformer and the report; --models
+    runs only the models named and judges only their claims."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--preset", "smoke", "--workers", "1", "--out", str(out), "--seed", "0", "--device", "cpu",
+                 "--models", "kappa-1-8", "model.latent.kind=gaussian"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [m["slug"] for m in results["per_seed"]["0"]["models"]] == ["kappa-1-8"]
+    assert results["latent_kind"] == "gaussian" and [c["model"] for c in results["claims"]] == ["kappa-1-8"]
+    assert "kind: gaussian" in (out / "kappa-1-8" / "config.yaml").read_text()
+    assert "latent kind <code>gaussian</code>" in (out / "report.html").read_text()
+    assert main(["demo", "--preset", "smoke", "--out", str(out), "--models", "kappa-2"]) == 2

@@ -38,7 +38,7 @@ def test_eval_writes_results_with_the_paper_measures(evaluated, capsys):
     assert tasks["race_high"]["n"] == 2 and "user file" in tasks["race_high"]["source"]
     assert all(0.0 <= t["value"] <= 1.0 and t["n"] == 2 for t in tasks.values())
     assert set(results["unavailable"]) == {"humaneval_plus", "race_middle"}
-    assert "uniform prior" in results["latents"]["latents"] and results["latents"]["samples"] == 2
+    assert "context Z: prior" in results["latents"]["latents"] and results["latents"]["samples"] == 2
     assert tasks["humaneval"]["sandbox"]["audit_hook"] is True
     assert len(tasks["arc_easy"]["per_doc"][0]["logprobs"]) == 4
     like = results["likelihood"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from free_transformer.analysis.measures import log_q
+from free_transformer.model.latent import BinaryMapper
 from free_transformer.eval.likelihood import heldout_likelihood, windows
 
 
@@ -84,11 +84,11 @@ def test_baseline_reports_the_exact_cross_entropy():
     assert result["windows"] == 3 and result["tokens"] == 9
 
 
-def test_windows_and_log_q():
+def test_windows_and_the_binary_log_ratio():
     assert windows(list(range(10)), 4) == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8], [8, 9]]
     assert windows([1], 4) == []
     logits = torch.tensor([[[0.0, 2.0]]])
-    got = log_q(logits, torch.tensor([[2]]))  # bit 0 = 0, bit 1 = 1
-    assert float(got[0]) == pytest.approx(math.log(0.5) + math.log(1 / (1 + math.exp(-2))))
+    got = BinaryMapper(2, 1).log_ratio(logits, torch.tensor([[2]]))  # bit 0 = 0, bit 1 = 1; log p(z) = -2 log 2
+    assert float(got[0, 0]) == pytest.approx(math.log(0.5) + math.log(1 / (1 + math.exp(-2))) + 2 * math.log(2))
     with pytest.raises(ValueError):
         heldout_likelihood(_model(), _Bytes(), "a")

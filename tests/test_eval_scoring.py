@@ -8,7 +8,6 @@ from conftest import tiny_model
 
 from free_transformer.eval.scoring import (LatentPolicy, _generators, continuation_logprobs, cut_at_stop, fit_window,
                                            generate_texts, log_mean_exp)
-from free_transformer.model.latent import uniform_latents
 
 REQUESTS = [
     [([1, 2, 3, 4], [5, 6]), ([1, 2, 3, 4], [7]), ([1, 2, 3, 4], [8, 9, 10])],
@@ -39,7 +38,7 @@ def test_prior_scores_average_prior_draws_shared_by_the_choices():
     scores = continuation_logprobs(model, REQUESTS, KEYS, policy, batch_tokens=7)  # many small batches
     for pairs, key, got in zip(REQUESTS, KEYS, scores):
         longest = max(len(c) + len(t) - 1 for c, t in pairs)
-        z = uniform_latents((3, longest), 4, generator=_generators(5, key, 3))
+        z = model.latent_space.prior((3, longest), _generators(5, key, 3))  # one draw of the longest, per row
         for c, (ctx, cont) in enumerate(pairs):
             for k in range(3):
                 expected = _naive(model, ctx, cont, z[k : k + 1, : len(ctx) + len(cont) - 1])
@@ -74,12 +73,13 @@ def test_encoder_prefill_uses_encoder_latents_on_context_positions():
     policy = LatentPolicy(context="encoder", samples=2, seed=1)
     got = continuation_logprobs(model, REQUESTS[:1], KEYS[:1], policy)[0]
     ctx = REQUESTS[0][0][0]
-    enc = model(torch.tensor([ctx] * 2), latents="encoder", generator=_generators(1, "doc/a/encoder", 2)).latent_index
-    prior = uniform_latents((2, 6), 4, generator=_generators(1, "doc/a", 2))
+    # generation's rule: the rows' generators sample the context's Z from the encoder, then draw the prior's
+    rows = _generators(1, "doc/a", 2)
+    enc = model(torch.tensor([ctx] * 2), latents="encoder", generator=rows).latents
+    prior = torch.cat([enc, model.latent_space.prior((2, 6 - len(ctx)), rows)], dim=1)
     for c, (_, cont) in enumerate(REQUESTS[0]):
         for k in range(2):
-            z = prior[k : k + 1, : len(ctx) + len(cont) - 1].clone()
-            z[0, : len(ctx)] = enc[k]
+            z = prior[k : k + 1, : len(ctx) + len(cont) - 1]
             assert got[c, k].item() == pytest.approx(_naive(model, ctx, cont, z), abs=1e-9)
 
 
@@ -128,6 +128,7 @@ def test_policy_validation_and_description():
     with pytest.raises(ValueError):
         LatentPolicy(samples=0)
     described = LatentPolicy(samples=8).describe(tiny_model(latent_bits=4))
-    assert "uniform prior" in described["latents"] and "K=8" in described["mc_estimator"]
+    assert "context Z: prior" in described["latents"] and "K=8" in described["mc_estimator"]
+    assert described["latent_kind"] == "binary_mapper"
     assert LatentPolicy().describe(tiny_model(latent_bits=0))["model"] == "baseline"
     assert math.isclose(float(log_mean_exp(torch.tensor([0.0, 0.0]))), 0.0)

@@ -152,7 +152,7 @@ def test_generation_errors():
     short = GenerationConfig(max_new_tokens=4)
     with pytest.raises(ValueError, match="exceeds max_seq_len"):
         generate(model, _prompts(P=30), GenerationConfig(max_new_tokens=20))
-    with pytest.raises(ValueError, match="latents must be integer indices of shape"):
+    with pytest.raises(ValueError, match="latents of kind binary_mapper must have shape"):
         generate(model, _prompts(P=5), short, latents=torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="seeds"):
         generate(model, _prompts(B=3), short, seeds=[1])

@@ -68,7 +68,7 @@ def test_forward_loss_follows_hf_label_convention(free_pair):
     targets = torch.cat([tokens[:, 1:], torch.full((2, 1), -100)], 1)  # labels are shifted inside
     ours = model(tokens, targets, generator=_gens([0, 1]), kappa_nats=0.1)
     assert torch.equal(out.loss, ours.loss) and torch.equal(out.kl_nats, ours.kl_nats)
-    assert torch.equal(out.latent_index, ours.latent_index)
+    assert torch.equal(out.latents, ours.latents)
 
 
 @pytest.mark.parametrize("cache_argument", ["cache", "past_key_values"])  # transformers >= 5.24, and before
@@ -170,7 +170,7 @@ def test_generate_rejects_bad_input(free_pair):
     prompts = _prompts()
     with pytest.raises(ValueError, match="padded batches"):
         hf_model.generate(prompts, attention_mask=torch.tensor([[0, 1, 1, 1, 1]] * 3), max_new_tokens=2)
-    with pytest.raises(ValueError, match="latents must be"):
+    with pytest.raises(ValueError, match="latents of kind binary_mapper must have shape"):
         hf_model.generate(prompts, latents=torch.zeros(3, 2, dtype=torch.int64), max_new_tokens=2)
     with pytest.raises(ValueError, match="latents must be one of 'encoder', 'prior', 'shared', 'reference'"):
         hf_model.generate(prompts, latents="posterior-ish", max_new_tokens=2)

@@ -7,8 +7,13 @@ import torch.utils._pytree as pytree
 from reference import naive_kl_to_uniform, naive_mapper_project
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from free_transformer.model.latent import (BitLinear, binary_mapper, binary_mapper_project, free_bits_kl, index_to_bits,
-                                           kl_to_uniform, project_latents, sample_bits, uniform_latents)
+from free_transformer.model.latent import (BinaryMapper, BitLinear, binary_mapper, binary_mapper_project, free_bits_kl,
+                                           index_to_bits, kl_to_uniform, project_latents, sample_bits)
+
+
+def uniform_latents(shape, bits, generator=None, device=None):
+    """The binary kinds' prior draws (every binary kind shares them)."""
+    return BinaryMapper(bits, 1).prior(shape, generator, device)
 
 
 def _inputs(n_rows, n_bits, dim, seed=0, device="cpu"):
@@ -146,7 +151,7 @@ def test_bit_linear_gradient_is_the_per_bit_straight_through():
     torch.testing.assert_close(r, signs @ mapper.weight.detach().T, rtol=0, atol=1e-12)
     torch.testing.assert_close(grad_logits, (grad_out @ mapper.weight.detach()) * 2 * p * (1 - p), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad_weight, grad_out.T @ signs, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(mapper.lookup(index), r.detach())
+    torch.testing.assert_close(mapper.embed(index), r.detach())
 
 
 def test_mapper_chunks_follow_the_device_budget():

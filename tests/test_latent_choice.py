@@ -164,10 +164,10 @@ def test_the_command_says_the_old_spelling_once_and_samples_as_encoder(tmp_path,
 
 def test_a_generation_resolves_its_choice_once_and_the_model_gets_resolved_sources(model, hf_model, monkeypatch):
     """However many steps are decoded, the choice is parsed and resolved (and explicit indices range-checked)
-    once per generate; every forward receives ENCODER, PRIOR or an index tensor, never a user's spelling."""
+    once per generate; every forward receives ENCODER, PRIOR or a tensor of values, never a user's spelling."""
     counts = {"parse": 0, "resolve": 0, "check": 0}
     real_parse, real_resolve = latent_choice.parse_latents, latent_choice.resolve_latents
-    real_check = latent_choice.check_latent_indices
+    real_check = latent_choice.check_latent_values
 
     def parse(*args, **kwargs):
         counts["parse"] += 1
@@ -189,7 +189,7 @@ def test_a_generation_resolves_its_choice_once_and_the_model_gets_resolved_sourc
 
     monkeypatch.setattr(latent_choice, "parse_latents", parse)
     monkeypatch.setattr(latent_choice, "resolve_latents", resolve)
-    monkeypatch.setattr(latent_choice, "check_latent_indices", check)
+    monkeypatch.setattr(latent_choice, "check_latent_values", check)
     monkeypatch.setattr(FreeTransformer, "forward", spy)
     explicit = torch.randint(0, 16, (1, P + 1))
     for steps in (2, 9):
@@ -201,7 +201,7 @@ def test_a_generation_resolves_its_choice_once_and_the_model_gets_resolved_sourc
                 generate(model, _prompts(), GenerationConfig(max_new_tokens=steps), latents=choice, seeds=[0, 1])
             assert counts == {"parse": 1, "resolve": 1, "check": int(isinstance(choice, torch.Tensor))}, (steps, choice)
             assert len(sources) == steps and set(sources) <= {"encoder", "prior", "indices"}
-            assert sources[0] == {"posterior": "encoder", "prior": "prior"}.get(choice, "indices")
+            assert sources[0] == {"posterior": "encoder"}.get(choice, "indices")  # the plan draws a prior prompt's Z
         counts.update(parse=0, resolve=0, check=0)
         hf_model.generate(_prompts(), max_new_tokens=steps, seeds=[0, 1], latents="shared", latent_seed=3)
         assert counts == {"parse": 1, "resolve": 1, "check": 0}

@@ -4,7 +4,7 @@ from conftest import on_cpu, tiny_config, tiny_model, tolerance
 from reference import _rope, naive_forward
 
 from free_transformer import ConfigError, FreeTransformer, ModelConfig, named_config
-from free_transformer.inference.latents import check_latent_indices
+from free_transformer.inference.latents import check_latent_values
 from free_transformer.model.config import LatentConfig
 from free_transformer.model.latent import free_bits_kl
 from free_transformer.model.layers import apply_rope, rope_tables
@@ -88,8 +88,8 @@ def test_encoder_bit_logits_match_naive_encoder(overrides, device):
     model = tiny_model(device=device, **overrides)
     tokens = _tokens()
     out = model(tokens.to(device), latents="encoder")
-    ref_logits, ref_bits = naive_forward(on_cpu(model).double(), tokens, out.latent_index.cpu())
-    torch.testing.assert_close(out.bit_logits.cpu().double(), ref_bits, **tolerance(model))
+    ref_logits, ref_bits = naive_forward(on_cpu(model).double(), tokens, out.latents.cpu())
+    torch.testing.assert_close(out.posterior.cpu().double(), ref_bits, **tolerance(model))
     torch.testing.assert_close(out.logits.cpu().double(), ref_logits, **tolerance(model))
 
 
@@ -113,7 +113,7 @@ def test_loss_is_cross_entropy_plus_free_bits_kl(device):
     # the same Z (same generator seed), the logits kept: the loss is then taken from them
     full = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05, generator=torch.Generator(device).manual_seed(0),
                  return_logits=True)
-    assert torch.equal(full.latent_index, out.latent_index)
+    assert torch.equal(full.latents, out.latents)
     ce = torch.nn.functional.cross_entropy(full.logits.flatten(0, 1), tokens[:, 1:].flatten())
     torch.testing.assert_close(full.cross_entropy_nats, ce)
     torch.testing.assert_close(out.cross_entropy_nats, ce)
@@ -138,7 +138,7 @@ def test_encoder_is_not_causal():
     tokens = _tokens(B=1)
     changed = tokens.clone()
     changed[0, -1] = (changed[0, -1] + 1) % 50
-    a, b = model(tokens).bit_logits, model(changed).bit_logits
+    a, b = model(tokens).posterior, model(changed).posterior
     assert (a[0, 0] - b[0, 0]).abs().max() > 1e-6  # the last token changes the first position's bits
 
 
@@ -169,21 +169,23 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="explicit latents"):
         model(torch.zeros(1, 5, dtype=torch.long), latents=torch.zeros(1, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="latent indices must lie in \\[0, 2\\^4\\)"):
-        check_latent_indices(torch.tensor([[0, 16, 1]]), 4, 1)
-    with pytest.raises(ValueError, match="integer indices of shape"):
-        check_latent_indices(torch.zeros(1, 3), 4, 1)
+        check_latent_values(model, torch.tensor([[0, 16, 1]]), 1)
+    with pytest.raises(ValueError, match="must be integer indices"):
+        check_latent_values(model, torch.zeros(1, 3), 1)
+    with pytest.raises(ValueError, match="must have shape .* with N >= 4"):
+        check_latent_values(model, torch.zeros(1, 3, dtype=torch.long), 1, min_length=4)
     with pytest.raises(ValueError, match="need a Free Transformer"):
-        check_latent_indices(torch.zeros(1, 3, dtype=torch.long), 0, 1)
+        check_latent_values(tiny_model(latent_bits=0), torch.zeros(1, 3, dtype=torch.long), 1)
     with pytest.raises(ValueError, match="encoder latents need the whole sequence"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(1), start=2)
-    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or an index tensor"):
+    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or a tensor of values"):
         model(torch.zeros(1, 3, dtype=torch.long), latents="posteriour")
 
 
 def test_forward_takes_resolved_sources_only():
     """A user's spelling is parsed by free_transformer.inference.latents, not by the model: the old name of
     "encoder" is not a source, and the forward says what is."""
-    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or an index tensor"):
+    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or a tensor of values"):
         tiny_model()(_tokens(), latents="posterior")
 
 
@@ -261,7 +263,7 @@ def test_a_forward_without_backward_leaves_nothing_alive_once_its_output_is_drop
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda alias: alias):
         out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.1)
-    produced = [weakref.ref(t) for t in (out.loss, out.logits, out.kl_nats, out.latent_index) if t is not None]
+    produced = [weakref.ref(t) for t in (out.loss, out.logits, out.kl_nats, out.latents) if t is not None]
     assert len(saved) > 20 and all(ref() is not None for ref in saved)  # alive while the caller holds `out`
     del out
     assert [ref for ref in saved + produced if ref() is not None] == []

@@ -76,6 +76,15 @@ def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in out.rglob("study-measures.json")} == stamps
 
 
+def test_the_study_takes_the_latent_kind(tmp_path):
+    out = tmp_path / "study"
+    assert main(["study", "--preset", "smoke", "--out", str(out), "--seeds", "1", "--kappas", "4", "--workers", "1",
+                 "--device", "cpu", "model.latent.kind=gaussian"]) == 0
+    free = json.loads((out / "results.json").read_text())["runs"][2]
+    assert free["slug"] == "kappa-4" and 0 < free["likelihood"]["iwae"]["bits_per_byte"] < float("inf")
+    assert "Latent kind gaussian (model.latent.kind)" in (out / "report.md").read_text()
+
+
 @pytest.mark.parametrize("parse, text", [(parse_seeds, "0,0"), (parse_seeds, "x"), (parse_seeds, "0"),
                                          (parse_kappas, "0.5,-1"), (parse_kappas, "a"), (parse_kappas, "1,1")])
 def test_bad_seeds_and_kappas_are_clear_errors(parse, text):

@@ -54,7 +54,7 @@ def test_activation_checkpointing_gives_the_same_gradients_and_keeps_less():
     after_a = torch.rand(4)  # the global RNG stream after forward + backward
     b = _step(checkpointed, tokens, seed=5)
     after_b = torch.rand(4)
-    assert torch.equal(a.latent_index, b.latent_index)  # the same Z, sampled once
+    assert torch.equal(a.latents, b.latents)  # the same Z, sampled once
     assert torch.equal(after_a, after_b)  # the recomputation drew nothing from the stream
     assert a.loss.item() == b.loss.item()
     names = [n for n, _ in plain.named_parameters()]
@@ -75,7 +75,7 @@ def test_compiled_blocks_give_eager_losses_and_gradients():
     tokens = torch.randint(0, eager.config.vocab_size, (2, 17))
     a = _step(eager, tokens, seed=3)
     b = _step(compiled, tokens, seed=3)
-    assert torch.equal(a.latent_index, b.latent_index)
+    assert torch.equal(a.latents, b.latents)
     torch.testing.assert_close(b.loss, a.loss, rtol=1e-6, atol=1e-6)
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
         scale = p.grad.abs().max().item()

@@ -4,11 +4,11 @@ in the study and in held-out likelihoods.
     saving           the bits Z saves: the cross-entropy with Z from the prior minus with Z from the
                      encoder, how much knowing the sequence's own Z helps the decoder (0 when it ignores Z)
     bits_saved       the saving at every predicted token of given sequences
-    dead_bits        the bits of Z whose KL to a fair coin is under DEAD_BIT_KL
-    code_log_probabilities  log Q(Z_t = z) of every code
+    dead_bits        the units of Z (bits, or dimensions) whose KL to the prior is under DEAD_BIT_KL
+    code_log_probabilities  log Q(Z_t = z) of every code of a binary Z
     kl_split         the per-token KL as information about the sequence plus prior mismatch, the part
                      that generation from the prior gets wrong at every token
-    log_q, iwae      the encoder's log-probability of its Z, and the importance-weighted bound
+    iwae             the importance-weighted bound, from the latent space's log q(z | x) - log p(z)
     honest_bits      the tightest honest estimate of -log2 P(x) from the held-out bounds
     latent_verdict   a one-line warning when Z is unused (collapse) or carries the tokens (copying)
 """
@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from ..base.units import LN2
-from ..model.latent import ENCODER, PRIOR
-from ..model.latent.sampling import index_to_bits, kl_to_uniform
+from ..model.latent import ENCODER, PRIOR, BinaryLatentSpace, Generators, LatentSpace
+from ..model.latent.sampling import index_to_bits
 
-# A bit whose KL to a fair coin is under this (bits per token) carries nothing.
+# A unit of Z (a bit, or a dimension) whose KL to the prior is under this (bits per token) carries nothing.
 DEAD_BIT_KL = 0.01
 # Z is unused (collapsed) when it saves less than this per token (bits) once training has settled.
 COLLAPSED_SAVING = 0.01
@@ -68,40 +68,46 @@ def code_log_probabilities(bit_logits: torch.Tensor) -> torch.Tensor:
     return F.logsigmoid(logits) @ codes.T + F.logsigmoid(-logits) @ (1 - codes).T
 
 
-def kl_split(bit_logits: torch.Tensor, *, max_entries: int = 2**22) -> dict[str, float]:
-    """The mean per-token KL(Q(Z_t | S) || uniform) of a batch of sequences, (B, T, H) bit-logits, split in
+@torch.no_grad()
+def kl_split(space: LatentSpace, posterior: torch.Tensor, *, generator: Generators = None,
+             max_entries: int = 2**22) -> dict[str, float]:
+    """The mean per-token KL(Q(Z_t | S) || prior) of a batch of sequences, (B, T, P) posteriors, split in
     bits per token into
 
         information     I(Z_t; S) over the batch: what Z_t tells about its sequence
-        prior_mismatch  KL(Qbar_t || uniform), Qbar_t = the batch's mean of Q(Z_t | S), the codes the decoder
+        prior_mismatch  KL(Qbar_t || prior), Qbar_t = the batch's mean of Q(Z_t | S), the values the decoder
                         is trained on at position t; a prior draw takes them in other proportions
 
     (KL = information + prior_mismatch, each averaged over t.) The free-bits hinge charges neither below
-    kappa. Exact over the 2^H codes, Qbar accumulated over slices of the batch of at most `max_entries`."""
-    B, T, H = bit_logits.shape
-    mean_q = torch.zeros(T, 2**H, dtype=torch.float64, device=bit_logits.device)
-    rows = max(1, max_entries // (T * 2**H))
-    for chunk in bit_logits.split(rows):
-        mean_q += code_log_probabilities(chunk).exp().sum(0) / B  # (b, T, 2^H) summed over the slice
-    kl = float(kl_to_uniform(bit_logits.double()).mean()) / LN2
-    mismatch = float((mean_q * (mean_q.clamp_min(1e-300).log() + H * LN2)).sum(-1).mean()) / LN2
+    kappa. For a binary Z exact over the 2^H codes, Qbar accumulated over slices of the batch of at most
+    `max_entries`; for another space a Monte Carlo estimate, one draw of `generator` per sequence and
+    position, E_{z ~ Qbar}[log Qbar(z) - log p(z)] with Qbar a mixture of the B posteriors."""
+    B, T, _ = posterior.shape
+    kl = float(space.kl(posterior.double()).mean()) / LN2
+    if isinstance(space, BinaryLatentSpace):
+        H = posterior.shape[-1]
+        mean_q = torch.zeros(T, 2**H, dtype=torch.float64, device=posterior.device)
+        rows = max(1, max_entries // (T * 2**H))
+        for chunk in posterior.split(rows):
+            mean_q += code_log_probabilities(chunk).exp().sum(0) / B  # (b, T, 2^H) summed over the slice
+        mismatch = float((mean_q * (mean_q.clamp_min(1e-300).log() + H * LN2)).sum(-1).mean()) / LN2
+    else:
+        values = space.sample(posterior, generator)[1]  # (B, T, *value_shape), z_b ~ Q(Z_t | S_b)
+        rows = max(1, max_entries // (B * T * posterior.shape[-1]))
+        total = 0.0
+        for chunk in values.split(rows):  # log Qbar(z) - log p(z) = logsumexp_b' log_ratio_b'(z) - log B
+            ratios = space.log_ratio(posterior.unsqueeze(0), chunk.unsqueeze(1))  # (b, B, T)
+            total += float((torch.logsumexp(ratios, dim=1) - math.log(B)).sum())
+        mismatch = total / (B * T) / LN2
     return {"information": kl - mismatch, "prior_mismatch": mismatch}
 
 
-def log_q(bit_logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """log q(z | x) summed over positions: bit_logits (K, T, H), index (K, T) -> (K,)."""
-    shifts = torch.arange(bit_logits.shape[-1], device=index.device)
-    bits = ((index.unsqueeze(-1) >> shifts) & 1).bool()
-    logp = torch.where(bits, F.logsigmoid(bit_logits), F.logsigmoid(-bit_logits))
-    return logp.double().sum(dim=(1, 2))
-
-
-def iwae(nll: torch.Tensor, bit_logits: torch.Tensor, index: torch.Tensor, bits: int) -> float:
+def iwae(nll: torch.Tensor, space: LatentSpace, posterior: torch.Tensor, values: torch.Tensor) -> float:
     """-log (1/K) sum_k p(x | z_k) p(z_k) / q(z_k | x) in nats, from K draws z_k ~ q: nll (K,) the
-    -log p(x | z_k), bit_logits (K, T, H) and index (K, T) the encoder's. An upper bound of -log p(x)."""
-    K, T = index.shape
-    log_prior = -T * bits * LN2  # log p(z), uniform over 2^(H T)
-    log_ratio = -nll + log_prior - log_q(bit_logits, index)
+    -log p(x | z_k), posterior (K, T, P) and values (K, T, *value_shape) the encoder's. An upper bound of
+    -log p(x)."""
+    K = nll.shape[0]
+    log_ratio = -nll - space.log_ratio(posterior, values).sum(-1)  # (K,) log p(x | z) + log p(z) - log q(z | x)
     return float(-(torch.logsumexp(log_ratio, 0) - math.log(K)))
 
 

@@ -33,6 +33,9 @@ def add_arguments(parser) -> None:
                         help="several seeds: a count N (seeds 0..N-1) or a comma-separated list; the report gives "
                              "each claim's success count and every seed's figures (runs in OUT/seed-S/). Default: "
                              f"{CPU_DEFAULT[1]} on a CPU (seed 0), {GPU_DEFAULT[1]} on a GPU")
+    parser.add_argument("--models", default=None,
+                        help="comma-separated models to run, as the report names them (kappa-1-8,kappa-1; an "
+                             "unknown name is refused with the list), default all; only their claims are judged")
     parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
     add_launcher_arguments(parser, "models trained side by side, one process each (default: 2 on CPU, all of them "
                                    "on a GPU)")
@@ -50,13 +53,15 @@ def run(args) -> int:
         seeds = parse_seeds(args.seeds, default_seeds)
     else:
         seeds = (args.seed,) if args.seed is not None else parse_seeds(None, default_seeds)
-    from ..experiments.demo.run import VARIANTS, demo_sweep, run_demo
+    from ..experiments.demo.run import demo_sweep, run_demo
 
-    launcher = launcher_from(args, Path(args.out), len(VARIANTS) * len(seeds) if device.startswith("cuda") else 2)
-    if check_sweep(demo_sweep(preset, Path(args.out), seeds=seeds, extra=extra, device=device), launcher.threads,
-                   print_config=args.print_config, dry_run=args.dry_run):
+    models = tuple(args.models.split(",")) if args.models else None
+    sweep = demo_sweep(preset, Path(args.out), seeds=seeds, extra=extra, device=device, models=models)
+    launcher = launcher_from(args, Path(args.out), len(sweep.variants) * len(seeds) if device.startswith("cuda") else 2)
+    if check_sweep(sweep, launcher.threads, print_config=args.print_config, dry_run=args.dry_run):
         return 0
-    report = run_demo(preset, Path(args.out), seeds=seeds, extra=extra, launcher=launcher, device=device)
+    report = run_demo(preset, Path(args.out), seeds=seeds, extra=extra, launcher=launcher, device=device,
+                      models=models)
     print(f"report: {report.resolve()}")
     print(f"figure: {(report.parent / 'report.png').resolve()}")
     return 0

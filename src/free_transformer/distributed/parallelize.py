@@ -38,7 +38,7 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 
 def blocks(model: FreeTransformer) -> list[nn.Module]:
     """The decoder blocks and, in a Free Transformer, the encoder blocks."""
-    return [*model.layers, *(model.latent.encoder if model.latent is not None else [])]
+    return [*model.layers, *(model.latent.encoder if model.config.is_free else [])]
 
 
 def apply_activation_checkpointing(model: FreeTransformer) -> FreeTransformer:
@@ -61,7 +61,7 @@ def apply_compile(model: FreeTransformer) -> FreeTransformer:
     into one fused function; its matmuls are the same BLAS calls compiled or not."""
     for block in blocks(model):
         block.compile()
-    if model.latent is not None:
+    if model.config.is_free:
         model.latent.mapper.compile_backward()
     model.compiled_loss = True
     return model

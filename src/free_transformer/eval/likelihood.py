@@ -1,16 +1,20 @@
 """Held-out likelihoods in bits per token and bits per byte.
 
-A baseline decoder gives log p(x) exactly. A Free Transformer's p(x) = sum_z p(z) p(x | z) is
-intractable (2^(H T) latent sequences), so three estimates are reported, each on the same windows:
+A baseline decoder gives log p(x) exactly. A Free Transformer's p(x) = E_{z ~ p(z)} p(x | z) is
+intractable (2^(H T) latent sequences for a binary Z, an integral for a continuous one), so three
+estimates are reported, each on the same windows:
 
-- prior cross-entropy: E_{z ~ p(z)} [-log p(x | z)] with K uniform draws: what the model pays when
+- prior cross-entropy: E_{z ~ p(z)} [-log p(x | z)] with K prior draws: what the model pays when
   it generates with prior latents, as the paper does. An upper bound on -log p(x) (Jensen).
 - ELBO: E_{z ~ q}[-log p(x | z)] + KL(q(z | x) || p(z)), the training objective without free bits,
-  with q the encoder's posterior; the KL is exact (closed form over the H independent bits).
+  with q the encoder's posterior; the KL is exact (closed form per token, the latent space's `kl`).
   Also an upper bound on -log p(x) (in expectation).
 - IWAE (Burda et al.): -log (1/K) sum_k p(x | z_k) p(z_k) / q(z_k | x), z_k ~ q. An upper bound on
   -log p(x) that tightens as K grows and equals the single-sample ELBO estimate at K = 1;
-  log p(z) = -T H log 2, log q(z | x) = sum_t sum_h log P(B_th = b_th) from the bit-logits.
+  log q(z | x) - log p(z) per token is the latent space's `log_ratio` (densities for a continuous Z).
+
+The prior draws come from a `LatentPlan` (free_transformer.inference.latents), whose rows are seeded per
+window and draw: the one dispenser of Z that generation uses.
 
 The posterior cross-entropy alone is also given, for diagnosis only: it is not a likelihood (the
 encoder has read x). Text is cut into non-overlapping windows of max_seq_len + 1 tokens; the first
@@ -26,6 +30,7 @@ import torch
 from ..analysis.measures import iwae
 from ..base.seeding import benchmark_seed, generators
 from ..base.units import LN2
+from ..inference.latents import LatentPlan
 from ..model.latent import ENCODER, PRIOR
 from ..model.transformer import FreeTransformer
 
@@ -84,7 +89,8 @@ def heldout_likelihood(
         else:
             gens = generators([benchmark_seed(seed, "heldout", w, k) for k in range(K)], device)
             batch, target_rows = inputs.expand(K, -1), targets.expand(K, -1)
-            prior = model(batch, latents=PRIOR, generator=gens)
+            prior_plan = LatentPlan(K, model.latent_space, prompt_source=PRIOR, generators=gens)
+            prior = model(batch, latents=prior_plan.source(0, T, device))
             record["prior_ce"] = float(_nll_rows(prior.logits, target_rows).mean())
             post = model(batch, latents=ENCODER, generator=gens)
             nll = _nll_rows(post.logits, target_rows)  # (K,) -log p(x | z_k)
@@ -92,7 +98,7 @@ def heldout_likelihood(
             record["posterior_ce"] = float(nll.mean())
             record["kl"] = kl
             record["elbo"] = float(nll.mean()) + kl
-            record["iwae"] = iwae(nll, post.bit_logits, post.latent_index, model.config.latent_bits)
+            record["iwae"] = iwae(nll, model.latent_space, post.posterior, post.latents)
         totals["tokens"] += T
         totals["bytes"] += n_bytes
         per_window.append(record)

@@ -1,14 +1,17 @@
 """Log-probabilities of continuations and greedy generations, with an explicit choice of latents.
 
-A Free Transformer's predictions depend on Z. The paper generates with Z_t drawn from the uniform
-prior, so scoring does the same by default, and never uses the encoder's posterior on a sequence
+A Free Transformer's predictions depend on Z. The paper generates with Z_t drawn from the prior,
+so scoring does the same by default, and never uses the encoder's posterior on a sequence
 that contains the answer: the encoder is non-causal, Q(Z | context + answer) has seen the answer,
 and a choice's probability under it is not a prediction (it rewards the choice the encoder copies
 into Z). Two sources of Z for the context positions are offered:
 
-- "prior": every Z_t uniform, context and continuation alike (what generation from scratch does);
+- "prior": every Z_t from the prior, context and continuation alike (what generation from scratch does);
 - "encoder": Z for the context positions sampled from the encoder run on the context alone (the
   paper's KV-cache prefill), prior Z for the continuation positions.
+
+Either is generation's rule, so the Z of each draw comes from a `LatentPlan` (one per context, its
+first call the context), as in `free_transformer.inference.generate`.
 
 With K draws Z^(1..K), a continuation's log-probability is estimated as
 
@@ -19,7 +22,8 @@ continuation, E_Z[P(cont | ctx, Z)]. It is consistent as K grows, and its expect
 true log-probability by less than the mean of log-probabilities (Jensen), which would instead score
 E_Z[log P], penalising continuations whose probability depends on the latent decision: exactly
 the ones a latent variable model exists to represent. All choices of one question share the same
-draws (common random numbers), so their comparison is not blurred by independent noise.
+draws (common random numbers: one plan per context, its rows seeded by the document and the draw), so
+their comparison is not blurred by independent noise.
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ from torch import Tensor
 
 from ..base.seeding import benchmark_seed, generators
 from ..inference.generate import GenerationConfig, generate
-from ..inference.latents import CONTEXT_CHOICES, parse_latents
+from ..inference.latents import CONTEXT_CHOICES, LatentPlan, parse_latents
 from ..inference.stops import cut_at_stop, stop_check
-from ..model.latent import ENCODER, uniform_latents
+from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
 
 
@@ -45,7 +49,7 @@ class LatentPolicy:
     """Where a Free Transformer's Z comes from during evaluation (ignored by a baseline)."""
 
     context: Literal["prior", "encoder"] = "prior"
-    """Z for context positions: uniform prior, or the encoder run on the context only (prefill)."""
+    """Z for context positions: the prior, or the encoder run on the context only (prefill)."""
     samples: int = 4
     """K: latent draws averaged (log-mean-exp) for multiple-choice log-probabilities."""
     generation_samples: int = 1
@@ -63,10 +67,11 @@ class LatentPolicy:
         if not model.config.is_free:
             return {"model": "baseline", "latents": "none (baseline decoder, exact probabilities)"}
         context = ("encoder posterior on the context only (KV-cache prefill)" if self.context == ENCODER
-                   else "uniform prior")
+                   else "prior")
         return {
             "model": "free",
-            "latents": f"context Z: {context}; continuation and generated Z: uniform prior",
+            "latent_kind": model.config.latent.kind,
+            "latents": f"context Z: {context}; continuation and generated Z: prior",
             "context": self.context,
             "mc_estimator": f"log mean_k P(continuation | context, Z^k) over K={self.samples} draws",
             "samples": self.samples,
@@ -101,7 +106,7 @@ class _Row:
     choice: int
     draw: int
     tokens: list[int]  # context + continuation[:-1]
-    latents: Tensor | None  # (T,) latent indices, None for a baseline
+    latents: Tensor | None  # (T, *value_shape) the Z of each position, None for a baseline
     n_context: int
     targets: list[int]  # the continuation
 
@@ -141,7 +146,9 @@ def continuation_logprobs(
         stop = min(len(rows), start + max(1, batch_tokens // width))
         batch = rows[start:stop]
         tokens = torch.zeros(len(batch), width, dtype=torch.int64)
-        latents = torch.zeros(len(batch), width, dtype=torch.int64)
+        space = model.latent_space
+        latents = torch.zeros(len(batch), width, *(space.value_shape if space else ()),
+                              dtype=space.value_dtype if space else torch.int64)
         for b, row in enumerate(batch):  # right padding: a causal decoder never looks at it
             tokens[b, : len(row.tokens)] = torch.tensor(row.tokens)
             if row.latents is not None:
@@ -162,29 +169,29 @@ def continuation_logprobs(
 
 
 def _document_rows(model, doc: int, windows, key: str, policy: LatentPolicy) -> list[_Row]:
-    """The rows (choice x draw) of one document, with their latents drawn once per draw and shared
-    across the choices."""
+    """The rows (choice x draw) of one document. The K draws of Z come from one LatentPlan per context
+    (K rows, row k seeded by the document and k): its first call is the context (the encoder on it, or
+    the prior), and the rest of the longest choice is drawn at once, so choices that share a context
+    share every Z (common random numbers)."""
     if not model.config.is_free:
         return [_Row(doc, c, 0, ctx + cont[:-1], None, len(ctx), cont) for c, (ctx, cont) in enumerate(windows)]
-    K, H = policy.samples, model.config.latent_bits
+    K, device = policy.samples, model.rope_cos.device
     longest = max(len(ctx) + len(cont) - 1 for ctx, cont in windows)
-    prior = uniform_latents((K, longest), H, generator=_generators(policy.seed, key, K))  # (K, longest)
-    encoded: dict[tuple[int, ...], Tensor] = {}
-    if policy.context == ENCODER:
-        device = model.rope_cos.device
-        for ctx, _ in windows:
-            if tuple(ctx) not in encoded:  # the encoder sees the context only, never a choice
-                context = torch.tensor(ctx, device=device).expand(K, -1)
-                gens = _generators(policy.seed, key + "/encoder", K, device)
-                encoded[tuple(ctx)] = model(context, latents=ENCODER, generator=gens).latent_index.cpu()
+    latents: dict[tuple[int, ...], Tensor] = {}  # context -> (K, longest, *value_shape)
+    for ctx, _ in windows:
+        if tuple(ctx) in latents:
+            continue
+        plan = LatentPlan(K, model.latent_space, prompt_source=policy.context,
+                          generators=_generators(policy.seed, key, K, device))
+        if policy.context == ENCODER:  # the encoder sees the context only, never a choice
+            context = torch.tensor(ctx, device=device).expand(K, -1)
+            plan.record(0, model(context, latents=ENCODER, generator=plan.generators).latents)
+        latents[tuple(ctx)] = plan.source(0, longest, device).cpu()
     rows = []
     for c, (ctx, cont) in enumerate(windows):
         tokens = ctx + cont[:-1]
         for k in range(K):
-            z = prior[k, : len(tokens)].clone()
-            if encoded:
-                z[: len(ctx)] = encoded[tuple(ctx)][k]
-            rows.append(_Row(doc, c, k, tokens, z, len(ctx), cont))
+            rows.append(_Row(doc, c, k, tokens, latents[tuple(ctx)][k, : len(tokens)], len(ctx), cont))
     return rows
 
 

@@ -48,11 +48,12 @@ class FreeTransformerConfig(PretrainedConfig):
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
     latent_bits: int = 0
-    """H, bits of the latent Z_t (2^H values per token); 0 gives the baseline decoder."""
+    """H, the units of the latent Z_t (bits for the binary kinds, dimensions for gaussian); 0 gives the
+    baseline decoder."""
     latent_layer: int | None = None
     """Decoder blocks before Z is injected; None means num_hidden_layers // 2 (the paper's middle)."""
     latent_kind: str = "binary_mapper"
-    """How the sampled bits become the residual R (ModelConfig.latent.kind)."""
+    """The form of Z and its map to the residual R (ModelConfig.latent.kind)."""
     latent_encoder_layers: int = 1
     """Non-causal encoder blocks (ModelConfig.latent.encoder_layers; the paper: 1)."""
     tokenizer_name: str | None = None

@@ -82,7 +82,7 @@ class FreeTransformerCausalLMOutput(CausalLMOutputWithPast):
 
     cross_entropy_nats: Tensor | None = None
     kl_nats: Tensor | None = None
-    latent_index: Tensor | None = None
+    latents: Tensor | None = None
 
 
 class FreeTransformerPreTrainedModel(PreTrainedModel):
@@ -211,7 +211,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         """Logits for the positions of input_ids after those already in the KV cache (`cache`, or
         `past_key_values` as transformers before 5.24 names it).
 
-        latents (Free Transformer only): "encoder", "prior" or (B or 1, T) indices, as for our
+        latents (Free Transformer only): "encoder", "prior" or (B or 1, T, ...) values, as for our
         `FreeTransformer.forward`; None means the encoder for a sequence starting at position 0 and
         the prior for a continuation of a cache. generator: one, or one per row, for those draws.
         labels: Hugging Face's convention, labels[:, t] is the token at t (shifted here); the loss is
@@ -252,7 +252,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         out = self.model(input_ids, targets, latents=source, kappa_nats=kappa_nats, generator=generator,
                          cache=view, start=start, return_logits=True)  # the HF output always has logits
         if latent_plan is not None:
-            latent_plan.record(start, out.latent_index)
+            latent_plan.record(start, out.latents)
 
         logits = out.logits
         if isinstance(logits_to_keep, int):
@@ -261,7 +261,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             logits = logits[:, logits_to_keep]
         output = FreeTransformerCausalLMOutput(
             loss=out.loss, logits=logits, cross_entropy_nats=out.cross_entropy_nats, kl_nats=out.kl_nats,
-            latent_index=out.latent_index, **{CACHE_FIELD: past_key_values if use_cache else None},
+            latents=out.latents, **{CACHE_FIELD: past_key_values if use_cache else None},
         )
         return output if return_dict is not False else output.to_tuple()
 
@@ -293,10 +293,10 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
 
         latents (Free Transformer only):
             None or "encoder"    prompt Z from the encoder's posterior, then one prior draw per new token;
-            "prior"              every Z_t, prompt included, from the uniform prior;
+            "prior"              every Z_t, prompt included, from the prior;
             "shared"             one prior sequence for every row: shared_prior_latents(model,
                                  max_position_embeddings, torch.Generator().manual_seed(latent_seed));
-            (B or 1, N) tensor   explicit indices for positions [0, N), N >= prompt length; prior after.
+            (B or 1, N, ...) tensor  explicit values for positions [0, N), N >= prompt length; prior after.
         latent_reference: (B or 1, T) token ids, T >= prompt length; Z for positions [0, T) sampled from
             the encoder's posterior Q(Z | reference) (`infer_latents`, generator seeded latent_seed).
         latent_seed: seeds the one-off draws of "shared" and latent_reference (global RNG when None).
@@ -325,7 +325,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
                     return getattr(source, name)
             return HF_GENERATION_DEFAULTS.get(name)
 
-        is_free = self.config.latent_bits > 0
+        is_free = self.model.config.is_free
         wants_plan = latents is not None or latent_reference is not None or latent_seed is not None
         if wants_plan and not is_free:
             raise ValueError("latents, latent_reference and latent_seed need a Free Transformer (latent_bits > 0)")

@@ -1,6 +1,6 @@
 """Sampling with a KV cache. For a Free Transformer the prompt is prefilled with latents from the
 encoder's posterior (as the paper prescribes for KV-cache prefill) unless the caller gives them, and
-every new token's Z_t is drawn uniformly once and then kept in the cache with its keys/values: the
+every new token's Z_t is drawn from the prior once and then kept in the cache with its keys/values: the
 rule of `LatentPlan` (free_transformer.inference.latents), which the Hugging Face wrapper follows too."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..base.seeding import generators
-from ..model.latent.sampling import uniform_latents_
+from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
 from .latents import LatentChoice, LatentPlan, plan_latents
 from .latents import infer_latents, shared_prior_latents  # noqa: F401 (also importable from this module)
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class GenerationResult:
     tokens: list[list[int]]  # the new tokens of each row, stop token included
-    latents: Tensor | None  # (B, P + steps - 1) the Z_t fed at every position; None for a baseline
+    latents: Tensor | None  # (B, P + steps - 1, *value_shape) the Z_t fed at every position; None for a baseline
 
 
 def filter_logits(logits: Tensor, rule: Sampling) -> Tensor:
@@ -109,7 +109,7 @@ class SamplingVariant:
 
 def _step_core(model: FreeTransformer, token: Tensor, latent: Tensor, race: Tensor | None, temperature: Tensor,
                cache, variant: SamplingVariant | None) -> tuple[Tensor, Tensor]:
-    """One static decoding step after its random draws: the model on token (B, 1) with latent (B, 1) at
+    """One static decoding step after its random draws: the model on token (B, 1) with latent (B, 1, ...) at
     the cache's device position, then the next token (B,) as sample_next picks it from the noise `race`
     (B, V) (argmax when greedy), and whether the logits hold a NaN (()). The function Inductor compiles.
     variant None: the logits (B, V) instead of a token (the model alone)."""
@@ -132,7 +132,7 @@ def _fresh_function(function: Callable) -> Callable:
 
 
 class StaticDecodeStep:
-    """One decoding step whose inputs live in fixed device buffers (the token, the latent index, the
+    """One decoding step whose inputs live in fixed device buffers (the token, the latent value, the
     sampling noise, and a KV cache of its own with its device position), fed its own output: each call
     draws the new token's Z from the prior (unless the caller gives it) and the sampling noise with the
     rows' generators, runs the model, picks the next token (sampling inside the step) and keeps it as the
@@ -145,17 +145,20 @@ class StaticDecodeStep:
     keeps one per model and shape, so that compilation and capture happen once and every later
     `generate(compile=True)` call replays them: each starts with `restart()` and `bind()`.
 
-    Random streams: the draws are those of eager decoding (uniform_latents and sample_next's race, row
-    by row, in the same order), so a seeded row gives eager decoding's tokens up to float rounding."""
+    Random streams: the draws are those of eager decoding (the latent space's prior_ and sample_next's
+    race, row by row, in the same order), so a seeded row gives eager decoding's tokens up to float rounding."""
 
     def __init__(self, model: FreeTransformer, batch_size: int, capacity: int, inductor: bool | None = None):
         # a weak reference: the steps kept per model (`static_decode_step`) must not keep the model alive
         self.model, self.cache = weakref.ref(model), model.new_cache(batch_size, capacity=capacity)
         device = self.cache.keys.device
-        self.bits, self.vocab_size = model.config.latent_bits, model.config.vocab_size
+        self.is_free, self.vocab_size = model.config.is_free, model.config.vocab_size
+        space = model.latent_space
+        value_shape, value_dtype = (space.value_shape, space.value_dtype) if space is not None else ((), torch.int64)
         self.token = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)  # (B, 1) fed, then the next one
-        self.latent = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)  # (B, 1), ignored by a baseline
-        self.fed_latents = torch.zeros(batch_size, capacity, dtype=torch.int64, device=device)  # (B, C) Z per position
+        # (B, 1, *value_shape) the fed position's Z, ignored by a baseline; (B, C, *value_shape) Z per position
+        self.latent = torch.zeros(batch_size, 1, *value_shape, dtype=value_dtype, device=device)
+        self.fed_latents = torch.zeros(batch_size, capacity, *value_shape, dtype=value_dtype, device=device)
         self.temperature = torch.ones((), dtype=torch.float32, device=device)
         self.non_finite = torch.zeros((), dtype=torch.bool, device=device)  # any NaN logits since bind()
         self.race: Tensor | None = None  # (B, V) float32 sampling noise, made by the first sampled call
@@ -205,10 +208,10 @@ class StaticDecodeStep:
     def _step(self, variant: SamplingVariant) -> Tensor:
         """Draws, model, next token: everything a replay does. Returns the next token (B,)."""
         if variant.draw_latent:
-            uniform_latents_(self.latent, self.bits, self.generators)
+            self.model().latent_space.prior_(self.latent, self.generators)
         if not variant.rule.greedy:
             exponential_race_(self.race, self.generators)
-        if self.bits:  # Z of the fed position, kept for the caller
+        if self.is_free:  # Z of the fed position, kept for the caller
             self.fed_latents.index_copy_(1, self.cache.position.view(1), self.latent)
         token, non_finite = self.core(self.model(), self.token, self.latent, self.race, self.temperature,
                                       self.cache, variant)
@@ -217,16 +220,16 @@ class StaticDecodeStep:
         return token
 
     def advance(self, config: GenerationConfig, latent: Tensor | None) -> Tensor:
-        """Feed the kept token with latent (B, 1) (None: drawn from the prior inside the step; ignored by
-        a baseline) and return the next token (B,), also kept as the next call's input; the cache
+        """Feed the kept token with latent (B, 1, *value_shape) (None: drawn from the prior inside the step;
+        ignored by a baseline) and return the next token (B,), also kept as the next call's input; the cache
         advances one position. bind() first."""
-        variant = SamplingVariant(config.rule(), latent is None and self.bits > 0)
+        variant = SamplingVariant(config.rule(), latent is None and self.is_free)
         if latent is not None:
             self.latent.copy_(latent)
         return self._replay(variant, lambda: self._step(variant))
 
     def __call__(self, token: Tensor, latent: Tensor | None) -> Tensor:
-        """The model alone: (B, V) logits of the next position given token (B,) and latent (B, 1); the
+        """The model alone: (B, V) logits of the next position given token (B,) and latent (B, 1, ...); the
         cache advances. Nothing is drawn or sampled (the caller samples)."""
         self.token.copy_(token[:, None])
         if latent is not None:
@@ -330,8 +333,9 @@ def generate(
     others. latents: where Z comes from (free_transformer.inference.latents; None: "encoder"):
     "encoder" or "prior" for the prompt's Z; "shared", one prior sequence for every row (the paper's
     green groups); "reference", the encoder's posterior on `reference`, (B or 1, T >= P) token ids; or
-    (B or 1, N) explicit indices for positions [0, N), N >= P. Positions past the explicit ones draw
-    Z_t from the uniform prior, per row. latent_seed seeds the one-off draw of "shared" and "reference"
+    (B or 1, N, *value_shape) explicit values for positions [0, N), N >= P (indices (B or 1, N) for the
+    binary kinds). Positions past the explicit ones draw Z_t from the prior, per row. latent_seed seeds the
+    one-off draw of "shared" and "reference"
     (default: the global RNG). should_stop: called with a row's new tokens after each step; True
     finishes that row (for stop strings, which token ids cannot express). compile: decode with
     `StaticDecodeStep`, which draws Z and samples inside the step: on a GPU compiled by Inductor
@@ -366,11 +370,11 @@ def generate(
     with torch.inference_mode():
         step_fn = static_decode_step(model, B, fed_positions) if compile else None
         cache = step_fn.restart() if compile else model.new_cache(B, capacity=fed_positions)
-        out = model(prompts, latents=plan.source(0, P), generator=generators, cache=cache)
-        plan.record(0, out.latent_index)
+        out = model(prompts, latents=plan.source(0, P, device), generator=generators, cache=cache)
+        plan.record(0, out.latents)
         new_tokens = _decode(model, cache, plan, out.logits[:, -1], config, generators, should_stop, step_fn)
         used = plan.used
-    return GenerationResult(new_tokens, None if model.latent is None else torch.cat(used, dim=1))
+    return GenerationResult(new_tokens, torch.cat(used, dim=1) if model.config.is_free else None)
 
 
 # Static decoding on a GPU reads its stop flags back every this many steps (eager decoding: every step).
@@ -412,16 +416,15 @@ def _decode(model, cache, plan: LatentPlan, logits: Tensor, config: GenerationCo
             if last or bool((lengths <= step + 1).all()):
                 break
         if step_fn is None:
-            latent = plan.source(position, 1, device)  # (B, 1) a prior draw or an explicit index; a baseline: "prior"
+            latent = plan.source(position, 1, device)  # (B, 1, ...) a prior or explicit Z; a baseline: "prior"
             logits = model(token[:, None], latents=latent, cache=cache, start=position).logits[:, -1]
             plan.record(position, latent if isinstance(latent, Tensor) else None)
             non_finite |= logits.isnan().any()
             token = sample_next(logits, config, generators, validate=False)
         else:  # explicit Z is handed over; a prior Z is drawn inside the step
-            explicit = plan.explicit is not None and position < plan.explicit.shape[1]
-            token = step_fn.advance(config, plan.explicit[:, position : position + 1] if explicit else None)
+            token = step_fn.advance(config, plan.explicit_at(position))
         position += 1
-    if step_fn is not None and step_fn.bits:
+    if step_fn is not None and step_fn.is_free:
         plan.record(first_fed, step_fn.fed_latents[:, first_fed:position].clone())
     kept = lengths.tolist()
     return [row[:n] for row, n in zip(tokens[:, : step + 1].tolist(), kept)]

@@ -2,15 +2,19 @@
 `resolve_latents`, and handed out position by position by `LatentPlan`.
 
     "encoder"    the prompt's Z from the encoder's posterior (the paper's prefill), each new Z from the prior
-    "prior"      every Z from the uniform prior
+    "prior"      every Z from the prior
     "shared"     one prior Z sequence for every row (the paper's green groups): `shared_prior_latents`
     "reference"  Z sampled from the encoder's posterior on a reference text ("in the manner of" it): `infer_latents`
-    indices      a (B or 1, N) integer tensor of explicit Z, each in [0, 2^H)
+    values       a (B or 1, N, *value_shape) tensor of explicit Z: for the binary kinds (B or 1, N) integer
+                 indices, each in [0, 2^H); for the gaussian kind (B or 1, N, H) real vectors
+
+What a value of Z is, how the prior draws it and how explicit values are checked is the model's latent
+space's (free_transformer.model.latent.space): nothing here knows its form.
 
 The entry points (`free-transformer generate --latents`, `generate(latents=...)`, `SamplingParams.latents`,
 the Hugging Face `forward` and `generate`, evaluation's `latents` and `LatentPolicy`) parse what the
 user wrote with `parse_latents`; what a context needs no model to resolve is CONTEXT_CHOICES. The model's
-forward receives a resolved source (free_transformer.model.latent: ENCODER, PRIOR or checked indices)
+forward receives a resolved source (free_transformer.model.latent: ENCODER, PRIOR or checked values)
 and checks it no further. Old spellings (DEPRECATED_LATENT_CHOICES, base/compat.py) work, with one
 DeprecationWarning per parse, until REMOVED_IN.
 """
@@ -27,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..base.compat import DEPRECATED_LATENT_CHOICES, REMOVED_IN
-from ..model.latent import ENCODER, PRIOR, Generators, LatentSource, uniform_latents
+from ..model.latent import ENCODER, PRIOR, Generators, LatentSource, LatentSpace
 from ..model.transformer import FreeTransformer
 
 LatentChoice = Literal["encoder", "prior", "shared", "reference"] | Tensor
@@ -45,7 +49,7 @@ def named(where: str, value) -> str:
 
 def parse_latents(value, *, where: str = "latents", allowed: tuple[str, ...] = CHOICES,
                   indices: bool = True) -> LatentChoice:
-    """The canonical form of a user's choice of Z: one of `allowed`, or (with `indices`) an index tensor
+    """The canonical form of a user's choice of Z: one of `allowed`, or (with `indices`) a tensor of values
     (a nested list becomes one; its values are checked when resolved). An old spelling gives one
     DeprecationWarning; anything else a one-line ValueError naming the allowed values."""
     if indices and isinstance(value, Tensor):
@@ -60,29 +64,30 @@ def parse_latents(value, *, where: str = "latents", allowed: tuple[str, ...] = C
         return new
     if isinstance(value, str) and value in allowed:
         return value
-    names = ", ".join(repr(name) for name in allowed) + (" or an index tensor (B or 1, N)" if indices else "")
+    names = ", ".join(repr(name) for name in allowed) + (" or a tensor of values (B or 1, N, ...)" * indices)
     raise ValueError(f"{where} must be one of {names}; got {value!r}")
 
 
-def check_latent_indices(latents, bits: int, batch_size: int, *, min_length: int = 0, device=None) -> Tensor:
-    """Explicit latents as a (batch_size, N) int64 tensor, N >= min_length, every index in [0, 2^bits).
-    Reads the values on the host: called once per generation, never by the model's forward."""
-    if bits == 0:
+def check_latent_values(model: FreeTransformer, latents, batch_size: int, *, min_length: int = 0) -> Tensor:
+    """Explicit latents as a (batch_size, N, *value_shape) tensor on the model's device, N >= min_length,
+    each value checked by the model's latent space. Reads the values on the host: called once per
+    generation, never by the model's forward."""
+    space = model.latent_space
+    if space is None:
         raise ValueError("explicit latents need a Free Transformer (latent_bits > 0); this is a baseline decoder")
-    latents = torch.as_tensor(latents, device=device)
-    if latents.is_floating_point() or latents.dtype == torch.bool or latents.dim() != 2 \
-            or latents.shape[0] not in (1, batch_size) or latents.shape[1] < min_length:
-        raise ValueError(f"latents must be integer indices of shape ({batch_size} or 1, N >= {min_length}), "
-                         f"got {tuple(latents.shape)} {latents.dtype}")
-    if latents.numel() and (int(latents.min()) < 0 or int(latents.max()) >= 2**bits):
-        raise ValueError(f"latent indices must lie in [0, 2^{bits}), got min {int(latents.min())} max {int(latents.max())}")
-    return latents.to(torch.int64).expand(batch_size, -1)
+    latents = torch.as_tensor(latents, device=model.rope_cos.device)
+    shape = ", ".join(["N", *map(str, space.value_shape)])
+    if latents.dim() != 2 + len(space.value_shape) or latents.shape[0] not in (1, batch_size) \
+            or latents.shape[1] < min_length:
+        raise ValueError(f"latents of kind {space.kind} must have shape ({batch_size} or 1, {shape}) with "
+                         f"N >= {min_length}, got {tuple(latents.shape)} {latents.dtype}")
+    return space.check_values(latents).expand(batch_size, *latents.shape[1:])
 
 
-def refuse_on_baseline(choice: LatentChoice, bits: int, where: str = "latents") -> None:
+def refuse_on_baseline(choice: LatentChoice, is_free: bool, where: str = "latents") -> None:
     """A one-line ValueError when a named choice that is not a context's Z ("shared", "reference") meets a
-    baseline decoder (latent_bits = 0), which has no Z to share or infer."""
-    if bits == 0 and isinstance(choice, str) and choice not in CONTEXT_CHOICES:
+    baseline decoder (is_free false: ModelConfig.is_free), which has no Z to share or infer."""
+    if not is_free and isinstance(choice, str) and choice not in CONTEXT_CHOICES:
         raise ValueError(f"{named(where, choice)} needs a Free Transformer (latent_bits > 0); "
                          "this is a baseline decoder")
 
@@ -90,7 +95,7 @@ def refuse_on_baseline(choice: LatentChoice, bits: int, where: str = "latents") 
 @dataclass(frozen=True)
 class ResolvedLatents:
     prompt_source: LatentSource  # ENCODER or PRIOR: the Z of the prompt when no explicit Z covers it
-    explicit: Tensor | None = None  # (batch_size or 1, N) int64 indices of positions [0, N), N >= prompt length
+    explicit: Tensor | None = None  # (batch_size or 1, N, *value_shape) Z of positions [0, N), N >= prompt length
 
 
 def resolve_latents(model: FreeTransformer, choice: LatentChoice | None, *, length: int = 0, reference=None,
@@ -107,12 +112,10 @@ def resolve_latents(model: FreeTransformer, choice: LatentChoice | None, *, leng
         raise ValueError(f"{text} goes with {named(where, 'reference')}, not {named(where, choice)}")
     if isinstance(choice, str) and choice in CONTEXT_CHOICES:
         return ResolvedLatents(choice)
-    bits = model.config.latent_bits
     if isinstance(choice, Tensor):
-        rows = batch_size or (choice.shape[0] if choice.dim() == 2 else 1)
-        return ResolvedLatents(ENCODER, check_latent_indices(choice, bits, rows, min_length=prompt_length,
-                                                             device=model.rope_cos.device))
-    refuse_on_baseline(choice, bits, where)
+        rows = batch_size or (choice.shape[0] if choice.dim() >= 2 else 1)
+        return ResolvedLatents(ENCODER, check_latent_values(model, choice, rows, min_length=prompt_length))
+    refuse_on_baseline(choice, model.config.is_free, where)
     if choice == "shared":
         return ResolvedLatents(ENCODER, shared_prior_latents(model, length, generator))
     if reference is None:
@@ -134,42 +137,46 @@ def plan_latents(model: FreeTransformer, choice: LatentChoice | None, batch_size
     resolved once (`resolve_latents`); `generators` (one per row) draw the new positions' prior Z."""
     resolved = resolve_latents(model, choice, length=length, reference=reference, generator=generator,
                                batch_size=batch_size, prompt_length=prompt_length, where=where)
-    explicit = None if resolved.explicit is None else resolved.explicit.expand(batch_size, -1)
-    return LatentPlan(batch_size, model.config.latent_bits, explicit=explicit, prompt_source=resolved.prompt_source,
+    explicit = resolved.explicit
+    if explicit is not None:
+        explicit = explicit.expand(batch_size, *explicit.shape[1:])
+    return LatentPlan(batch_size, model.latent_space, explicit=explicit, prompt_source=resolved.prompt_source,
                       generators=generators)
 
 
 class LatentPlan:
-    """Z for each position of one generation, handed to the model's forward at every step; the one
-    decoding rule of `free_transformer.inference.generate` and `FreeTransformerForCausalLM.generate`.
+    """Z for each position of a sequence, handed to the model's forward call by call: the one dispenser
+    of Z per position, used by `free_transformer.inference.generate` (eager and static decoding),
+    `FreeTransformerForCausalLM`, evaluation's scoring, the held-out likelihoods and validation.
 
-    Positions [0, N) take the explicit (B, N) indices when given. Otherwise the prompt (the call at
-    position 0) takes `prompt_source`, and every later position one uniform draw, made once when its
-    token is fed (with `generators`, one per row, or the global RNG) and then kept: a forward that
-    re-feeds positions already planned (Hugging Face without a cache) gets the same Z again. The plan
-    records every Z the model used, so generate can return them. With bits = 0 (a baseline) it
-    hands out PRIOR, which a baseline ignores, and records nothing.
+    Positions [0, N) take the explicit (B, N, *value_shape) values when given. Otherwise the first call
+    (at position 0) takes the encoder when `prompt_source` is ENCODER, and every other position one prior
+    draw of the latent space (`LatentSpace.prior`), made once when its token is fed (with `generators`,
+    one per row, or the global RNG) and then kept: a forward that re-feeds positions already planned
+    (Hugging Face without a cache) gets the same Z again.
+    The plan records every Z the model used, so generate can return them. With no latent space (a
+    baseline) it hands out PRIOR, which a baseline ignores, and records nothing.
     """
 
-    def __init__(self, batch_size: int, bits: int, *, explicit: Tensor | None = None,
+    def __init__(self, batch_size: int, space: LatentSpace | None, *, explicit: Tensor | None = None,
                  prompt_source: LatentSource = ENCODER, generators: Generators = None):
         self.batch_size = batch_size
-        self.bits = bits
-        self.explicit = explicit  # (B, N), resolved by resolve_latents
+        self.space = space
+        self.explicit = explicit  # (B, N, *value_shape), resolved by resolve_latents
         self.prompt_source = prompt_source  # ENCODER or PRIOR
         self.generators = generators
-        self.used: list[Tensor] = []  # (B, t) chunks, the Z of positions [0, length)
+        self.used: list[Tensor] = []  # (B, t, *value_shape) chunks, the Z of positions [0, length)
         self.length = 0
 
     def source(self, start: int, length: int, device=None) -> LatentSource:
         """What the model's forward gets as `latents` for positions [start, start + length)."""
-        if self.bits == 0:
+        if self.space is None:
             return PRIOR
         if start > self.length:
             raise RuntimeError(f"the latent plan has Z for positions [0, {self.length}) but the model is fed "
                                f"position {start}")
         end, new = start + length, max(start, self.length)
-        known = torch.cat(self.used, dim=1)[:, start:new] if new > start else None  # (B, new - start)
+        known = torch.cat(self.used, dim=1)[:, start:new] if new > start else None  # (B, new - start, ...)
         if new == end:
             return known
         explicit = self.explicit
@@ -178,28 +185,40 @@ class LatentPlan:
                 raise ValueError(f"explicit latents cover positions [0, {explicit.shape[1]}) but the model is fed "
                                  f"[{start}, {end}) in one call")
             fresh = explicit[:, new:end]
-        elif new == 0:
-            return self.prompt_source
+        elif new == 0 and self.prompt_source == ENCODER:
+            return ENCODER  # the model samples it, and the caller records it
         else:
-            fresh = uniform_latents((self.batch_size, end - new), self.bits, generator=self.generators,
-                                    device=device if known is None else known.device)
+            fresh = self.draw(end - new, device if known is None else known.device)
         return fresh if known is None else torch.cat([known, fresh], dim=1)
 
-    def record(self, start: int, latent_index: Tensor | None) -> None:
+    def explicit_at(self, position: int) -> Tensor | None:
+        """(B, 1, *value_shape) the explicit Z of `position`, or None where it is a prior draw (the static
+        decoding step then draws it in place, `LatentSpace.prior_`, with its rows' generators)."""
+        if self.explicit is None or position >= self.explicit.shape[1]:
+            return None
+        return self.explicit[:, position : position + 1]
+
+    def draw(self, length: int, device=None) -> Tensor:
+        """(B, length, *value_shape) prior Z for new positions, row i from generators[i]."""
+        return self.space.prior((self.batch_size, length), self.generators, device)
+
+    def record(self, start: int, latents: Tensor | None) -> None:
         """Keep the Z the model used for positions [start, ...) that the plan had not recorded yet."""
-        if latent_index is None:
+        if latents is None:
             return
-        new = latent_index[:, self.length - start :].expand(self.batch_size, -1)
+        new = latents[:, self.length - start :]
+        new = new.expand(self.batch_size, *new.shape[1:])
         if new.shape[1]:
             self.used.append(new)
             self.length += new.shape[1]
 
     def latents(self, length: int | None = None) -> Tensor | None:
-        """(B, length) the Z used at the first `length` positions (all recorded ones by default);
-        None for a baseline."""
-        if self.bits == 0:
+        """(B, length, *value_shape) the Z used at the first `length` positions (all recorded ones by
+        default); None for a baseline."""
+        if self.space is None:
             return None
-        used = torch.cat(self.used, dim=1) if self.used else torch.zeros(self.batch_size, 0, dtype=torch.int64)
+        used = torch.cat(self.used, dim=1) if self.used else \
+            torch.zeros(self.batch_size, 0, *self.space.value_shape, dtype=self.space.value_dtype)
         return used if length is None else used[:, :length]
 
 
@@ -207,29 +226,30 @@ def forward_source(model: FreeTransformer, latents: LatentChoice | None, batch_s
                    start: int) -> LatentSource:
     """What one forward of `length` tokens from position `start` takes, for a caller that names Z per call
     (the Hugging Face forward): None is the encoder for a sequence from position 0 and the prior for a
-    continuation; "encoder", "prior" or (batch_size or 1, length) indices otherwise. A baseline ignores
-    "encoder" and "prior" and refuses indices."""
+    continuation; "encoder", "prior" or (batch_size or 1, length, *value_shape) values otherwise. A baseline
+    ignores "encoder" and "prior" and refuses values."""
     if latents is None:
         return ENCODER if start == 0 else PRIOR
     choice = parse_latents(latents, allowed=CONTEXT_CHOICES)
     if isinstance(choice, Tensor):
-        return check_latent_indices(choice, model.config.latent_bits, batch_size, min_length=length,
-                                    device=model.rope_cos.device)
+        return check_latent_values(model, choice, batch_size, min_length=length)
     return choice
 
 
 @torch.no_grad()
 def shared_prior_latents(model: FreeTransformer, length: int, generator: torch.Generator | None = None) -> Tensor:
-    """(1, length) indices drawn once from the uniform prior, to share across a batch."""
-    return uniform_latents((1, length), model.config.latent_bits, generator=generator, device=model.rope_cos.device)
+    """(1, length, *value_shape) Z drawn once from the prior, to share across a batch."""
+    if not model.config.is_free:
+        raise ValueError("latents exist only in a Free Transformer (latent_bits > 0)")
+    return LatentPlan(1, model.latent_space, generators=generator).draw(length, model.rope_cos.device)
 
 
 @torch.no_grad()
 def infer_latents(model: FreeTransformer, reference: Tensor | Sequence[Sequence[int]],
                   generator: torch.Generator | None = None) -> Tensor:
-    """(B, T) indices sampled from the encoder's posterior Q(Z | reference) for a (B, T) reference text."""
-    if model.latent is None:
+    """(B, T, *value_shape) Z sampled from the encoder's posterior Q(Z | reference) for a (B, T) reference text."""
+    if not model.config.is_free:
         raise ValueError("latents exist only in a Free Transformer (latent_bits > 0)")
     reference = torch.as_tensor(reference, dtype=torch.int64, device=model.rope_cos.device)
     model.check_tokens(reference)
-    return model(reference, latents=ENCODER, generator=generator).latent_index
+    return model(reference, latents=ENCODER, generator=generator).latents

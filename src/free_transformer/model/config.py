@@ -15,9 +15,10 @@ class LatentConfig:
     """How the latent path works (its size, latent_bits, and place, latent_layer, are ModelConfig fields)."""
 
     kind: str = "binary_mapper"
-    """How the H sampled bits become the residual R: binary_mapper (the paper: a 2^H x D post-sampler
-    table, exact gradient of Y + G - detach(G)), bit_linear (the ±1 bits through a D x H linear map,
-    per-bit straight-through; H up to 62), or any kind registered with register_latent_kind."""
+    """The form of Z_t and its map to the residual R: binary_mapper (the paper: H bits, a 2^H x D
+    post-sampler table, exact gradient of Y + G - detach(G)), bit_linear (the ±1 bits through a D x H
+    linear map, per-bit straight-through; H up to 62), gaussian (Z_t in R^H, prior N(0, I),
+    reparameterised, through a D x H linear map), or any kind registered with register_latent_kind."""
     encoder_layers: int = 1
     """Non-causal encoder blocks (the paper: 1). The first takes its queries from zeta and its
     keys/values from the first half; each further one attends over the encoder's own stream."""
@@ -53,7 +54,8 @@ class ModelConfig:
     tie_embeddings: bool = False
     """Share the token embedding table with the logit readout."""
     latent_bits: int = 0
-    """H, bits of the latent Z_t (2^H values per token). 0 gives the plain baseline decoder."""
+    """H, the units of the latent Z_t: bits (2^H values per token) for the binary kinds, dimensions for
+    the gaussian kind. 0 gives the plain baseline decoder."""
     latent_layer: int | None = None
     """Number of decoder blocks before Z is injected; None means L // 2 (the paper's middle)."""
     latent: LatentConfig = field(default_factory=LatentConfig)
@@ -112,6 +114,7 @@ class ModelConfig:
 
     @property
     def is_free(self) -> bool:
+        """A Free Transformer (with a latent path), not the baseline decoder: the one test of it."""
         return self.latent_bits > 0
 
     @property
@@ -167,9 +170,10 @@ class ModelConfig:
             return 0
         from .latent import latent_kind
 
+        space = latent_kind(self.latent.kind)
         encoder = self.latent.encoder_layers * self.block_params() + self.dim + self.dim
-        readout = self.dim * self.latent_bits + self.latent_bits
-        return encoder + readout + latent_kind(self.latent.kind).num_params(self.latent_bits, self.dim)
+        readout = (self.dim + 1) * self.latent_bits * space.params_per_unit
+        return encoder + readout + space.num_params(self.latent_bits, self.dim)
 
     def training_flops_per_token(self, seq_len: int) -> float:
         """Forward + backward FLOPs per token of a training step at this sequence length: what the design
@@ -178,9 +182,10 @@ class ModelConfig:
         Matmuls count 6 FLOPs per weight (2 forward, 4 backward). Attention scores and values count
         12 * D FLOPs per (query, key) pair: a causal query sees (T + 1) / 2 keys on average, the
         encoder's non-causal queries all T. The first encoder block's query is the constant zeta, one
-        row for every position: its query projection costs nothing per token. The read-out to H
-        bit-logits counts 6 * D * H. The mapper counts what its kind says: for the Binary Mapper the
-        forward is a row lookup (no FLOPs) and the exact backward needs dR @ W^T, 2 * 2^H * D per token.
+        row for every position: its query projection costs nothing per token. The read-out counts
+        6 * D per posterior parameter (H bit-logits; H means and H log-variances for the Gaussian). The
+        mapper counts what its kind says: for the Binary Mapper the forward is a row lookup (no FLOPs)
+        and the exact backward needs dR @ W^T, 2 * 2^H * D per token.
         """
         matmul_weights = self.block_params() - 2 * self.dim  # q, k, v, o and the SwiGLU
         causal_block = 6 * matmul_weights + 12 * self.dim * (seq_len + 1) / 2
@@ -190,8 +195,9 @@ class ModelConfig:
 
             non_causal_block = 6 * matmul_weights + 12 * self.dim * seq_len
             flops += self.latent.encoder_layers * non_causal_block - 6 * self.dim * self.dim  # zeta's q_proj: once
-            flops += 6 * self.dim * self.latent_bits  # encoder read-out
-            flops += latent_kind(self.latent.kind).training_flops_per_token(self.latent_bits, self.dim)
+            space = latent_kind(self.latent.kind)
+            flops += 6 * self.dim * self.latent_bits * space.params_per_unit  # encoder read-out
+            flops += space.training_flops_per_token(self.latent_bits, self.dim)
         return float(flops)
 
 

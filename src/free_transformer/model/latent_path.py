@@ -3,12 +3,15 @@
     encoder      `encoder_layers` non-causal blocks: the first takes its queries from the learned
                  constant zeta and its keys/values from the first half's output (the paper's one
                  block); each further block attends over the encoder's own stream.
-    readout      RMSNorm + linear map to H bit-logits per token.
-    mapper       the variant that turns the sampled bits into the residual R (`model.latent.kind`).
+    readout      RMSNorm + linear map to the posterior's parameters per token (H bit-logits for the
+                 binary kinds, H means and H log-variances for the Gaussian).
+    mapper       the latent space (`model.latent.kind`, free_transformer.model.latent.space): the form
+                 of Z, its prior, its posterior sample and KL, and the map to the residual R. Its
+                 attribute name is that of its tensors in checkpoints (`latent.mapper.weight`).
 
 Given the first half's output and a latent source (free_transformer.model.latent), it returns R,
 to be added to the keys/values input of the injection block, and a `LatentSample` saying which Z
-was used and, from the encoder, the bit-logits and the KL of every token.
+was used and, from the encoder, the posterior and the KL of every token.
 """
 
 from __future__ import annotations
@@ -19,16 +22,15 @@ import torch
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .latent import (ENCODER, PRIOR, Generators, LatentSource, at_least_float32, kl_to_uniform, latent_kind,
-                     uniform_latents)
+from .latent import ENCODER, PRIOR, Generators, LatentSource, LatentSpace, at_least_float32, latent_kind
 from .layers import Block
 
 
 @dataclass
 class LatentSample:
-    index: Tensor  # (B, T) the Z_t used, each in [0, 2^H)
-    bit_logits: Tensor | None = None  # (B, T, H) the encoder's read-out (source "encoder" only)
-    kl_per_token_nats: Tensor | None = None  # (B, T) KL(Q(Z_t | S) || uniform) (source "encoder" only)
+    value: Tensor  # (B, T, *value_shape) the Z_t used
+    posterior: Tensor | None = None  # (B, T, H * params_per_unit) the encoder's read-out (source "encoder" only)
+    kl_per_token_nats: Tensor | None = None  # (B, T) KL(Q(Z_t | S) || prior) (source "encoder" only)
 
 
 class LatentPath(nn.Module):
@@ -38,14 +40,15 @@ class LatentPath(nn.Module):
         self.zeta = nn.Parameter(torch.empty(config.dim))
         self.encoder = nn.ModuleList(Block(config) for _ in range(config.latent.encoder_layers))
         self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
-        self.readout = nn.Linear(config.dim, config.latent_bits)
-        self.mapper = latent_kind(config.latent.kind)(config.latent_bits, config.dim)
+        space = latent_kind(config.latent.kind)
+        self.readout = nn.Linear(config.dim, config.latent_bits * space.params_per_unit)
+        self.mapper: LatentSpace = space(config.latent_bits, config.dim)
 
     @torch.no_grad()
     def init_weights(self, init_block, std: float, post_sampler_std: float) -> None:
         """Everything but zeta (~ N(0, 1), drawn by the model first): encoder blocks as the decoder's
-        (`init_block`); norm = 1; read-out ~ N(0, std) with zero bias (bits start near p = 1/2, KL near
-        0); the mapper so that R has standard deviation post_sampler_std."""
+        (`init_block`); norm = 1; read-out ~ N(0, std) with zero bias (the posterior starts near the
+        prior, KL near 0); the mapper so that R has standard deviation post_sampler_std."""
         for block in self.encoder:
             init_block(block)
         nn.init.ones_(self.norm.weight)
@@ -54,7 +57,8 @@ class LatentPath(nn.Module):
         self.mapper.reset_parameters(post_sampler_std)
 
     def encode(self, x_half: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """(B, T, D) first-half output -> (B, T, H) bit-logits (at least float32). Non-causal over the T tokens."""
+        """(B, T, D) first-half output -> (B, T, H * params_per_unit) posterior parameters (at least float32).
+        Non-causal over the T tokens."""
         D = x_half.shape[-1]
         query = self.zeta.to(x_half.dtype).view(1, 1, D)  # the same for every position: normed and projected once
         y = self.encoder[0](query, cos, sin, kv_input=x_half, causal=False)  # (B, T, D)
@@ -65,21 +69,26 @@ class LatentPath(nn.Module):
     def forward(self, x_half: Tensor, source: LatentSource, cos: Tensor, sin: Tensor,
                 generator: Generators = None) -> tuple[Tensor, LatentSample]:
         """R (B, T, D) and the sample it came from. cos/sin: the RoPE tables of the T positions. `source` is
-        resolved (free_transformer.inference.latents): its values are not checked here."""
+        resolved (free_transformer.inference.latents): its values are not checked here, its shape is."""
         B, T, _ = x_half.shape
+        space = self.mapper
         if isinstance(source, Tensor):
-            # The shape only (no read of the values, so no sync): a direct forward with indices for other
+            # The shape only (no read of the values, so no sync): a direct forward with values for other
             # positions would otherwise fail inside expand() with a message that names neither.
-            if source.dim() != 2 or source.shape[1] != T or source.shape[0] not in (1, B):
-                raise ValueError(f"explicit latents must have shape ({B} or 1, {T}), got {tuple(source.shape)}")
-            index = source.expand(B, T)
-            return self.mapper.lookup(index), LatentSample(index)
+            shape = (T, *space.value_shape)
+            if source.dim() != 2 + len(space.value_shape) or tuple(source.shape[1:]) != shape \
+                    or source.shape[0] not in (1, B):
+                raise ValueError(f"explicit latents must have shape ({B} or 1, {', '.join(map(str, shape))}), "
+                                 f"got {tuple(source.shape)}")
+            value = source.expand(B, *shape)
+            return space.embed(value), LatentSample(value)
         if source == PRIOR:
-            index = uniform_latents((B, T), self.bits, generator=generator, device=x_half.device)
-            return self.mapper.lookup(index), LatentSample(index)
+            value = space.prior((B, T), generator, x_half.device)
+            return space.embed(value), LatentSample(value)
         if source != ENCODER:  # not a source at all (a user's spelling is parsed by inference.latents.parse_latents)
-            raise ValueError(f"latents must be {ENCODER!r}, {PRIOR!r} or an index tensor (B or 1, T), got {source!r}")
-        bit_logits = self.encode(x_half, cos, sin)  # (B, T, H)
-        kl = kl_to_uniform(bit_logits)  # before sampling: this graph order gives the gradient sums of tests/golden
-        r, index = self.mapper.sample(bit_logits, generator)
-        return r, LatentSample(index, bit_logits, kl)
+            raise ValueError(f"latents must be {ENCODER!r}, {PRIOR!r} or a tensor of values (B or 1, T, ...), "
+                             f"got {source!r}")
+        posterior = self.encode(x_half, cos, sin)  # (B, T, H * params_per_unit)
+        kl = space.kl(posterior)  # before sampling: this graph order gives the gradient sums of tests/golden
+        r, value = space.sample(posterior, generator)
+        return r, LatentSample(value, posterior, kl)

@@ -1,7 +1,8 @@
 """The Free Transformer (Algorithm 2 of the paper) and, with latent_bits = 0, the baseline decoder
 (Algorithm 1). Both share every block; the Free Transformer adds one module, `LatentPath` (the
-non-causal encoder with its learned query zeta, the read-out to H bit-logits and the mapper from bits
-to R), whose residual R is added to the keys/values input of block `injection_layer`."""
+non-causal encoder with its learned query zeta, the read-out to the posterior's parameters and the
+latent space that samples Z and maps it to R), whose residual R is added to the keys/values input of
+block `injection_layer`."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from torch import Tensor, nn
 
 from ..base.checks import ConfigError
 from .config import ModelConfig
-from .latent import ENCODER, Generators, LatentSource, free_bits_kl
+from .latent import ENCODER, Generators, LatentSource, LatentSpace, free_bits_kl
 from .latent_path import LatentPath, LatentSample
 from .layers import Block, KVCache, rope_tables
 from .loss import IGNORE_INDEX, cross_entropy, readout_cross_entropy
-from .state_names import FUSED_PROJECTIONS, part_rows, upgrade_state_dict
+from .state_names import FUSED_PROJECTIONS, part_rows
 
 
 @dataclass
@@ -28,10 +29,10 @@ class ModelOutput:
     logits: Tensor | None  # (B, T, V); None when targets were given without return_logits
     loss: Tensor | None = None  # cross-entropy + free-bits KL term (nats), when targets are given
     cross_entropy_nats: Tensor | None = None  # mean over predicted tokens
-    kl_nats: Tensor | None = None  # mean KL(Q(Z_t|S) || uniform) per token, encoder latents only
+    kl_nats: Tensor | None = None  # mean KL(Q(Z_t|S) || prior) per token, encoder latents only
     kl_per_token_nats: Tensor | None = None  # (B, T)
-    bit_logits: Tensor | None = None  # (B, T, H) encoder read-out, encoder latents only
-    latent_index: Tensor | None = None  # (B, T) the Z_t used, each in [0, 2^H)
+    posterior: Tensor | None = None  # (B, T, H * params_per_unit) encoder read-out, encoder latents only
+    latents: Tensor | None = None  # (B, T, *value_shape) the Z_t used (binary kinds: indices in [0, 2^H))
 
     @classmethod
     def from_parts(cls, logits: Tensor | None, sample: LatentSample | None) -> ModelOutput:
@@ -39,7 +40,7 @@ class ModelOutput:
             return cls(logits=logits)
         kl = sample.kl_per_token_nats
         return cls(logits=logits, kl_nats=None if kl is None else kl.mean(), kl_per_token_nats=kl,
-                   bit_logits=sample.bit_logits, latent_index=sample.index)
+                   posterior=sample.posterior, latents=sample.value)
 
 
 @contextlib.contextmanager
@@ -64,18 +65,13 @@ class FreeTransformer(nn.Module):
             self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
             self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
             self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
-            self.latent = LatentPath(config) if config.latent_bits else None  # None: the baseline decoder
+            self.latent = LatentPath(config) if config.is_free else None  # None: the baseline decoder
         # RoPE tables are derived from the config, never checkpointed.
         cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.register_load_state_dict_pre_hook(self._upgrade_legacy_names)
         self.compiled_loss = False  # set by distributed.parallelize.apply_compile (compile=true)
         self.init_weights()
-
-    @staticmethod
-    def _upgrade_legacy_names(module, state_dict, prefix, *args) -> None:
-        upgrade_state_dict(state_dict, prefix)
 
     @torch.no_grad()
     def init_weights(self, std: float = 0.02, post_sampler_std: float | None = None, *,
@@ -118,7 +114,7 @@ class FreeTransformer(nn.Module):
 
         # The draws come in a fixed order (zeta, embeddings, blocks, head, rest of the latent path): a
         # seed's weights, and so the golden losses (tests/golden), depend on it.
-        latent = self.latent if self.latent is not None and self.latent.zeta.device.type != "meta" else None
+        latent = self.latent if self.config.is_free and self.latent.zeta.device.type != "meta" else None
         if latent is not None:
             nn.init.normal_(latent.zeta, std=1.0)  # normalised before use
         if self.embed_tokens.weight.device.type != "meta":
@@ -133,6 +129,11 @@ class FreeTransformer(nn.Module):
             latent.init_weights(init_block, std, post_sampler_std or std)
 
     # ---- pieces of the forward pass ------------------------------------------------------------
+
+    @property
+    def latent_space(self) -> LatentSpace | None:
+        """The form of Z (free_transformer.model.latent.space); None for the baseline decoder."""
+        return self.latent.mapper if self.config.is_free else None
 
     @property
     def readout_weight(self) -> Tensor:
@@ -172,11 +173,12 @@ class FreeTransformer(nn.Module):
         latents: where Z comes from (Free Transformer only), resolved (free_transformer.model.latent.sources;
         a user's choice is parsed and resolved by free_transformer.inference.latents): ENCODER samples it
         from the encoder's posterior (training, KV-cache prefill; needs the whole sequence, start = 0),
-        PRIOR draws every Z_t uniformly and independently, and an int64 tensor (B or 1, T) gives the
-        indices explicitly. kappa_nats: the free-bits threshold of the KL term, in nats per
-        token. generator: one generator, or one per row (each row then reproducible on its own).
+        PRIOR draws every Z_t from the prior, independently, and a tensor (B or 1, T, *value_shape) gives
+        the values explicitly (int64 indices (B or 1, T) for the binary kinds). kappa_nats: the free-bits
+        threshold of the KL term, in nats per token. generator: one generator, or one per row (each row then
+        reproducible on its own).
 
-        Shapes are checked here; the ranges of token ids and latent indices are not (that reads values
+        Shapes are checked here; the ranges of token ids and latent values are not (that reads values
         on the host): entry points check them once, with `check_tokens` and free_transformer.inference.latents.
         """
         if start is None:
@@ -192,7 +194,7 @@ class FreeTransformer(nn.Module):
         sample = None
         for i, block in enumerate(self.layers):
             kv_input = None
-            if i == self.config.injection_layer and self.latent is not None:  # queries from X, keys/values from X + R
+            if i == self.config.injection_layer and self.config.is_free:  # queries from X, keys/values from X + R
                 # ENCODER is the default: a direct call continuing a cache would otherwise encode a fragment.
                 if isinstance(latents, str) and latents == ENCODER and (isinstance(start, Tensor) or start):
                     raise ValueError("encoder latents need the whole sequence: the encoder is non-causal "

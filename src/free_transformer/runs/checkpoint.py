@@ -42,7 +42,7 @@ from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..base.fileio import refuse_links, sha256_file, share_like_umask
 from ..model.config import ModelConfig
-from ..model.state_names import fused_name, part_names
+from ..model.state_names import fused_name, part_names, upgrade_state_dict
 from ..model.transformer import FreeTransformer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -198,9 +198,11 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Fr
 
 
 def load_weights(ckpt: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """model.safetensors of a checkpoint directory; a missing or unreadable file is a CheckpointError."""
+    """model.safetensors of a checkpoint directory, in this version's tensor names and layout (older
+    checkpoints are migrated on the way in: model.state_names.upgrade_state_dict, outside the model as a
+    state-dict adapter); a missing or unreadable file is a CheckpointError."""
     try:
-        return load_file(ckpt / "model.safetensors", device=device)
+        return upgrade_state_dict(load_file(ckpt / "model.safetensors", device=device))
     except (OSError, SafetensorError) as error:
         raise CheckpointError(f"corrupt checkpoint weights {ckpt / 'model.safetensors'}: {error}") from error
 

@@ -164,7 +164,7 @@ class Batcher:
         if max_batch < 1:
             raise ValueError(f"the batch must hold at least 1 row, got {max_batch}")
         self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
-        self.bits = model.config.latent_bits
+        self.is_free = model.config.is_free
         self.device = model.rope_cos.device
         self.cache = None  # the KV cache of max_batch rows, made at the first row
         self.rows: list[Row] = []  # in flight: row i in slot i of the cache
@@ -254,7 +254,7 @@ class Batcher:
             self.cache = self.model.new_cache(self.max_batch)
         slot, P = len(self.rows), len(spec.ids)
         ids = torch.tensor([spec.ids], device=self.device)  # (1, P)
-        source = PRIOR if self.bits == 0 else spec.latents[:, :P] if isinstance(spec.latents, Tensor) else spec.latents
+        source = PRIOR if not self.is_free else spec.latents[:, :P] if isinstance(spec.latents, Tensor) else spec.latents
         out = self.model(ids, latents=source, generator=[generator], cache=self.cache.view(slice(slot, slot + 1), P))
         logits = out.logits[0]  # (P, V)
         if job.echo and job.logprobs is not None:
@@ -291,7 +291,7 @@ class Batcher:
         n = len(rows)
         tokens = torch.tensor([[row.token] for row in rows], device=self.device)  # (n, 1)
         positions = torch.tensor([row.position for row in rows], device=self.device)  # (n,)
-        latents = PRIOR if self.bits == 0 else self._next_latents(rows)  # (n, 1)
+        latents = PRIOR if not self.is_free else self._next_latents(rows)  # (n, 1, *value_shape)
         cache = self.cache.view(slice(0, n), max(row.position for row in rows) + 1)
         logits = self.model(tokens, latents=latents, cache=cache, start=positions).logits[:, -1]  # (n, V)
         self.steps += 1
@@ -311,14 +311,16 @@ class Batcher:
         self._compact([row for row in self.rows if not row.ended and not row.job.cancelled])
 
     def _next_latents(self, rows: list[Row]) -> Tensor:
-        """(n, 1) the Z of each row's fed position: its explicit Z, else one prior draw with its generator."""
-        latents = torch.empty(len(rows), 1, dtype=torch.int64, device=self.device)
+        """(n, 1, *value_shape) the Z of each row's fed position: its explicit Z, else one prior draw of the
+        model's latent space with the row's generator (as generate draws it)."""
+        space = self.model.latent_space
+        latents = torch.empty(len(rows), 1, *space.value_shape, dtype=space.value_dtype, device=self.device)
         for i, row in enumerate(rows):
             explicit = row.spec.latents
             if isinstance(explicit, Tensor) and row.position < explicit.shape[1]:
                 latents[i] = explicit[0, row.position]
             else:
-                latents[i].random_(0, 2**self.bits, generator=row.generator)
+                space.prior_(latents[i : i + 1], [row.generator])
         return latents
 
     def _take(self, row: Row, token: int, logits: Tensor, k: int | None) -> None:

@@ -13,9 +13,9 @@ from .config import OptimConfig
 def parameter_groups(model: FreeTransformer, config: OptimConfig) -> list[dict]:
     """Weight decay on matrices of the blocks and read-outs only (never on norms, biases, zeta, the token
     embeddings or the latent mapper); the latent path (model.latent) may get its own lr."""
-    latent = set() if model.latent is None else {id(p) for p in model.latent.parameters()}
+    latent = {id(p) for p in model.latent.parameters()} if model.config.is_free else set()
     never_decayed = {id(p) for p in model.embed_tokens.parameters()}
-    if model.latent is not None:
+    if model.config.is_free:
         never_decayed |= {id(p) for p in model.latent.mapper.parameters()}
     groups: dict[tuple[bool, bool], list] = {}
     for param in model.parameters():

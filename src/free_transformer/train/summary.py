@@ -12,6 +12,7 @@ import torch
 from ..analysis.measures import DEAD_BIT_KL
 from ..base.errors import UserError
 from ..data import build_dataset
+from ..model.latent import latent_kind
 from ..runs.checkpoint import checkpoint_dirs, load_model, read_checkpoint_config
 from .config import load_train_config
 from .metrics import read_metrics
@@ -34,8 +35,9 @@ def summarize_run(run_dir: str | Path, history: int = 8) -> str:
 
 
 def _summary(run_dir: Path, config, metrics: list, history: int) -> str:
-    model, bits = config.model, config.model.latent_bits
-    kind = (f"Free Transformer, H = {bits} bits ({model.latent.kind}), kappa {config.kappa_bits:g} bits" if bits
+    model, bits, free = config.model, config.model.latent_bits, config.model.is_free
+    unit = latent_kind(model.latent.kind).unit
+    kind = (f"Free Transformer, H = {bits} {unit}s ({model.latent.kind}), kappa {config.kappa_bits:g} bits" if free
             else "baseline decoder (no latent)")
     kept = checkpoint_dirs(run_dir)
     lines = [f"run {run_dir}: {kind}; {model.n_layers} blocks of width {model.dim}",
@@ -45,7 +47,7 @@ def _summary(run_dir: Path, config, metrics: list, history: int) -> str:
         return "\n".join(lines + ["nothing logged yet"])
     last = metrics[-1]
     lines.append(f"training (step {last['step']}): cross-entropy {last['cross_entropy_bits']:.4f} bits/token"
-                 + (f", KL {last['kl_bits']:.4f} (kappa {last['kappa_bits']:g})" if bits else ""))
+                 + (f", KL {last['kl_bits']:.4f} (kappa {last['kappa_bits']:g})" if free else ""))
     evaluated = [m for m in metrics if "val_cross_entropy_bits" in m]
     if not evaluated and kept:
         evaluated = [validate_checkpoint(kept[-1], config)]
@@ -54,15 +56,15 @@ def _summary(run_dir: Path, config, metrics: list, history: int) -> str:
     if not evaluated:
         return "\n".join(lines + ["no validation measures: train with validate_every=N to see what Z does"])
     val = evaluated[-1]
-    if not bits:
+    if not free:
         return "\n".join(lines + [f"validation (step {val['step']}): cross-entropy {val['val_cross_entropy_bits']:.4f}"])
     lines.append(f"validation (step {val['step']}): cross-entropy {val['val_cross_entropy_bits']:.4f} with the "
                  f"encoder's Z, {val['val_prior_cross_entropy_bits']:.4f} with prior Z (as generated); "
                  f"Z saves {val['latent_bits_saved']:.4f} bits/token for a KL of {val['val_kl_bits']:.4f}")
     per_bit = val["val_kl_bits_per_bit"]
     dead = [str(h) for h, value in enumerate(per_bit) if value < DEAD_BIT_KL]
-    lines.append("KL per bit (bits/token): " + " ".join(f"{value:.3f}" for value in per_bit)
-                 + (f"; carrying nothing (< {DEAD_BIT_KL}): bit {', '.join(dead)}" if dead else ""))
+    lines.append(f"KL per {unit} (bits/token): " + " ".join(f"{value:.3f}" for value in per_bit)
+                 + (f"; carrying nothing (< {DEAD_BIT_KL}): {unit} {', '.join(dead)}" if dead else ""))
     shown = evaluated[:: max(1, len(evaluated) // history)][-history:]
     lines.append("bits Z saves over training: " + ", ".join(f"{m['step']}: {m['latent_bits_saved']:.3f}" for m in shown))
     warnings = [m for m in evaluated if "latent_warning" in m]

@@ -1,6 +1,6 @@
 """Validation during training (every `validate_every` steps): cross-entropy and KL on held-out batches
 and, for a Free Transformer, what its latent does (measures.py): the honest cross-entropy with Z
-drawn from the prior (as at generation), the bits the encoder's Z saves per token, the KL of each bit,
+drawn from the prior (as at generation), the bits the encoder's Z saves per token, the KL of each unit of Z,
 and a warning when Z has collapsed or carries the tokens themselves. Computed with its own
 generators: training's RNG streams are untouched. Benchmarks scored during training are another
 thing: train/periodic.py."""
@@ -15,7 +15,8 @@ from ..analysis.measures import dead_bits, latent_verdict, saving
 from ..base.seeding import generator
 from ..base.units import LN2
 from ..distributed import ParallelEnv
-from ..model.latent import PRIOR, kl_per_bit
+from ..inference.latents import LatentPlan
+from ..model.latent import PRIOR
 from .config import TrainConfig
 from .noise import latent_generators
 
@@ -37,7 +38,7 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
     does; an upper bound of the honest -log P(x)), latent_bits_saved (measures.saving of the two),
     val_kl_bits_per_bit (H values), dead_bits (measures.dead_bits)."""
     env = env or ParallelEnv("none", device)
-    free = getattr(model, "module", model).latent is not None  # ddp wraps the model
+    free = config.model.is_free
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # CE encoder Z, KL, CE prior Z (nats)
     per_bit = torch.zeros(config.model.latent_bits, dtype=torch.float64, device=env.device)  # (H,) KL nats
@@ -48,13 +49,15 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
         with autocast_context(config.precision, env.device):
             out = model(inputs, targets, kappa_nats=config.kappa_nats(config.steps),
                         generator=_generator(config, index, rows, env, "val"))
-            prior = model(inputs, targets, latents=PRIOR, generator=_generator(config, index, rows, env, "prior"))\
-                if free else None
+            if free:
+                prior_z = _prior(model, inputs, _generator(config, index, rows, env, "prior"))  # (B, T, ...)
+                prior = model(inputs, targets, latents=prior_z)
         totals[0] += out.cross_entropy_nats.double()
         if free:
             totals[1] += out.kl_nats.double()
             totals[2] += prior.cross_entropy_nats.double()
-            per_bit += kl_per_bit(out.bit_logits).double().mean(dim=(0, 1))
+            space = getattr(model, "module", model).latent_space  # ddp wraps the model
+            per_bit += space.kl_per_unit(out.posterior).double().mean(dim=(0, 1))
     model.train()
     totals, per_bit = env.mean(totals) / config.validation_batches / LN2, env.mean(per_bit) / config.validation_batches / LN2
     ce, kl, prior_ce = totals.tolist()
@@ -64,6 +67,13 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
     return {"val_cross_entropy_bits": ce, "val_kl_bits": kl, "val_prior_cross_entropy_bits": prior_ce,
             "latent_bits_saved": saving(prior_ce, ce), "val_kl_bits_per_bit": kl_bits,
             "dead_bits": dead_bits(kl_bits)}
+
+
+def _prior(model: torch.nn.Module, inputs: torch.Tensor, generator) -> torch.Tensor:
+    """(B, T, *value_shape) prior Z for a validation batch, from the plan of a generation without a prompt."""
+    plan = LatentPlan(inputs.shape[0], getattr(model, "module", model).latent_space, prompt_source=PRIOR,
+                      generators=generator)
+    return plan.source(0, inputs.shape[1], inputs.device)
 
 
 def _generator(config: TrainConfig, index: int, rows: range, env: ParallelEnv, split: str):

@@ -48,7 +48,7 @@ def claim_conditions(results: list) -> list[tuple[str, str, list[Condition]]]:
     by_slug = {r.variant.slug: r.measures for r in results}
 
     def m(slug, key):  # a missing measure (e.g. no valid sequence to compare) fails every test
-        value = by_slug[slug].get(key)
+        value = by_slug.get(slug, {}).get(key)
         return value if value is not None else float("nan")
 
     def at_least(slug, key, name, threshold):
@@ -102,12 +102,19 @@ def claim_conditions(results: list) -> list[tuple[str, str, list[Condition]]]:
     ]
 
 
+# Models a claim reads besides its own (the 8-bit claim compares with the baseline).
+ALSO_NEEDS = {"kappa-8": ("baseline",)}
+
+
 def judge_claims(results: list) -> list[dict]:
-    """The verdict on each claim from one seed's results, with its test and each condition's values."""
+    """The verdict on each claim from one seed's results, with its test and each condition's values; only the
+    claims whose models ran (`demo --models`)."""
+    ran = {r.variant.slug for r in results}
     return [{"model": slug, "claim": claim, "test": "; ".join(c.test for c in conditions),
              "conditions": [dataclasses.asdict(c) for c in conditions],
              "reproduced": all(c.holds for c in conditions)}
-            for slug, claim, conditions in claim_conditions(results)]
+            for slug, claim, conditions in claim_conditions(results)
+            if slug in ran and ran.issuperset(ALSO_NEEDS.get(slug, ()))]
 
 
 def claims_over_seeds(claims_by_seed: dict[int, list[dict]]) -> list[dict]:

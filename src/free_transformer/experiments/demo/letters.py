@@ -56,5 +56,6 @@ def latent_kl_split(model: FreeTransformer, *, sequences: int = 256, seed: int =
     model.eval()
     tokens = fresh_sequences(model, sequences, seed)  # (B, 66)
     generator = torch.Generator(device=tokens.device).manual_seed(seed)
-    split = kl_split(model(tokens[:, :-1], latents=ENCODER, generator=generator).bit_logits)  # (B, 65, H)
+    posterior = model(tokens[:, :-1], latents=ENCODER, generator=generator).posterior  # (B, 65, P)
+    split = kl_split(model.latent_space, posterior, generator=generator)
     return {"kl_information_bits": split["information"], "kl_prior_mismatch_bits": split["prior_mismatch"]}

@@ -112,7 +112,7 @@ def panel_boxes(result) -> list[tuple[str, str, list[str]]]:
 
     cut = f", {ROWS_SHOWN} shown" if len(groups["blue"]) > ROWS_SHOWN else ""
     boxes = [box(BLUE, f"blue: each row draws its own Z ({len(groups['blue'])} rows{cut})", groups["blue"])]
-    if result.variant.kappa_bits is None:
+    if not result.variant.is_free:
         return boxes
     for index, green in enumerate(groups["greens"][:2]):
         cut = f", {ROWS_SHOWN} shown" if len(green) > ROWS_SHOWN else ""
@@ -127,7 +127,7 @@ def panel_title(result) -> str:
         return (f"{result.variant.label}: coin agreement, green {shown(m.get('green_coin_agreement'), '{:.2f}')} "
                 f"vs blue {shown(m.get('blue_coin_agreement'), '{:.2f}')} (chance 0.5)")
     title = f"{result.variant.label}: valid {shown(m.get('valid'), '{:.2f}')}"
-    if result.variant.kappa_bits is None:
+    if not result.variant.is_free:
         return f"{title}; {NO_Z}"
     return (f"{title}, Z saves {shown(m.get('latent_bits_position'), '{:.2f}')} bits at the target start and "
             f"{shown(m.get('latent_bits_noise'), '{:.2f}')} per '!'")
@@ -229,9 +229,10 @@ LINE = 0.145  # inches per text line at 7.5 points
 RED, DARK_GREEN, ORANGE = "#b00000", "#176917", "#a65f00"
 
 
-def _figure_png(results, claims, seeds: list, preset: str) -> bytes:
+def _figure_png(results, claims, seeds: list, preset: str, latent_kind: str | None) -> bytes:
     sheet = _Sheet(15.0)
-    sheet.text(0.3, f"Free Transformer on the paper's synthetic letters and coin flips: preset {preset}, seed"
+    kind = f", latent kind {latent_kind}" if latent_kind else ""
+    sheet.text(0.3, f"Free Transformer on the paper's synthetic letters and coin flips: preset {preset}{kind}, seed"
                     f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}", 13, mono=False, weight="bold")
     sheet.down(0.35)
     sheet.text(0.3, "Blue: every sequence draws its own latents Z.  Green: one Z drawn from the prior, shared by every "
@@ -314,7 +315,7 @@ def _curves_png(results) -> bytes:
     for index, result in enumerate(r for r in results if r.curves):
         steps = [m["step"] for m in result.curves]
         ce.lines.append(Line(index, result.variant.label, steps, [m["cross_entropy_bits"] for m in result.curves]))
-        if result.variant.kappa_bits is not None:
+        if result.variant.is_free:
             kl.lines.append(Line(index, result.variant.label, steps, [m["kl_bits"] for m in result.curves]))
             kl.hlines.append((result.variant.kappa_bits, index))
     return draw([ce, kl], legend="panels", dpi=100)
@@ -343,7 +344,7 @@ def _spread_png(results_by_seed: dict) -> bytes:
     fig, axes = plt.subplots(1, len(SPREAD), figsize=(2.6 * len(SPREAD), 3.2))
     for ax, (slug, key, title, threshold) in zip(axes, SPREAD):
         for seed, results in results_by_seed.items():
-            value = next(r.measures.get(key) for r in results if r.variant.slug == slug)
+            value = next((r.measures.get(key) for r in results if r.variant.slug == slug), None)  # None: not run
             if value is not None:
                 ax.scatter([0], [value], s=30)
                 ax.annotate(f"seed {seed}", (0, value), xytext=(6, 0), textcoords="offset points", fontsize=7)
@@ -359,7 +360,7 @@ def _spread_png(results_by_seed: dict) -> bytes:
 
 
 def _measure_cell(result, key: str, pattern: str) -> str:
-    if result.variant.kappa_bits is None and key.startswith("green_"):
+    if not result.variant.is_free and key.startswith("green_"):
         return "— (no Z)"  # the baseline's green groups are independent draws: nothing is shared
     return shown(result.measures.get(key), pattern)
 
@@ -379,7 +380,7 @@ def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
     seeds = list(results_by_seed)
     results = results_by_seed[seeds[0]]  # whose groups are drawn
     claims = summary["claims"]
-    figure = _figure_png(results, claims, seeds, summary["preset"]["name"])
+    figure = _figure_png(results, claims, seeds, summary["preset"]["name"], summary.get("latent_kind"))
     (out_dir / "report.png").write_bytes(figure)
     curves = _curves_png(results)
     (out_dir / "training_curves.png").write_bytes(curves)
@@ -468,7 +469,8 @@ position decision) and of each “!” (a noise decision) with Z from the prior 
 when the decoder ignores Z. For the coin flips, the same difference summed over a whole sequence: the coin is
 worth 1 bit, and more means Z also copies individual flips.</p>
 <table><tr><th>model</th>{header}<th>training (min)</th></tr>{table_rows}</table>
-<p>Preset <code>{esc(preset['name'])}</code>, seeds {', '.join(map(str, seeds))}, {summary['workers']} training processes
+<p>Preset <code>{esc(preset['name'])}</code>, latent kind <code>{esc(summary.get('latent_kind') or 'none')}</code>
+(<code>model.latent.kind</code>), seeds {', '.join(map(str, seeds))}, {summary['workers']} training processes
 side by side, total wall time {summary['total_seconds'] / 60:.1f} min. Training settings of seed {seeds[0]} (the
 <code>free-transformer train</code> overrides that give each model's config):</p>
 <ul>{settings}</ul>

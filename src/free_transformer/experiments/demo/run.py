@@ -44,15 +44,21 @@ COIN_GROUPS = 4
 
 
 def demo_sweep(preset: DemoPreset, out_dir: Path, *, seeds: tuple[int, ...] = (0,), extra: tuple[str, ...] = (),
-               device: str = "cpu") -> Sweep:
-    """The demo's runs: the preset's configs, the user's overrides (`extra`) on top, a few checkpoints each."""
+               device: str = "cpu", models: tuple[str, ...] | None = None) -> Sweep:
+    """The demo's runs: the preset's configs, the user's overrides (`extra`) on top, a few checkpoints each.
+    models: the slugs of the variants to run (default: all of VARIANTS); the claims of the others are not judged."""
+    unknown = sorted(set(models or ()) - {v.slug for v in VARIANTS})
+    if unknown:
+        known = ", ".join(v.slug for v in VARIANTS)
+        raise ValueError(f"unknown demo model(s) {', '.join(unknown)}; choose among {known}")
+    variants = VARIANTS if models is None else tuple(v for v in VARIANTS if v.slug in models)
 
     def config(variant: Variant) -> TrainConfig:
         config = apply_overrides(preset.config(variant), list(extra))
         return dataclasses.replace(config, log_every=25, keep_checkpoints=1,
                                    checkpoint_every=max(1, config.steps // 4))
 
-    return Sweep(out_dir, VARIANTS, seeds, config, device)
+    return Sweep(out_dir, variants, seeds, config, device)
 
 
 def move_one_seed_runs(out_dir: Path) -> list[str]:
@@ -130,11 +136,11 @@ def _coin_measures(model, preset: DemoPreset, config: TrainConfig, seed: int) ->
 
 
 def run_demo(preset: DemoPreset, out_dir: Path, *, launcher: Launcher, seeds: tuple[int, ...] = (0,),
-             extra: tuple[str, ...] = (), device: str = "cpu") -> Path:
+             extra: tuple[str, ...] = (), device: str = "cpu", models: tuple[str, ...] | None = None) -> Path:
     """device: the training runs' cpu, cuda or cuda:N. launcher: where they train (launchers.py), and where the
-    measures and the report run once they are done."""
+    measures and the report run once they are done. models: as demo_sweep's."""
     started = time.time()  # wall-clock time: the report may be written on another machine
-    sweep = demo_sweep(preset, out_dir, seeds=seeds, extra=extra, device=device)
+    sweep = demo_sweep(preset, out_dir, seeds=seeds, extra=extra, device=device, models=models)
     for seed, variant in sweep.runs():  # every run's config is checked before anything is written
         sweep.train_config(variant, seed)
     for move in move_one_seed_runs(out_dir):
@@ -185,6 +191,8 @@ def measure_and_report(preset: DemoPreset, sweep: Sweep, extra: tuple[str, ...],
         "preset": {"name": preset.name, "extra": list(extra), "blue_size": preset.blue_size,
                    "green_groups": preset.green_groups, "green_size": preset.green_size},
         "seeds": list(seeds), "workers": workers, "device": device,
+        "latent_kind": next((sweep.train_config(v, seeds[0]).model.latent.kind for v in sweep.variants if v.is_free),
+                            None),
         "total_seconds": time.time() - started,
         "per_seed": {seed: {"models": [{"slug": r.variant.slug, "label": r.variant.label,
                                         "kappa_bits": r.variant.kappa_bits,

@@ -30,20 +30,30 @@ class Variant:
     matched: bool = False  # the baseline with a Free Transformer's extra block (ModelConfig.matched_baseline)
     task: str = "letters"  # what it is trained on, for experiments with several (the demo: letters, coins)
 
+    @property
+    def is_free(self) -> bool:
+        """A Free Transformer (it has a kappa), not a baseline: what ModelConfig.is_free says of its model."""
+        return self.kappa_bits is not None
+
 
 def with_latent(config: TrainConfig, variant: Variant, *, fast: bool = True) -> TrainConfig:
     """The variant's latent: none for a baseline; kappa and, when `fast`, the larger post-sampler
     initialisation and 3x learning rate on the latent path with which Z is read several times sooner."""
-    if variant.kappa_bits is None:
+    if not variant.is_free:
         return dataclasses.replace(config, model=config.model.replace(latent_bits=0))
     config = dataclasses.replace(config, kappa_bits=variant.kappa_bits)
     return fast_latent(config) if fast else config
 
 
+# The "fast" latent recipe: the post-sampler's initial standard deviation and the latent path's learning-rate
+# multiplier with which Z is read several times sooner (what they rest on: docs/demo.md).
+FAST_POST_SAMPLER_STD, FAST_LATENT_LR_SCALE = 0.3, 3.0
+
+
 def fast_latent(config: TrainConfig) -> TrainConfig:
-    """The larger post-sampler initialisation and 3x learning rate on the latent path."""
-    return dataclasses.replace(config, post_sampler_init_std=0.3,
-                               optim=dataclasses.replace(config.optim, latent_lr_scale=3.0))
+    """The larger post-sampler initialisation and learning rate on the latent path (FAST_*)."""
+    return dataclasses.replace(config, post_sampler_init_std=FAST_POST_SAMPLER_STD,
+                               optim=dataclasses.replace(config.optim, latent_lr_scale=FAST_LATENT_LR_SCALE))
 
 
 def kappa_fraction(kappa: float) -> str:

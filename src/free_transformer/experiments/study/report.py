@@ -36,7 +36,7 @@ def summarize(plan: StudyPlan, records: list[dict]) -> list[dict]:
                "gap_to_baseline": [honest_bits(r) - base[r["seed"]] for r in runs if r["seed"] in base],
                "gap_to_matched": [honest_bits(r) - matched[r["seed"]] for r in runs if r["seed"] in matched],
                "train_seconds": [r["train_seconds"] for r in runs]}
-        if variant.kappa_bits is not None:
+        if variant.is_free:
             like = [r["likelihood"] for r in runs]
             row.update({
                 "iwae_bits_per_byte": [x["iwae"]["bits_per_byte"] for x in like],
@@ -53,8 +53,10 @@ def summarize(plan: StudyPlan, records: list[dict]) -> list[dict]:
 
 def to_markdown(plan: StudyPlan, rows: list[dict], records: list[dict], seconds: float) -> str:
     seeds = ", ".join(map(str, plan.seeds))
+    kind = next((plan.train_config(v, plan.seeds[0]).model.latent.kind for v in plan.variants() if v.is_free), None)
     lines = [f"# κ study: {plan.preset.name} preset", "",
-             f"{PRESETS.about(plan.preset.name)}. Seeds {seeds}. This invocation: {seconds / 60:.1f} min wall, "
+             f"{PRESETS.about(plan.preset.name)}. Latent kind {kind or 'none'} (model.latent.kind). Seeds {seeds}. "
+             "This invocation: {seconds / 60:.1f} min wall, "
              f"{sum(r.get('trained_now', True) for r in records)} of {len(records)} runs trained (the others reused "
              f"from an earlier one). Held-out text: "
              f"{plan.preset.heldout_windows} windows at most, K = {plan.preset.heldout_samples} latent samples.", "",
@@ -125,10 +127,10 @@ def plot(plan: StudyPlan, rows: list[dict], records: list[dict], out_dir: Path) 
     for index, variant in enumerate(plan.variants()):
         for record in (r for r in records if r["slug"] == variant.slug):
             curve = record["curves"]
-            key = "val_prior_cross_entropy_bits" if variant.kappa_bits is not None else "val_cross_entropy_bits"
+            key = "val_prior_cross_entropy_bits" if variant.is_free else "val_cross_entropy_bits"
             label = variant.label if record["seed"] == plan.seeds[0] else f"{variant.label} (seed {record['seed']})"
             ce.lines.append(Line(index + 1, label, [c["step"] for c in curve], [c[key] for c in curve]))
-            if variant.kappa_bits is not None:
+            if variant.is_free:
                 saved.lines.append(Line(index + 1, label, [c["step"] for c in curve],
                                         [c["latent_bits_saved"] for c in curve]))
     draw([ce, saved], out_dir / "curves.png", legend="panels", dpi=100)

@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .mappers import LatentMapper, register_latent_kind
+from .binary import BinaryLatentSpace
 from .sampling import Generators, index_to_bits, sample_bits
+from .space import register_latent_kind
 
 # Bytes the backward's per-chunk buffers may take together: g = dR @ W[chunk]^T, G's low factor and their
 # product, each (N, 2^c) (`chunk_entry_bytes`). On a CPU larger chunks gain nothing (bench/mapper.py); on a
@@ -160,7 +161,7 @@ def binary_mapper_project(
 
 
 @register_latent_kind("binary_mapper")
-class BinaryMapper(LatentMapper):
+class BinaryMapper(BinaryLatentSpace):
     """The paper's mapper: a (2^H, D) post-sampler table, one row per value of Z_t; the bit-logits get
     the exact gradient of Y + G - detach(G) (all 2^H values weighted by their probability)."""
 
@@ -175,8 +176,8 @@ class BinaryMapper(LatentMapper):
     def sample(self, bit_logits: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
         return binary_mapper_project(bit_logits, self.weight, generator, self.compiled_backward)
 
-    def lookup(self, index: Tensor) -> Tensor:
-        return F.embedding(index, self.weight)
+    def embed(self, value: Tensor) -> Tensor:
+        return F.embedding(value, self.weight)
 
     def compile_backward(self) -> None:
         self.compiled_backward = True

@@ -10,42 +10,23 @@ The value is exactly W s; the bit-logits get d(2 p_h - 1)/dL_h times dR . W_h, e
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from .mappers import LatentMapper, register_latent_kind
+from .binary import BinaryLatentSpace
 from .sampling import Generators, at_least_float32, bits_to_index, index_to_bits, sample_bit_values
+from .space import LinearMap, register_latent_kind
 
 
 @register_latent_kind("bit_linear")
-class BitLinear(LatentMapper):
-    max_bits = 62  # indices d = sum_h 2^h B_h stay int64
-
-    def __init__(self, bits: int, dim: int):
-        super().__init__(bits, dim)
-        self.weight = nn.Parameter(torch.empty(dim, bits))  # (D, H): column h is what bit h adds or removes
-        self.reset_parameters(1.0)  # the model's init_weights sets the scale it wants
+class BitLinear(LinearMap, BinaryLatentSpace):
+    """The weight W (D, H), its initialisation and costs: LinearMap's; column h is what bit h adds or removes."""
 
     def sample(self, bit_logits: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
         bits = sample_bit_values(bit_logits, generator)  # (..., H), the same draws as the Binary Mapper's
         soft = 2 * torch.sigmoid(at_least_float32(bit_logits)) - 1  # (..., H) E[s]
         signs = (2 * bits.to(soft.dtype) - 1) + soft - soft.detach()  # value: exactly the ±1 bits
-        return F.linear(signs.to(self.weight.dtype), self.weight), bits_to_index(bits)
+        return self.linear(signs), bits_to_index(bits)
 
-    def lookup(self, index: Tensor) -> Tensor:
-        signs = 2 * index_to_bits(index, self.bits) - 1  # (..., H)
-        return F.linear(signs.to(self.weight.dtype), self.weight)
-
-    def reset_parameters(self, std: float) -> None:
-        nn.init.normal_(self.weight, std=std / math.sqrt(self.bits))  # R sums H terms ±W_h
-
-    @classmethod
-    def num_params(cls, bits: int, dim: int) -> int:
-        return dim * bits
-
-    @classmethod
-    def training_flops_per_token(cls, bits: int, dim: int) -> float:
-        return 6.0 * dim * bits  # an ordinary (D, H) linear map, forward and backward
+    def embed(self, value: Tensor) -> Tensor:
+        return self.linear(2 * index_to_bits(value, self.bits) - 1)  # the ±1 signs (..., H)

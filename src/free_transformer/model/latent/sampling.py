@@ -1,5 +1,5 @@
-"""Drawing Z and measuring it: independent bits from the encoder's bit-logits, uniform prior draws,
-index <-> bits, and the KL to the uniform prior in closed form.
+"""Drawing Z and measuring it: random draws row by row, independent bits from the encoder's bit-logits,
+index <-> bits, and the KL of bits to the uniform prior in closed form.
 
 Bit h of Z_t is 1 with probability p_h = sigmoid(L_{t,h}); the index is d = sum_h 2^h B_h.
 """
@@ -17,21 +17,9 @@ from ...base.units import LN2
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
 
-def _draw_rows(draw, shape: tuple[int, ...], generator: Generators) -> Tensor:
-    """draw(shape, generator) for the whole batch, or row by row when given one generator per row
-    (dim 0), so that each row is reproducible on its own whatever the batch it sits in."""
-    if generator is None or isinstance(generator, torch.Generator):
-        return draw(shape, generator)
-    if len(generator) != shape[0]:
-        raise ValueError(f"got {len(generator)} generators for {shape[0]} rows")
-    if len(generator) == 1:  # one-row decoding: no stack copy
-        return draw(shape[1:], generator[0]).unsqueeze(0)
-    return torch.stack([draw(shape[1:], g) for g in generator])
-
-
 def rand_rows(shape: tuple[int, ...], generator: Generators, device=None) -> Tensor:
     """Uniform [0, 1) floats of `shape`, row i from generator i when given one per row."""
-    return _draw_rows(lambda size, g: torch.rand(size, generator=g, device=device), shape, generator)
+    return fill_rows_(torch.empty(shape, device=device), lambda out, g: out.uniform_(generator=g), generator)
 
 
 def at_least_float32(x: Tensor) -> Tensor:
@@ -62,20 +50,17 @@ def index_to_bits(index: Tensor, n_bits: int) -> Tensor:
     return ((index.unsqueeze(-1) >> shifts) & 1).float()
 
 
-def uniform_latents(shape: tuple[int, ...], n_bits: int, *, generator: Generators = None, device=None) -> Tensor:
-    """Indices drawn from the uniform prior P(Z_t = z) = 2^-H, independently per position (H fair
-    bits). One randint, not H bits: it is drawn at every decoded token."""
-    return _draw_rows(lambda size, g: torch.randint(0, 2**n_bits, size, generator=g, device=device), shape, generator)
-
-
-def uniform_latents_(out: Tensor, n_bits: int, generators: Sequence[torch.Generator]) -> Tensor:
-    """Fill `out` (B, ...) in place with the draws of uniform_latents(out.shape, n_bits,
-    generator=generators): row i from generators[i], one random_ per row (randint's own kernel), no
-    new tensor. For a buffer of fixed address, such as the static decoding step's latent input."""
-    if len(generators) != out.shape[0]:
-        raise ValueError(f"got {len(generators)} generators for {out.shape[0]} rows")
-    for row, generator in zip(out, generators):
-        row.random_(0, 2**n_bits, generator=generator)
+def fill_rows_(out: Tensor, fill, generator: Generators) -> Tensor:
+    """fill(tensor, generator) on `out` whole, or row by row (dim 0) when given one generator per row,
+    so that each row is reproducible on its own whatever the batch it sits in. In place: a buffer of
+    fixed address (the static decoding step's latent input) keeps it."""
+    if generator is None or isinstance(generator, torch.Generator):
+        fill(out, generator)
+        return out
+    if len(generator) != out.shape[0]:
+        raise ValueError(f"got {len(generator)} generators for {out.shape[0]} rows")
+    for row, row_generator in zip(out, generator):
+        fill(row, row_generator)
     return out
 
 

@@ -3,8 +3,9 @@ once, in free_transformer.inference.latents):
 
     ENCODER     Z_t sampled from the encoder's posterior Q(Z | S): training and KV-cache prefill.
                 Needs the whole sequence (the encoder is non-causal).
-    PRIOR       every Z_t drawn uniformly and independently, P(Z_t = z) = 2^-H.
-    indices     a (B or 1, T) int64 tensor of explicit Z_t in [0, 2^H), one per fed position.
+    PRIOR       every Z_t drawn independently from the prior (LatentSpace.prior_).
+    values      a (B or 1, T, *value_shape) tensor of explicit Z_t, one per fed position, checked by
+                LatentSpace.check_values (an int64 index in [0, 2^H) for the binary kinds).
 """
 
 from __future__ import annotations

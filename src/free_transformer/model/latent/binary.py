@@ -1,0 +1,51 @@
+"""The binary form of Z (the paper's): Z_t is H independent bits, kept as the index d = sum_h 2^h B_h
+in [0, 2^H); the prior is uniform, P(Z_t = z) = 2^-H; the encoder's read-out is H bit-logits,
+P(B_h = 1) = sigmoid(L_h), and the KL to the prior is H Bernoulli terms in closed form. The binary kinds
+(`binary_mapper`, `bit_linear`) share all of this and differ only in how the bits become R and in the
+gradient that reaches the bit-logits."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...base.units import LN2
+from .sampling import Generators, at_least_float32, fill_rows_, index_to_bits, kl_per_bit
+from .space import LatentSpace
+
+
+class BinaryLatentSpace(LatentSpace):
+    """Base of the binary kinds: values are int64 indices (...,); subclasses give sample, embed and the
+    parameters."""
+
+    value_dtype: ClassVar[torch.dtype] = torch.int64
+    max_bits: ClassVar[int] = 62  # indices stay int64
+
+    @property
+    def value_shape(self) -> tuple[int, ...]:
+        return ()
+
+    def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
+        # One randint per row (random_ is its kernel), not H bits: it is drawn at every decoded token.
+        return fill_rows_(out, lambda rows, g: rows.random_(0, 2**self.bits, generator=g), generator)
+
+    def kl_per_unit(self, posterior: Tensor) -> Tensor:
+        return kl_per_bit(posterior)
+
+    def log_ratio(self, posterior: Tensor, value: Tensor) -> Tensor:
+        """log Q(Z_t = z) = sum_h log P(B_h = b_h) from the bit-logits; log p(z) = -H log 2."""
+        bits = index_to_bits(value, posterior.shape[-1]).bool()
+        logits = at_least_float32(posterior)
+        log_q = torch.where(bits, F.logsigmoid(logits), F.logsigmoid(-logits)).double().sum(-1)
+        return log_q + posterior.shape[-1] * LN2
+
+    def check_values(self, values: Tensor) -> Tensor:
+        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+            raise ValueError(f"latents of kind {self.kind} must be integer indices, got {values.dtype}")
+        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= 2**self.bits):
+            raise ValueError(f"latent indices must lie in [0, 2^{self.bits}), got min {int(values.min())} "
+                             f"max {int(values.max())}")
+        return values.to(torch.int64)

@@ -1,0 +1,73 @@
+"""A continuous Z (`model.latent.kind=gaussian`): Z_t in R^H with the prior N(0, I), the encoder's
+posterior N(mu, diag(sigma^2)) read out as H means and H log-variances, sampled by reparameterisation,
+and R = W z with W (D, H).
+
+    z = mu + sigma * eps,  eps ~ N(0, I)                 (the gradient reaches mu and log sigma^2)
+    KL(N(mu, sigma^2) || N(0, 1)) = (mu^2 + sigma^2 - 1 - log sigma^2) / 2   per unit, in nats
+
+The free-bits hinge applies to the token's KL exactly as for the binary kinds. H is `latent_bits`
+(dimensions here, not bits).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from .sampling import Generators, at_least_float32, fill_rows_
+from .space import LinearMap, register_latent_kind
+
+
+@register_latent_kind("gaussian")
+class GaussianLatent(LinearMap):
+    """R = W z with W (D, H): LinearMap's weight, initialisation and costs."""
+
+    max_bits: ClassVar[int] = 4096
+    params_per_unit: ClassVar[int] = 2  # mean, log-variance
+    value_dtype: ClassVar[torch.dtype] = torch.float32
+    unit: ClassVar[str] = "dimension"
+
+    @property
+    def value_shape(self) -> tuple[int, ...]:
+        return (self.bits,)
+
+    def _moments(self, posterior: Tensor) -> tuple[Tensor, Tensor]:
+        """(..., 2H) read-out -> mean (..., H), log-variance (..., H), at least float32."""
+        mean, log_var = at_least_float32(posterior).split(self.bits, dim=-1)
+        return mean, log_var
+
+    def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
+        return fill_rows_(out, lambda rows, g: rows.normal_(generator=g), generator)
+
+    def kl_per_unit(self, posterior: Tensor) -> Tensor:
+        mean, log_var = self._moments(posterior)
+        return 0.5 * (mean.square() + log_var.exp() - 1 - log_var)
+
+    def log_ratio(self, posterior: Tensor, value: Tensor) -> Tensor:
+        """log N(z; mu, sigma^2) - log N(z; 0, 1), summed over the H units (the 2 pi terms cancel)."""
+        mean, log_var = (x.double() for x in self._moments(posterior))
+        z = value.double()
+        return (0.5 * (z.square() - (z - mean).square() / log_var.exp() - log_var)).sum(-1)
+
+    def sample(self, posterior: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
+        mean, log_var = self._moments(posterior)
+        noise = self.prior(tuple(mean.shape[:-1]), generator, mean.device)  # (..., H) ~ N(0, I)
+        # (..., H) in value_dtype, whatever the posterior's: the value recorded is the one R was made of, so
+        # that feeding it back as explicit latents gives the same R
+        z = (mean + (0.5 * log_var).exp() * noise).to(self.value_dtype)
+        return self.embed(z), z.detach()
+
+    def embed(self, value: Tensor) -> Tensor:
+        return self.linear(value)
+
+    def check_values(self, values: Tensor) -> Tensor:
+        if not values.is_floating_point():
+            raise ValueError(f"latents of kind gaussian must be real vectors (..., {self.bits}), got {values.dtype}")
+        if values.shape[-1:] != (self.bits,):
+            raise ValueError(f"latents of kind gaussian must end in H = {self.bits} values, "
+                             f"got shape {tuple(values.shape)}")
+        if not bool(values.isfinite().all()):
+            raise ValueError("latents of kind gaussian must be finite")
+        return values.to(self.value_dtype)

@@ -1,0 +1,159 @@
+"""The form of Z, as one abstraction: a `LatentSpace` says what a value of Z_t is, how the prior draws
+it, how it is sampled from the encoder's read-out with its KL per token, and how it becomes the
+residual R added to the keys/values of the injection block. The model, generation, scoring and
+analysis ask it and nothing else; each form is one small class registered by name and chosen with
+`model.latent.kind` (docs/latent-variants.md shows how to write one).
+
+    binary kinds (`binary.BinaryLatentSpace`)   Z_t an index of H independent bits, uniform prior
+                                                (`binary_mapper`, the paper's; `bit_linear`)
+    gaussian                                    Z_t in R^H, prior N(0, I), reparameterised posterior
+
+Shapes: the encoder's read-out is (..., H * params_per_unit) (`posterior`); a value of Z is
+(..., *value_shape) of `value_dtype` (an int64 index for the binary kinds, H floats for the Gaussian);
+R is (..., D). KLs are in nats, per token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .sampling import Generators
+
+LATENT_KINDS: dict[str, type[LatentSpace]] = {}
+
+
+def register_latent_kind(name: str):
+    """Class decorator: make a LatentSpace available as `model.latent.kind=name`."""
+
+    def register(cls: type[LatentSpace]) -> type[LatentSpace]:
+        if name in LATENT_KINDS:
+            raise ValueError(f"latent kind {name!r} is already registered ({LATENT_KINDS[name].__name__})")
+        cls.kind = name
+        LATENT_KINDS[name] = cls
+        return cls
+
+    return register
+
+
+def latent_kind(name: str) -> type[LatentSpace]:
+    if name not in LATENT_KINDS:
+        raise KeyError(f"unknown latent kind {name!r}; registered: {', '.join(sorted(LATENT_KINDS))}")
+    return LATENT_KINDS[name]
+
+
+class LatentSpace(nn.Module):
+    """Base of the latent kinds: Z_t of H units (`bits`, the config's latent_bits) mapped to R of size
+    `dim`. Subclasses set the class attributes and implement the methods that raise here;
+    `compile_backward` only where their backward runs an eager chunk loop."""
+
+    kind: ClassVar[str]
+    max_bits: ClassVar[int]
+    """Largest H the kind supports."""
+    params_per_unit: ClassVar[int] = 1
+    """Read-out outputs per unit of Z_t: the posterior is (..., H * params_per_unit)."""
+    value_dtype: ClassVar[torch.dtype]
+    """dtype of a value of Z."""
+    unit: ClassVar[str] = "bit"
+    """What one of the H units of Z_t is called in reports: "bit", "dimension"."""
+
+    def __init__(self, bits: int, dim: int):
+        super().__init__()
+        self.bits, self.dim = bits, dim
+
+    @property
+    def value_shape(self) -> tuple[int, ...]:
+        """Shape of one Z_t: () for an index, (H,) for a vector."""
+        raise NotImplementedError
+
+    # ---- the prior ----------------------------------------------------------------------------
+
+    def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
+        """Fill `out` (B, ..., *value_shape) in place with independent prior draws, row i from
+        generator i when given one per row (`sampling.fill_rows_`). The one place prior Z is drawn."""
+        raise NotImplementedError
+
+    def prior(self, shape: tuple[int, ...], generator: Generators = None, device=None) -> Tensor:
+        """(*shape, *value_shape) prior draws: `prior_` on a new tensor."""
+        out = torch.empty(*shape, *self.value_shape, dtype=self.value_dtype, device=device)
+        return self.prior_(out, generator)
+
+    # ---- the posterior ------------------------------------------------------------------------
+
+    def kl_per_unit(self, posterior: Tensor) -> Tensor:
+        """(..., H) KL(Q(Z_t | S) || prior) of each unit, in nats (they are independent, so the sum is
+        the token's KL)."""
+        raise NotImplementedError
+
+    def kl(self, posterior: Tensor) -> Tensor:
+        """(...,) KL(Q(Z_t | S) || prior) per token, in nats."""
+        return self.kl_per_unit(posterior).sum(-1)
+
+    def log_ratio(self, posterior: Tensor, value: Tensor) -> Tensor:
+        """(...,) log q(z_t | S) - log p(z_t) of given values, in nats: importance weights (IWAE)."""
+        raise NotImplementedError
+
+    def sample(self, posterior: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
+        """Draw Z from the posterior (..., H * params_per_unit) and map it: (R (..., D), Z (..., *value_shape)).
+        R carries the kind's gradient to the posterior."""
+        raise NotImplementedError
+
+    # ---- values -------------------------------------------------------------------------------
+
+    def embed(self, value: Tensor) -> Tensor:
+        """R (..., D) for given values (..., *value_shape): prior or explicit latents, no gradient to any
+        posterior."""
+        raise NotImplementedError
+
+    def check_values(self, values: Tensor) -> Tensor:
+        """Explicit values as this kind's dtype, or a one-line ValueError: the trailing dims are
+        value_shape, and each value lies in the space. Reads them on the host: for entry points."""
+        raise NotImplementedError
+
+    # ---- parameters ---------------------------------------------------------------------------
+
+    def reset_parameters(self, std: float) -> None:
+        """Initialise so that R of a prior draw has about this standard deviation per coordinate."""
+        raise NotImplementedError
+
+    def compile_backward(self) -> None:
+        """Use compiled bodies for the eager chunk loop of the kind's backward, if it has one
+        (compile=true); a kind whose gradient is plain autograd has nothing to change."""
+
+    @classmethod
+    def num_params(cls, bits: int, dim: int) -> int:
+        raise NotImplementedError
+
+    @classmethod
+    def training_flops_per_token(cls, bits: int, dim: int) -> float:
+        """Forward + backward FLOPs per token of the matmuls the kind needs."""
+        raise NotImplementedError
+
+
+class LinearMap(LatentSpace):
+    """Base of the kinds whose R is a linear map of H real numbers per token, R = W v with W (D, H)
+    (`bit_linear`: the ±1 bits; `gaussian`: z itself): the weight, its initialisation and its costs."""
+
+    def __init__(self, bits: int, dim: int):
+        super().__init__(bits, dim)
+        self.weight = nn.Parameter(torch.empty(dim, bits))  # (D, H): column h is what unit h adds
+        self.reset_parameters(1.0)  # the model's init_weights sets the scale it wants
+
+    def linear(self, units: Tensor) -> Tensor:
+        """(..., H) -> R (..., D) in the weight's dtype."""
+        return F.linear(units.to(self.weight.dtype), self.weight)
+
+    def reset_parameters(self, std: float) -> None:
+        nn.init.normal_(self.weight, std=std / math.sqrt(self.bits))  # R sums H terms of unit scale
+
+    @classmethod
+    def num_params(cls, bits: int, dim: int) -> int:
+        return dim * bits
+
+    @classmethod
+    def training_flops_per_token(cls, bits: int, dim: int) -> float:
+        return 6.0 * dim * bits  # an ordinary (D, H) linear map, forward and backward
