@@ -137,12 +137,10 @@ def test_a_stop_string_ends_the_text_before_it_streamed_or_not(client):
 
 
 def cli_texts(capsys, checkpoint, prompt, seed, *options) -> list[str]:
-    """What `free-transformer generate` prints, without the prompt."""
+    """The continuations `free-transformer generate` samples (its jsonl output: the texts unescaped)."""
     assert main(["generate", str(checkpoint), "--prompt", prompt, "--seed", str(seed), "--max-new-tokens", "12",
-                 "--temperature", str(COOL), *options]) == 0
-    lines = capsys.readouterr().out.split("\n")[:-1]  # one a line ("\n" in a text is printed escaped)
-    assert all(line.startswith(prompt) for line in lines)
-    return [line[len(prompt):] for line in lines]
+                 "--temperature", str(COOL), "--format", "jsonl", *options]) == 0
+    return [json.loads(line)["sample"] for line in capsys.readouterr().out.splitlines()]
 
 
 def test_the_latent_fields_choose_z_as_the_generate_command_does(client, checkpoint, capsys):
@@ -153,7 +151,7 @@ def test_the_latent_fields_choose_z_as_the_generate_command_does(client, checkpo
         served = texts(complete(client, prompt, n=2, temperature=COOL, extra_body=extra))
         by_choice[choice] = cli_texts(capsys, checkpoint, prompt, 7, "-n", "2", "--latents", choice,
                                       *(["--reference", reference] if choice == "reference" else []))
-        assert [text.replace("\n", "\\n") for text in served] == by_choice[choice], choice
+        assert served == by_choice[choice], choice
     assert len({tuple(t) for t in by_choice.values()}) == 4  # each choice gives other texts: the test can fail
     # latent_seed: the draw of "shared" apart from the sampling seed
     shared = texts(complete(client, prompt, temperature=COOL, extra_body={"latents": "shared", "latent_seed": 7}))
