@@ -348,6 +348,6 @@ def test_the_demo_takes_the_latent_kind_and_runs_some_of_its_models(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert [m["slug"] for m in results["per_seed"]["0"]["models"]] == ["kappa-1-8"]
     assert results["latent_kind"] == "gaussian" and [c["model"] for c in results["claims"]] == ["kappa-1-8"]
-    assert "kind: gaussian" in (out / "kappa-1-8" / "config.yaml").read_text()
+    assert "kind: gaussian" in (out / "seed-0" / "kappa-1-8" / "config.yaml").read_text()
     assert "latent kind <code>gaussian</code>" in (out / "report.html").read_text()
     assert main(["demo", "--preset", "smoke", "--out", str(out), "--models", "kappa-2"]) == 2

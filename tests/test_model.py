@@ -8,7 +8,7 @@ from free_transformer.inference.latents import check_latent_values
 from free_transformer.model.config import LatentConfig
 from free_transformer.model.latent import free_bits_kl
 from free_transformer.model.layers import apply_rope, rope_tables
-from free_transformer.model.state_names import split_state_dict
+from free_transformer.model.state_names import split_state_dict, upgrade_state_dict
 
 
 def _tokens(B=2, T=12, vocab=50, seed=0, device="cpu"):
@@ -150,7 +150,7 @@ def test_gqa_equals_repeated_kv_heads(device):
     for key, value in list(state.items()):
         if key.endswith(("k_proj.weight", "v_proj.weight")):  # (kv*hd, D) -> each kv head used twice
             state[key] = value.view(2, hd, -1).repeat_interleave(2, dim=0).reshape(4 * hd, -1)
-    mha.load_state_dict(state)
+    mha.load_state_dict(upgrade_state_dict(state))  # fused again
     tokens, latents = _tokens(device=device), torch.randint(0, 16, (2, 12), device=device)
     torch.testing.assert_close(gqa(tokens, latents=latents).logits, mha(tokens, latents=latents).logits,
                                **tolerance(gqa))
