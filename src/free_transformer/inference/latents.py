@@ -33,10 +33,11 @@ from torch import Tensor
 from ..base.compat import DEPRECATED_LATENT_CHOICES, REMOVED_IN
 from ..model.latent import ENCODER, PRIOR, Generators, LatentSource, LatentSpace
 from ..model.transformer import FreeTransformer
+from .params import CONTEXT_LATENTS
 
 LatentChoice = Literal["encoder", "prior", "shared", "reference"] | Tensor
 CHOICES: tuple[str, ...] = (ENCODER, PRIOR, "shared", "reference")
-CONTEXT_CHOICES: tuple[str, ...] = (ENCODER, PRIOR)  # what needs no model to resolve: a prompt's or a context's Z
+CONTEXT_CHOICES = CONTEXT_LATENTS  # what needs no model to resolve: a prompt's or a context's Z
 
 
 def named(where: str, value) -> str:

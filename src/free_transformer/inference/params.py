@@ -17,7 +17,8 @@ from typing import Literal
 DEFAULT_BATCH_SIZE = 64  # rows decoded at once unless the caller says otherwise
 DEFAULT_NEW_TOKENS = 64  # max_new_tokens left unset: this many, or fewer where the model's context is shorter
 LatentName = Literal["encoder", "prior", "shared", "reference"]  # inference.latents.CHOICES
-CONTEXT_LATENTS: tuple[str, ...] = ("encoder", "prior")  # inference.latents.CONTEXT_CHOICES: a prompt's Z, no model needed
+# the choices of a prompt's Z that need no model to resolve (inference.latents.CONTEXT_CHOICES, here without torch)
+CONTEXT_LATENTS: tuple[str, ...] = ("encoder", "prior")
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes an int64
 
 
