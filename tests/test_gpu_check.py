@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu_check  # noqa: E402
-from targets import TARGETS, write_figure  # noqa: E402
+from targets import TARGETS, read_figures, write_figure  # noqa: E402
 
 # the figures the issue of a budgeted check puts first: the compiled training step, then compiled decoding
 FIRST = {"train-base-mfu", "train-peak", "train-free-per-flop", "decode-b1-roof", "decode-b16-tokens",
@@ -69,13 +69,13 @@ def test_the_budgeted_run_limits_cuts_and_skips_steps_and_keeps_every_figure_it_
     steps = (
         gpu_check.Step("first", 20, 1, ("{python}", "-c", write + "write_figure(sys.argv[1], 'train-base-mfu', 0.7); "
                                         "print('mfu written')", "{figures}"),
-                       reads=("train-base-mfu", "train-peak")),
+                       reads=("train-base-mfu", "train-peak"), timed="demo-paper-seconds"),
         gpu_check.Step("slow", 1, 1, ("{python}", "-c", write + "write_figure(sys.argv[1], 'decode-b1-roof', 0.4); "
                                       "print('roof written', flush=True); import time; time.sleep(60)", "{figures}"),
                        reads=("decode-b1-roof", "decode-b16-tokens")),
         gpu_check.Step("too-long", 20, 10_000, ("{python}", "-c", "print('never')"), reads=("mapper-matmul-x",)),
         gpu_check.Step("missing", 20, 1, ("{python}", "-c", "print('never')"), needs="no_such_module_here"),
-        gpu_check.Step("failing", 20, 1, ("{python}", "-c", "import sys; sys.exit(3)")),
+        gpu_check.Step("failing", 20, 1, ("{python}", "-c", "import sys; sys.exit(3)"), timed="mapper-matmul-x"),
     )
     check = gpu_check.Check(str(tmp_path), budget=30, python=python, steps=steps, header="# test")
     assert check.run() == 1
@@ -95,7 +95,8 @@ def test_the_budgeted_run_limits_cuts_and_skips_steps_and_keeps_every_figure_it_
     assert report.index("## Targets") < report.index("## Steps") < report.index("roof written")
     assert "| `train-base-mfu` | baseline training MFU, compiled | >= 60.0% | 70.0% | PASS | first |" in report
     assert (tmp_path / "01-first.log").read_text() == "mfu written\n"
-    assert figures.exists()
+    written = read_figures(str(figures))  # a step's own wall time, when it succeeded
+    assert 0 < written["demo-paper-seconds"]["value"] < 30 and "mapper-matmul-x" not in written
 
 
 def test_a_figure_records_its_threshold_and_verdict(tmp_path):
