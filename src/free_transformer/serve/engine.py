@@ -74,12 +74,12 @@ class Engine:
         if len(ids) * request.n > MAX_COMPLETIONS:
             raise RequestError(f"{len(ids)} prompts x n = {request.n} asks for {len(ids) * request.n} completions; "
                                f"one request may ask for at most {MAX_COMPLETIONS}", "n", code="too_many_completions")
-        stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
+        max_tokens = self._max_tokens(request, max(map(len, ids)))
+        params = self._params(request, max_tokens)
+        stops = params.stop
         if len(stops) > MAX_STOPS or any(len(stop) > MAX_STOP_CHARS for stop in stops):
             raise RequestError(f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters, got "
                                f"{len(stops)} of at most {max(map(len, stops))}", "stop")
-        max_tokens = self._max_tokens(request, max(map(len, ids)))
-        params = self._params(request, max_tokens)
         config = params.generation_config(max_tokens)
         latent_seed = params.seed if params.latent_seed is None else params.latent_seed
         reference = self._reference(params.reference)
@@ -90,7 +90,7 @@ class Engine:
             raise RequestError(str(error), "reference" if reference is not None else "latents") from None
         rows = [RowSpec(p * request.n + i, prompt.ids, config, prompt.latents, params.seed + i, max_tokens)
                 for p, prompt in enumerate(prompts) for i in range(request.n)]
-        return Plan(rows, [stop for stop in params.stop if stop], sum(map(len, ids)))
+        return Plan(rows, [stop for stop in stops if stop], sum(map(len, ids)))
 
     def _prompt_ids(self, prompt: str | list) -> list[list[int]]:
         """Each prompt's token ids: text encoded, token ids checked against the vocabulary."""
