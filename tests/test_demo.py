@@ -119,6 +119,7 @@ class _ReadsThePositionFromZ(torch.nn.Module):
     the posterior Z it is certain of the target's first letter (and only of that token)."""
 
     config = tiny_model(latent_bits=4).config
+    latent_space = tiny_model(latent_bits=4).latent_space  # the prior the analysis's plans draw from
 
     def __init__(self, tokens):
         super().__init__()
@@ -128,7 +129,7 @@ class _ReadsThePositionFromZ(torch.nn.Module):
     def forward(self, inputs, latents, generator):
         assert torch.equal(inputs, self.tokens[:, :-1])
         logits = torch.zeros(*inputs.shape, 256)
-        if latents == "encoder":
+        if isinstance(latents, str) and latents == "encoder":  # else (B, T) prior Z
             for row, start in enumerate(target_starts(self.tokens).tolist()):
                 if start >= 0:  # position start + 1 predicts body character `start`
                     logits[row, start + 1, int(self.tokens[row, 0])] = 1e4
@@ -195,6 +196,7 @@ class _CopiesTheValuesFromZ(torch.nn.Module):
     spreads its belief evenly over 0 and 1: Z saves exactly 1 bit per value."""
 
     config = tiny_model(latent_bits=4).config
+    latent_space = tiny_model(latent_bits=4).latent_space  # the prior the analysis's plans draw from
 
     def __init__(self):
         super().__init__()
@@ -204,7 +206,7 @@ class _CopiesTheValuesFromZ(torch.nn.Module):
     def forward(self, inputs, latents, generator):
         logits = torch.full((*inputs.shape, 256), -1e4)
         logits[..., ord("0")] = logits[..., ord("1")] = 0.0
-        if latents == "encoder":
+        if isinstance(latents, str) and latents == "encoder":  # else (B, T) prior Z
             logits.scatter_(2, self.next[..., None], 1e4)
         return type("Out", (), {"logits": logits})
 

@@ -221,3 +221,14 @@ def test_named_choices_resolve_to_the_documented_indices(model):
                        seeds=[0, 1])
     inferred = latent_choice.infer_latents(model, reference, torch.Generator().manual_seed(seed))
     assert torch.equal(by_name.latents, inferred)
+
+
+def test_the_models_prior_draws_are_a_plans_and_both_import_paths_name_it(model):
+    from free_transformer.model.latent import PRIOR, LatentPlan
+
+    assert latent_choice.LatentPlan is LatentPlan
+    tokens = _prompts()
+    forward = model(tokens, latents=PRIOR, generator=torch.Generator().manual_seed(3)).latents  # (2, P)
+    plan = LatentPlan(2, model.latent_space, prompt_source=PRIOR, generators=torch.Generator().manual_seed(3))
+    assert torch.equal(forward, plan.source(0, P))
+    assert not torch.equal(forward, plan.draw(P))  # a plan draws anew for each new position

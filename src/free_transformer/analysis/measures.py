@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..base.units import LN2
-from ..model.latent import ENCODER, PRIOR, BinaryLatentSpace, Generators, LatentSpace
+from ..model.latent import ENCODER, PRIOR, BinaryLatentSpace, Generators, LatentPlan, LatentSpace
 from ..model.latent.sampling import index_to_bits
 
 # A unit of Z (a bit, or a dimension) whose KL to the prior is under this (bits per token) carries nothing.
@@ -50,7 +50,9 @@ def bits_saved(model, tokens: torch.Tensor, *, samples: int = 2, seed: int = 0) 
     for k in range(samples):
         for source in ce:
             generator = torch.Generator(device=tokens.device).manual_seed(seed + k)
-            logits = model(inputs, latents=source, generator=generator).logits  # (B, T - 1, V)
+            plan = LatentPlan(inputs.shape[0], model.latent_space, prompt_source=source, generators=generator)
+            latents = plan.source(0, inputs.shape[1], tokens.device)  # ENCODER, or (B, T - 1, ...) prior Z
+            logits = model(inputs, latents=latents, generator=generator).logits  # (B, T - 1, V)
             nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, T - 1)
             ce[source] += nats.double() / (samples * LN2)
     return saving(ce[PRIOR], ce[ENCODER])

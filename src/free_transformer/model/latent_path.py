@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .latent import ENCODER, PRIOR, Generators, LatentSource, LatentSpace, at_least_float32, latent_kind
+from .latent import ENCODER, PRIOR, Generators, LatentPlan, LatentSource, LatentSpace, at_least_float32, latent_kind
 from .layers import Block
 
 
@@ -83,7 +83,7 @@ class LatentPath(nn.Module):
             value = source.expand(B, *shape)
             return space.embed(value), LatentSample(value)
         if source == PRIOR:
-            value = space.prior((B, T), generator, x_half.device)
+            value = LatentPlan(B, space, prompt_source=PRIOR, generators=generator).draw(T, x_half.device)
             return space.embed(value), LatentSample(value)
         if source != ENCODER:  # not a source at all (a user's spelling is parsed by inference.latents.parse_latents)
             raise ValueError(f"latents must be {ENCODER!r}, {PRIOR!r} or a tensor of values (B or 1, T, ...), "

@@ -26,7 +26,7 @@ from torch import Tensor
 from ..data.tokenizer import Tokenizer
 from ..inference.generate import GenerationConfig, sample_next
 from ..inference.stops import stop_at
-from ..model.latent import PRIOR
+from ..model.latent import ENCODER, PRIOR, LatentPlan
 from ..model.transformer import FreeTransformer
 
 logger = logging.getLogger(__name__)
@@ -141,6 +141,7 @@ class Row:
     spec: RowSpec
     job: Job
     generator: torch.Generator
+    plan: LatentPlan  # the row's Z, position by position (a baseline's plans hand out PRIOR, ignored)
     text: RowText
     position: int = 0  # the next position to feed = tokens in the KV cache
     token: int = 0  # the last token sampled, fed at the next step
@@ -248,14 +249,18 @@ class Batcher:
 
     def _prefill(self, job: Job, spec: RowSpec) -> None:
         generator = torch.Generator(device=self.device).manual_seed(spec.seed)
-        row = Row(spec, job, generator, RowText(self.tokenizer.decode, job.stops), position=len(spec.ids))
+        explicit = spec.latents if isinstance(spec.latents, Tensor) else None
+        plan = LatentPlan(1, self.model.latent_space if self.is_free else None, explicit=explicit,
+                          prompt_source=ENCODER if explicit is not None else spec.latents, generators=[generator])
+        row = Row(spec, job, generator, plan, RowText(self.tokenizer.decode, job.stops), position=len(spec.ids))
         row.head = self.tokenizer.decode(spec.ids) if job.echo else ""
         if self.cache is None:
             self.cache = self.model.new_cache(self.max_batch)
         slot, P = len(self.rows), len(spec.ids)
         ids = torch.tensor([spec.ids], device=self.device)  # (1, P)
-        source = PRIOR if not self.is_free else spec.latents[:, :P] if isinstance(spec.latents, Tensor) else spec.latents
-        out = self.model(ids, latents=source, generator=[generator], cache=self.cache.view(slice(slot, slot + 1), P))
+        out = self.model(ids, latents=plan.source(0, P, self.device), generator=[generator],
+                         cache=self.cache.view(slice(slot, slot + 1), P))
+        plan.record(0, out.latents)
         logits = out.logits[0]  # (P, V)
         if job.echo and job.logprobs is not None:
             row.pending = self._prompt_logprobs(spec.ids, logits[:-1], job.logprobs)
@@ -294,6 +299,9 @@ class Batcher:
         latents = PRIOR if not self.is_free else self._next_latents(rows)  # (n, 1, *value_shape)
         cache = self.cache.view(slice(0, n), max(row.position for row in rows) + 1)
         logits = self.model(tokens, latents=latents, cache=cache, start=positions).logits[:, -1]  # (n, V)
+        if self.is_free:
+            for i, row in enumerate(rows):
+                row.plan.record(row.position, latents[i : i + 1])
         self.steps += 1
         for row in rows:
             row.position += 1
@@ -311,17 +319,9 @@ class Batcher:
         self._compact([row for row in self.rows if not row.ended and not row.job.cancelled])
 
     def _next_latents(self, rows: list[Row]) -> Tensor:
-        """(n, 1, *value_shape) the Z of each row's fed position: its explicit Z, else one prior draw of the
-        model's latent space with the row's generator (as generate draws it)."""
-        space = self.model.latent_space
-        latents = torch.empty(len(rows), 1, *space.value_shape, dtype=space.value_dtype, device=self.device)
-        for i, row in enumerate(rows):
-            explicit = row.spec.latents
-            if isinstance(explicit, Tensor) and row.position < explicit.shape[1]:
-                latents[i] = explicit[0, row.position]
-            else:
-                space.prior_(latents[i : i + 1], [row.generator])
-        return latents
+        """(n, 1, *value_shape) the Z of each row's fed position, from its plan: its explicit Z, else one prior
+        draw with the row's generator (as generate draws it)."""
+        return torch.cat([row.plan.source(row.position, 1, self.device) for row in rows])
 
     def _take(self, row: Row, token: int, logits: Tensor, k: int | None) -> None:
         """The row's new token: its text, its log-probability, and the piece or the end it makes."""

@@ -1,0 +1,91 @@
+"""`LatentPlan`: which Z each position of a sequence takes, handed out call by call. A user's choice of Z
+(encoder, prior, shared, reference, values) is parsed and resolved in free_transformer.inference.latents;
+what it resolves to is a plan."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .sampling import Generators
+from .sources import ENCODER, PRIOR, LatentSource
+from .space import LatentSpace
+
+
+class LatentPlan:
+    """Z for each position of a sequence, handed to the model's forward call by call: the one dispenser
+    of Z per position, used by the model's own prior draws (a forward with PRIOR), generation (eager and
+    the static decoding step, which asks `explicit_at` and draws the rest in place), the server's batches,
+    `FreeTransformerForCausalLM`, evaluation's scoring, the held-out likelihoods, validation and analysis.
+
+    Positions [0, N) take the explicit (B, N, *value_shape) values when given. Otherwise the first call
+    (at position 0) takes the encoder when `prompt_source` is ENCODER, and every other position one prior
+    draw of the latent space (`LatentSpace.prior`), made once when its token is fed (with `generators`,
+    one per row, or the global RNG) and then kept: a forward that re-feeds positions already planned
+    (Hugging Face without a cache) gets the same Z again.
+    The plan records every Z the model used, so generate can return them. With no latent space (a
+    baseline) it hands out PRIOR, which a baseline ignores, and records nothing.
+    """
+
+    def __init__(self, batch_size: int, space: LatentSpace | None, *, explicit: Tensor | None = None,
+                 prompt_source: LatentSource = ENCODER, generators: Generators = None):
+        self.batch_size = batch_size
+        self.space = space
+        self.explicit = explicit  # (B, N, *value_shape), resolved by resolve_latents
+        self.prompt_source = prompt_source  # ENCODER or PRIOR
+        self.generators = generators
+        self.used: list[Tensor] = []  # (B, t, *value_shape) chunks, the Z of positions [0, length)
+        self.length = 0
+
+    def source(self, start: int, length: int, device=None) -> LatentSource:
+        """What the model's forward gets as `latents` for positions [start, start + length)."""
+        if self.space is None:
+            return PRIOR
+        if start > self.length:
+            raise RuntimeError(f"the latent plan has Z for positions [0, {self.length}) but the model is fed "
+                               f"position {start}")
+        end, new = start + length, max(start, self.length)
+        known = torch.cat(self.used, dim=1)[:, start:new] if new > start else None  # (B, new - start, ...)
+        if new == end:
+            return known
+        explicit = self.explicit
+        if explicit is not None and new < explicit.shape[1]:
+            if end > explicit.shape[1]:
+                raise ValueError(f"explicit latents cover positions [0, {explicit.shape[1]}) but the model is fed "
+                                 f"[{start}, {end}) in one call")
+            fresh = explicit[:, new:end]
+        elif new == 0 and self.prompt_source == ENCODER:
+            return ENCODER  # the model samples it, and the caller records it
+        else:
+            fresh = self.draw(end - new, device if known is None else known.device)
+        return fresh if known is None else torch.cat([known, fresh], dim=1)
+
+    def explicit_at(self, position: int) -> Tensor | None:
+        """(B, 1, *value_shape) the explicit Z of `position`, or None where it is a prior draw (the static
+        decoding step then draws it in place, `LatentSpace.prior_`, with its rows' generators)."""
+        if self.explicit is None or position >= self.explicit.shape[1]:
+            return None
+        return self.explicit[:, position : position + 1]
+
+    def draw(self, length: int, device=None) -> Tensor:
+        """(B, length, *value_shape) prior Z for new positions, row i from generators[i]."""
+        return self.space.prior((self.batch_size, length), self.generators, device)
+
+    def record(self, start: int, latents: Tensor | None) -> None:
+        """Keep the Z the model used for positions [start, ...) that the plan had not recorded yet."""
+        if latents is None:
+            return
+        new = latents[:, self.length - start :]
+        new = new.expand(self.batch_size, *new.shape[1:])
+        if new.shape[1]:
+            self.used.append(new)
+            self.length += new.shape[1]
+
+    def latents(self, length: int | None = None) -> Tensor | None:
+        """(B, length, *value_shape) the Z used at the first `length` positions (all recorded ones by
+        default); None for a baseline."""
+        if self.space is None:
+            return None
+        used = torch.cat(self.used, dim=1) if self.used else \
+            torch.zeros(self.batch_size, 0, *self.space.value_shape, dtype=self.space.value_dtype)
+        return used if length is None else used[:, :length]
