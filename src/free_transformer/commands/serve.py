@@ -11,7 +11,7 @@ from ..base.devices import DTYPE_NAMES
 from ..base.errors import UserError
 from ..base.install import install_hint
 from ..inference.params import CONTEXT_LATENTS
-from ..serve.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_REQUEST_MB
+from ..serve.config import DEFAULT_MAX_BATCH, DEFAULT_MAX_REQUEST_MB
 
 NAME = "serve"
 HELP = "serve a checkpoint over HTTP with OpenAI's completions API, requests batched together (docs/serving.md)"
