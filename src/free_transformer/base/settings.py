@@ -314,11 +314,13 @@ def help_text(settings_list: list[Setting], width: int = 100) -> str:
 
 def add_option(parser, cls, name: str, *, flag: str | None = None, aliases: tuple[str, ...] = (),
                default=dataclasses.MISSING, metavar: str | None = None, repeatable: bool = False,
-               choices: bool = True, extra_help: str = "") -> None:
+               choices: bool = True, extra_help: str = "", default_help: str = "") -> None:
     """The command-line option of the field `name` of the dataclass `cls` (flag: --NAME with dashes for
     underscores, unless given): its type, its choices (a Literal; choices=False shows them without argparse
     refusing the others, for a value that is parsed afterwards), its default (the field's unless given) and
-    its docstring as help, written once, in the dataclass. A repeatable option collects a list."""
+    its docstring as help, written once, in the dataclass. A repeatable option collects a list.
+    default_help is what the help says of the default where the value does not say it (an option left out
+    that the command resolves: from an environment variable, from another argument)."""
     hint = typing.get_type_hints(cls)[name]
     declared = next(f for f in dataclasses.fields(cls) if f.name == name)
     if default is dataclasses.MISSING:
@@ -333,7 +335,7 @@ def add_option(parser, cls, name: str, *, flag: str | None = None, aliases: tupl
         kwargs = {"choices": names} if choices else {"metavar": "{" + ",".join(names) + "}"}
     elif hint is not str:
         kwargs["type"] = hint
-    shown = "none" if default in (None, "", ()) else default
+    shown = default_help or ("none" if default in (None, "", ()) else default)
     more = "; repeatable" if repeatable else ""
     parser.add_argument(flag or f"--{name.replace('_', '-')}", *aliases, dest=name,
                         action="append" if repeatable else "store",

@@ -12,13 +12,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 DEFAULT_BATCH_SIZE = 64  # rows decoded at once unless the caller says otherwise
 DEFAULT_NEW_TOKENS = 64  # max_new_tokens left unset: this many, or fewer where the model's context is shorter
 LatentName = Literal["encoder", "prior", "shared", "reference"]  # inference.latents.CHOICES
-# the choices of a prompt's Z that need no model to resolve (inference.latents.CONTEXT_CHOICES, here without torch)
-CONTEXT_LATENTS: tuple[str, ...] = ("encoder", "prior")
+# the choices of a prompt's Z that need no model to resolve (inference.latents.CONTEXT_CHOICES, here without torch);
+# a Literal, so that a setting of this set is typed by it and lists its choices in --help
+ContextLatent = Literal["encoder", "prior"]
+CONTEXT_LATENTS: tuple[str, ...] = get_args(ContextLatent)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes an int64
 
 

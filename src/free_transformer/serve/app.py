@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from ..base.version import __version__
 from .batcher import Delta, Job
 from .engine import Engine, Plan, RequestError
-from .limits import DEFAULT_MAX_REQUEST_MB
+from .config import DEFAULT_MAX_REQUEST_MB
 from .protocol import (Completion, CompletionChoice, CompletionRequest, DetokenizeRequest, ErrorBody, ErrorDetail,
                        Logprobs, ModelCard, ModelList, TokenizeRequest, Usage)
 

@@ -20,7 +20,7 @@ from ..inference.params import SamplingError, SamplingParams, new_token_room
 from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
 from .batcher import Batcher, RowSpec
-from .limits import DEFAULT_MAX_BATCH
+from .config import DEFAULT_MAX_BATCH
 from .protocol import SAMPLING_NAMES, CompletionRequest
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

@@ -1,0 +1,57 @@
+"""The server's settings, `free-transformer serve`'s options: each field's type, default and docstring are
+its option's (base/settings.add_option). In a module of their own, without torch or the server's
+dependencies, so that `serve --help` reads them without loading either."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from ..base import settings
+from ..base.devices import Precision
+from ..inference.params import ContextLatent
+
+DEFAULT_MAX_BATCH = 16  # completions decoded together (`serve --max-batch`)
+DEFAULT_MAX_REQUEST_MB = 16  # the largest body read (`serve --max-request-mb`)
+MAX_PORT = 2**16 - 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    """Where the server listens, the model it decodes and how, who may ask it and how much it takes."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on (0.0.0.0: every interface)."""
+    port: int = 8000
+    """TCP port to listen on."""
+    device: str = "auto"
+    """auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps."""
+    dtype: Literal["auto", Precision] = "auto"
+    """Weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it, else fp32."""
+    model_name: str | None = None
+    """The model's id in the API."""
+    api_key: str | None = None
+    """Clients must send 'Authorization: Bearer KEY'; unset here and in the environment: no key asked."""
+    max_batch: int = DEFAULT_MAX_BATCH
+    """Completions decoded together, each step (each holds a KV cache of the model's context)."""
+    latents: ContextLatent = "encoder"
+    """Z of a request that names none: the prompt's from the encoder, or every Z from the prior (what a
+    log-likelihood through echo should use: docs/serving.md)."""
+    max_request_mb: float = DEFAULT_MAX_REQUEST_MB
+    """Largest request body read, in MiB."""
+
+    def check(self) -> ServeConfig:
+        """A one-line ValueError, naming the field, for a value the server cannot start with."""
+        settings.check_choices(self)
+        if not 0 <= self.port <= MAX_PORT:
+            raise ValueError(f"port must be in [0, {MAX_PORT}], got {self.port}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if not 0 < self.max_request_mb < math.inf:
+            raise ValueError(f"max_request_mb must be > 0 MiB, got {self.max_request_mb}")
+        return self
+
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mb * 2**20)
