@@ -11,6 +11,8 @@ latent_noise=row so that Z is the same whatever the number of processes. Claims 
 Three torchrun launches (about 10 s each here), everything else in this process.
 """
 
+import copy
+import inspect
 import json
 import os
 import shutil
@@ -28,6 +30,7 @@ from free_transformer.cli import main
 from free_transformer.distributed import ParallelEnv
 from free_transformer.distributed.parallelize import apply_compile
 from free_transformer.distributed.sharded_checkpoint import is_sharded
+from free_transformer.model import loss, transformer
 from free_transformer.model.config import LatentConfig
 from free_transformer.model.latent import BinaryMapper
 from free_transformer.model.transformer import FreeTransformer
@@ -183,6 +186,29 @@ def test_compile_asks_the_latent_mapper_to_compile_its_own_backward(monkeypatch)
     assert not mapper.compiled_backward
     mapper.compile_backward()
     assert mapper.compiled_backward
+
+
+def test_compile_reaches_the_readout_loss_through_the_model_s_own_hook(monkeypatch):
+    """After apply_compile the training loss runs each chunk through the compiled step, asked for by
+    `readout_loss.compile()`; the eager model's does not. The step is replaced by a spy (the eager step,
+    recorded: compiled numerics are tested in test_loss and test_train_options) and the blocks are left
+    uncompiled, so nothing is compiled here. The model's source names no parallelisation layer."""
+    calls = []
+
+    def spy():
+        return lambda *args: calls.append(args) or loss._nll_and_grad(*args)
+
+    monkeypatch.setattr(loss, "_compiled_nll_and_grad", spy)
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *args, **kwargs: None)
+    eager = FreeTransformer(tiny_config())
+    compiled = apply_compile(copy.deepcopy(eager))
+    tokens = torch.randint(0, eager.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    a = eager(tokens[:, :-1], tokens[:, 1:], generator=torch.Generator().manual_seed(1)).loss
+    assert not calls
+    b = compiled(tokens[:, :-1], tokens[:, 1:], generator=torch.Generator().manual_seed(1)).loss
+    assert calls and torch.equal(a, b)
+    source = inspect.getsource(transformer)
+    assert "compiled_loss" not in source and "parallelize" not in source and "distributed" not in source
 
 
 def test_ranks_take_contiguous_slices():

@@ -56,14 +56,15 @@ def apply_compile(model: FreeTransformer) -> FreeTransformer:
     share one code path, so the decoder blocks reuse the same compiled graphs. The Binary Mapper's
     backward (a custom autograd Function with a chunk loop) stays eager, each chunk's elementwise
     product and reduction fused by torch.compile. The cross-entropy fused with the read-out
-    (free_transformer.model.loss) keeps its chunk loop eager, so that no chunk's logits outlive their
+    (the model's `readout_loss`) keeps its chunk loop eager, so that no chunk's logits outlive their
     iteration whatever Inductor plans, and compiles each chunk's softmax, log-likelihood and gradient
-    into one fused function; its matmuls are the same BLAS calls compiled or not."""
+    into one fused function; its matmuls are the same BLAS calls compiled or not. Each piece is
+    compiled by its owner's own hook, so the model needs no knowledge of this plan."""
     for block in blocks(model):
         block.compile()
     if model.config.is_free:
         model.latent.mapper.compile_backward()
-    model.compiled_loss = True
+    model.readout_loss.compile()
     return model
 
 

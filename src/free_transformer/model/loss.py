@@ -12,10 +12,10 @@ checkpoint would recompute every chunk's logits in backward (one more read-out m
 matmul of a small model) and, under torch.compile, leave the chunks' live ranges to Inductor's
 partitioner and memory planner; here the loop is eager, so no (N, V) tensor can exist in forward or
 backward by construction (each chunk's buffers die with its iteration), and the saved state is one
-(N, D) and one (V, D) tensor. Under compile=true the per-chunk log-sum-exp, target gather, softmax
-minus one-hot and the cast of the gradient to the matmul dtype run as one compiled function (one fused
-pass over the chunk's logits instead of eager softmax, subtract and casts); the matmuls are the same
-BLAS calls either way.
+(N, D) and one (V, D) tensor. Once compiled (`ReadoutLoss.compile`; the model holds a ReadoutLoss as
+`readout_loss`) the per-chunk log-sum-exp, target gather, softmax minus one-hot and the cast of the
+gradient to the matmul dtype run as one compiled function (one fused pass over the chunk's logits
+instead of eager softmax, subtract and casts); the matmuls are the same BLAS calls either way.
 """
 
 from __future__ import annotations
@@ -132,3 +132,22 @@ def readout_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, *, rows: i
     Returns the loss in float32 at least; gradients reach h and weight (not twice-differentiable).
     """
     return _ReadoutCrossEntropy.apply(h.flatten(0, -2), weight, targets.flatten(), rows, compiled)
+
+
+class ReadoutLoss:
+    """The model's training cross-entropy, `readout_cross_entropy`: eager until `compile()`, after which
+    each chunk's softmax, log-likelihood and gradient run as one torch.compile'd function. The chunk
+    loop stays eager either way, so no chunk's logits outlive their iteration; the losses and gradients
+    are those of the eager path to float rounding. Holds no tensors: the model keeps it as a plain
+    attribute, outside its state dict."""
+
+    def __init__(self):
+        self.compiled = False
+
+    def compile(self) -> None:
+        """Fuse each chunk's elementwise work with torch.compile (built on the first call)."""
+        self.compiled = True
+
+    def __call__(self, h: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+        """h (..., D) normalised hidden states, weight (V, D), targets (...): the mean loss, in nats."""
+        return readout_cross_entropy(h, weight, targets, compiled=self.compiled)

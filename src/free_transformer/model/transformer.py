@@ -20,7 +20,7 @@ from .config import ModelConfig
 from .latent import ENCODER, Generators, LatentSource, LatentSpace, free_bits_kl
 from .latent_path import LatentPath, LatentSample
 from .layers import Block, KVCache, rope_tables
-from .loss import IGNORE_INDEX, cross_entropy, readout_cross_entropy
+from .loss import IGNORE_INDEX, ReadoutLoss, cross_entropy
 from .state_names import FUSED_PROJECTIONS, part_rows
 
 
@@ -70,7 +70,8 @@ class FreeTransformer(nn.Module):
         cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.compiled_loss = False  # set by distributed.parallelize.apply_compile (compile=true)
+        # The fused read-out cross-entropy; its `compile()` fuses each chunk's softmax and gradient.
+        self.readout_loss = ReadoutLoss()
         self.init_weights()
 
     @torch.no_grad()
@@ -159,9 +160,9 @@ class FreeTransformer(nn.Module):
         """Logits for positions [start, start+T) and, given targets, the training loss.
 
         return_logits: whether `logits` is computed; by default only without targets. Given targets
-        alone, the cross-entropy is fused with the read-out (free_transformer.model.loss): the logits of all
-        tokens never exist, and `logits` is None. With return_logits=True the logits are computed and
-        the loss is taken from them (the same value, to float rounding).
+        alone, the cross-entropy is fused with the read-out (`readout_loss`, free_transformer.model.loss):
+        the logits of all tokens never exist, and `logits` is None. With return_logits=True the logits
+        are computed and the loss is taken from them (the same value, to float rounding).
 
         start: the position of the first token; by default the cache's length (0 without a cache). A
         () int64 device tensor (the cache's `position`) makes this a static decoding step: one token,
@@ -207,8 +208,7 @@ class FreeTransformer(nn.Module):
         out = ModelOutput.from_parts(self.readout(x) if return_logits else None, sample)
         if targets is not None:
             out.cross_entropy_nats = (cross_entropy(out.logits, targets) if return_logits else
-                                      readout_cross_entropy(self.norm(x), self.readout_weight, targets,
-                                                            compiled=self.compiled_loss))
+                                      self.readout_loss(self.norm(x), self.readout_weight, targets))
             out.loss = out.cross_entropy_nats
             if out.kl_per_token_nats is not None:
                 out.loss = out.loss + free_bits_kl(out.kl_per_token_nats, kappa_nats)
