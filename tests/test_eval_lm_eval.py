@@ -45,7 +45,7 @@ def test_adapter_requests_match_our_scoring(tmp_path):
     (logprob, greedy), = lm.loglikelihood([request])
     tok = lm.tokenizer
     expected = continuation_logprobs(lm.model, [[(tok.encode("Question: 2+2?\nAnswer:"), tok.encode(" 4"))]],
-                                     [_key("Question: 2+2?\nAnswer:")], lm.policy)[0]
+                                     [_key("Question: 2+2?\nAnswer:")], lm.settings)[0]
     assert logprob == pytest.approx(float(log_mean_exp(expected)[0]))
     assert isinstance(greedy, bool)
     gen = Instance("generate_until", {}, ("Hello", {"until": ["\n"], "max_gen_toks": 5}), 0)

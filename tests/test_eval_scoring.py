@@ -6,14 +6,20 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from free_transformer.eval.scoring import (LatentPolicy, _generators, continuation_logprobs, cut_at_stop, fit_window,
-                                           generate_texts, log_mean_exp)
+from free_transformer.eval.scoring import (_generators, continuation_logprobs, cut_at_stop, fit_window, generate_texts,
+                                           log_mean_exp)
+from free_transformer.eval.settings import EvalConfig, EvalSettingsError
 
 REQUESTS = [
     [([1, 2, 3, 4], [5, 6]), ([1, 2, 3, 4], [7]), ([1, 2, 3, 4], [8, 9, 10])],
     [([11, 12], [13, 14, 15]), ([11, 12, 16], [13, 14, 15])],  # different contexts (WinoGrande-like)
 ]
 KEYS = ["doc/a", "doc/b"]
+
+
+def latent_settings(**options):
+    """Settings that choose the latent draws only (scoring needs no task)."""
+    return EvalConfig(tasks="none", **options).settings()
 
 
 @torch.no_grad()
@@ -25,7 +31,7 @@ def _naive(model, ctx, cont, latents):
 
 def test_baseline_scores_are_exact_log_probabilities():
     model = tiny_model(latent_bits=0)
-    scores = continuation_logprobs(model, REQUESTS, KEYS, LatentPolicy(samples=3))
+    scores = continuation_logprobs(model, REQUESTS, KEYS, latent_settings(latent_samples=3))
     for pairs, got in zip(REQUESTS, scores):
         assert got.shape == (len(pairs), 1)  # a baseline has no latent to average over
         for c, (ctx, cont) in enumerate(pairs):
@@ -34,8 +40,8 @@ def test_baseline_scores_are_exact_log_probabilities():
 
 def test_prior_scores_average_prior_draws_shared_by_the_choices():
     model = tiny_model(latent_bits=4)
-    policy = LatentPolicy(samples=3, seed=5)
-    scores = continuation_logprobs(model, REQUESTS, KEYS, policy, batch_tokens=7)  # many small batches
+    settings = latent_settings(latent_samples=3, seed=5)
+    scores = continuation_logprobs(model, REQUESTS, KEYS, settings, batch_tokens=7)  # many small batches
     for pairs, key, got in zip(REQUESTS, KEYS, scores):
         longest = max(len(c) + len(t) - 1 for c, t in pairs)
         z = model.latent_space.prior((3, longest), _generators(5, key, 3))  # one draw of the longest, per row
@@ -48,7 +54,7 @@ def test_prior_scores_average_prior_draws_shared_by_the_choices():
     assert torch.allclose(marginal, torch.log(scores[0].exp().mean(-1)))
     assert (marginal >= scores[0].mean(-1) - 1e-12).all()
     # per-document seeding: the same document scores the same whatever the batch around it
-    alone = continuation_logprobs(model, REQUESTS[1:], KEYS[1:], policy)
+    alone = continuation_logprobs(model, REQUESTS[1:], KEYS[1:], settings)
     torch.testing.assert_close(alone[0], scores[1])
 
 
@@ -63,15 +69,15 @@ def test_encoder_prefill_sees_the_context_only():
         return original(tokens, *args, latents=latents, **kwargs)
 
     model.forward = spy
-    continuation_logprobs(model, REQUESTS, KEYS, LatentPolicy(context="encoder", samples=2))
+    continuation_logprobs(model, REQUESTS, KEYS, latent_settings(latents="encoder", latent_samples=2))
     contexts = sorted({tuple(c) for pairs in REQUESTS for c, _ in pairs})
     assert sorted(tuple(s) for s in seen) == contexts  # once per distinct context, never with a choice
 
 
 def test_encoder_prefill_uses_encoder_latents_on_context_positions():
     model = tiny_model(latent_bits=4)
-    policy = LatentPolicy(context="encoder", samples=2, seed=1)
-    got = continuation_logprobs(model, REQUESTS[:1], KEYS[:1], policy)[0]
+    settings = latent_settings(latents="encoder", latent_samples=2, seed=1)
+    got = continuation_logprobs(model, REQUESTS[:1], KEYS[:1], settings)[0]
     ctx = REQUESTS[0][0][0]
     # generation's rule: the rows' generators sample the context's Z from the encoder, then draw the prior's
     rows = _generators(1, "doc/a", 2)
@@ -94,7 +100,7 @@ def test_fit_window_keeps_the_end_and_one_context_token():
 def test_long_contexts_are_truncated_not_rejected():
     model = tiny_model(latent_bits=4)  # max_seq_len 40
     long = [([i % 50 for i in range(100)], [1, 2, 3])]
-    out = continuation_logprobs(model, [long], ["long"], LatentPolicy(samples=2))
+    out = continuation_logprobs(model, [long], ["long"], latent_settings(latent_samples=2))
     assert torch.isfinite(out[0]).all()
 
 
@@ -110,25 +116,26 @@ class _Bytes:
 def test_generation_stops_at_stop_strings(latent_bits):
     model = tiny_model(latent_bits=latent_bits)
     tok = _Bytes()
-    policy = LatentPolicy(generation_samples=2)
-    full, _ = generate_texts(model, tok, "hello", "g", policy, max_new_tokens=12)
+    settings = latent_settings(generation_samples=2)
+    full, _ = generate_texts(model, tok, "hello", "g", settings, max_new_tokens=12)
     assert len(full) == (2 if latent_bits else 1) and all(len(t) == 12 for t in full)
     stop = full[0][3:5]
-    cut, truncated = generate_texts(model, tok, "hello", "g", policy, max_new_tokens=12, stop=[stop])
+    cut, truncated = generate_texts(model, tok, "hello", "g", settings, max_new_tokens=12, stop=[stop])
     assert cut[0] == cut_at_stop(full[0], [stop]) and len(cut[0]) <= 3 and not truncated
-    _, truncated = generate_texts(model, tok, "x" * 200, "g", policy, max_new_tokens=12)
+    _, truncated = generate_texts(model, tok, "x" * 200, "g", settings, max_new_tokens=12)
     assert truncated
 
 
-def test_policy_validation_and_description():
-    with pytest.raises(ValueError, match="latent context must be one of 'encoder', 'prior'; got 'shared'"):
-        LatentPolicy(context="shared")
+def test_latent_settings_validation_and_description():
+    with pytest.raises(EvalSettingsError, match="latents must be one of 'encoder', 'prior'; got 'shared'"):
+        latent_settings(latents="shared")
     with pytest.warns(DeprecationWarning, match="'posterior' is deprecated"):
-        assert LatentPolicy(context="posterior").context == "encoder"
-    with pytest.raises(ValueError):
-        LatentPolicy(samples=0)
-    described = LatentPolicy(samples=8).describe(tiny_model(latent_bits=4))
+        assert latent_settings(latents="posterior").latents == "encoder"
+    for name in ("latent_samples", "generation_samples"):
+        with pytest.raises(EvalSettingsError, match=f"{name.replace('_', '-')} must be >= 1, got 0"):
+            latent_settings(**{name: 0})
+    described = latent_settings(latent_samples=8).describe_latents(tiny_model(latent_bits=4))
     assert "context Z: prior" in described["latents"] and "K=8" in described["mc_estimator"]
     assert described["latent_kind"] == "binary_mapper"
-    assert LatentPolicy().describe(tiny_model(latent_bits=0))["model"] == "baseline"
+    assert latent_settings().describe_latents(tiny_model(latent_bits=0))["model"] == "baseline"
     assert math.isclose(float(log_mean_exp(torch.tensor([0.0, 0.0]))), 0.0)

@@ -11,7 +11,6 @@ from conftest import tiny_checkpoint, tiny_model
 from free_transformer import FreeTransformer, GenerationConfig, generate
 from free_transformer.cli import build_parser, main
 from free_transformer.commands.generate import _latent_choice
-from free_transformer.eval.scoring import LatentPolicy
 from free_transformer.eval.settings import EvalConfig
 from free_transformer.inference import latents as latent_choice
 
@@ -69,13 +68,8 @@ def _eval_settings(spelling, request):
     return EvalConfig(tasks="none", heldout="held.txt", latents=spelling).settings().latents
 
 
-def _eval_policy(spelling, request):
-    return LatentPolicy(context=spelling).context
-
-
-ENTRY_POINTS = {"cli": _cli, "python": _python, "hugging_face": _hugging_face, "eval_settings": _eval_settings,
-                "eval_policy": _eval_policy}
-CONTEXT_ONLY = {"eval_settings", "eval_policy"}  # a context's Z: encoder or prior
+ENTRY_POINTS = {"cli": _cli, "python": _python, "hugging_face": _hugging_face, "eval_settings": _eval_settings}
+CONTEXT_ONLY = {"eval_settings"}  # a context's Z: encoder or prior
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)

@@ -91,8 +91,8 @@ def _settings(args):
                if f.name not in ("every", "sandbox")}  # training's only; the sandbox's options: _sandbox
     for name in ("num_fewshot", "data", "heldout"):
         options[name] = join_repeated(options[name])
-    settings = EvalConfig(**options).settings()
-    settings.check_heldout()
+    settings = EvalConfig(**options, sandbox=_sandbox(args)).settings()
+    settings.check_inputs()
     return settings
 
 
@@ -162,12 +162,11 @@ def _run(args) -> int:
         raise ValueError("--checkpoints appends to RUN/eval/curve.jsonl: leave --output out")
     if args.output and Path(args.output).exists():  # before hours of evaluation, not after
         raise FileExistsError(f"--output {args.output} already exists: it is kept; choose another name")
-    sandbox = _sandbox(args)  # a limit that fails every program (pass@1 = 0) is refused before any scoring
-    settings = _settings(args)
+    settings = _settings(args)  # a sandbox limit that fails every program (pass@1 = 0) is refused here
     if any(get_benchmark(name).kind == "code" for name in settings.tasks):
-        isolation_report(sandbox)  # SandboxUnavailable before any scoring where the kernel layers are missing
+        isolation_report(settings.sandbox)  # SandboxUnavailable before any scoring where the kernel layers are missing
     if args.checkpoints:
-        return _score_checkpoints(Path(args.checkpoint), args.checkpoints, settings, sandbox, device,
+        return _score_checkpoints(Path(args.checkpoint), args.checkpoints, settings, device,
                                   not args.no_progress)
     ckpt = resolve_checkpoint(args.checkpoint)
     model, config, tokenizer = _load(ckpt, device)
@@ -187,7 +186,7 @@ def _run(args) -> int:
         finished.append(len(done["tasks"]))
 
     try:
-        results = score(model, tokenizer, settings, sandbox=sandbox, progress=not args.no_progress, on_task=keep)
+        results = score(model, tokenizer, settings, progress=not args.no_progress, on_task=keep)
     except BaseException as error:  # an interrupt, or a task that fails: what finished before is kept
         if not finished:
             partial.unlink(missing_ok=True)
@@ -209,7 +208,7 @@ def _run(args) -> int:
     return 0
 
 
-def _score_checkpoints(run_dir: Path, spec: str, settings, sandbox, device, progress: bool) -> int:
+def _score_checkpoints(run_dir: Path, spec: str, settings, device, progress: bool) -> int:
     """Score the run's checkpoints that `spec` chooses, appending to its record; skip the scored ones."""
     from ..eval.record import CurveRecord, score_and_record
     from ..runs.checkpoint import CheckpointError, chosen_checkpoints
@@ -235,7 +234,7 @@ def _score_checkpoints(run_dir: Path, spec: str, settings, sandbox, device, prog
                 continue
             tokens = None if tokens_per_step is None else step * tokens_per_step
             scores = score_and_record(record, model, tokenizer, settings, step=step, source="checkpoint",
-                                      checkpoint=ckpt.name, tokens=tokens, sandbox=sandbox, progress=progress)
+                                      checkpoint=ckpt.name, tokens=tokens, progress=progress)
             print(f"step {step}: {scores}")
     return 0
 

@@ -31,7 +31,8 @@ from ..base.errors import UserError  # noqa: E402
 from ..data.tokenizer import get_tokenizer  # noqa: E402
 from ..runs.checkpoint import load_model  # noqa: E402
 from .likelihood import heldout_likelihood  # noqa: E402
-from .scoring import LatentPolicy, continuation_logprobs, generate_texts, log_mean_exp  # noqa: E402
+from .scoring import continuation_logprobs, generate_texts, log_mean_exp  # noqa: E402
+from .settings import EvalConfig  # noqa: E402
 
 
 def _key(text: str) -> str:
@@ -77,21 +78,21 @@ class FreeTransformerLM(LM):
         super().__init__()
         self.model, config = load_model(checkpoint, _pick_device(device, harness_device))
         self.tokenizer = get_tokenizer(config.get("tokenizer", "byte"))
-        self.policy = LatentPolicy(context=latents, samples=int(samples), generation_samples=1, seed=int(seed))
+        self.settings = EvalConfig(tasks="none", latents=latents, latent_samples=int(samples), seed=int(seed)).settings()
         self.max_new_tokens = int(max_new_tokens)
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
         pairs = [req.args for req in requests]
         encoded = [[(self.tokenizer.encode(c), self.tokenizer.encode(t))] for c, t in pairs]
         greedy: list = []
-        draws = continuation_logprobs(self.model, encoded, [_key(c) for c, _ in pairs], self.policy, greedy=greedy)
+        draws = continuation_logprobs(self.model, encoded, [_key(c) for c, _ in pairs], self.settings, greedy=greedy)
         return [(float(log_mean_exp(d)[0]), bool(g[0].all())) for d, g in zip(draws, greedy)]
 
     def loglikelihood_rolling(self, requests) -> list[float]:
         out = []
         for req in requests:
-            result = heldout_likelihood(self.model, self.tokenizer, req.args[0], samples=self.policy.samples,
-                                        seed=self.policy.seed)
+            result = heldout_likelihood(self.model, self.tokenizer, req.args[0], samples=self.settings.latent_samples,
+                                        seed=self.settings.seed)
             nats = result["exact" if "exact" in result else "iwae"]["nats"]
             out.append(-nats)
         return out
@@ -103,7 +104,7 @@ class FreeTransformerLM(LM):
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             budget = int(kwargs.get("max_gen_toks", self.max_new_tokens))
-            texts, _ = generate_texts(self.model, self.tokenizer, context, _key(context), self.policy,
+            texts, _ = generate_texts(self.model, self.tokenizer, context, _key(context), self.settings,
                                       max_new_tokens=budget, stop=until)
             out.append(texts[0])
         return out

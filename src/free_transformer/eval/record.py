@@ -21,7 +21,6 @@ from ..base.bounded import loads_json
 from ..base.errors import UserError
 from ..base.fileio import open_no_follow, refuse_links
 from .runner import score
-from .sandbox import SandboxLimits
 from .settings import EvalSettings
 
 RECORD_NAME = "curve.jsonl"
@@ -108,15 +107,14 @@ def make_entry(results: dict, settings: EvalSettings, *, step: int, tokens: int 
 
 
 def score_and_record(record: CurveRecord, model, tokenizer, settings: EvalSettings, *, step: int, tokens: int | None,
-                     source: str, checkpoint: str | None, sandbox: SandboxLimits = SandboxLimits(),
-                     progress: bool = False) -> str | None:
+                     source: str, checkpoint: str | None, progress: bool = False) -> str | None:
     """Score `model` (the weights after `step` steps) under `settings` and append the line to the record,
     unless that step is scored under these settings already; the scores as one line of text, or None
     when skipped. What the periodic evaluation inside training and `eval --checkpoints` both do."""
     if record.scored(step, settings):
         return None
     started = time.perf_counter()
-    results = score(model, tokenizer, settings, sandbox=sandbox, progress=progress)
+    results = score(model, tokenizer, settings, progress=progress)
     seconds = time.perf_counter() - started
     record.append(make_entry(results, settings, step=step, tokens=tokens, source=source, checkpoint=checkpoint,
                              seconds=seconds))

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from tqdm.auto import tqdm
 
@@ -15,47 +14,39 @@ from . import task_metrics
 from .likelihood import heldout_likelihood
 from .prepare import PreparedTask, prepare
 from .programs import check_completion
-from .sandbox import SandboxLimits, isolation_report
-from .scoring import LatentPolicy, continuation_logprobs, generate_texts, log_mean_exp
+from .sandbox import isolation_report
+from .scoring import continuation_logprobs, generate_texts, log_mean_exp
 from .settings import EvalSettings
 from .task_data import DataUnavailable
 from .tasks import GenerationDoc, MultipleChoiceDoc
 
 
-@dataclass
-class EvalOptions:
-    policy: LatentPolicy = field(default_factory=LatentPolicy)
-    num_fewshot: dict[str, int] = field(default_factory=dict)  # per task; "*" for every task
-    limit: int | None = None
-    data_files: dict[str, str] = field(default_factory=dict)
-    max_new_tokens: int | None = None  # overrides every generative task's budget
-    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
-    fewshot_seed: int = 1234
-    progress: bool = True
-    on_task: Callable[[dict], None] | None = None  # called with the results so far after each task
+FEWSHOT_SEED = 1234  # picks each task's few-shot examples
 
 
-def evaluate(model, tokenizer, task_names: Sequence[str], options: EvalOptions) -> dict:
-    """{"tasks": {name: result}, "unavailable": {name: reason}, "latents": ...} for the model."""
+def evaluate(model, tokenizer, settings: EvalSettings, *, progress: bool = True,
+             on_task: Callable[[dict], None] | None = None) -> dict:
+    """{"tasks": {name: result}, "unavailable": {name: reason}, "latents": ...} for the model on the
+    settings' tasks. on_task: called with the results so far after each task."""
     results, unavailable = {}, {}
-    for name in task_names:
-        shots = options.num_fewshot.get(name, options.num_fewshot.get("*"))
+    shots, data_files = dict(settings.num_fewshot), dict(settings.data)  # per task; "*" for every task
+    for name in settings.tasks:
         try:
-            task = prepare(name, num_fewshot=shots, limit=options.limit,
-                           data_file=options.data_files.get(name), seed=options.fewshot_seed)
+            task = prepare(name, num_fewshot=shots.get(name, shots.get("*")), limit=settings.limit,
+                           data_file=data_files.get(name), seed=FEWSHOT_SEED)
         except DataUnavailable as error:
             unavailable[name] = str(error)
             continue
         started = time.monotonic()
         if task.benchmark.kind == "mc":
-            result = _multiple_choice(model, tokenizer, task, options)
+            result = _multiple_choice(model, tokenizer, task, settings, progress)
         else:
-            result = _generative(model, tokenizer, task, options)
+            result = _generative(model, tokenizer, task, settings, progress)
         result["seconds"] = round(time.monotonic() - started, 2)
         results[name] = result
-        if options.on_task is not None:
-            options.on_task({"tasks": results, "unavailable": unavailable})
-    return {"tasks": results, "unavailable": unavailable, "latents": options.policy.describe(model)}
+        if on_task is not None:
+            on_task({"tasks": results, "unavailable": unavailable})
+    return {"tasks": results, "unavailable": unavailable, "latents": settings.describe_latents(model)}
 
 
 def _base_result(task: PreparedTask, value: float, per_doc: list[dict]) -> dict:
@@ -65,14 +56,14 @@ def _base_result(task: PreparedTask, value: float, per_doc: list[dict]) -> dict:
             "per_doc": per_doc}
 
 
-def _multiple_choice(model, tokenizer, task: PreparedTask, options: EvalOptions) -> dict:
+def _multiple_choice(model, tokenizer, task: PreparedTask, settings: EvalSettings, progress: bool) -> dict:
     docs: list[MultipleChoiceDoc] = task.docs  # type: ignore[assignment]
     requests = [[(tokenizer.encode(c), tokenizer.encode(t)) for c, t in zip(d.contexts, d.continuations)]
                 for d in docs]
     keys = [f"{task.benchmark.name}/{d.doc_id}" for d in docs]
-    rows = sum(len(r) for r in requests) * options.policy.draws(model)
-    with tqdm(total=rows, desc=task.benchmark.name, unit="seq", disable=not options.progress, leave=False) as bar:
-        draws = continuation_logprobs(model, requests, keys, options.policy, progress=bar.update)
+    rows = sum(len(r) for r in requests) * settings.latent_draws(model)
+    with tqdm(total=rows, desc=task.benchmark.name, unit="seq", disable=not progress, leave=False) as bar:
+        draws = continuation_logprobs(model, requests, keys, settings, progress=bar.update)
     per_doc = []
     for doc, request, scores in zip(docs, requests, draws):
         logprobs = log_mean_exp(scores).tolist()  # (choices,)
@@ -97,17 +88,17 @@ def _multiple_choice(model, tokenizer, task: PreparedTask, options: EvalOptions)
     return result
 
 
-def _generative(model, tokenizer, task: PreparedTask, options: EvalOptions) -> dict:
+def _generative(model, tokenizer, task: PreparedTask, settings: EvalSettings, progress: bool) -> dict:
     bench = task.benchmark
     docs: list[GenerationDoc] = task.docs  # type: ignore[assignment]
-    budget = options.max_new_tokens or bench.max_new_tokens
+    budget = settings.max_new_tokens or bench.max_new_tokens
     per_doc, truncated = [], 0
-    for doc in tqdm(docs, desc=bench.name, unit="doc", disable=not options.progress, leave=False):
-        texts, cut = generate_texts(model, tokenizer, doc.prompt, f"{bench.name}/{doc.doc_id}", options.policy,
+    for doc in tqdm(docs, desc=bench.name, unit="doc", disable=not progress, leave=False):
+        texts, cut = generate_texts(model, tokenizer, doc.prompt, f"{bench.name}/{doc.doc_id}", settings,
                                     max_new_tokens=budget, stop=bench.stop)
         truncated += cut
         if bench.kind == "code":
-            outcomes = [check_completion(doc.test, text, options.sandbox) for text in texts]
+            outcomes = [check_completion(doc.test, text, settings.sandbox) for text in texts]
             correct = [o.passed for o in outcomes]
             detail = {"status": [o.status for o in outcomes]}
         else:
@@ -119,20 +110,17 @@ def _generative(model, tokenizer, task: PreparedTask, options: EvalOptions) -> d
     result["max_new_tokens"] = min(budget, model.config.max_seq_len // 2)
     result["truncated_prompts"] = truncated
     if bench.kind == "code":
-        result["sandbox"] = isolation_report(options.sandbox)
+        result["sandbox"] = isolation_report(settings.sandbox)
     return result
 
 
-def score(model, tokenizer, settings: EvalSettings, *, sandbox: SandboxLimits = SandboxLimits(),
-          progress: bool = False, on_task: Callable[[dict], None] | None = None) -> dict:
-    """The model's results under `settings`: {"tasks", "unavailable", "latents"} (runner.evaluate)
-    and, with held-out text, "likelihood". Leaves the model in eval mode. on_task: called with the
-    results so far after each task (to keep them if the evaluation is stopped)."""
+def score(model, tokenizer, settings: EvalSettings, *, progress: bool = False,
+          on_task: Callable[[dict], None] | None = None) -> dict:
+    """The model's results under `settings` (their sandbox limits included): {"tasks", "unavailable",
+    "latents"} (runner.evaluate) and, with held-out text, "likelihood". Leaves the model in eval mode.
+    on_task: called with the results so far after each task (to keep them if the evaluation is stopped)."""
     model.eval()
-    options = EvalOptions(policy=settings.policy, num_fewshot=dict(settings.num_fewshot), limit=settings.limit,
-                          data_files=dict(settings.data), max_new_tokens=settings.max_new_tokens,
-                          sandbox=sandbox, progress=progress, on_task=on_task)
-    results = evaluate(model, tokenizer, list(settings.tasks), options)
+    results = evaluate(model, tokenizer, settings, progress=progress, on_task=on_task)
     if settings.heldout:
         with tqdm(desc="held-out", unit="window", disable=not progress, leave=False) as bar:
             results["likelihood"] = heldout_likelihood(model, tokenizer, settings.heldout_text(),

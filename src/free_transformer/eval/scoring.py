@@ -31,58 +31,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from ..base.seeding import benchmark_seed, generators
 from ..inference.generate import GenerationConfig, generate
-from ..inference.latents import CONTEXT_CHOICES, LatentPlan, parse_latents
+from ..inference.latents import LatentPlan
 from ..inference.stops import cut_at_stop, stop_check
 from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
-
-
-@dataclass(frozen=True)
-class LatentPolicy:
-    """Where a Free Transformer's Z comes from during evaluation (ignored by a baseline)."""
-
-    context: Literal["prior", "encoder"] = "prior"
-    """Z for context positions: the prior, or the encoder run on the context only (prefill)."""
-    samples: int = 4
-    """K: latent draws averaged (log-mean-exp) for multiple-choice log-probabilities."""
-    generation_samples: int = 1
-    """Generations per prompt, each with its own latent draw; em and pass@1 average over them."""
-    seed: int = 0
-    """Seeds every draw, per document, so results do not depend on batching or --limit."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "context", parse_latents(self.context, where="latent context",
-                                                          allowed=CONTEXT_CHOICES, indices=False))
-        if self.samples < 1 or self.generation_samples < 1:
-            raise ValueError("latent samples must be >= 1")
-
-    def describe(self, model: FreeTransformer) -> dict:
-        if not model.config.is_free:
-            return {"model": "baseline", "latents": "none (baseline decoder, exact probabilities)"}
-        context = ("encoder posterior on the context only (KV-cache prefill)" if self.context == ENCODER
-                   else "prior")
-        return {
-            "model": "free",
-            "latent_kind": model.config.latent.kind,
-            "latents": f"context Z: {context}; continuation and generated Z: prior",
-            "context": self.context,
-            "mc_estimator": f"log mean_k P(continuation | context, Z^k) over K={self.samples} draws",
-            "samples": self.samples,
-            "generation_samples": self.generation_samples,
-            "seed": self.seed,
-        }
-
-    def draws(self, model: FreeTransformer, generation: bool = False) -> int:
-        if not model.config.is_free:
-            return 1
-        return self.generation_samples if generation else self.samples
+from .settings import EvalSettings
 
 
 def _generators(seed: int, key: str, count: int, device=None) -> list[torch.Generator]:
@@ -116,7 +75,7 @@ def continuation_logprobs(
     model: FreeTransformer,
     requests: Sequence[Sequence[tuple[Sequence[int], Sequence[int]]]],
     keys: Sequence[str],
-    policy: LatentPolicy,
+    settings: EvalSettings,
     *,
     batch_tokens: int | None = None,
     progress: Callable[[int], None] | None = None,
@@ -136,9 +95,9 @@ def continuation_logprobs(
     max_len = model.config.max_seq_len
     rows: list[_Row] = []
     for i, (pairs, key) in enumerate(zip(requests, keys)):
-        rows.extend(_document_rows(model, i, [fit_window(c, t, max_len) for c, t in pairs], key, policy))
-    out = [torch.zeros(len(pairs), policy.draws(model), dtype=torch.float64) for pairs in requests]
-    is_greedy = [torch.zeros(len(pairs), policy.draws(model), dtype=torch.bool) for pairs in requests]
+        rows.extend(_document_rows(model, i, [fit_window(c, t, max_len) for c, t in pairs], key, settings))
+    out = [torch.zeros(len(pairs), settings.latent_draws(model), dtype=torch.float64) for pairs in requests]
+    is_greedy = [torch.zeros(len(pairs), settings.latent_draws(model), dtype=torch.bool) for pairs in requests]
     rows.sort(key=lambda r: -len(r.tokens))
     start = 0
     while start < len(rows):
@@ -168,22 +127,22 @@ def continuation_logprobs(
     return out
 
 
-def _document_rows(model, doc: int, windows, key: str, policy: LatentPolicy) -> list[_Row]:
+def _document_rows(model, doc: int, windows, key: str, settings: EvalSettings) -> list[_Row]:
     """The rows (choice x draw) of one document. The K draws of Z come from one LatentPlan per context
     (K rows, row k seeded by the document and k): its first call is the context (the encoder on it, or
     the prior), and the rest of the longest choice is drawn at once, so choices that share a context
     share every Z (common random numbers)."""
     if not model.config.is_free:
         return [_Row(doc, c, 0, ctx + cont[:-1], None, len(ctx), cont) for c, (ctx, cont) in enumerate(windows)]
-    K, device = policy.samples, model.rope_cos.device
+    K, device = settings.latent_samples, model.rope_cos.device
     longest = max(len(ctx) + len(cont) - 1 for ctx, cont in windows)
     latents: dict[tuple[int, ...], Tensor] = {}  # context -> (K, longest, *value_shape)
     for ctx, _ in windows:
         if tuple(ctx) in latents:
             continue
-        plan = LatentPlan(K, model.latent_space, prompt_source=policy.context,
-                          generators=_generators(policy.seed, key, K, device))
-        if policy.context == ENCODER:  # the encoder sees the context only, never a choice
+        plan = LatentPlan(K, model.latent_space, prompt_source=settings.latents,
+                          generators=_generators(settings.seed, key, K, device))
+        if settings.latents == ENCODER:  # the encoder sees the context only, never a choice
             context = torch.tensor(ctx, device=device).expand(K, -1)
             plan.record(0, model(context, latents=ENCODER, generator=plan.generators).latents)
         latents[tuple(ctx)] = plan.source(0, longest, device).cpu()
@@ -206,7 +165,7 @@ def generate_texts(
     tokenizer,
     prompt: str,
     key: str,
-    policy: LatentPolicy,
+    settings: EvalSettings,
     *,
     max_new_tokens: int,
     stop: Sequence[str] = (),
@@ -220,11 +179,11 @@ def generate_texts(
     keep = max_len - steps + 1
     truncated = len(ids) > keep
     ids = ids[-keep:] if truncated else ids
-    n = policy.draws(model, generation=True)
+    n = settings.latent_draws(model, generation=True)
     config = GenerationConfig(max_new_tokens=steps, temperature=0.0)
 
     prompts = torch.tensor([ids] * n, dtype=torch.int64)
-    seeds = [benchmark_seed(policy.seed, key, "generate", k) for k in range(n)]
-    result = generate(model, prompts, config, seeds=seeds, latents=policy.context,
+    seeds = [benchmark_seed(settings.seed, key, "generate", k) for k in range(n)]
+    result = generate(model, prompts, config, seeds=seeds, latents=settings.latents,
                       should_stop=stop_check(tokenizer.decode, stop))
     return [cut_at_stop(tokenizer.decode(t), stop) for t in result.tokens], truncated

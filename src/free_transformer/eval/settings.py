@@ -1,25 +1,23 @@
 """What an evaluation is scored under (tasks, documents, latent draws, held-out text). EvalConfig is the one
 definition of the options, as a user writes them: a training config's `eval` section, and the source of
-`free-transformer eval`'s flags and their defaults. EvalSettings is an EvalConfig resolved (task names, data
-files, shots): the same settings give the same numbers and the same record key whichever of them ran.
-runner.score scores a model under it."""
+`free-transformer eval`'s flags and their defaults. EvalSettings is an EvalConfig checked, its lists resolved
+(task names, data files, shots), read as the config it holds for every other option: the same settings give
+the same numbers and the same record key whichever of them ran. runner.score scores a model under it, and
+scoring draws Z as its latent options say."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..data.corpora import is_named, named_corpus, read_heldout
 from .sandbox import SandboxLimits
-
-if TYPE_CHECKING:  # torch is imported when an evaluation runs, not for --help
-    from .scoring import LatentPolicy
 
 
 class EvalSettingsError(UserError, ValueError):
@@ -129,14 +127,11 @@ class EvalConfig:
     """The limits of each generated program that a pass@1 task runs (eval/sandbox.py)."""
 
     def settings(self) -> EvalSettings:
-        """These options resolved: task names, data files and shots parsed (one-line errors)."""
-        return EvalSettings(
-            tasks=tuple(task_names(self.tasks)), limit=self.limit, latents=self.latents,
-            latent_samples=self.latent_samples, generation_samples=self.generation_samples, seed=self.seed,
-            num_fewshot=tuple(sorted(_shots(_items(self.num_fewshot)).items())),
-            data=tuple(sorted(_pairs(_items(self.data), "data", "TASK=PATH").items())),
-            max_new_tokens=self.max_new_tokens, heldout=tuple(_items(self.heldout)),
-            heldout_samples=self.heldout_samples, heldout_windows=self.heldout_windows)
+        """These options checked, with the lists resolved: task names, shots, data files (one-line errors)."""
+        return EvalSettings(self, tasks=tuple(task_names(self.tasks)),
+                            num_fewshot=tuple(sorted(_shots(_items(self.num_fewshot)).items())),
+                            data=tuple(sorted(_pairs(_items(self.data), "data", "TASK=PATH").items())),
+                            heldout=tuple(_items(self.heldout)))
 
     def validate(self) -> None:
         """A training config's section: every >= 0 and, when it scores, settings that can be used now."""
@@ -148,39 +143,40 @@ class EvalConfig:
             raise ConfigError(f"eval.sandbox.{error}") from None
         if self.every:
             try:
-                self.settings().check_heldout()
+                self.settings().check_inputs()
             except ValueError as error:
                 raise ConfigError(f"eval: {error}") from None
 
 
-@dataclass(frozen=True)
-class EvalSettings:
-    """Everything that changes a score, resolved from an EvalConfig (EvalConfig.settings; the defaults are
-    its). Two evaluations under equal settings of the same weights give the same numbers; `key` names the
-    settings in the record (RUN/eval/curve.jsonl)."""
+# The options that do not change a score, left out of the record's key: when training scores, and the
+# sandbox's limits (checked to fail no honest program: eval/sandbox.py).
+UNSCORED = ("every", "sandbox")
 
+
+@dataclass(frozen=True, eq=False)
+class EvalSettings:
+    """An EvalConfig checked (EvalConfig.settings), with its list options resolved: `tasks`, `num_fewshot`,
+    `data` and `heldout` here; every other option is read from the config as written (`settings.limit`,
+    `settings.latent_samples`, `settings.sandbox`...). Two evaluations under settings of equal `key` of the
+    same weights give the same numbers; `key` names the settings in the record (RUN/eval/curve.jsonl)."""
+
+    options: EvalConfig  # a copy, its latents in their canonical spelling
     tasks: tuple[str, ...]
-    limit: int | None
-    latents: Literal["prior", "encoder"]  # the Z of context positions (inference.latents.CONTEXT_CHOICES)
-    latent_samples: int
-    generation_samples: int
-    seed: int
     num_fewshot: tuple[tuple[str, int], ...]  # (task or "*", shots)
     data: tuple[tuple[str, str], ...]  # (task, local data file)
-    max_new_tokens: int | None
     heldout: tuple[str, ...]  # files or corpus:NAME
-    heldout_samples: int
-    heldout_windows: int | None
 
     def __post_init__(self) -> None:
-        if not self.tasks and not self.heldout:
-            raise EvalSettingsError("no task and no held-out text: nothing to evaluate")
-        if self.limit is not None and self.limit < 1:
-            raise EvalSettingsError(f"the document limit must be >= 1, got {self.limit}")
-        if self.heldout_samples < 1:
-            raise EvalSettingsError(f"held-out samples must be >= 1, got {self.heldout_samples}")
+        from ..inference.latents import CONTEXT_CHOICES, parse_latents
+
+        options = self.options
+        if options.limit is not None and options.limit < 1:
+            raise EvalSettingsError(f"the document limit must be >= 1, got {options.limit}")
+        for name in ("latent_samples", "generation_samples", "heldout_samples"):
+            if getattr(options, name) < 1:
+                raise EvalSettingsError(f"{name.replace('_', '-')} must be >= 1, got {getattr(options, name)}")
         for name in ("max_new_tokens", "heldout_windows"):
-            value = getattr(self, name)
+            value = getattr(options, name)
             if value is not None and value < 1:
                 raise EvalSettingsError(f"{name.replace('_', '-')} must be >= 1, got {value}")
         for task, shots in self.num_fewshot:
@@ -190,25 +186,30 @@ class EvalSettings:
                 raise EvalSettingsError(f"num-fewshot must be >= 0, got {shots} for {task}")
         for task, _ in self.data:
             _known_task(task, "data")
-        from ..inference.latents import CONTEXT_CHOICES, parse_latents
-
         try:
-            object.__setattr__(self, "latents", parse_latents(self.latents, allowed=CONTEXT_CHOICES, indices=False))
-            self.policy
+            latents = parse_latents(options.latents, allowed=CONTEXT_CHOICES, indices=False)
         except ValueError as error:
             raise EvalSettingsError(str(error)) from None
+        object.__setattr__(self, "options", replace(options, latents=latents))
 
-    @property
-    def policy(self) -> LatentPolicy:
-        from .scoring import LatentPolicy
+    def __getattr__(self, name: str):
+        """An option used as written, from the config (not called for the fields above)."""
+        if name.startswith("__") or name == "options":  # copy and pickle probe an instance not yet filled
+            raise AttributeError(name)
+        return getattr(self.options, name)
 
-        return LatentPolicy(context=self.latents, samples=self.latent_samples,
-                            generation_samples=self.generation_samples, seed=self.seed)
+    def __eq__(self, other) -> bool:
+        """Equal when they score alike: the same resolved options and the same sandbox, however written."""
+        return isinstance(other, EvalSettings) and (self.to_dict(), self.sandbox) == (other.to_dict(), other.sandbox)
+
+    __hash__ = None  # the options are a mutable EvalConfig
 
     def to_dict(self) -> dict:
-        values = asdict(self)
-        values["num_fewshot"], values["data"] = dict(self.num_fewshot), dict(self.data)
-        values["tasks"], values["heldout"] = list(self.tasks), list(self.heldout)
+        """The options a score depends on, the lists resolved: the record's "settings"."""
+        values = {item.name: getattr(self.options, item.name) for item in fields(EvalConfig)
+                  if item.name not in UNSCORED}
+        values.update(tasks=list(self.tasks), num_fewshot=dict(self.num_fewshot), data=dict(self.data),
+                      heldout=list(self.heldout))
         return values
 
     @property
@@ -217,8 +218,33 @@ class EvalSettings:
         text = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:10]
 
-    def check_heldout(self) -> None:
-        """Fail now, not after hours of scoring, if held-out text is missing."""
+    def latent_draws(self, model, generation: bool = False) -> int:
+        """Draws of Z per multiple-choice question (per prompt with `generation`): 1 for a baseline."""
+        if not model.config.is_free:
+            return 1
+        return self.generation_samples if generation else self.latent_samples
+
+    def describe_latents(self, model) -> dict:
+        """Where the model's Z came from, as the results say it."""
+        if not model.config.is_free:
+            return {"model": "baseline", "latents": "none (baseline decoder, exact probabilities)"}
+        context = ("encoder posterior on the context only (KV-cache prefill)" if self.latents == "encoder"
+                   else "prior")
+        return {
+            "model": "free",
+            "latent_kind": model.config.latent.kind,
+            "latents": f"context Z: {context}; continuation and generated Z: prior",
+            "context": self.latents,
+            "mc_estimator": f"log mean_k P(continuation | context, Z^k) over K={self.latent_samples} draws",
+            "samples": self.latent_samples,
+            "generation_samples": self.generation_samples,
+            "seed": self.seed,
+        }
+
+    def check_inputs(self) -> None:
+        """Fail now, not after hours of scoring, if there is nothing to evaluate or held-out text is missing."""
+        if not self.tasks and not self.heldout:
+            raise EvalSettingsError("no task and no held-out text: nothing to evaluate")
         for path in self.heldout:
             if is_named(path):
                 named_corpus(path).files()  # raises if unknown or not installed

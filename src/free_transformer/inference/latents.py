@@ -13,7 +13,7 @@ What a value of Z is, how the prior draws it and how explicit values are checked
 space's (free_transformer.model.latent.space): nothing here knows its form.
 
 The entry points (`free-transformer generate --latents`, `generate(latents=...)`, `SamplingParams.latents`,
-the Hugging Face `forward` and `generate`, evaluation's `latents` and `LatentPolicy`) parse what the
+the Hugging Face `forward` and `generate`, evaluation's `latents` setting) parse what the
 user wrote with `parse_latents`; what a context needs no model to resolve is CONTEXT_CHOICES. The model's
 forward receives a resolved source (free_transformer.model.latent: ENCODER, PRIOR or checked values)
 and checks it no further. Old spellings (DEPRECATED_LATENT_CHOICES, base/compat.py) work, with one

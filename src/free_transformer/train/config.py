@@ -103,7 +103,8 @@ class TrainConfig:
     """fp32, or bf16 (autocast; weights and optimizer stay fp32)."""
     compile: bool = False
     """torch.compile each decoder block and the encoder block (in place: parameter names and checkpoints
-    are unchanged; the latent path, read-out and loss stay eager). Same losses and gradients as eager
+    are unchanged), and the per-chunk bodies of the mapper's backward and of the fused read-out loss,
+    whose chunk loops stay eager. Same losses and gradients as eager
     up to float rounding; the first steps pay the compilation (tens of seconds on CPU)."""
     activation_checkpointing: bool = False
     """Keep only each block's input in forward and recompute the block in backward (torch.utils.checkpoint,

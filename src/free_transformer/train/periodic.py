@@ -37,7 +37,7 @@ def training_untouched(model: torch.nn.Module, device: torch.device):
 class PeriodicEvaluation:
     def __init__(self, run):
         config = run.config
-        self.settings, self.sandbox = config.eval.settings(), config.eval.sandbox
+        self.settings = config.eval.settings()
         self.every, self.last_step = config.eval.every, config.steps
         self.model, self.device, self.run_dir = run.model, run.device, run.run_dir
         self.tokenizer = get_tokenizer(run.metadata["tokenizer"])
@@ -57,8 +57,7 @@ class PeriodicEvaluation:
         with training_untouched(self.model, self.device):
             scores = score_and_record(
                 self.record, self.model, self.tokenizer, self.settings, step=step, tokens=step * self.tokens_per_step,
-                source="training", checkpoint=checkpoint if (self.run_dir / "checkpoints" / checkpoint).is_dir() else None,
-                sandbox=self.sandbox)
+                source="training", checkpoint=checkpoint if (self.run_dir / "checkpoints" / checkpoint).is_dir() else None)
         tqdm.write(f"eval at step {step}: {scores}")
         return time.perf_counter() - started
 
