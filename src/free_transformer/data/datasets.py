@@ -57,8 +57,8 @@ def check_sequence_length(name: str, seq_len: int | None) -> None:
 
 
 def build_dataset(config: DataConfig, seed: int) -> Dataset:
-    from . import shards, text  # noqa: F401  (the kinds defined in modules of their own register on import)
-
+    """The dataset of `config`'s kind: those of text.py and shards.py are registered once the package hands
+    out this function (free_transformer.data.build_dataset), which imports them."""
     if config.kind not in DATA_KINDS:
         raise DataError(f"unknown data kind {config.kind!r}; choose one of {', '.join(DATA_KINDS)}")
     return DATA_KINDS[config.kind](config.section(), seed)
