@@ -4,6 +4,7 @@ when a device or dtype is asked for, not by a command's --help."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from .errors import UserError
@@ -14,6 +15,18 @@ if TYPE_CHECKING:
 CHOICES = "auto, cpu, cuda, cuda:N or mps"
 Precision = Literal["fp32", "bf16"]  # the dtype names that options take (--dtype, param_dtype, precision)
 DTYPE_NAMES: tuple[str, ...] = Precision.__args__
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where a command runs its model and in what precision it decodes: the `--device` and `--dtype` options,
+    declared once for every command that takes them (base/settings.add_option)."""
+
+    device: str = "auto"
+    """auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps."""
+    dtype: Literal["auto", Precision] = "auto"
+    """Weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it (half the bytes read
+    per token), else fp32."""
 
 
 def torch_dtype(name: str) -> torch.dtype:

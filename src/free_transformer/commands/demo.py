@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..base.devices import Placement
+from ..base.settings import add_option
 from ..experiments.demo.presets import PRESETS
 from ..train.config import settings_help
 from .arguments import (add_launcher_arguments, add_sweep_check_arguments, check_sweep, launcher_from, parse_seeds,
@@ -36,7 +38,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--models", default=None,
                         help="comma-separated models to run, as the report names them (kappa-1-8,kappa-1; an "
                              "unknown name is refused with the list), default all; only their claims are judged")
-    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
+    add_option(parser, Placement, "device")
     add_launcher_arguments(parser, "models trained side by side, one process each (default: 2 on CPU, all of them "
                                    "on a GPU)")
     add_sweep_check_arguments(parser)

@@ -10,10 +10,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..base.devices import Placement
 from ..base.errors import Stopped, UserError
+from ..base.settings import add_option
 from ..eval.sandbox import SandboxLimits
 from ..eval.settings import EvalConfig
-from ..base.settings import add_option
 from .arguments import join_repeated
 
 NAME = "eval"
@@ -55,8 +56,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--output", default=None,
                         help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json); an existing file is "
                              "never overwritten")
-    parser.add_argument("--device", default="auto",
-                        help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps (default: auto)")
+    add_option(parser, Placement, "device")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

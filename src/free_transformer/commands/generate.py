@@ -9,7 +9,8 @@ import warnings
 from pathlib import Path
 
 from ..base.compat import DEPRECATED_OPTIONS, REMOVED_IN
-from ..base.devices import DTYPE_NAMES
+from ..base.devices import Placement
+from ..base.settings import add_option
 from ..inference.params import DEFAULT_BATCH_SIZE
 from .sampling import FORMATS, Sampler, add_sampling_options, params_from, unescape
 
@@ -40,10 +41,8 @@ def add_arguments(parser) -> None:
     add_sampling_options(parser)
     parser.add_argument("--prompt-latents", metavar="{encoder,prior}",
                         help=f"deprecated, read until {REMOVED_IN}: use {DEPRECATED_OPTIONS['--prompt-latents']}")
-    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps")
-    parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto",
-                        help="weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it "
-                             "(half the bytes read per token), else fp32")
+    add_option(parser, Placement, "device")
+    add_option(parser, Placement, "dtype")
     parser.add_argument("--compile", action="store_true",
                         help="decode through one static step that samples inside itself, compiled by Inductor and "
                              "captured as a CUDA graph on a GPU (the first use of a batch size compiles, said on "

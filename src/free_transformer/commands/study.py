@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..base.devices import Placement
+from ..base.settings import add_option
 from ..experiments.study.presets import PRESETS, StudyPlan
 from ..train.config import settings_help
 from .arguments import (add_launcher_arguments, add_sweep_check_arguments, check_sweep, launcher_from, parse_seeds,
@@ -33,7 +35,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--heldout", default=None,
                         help="text scored for the likelihoods: a file, or corpus:NAME (default: the corpus's own "
                              "held-out documents)")
-    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
+    add_option(parser, Placement, "device")
     add_launcher_arguments(parser, "models trained side by side (default: 2 on CPU, 6 on a GPU)")
     add_sweep_check_arguments(parser)
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 from ..base import settings
-from ..base.devices import Precision
+from ..base.devices import Placement
 from ..inference.params import ContextLatent
 
 DEFAULT_MAX_BATCH = 16  # completions decoded together (`serve --max-batch`)
@@ -18,17 +17,14 @@ MAX_PORT = 2**16 - 1
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServeConfig:
-    """Where the server listens, the model it decodes and how, who may ask it and how much it takes."""
+class ServeConfig(Placement):
+    """Where the server listens, the model it decodes and how (device and dtype: Placement's), who may ask it
+    and how much it takes."""
 
     host: str = "127.0.0.1"
     """Address to listen on (0.0.0.0: every interface)."""
     port: int = 8000
     """TCP port to listen on."""
-    device: str = "auto"
-    """auto (cuda when available, else cpu), cpu, cuda, cuda:N or mps."""
-    dtype: Literal["auto", Precision] = "auto"
-    """Weights and KV cache while decoding: auto is bf16 on a CUDA device that supports it, else fp32."""
     model_name: str | None = None
     """The model's id in the API."""
     api_key: str | None = None
