@@ -40,3 +40,7 @@ DEPRECATED_LATENT_CHOICES = {"posterior": "encoder", "independent": "encoder"}
 
 # Old options of `free-transformer generate`, read with a warning: the option and what replaces it.
 DEPRECATED_OPTIONS = {"--prompt-latents": "--latents encoder or --latents prior"}
+
+# Not shims, and removed by no release: a checkpoint once written stays loadable. Its older tensor names
+# and layouts are migrated where checkpoints are read (model/state_names.upgrade_state_dict, the Hugging Face
+# loader's key_mapping), and the numpy types of older RNG states are allowed by runs/checkpoint.py.
