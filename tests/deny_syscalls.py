@@ -3,9 +3,10 @@
 unshare(2) fail with EPERM (namespaces), or prctl(PR_SET_SECCOMP) and seccomp(2) fail with EINVAL
 (seccomp), then execs COMMAND, which inherits the filter. Exits 99 where no filter can be installed."""
 
-import ctypes
 import os
 import sys
+
+from free_transformer.eval.sandbox_guard import install_filter  # the guard's installer, for this other filter
 
 CALLS = {"x86_64": (0xC000003E, dict(unshare=272, prctl=157, seccomp=317)),
          "aarch64": (0xC00000B7, dict(unshare=97, prctl=167, seccomp=277))}
@@ -25,17 +26,8 @@ def main() -> None:
         prog += [(JEQ, 0, 1, nr["seccomp"]), (RET, 0, 0, ERRNO | EINVAL),
                  (JEQ, 0, 3, nr["prctl"]), (LD, 0, 0, 16), (JEQ, 0, 1, 22), (RET, 0, 0, ERRNO | EINVAL)]
     prog += [(RET, 0, 0, ALLOW)]
-
-    class Filter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
-
-    filters = (Filter * len(prog))(*[Filter(*ins) for ins in prog])
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(Program(len(prog), filters)), 0, 0) != 0:
-        sys.exit(99)  # PR_SET_NO_NEW_PRIVS, then PR_SET_SECCOMP with SECCOMP_MODE_FILTER
+    if install_filter(prog) is not None:
+        sys.exit(99)
     os.execv(command[0], command)
 
 

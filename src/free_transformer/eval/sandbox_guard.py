@@ -114,7 +114,6 @@ CLONE3 = 435
 
 
 def install_seccomp() -> dict:
-    ctypes, libc = _libc()
     machine = os.uname().machine
     if machine not in _ARCHES:
         return {"seccomp": False, "error": f"no filter for architecture {machine}"}
@@ -147,6 +146,14 @@ def install_seccomp() -> dict:
         prog += [(JEQ, 0, len(block), calls[name])] + block
         prog += [(LD, 0, 0, 0)]  # reload the number for the next test
     prog += [(RET, 0, 0, ALLOW)]
+    error = install_filter(prog)
+    return {"seccomp": False, "error": error} if error else {"seccomp": True}
+
+
+def install_filter(prog: list[tuple[int, int, int, int]]) -> str | None:
+    """Install the seccomp BPF program `prog` ((code, jt, jf, k) instructions) on this process, which its
+    children and exec'd programs inherit, after no_new_privs; None, or why the kernel refused."""
+    ctypes, libc = _libc()
 
     class SockFilter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
@@ -158,10 +165,10 @@ def install_seccomp() -> dict:
     fprog = SockFprog(len(prog), filters)
     PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        return {"seccomp": False, "error": f"no_new_privs: {os.strerror(ctypes.get_errno())}"}
+        return f"no_new_privs: {os.strerror(ctypes.get_errno())}"
     if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        return {"seccomp": False, "error": f"seccomp: {os.strerror(ctypes.get_errno())}"}
-    return {"seccomp": True}
+        return f"seccomp: {os.strerror(ctypes.get_errno())}"
+    return None
 
 
 _BLOCKED_EVENTS = {
