@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..base import settings
 from ..base.devices import parse_device
+from ..base.errors import UserError
 
 if TYPE_CHECKING:  # the launchers import torch: when a command runs, not for its --help
     from ..experiments.launch.launchers import Launcher
@@ -93,6 +94,17 @@ def launcher_from(args, out_dir: Path, default_workers: int) -> Launcher:
                            time_minutes=args.time_limit, extra=parse_slurm_args(args.slurm_arg),
                            report_on=args.report_on)
     return SlurmLauncher(options, out_dir)
+
+
+def checked_options(options, flags: dict[str, str] | None = None):
+    """`options.check()` (a settings dataclass whose one-line ValueError begins with the field's name), its
+    error naming the option as typed: flags[name], or --NAME with dashes."""
+    try:
+        return options.check()
+    except ValueError as error:
+        name, _, rest = str(error).partition(" ")
+        flag = (flags or {}).get(name, f"--{name.replace('_', '-')}")
+        raise UserError(f"{flag} {rest}") from None
 
 
 def join_repeated(values: list[str]) -> str:

@@ -15,7 +15,7 @@ from ..base.errors import Stopped, UserError
 from ..base.settings import add_option
 from ..eval.sandbox import SandboxLimits
 from ..eval.settings import EvalConfig
-from .arguments import join_repeated
+from .arguments import checked_options, join_repeated
 
 NAME = "eval"
 HELP = ("evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table "
@@ -98,13 +98,8 @@ def _settings(args):
 
 def _sandbox(args) -> SandboxLimits:
     """The sandbox limits of the options, checked; the error names the option."""
-    limits = SandboxLimits(**{name: getattr(args, name) for name in SANDBOX_OPTIONS},
-                           allow_hook_only=args.sandbox_hook_only)
-    try:
-        return limits.check()
-    except ValueError as error:
-        name, _, rest = str(error).partition(" ")
-        raise ValueError(f"{SANDBOX_OPTIONS.get(name, name)} {rest}") from None
+    return checked_options(SandboxLimits(**{name: getattr(args, name) for name in SANDBOX_OPTIONS},
+                                         allow_hook_only=args.sandbox_hook_only), SANDBOX_OPTIONS)
 
 
 def _load(checkpoint, device):

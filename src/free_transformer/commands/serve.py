@@ -12,6 +12,7 @@ from ..base.errors import UserError
 from ..base.install import install_hint
 from ..base.settings import add_option
 from ..serve.config import ServeConfig
+from .arguments import checked_options
 
 NAME = "serve"
 HELP = "serve a checkpoint over HTTP with OpenAI's completions API, requests batched together (docs/serving.md)"
@@ -34,12 +35,7 @@ def add_arguments(parser) -> None:
 
 def serve_config(args) -> ServeConfig:
     """The options as the ServeConfig they stand for, checked: a bad value is one line naming its option."""
-    config = ServeConfig(**{item.name: getattr(args, item.name) for item in fields(ServeConfig)})
-    try:
-        return config.check()
-    except ValueError as error:
-        name, _, rest = str(error).partition(" ")
-        raise UserError(f"--{name.replace('_', '-')} {rest}") from None
+    return checked_options(ServeConfig(**{item.name: getattr(args, item.name) for item in fields(ServeConfig)}))
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
