@@ -43,14 +43,16 @@ def test_attention_runs_a_fast_sdpa_kernel(precision):
 
 def test_trainer_step_and_decoding_steps_never_synchronise(tmp_path):
     """`trainer.train_step` (batch upload, bf16 forward, backward, gradient norm, fused AdamW told about
-    a non-finite step on the device), a cached decoding step and a replayed static (graph) step queue
+    a non-finite step on the device), a cached decoding step and a replayed step of the decoding engine (a CUDA graph) queue
     their work without waiting for the GPU: any host synchronisation (.item(), a host-side comparison
     of a device value, a pageable host-to-device copy) raises under sync debug mode "error". That is
     what CUDA-graph capture and a launch-bound loop need."""
     from conftest import tiny_run_config
 
     from free_transformer.distributed import setup
-    from free_transformer.inference.generate import static_decode_step
+    from free_transformer.inference.engine import DecodeEngine, Row
+    from free_transformer.inference.params import GenerationConfig
+    from free_transformer.inference.sampling import SamplingVariant
     from free_transformer.train.trainer import StopSignals, build, train_step
 
     config = tiny_run_config("device=cuda", "precision=bf16")
@@ -64,23 +66,25 @@ def test_trainer_step_and_decoding_steps_never_synchronise(tmp_path):
         cache = model.new_cache(B)
         prefill = model(tokens[:, :P], latents=torch.zeros(B, P, dtype=torch.long, device=CUDA), cache=cache)
         token = prefill.logits[:, -1].argmax(-1)  # (B,) stays on the device
-        static = static_decode_step(model, B, P + 8)
-        model(tokens[:, :P], latents=torch.zeros(B, P, dtype=torch.long, device=CUDA), cache=static.restart())
         latent = torch.zeros(B, 1, dtype=torch.long, device=CUDA)
-        static(token, latent)  # warm-up
-        static(token, latent)  # capture, then replay
+    engine = DecodeEngine(model, B, capacity=P + 8, compile=True)
+    engine.add([Row(tokens[row, :P].tolist(), GenerationConfig(temperature=0.8), 8, None) for row in range(B)])
+    variant = SamplingVariant(sampled=True, filtered=False)
+    with torch.inference_mode():
+        engine._replay(B, variant)  # warm-up
+        engine._replay(B, variant)  # capture, then replay
     torch.cuda.synchronize()
     try:
         torch.cuda.set_sync_debug_mode("error")
         result = train_step(run, 1, signals)
         with torch.inference_mode():
             step = model(token[:, None], latents=latent, cache=cache, start=P)
-            replayed = static(token, latent)
+            replayed, _, _ = engine._replay(B, variant)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert static.graph is not None and not bool(result.non_finite)
+    assert engine.graphs and not bool(result.non_finite)
     assert step.logits.shape == (B, 1, GPU_CONFIG["vocab_size"]) and cache.length == P + 1
-    assert torch.isfinite(step.logits).all() and torch.isfinite(replayed).all()
+    assert torch.isfinite(step.logits).all() and replayed.shape == (B,)
 
 
 def _mapper_inputs(n_rows, n_bits, dim, seed=0):

@@ -1,6 +1,6 @@
 """The CUDA code paths, checked on the CPU (cuda_semantics.py says how): the attention routes a GPU takes, on
 the kernels and output layouts CUDA's SDPA would pick, and every step a GPU runs in a loop (training forward
-and backward, the trainer's step, prefill, cached and static decoding steps, the Binary Mapper, the Hugging
+and backward, the trainer's step, prefill, cached decoding steps, the decoding engine's step, the Binary Mapper, the Hugging
 Face wrapper) with no value read on the host and nothing copied from it."""
 
 import importlib
@@ -14,7 +14,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from free_transformer.model import layers
 from free_transformer.base.seeding import generators
-from free_transformer.inference.generate import GenerationConfig, SamplingVariant, static_decode_step
+from free_transformer.inference.engine import DecodeEngine, Row, _step_core
+from free_transformer.inference.params import GenerationConfig
+from free_transformer.inference.sampling import SamplingVariant
 from free_transformer.model.latent import binary_mapper, binary_mapper_project
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -158,20 +160,25 @@ def test_prefill_and_cached_decoding_steps_as_on_cuda(dtype, latent_bits, monkey
     assert out.logits.shape == (B, 1, 50) and out.logits.dtype == dtype
 
 
+VARIANTS = [SamplingVariant(sampled=False, filtered=False), SamplingVariant(sampled=True, filtered=True)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["greedy", "filtered"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("latent_bits", [0, 4])
-def test_static_decoding_step_as_on_cuda(dtype, latent_bits, monkeypatch):
-    """The step `generate(compile=True)` captures: prefilled into its own cache, then two steps, with the
-    token and latent handed over on the device."""
+def test_the_engines_step_as_on_cuda(dtype, latent_bits, variant, monkeypatch):
+    """What the engine captures per bucket: every slot's token, Z and position from its buffers, the model,
+    each row's sampling with its settings as tensors, the token and position kept for the next step; a bucket
+    of one row and one of every slot, nothing read on the host or copied from it."""
     model = _meta_model(dtype, latent_bits=latent_bits)
+    with torch.inference_mode():
+        engine = DecodeEngine(model, B, capacity=12)
     with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
-        step = static_decode_step(model, B, 12)
-        model(_tokens(5), cache=step.restart())
-        for _ in range(2):
-            logits = step(torch.zeros(B, dtype=torch.int64, device=META),
-                          torch.zeros(B, 1, dtype=torch.int64, device=META) if latent_bits else None)
+        for size in (1, B, B):
+            view = engine.cache.view(slice(0, size), engine.capacity)
+            tokens, non_finite, logits = engine._body(size, view, variant, _step_core)
     assert work.uploads == []
-    assert logits.shape == (B, 50) and step.cache.capacity == 64 - 24  # tiny max_seq_len: 40
+    assert tokens.shape == non_finite.shape == (B,) and tokens.dtype == torch.int64 and logits.shape == (B, 50)
 
 
 class ExternalStorages(TorchDispatchMode):
@@ -192,56 +199,23 @@ class ExternalStorages(TorchDispatchMode):
         return out
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=["greedy", "filtered"])
 @pytest.mark.parametrize("latent_bits", [0, 4])
-def test_static_step_reads_the_same_storages_at_every_step(latent_bits):
-    """Graph capture freezes addresses: every tensor the step reads from outside itself (weights, the
-    cache, the token and latent buffers, the device position) is the same storage at every step."""
-    model = tiny_model(dtype=torch.float32, latent_bits=latent_bits)
-    with torch.inference_mode():
-        step = static_decode_step(model, B, 12)
-        model(torch.zeros(B, 5, dtype=torch.int64), cache=step.restart())
-        reads = []
-        for _ in range(2):
-            with ExternalStorages() as external:
-                step._run()
-            reads.append(external.read)
-    assert reads[0] == reads[1] and len(reads[0]) > 10
-
-
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_sampling_static_step_as_on_cuda(latent_bits, temperature, monkeypatch):
-    """The step generate(compile=True) replays once a token: bound to the token sampled from the prefill,
-    then steps that draw Z (or take it from the caller) and the sampling noise, run the model and pick
-    the next token, with nothing read on the host or copied from it."""
-    model = _meta_model(torch.bfloat16, latent_bits=latent_bits)
-    config = GenerationConfig(max_new_tokens=4, temperature=temperature, top_k=10, top_p=0.9)
-    with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
-        step = static_decode_step(model, B, 12)
-        model(_tokens(5), cache=step.restart())
-        step.bind(torch.zeros(B, dtype=torch.int64, device=META), config, [None] * B)
-        step.advance(config, torch.zeros(B, 1, dtype=torch.int64, device=META))  # an explicit Z
-        for _ in range(2):
-            token = step.advance(config, None)  # Z drawn inside
-    assert work.uploads == []
-    assert token.shape == (B,) and token.dtype == torch.int64 and step.non_finite.device == META
-
-
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_sampling_static_step_reads_the_same_storages_at_every_step(latent_bits):
-    """As for the model alone: the draws, the sampling and the token kept for the next step read the
-    same storages at every step (the noise buffer, the temperature, the fed-latents record)."""
+def test_the_engines_step_reads_the_same_storages_at_every_step(latent_bits, variant):
+    """Graph capture freezes addresses: every tensor the step reads from outside itself (weights, the cache,
+    the token, latent, position, noise and settings buffers) is the same storage at every step, with rows of
+    different lengths and settings in flight."""
     model = tiny_model(dtype=torch.float32, latent_bits=latent_bits)
     config = GenerationConfig(temperature=0.8, top_k=10, top_p=0.9)
-    variant = SamplingVariant(config.rule(), latent_bits > 0)
+    engine = DecodeEngine(model, B, capacity=12, compile=True)
+    engine.add([Row([1, 2, 3, 4, 5], config, 5, generators([1])[0]), Row([7, 8], GenerationConfig(), 5, None)])
+    view = engine.cache.view(slice(0, B), engine.capacity)
+    reads = []
     with torch.inference_mode():
-        step = static_decode_step(model, B, 12)
-        model(torch.zeros(B, 5, dtype=torch.int64), cache=step.restart())
-        step.bind(torch.zeros(B, dtype=torch.int64), config, generators([1, 2]))
-        reads = []
         for _ in range(2):
+            engine._draw_latents(engine.rows)
             with ExternalStorages() as external:
-                step._step(variant)
+                engine._body(B, view, variant, _step_core)
             reads.append(external.read)
     assert reads[0] == reads[1] and len(reads[0]) > 10
 

@@ -1,5 +1,6 @@
-"""The static decoding step of generate(compile=True) with its draws and sampling inside: the same tokens
-and latents as eager decoding (eager and compiled by Inductor), compiled once per shape and variant."""
+"""The decoding engine (free_transformer.inference.engine): rows of any lengths, settings and choices of Z
+decoded together, each as it is decoded alone; its compiled step (buckets of batch sizes, the draws outside
+it) the same tokens and latents as the eager one, compiled once per variant; the sampler's edge values."""
 
 import dataclasses
 import gc
@@ -11,10 +12,11 @@ import torch
 from conftest import tiny_model
 
 from free_transformer import GenerationConfig, generate
-from free_transformer.inference.generate import static_decode_step
-from free_transformer.model.latent import latent_kind
+from free_transformer.inference.engine import DecodeEngine, Row, bucket_sizes, decoding_engine, run_rows
+from free_transformer.inference.sampling import RowSettings, SamplingVariant, next_tokens
+from free_transformer.model.latent import LATENT_KINDS, latent_kind
 
-generate_module = importlib.import_module("free_transformer.inference.generate")  # the package's `generate` is the function
+engine_module = importlib.import_module("free_transformer.inference.engine")
 
 GREEDY = GenerationConfig(max_new_tokens=7, temperature=0)
 SAMPLED = GenerationConfig(max_new_tokens=7, temperature=0.7, top_k=30, top_p=0.95)
@@ -25,18 +27,15 @@ def _prompts(B, P=4, seed=3):
     return torch.randint(0, 50, (B, P), generator=torch.Generator().manual_seed(seed))
 
 
-def _explicit(B, N, kind="binary_mapper"):
-    """Explicit latents for the prompt and the first fed tokens only: the step then switches from
-    latents handed over to latents it draws itself. H = 4: indices in [0, 16), or 4 reals per position."""
-    generator = torch.Generator().manual_seed(5)
-    if kind == "gaussian":
-        return torch.randn(B, N, 4, generator=generator)
-    return torch.randint(0, 16, (B, N), generator=generator)
+def _explicit(model, B, N):
+    """Explicit latents for the prompt and the first fed tokens only: rows then switch from latents handed
+    over to prior draws."""
+    return model.latent_space.prior((B, N), torch.Generator().manual_seed(5))
 
 
-@pytest.mark.parametrize("kind", ["binary_mapper", "gaussian"])
+@pytest.mark.parametrize("kind", sorted(LATENT_KINDS))
 def test_prior_in_place_draws_what_prior_draws(kind):
-    """The static step's in-place prior draw (a buffer of fixed address) is the eager loop's draw."""
+    """The engine's in-place prior draw (into its latent buffer) is the draw of `prior`."""
     space = latent_kind(kind)(4, 8)
     seeds = [4, 5, 6]
     expected = space.prior((3, 1), [torch.Generator().manual_seed(s) for s in seeds])
@@ -45,45 +44,128 @@ def test_prior_in_place_draws_what_prior_draws(kind):
     assert torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("latent_bits, B, kind", [(0, 1, "binary_mapper"), (0, 3, "binary_mapper"),
-                                                  (4, 1, "binary_mapper"), (4, 3, "binary_mapper"),
-                                                  (4, 3, "gaussian")])
+def _kinds():
+    return [(0, 1, "binary_mapper"), (0, 3, "binary_mapper")] + [(4, 3, kind) for kind in sorted(LATENT_KINDS)]
+
+
+@pytest.mark.parametrize("latent_bits, B, kind", _kinds())
 @pytest.mark.parametrize("config", [GREEDY, SAMPLED, MIN_P], ids=["greedy", "sampled", "min_p"])
-def test_static_step_samples_as_eager_decoding(latent_bits, B, kind, config):
-    """Eagerly (the CPU's default): the step's own draws of Z and of the sampling noise are the eager
-    loop's, in its order, so a seeded row gives the same tokens and latents, with explicit latents for
-    the first positions and prior draws after them; for every form of Z."""
+def test_compiled_engine_samples_as_the_eager_one(latent_bits, B, kind, config):
+    """compile=True on a CPU: the bucketed step (whole cache under a mask, padded rows) gives the eager
+    step's tokens and latents, with explicit latents for the first positions and prior draws after them."""
     model = tiny_model(latent_bits=latent_bits, dtype=torch.float32, latent={"kind": kind})
     prompts, seeds = _prompts(B), list(range(10, 10 + B))
-    latents = _explicit(B, 6, kind) if latent_bits else None
+    latents = _explicit(model, B, 6) if latent_bits else None
     eager = generate(model, prompts, config, seeds=seeds, latents=latents)
     static = generate(model, prompts, config, seeds=seeds, latents=latents, compile=True)
     assert static.tokens == eager.tokens
     if latent_bits:
-        assert torch.equal(static.latents, eager.latents)
-        assert static.latents.shape == (B, 4 + 7 - 1, *model.latent_space.value_shape)
-        assert torch.equal(static.latents[:, :6], latents.to(static.latents.dtype))
+        for row in range(B):
+            assert torch.equal(static.latents[row], eager.latents[row])
+            assert static.latents[row].shape == (4 + len(eager.tokens[row]) - 1, *model.latent_space.value_shape)
+            assert torch.equal(static.latents[row][:6], latents[row].to(static.latents[row].dtype))
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
+    """One engine of 3 slots, 7 rows: prompts of 2 to 9 tokens, greedy, sampled, top-k/top-p and min-p rows,
+    encoder, prior and explicit Z, a stop token; rows join as others end, in any slot. Each row's tokens and
+    latents are those of `generate` on that row alone."""
+    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    configs = [GREEDY, SAMPLED, MIN_P, dataclasses.replace(SAMPLED, max_new_tokens=3), GREEDY,
+               dataclasses.replace(MIN_P, max_new_tokens=5), SAMPLED]
+    lengths = [2, 9, 4, 4, 6, 3, 5]
+    choices = ["encoder", "prior", "explicit", "encoder", "prior", "encoder", "explicit"]
+    ids = [torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in lengths]
+    alone = []
+    for k, (prompt, config, choice) in enumerate(zip(ids, configs, choices)):
+        latents = _explicit(model, 1, len(prompt) + 2) if choice == "explicit" else choice
+        alone.append((generate(model, [prompt], config, seeds=[k], latents=latents), latents))
+    stop = alone[1][0].tokens[0][2]  # row 1 stops at its third token
+    configs[1] = dataclasses.replace(SAMPLED, stop_tokens=(stop,))
+    engine = decoding_engine(model, 3, 16, compile=compile)
+    rows = [Row(prompt, config, config.max_new_tokens, torch.Generator().manual_seed(k),
+                choice if choice != "explicit" else "encoder", latents if choice == "explicit" else None,
+                frozenset(config.stop_tokens))
+            for k, (prompt, config, choice, (_, latents)) in enumerate(zip(ids, configs, choices, alone))]
+    ended = list(run_rows(engine, rows))
+    assert sorted(map(id, ended)) == sorted(map(id, rows)) and not engine.rows
+    for k, (row, (result, _)) in enumerate(zip(rows, alone)):
+        expected = result.tokens[0][: result.tokens[0].index(stop) + 1] if k == 1 else result.tokens[0]
+        assert row.tokens == expected, k
+        assert torch.equal(row.latents, result.latents[0][: len(row.latents)]), k
+    assert rows[1].finish_reason == "stop" and rows[0].finish_reason == "length"
+    assert engine.steps < sum(len(row.tokens) for row in rows)  # rows shared steps
+
+
+def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
+    """A NaN in one row's logits ends that row with an error; the others decode as they would alone."""
+    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    real, calls = engine_module.next_tokens, []
+
+    def poisoned(logits, settings, race, variant):
+        calls.append(1)
+        if len(calls) == 2:  # the first step after the prefill: row 1's logits are NaN
+            logits = logits.clone()
+            logits[1] = float("nan")
+        return real(logits, settings, race, variant)
+
+    expected = generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3]).tokens
+    monkeypatch.setattr(engine_module, "next_tokens", poisoned)
+    engine = decoding_engine(model, 3, 16)
+    rows = [Row(prompt, SAMPLED, 7, torch.Generator().manual_seed(seed))
+            for prompt, seed in zip(_prompts(3).tolist(), [1, 2, 3])]
+    list(run_rows(engine, rows))
+    assert rows[1].finish_reason == "error" and "NaN" in str(rows[1].error) and len(rows[1].tokens) == 1
+    assert [rows[0].tokens, rows[2].tokens] == [expected[0], expected[2]]
+    calls.clear()
+    with pytest.raises(ValueError, match="NaN"):  # generate() says a row failed
+        generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3])
+
+
+def test_tiny_temperatures_and_top_p_sample_the_likeliest_token():
+    """Valid settings never give NaN: a temperature below 1e-5 is greedy, top_p 1e-300 keeps the likeliest."""
+    logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.2, 0.1], [2.0, 2.5, 9.0]])
+    settings = RowSettings(3, "cpu")
+    rules = [GenerationConfig(temperature=1e-40), GenerationConfig(top_p=1e-300), GenerationConfig(min_p=1.0)]
+    settings.set(slice(0, 3), rules)
+    race = torch.ones(3, 3)
+    tokens, non_finite = next_tokens(logits, settings.view(slice(0, 3)), race, SamplingVariant.of(rules))
+    assert tokens.tolist() == [1, 0, 2] and not non_finite.any()
+    model = tiny_model(latent_bits=0, dtype=torch.float32)  # a baseline: no Z draws for the noise to shift
+    greedy = generate(model, _prompts(2), GREEDY, seeds=[1, 2]).tokens
+    for config in (GenerationConfig(max_new_tokens=7, temperature=1e-39),
+                   GenerationConfig(max_new_tokens=7, top_p=1e-300)):
+        assert generate(model, _prompts(2), config, seeds=[1, 2]).tokens == greedy
+
+
+def test_buckets_and_the_step_padded_up_to_its_bucket():
+    assert bucket_sizes(1) == (1,) and bucket_sizes(16) == (1, 2, 4, 8, 16) and bucket_sizes(20)[-2:] == (16, 20)
+    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    engine = DecodeEngine(model, 8, capacity=32, compile=True)
+    engine.add([Row(prompt, SAMPLED, 7, torch.Generator().manual_seed(0)) for prompt in _prompts(3).tolist()])
+    engine.step()
+    assert {size for size, _ in engine.warm} == {4}  # 3 rows run in the bucket of 4
 
 
 @pytest.fixture
 def counted_compiles(monkeypatch) -> list:
-    """The static step compiled on every device with a backend of our own (Dynamo's tracing, no Inductor, so
-    a test is fast), which lists each graph it is given."""
+    """The step compiled on every device with a backend of our own (Dynamo's tracing, no Inductor, so a test
+    is fast), which lists each graph it is given."""
     compiled = []
 
     def counting_backend(graph_module, example_inputs):
         compiled.append(len(example_inputs))
         return graph_module.forward
 
-    monkeypatch.setattr(generate_module, "COMPILE_BACKEND", counting_backend)
-    monkeypatch.setattr(generate_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(engine_module, "COMPILE_BACKEND", counting_backend)
+    monkeypatch.setattr(engine_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
     return compiled
 
 
-def test_compiled_step_is_compiled_once_per_shape_and_variant(counted_compiles):
-    """Counted with a backend of our own (Dynamo's tracing, no Inductor, so the test is fast): a second
-    generate call of the same batch size and similar length, other prompts and seeds, compiles
-    nothing; a new sampling setting or batch size compiles once more. The kept step, with its compiled
+def test_compiled_engine_is_kept_and_compiles_once_per_variant(counted_compiles):
+    """A second generate call of the same batch size and similar length, other prompts and seeds, compiles
+    nothing: the engine is kept. A new sampling variant compiles once more. The kept engine, with its compiled
     code, does not keep the model alive."""
     compiled = counted_compiles
     model = tiny_model(latent_bits=4, dtype=torch.float32)
@@ -92,26 +174,25 @@ def test_compiled_step_is_compiled_once_per_shape_and_variant(counted_compiles):
         static = generate(model, prompts, SAMPLED, seeds=[seed, 7], compile=True)
         assert static.tokens == generate(model, prompts, SAMPLED, seeds=[seed, 7]).tokens
         assert len(compiled) == 1
-    assert static_decode_step(model, 2, 4 + 7 - 1).compile_seconds  # the compile was timed (and logged)
+    engine = decoding_engine(model, 2, 4 + 7 - 1, compile=True)
+    assert engine.compile_seconds and engine.capacity == model.config.max_seq_len == 40  # under 64: capped
     generate(model, _prompts(2), GREEDY, compile=True)
     assert len(compiled) == 2
-    generate(model, _prompts(1), GREEDY, compile=True)
-    assert len(compiled) == 3
     alive = weakref.ref(model)
-    del model
+    del model, engine
     gc.collect()
     assert alive() is None
 
 
 def test_min_p_is_traced_into_the_compiled_step_and_samples_as_eager(counted_compiles):
-    """Min-p is part of the step's rule: Dynamo traces it into the one graph (fullgraph) of a variant of its
-    own, and the step samples what eager decoding samples, which min-p changes."""
+    """Min-p is part of the step's filters: Dynamo traces it into the one graph (fullgraph) of the filtered
+    variant, and the step samples what eager decoding samples, which min-p changes."""
     compiled = counted_compiles
     model = tiny_model(latent_bits=4, dtype=torch.float32)
     prompts, seeds = _prompts(3), [4, 5, 6]
     eager = generate(model, prompts, MIN_P, seeds=seeds)
     static = generate(model, prompts, MIN_P, seeds=seeds, compile=True)
-    assert compiled and static.tokens == eager.tokens and torch.equal(static.latents, eager.latents)
+    assert compiled and static.tokens == eager.tokens
     unfiltered = dataclasses.replace(MIN_P, min_p=None)
     assert generate(model, prompts, unfiltered, seeds=seeds, compile=True).tokens != static.tokens
     assert len(compiled) == 2  # one variant each
@@ -121,57 +202,43 @@ def test_inductor_compiles_the_step_with_coordinate_descent_tuning(monkeypatch):
     """Inductor gets INDUCTOR_OPTIONS (coordinate-descent tuning: its own tuned GEMVs at one row on a GPU);
     another backend gets no Inductor options."""
     calls = []
-    monkeypatch.setattr(generate_module.torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    monkeypatch.setattr(engine_module.torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
     model = tiny_model(latent_bits=4, dtype=torch.float32)
-    generate_module.StaticDecodeStep(model, 1, 16, inductor=True)
+    DecodeEngine(model, 1, capacity=16, compile=True, inductor=True).warm_up()
     assert calls[-1]["backend"] == "inductor" and calls[-1]["options"] == {"coordinate_descent_tuning": True}
-    monkeypatch.setattr(generate_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
-    generate_module.StaticDecodeStep(model, 1, 16, inductor=True)
+    monkeypatch.setattr(engine_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
+    DecodeEngine(model, 1, capacity=16, compile=True, inductor=True).warm_up()
     assert calls[-1]["options"] is None
 
 
-def _inductor_cases():
-    return pytest.mark.parametrize("latent_bits, B", [(0, 1), (4, 3)])
-
-
 @pytest.mark.slow  # Inductor's compilation on a CPU: 10-60 s a variant
-@_inductor_cases()
-def test_inductor_step_gives_the_eager_logits_and_tokens(latent_bits, B, monkeypatch):
-    """The step compiled by Inductor (as a GPU compiles it before capture) against the same step run
-    eagerly: its logits at float32 rounding, and generate's greedy and sampled tokens and latents."""
-    monkeypatch.setattr(generate_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+@pytest.mark.parametrize("latent_bits, B", [(0, 1), (4, 3)])
+def test_inductor_step_gives_the_eager_tokens(latent_bits, B, monkeypatch):
+    """The step compiled by Inductor (as a GPU compiles it before capture) against the eager step: generate's
+    greedy and sampled tokens and latents."""
+    monkeypatch.setattr(engine_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
     model = tiny_model(latent_bits=latent_bits, dtype=torch.float32, n_layers=2)
     prompts, seeds = _prompts(B), list(range(B))
-    # the model alone: one step of each after the same prefill
-    steps = {inductor: static_decode_step(model, B, 12, inductor=inductor) for inductor in (True, False)}
-    latent = torch.randint(0, 16, (B, 1)) if latent_bits else None
-    logits = {}
-    with torch.inference_mode():
-        for inductor, step in steps.items():
-            model(prompts, latents="prior" if latent_bits == 0 else _explicit(B, 4), cache=step.restart())
-            logits[inductor] = step(prompts[:, -1], latent).clone()
-            assert int(step.cache.position) == 5
-    assert steps[True].compile_seconds and not steps[False].compile_seconds
-    torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
     for config in (GREEDY, SAMPLED, MIN_P):
         eager = generate(model, prompts, config, seeds=seeds)
         compiled = generate(model, prompts, config, seeds=seeds, compile=True)
         assert compiled.tokens == eager.tokens
         if latent_bits:
-            assert torch.equal(compiled.latents, eager.latents)
+            assert all(torch.equal(a, b) for a, b in zip(compiled.latents, eager.latents))
+    assert decoding_engine(model, B, 4 + 7 - 1, compile=True).compile_seconds
 
 
 def test_generate_compile_says_the_compile_time_on_first_use(tmp_path, monkeypatch, capsys):
     """`generate --compile` on a device that compiles the step (here the CPU, with a tracing-only backend):
-    the first call of a batch size says how long compiling took, on stderr; the samples are on stdout."""
+    the first use of a bucket says how long compiling took, on stderr; the samples are on stdout."""
     from conftest import tiny_checkpoint
 
     from free_transformer.cli import main
 
-    monkeypatch.setattr(generate_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
-    monkeypatch.setattr(generate_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(engine_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
+    monkeypatch.setattr(engine_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
     run = tiny_checkpoint(tmp_path, "free", 4)
     assert main(["generate", str(run), "--prompt", "K>", "-n", "2", "--max-new-tokens", "3", "--compile",
                  "--device", "cpu"]) == 0
     out, err = capsys.readouterr()
-    assert len(out.splitlines()) == 2 and "compiled the static decoding step (batch 2, " in err
+    assert len(out.splitlines()) == 2 and "compiled the decoding step (batch 2, " in err

@@ -9,11 +9,22 @@ import torch
 from conftest import tiny_model, tolerance
 
 from free_transformer import GenerationConfig, generate, infer_latents, shared_prior_latents
-from free_transformer.inference.generate import (StaticDecodeStep, filter_logits, next_token_probs, sample_next,
-                                                 static_decode_step)
+from free_transformer.inference.engine import DecodeEngine, decoding_engine
 from free_transformer.inference.params import Sampling
+from free_transformer.inference.sampling import RowSettings, filtered, sample_next
 
-generate_module = importlib.import_module("free_transformer.inference.generate")  # the package's `generate` is the function
+engine_module = importlib.import_module("free_transformer.inference.engine")
+
+
+def filter_logits(logits, rule):
+    """(B, V) logits with the tokens the rule's filters drop set to -inf (every row with the rule)."""
+    settings = RowSettings(len(logits), logits.device)
+    settings.set(slice(0, len(logits)), [rule] * len(logits))
+    return filtered(logits, *settings.view(slice(0, len(logits)))[1:])
+
+
+def next_token_probs(logits, temperature, rule):
+    return torch.softmax(filter_logits(logits.float() / temperature, rule), -1)
 
 
 def _prompts(B=3, P=5, device="cpu"):
@@ -57,11 +68,12 @@ def test_greedy_generation_equals_naive_loop(latent_bits, device):
     prompts = _prompts(device=device)
     cfg = GenerationConfig(max_new_tokens=12, temperature=0)
     result = generate(model, prompts, cfg, seeds=[0, 1, 2])
-    expected = _naive_greedy(model, prompts, 12, result.latents)
+    latents = torch.stack(result.latents) if latent_bits else None
+    expected = _naive_greedy(model, prompts, 12, latents)
     assert result.tokens == expected.tolist()
     if latent_bits:
-        assert result.latents.device.type == device.type  # Z for the 5 prompt positions + 11 fed new tokens, none redrawn
-        assert result.latents.shape == (3, 16)
+        assert latents.device.type == device.type  # Z for the 5 prompt positions + 11 fed new tokens, none redrawn
+        assert latents.shape == (3, 16)
 
 
 def test_prompt_latents_come_from_the_posterior(device):
@@ -69,7 +81,7 @@ def test_prompt_latents_come_from_the_posterior(device):
     prompts = _prompts(device=device)
     result = generate(model, prompts, GenerationConfig(max_new_tokens=2), seeds=[4, 5, 6])
     posterior = infer_latents(model, prompts, generator=_generators((4, 5, 6), device))
-    assert torch.equal(result.latents[:, :5], posterior)
+    assert torch.equal(torch.stack(result.latents)[:, :5], posterior)
 
 
 def test_sampled_generation_is_reproducible_per_row(device):
@@ -89,7 +101,7 @@ def test_shared_latents_are_used_by_every_row(device):
     prompts = _prompts(P=4, device=device)
     shared = shared_prior_latents(model, 4 + 9, torch.Generator(device).manual_seed(0))
     result = generate(model, prompts, GenerationConfig(max_new_tokens=10), latents=shared)
-    assert torch.equal(result.latents, shared.expand(3, -1))
+    assert torch.equal(torch.stack(result.latents), shared.expand(3, -1))
 
 
 def test_shared_latents_shorter_than_generation_fall_back_to_prior():
@@ -97,8 +109,8 @@ def test_shared_latents_shorter_than_generation_fall_back_to_prior():
     prompts = _prompts(P=4)
     shared = shared_prior_latents(model, 6)
     result = generate(model, prompts, GenerationConfig(max_new_tokens=10), latents=shared, seeds=[1, 2, 3])
-    assert torch.equal(result.latents[:, :6], shared.expand(3, -1))
-    assert result.latents.shape == (3, 13)
+    assert torch.equal(torch.stack(result.latents)[:, :6], shared.expand(3, -1))
+    assert torch.stack(result.latents).shape == (3, 13)
 
 
 def test_stop_tokens_end_rows(device):
@@ -191,17 +203,17 @@ def test_returned_latents_are_ordinary_tensors(device):
     model = tiny_model(device=device)
     prompts = _prompts(device=device)
     result = generate(model, prompts, GenerationConfig(max_new_tokens=6), seeds=[0, 1, 2])
-    assert not result.latents.is_inference()
+    assert not any(latents.is_inference() for latents in result.latents)
     tokens = torch.cat([prompts, torch.tensor(result.tokens, device=device)[:, :-1]], 1)  # the positions the latents were fed at
     model.train()
-    model(tokens, tokens, latents=result.latents).loss.backward()
+    model(tokens, tokens, latents=torch.stack(result.latents)).loss.backward()
     assert model.latent.mapper.weight.grad is not None
 
 
 @pytest.mark.parametrize("latent_bits", [0, 4])
 def test_static_decoding_gives_the_eager_tokens_and_latents(latent_bits, device):
-    """compile=True decodes through StaticDecodeStep (the step a GPU captures as a CUDA graph: device
-    position, whole static cache under a mask); on CPU it runs eagerly and must match the eager path."""
+    """compile=True decodes with the engine's bucketed step (the step a GPU captures as a CUDA graph: device
+    positions, the whole cache under a mask); on CPU it runs eagerly and must match the eager step."""
     model = tiny_model(latent_bits=latent_bits, device=device)
     prompts, seeds = _prompts(B=3, P=4, device=device), [11, 12, 13]
     stop = generate(model, prompts, GenerationConfig(max_new_tokens=12), seeds=seeds).tokens[0][4]
@@ -211,49 +223,55 @@ def test_static_decoding_gives_the_eager_tokens_and_latents(latent_bits, device)
     assert static.tokens == eager.tokens
     assert any(len(t) < 12 for t in eager.tokens)  # a stop token cut a row short: the stop check is exercised
     if latent_bits:
-        assert torch.equal(static.latents, eager.latents)
+        assert all(torch.equal(a, b) for a, b in zip(static.latents, eager.latents))
     else:
         assert static.latents is None and eager.latents is None
 
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])  # None: the device tests' dtype
-def test_static_step_matches_the_cached_forward(dtype, device):
+def test_a_decoding_step_matches_the_cached_forward(dtype, device):
+    """The one decoding mode, a (B,) tensor of positions: rows at the same position here, at their own ones
+    in tests/test_serve_load.py."""
     model = tiny_model(dtype=dtype, device=device)
     tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0)).to(device)
     latents = torch.randint(0, 16, (2, 9), generator=torch.Generator().manual_seed(1)).to(device)
     full = model(tokens, latents=latents).logits
     cache = model.new_cache(2)
     model(tokens[:, :5], latents=latents[:, :5], cache=cache)
-    assert cache.length == 5 and int(cache.position) == 5
+    assert cache.length == 5
     for t in range(5, 9):
-        step = model(tokens[:, t : t + 1], latents=latents[:, t : t + 1], cache=cache, start=cache.position)
+        position = torch.full((2,), t, device=device)
+        step = model(tokens[:, t : t + 1], latents=latents[:, t : t + 1], cache=cache, start=position)
         torch.testing.assert_close(step.logits[:, 0], full[:, t], **tolerance(model))
-    assert int(cache.position) == 9
-    with pytest.raises(ValueError, match="static decoding step"):
-        model(tokens[:, :2], latents=latents[:, :2], cache=cache, start=cache.position)
+    assert cache.length == 5  # the caller keeps the positions
+    with pytest.raises(ValueError, match="decoding step"):
+        model(tokens[:, :2], latents=latents[:, :2], cache=cache, start=torch.full((2,), 5, device=device))
+    with pytest.raises(ValueError, match="one position per row"):
+        model(tokens[:, :1], latents=latents[:, :1], cache=cache, start=torch.tensor(5, device=device))
 
 
-def test_compiled_decoding_reuses_one_static_step_per_shape(device, monkeypatch):
-    """generate(compile=True) captures its step (a CUDA graph on a GPU) once per model, batch size and
-    cache length, and later calls replay it: their tokens are still those of eager decoding (the cache's
-    old keys from the previous call are masked out). Its cache holds the fed positions rounded up to 64,
-    not max_seq_len."""
+def test_compiled_decoding_reuses_one_engine_per_shape(device, monkeypatch):
+    """generate(compile=True) keeps its engine (with its graphs on a GPU) per model, batch size and cache
+    length, and later calls reuse it: their tokens are still those of eager decoding (the cache's old keys
+    from the previous call are masked out). Its cache holds the fed positions rounded up to 64, not
+    max_seq_len."""
     made = []
-    monkeypatch.setattr(generate_module, "StaticDecodeStep",
-                        lambda *args: made.append(args) or StaticDecodeStep(*args))
+    monkeypatch.setattr(engine_module, "DecodeEngine",  # counts the compiled ones (eager calls make their own)
+                        lambda *args, **kw: (kw.get("compile") and made.append(args)) or DecodeEngine(*args, **kw))
     model = tiny_model(device=device, max_seq_len=200)
     config = GenerationConfig(max_new_tokens=8, temperature=1.0)
     for prompt_seed in (3, 4):  # two different prompts
         prompts = torch.randint(0, 50, (3, 5), generator=torch.Generator().manual_seed(prompt_seed)).to(device)
         static = generate(model, prompts, config, seeds=[1, 2, 3], compile=True)
-        assert static.tokens == generate(model, prompts, config, seeds=[1, 2, 3]).tokens
-        assert torch.equal(static.latents, generate(model, prompts, config, seeds=[1, 2, 3]).latents)
+        eager = generate(model, prompts, config, seeds=[1, 2, 3])
+        assert static.tokens == eager.tokens
+        assert all(torch.equal(a, b) for a, b in zip(static.latents, eager.latents))
     assert len(made) == 1
-    step = static_decode_step(model, 3, 5 + 8 - 1)
-    assert step.cache.capacity == 64 and step.cache.keys.dtype == model.embed_tokens.weight.dtype
-    assert static_decode_step(model, 3, 70).cache.capacity == 128 and len(made) == 2
-    assert static_decode_step(model, 3, 195).cache.capacity == 200  # never past max_seq_len
-    assert static_decode_step(model, 3, 12) is step  # the first is still kept
+    engine = decoding_engine(model, 3, 5 + 8 - 1, compile=True)
+    assert engine.capacity == 64 and engine.cache.keys.dtype == model.embed_tokens.weight.dtype
+    assert decoding_engine(model, 3, 70, compile=True).capacity == 128 and len(made) == 2
+    assert decoding_engine(model, 3, 195, compile=True).capacity == 200  # never past max_seq_len
+    assert decoding_engine(model, 3, 12, compile=True) is engine  # the first is still kept
 
 
 def test_eager_decoding_caches_only_the_positions_it_feeds(monkeypatch):
@@ -280,7 +298,7 @@ def test_generate_decodes_a_bf16_model_with_a_bf16_cache(monkeypatch):
     assert bf16.tokens == generate(model32, prompts, config, seeds=[0, 1, 2]).tokens
 
 
-def test_kept_static_steps_do_not_keep_a_model_alive():
+def test_kept_engines_do_not_keep_a_model_alive():
     model = tiny_model()
     generate(model, _prompts(), GenerationConfig(max_new_tokens=3), compile=True)
     alive = weakref.ref(model)
@@ -294,12 +312,12 @@ def test_generate_command_decodes_in_the_dtype_asked(tmp_path, capsys, monkeypat
     from conftest import tiny_checkpoint
 
     from free_transformer.cli import main
-    from free_transformer.inference import batches as command  # where the command calls generate
+    from free_transformer.inference import batches as command  # where the command makes its engine
 
     dtypes = []
-    real = command.generate
-    monkeypatch.setattr(command, "generate", lambda model, prompts, config, **kw: dtypes.append(
-        model.embed_tokens.weight.dtype) or real(model, prompts, config, **kw))
+    real = command.decoding_engine
+    monkeypatch.setattr(command, "decoding_engine", lambda model, *args, **kw: dtypes.append(
+        model.embed_tokens.weight.dtype) or real(model, *args, **kw))
     checkpoint = tiny_checkpoint(tmp_path, "run", 4)
     for dtype in ("bf16", "auto", "fp32"):
         assert main(["generate", str(checkpoint), "--prompt", "K>", "-n", "2", "--max-new-tokens", "4",

@@ -52,17 +52,16 @@ def test_each_prompt_samples_as_it_would_alone(choice, batch_size):
         assert [row.tokens for row in rows if row.prompt == p] == alone.tokens, p
 
 
-def test_prompts_of_one_length_share_a_batch_and_come_out_in_order(monkeypatch):
-    """Grouping by length is what makes different lengths work: the two 3-token prompts (first and third) are
-    decoded in one batch, the others each in theirs, in the order of their first rows."""
-    model, calls = tiny_model(), []
-    real = batches.generate
-    monkeypatch.setattr(batches, "generate", lambda model, prompts, config, **kw: calls.append(
-        (len(prompts), len(prompts[0]), kw["seeds"])) or real(model, prompts, config, **kw))
+def test_prompts_of_any_lengths_share_every_step_and_come_out_in_order(monkeypatch):
+    """Rows of different lengths are rows of one engine: 3 prompts of lengths 3, 5 and 3, 2 samples each, take
+    max_new_tokens - 1 steps in all (a batch per length took that many steps each), and come out in order."""
+    model, made = tiny_model(), []
+    real = batches.decoding_engine
+    monkeypatch.setattr(batches, "decoding_engine", lambda *args, **kw: made.append(real(*args, **kw)) or made[-1])
     ids = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10, 11]]
     config = GenerationConfig(max_new_tokens=3)
     rows = list(sample_prompts(model, prepare_prompts(model, ids, [config] * 3, "encoder", latent_seed=0), 2, 5))
-    assert calls == [(4, 3, [5, 6, 5, 6]), (2, 5, [5, 6])]
+    assert len(made) == 1 and made[0].slots == 6 and made[0].steps == 2
     assert [(row.prompt, row.sample) for row in rows] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     with pytest.raises(ValueError, match="2 generation settings for 3 prompts"):
         prepare_prompts(model, ids, [config] * 2, "encoder", latent_seed=0)

@@ -18,7 +18,7 @@ from free_transformer.serve.config import ServeConfig
 # the flags as docs/serving.md and scripts write them: a field renamed must not rename its flag unnoticed
 FLAGS = {"host": "--host", "port": "--port", "device": "--device", "dtype": "--dtype", "model_name": "--model-name",
          "api_key": "--api-key", "max_batch": "--max-batch", "latents": "--latents",
-         "max_request_mb": "--max-request-mb"}
+         "max_request_mb": "--max-request-mb", "compile": "--compile"}
 
 
 def serve_parser():
@@ -49,13 +49,19 @@ def test_the_closed_sets_are_the_dtypes_and_the_context_latents():
     assert choices["dtype"] == ["auto", *DTYPE_NAMES] and choices["latents"] == list(CONTEXT_LATENTS)
     with pytest.raises(ConfigError, match="^dtype must be one of auto, "):  # a value code set, checked too
         ServeConfig(dtype="fp16").check()
+    assert choices["compile"] == ["auto", "on", "off"]
+
+
+def test_the_server_compiles_its_step_on_cuda_unless_told():
+    assert ServeConfig().compiles("cuda") and not ServeConfig().compiles("cpu")
+    assert ServeConfig(compile="on").compiles("cpu") and not ServeConfig(compile="off").compiles("cuda")
 
 
 def test_the_options_left_out_are_the_servers_defaults():
     config = serve_config(serve_parser().parse_args(["run"]))
     assert config == ServeConfig() == ServeConfig(host="127.0.0.1", port=8000, device="auto", dtype="auto",
                                                   model_name=None, api_key=None, max_batch=16,
-                                                  latents="encoder", max_request_mb=16)
+                                                  latents="encoder", max_request_mb=16, compile="auto")
     assert config.max_request_bytes == 16 * 2**20
 
 

@@ -36,23 +36,23 @@ def add_arguments(parser) -> None:
                              "in order; jsonl (the format to parse): one JSON object per sample with "
                              "the keys prompt, sample (the continuation alone), index (the prompt's), seed and latents")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="N",
-                        help="samples decoded at once, prompts of one length together (a sample depends on its "
-                             "prompt and seed, not on its batch)")
+                        help="samples decoded at once, the decoding engine's slots: prompts of any lengths and "
+                             "settings together (a sample depends on its prompt and seed, not on its batch)")
     add_sampling_options(parser)
     parser.add_argument("--prompt-latents", metavar="{encoder,prior}",
                         help=f"deprecated, read until {REMOVED_IN}: use {DEPRECATED_OPTIONS['--prompt-latents']}")
     add_option(parser, Placement, "device")
     add_option(parser, Placement, "dtype")
     parser.add_argument("--compile", action="store_true",
-                        help="decode through one static step that samples inside itself, compiled by Inductor and "
-                             "captured as a CUDA graph on a GPU (the first use of a batch size compiles, said on "
+                        help="decode with the engine's compiled step, compiled by Inductor and captured as a CUDA "
+                             "graph per batch-size bucket on a GPU (the first use of a bucket compiles, said on "
                              "stderr; same samples)")
 
 
 def _say_compile_times() -> None:
-    """The library logs the static step's compilation (a minute at the paper's sizes, once per batch size and
-    length) at INFO: --compile says it on stderr."""
-    log = logging.getLogger("free_transformer.inference.generate")
+    """The library logs the decoding step's compilation (a minute at the paper's sizes, once per batch bucket)
+    at INFO: --compile says it on stderr."""
+    log = logging.getLogger("free_transformer.inference.engine")
     if not any(getattr(handler, "stream", None) is sys.stderr for handler in log.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))

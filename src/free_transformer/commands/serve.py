@@ -75,8 +75,13 @@ def run(args) -> int:
     model, recorded = load_model(args.checkpoint, device)  # recorded: the checkpoint's config.json
     model = model.to(decoding_dtype(config.dtype, device))
     name = config.model_name or Path(args.checkpoint).resolve().name
+    compile = config.compiles(device.type)
     engine = Engine(model, get_tokenizer(recorded.get("tokenizer", "byte")), name, max_batch=config.max_batch,
-                    latents=config.latents)
+                    latents=config.latents, compile=compile)
+    if compile:
+        print(f"compiling the decoding step for batches of {', '.join(map(str, engine.batcher.engine.buckets))} rows",
+              file=sys.stderr, flush=True)
+        engine.batcher.engine.warm_up()
     api_key = config.api_key or os.environ.get(API_KEY_VARIABLE) or None
     app = build_app(engine, api_key=api_key, max_body_bytes=config.max_request_bytes)
     port = sock.getsockname()[1]

@@ -1,6 +1,7 @@
 """What `FreeTransformerForCausalLM.generate` adds to Hugging Face's decoding loop besides the latent
-plan (free_transformer.inference.latents.LatentPlan, the same decoding rule as `free_transformer.inference.generate`):
-per-row seeded sampling (`RowSeededSampler`)."""
+plan (free_transformer.inference.latents.LatentPlan, the same decoding rule as the decoding engine's):
+per-row seeded sampling (`RowSeededSampler`), with the engine's sampler (free_transformer.inference.sampling).
+Hugging Face's loop stays: it is transformers' contract."""
 
 from __future__ import annotations
 
@@ -10,13 +11,12 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor
 
-from ..inference.generate import sample_next
+from ..inference.sampling import sample_next
 from ..inference.params import Sampling
 
 
 class RowSeededSampler(LogitsProcessor):
-    """Samples the next token of row i with generators[i], as `free_transformer.inference.generate` does, and
-    returns scores that are 0 at the chosen token and -inf elsewhere, so that Hugging Face's greedy
+    """Samples the next token of row i with generators[i], as the decoding engine does, and returns scores that are 0 at the chosen token and -inf elsewhere, so that Hugging Face's greedy
     step (argmax) takes exactly that token. It must be the last processor and generate must run with
     do_sample=False (FreeTransformerForCausalLM.generate arranges both when `seeds` is given)."""
 

@@ -53,7 +53,7 @@ SAMPLING_RULE = {name: hf for name, hf in spelt_fields(Sampling, "hf").items() i
 class HFCacheView:
     """A Hugging Face `Cache` seen through our `KVCache` interface: `layers.Attention` calls
     `update(layer, start, k, v)` and casts k, v to `keys.dtype` / `values.dtype` before storing; the
-    model sets `length` (and `position`) after each call. Hugging Face caches append, so `start` must
+    model sets `length` after each call. Hugging Face caches append, so `start` must
     equal the number of positions already cached, and the cache must give back exactly the positions
     seen (a DynamicCache does; static and sliding-window caches do not and are refused)."""
 
@@ -62,7 +62,6 @@ class HFCacheView:
         self.capacity = capacity  # the model's max_seq_len: a DynamicCache grows
         self.keys = self.values = torch.empty(0, dtype=dtype)  # only their dtype is read
         self.length = cache.get_seq_length()
-        self.position = torch.tensor(self.length)  # kept in step by the model; static steps are not supported
 
     def update(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         cached = self.cache.get_seq_length(layer)

@@ -35,11 +35,10 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class KVCache:
     """Keys and values of every attention layer for a batch, of static size max_seq_len.
 
-    The filled length lives in the cache twice: `length` (a Python int, read and advanced by every
-    eager forward that is given the cache without an explicit start) and `position` (the same on the
-    device, read and advanced by a static decoding step, `FreeTransformer.forward` with `start` given as
-    that tensor, which has no host value that changes between steps and can therefore be captured as a
-    CUDA graph). `capacity` positions are held: config.max_seq_len unless a shorter cache is asked for."""
+    `length` is the filled length, read and advanced by every forward given the cache with an int start (or
+    none). A decoding step (`FreeTransformer.forward` with a (B,) position tensor as `start`) leaves it: its
+    caller keeps each row's position (free_transformer.inference.engine). `capacity` positions are held:
+    config.max_seq_len unless a shorter cache is asked for."""
 
     def __init__(self, config: ModelConfig, batch_size: int, *, device=None, dtype=torch.float32,
                  capacity: int | None = None):
@@ -50,7 +49,6 @@ class KVCache:
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
-        self.position = torch.zeros((), dtype=torch.int64, device=device)  # () the next position, on the device
 
     @property
     def capacity(self) -> int:
@@ -64,16 +62,10 @@ class KVCache:
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
     def write_at(self, layer: int, position: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Store one position's k, v (B, kv_heads, 1, head_dim) at the device index `position`: shape ()
-        for every row, or (B,) one per row (rows at different lengths, continuous batching). Return the
-        whole cache of the layer and the mask of the keys up to the position: (1, capacity), or
-        (B, 1, 1, capacity) per row."""
+        """Store one position's k, v (B, kv_heads, 1, head_dim) at each row's device index `position` (B,): rows
+        at different lengths, decoded together. Return the whole cache of the layer and the mask of the keys up
+        to each row's position, (B, 1, 1, capacity)."""
         key_positions = torch.arange(self.keys.shape[3], device=position.device)
-        if position.dim() == 0:
-            index = position.view(1)
-            self.keys[layer].index_copy_(2, index, k)
-            self.values[layer].index_copy_(2, index, v)
-            return self.keys[layer], self.values[layer], (key_positions <= position)[None, :]
         rows = torch.arange(k.shape[0], device=position.device)
         self.keys[layer][rows, :, position] = k[:, :, 0]  # (B, kv_heads, head_dim) at each row's position
         self.values[layer][rows, :, position] = v[:, :, 0]
@@ -84,7 +76,7 @@ class KVCache:
         prefill writes into, or the decoding step of the rows in flight reads (continuous batching)."""
         view = object.__new__(KVCache)
         view.keys, view.values = self.keys[:, rows, :, :length], self.values[:, rows, :, :length]
-        view.length, view.position = 0, torch.zeros((), dtype=torch.int64, device=self.keys.device)
+        view.length = 0
         return view
 
 
@@ -158,7 +150,7 @@ class Attention(nn.Module):
         causal: bool,
         cache: KVCache | None = None,
         layer: int = 0,
-        start: int | Tensor = 0,  # a () or (B,) device tensor: one position of a static decoding step (T = 1)
+        start: int | Tensor = 0,  # a (B,) device tensor: each row's position in a decoding step (T = 1)
     ) -> Tensor:
         B, T, _ = x_kv.shape
         q, k, v = self.project(x_q, x_kv)
@@ -169,7 +161,7 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         mask, is_causal = None, False
-        if isinstance(start, Tensor):  # static step: the whole cache, keys after `start` masked out
+        if isinstance(start, Tensor):  # decoding step: the whole cache, keys after each row's position masked
             k, v, mask = cache.write_at(layer, start, k.to(cache.keys.dtype), v.to(cache.values.dtype))
             k, v = k.to(q.dtype), v.to(q.dtype)
         else:

@@ -164,12 +164,11 @@ class FreeTransformer(nn.Module):
         the logits of all tokens never exist, and `logits` is None. With return_logits=True the logits
         are computed and the loss is taken from them (the same value, to float rounding).
 
-        start: the position of the first token; by default the cache's length (0 without a cache). A
-        () int64 device tensor (the cache's `position`) makes this a static decoding step: one token,
-        explicit latents, the whole static cache attended with a mask, nothing read back to the host,
-        so that it can be captured as a CUDA graph (free_transformer.inference.generate with compile=True).
-        A (B,) tensor gives each row its own position (rows of different lengths decoded together, the
-        server's continuous batching); the caller advances it, and the cache's own position is left as it is.
+        start: the position of the first token; by default the cache's length (0 without a cache). A (B,)
+        int64 device tensor makes this a decoding step (free_transformer.inference.engine): one token per row,
+        each at its own position, written into the cache there and attending the cache's positions up to it
+        under a mask, nothing read back to the host, so that it can be captured as a CUDA graph. The caller
+        keeps the positions; the cache's `length` is left as it is.
 
         latents: where Z comes from (Free Transformer only), resolved (free_transformer.model.latent.sources;
         a user's choice is parsed and resolved by free_transformer.inference.latents): ENCODER samples it
@@ -185,10 +184,9 @@ class FreeTransformer(nn.Module):
         if start is None:
             start = cache.length if cache is not None else 0
         B, T = self._check_shape(tokens, start, cache)
-        if isinstance(start, Tensor):  # (1, hd) for one position, (B, 1, 1, hd) for one per row
-            shape = (1, -1) if start.dim() == 0 else (B, 1, 1, -1)
-            cos, sin = self.rope_cos.index_select(0, start.view(-1)), self.rope_sin.index_select(0, start.view(-1))
-            cos, sin = cos.view(shape), sin.view(shape)
+        if isinstance(start, Tensor):  # (B, 1, 1, hd): each row's position
+            cos, sin = self.rope_cos.index_select(0, start), self.rope_sin.index_select(0, start)
+            cos, sin = cos.view(B, 1, 1, -1), sin.view(B, 1, 1, -1)
         else:
             cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         x = self.embed_tokens(tokens)  # (B, T, D)
@@ -212,21 +210,17 @@ class FreeTransformer(nn.Module):
             out.loss = out.cross_entropy_nats
             if out.kl_per_token_nats is not None:
                 out.loss = out.loss + free_bits_kl(out.kl_per_token_nats, kappa_nats)
-        if isinstance(start, Tensor):
-            if start.dim() == 0:
-                cache.position.add_(1)
-        elif cache is not None:
+        if cache is not None and not isinstance(start, Tensor):
             cache.length = start + T
-            cache.position.fill_(start + T)
         return out
 
     def _check_shape(self, tokens: Tensor, start: int | Tensor, cache: KVCache | None) -> tuple[int, int]:
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an integer tensor of shape (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
         if isinstance(start, Tensor):  # its value stays on the device: the caller keeps it below the capacity
-            if tokens.shape[1] != 1 or cache is None or start.dim() > 1 or (start.dim() == 1 and len(start) != len(tokens)):
-                raise ValueError("a static decoding step (start given as a tensor) takes one token per row, a cache "
-                                 "and one position, or one per row")
+            if tokens.shape[1] != 1 or cache is None or start.shape != (len(tokens),):
+                raise ValueError("a decoding step (start given as a tensor) takes one token per row, a cache and "
+                                 "one position per row")
             return tokens.shape
         if start + tokens.shape[1] > self.config.max_seq_len:
             raise ValueError(

@@ -1,20 +1,20 @@
-"""The server's one decoding loop: continuous batching. Every completion in flight is a row of one
-batch; each step feeds every row its last token at its own position (free_transformer.model's
-per-row decoding step) and samples each row with its own settings and generator. A new completion
-joins the batch at the next step (its prompt prefilled alone, into its row of the shared KV cache) and
-a finished or abandoned one leaves it at once, so a short request never waits for a long one to end,
-and concurrent clients share each step's cost.
+"""The server's scheduler over the decoding engine (free_transformer.inference.engine): every completion in
+flight is a row of the engine, which decodes rows of any lengths and settings together, each as it would alone.
+A new completion joins at the next step (its prompt prefilled into a free slot) and a finished or abandoned
+one leaves at once, so that a short request never waits for a long one to end, and concurrent clients share
+each step's cost. A completion therefore equals `free-transformer generate --seed SEED`'s, up to float rounding,
+whatever else is in flight.
 
-A row draws its random numbers as `free_transformer.inference.generate` draws them for a row of its
-own: the prefill's encoder sampling, then for each token the race of `sample_next`, and for each fed
-position after the prompt one prior Z (unless explicit Z covers it). So a completion equals
-`free-transformer generate --seed SEED`'s, up to float rounding, whatever else is in the batch.
-
-Rows are admitted in turns, the request with the fewest rows in flight first; a request's rows take at
-most all but one of the batch's rows, so a newcomer finds a free row unless others fill the batch."""
+One request cannot harm another:
+- admission is fair: the next free slot goes to the request with the fewest rows started (the oldest among
+  equals), so a short request starts within a few steps whatever was queued before it, and a request's rows
+  take at most all but one slot, so that a newcomer finds one unless others fill the engine;
+- a row whose logits are not finite ends alone, as its own request's error; only an exception of the step
+  itself ends every request in flight."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -24,9 +24,10 @@ import torch
 from torch import Tensor
 
 from ..data.tokenizer import Tokenizer
-from ..inference.generate import GenerationConfig, sample_next
+from ..inference.engine import DecodeEngine, Row
+from ..inference.params import GenerationConfig
 from ..inference.stops import stop_at
-from ..model.latent import ENCODER, PRIOR, LatentPlan
+from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Job:
     admitted: int = 0  # rows started
     in_flight: int = 0
     done: int = 0
+    order: int = 0  # its place in the arrival order (set by `Batcher.submit`)
 
 
 @dataclass
@@ -137,14 +139,12 @@ def settled(text: str, stops: list[str]) -> str:
 
 
 @dataclass
-class Row:
+class Served:
+    """A completion in flight: the engine's row (its tag is this) and what its client has been sent."""
     spec: RowSpec
     job: Job
-    generator: torch.Generator
-    plan: LatentPlan  # the row's Z, position by position (a baseline's plans hand out PRIOR, ignored)
     text: RowText
-    position: int = 0  # the next position to feed = tokens in the KV cache
-    token: int = 0  # the last token sampled, fed at the next step
+    row: Row | None = None
     shown: int = 0  # characters of the text already sent (stream)
     head: str = ""  # the echoed prompt, sent before the first piece
     pending: list[TokenLogprob] = field(default_factory=list)  # logprobs not yet sent
@@ -155,24 +155,30 @@ class Row:
 
     @property
     def ended(self) -> bool:
-        return self.sampled >= self.spec.max_tokens or self.text.stop_end is not None
+        return self.row.done or self.text.stop_end is not None
 
 
 class Batcher:
-    """The decoding loop, on a thread of its own (`start`); `submit` hands it a Job."""
+    """The scheduler, on a thread of its own (`start`); `submit` hands it a Job."""
 
-    def __init__(self, model: FreeTransformer, tokenizer: Tokenizer, max_batch: int):
+    def __init__(self, model: FreeTransformer, tokenizer: Tokenizer, max_batch: int, *, compile: bool = False):
         if max_batch < 1:
             raise ValueError(f"the batch must hold at least 1 row, got {max_batch}")
         self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
-        self.is_free = model.config.is_free
         self.device = model.rope_cos.device
-        self.cache = None  # the KV cache of max_batch rows, made at the first row
-        self.rows: list[Row] = []  # in flight: row i in slot i of the cache
-        self.waiting: list[Job] = []  # requests with rows not yet started, oldest first
+        self.engine = DecodeEngine(model, max_batch, compile=compile)  # a cache of the model's whole context
+        self.waiting: list[Job] = []  # requests with rows not yet started, in arrival order
+        self.arrivals = itertools.count()
         self.wakeup = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="free-transformer-decoding", daemon=True)
-        self.steps = 0  # decoding steps taken (for tests and logs)
+
+    @property
+    def rows(self) -> list[Row]:
+        return self.engine.rows
+
+    @property
+    def steps(self) -> int:
+        return self.engine.steps
 
     def start(self) -> None:
         self.thread.start()
@@ -183,29 +189,30 @@ class Batcher:
 
     def submit(self, job: Job) -> None:
         with self.wakeup:
+            job.order = next(self.arrivals)
             self.waiting.append(job)
             self.wakeup.notify()
 
     def _run(self) -> None:
         while True:
             with self.wakeup:
-                while not self.rows and not self.waiting:
+                while not self.engine.rows and not self.waiting:
                     self.wakeup.wait()
-            with torch.inference_mode():
-                self._drop_cancelled()
-                self._guarded(self._admit)
-                if self.rows:
-                    self._guarded(self._step)
+            self._drop_cancelled()
+            self._guarded(self._admit)
+            if self.engine.rows:
+                self._guarded(self._step)
 
     def _guarded(self, work: Callable[[], None]) -> None:
-        """work(); an exception ends every request with rows in flight (the batch shared the failed
-        computation), and the loop goes on with the next requests."""
+        """work(); an exception ends every request with rows in flight (they shared the failed computation),
+        and the loop goes on with the next requests."""
         try:
             work()
         except Exception as error:  # a server must outlive a failed step: each request gets its 500
             logger.error("decoding step failed", exc_info=error)
-            jobs = {id(row.job): row.job for row in self.rows}
-            self.rows = []
+            jobs = {id(row.tag.job): row.tag.job for row in self.engine.rows}
+            for row in list(self.engine.rows):
+                self.engine.finish(row, "error")
             for job in jobs.values():
                 try:
                     self._end(job, error)
@@ -213,7 +220,7 @@ class Batcher:
                     logger.error("a request's end failed", exc_info=failure)
 
     def _end(self, job: Job, error: Exception) -> None:
-        """The request fails: its rows leave the batch at the next step (`_drop_cancelled`)."""
+        """The request fails: its rows leave the engine at the next step (`_drop_cancelled`)."""
         with self.wakeup:
             if job in self.waiting:
                 self.waiting.remove(job)
@@ -224,50 +231,54 @@ class Batcher:
     def _drop_cancelled(self) -> None:
         with self.wakeup:
             self.waiting = [job for job in self.waiting if not job.cancelled]
-        if any(row.job.cancelled for row in self.rows):
-            self._compact([row for row in self.rows if not row.job.cancelled])
+        for row in list(self.engine.rows):
+            if row.tag.job.cancelled:
+                self.engine.finish(row, "cancelled")
 
-    # ---- admission: prefill each new row into its slot ---------------------------------------------
+    # ---- admission: the fewest rows started first ---------------------------------------------------
 
     def _admit(self) -> None:
-        while len(self.rows) < self.max_batch:
+        joining: list[Served] = []
+        while len(joining) < self.engine.free:
             with self.wakeup:
-                ready = [job for job in self.waiting if job.in_flight < max(1, self.max_batch - 1)]
+                limit = max(1, self.max_batch - 1)
+                ready = [job for job in self.waiting if job.in_flight < limit]
                 if not ready:
-                    return
-                job = min(ready, key=lambda j: j.in_flight)  # the oldest among the fewest in flight
+                    break
+                job = min(ready, key=lambda j: (j.admitted, j.order))
                 spec = job.rows[job.admitted]
                 job.admitted += 1
                 if job.admitted == len(job.rows):
                     self.waiting.remove(job)
             job.in_flight += 1
+            joining.append(self._served(job, spec))
+        for served in joining:
             try:
-                self._prefill(job, spec)
-            except Exception as error:  # this request only: its rows are not in the shared batch yet
-                logger.error("prefill failed", exc_info=error)
-                self._end(job, error)
+                self.engine.check(served.row)
+            except ValueError as error:  # this request only: its row never joins
+                self._end(served.job, error)
+        joining = [served for served in joining if not served.job.cancelled]
+        try:
+            added = self.engine.add([served.row for served in joining])
+        except Exception as error:  # these requests only: their prefill failed
+            logger.error("prefill failed", exc_info=error)
+            for served in joining:
+                self.engine.finish(served.row, "error")
+                self._end(served.job, error)
+            return
+        for row in added:
+            self._take(row.tag)
 
-    def _prefill(self, job: Job, spec: RowSpec) -> None:
-        generator = torch.Generator(device=self.device).manual_seed(spec.seed)
+    def _served(self, job: Job, spec: RowSpec) -> Served:
         explicit = spec.latents if isinstance(spec.latents, Tensor) else None
-        plan = LatentPlan(1, self.model.latent_space if self.is_free else None, explicit=explicit,
-                          prompt_source=ENCODER if explicit is not None else spec.latents, generators=[generator])
-        row = Row(spec, job, generator, plan, RowText(self.tokenizer.decode, job.stops), position=len(spec.ids))
-        row.head = self.tokenizer.decode(spec.ids) if job.echo else ""
-        if self.cache is None:
-            self.cache = self.model.new_cache(self.max_batch)
-        slot, P = len(self.rows), len(spec.ids)
-        ids = torch.tensor([spec.ids], device=self.device)  # (1, P)
-        out = self.model(ids, latents=plan.source(0, P, self.device), generator=[generator],
-                         cache=self.cache.view(slice(slot, slot + 1), P))
-        plan.record(0, out.latents)
-        logits = out.logits[0]  # (P, V)
-        if job.echo and job.logprobs is not None:
-            row.pending = self._prompt_logprobs(spec.ids, logits[:-1], job.logprobs)
-        token = sample_next(logits[-1:], spec.config, [generator])  # (1,)
-        self._take(row, int(token), logits[-1:], job.logprobs)
-        if not row.ended:
-            self.rows.append(row)  # in slot `slot`, where its prefill wrote
+        generator = torch.Generator(device=self.device).manual_seed(spec.seed)
+        served = Served(spec, job, RowText(self.tokenizer.decode, job.stops))
+        served.head = self.tokenizer.decode(spec.ids) if job.echo else ""
+        served.row = Row(spec.ids, spec.config, spec.max_tokens, generator,
+                         ENCODER if explicit is not None else spec.latents, explicit, frozenset(spec.config.stop_tokens),
+                         keep_logits=job.logprobs is not None, keep_prompt_logits=job.echo and job.logprobs is not None,
+                         tag=served)
+        return served
 
     def _prompt_logprobs(self, ids: list[int], logits: Tensor, k: int) -> list[TokenLogprob]:
         """The prompt's tokens with log P(token | the tokens before it), the first with None."""
@@ -292,73 +303,47 @@ class Batcher:
     # ---- one step of every row in flight ----------------------------------------------------------
 
     def _step(self) -> None:
-        rows = self.rows
-        n = len(rows)
-        tokens = torch.tensor([[row.token] for row in rows], device=self.device)  # (n, 1)
-        positions = torch.tensor([row.position for row in rows], device=self.device)  # (n,)
-        latents = PRIOR if not self.is_free else self._next_latents(rows)  # (n, 1, *value_shape)
-        cache = self.cache.view(slice(0, n), max(row.position for row in rows) + 1)
-        logits = self.model(tokens, latents=latents, cache=cache, start=positions).logits[:, -1]  # (n, V)
-        if self.is_free:
-            for i, row in enumerate(rows):
-                row.plan.record(row.position, latents[i : i + 1])
-        self.steps += 1
-        for row in rows:
-            row.position += 1
-        sampled = torch.empty(n, dtype=torch.int64, device=self.device)
-        groups: dict[tuple, list[int]] = {}
-        for i, row in enumerate(rows):
-            config = row.spec.config
-            groups.setdefault((config.temperature, config.rule()), []).append(i)  # rows sampled alike
-        for members in groups.values():  # one draw per row, from its own generator
-            index = torch.tensor(members, device=self.device)
-            sampled[index] = sample_next(logits[index], rows[members[0]].spec.config,
-                                         [rows[i].generator for i in members])
-        for i, (row, token) in enumerate(zip(rows, sampled.tolist())):
-            self._take(row, token, logits[i : i + 1], row.job.logprobs)
-        self._compact([row for row in self.rows if not row.ended and not row.job.cancelled])
+        for row in self.engine.step():
+            self._take(row.tag)
 
-    def _next_latents(self, rows: list[Row]) -> Tensor:
-        """(n, 1, *value_shape) the Z of each row's fed position, from its plan: its explicit Z, else one prior
-        draw with the row's generator (as generate draws it)."""
-        return torch.cat([row.plan.source(row.position, 1, self.device) for row in rows])
+    def _take(self, served: Served) -> None:
+        """The row's new token (or its failure): its text, its log-probability, and the piece or the end it makes."""
+        row, job = served.row, served.job
+        if row.error is not None:  # this row's logits were not finite: its request fails, alone
+            job.in_flight -= 1
+            self._end(job, row.error)
+            return
+        if row.prompt_logits is not None:
+            served.pending = self._prompt_logprobs(served.spec.ids, row.prompt_logits[:-1], job.logprobs)
+            row.prompt_logits = None
+        token = row.tokens[-1]
+        served.text.push(token)
+        if job.logprobs is not None:
+            values, tops = self._logprobs(row.logits[None], torch.tensor([token], device=self.device), job.logprobs)
+            served.pending.append(TokenLogprob(self.tokenizer.decode([token]), values[0], tops[0]))
+        if served.text.stop_end is not None and not row.done:
+            self.engine.finish(row, "stop")
+        if served.ended:
+            served.text.flush()
+        self._deliver(served)
 
-    def _take(self, row: Row, token: int, logits: Tensor, k: int | None) -> None:
-        """The row's new token: its text, its log-probability, and the piece or the end it makes."""
-        row.token = token
-        row.text.push(token)
-        if k is not None:
-            values, tops = self._logprobs(logits, torch.tensor([token], device=logits.device), k)
-            row.pending.append(TokenLogprob(self.tokenizer.decode([token]), values[0], tops[0]))
-        if row.ended:
-            row.text.flush()
-        self._deliver(row)
-
-    def _deliver(self, row: Row) -> None:
+    def _deliver(self, served: Served) -> None:
         """Send what the row has that its client lacks: for a stream, the settled text since the last
         piece; at the end, the rest with the finish reason."""
-        job, ending = row.job, row.ended
+        job, ending = served.job, served.ended
         if job.cancelled or not (ending or job.stream):
             return
-        text = row.text.final if ending else row.text.settled()
-        piece = row.head + text[row.shown :]
-        if not piece and not row.pending and not ending:
+        text = served.text.final if ending else served.text.settled()
+        piece = served.head + text[served.shown :]
+        if not piece and not served.pending and not ending:
             return
-        logprobs = row.pending if job.logprobs is not None else None
-        row.shown, row.head, row.pending = len(text), "", []
-        finish_reason = ("stop" if row.text.stop_end is not None else "length") if ending else None
-        job.emit(Delta(row.spec.index, piece, logprobs, finish_reason, row.sampled))
+        logprobs = served.pending if job.logprobs is not None else None
+        served.shown, served.head, served.pending = len(text), "", []
+        finish_reason = ("stop" if served.text.stop_end is not None or served.row.finish_reason == "stop"
+                         else "length") if ending else None
+        job.emit(Delta(served.spec.index, piece, logprobs, finish_reason, served.sampled))
         if ending:
             job.in_flight -= 1
             job.done += 1
             if job.done == len(job.rows):
                 job.finish(None)
-
-    def _compact(self, keep: list[Row]) -> None:
-        """Keep these rows (in slot order), moved down to slots 0..len(keep)-1 of the cache."""
-        for slot, row in enumerate(keep):
-            old = self.rows.index(row)
-            if old != slot:
-                self.cache.keys[:, slot, :, : row.position] = self.cache.keys[:, old, :, : row.position]
-                self.cache.values[:, slot, :, : row.position] = self.cache.values[:, old, :, : row.position]
-        self.rows = keep

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from ..base import settings
 from ..base.devices import Placement
+from typing import Literal
+
 from ..inference.params import ContextLatent
 
 DEFAULT_MAX_BATCH = 16  # completions decoded together (`serve --max-batch`)
@@ -36,6 +38,13 @@ class ServeConfig(Placement):
     log-likelihood through echo should use: docs/serving.md)."""
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB
     """Largest request body read, in MiB."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """Decode with the compiled step, captured as a CUDA graph per batch-size bucket on a GPU (compiled and
+    captured at start-up: a few minutes at paper sizes); auto: on for CUDA, off elsewhere."""
+
+    def compiles(self, device_type: str) -> bool:
+        """Whether the server decodes with the compiled step on a device of this type."""
+        return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
 
     def check(self) -> ServeConfig:
         """A one-line ValueError, naming the field, for a value the server cannot start with."""

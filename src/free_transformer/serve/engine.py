@@ -1,6 +1,6 @@
 """A loaded model behind the completions API: a request is checked into a `Plan` (every refusal a
-`RequestError` with one line, before any sampling), whose rows the decoding loop
-(free_transformer.serve.batcher) then samples, batched with every other request's.
+`RequestError` with one line, before any sampling), whose rows the scheduler (free_transformer.serve.batcher)
+hands to the decoding engine, batched with every other request's.
 
 Completion i of a prompt samples with seed + i, so a prompt's completions do not depend on the other
 prompts of its request, on n, on streaming or on the batch, and equal `free-transformer generate
@@ -54,10 +54,10 @@ class Plan:
 
 class Engine:
     def __init__(self, model: FreeTransformer, tokenizer: Tokenizer, name: str, *, max_batch: int = DEFAULT_MAX_BATCH,
-                 latents: str = ENCODER):
+                 latents: str = ENCODER, compile: bool = False):
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.latents = parse_latents(latents, where="--latents", allowed=CONTEXT_CHOICES, indices=False)
-        self.batcher = Batcher(model, tokenizer, max_batch)
+        self.batcher = Batcher(model, tokenizer, max_batch, compile=compile)
 
     @property
     def context(self) -> int:

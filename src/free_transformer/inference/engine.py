@@ -1,0 +1,448 @@
+"""The decoding engine: the one loop that decodes every sequence, for `generate()`, `free-transformer generate`
+(with --interactive) and the server (free_transformer.serve).
+
+The engine has `slots` rows of one KV cache. A `Row` (a prompt, its sampling settings, its generator and where
+its Z comes from) is prefilled into a free slot (`add`: rows of one prompt length are prefilled together, the
+prompt's Z from the encoder's posterior, the prior or explicit values), its first token sampled from the
+prefill's logits. Each `step` then feeds every row its last token at its own position, a (rows,) position
+tensor: the row's Z for that position (explicit, or one prior draw with the row's generator), the model, and
+the next token, each row sampled with its own settings given as tensors (free_transformer.inference.sampling).
+A row ends at a stop token, at its max_new_tokens, when the caller ends it (`finish`), or alone, with an
+error, when its logits are not finite. Rows join and leave between steps; a row that leaves is replaced in
+its slot by the last one, so that the rows in flight always fill slots [0, n).
+
+Random streams: a row draws, with its own generator and in this order, the prompt's Z (encoder or prior),
+the noise of its first token, then for each fed position its prior Z (unless explicit Z covers it) and the
+noise of the next token (unless it samples greedily). A sample therefore depends only on its prompt, settings,
+seed and Z, never on the other rows in flight.
+
+Compiled (`compile=True`): the step (model and sampling) is compiled by Inductor on the device types of
+INDUCTOR_DEVICES and, on CUDA, captured as a CUDA graph per batch-size bucket (BUCKETS; the rows in flight are
+padded up to their bucket) and sampling variant, once for the engine's life: a step is then its draws and one
+replay. The random draws stay outside the graph, row by row with each row's generator, so that a row draws
+exactly what it would draw alone. A compiled step attends the whole cache under a mask; an eager one the
+positions up to the longest row's."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import time
+import types
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..model.latent import ENCODER, PRIOR, LatentSource
+from ..model.transformer import FreeTransformer
+from .params import Sampling
+from .sampling import NON_FINITE, RowSettings, SamplingVariant, exponential_race_, greedy, next_tokens
+
+logger = logging.getLogger(__name__)
+
+# Device types on which a compiled engine compiles its step with Inductor before capturing it. On a CPU the
+# step runs eagerly by default: Inductor's compilation costs more than a short generation saves (bench/README.md,
+# generate.py part (d)); add "cpu" here to compile there too (tests, benches).
+INDUCTOR_DEVICES = {"cuda"}
+# torch.compile's backend for those steps ("inductor"; tests count compilations with a backend of their own).
+COMPILE_BACKEND = "inductor"
+# Inductor's options. coordinate_descent_tuning: on a GPU, Inductor then writes a few-row step's matrix-vector
+# products as reductions of its own and tunes their launch configurations, which is how its decompositions say
+# a GEMV reaches the memory bandwidth (without it they stay cuBLAS GEMVs, well below it: docs/gpu.md).
+INDUCTOR_OPTIONS = {"coordinate_descent_tuning": True}
+# The batch sizes a compiled step is captured for: the rows in flight are padded up to the next one.
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# A compiled engine's cache holds the positions asked for rounded up to this many (so that calls of similar
+# lengths share one engine and its graphs), and at most max_seq_len.
+CACHE_ROUNDING = 64
+# Compiled engines kept per model (each holds a KV cache and, on a GPU, its graphs' memory pool).
+ENGINES_PER_MODEL = 4
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence to decode, and what it has become: what `DecodeEngine.add` takes, filled as it decodes."""
+    ids: list[int]  # the prompt's token ids, at least one
+    rule: Sampling  # temperature and filters (its max_new_tokens is not read)
+    max_new_tokens: int
+    generator: torch.Generator | None  # every random draw of the row (None: the global RNG)
+    prompt_latents: LatentSource = ENCODER  # ENCODER or PRIOR: the prompt's Z where `explicit` does not cover it
+    explicit: Tensor | None = None  # (1, N, *value_shape) Z of positions [0, N), N >= len(ids)
+    stop_tokens: frozenset[int] = frozenset()  # the row ends after any of these (kept in `tokens`)
+    keep_logits: bool = False  # set `logits` at every token (the server's logprobs)
+    keep_prompt_logits: bool = False  # set `prompt_logits` (the server's echo with logprobs)
+    tag: object = None  # the caller's
+    tokens: list[int] = field(default_factory=list)  # the new tokens so far
+    finish_reason: str | None = None  # "stop", "length", "error" or the caller's (`DecodeEngine.finish`)
+    error: Exception | None = None  # why it ended, when its logits were not finite
+    logits: Tensor | None = None  # (V,) what its last token was sampled from; valid until the next step
+    prompt_logits: Tensor | None = None  # (P, V) the prefill's logits
+    latents: Tensor | None = None  # (positions fed, *value_shape) the Z it was fed, once ended (Free Transformer)
+    position: int = 0  # the next position to feed: tokens in the cache
+    slot: int | None = None  # its row of the engine's cache while in flight
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+def bucket_sizes(slots: int) -> tuple[int, ...]:
+    """The captured batch sizes of an engine of `slots` rows: BUCKETS below it, and itself."""
+    return tuple(size for size in BUCKETS if size < slots) + (slots,)
+
+
+class DecodeEngine:
+    """Slots of one KV cache that rows join (`add`) and leave; `step` decodes every row in flight one token."""
+
+    def __init__(self, model: FreeTransformer, slots: int, *, capacity: int | None = None, compile: bool = False,
+                 inductor: bool | None = None):
+        if slots < 1:
+            raise ValueError(f"the engine must hold at least 1 row, got {slots}")
+        # a weak reference: the engines kept per model (`decoding_engine`) must not keep the model alive
+        self._model = weakref.ref(model)
+        self.cache = model.new_cache(slots, capacity=capacity)
+        self.slots, self.capacity = slots, self.cache.capacity
+        device = self.device = self.cache.keys.device
+        self.is_free, self.vocab_size = model.config.is_free, model.config.vocab_size
+        space = self.space = model.latent_space
+        shape, dtype = (space.value_shape, space.value_dtype) if space is not None else ((), torch.int64)
+        with torch.inference_mode():
+            self.token = torch.zeros(slots, 1, dtype=torch.int64, device=device)  # (S, 1) the token to feed
+            self.position = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) where it goes
+            self.active = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) 1 for a slot in flight
+            self.latent = torch.zeros(slots, 1, *shape, dtype=dtype, device=device)  # (S, 1, ...) its Z
+            self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)  # every Z fed
+            self.settings = RowSettings(slots, device)
+            self.race = torch.ones(slots, self.vocab_size, device=device)  # (S, V) sampling noise, float32
+        self.rows: list[Row] = []  # in flight, row i in slot i
+        self.steps = 0  # steps taken (tests and logs)
+        self.compile = compile
+        self.use_graph = compile and device.type == "cuda"
+        self.inductor = compile and (device.type in INDUCTOR_DEVICES if inductor is None else inductor)
+        self.buckets = bucket_sizes(slots) if compile else ()
+        self.cores: dict[SamplingVariant, Callable] = {}  # compiled step per variant
+        self.compile_seconds: dict[tuple[int, SamplingVariant], float] = {}  # first (compiling) run per bucket
+        self.graphs: dict[tuple[int, SamplingVariant], tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self.warm: set[tuple[int, SamplingVariant]] = set()
+        self.pool = None  # one memory pool shared by every graph
+        self.views: dict[int, object] = {}  # bucket -> the cache view of its rows
+
+    @property
+    def model(self) -> FreeTransformer:
+        return self._model()
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.rows)
+
+    # ---- rows join ------------------------------------------------------------------------------
+
+    def add(self, rows: Sequence[Row]) -> list[Row]:
+        """Prefill `rows` into free slots and sample each one's first token; rows of one prompt length and one
+        kind of prompt Z are prefilled together. Returns them (a row may already be done)."""
+        if len(rows) > self.free:
+            raise ValueError(f"{len(rows)} rows do not fit: {self.free} of {self.slots} slots are free")
+        for row in rows:
+            self.check(row)
+        groups: dict[tuple, list[Row]] = {}
+        for row in rows:
+            kind = "explicit" if row.explicit is not None and row.explicit.shape[1] > 0 else row.prompt_latents
+            groups.setdefault((len(row.ids), kind), []).append(row)
+        with torch.inference_mode():
+            for group in groups.values():
+                self._prefill(group)
+            self._release()
+        return list(rows)
+
+    def check(self, row: Row) -> None:
+        """A one-line ValueError for a row this engine cannot decode."""
+        P = len(row.ids)
+        if P < 1 or row.max_new_tokens < 1:
+            raise ValueError(f"a row needs a prompt and at least one new token, got {P} and {row.max_new_tokens}")
+        if P + row.max_new_tokens - 1 > self.capacity:
+            raise ValueError(f"prompt ({P}) + max_new_tokens ({row.max_new_tokens}) - 1 exceeds the "
+                             f"{self.capacity} positions of the decoding cache")
+
+    def _prefill(self, rows: list[Row]) -> None:
+        model, start, k, P = self.model, len(self.rows), len(rows), len(rows[0].ids)
+        slots = slice(start, start + k)
+        ids = torch.tensor([row.ids for row in rows], dtype=torch.int64, device=self.device)  # (k, P)
+        out = model(ids, latents=self._prompt_latents(rows, P), generator=[row.generator for row in rows],
+                    cache=self.cache.view(slots, P))
+        if self.is_free:
+            self.fed[slots, :P] = out.latents
+        for j, row in enumerate(rows):
+            row.slot, row.position = start + j, P
+            if row.keep_prompt_logits:
+                row.prompt_logits = out.logits[j]
+        self.rows += rows
+        self.position[slots] = P
+        self.active[slots] = 1
+        self.settings.set(slots, [row.rule for row in rows])
+        logits = out.logits[:, -1]  # (k, V)
+        variant = SamplingVariant.of([row.rule for row in rows])
+        tokens, non_finite = next_tokens(logits, self.settings.view(slots), self._draw_noise(rows, slots, variant),
+                                         variant)
+        self.token[slots, 0] = tokens
+        self._take(rows, tokens, non_finite, logits)
+
+    def _prompt_latents(self, rows: list[Row], P: int):
+        """What the prefill of `rows` (one group of `add`) takes as latents."""
+        if not self.is_free:
+            return PRIOR
+        if rows[0].explicit is not None and rows[0].explicit.shape[1] > 0:
+            return torch.cat([row.explicit[:, :P] for row in rows])  # (k, P, ...)
+        if rows[0].prompt_latents == ENCODER:
+            return ENCODER
+        return torch.cat([self.space.prior((1, P), [row.generator], self.device) for row in rows])
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def step(self) -> list[Row]:
+        """Feed every row in flight its last token and sample its next one. Returns the rows that got one."""
+        rows = list(self.rows)
+        if not rows:
+            return []
+        with torch.inference_mode():
+            variant = SamplingVariant.of([row.rule for row in rows])
+            self._draw_latents(rows)
+            self._draw_noise(rows, slice(0, len(rows)), variant)
+            if self.compile:
+                size = self.buckets[bisect.bisect_left(self.buckets, len(rows))]
+                tokens, non_finite, logits = self._replay(size, variant)
+            else:
+                length = max(row.position for row in rows) + 1
+                cache = self.cache.view(slice(0, len(rows)), length)
+                tokens, non_finite, logits = self._body(len(rows), cache, variant, _step_core)
+            for row in rows:
+                row.position += 1
+            self.steps += 1
+            self._take(rows, tokens[: len(rows)], non_finite[: len(rows)], logits)
+            self._release()
+        return rows
+
+    def _draw_latents(self, rows: list[Row]) -> None:
+        """Each row's Z for the position it feeds, into `latent`: its explicit Z, else one prior draw."""
+        if not self.is_free:
+            return
+        for i, row in enumerate(rows):
+            explicit = row.explicit
+            if explicit is not None and row.position < explicit.shape[1]:
+                self.latent[i] = explicit[0, row.position : row.position + 1]
+            else:
+                self.space.prior_(self.latent[i : i + 1], [row.generator])
+
+    def _draw_noise(self, rows: list[Row], slots: slice, variant: SamplingVariant) -> Tensor | None:
+        """The sampling noise of the rows that sample, into their rows of `race`; None when none samples."""
+        if not variant.sampled:
+            return None
+        race = self.race[slots]
+        drawing = [(noise, row.generator) for noise, row in zip(race, rows) if not greedy(row.rule)]
+        exponential_race_([noise for noise, _ in drawing], [generator for _, generator in drawing])
+        return race
+
+    def _body(self, size: int, cache, variant: SamplingVariant, core: Callable) -> tuple[Tensor, ...]:
+        """The step of slots [0, size) over `cache`, a view of their rows: everything a captured graph replays.
+        Returns the next tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
+        rows = slice(0, size)
+        position, latent = self.position[rows], self.latent[rows]
+        if self.is_free:
+            self.fed[torch.arange(size, device=self.device), position] = latent[:, 0]
+        race = self.race[rows] if variant.sampled else None
+        tokens, non_finite, logits = core(self.model, self.token[rows], latent, position,
+                                          cache, self.settings.view(rows), race, variant)
+        self.token[rows, 0] = tokens
+        self.position[rows] += self.active[rows]
+        return tokens, non_finite, logits
+
+    def _replay(self, size: int, variant: SamplingVariant) -> tuple[Tensor, ...]:
+        """The compiled step of bucket `size`: its first run compiles (timed, logged) on a side stream, as a later
+        capture requires; on CUDA the second captures it and every run replays it."""
+        key = (size, variant)
+        core = self.cores.get(variant)
+        if core is None:
+            options = dict(INDUCTOR_OPTIONS) if COMPILE_BACKEND == "inductor" else None
+            core = self.cores[variant] = torch.compile(_fresh_function(_step_core), backend=COMPILE_BACKEND,
+                                                       fullgraph=True, options=options) \
+                if self.inductor else _step_core
+
+        if size not in self.views:  # one cache view per bucket: a graph reads fixed storages
+            self.views[size] = self.cache.view(slice(0, size), self.capacity)
+
+        def body():
+            return self._body(size, self.views[size], variant, core)
+
+        if key not in self.warm:
+            started = time.perf_counter()
+            if self.use_graph:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    out = body()
+                torch.cuda.current_stream().wait_stream(side)
+                torch.cuda.synchronize()
+            else:
+                out = body()
+            self.warm.add(key)
+            if self.inductor:
+                self.compile_seconds[key] = seconds = time.perf_counter() - started
+                logger.info("compiled the decoding step (batch %d, %d positions, %s) in %.1f s", size,
+                            self.capacity, variant, seconds)
+            return out
+        if not self.use_graph:
+            return body()
+        if key not in self.graphs:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = body()
+            self.pool = graph.pool()
+            self.graphs[key] = (graph, outputs)
+        graph, outputs = self.graphs[key]
+        graph.replay()
+        return outputs
+
+    def warm_up(self, variants: Sequence[SamplingVariant] = (SamplingVariant(sampled=True, filtered=False),)) -> None:
+        """Compile and capture the step of every bucket for these variants now (a server, before its first
+        request), on empty slots: nothing in flight changes."""
+        if self.rows:
+            raise RuntimeError("warm_up needs an engine with no row in flight")
+        with torch.inference_mode():
+            for variant in variants:
+                for size in self.buckets:
+                    for _ in range(2):  # the compiling run, then the capture
+                        self._replay(size, variant)
+
+    # ---- tokens, and rows leave ------------------------------------------------------------------
+
+    def _take(self, rows: list[Row], tokens: Tensor, non_finite: Tensor, logits: Tensor) -> None:
+        """Each row's new token, read on the host once for the batch, and whether it ends the row."""
+        values = torch.stack([tokens, non_finite.long()], 1).tolist()
+        for i, (row, (token, broken)) in enumerate(zip(rows, values)):
+            if broken:
+                row.finish_reason, row.error = "error", ValueError(NON_FINITE)
+                continue
+            row.tokens.append(token)
+            if row.keep_logits:
+                row.logits = logits[i]
+            if token in row.stop_tokens:
+                row.finish_reason = "stop"
+            elif len(row.tokens) >= row.max_new_tokens:
+                row.finish_reason = "length"
+
+    def finish(self, row: Row, reason: str = "stop") -> None:
+        """End a row in flight (a stop string, a client gone): it leaves its slot now."""
+        if row.done or row.slot is None:
+            return
+        row.finish_reason = reason
+        with torch.inference_mode():
+            self._release()
+
+    def _release(self) -> None:
+        """Rows that are done leave: each hole is filled by the last row in flight (its cache, token, position,
+        Z and settings moved), so that the rows in flight keep slots [0, n)."""
+        if not any(row.done for row in self.rows):
+            return
+        for row in self.rows:
+            if row.done:
+                row.latents = self.fed[row.slot, : row.position].clone() if self.is_free else None
+        keep = [row for row in self.rows if not row.done]
+        for row in self.rows:
+            if row.done:
+                row.slot = None
+        holes = iter(sorted(set(range(len(keep))) - {row.slot for row in keep}))
+        for row in sorted(keep, key=lambda r: -r.slot):
+            if row.slot >= len(keep):
+                self._move(row, next(holes))
+        self.rows = sorted(keep, key=lambda r: r.slot)
+        freed = slice(len(keep), self.slots)
+        self.active[freed] = 0
+        self.position[freed] = 0
+
+    def _move(self, row: Row, slot: int) -> None:
+        source, length = row.slot, row.position
+        self.cache.keys[:, slot, :, :length] = self.cache.keys[:, source, :, :length]
+        self.cache.values[:, slot, :, :length] = self.cache.values[:, source, :, :length]
+        for buffer in (self.token, self.position, self.active, self.latent):
+            buffer[slot] = buffer[source]
+        self.fed[slot, :length] = self.fed[source, :length]
+        self.settings.move(source, slot)
+        row.slot = slot
+
+
+def _step_core(model: FreeTransformer, token: Tensor, latent: Tensor, position: Tensor, cache, settings, race,
+               variant: SamplingVariant) -> tuple[Tensor, Tensor, Tensor]:
+    """One step after its random draws: the model on token (B, 1) with latent (B, 1, ...) at each row's
+    position (B,), then each row's next token (B,), its non-finite flag (B,) and the logits (B, V). The function
+    Inductor compiles."""
+    logits = model(token, latents=latent, cache=cache, start=position).logits[:, -1]  # (B, V)
+    tokens, non_finite = next_tokens(logits, settings, race, variant)
+    return tokens, non_finite, logits
+
+
+def _fresh_function(function: Callable) -> Callable:
+    """A copy of `function` with a code object of its own. Dynamo keeps compiled graphs per code object, at
+    most recompile_limit of them: each engine's variant compiling its own copy keeps its buckets apart from
+    every other engine's (other models and shapes), so that none evicts or counts against another."""
+    code = function.__code__.replace()
+    return types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__,
+                              function.__closure__)
+
+
+_engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> OrderedDict(key -> engine)
+
+
+def decoding_engine(model: FreeTransformer, slots: int, positions: int, *, compile: bool = False,
+                    inductor: bool | None = None) -> DecodeEngine:
+    """An engine of `slots` rows whose cache holds at least `positions` positions. Eager: a new one, its cache
+    exactly that long. Compiled: the model's kept engine for these slots and the positions rounded up to
+    CACHE_ROUNDING (made on first use, so that its compiled step and graphs serve every later call); the least
+    recently used beyond ENGINES_PER_MODEL is dropped. Kept engines are keyed by the parameters' storage too,
+    so a model moved to another device or dtype gets a new one; weights updated in place are seen by a graph."""
+    if not compile:
+        return DecodeEngine(model, slots, capacity=positions)
+    capacity = min(model.config.max_seq_len, -(-positions // CACHE_ROUNDING) * CACHE_ROUNDING)
+    if inductor is None:
+        inductor = model.rope_cos.device.type in INDUCTOR_DEVICES
+    key = (slots, capacity, inductor, tuple(p.data_ptr() for p in model.parameters()))
+    engines = _engines.setdefault(model, OrderedDict())
+    if key not in engines:
+        engines[key] = DecodeEngine(model, slots, capacity=capacity, compile=True, inductor=inductor)
+        while len(engines) > ENGINES_PER_MODEL:
+            engines.popitem(last=False)
+    engines.move_to_end(key)
+    engine = engines[key]
+    if engine.rows:
+        raise RuntimeError("the kept decoding engine is in use (one generate(compile=True) call at a time per model)")
+    return engine
+
+
+def run_rows(engine: DecodeEngine, rows: Iterable[Row],
+             should_stop: Callable[[list[int]], bool] | None = None) -> Iterator[Row]:
+    """Decode `rows`, admitted in their order as slots free, and yield each one as it ends. should_stop: called
+    with a row's new tokens after each one; True ends the row there (stop strings, which ids cannot express)."""
+    pending = iter(rows)
+    try:
+        while True:
+            joining = list(itertools.islice(pending, engine.free))
+            if not joining and not engine.rows:
+                return
+            if joining:  # the new rows' first tokens are checked before they step
+                yield from _ended(engine, engine.add(joining), should_stop)
+            if engine.rows:
+                yield from _ended(engine, engine.step(), should_stop)
+    finally:
+        for row in list(engine.rows):  # the caller stopped early (an error, a closed generator)
+            engine.finish(row, "cancelled")
+
+
+def _ended(engine: DecodeEngine, rows: list[Row], should_stop) -> Iterator[Row]:
+    for row in rows:
+        if not row.done and should_stop is not None and should_stop(row.tokens):
+            engine.finish(row, "stop")
+        if row.done:
+            yield row
