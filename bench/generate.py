@@ -14,15 +14,15 @@
     the last position's logits (no cache, the naive loop of tests/test_generate.py). Both must
     produce the same tokens (checked). Reported: the median per-round time ratio. Target: >= 10x
     at 512 new tokens.
-(c) With --compile: the tokens of graph-captured decoding against the same static step run eagerly
-    (the same kernels, so the same tokens unless capture froze a value or an address: must be equal),
-    and their agreement with ordinary eager decoding (other kernels: in bf16, sampled tokens of a
+(c) With --compile: the tokens of graph-captured decoding against the same engine's bucketed step run
+    eagerly (the same kernels, so the same tokens unless capture froze a value or an address: must be
+    equal), and their agreement with ordinary eager decoding (other kernels: in bf16, sampled tokens of a
     random model may part where two logits are within rounding).
-(d) With --parts d: the static decoding step of generate(compile=True) (Z drawn and the token sampled
-    inside it, temperature 1, top-k 50) run as it is (eager on a CPU, a CUDA graph on a GPU) and
-    compiled by Inductor first (captured after on a GPU), and on a GPU also compiled without
-    coordinate-descent tuning ("untuned": cuBLAS GEMVs rather than Inductor's tuned reductions;
-    free_transformer.inference.generate.INDUCTOR_OPTIONS), side by side in interleaved rounds on one
+(d) With --parts d: the decoding engine's step of generate(compile=True) (the rows' draws of Z and
+    noise, then the model and each row's sampling, temperature 1, top-k 50) run as it is (eager on a
+    CPU, a CUDA graph on a GPU) and compiled by Inductor first (captured after on a GPU), and on a GPU
+    also compiled without coordinate-descent tuning ("untuned": cuBLAS GEMVs rather than Inductor's
+    tuned reductions; free_transformer.inference.engine.INDUCTOR_OPTIONS), side by side in interleaved rounds on one
     model: steps/s and tokens/s of the step alone (no prefill), its roof (weights + visible KV-cache
     bytes of a step / copy bandwidth / step time), the compilation time, and the share of equal tokens
     from the same seeds after the same prefill (1.0 unless rounding parts two near-equal choices). Printed beside the targets: at paper-1.5b
@@ -41,7 +41,7 @@ measured one (1.0 = at the memory roofline; target on a GPU at paper-1.5b bf16, 
 
 Options for a GPU: --size paper-1.5b (the named size's dims and H=16), --dtype bf16
 (weights, RoPE tables and KV cache in bf16, as `generate --dtype bf16`), --compile (generate(..., compile=True):
-the decoding step captured as a CUDA graph; the same static step, eager, on a CPU).
+the decoding step captured as a CUDA graph; the same bucketed step, eager, on a CPU).
 
 FLOPs (to print the achieved GFLOP/s beside the machine's matmul limit): a token fed at position t
 costs 2 FLOPs per weight of every matmul (q, k, v, o, gate, up, down of each block and the logit
@@ -71,8 +71,9 @@ from common import (add_machine_arguments, add_model_arguments, describe_limits,
                     setup_machine)
 from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
 from free_transformer.base.seeding import generators
-from free_transformer.inference import generate as generate_module
-from free_transformer.inference.generate import GenerationConfig, generate, shared_prior_latents, static_decode_step
+from free_transformer.inference import engine as engine_module
+from free_transformer.inference.engine import DecodeEngine, Row, decoding_engine
+from free_transformer.inference.generate import GenerationConfig, generate, shared_prior_latents
 from free_transformer.model.config import ModelConfig, named_config
 from free_transformer.model.transformer import FreeTransformer
 from targets import TARGETS, write_figure
@@ -142,7 +143,7 @@ def free_vs_baseline(config, batch, args, device):
     memory decode at speeds up to ~5% apart on these CPUs (measured), so one instance of each would measure
     where their weights landed as much as the design. Each round times all of them; the ratio uses the
     sum of each model's instances, and the control compares the first two baseline instances. The first
-    call of each instance is timed apart: under --compile it compiles and captures its static step, the
+    call of each instance is timed apart: under --compile it compiles and captures its decoding step, the
     first instance of each model with whatever Inductor's caches hold, the later ones with what the first
     left there (the same graph, other weights)."""
     models = {f"{name}{i}": build_model(config.replace(latent_bits=bits), device, seed=i, dtype=torch_dtype(args.dtype))
@@ -179,16 +180,16 @@ def cache_vs_recompute(config, args, device):
 
 
 def graph_vs_eager(config, batch, args, device):
-    """(graph tokens == the static step's eager tokens, share of tokens equal to eager decoding's)."""
+    """(graph tokens == the engine's bucketed step run eagerly, share of tokens equal to eager decoding's)."""
     model = build_model(config, device, dtype=torch_dtype(args.dtype))
     prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
     gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0)
     run = functools.partial(generate, model, prompts, gen_config, seeds=list(range(batch)))
     graphed = run(compile=True).tokens
-    step = static_decode_step(model, batch, args.prompt_len + args.new_tokens - 1)  # the one generate used
-    step.use_graph = False
+    engine = decoding_engine(model, batch, args.prompt_len + args.new_tokens - 1, compile=True)  # generate's
+    engine.use_graph = False
     static_eager = run(compile=True).tokens
-    step.use_graph = device.type == "cuda"
+    engine.use_graph = device.type == "cuda"
     eager = run().tokens
     pairs = [(a, b) for row_a, row_b in zip(graphed, eager) for a, b in zip(row_a, row_b)]
     return graphed == static_eager, sum(a == b for a, b in pairs) / max(1, len(pairs))
@@ -202,74 +203,64 @@ def static_step_bytes(config: ModelConfig, batch: int, visible: float, element_b
 
 def untuned_options() -> dict:
     """generate's Inductor options without coordinate-descent tuning."""
-    return {k: v for k, v in generate_module.INDUCTOR_OPTIONS.items() if k != "coordinate_descent_tuning"}
+    return {k: v for k, v in engine_module.INDUCTOR_OPTIONS.items() if k != "coordinate_descent_tuning"}
 
 
-def untuned_step(model, batch: int, capacity: int):
-    """A StaticDecodeStep compiled by Inductor without coordinate-descent tuning (the step generate() keeps
-    is tuned): made directly, not through static_decode_step's per-model store."""
-    tuned = generate_module.INDUCTOR_OPTIONS
-    generate_module.INDUCTOR_OPTIONS = untuned_options()
-    try:
-        return generate_module.StaticDecodeStep(model, batch, capacity, inductor=True)
-    finally:
-        generate_module.INDUCTOR_OPTIONS = tuned
-
-
-def static_step_eager_vs_compiled(config, batch, args, device):
+def engine_step_eager_vs_compiled(config, batch, args, device):
     """{name: seconds per step}, {name: compile seconds} and {name: share of tokens equal to the step as is}.
 
-    One model, a StaticDecodeStep per variant (as it is; compiled by Inductor; on a GPU compiled untuned),
-    each filling its own cache. A timed sample is `steps` calls of the step from position P of a cache
-    holding whatever it held (the step attends the whole cache under a mask, so its cost does not depend
+    One model, an engine per variant (as it is; compiled by Inductor; on a GPU compiled untuned), each with
+    its own cache and the same rows (prior Z, seeds 0..B-1). A timed sample is `n` steps from position P,
+    the rows rewound there first (the step attends the whole cache under a mask, so its cost does not depend
     on the values)."""
     model = build_model(config, device, dtype=torch_dtype(args.dtype))
-    prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len),
-                            generator=torch.Generator().manual_seed(1)).to(device)
-    sampling = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0, top_k=50)
+    prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    sampling = GenerationConfig(temperature=1.0, top_k=50)
     capacity = args.prompt_len + args.new_tokens
-    steps = {name: static_decode_step(model, batch, capacity, inductor=inductor)
-             for name, inductor in (("as is", False), ("inductor", True))}
+    n = args.new_tokens - 1
+    engines = {"as is": DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=False),
+               "inductor": DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=True)}
     if device.type == "cuda":  # coordinate-descent tuning changes nothing on a CPU
-        steps["untuned"] = untuned_step(model, batch, steps["inductor"].cache.capacity)
-    n = capacity - args.prompt_len - 1
-    prompt_latents = shared_prior_latents(model, args.prompt_len, torch.Generator(device).manual_seed(2))
+        tuned = engine_module.INDUCTOR_OPTIONS
+        engine_module.INDUCTOR_OPTIONS = untuned_options()
+        engines["untuned"] = DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=True)
+        engine_module.INDUCTOR_OPTIONS = tuned
+    for engine in engines.values():
+        engine.add([Row(ids, sampling, args.new_tokens + 1, generator, "prior")
+                    for ids, generator in zip(prompts.tolist(), generators(range(batch), device))])
 
     @torch.inference_mode()
-    def decode(step):  # prefill, then n tokens from the step: the tokens (B, n)
-        model(prompts, latents=prompt_latents if config.latent_bits else "prior", cache=step.restart())
-        step.bind(prompts[:, -1], sampling, generators(range(batch), device))
-        return torch.stack([step.advance(sampling, None).clone() for _ in range(n)], 1)
-
-    @torch.inference_mode()
-    def run(step):
-        step.cache.position.fill_(args.prompt_len)
+    def run(engine):  # the rows rewound to the end of their prompt, then n steps: the tokens (B, n)
+        for row in engine.rows:
+            row.position, row.tokens[1:] = args.prompt_len, []
+        engine.position[:batch] = args.prompt_len
         for _ in range(n):
-            step.advance(sampling, None)
+            engine.step()
+        return torch.tensor([row.tokens[1:] for row in engine.rows])
 
-    reference = decode(steps["as is"])
+    reference = run(engines["as is"])
     same = {}
-    for name, step in steps.items():
+    for name, engine in engines.items():
         if name != "as is":  # compiles (coordinate-descent tuning may take minutes); captures on a GPU
             print(f"  B={batch}: compiling the {name} step ...", flush=True)
-            same[name] = (decode(step) == reference).double().mean().item()
-            print(f"  B={batch}: compiled the {name} step in {sum(step.compile_seconds.values()):.1f} s", flush=True)
-    compile_s = {name: sum(step.compile_seconds.values()) for name, step in steps.items() if name != "as is"}
-    times = interleaved_times({name: functools.partial(run, step) for name, step in steps.items()},
+            same[name] = (run(engine) == reference).double().mean().item()
+            print(f"  B={batch}: compiled the {name} step in {sum(engine.compile_seconds.values()):.1f} s", flush=True)
+    compile_s = {name: sum(engine.compile_seconds.values()) for name, engine in engines.items() if name != "as is"}
+    times = interleaved_times({name: functools.partial(run, engine) for name, engine in engines.items()},
                               args.step_rounds, device)
     return {name: statistics.median(t) / n for name, t in times.items()}, compile_s, same
 
 
 def print_static_step(config, args, device, limits, element_bytes):
     at_target = args.size == "paper-1.5b" and args.dtype == "bf16" and device.type == "cuda"
-    print(f"(d) the static decoding step (Z drawn and token sampled inside), as is "
+    print(f"(d) the decoding engine's step (the rows' draws, the model, each row's sampling), as is "
           f"({'CUDA graph' if device.type == 'cuda' else 'eager'}) vs compiled by Inductor"
           f"{' then captured (untuned: without coordinate-descent tuning)' if device.type == 'cuda' else ''}, "
           f"{args.step_rounds} rounds; targets at paper-1.5b bf16 on an H100 (the inductor step): B=1 roof >= "
           f"{TARGET_B1_ROOF:.0%}, B=16 >= {TARGET_B16_TOKENS_S:,.0f} tok/s"
           f"{'' if at_target else ' (not this configuration: figures for reading only)'}")
     for batch in args.batch:
-        seconds, compile_s, same = static_step_eager_vs_compiled(config, batch, args, device)
+        seconds, compile_s, same = engine_step_eager_vs_compiled(config, batch, args, device)
         visible = args.prompt_len + args.new_tokens / 2  # positions a step attends, on average
         roofline_s = static_step_bytes(config, batch, visible, element_bytes) / (limits["copy_gbps"] * 1e9)
         tokens = batch / seconds["inductor"]
@@ -288,9 +279,9 @@ def print_static_step(config, args, device, limits, element_bytes):
             compiled = f"{compile_s[name]:>9.1f} | {same[name]:>12.1%}" if name in compile_s else f"{'-':>9} | {'-':>12}"
             print(f"  {name:>8} | {s * 1e3:>8.2f} {batch / s:>9.1f} {roofline_s / s:>6.1%} | {compiled}", flush=True)
         if at_target and batch == 1:
-            write_figure(args.figures, "decode-step-b1-roof-tuned", roofline_s / seconds["inductor"], "static step alone")
+            write_figure(args.figures, "decode-step-b1-roof-tuned", roofline_s / seconds["inductor"], "the engine's step alone")
             write_figure(args.figures, "decode-step-b1-roof-untuned", roofline_s / seconds["untuned"],
-                         "static step alone")
+                         "the engine's step alone")
 
 
 def write_decode_figures(path, batch, tokens_per_s, roof, free_vs_base, first) -> None:
@@ -325,11 +316,11 @@ def main():
     parser.add_argument("--compile", action="store_true",
                         help="generate(..., compile=True): graph-captured decoding on CUDA")
     parser.add_argument("--parts", nargs="+", choices=("a", "b", "c", "d"), default=None,
-                        help="parts to run (default a b, and c with --compile); d: the static step, eager vs Inductor")
+                        help="parts to run (default a b, and c with --compile); d: the engine's step, eager vs Inductor")
     parser.add_argument("--step-rounds", type=int, default=5, help="interleaved timing rounds of part (d)")
     parser.add_argument("--instances", type=int, default=2, help="instances of each model in part (a), at least 1")
     parser.add_argument("--untuned", action="store_true",
-                        help="compile the static steps without coordinate-descent tuning (part (d) compares both)")
+                        help="compile the decoding steps without coordinate-descent tuning (part (d) compares both)")
     parser.add_argument("--figures", metavar="PATH",
                         help="append the GPU targets' figures (bench/targets.py) to PATH as JSON lines")
     add_machine_arguments(parser)
@@ -339,7 +330,7 @@ def main():
     if args.untuned and "d" in (args.parts or ()):
         parser.error("--untuned: part (d) compiles the step both ways itself")
     if args.untuned:
-        generate_module.INDUCTOR_OPTIONS = untuned_options()
+        engine_module.INDUCTOR_OPTIONS = untuned_options()
     args.parts = set(args.parts or ["a", "b"] + (["c"] if args.compile else []))
     if "b" not in args.parts:
         args.recompute_tokens = 0
@@ -396,11 +387,11 @@ def main():
             print(f"{name:>9} | {n / seconds:>8.1f} {seconds:>8.2f} {flops / 1e9:>7.1f} {flops / seconds / 1e9:>7.1f}")
         print(f"recompute / cached time: {speedup:.1f}x {target}; same tokens: {same}")
     if "c" in args.parts:
-        print(f"(c) compiled decoding, {args.new_tokens} new tokens, temperature 1: graph == static step run eagerly "
+        print(f"(c) compiled decoding, {args.new_tokens} new tokens, temperature 1: graph == the engine's step eagerly "
               "(must hold); share of tokens equal to eager decoding")
         for batch in args.batch:
             same, agreement = graph_vs_eager(config, batch, args, device)
-            print(f"B={batch}: graph == eager static step: {same} {'PASS' if same else 'FAIL'}; "
+            print(f"B={batch}: graph == the step eagerly: {same} {'PASS' if same else 'FAIL'}; "
                   f"equal to eager decoding: {agreement:.1%}", flush=True)
     if "d" in args.parts:
         print_static_step(config, args, device, limits, element_bytes)

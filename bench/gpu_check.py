@@ -81,7 +81,7 @@ STEPS: tuple[Step, ...] = (
          ("{python}", "bench/generate.py", *PAPER, "--parts", "d", "--batch", "1", "--new-tokens", "64",
           "--step-rounds", "5", "--figures", "{figures}"),
          reads=("decode-step-b1-roof-tuned", "decode-step-b1-roof-untuned"),
-         what="the B=1 static step alone: CUDA graph, compiled with coordinate-descent tuning (generate's default) "
+         what="the B=1 decoding step alone: CUDA graph, compiled with coordinate-descent tuning (generate's default) "
               "and without; tuning may take minutes, so it runs here, cut with its time so far if need be"),
     Step("profile", 300, 150,
          ("{python}", "bench/profile_steps.py", *PAPER, "--new-tokens", "32", "--decode-batch", "1", "16", "--top",

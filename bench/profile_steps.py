@@ -4,7 +4,7 @@ in its report.
 
 The training step is bench/step.py's (the trainer's: forward with the fused cross-entropy, backward,
 clipping, fused AdamW), profiled after two warm-up steps. The decoding step is `generate(...,
-compile=True)`: after a warm-up call (which compiles and captures the static step on a GPU), one call of
+compile=True)`: after a warm-up call (which compiles and captures the decoding step on a GPU), one call of
 --new-tokens tokens is profiled and each operator's time is divided by the tokens decoded.
 
     PYTHONPATH=src python bench/profile_steps.py [--size narrow|paper-1.5b] [--dtype fp32|bf16] [--compile]
@@ -72,7 +72,7 @@ def profile_decoding(args, device: torch.device, batch: int) -> str:
         model.to(torch.bfloat16)  # decoding reads bf16 weights and cache, as generate --dtype bf16
     prompts = make_batch(cfg, batch, 16, device)[:, :16]
     config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=0.0)
-    generate(model, prompts, config, compile=True)  # compiles and captures the static step on a GPU
+    generate(model, prompts, config, compile=True)  # compiles and captures the decoding step on a GPU
     with profile(activities=activities(device)) as prof:
         generate(model, prompts, config, compile=True)
         sync(device)

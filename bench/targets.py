@@ -72,8 +72,8 @@ TARGETS: dict[str, Target] = {
     # figures without a threshold
     "decode-compile-cold": Target("decoding: first generate(compile=True) call, cold caches", "s"),
     "decode-compile-warm": Target("decoding: the same for a second model of the same shapes", "s"),
-    "decode-step-b1-roof-tuned": Target("static step alone B=1, coordinate-descent tuned: roofline share", "%"),
-    "decode-step-b1-roof-untuned": Target("static step alone B=1, untuned: roofline share", "%"),
+    "decode-step-b1-roof-tuned": Target("decoding step alone B=1, coordinate-descent tuned: roofline share", "%"),
+    "decode-step-b1-roof-untuned": Target("decoding step alone B=1, untuned: roofline share", "%"),
 }
 
 

@@ -68,7 +68,7 @@ def test_forward_loss_follows_hf_label_convention(free_pair):
     targets = torch.cat([tokens[:, 1:], torch.full((2, 1), -100)], 1)  # labels are shifted inside
     ours = model(tokens, targets, generator=_gens([0, 1]), kappa_nats=0.1)
     assert torch.equal(out.loss, ours.loss) and torch.equal(out.kl_nats, ours.kl_nats)
-    assert torch.equal(out.latents, ours.latents)
+    assert torch.equal(out.latents, torch.stack(ours.latents))
 
 
 @pytest.mark.parametrize("cache_argument", ["cache", "past_key_values"])  # transformers >= 5.24, and before
@@ -122,7 +122,7 @@ def test_hf_generate_equals_our_generate(free_pair, choice):
     out = hf_model.generate(prompts, **hf_args)
     assert torch.equal(out.sequences[:, :P], prompts)
     assert out.sequences[:, P:].tolist() == ours.tokens
-    assert torch.equal(out.latents, ours.latents)  # (B, P + NEW - 1): prompt Z and one per fed token
+    assert torch.equal(out.latents, torch.stack(ours.latents))  # (B, P + NEW - 1): prompt Z and one per fed token
     if choice in ("shared", "reference"):
         assert (out.latents[:, :9] == out.latents[:1, :9]).all()
 
@@ -134,7 +134,7 @@ def test_hf_generate_without_cache_keeps_the_latents(free_pair):
     ours = _ours(model, prompts, seeds, **SAMPLING)
     out = hf_model.generate(prompts, max_new_tokens=NEW, do_sample=True, seeds=seeds, use_cache=False,
                             return_dict_in_generate=True, **SAMPLING)
-    assert out.sequences[:, P:].tolist() == ours.tokens and torch.equal(out.latents, ours.latents)
+    assert out.sequences[:, P:].tolist() == ours.tokens and torch.equal(out.latents, torch.stack(ours.latents))
 
 
 def test_hf_generate_equals_ours_for_a_baseline():

@@ -126,7 +126,7 @@ def _deprecations(caught):
 def test_the_old_spelling_warns_once_and_means_encoder(model, hf_model):
     runs = {
         "generate": lambda spelling: generate(model, _prompts(), GenerationConfig(max_new_tokens=3),
-                                              latents=spelling, seeds=[0, 1]).latents,
+                                              latents=spelling, seeds=[0, 1]).latents[0],
         "hugging_face": lambda spelling: hf_model.generate(_prompts(), max_new_tokens=3, seeds=[0, 1], latents=spelling,
                                                            return_dict_in_generate=True)["latents"],
         "eval_settings": lambda spelling: EvalConfig(tasks="none", heldout="held.txt", latents=spelling).settings(),
@@ -209,12 +209,12 @@ def test_named_choices_resolve_to_the_documented_indices(model):
     by_name = generate(model, prompts, config, latents="shared", latent_seed=seed, seeds=[0, 1])
     by_indices = generate(model, prompts, config, seeds=[0, 1], latents=latent_choice.shared_prior_latents(
         model, fed, torch.Generator().manual_seed(seed)))
-    assert by_name.tokens == by_indices.tokens and torch.equal(by_name.latents, by_indices.latents)
+    assert by_name.tokens == by_indices.tokens and torch.equal(torch.stack(by_name.latents), torch.stack(by_indices.latents))
     reference = torch.randint(0, 50, (2, fed), generator=torch.Generator().manual_seed(2))
     by_name = generate(model, prompts, config, latents="reference", reference=reference, latent_seed=seed,
                        seeds=[0, 1])
     inferred = latent_choice.infer_latents(model, reference, torch.Generator().manual_seed(seed))
-    assert torch.equal(by_name.latents, inferred)
+    assert torch.equal(torch.stack(by_name.latents), inferred)
 
 
 def test_the_models_prior_draws_are_a_plans_and_both_import_paths_name_it(model):

@@ -71,7 +71,7 @@ def slow_steps(monkeypatch, seconds: float, record: list) -> None:
     real = loop.Batcher._step
 
     def step(self):
-        record.append([row.tag.spec.max_tokens for row in self.rows])
+        record.append([row.max_new_tokens for row in self.rows])
         time.sleep(seconds)
         return real(self)
 
@@ -220,3 +220,43 @@ def test_a_step_of_rows_at_their_own_positions_equals_each_row_alone(monkeypatch
         for row, cache in enumerate(alone):
             single = model(tokens[row : row + 1], latents=latents[row : row + 1], cache=cache).logits[0, -1]
             assert torch.allclose(together[row], single, atol=1e-5)
+
+
+def test_valid_extreme_settings_are_sampled_and_fail_no_other_request(served):
+    """A temperature of 1e-40 or 1e-39 is greedy and a top_p of 1e-300 keeps the likeliest token: each is
+    answered, alone or beside another request (they used to give NaN: a 500 for every request in flight)."""
+    base = {"model": NAME, "prompt": "Hi", "max_tokens": 6, "seed": 3}
+    greedy = post(served, {**base, "temperature": 0}).json()["choices"][0]["text"]
+    for extreme in ({"temperature": 1e-40}, {"top_p": 1e-300, "temperature": 1e-39}):
+        answers: dict = {}
+        threads = [threading.Thread(target=lambda k=k, b=b: answers.__setitem__(k, post(served, b)))
+                   for k, b in enumerate([{**base, **extreme}, {**base, "prompt": "Hello", "max_tokens": 12}])]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert [answers[k].status_code for k in range(2)] == [200, 200], answers[0].text
+        assert answers[0].json()["choices"][0]["text"] == greedy
+
+
+def test_a_short_request_starts_within_a_few_steps_behind_a_queue(served):
+    """6 requests of 4 completions of 20 tokens fill the 4 slots and the queue; a 4-token request sent then
+    gets the next free slot (the fewest rows started first), not the queue's end: it is answered in far fewer
+    steps than the queue takes (it used to wait for every older request's rows)."""
+    engine = served[1]
+    queued = [threading.Thread(target=post, args=(served, {"model": NAME, "prompt": "Once", "n": 4,
+                                                           "max_tokens": 20, "seed": s}), kwargs={"timeout": 600})
+              for s in range(6)]
+    for thread in queued:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(engine.batcher.waiting) < 6:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    before = engine.batcher.steps
+    assert post(served, {"model": NAME, "prompt": "Hi", "max_tokens": 4, "seed": 1}, timeout=600).status_code == 200
+    waited = engine.batcher.steps - before
+    for thread in queued:
+        thread.join(600)
+    assert waited <= 20 + 4 + 4, waited  # at most one row's length to free a slot, then its own 4 tokens
+    assert engine.batcher.steps - before >= 6 * 4 * 20 // 4 - 6  # the queue itself took every slot for that long

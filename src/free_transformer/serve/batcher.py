@@ -24,10 +24,9 @@ import torch
 from torch import Tensor
 
 from ..data.tokenizer import Tokenizer
+from ..inference.batches import Prompt, prompt_row
 from ..inference.engine import DecodeEngine, Row
-from ..inference.params import GenerationConfig
 from ..inference.stops import stop_at
-from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
 
 logger = logging.getLogger(__name__)
@@ -39,11 +38,8 @@ REPLACEMENT = "\ufffd"  # what decoding shows for the bytes of a character not y
 class RowSpec:
     """One completion to decode: nothing about it can still be refused."""
     index: int  # the choice's index in the response
-    ids: list[int]  # the prompt, token ids
-    config: GenerationConfig  # how the row samples (temperature and the filters)
-    latents: str | Tensor  # "encoder" or "prior" for the prompt, or (1, N) explicit Z of positions [0, N)
+    prompt: Prompt  # its ids, settings and Z
     seed: int  # the row's generator
-    max_tokens: int  # new tokens, >= 1
 
 
 @dataclass
@@ -270,14 +266,10 @@ class Batcher:
             self._take(row.tag)
 
     def _served(self, job: Job, spec: RowSpec) -> Served:
-        explicit = spec.latents if isinstance(spec.latents, Tensor) else None
-        generator = torch.Generator(device=self.device).manual_seed(spec.seed)
         served = Served(spec, job, RowText(self.tokenizer.decode, job.stops))
-        served.head = self.tokenizer.decode(spec.ids) if job.echo else ""
-        served.row = Row(spec.ids, spec.config, spec.max_tokens, generator,
-                         ENCODER if explicit is not None else spec.latents, explicit, frozenset(spec.config.stop_tokens),
-                         keep_logits=job.logprobs is not None, keep_prompt_logits=job.echo and job.logprobs is not None,
-                         tag=served)
+        served.head = self.tokenizer.decode(spec.prompt.ids) if job.echo else ""
+        served.row = prompt_row(spec.prompt, spec.seed, keep_logits=job.logprobs is not None,
+                                keep_prompt_logits=job.echo and job.logprobs is not None, tag=served)
         return served
 
     def _prompt_logprobs(self, ids: list[int], logits: Tensor, k: int) -> list[TokenLogprob]:
@@ -314,7 +306,7 @@ class Batcher:
             self._end(job, row.error)
             return
         if row.prompt_logits is not None:
-            served.pending = self._prompt_logprobs(served.spec.ids, row.prompt_logits[:-1], job.logprobs)
+            served.pending = self._prompt_logprobs(served.spec.prompt.ids, row.prompt_logits[:-1], job.logprobs)
             row.prompt_logits = None
         token = row.tokens[-1]
         served.text.push(token)

@@ -88,8 +88,8 @@ class Engine:
                                       latent_seed=latent_seed)
         except ValueError as error:
             raise RequestError(str(error), "reference" if reference is not None else "latents") from None
-        rows = [RowSpec(p * request.n + i, prompt.ids, config, prompt.latents, params.seed + i, max_tokens)
-                for p, prompt in enumerate(prompts) for i in range(request.n)]
+        rows = [RowSpec(p * request.n + i, prompt, params.seed + i) for p, prompt in enumerate(prompts)
+                for i in range(request.n)]
         return Plan(rows, [stop for stop in stops if stop], sum(map(len, ids)))
 
     def _prompt_ids(self, prompt: str | list) -> list[list[int]]:
