@@ -254,3 +254,25 @@ def test_sigterm_to_any_caller_of_run_python_kills_its_program_and_removes_its_d
         monkeypatch.setattr(tempfile, "tempdir", str(temp))
         run_python("pass\n", FAST)
     assert list(temp.iterdir()) == []
+
+
+SHADOWED = {  # a builtin the test calls: (the right answer, a wrong one)
+    "set": ([1, 2, 3], []), "sorted": ([1, 2, 3], []), "abs": (-3, 5), "round": (2.0, 9.0), "len": ([1, 2, 3], []),
+}
+
+
+@pytest.mark.parametrize("builtin", list(SHADOWED))
+def test_the_builtins_a_test_calls_are_the_evaluators_own(builtin):
+    """`assert set(f(x)) == set(y)` used to pass a wrong `f` when the program defined `set` to return 1:
+    the program's `set` took the builtin's place in the evaluator. Only the candidate crosses now."""
+    right, wrong = SHADOWED[builtin]
+    test = {"style": "asserts", "setup": "", "asserts": [f"assert {builtin}(f(3)) == {builtin}({right!r})"]}
+    forged = f"def {builtin}(*args, **kwargs):\n    return 1\n"
+    assert check_completion(test, f"def f(x):\n    return {wrong!r}\n" + forged, FAST).status == "failed"
+    # a program may still use a helper of that name for itself
+    helper = f"def {builtin}(value):\n    return value\ndef f(x):\n    return {builtin}({right!r})\n"
+    assert check_completion(test, helper, FAST).passed
+    # a task whose function has a builtin's name (MBPP's `sum`) is that function
+    own = {"style": "asserts", "setup": "", "asserts": ["assert sum(10, 15) == 6", "assert len([sum(4, 6)]) == 1"]}
+    assert check_completion(own, "def sum(a, b):\n    return 6 if a == 10 else 3\n", FAST).passed
+    assert check_completion(own, "def sum(a, b):\n    return 5\n", FAST).status == "failed"
