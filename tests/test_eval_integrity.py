@@ -276,3 +276,28 @@ def test_the_builtins_a_test_calls_are_the_evaluators_own(builtin):
     own = {"style": "asserts", "setup": "", "asserts": ["assert sum(10, 15) == 6", "assert len([sum(4, 6)]) == 1"]}
     assert check_completion(own, "def sum(a, b):\n    return 6 if a == 10 else 3\n", FAST).passed
     assert check_completion(own, "def sum(a, b):\n    return 5\n", FAST).status == "failed"
+
+
+@pytest.mark.parametrize("control", ["StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt",
+                                     "SystemExit"])
+def test_a_candidates_control_flow_exception_fails_the_problem(control):
+    """A candidate raising StopIteration used to pass `assert all(map(candidate, xs))` (the iteration
+    ended silently), and one the test catches with `except Exception` passed too; each control-flow
+    exception is now a failure of the program, whatever the test catches, while an ordinary exception
+    still reaches the test as its built-in type."""
+    test = {"style": "humaneval", "prompt": "def f(x):\n", "entry_point": "f",
+            "test": ("def check(f):\n    try:\n        f(-1)\n    except ValueError:\n        pass\n"
+                     "    try:\n        f(0)\n    except Exception:\n        pass\n    assert all(map(f, [1, 2]))\n")}
+    right = "    if x < 0:\n        raise ValueError(x)\n    return True\n"
+    assert check_completion(test, right, FAST).passed
+    for wrong in ("    if x == 0:\n        raise {}\n", "    if x == 2:\n        raise {}\n"):
+        outcome = check_completion(test, right.replace("    return", wrong.format(control) + "    return"), FAST)
+        assert outcome.status == "failed" and control in outcome.reason, outcome
+
+
+def test_nan_equals_nan_where_the_canonical_answer_is_nan():
+    plus = {"style": "evalplus", "prompt": "def f(x):\n", "entry_point": "f", "atol": 0, "inputs": [[1.0], [-1.0]],
+            "canonical_solution": "    return float('nan') if x < 0 else [x, float('nan')]\n"}
+    assert check_completion(plus, "    return float('nan') if x < 0 else [x, float('nan')]\n", FAST).passed
+    assert check_completion(plus, "    return 0.0 if x < 0 else [x, float('nan')]\n", FAST).status == "failed"
+    assert check_completion(plus, "    return float('nan') if x < 0 else [x, 0.0]\n", FAST).status == "failed"

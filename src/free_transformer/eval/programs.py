@@ -133,7 +133,10 @@ def _asserts(test: dict, completion: str, limits) -> SandboxResult:
 
 
 def equal(got, expected, atol: float) -> bool:
-    """EvalPlus-style comparison: exact, except floats within atol (and a 1e-7 relative margin)."""
+    """EvalPlus-style comparison: exact, except floats within atol (and a 1e-7 relative margin); NaN
+    equals NaN (a canonical answer may be NaN)."""
+    if isinstance(expected, float) and math.isnan(expected):
+        return isinstance(got, float) and math.isnan(got)
     if isinstance(expected, float) or isinstance(got, float):
         try:
             return math.isclose(got, expected, rel_tol=1e-7, abs_tol=atol) or got == expected

@@ -311,6 +311,8 @@ class Sandbox:
         if reply[0] == "value":
             return reply[1]
         if reply[0] == "raised":
+            if reply[1] in CONTROL_FLOW:
+                raise Broken(f"it raised {reply[1]}, which would steer the test's own control flow")
             raise candidate_error(reply[1], reply[2])
         raise NotPlain(f"it returned a {reply[1]}")
 
@@ -382,12 +384,18 @@ class CandidateError(Exception):
     """An exception of the generated code, raised again in the evaluating process by name and message."""
 
 
+CONTROL_FLOW = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit"})
+"""Exceptions that steer the caller (an iteration that ends, a generator closed, a process stopped): a
+candidate's never reaches the test, where `all(map(candidate, xs))` would take it for the end of `xs`."""
+
+
 def candidate_error(name: str, message: str) -> Exception:
-    """The built-in exception `name` with `message` (a test may expect one); CandidateError otherwise."""
+    """The built-in exception `name` with `message` (a test may expect one); CandidateError otherwise.
+    Never one of CONTROL_FLOW (Sandbox.call makes those a failure of the program)."""
     import builtins
 
     kind = getattr(builtins, name, None)
-    if isinstance(kind, type) and issubclass(kind, Exception):
+    if name not in CONTROL_FLOW and isinstance(kind, type) and issubclass(kind, Exception):
         try:
             return kind(message)
         except Exception:

@@ -368,7 +368,7 @@ def serve(namespace: dict, plain, requests, replies, names: list) -> None:
                 answer(("not plain", str(error)))
                 continue
             answer(("value", result))
-        except Exception as error:
+        except BaseException as error:  # SystemExit and the like too: the evaluator fails the program for them
             try:
                 answer(("raised", type(error).__name__, str(error)[:2000]))
             except Exception:
