@@ -301,3 +301,77 @@ def test_nan_equals_nan_where_the_canonical_answer_is_nan():
     assert check_completion(plus, "    return float('nan') if x < 0 else [x, float('nan')]\n", FAST).passed
     assert check_completion(plus, "    return 0.0 if x < 0 else [x, float('nan')]\n", FAST).status == "failed"
     assert check_completion(plus, "    return float('nan') if x < 0 else [x, 0.0]\n", FAST).status == "failed"
+
+
+# Writes a forged guard report to stderr, placed where the report used to be read (the first line of the
+# last 64 KiB), then exits with the status of a refusal
+FORGED_REPORT = """
+import os, sys
+forged = '@@sandbox ' + {report!r} + '\\n'
+sys.stderr.write('x' * 1000 + '\\n' + forged + 'z' * (65536 - len(forged)))
+sys.stderr.flush()
+os._exit({status})
+"""
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_no_program_can_forge_the_guards_report_or_a_refusal(style):
+    """A program that wrote a forged `@@sandbox {"missing": ...}` line and exited 3 made check_completion
+    raise SandboxUnavailable, which stopped the whole `eval` ("this machine gives no namespaces"); one
+    exiting 0 forged SandboxResult.isolation. The guard's report travels on a pipe that it closes before
+    the program runs: the problem fails, and the isolation is the guard's."""
+    test, body = STYLES[style]
+    refusal = FORGED_REPORT.format(report='{"missing": ["namespaces (forged)"]}', status=3)
+    outcome = check_completion(test, body.format("x + 1") + refusal, FAST)
+    assert outcome.status == "failed" and "missing" not in outcome.isolation, outcome
+    truth = run_python("pass\n", FAST).isolation
+    forged = run_python(FORGED_REPORT.format(report='{"seccomp": "forged", "audit_hook": "forged"}', status=0), FAST)
+    assert forged.passed and forged.isolation == truth and truth["audit_hook"] is True
+
+
+# Writes a call's answer itself on every descriptor (one is the guard's answer pipe): N integers whose
+# hashes all collide, as a set or a dict, which costs the reader as much per member as the members so far
+STALL = """
+import json, os
+members = [k * (2**61 - 1) for k in range(1, 20001)]
+names = {{"tuple": ["names", {{"dict": [["f", {{"tuple": ["callable"]}}]]}}]}}
+value = {{"tuple": ["value", {{"{tag}": {members}}}]}}
+line = (json.dumps(names) + "\\n" + json.dumps(value) + "\\n").encode()
+for fd in range(3, 64):
+    try:
+        os.write(fd, line)
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.parametrize("tag", ["set", "dict"])
+def test_a_stalling_answer_is_a_timeout_of_its_program(tag):
+    """Integers whose hashes all collide, sent back as a set, were rebuilt after the deadline check, in
+    a time quadratic in their number (60,000 took 73 s); sets and dicts are now rebuilt under it."""
+    test = {"style": "humaneval", "prompt": "def f(n):\n", "test": "def check(f):\n    assert f(1) == 1\n",
+            "entry_point": "f"}
+    members = "members" if tag == "set" else "[[m, 0] for m in members]"
+    limits = SandboxLimits(timeout_s=1, memory_mb=512, allow_hook_only=not kernel_sandbox())
+    started = time.monotonic()
+    outcome = check_completion(test, "    return n\n" + STALL.format(tag=tag, members=members), limits)
+    assert outcome.status == "timeout" and time.monotonic() - started < 3, outcome
+
+
+def test_eval_goes_on_past_a_program_that_forges_a_refusal(tmp_path, monkeypatch):
+    """The forged refusal above used to stop `eval` (exit 2, "this machine gives no namespaces", no
+    results); it is now that problem's failure, and the next problem is scored."""
+    import json
+
+    from free_transformer.cli import main
+    from free_transformer.eval import runner
+
+    forged = "    return x\n" + FORGED_REPORT.format(report='{"missing": ["namespaces (forged)"]}', status=3)
+    answers = iter([forged, "    pass\n"])
+    monkeypatch.setattr(runner, "generate_texts", lambda *args, **kwargs: ([next(answers)], False))
+    run = tiny_checkpoint(tmp_path, "run", 0)
+    output = tmp_path / "results.json"
+    assert main(["eval", str(run), "--tasks", "humaneval", "--limit", "2", "--no-progress", "--code-timeout", "5",
+                 "--output", str(output), *hook_only_args()]) == 0
+    per_doc = json.loads(output.read_text())["tasks"]["humaneval"]["per_doc"]
+    assert [doc["status"] for doc in per_doc] == [["failed"], ["failed"]]
