@@ -139,6 +139,25 @@ def test_a_config_nested_too_deep_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("key", ["[1, 2]", "{a: 1}"], ids=["list", "mapping"])
+def test_a_yaml_key_that_is_not_a_scalar_is_one_line_naming_the_file(tmp_path, capsys, key):
+    """`? [1, 2]` as a key, in a config file, an override, or a run's config.yaml read by `inspect` and
+    `--resume`, was a TypeError traceback (an unhashable key)."""
+    config = tmp_path / "key.yaml"
+    config.write_text(f"optim:\n  ? {key}\n  : 3\n")
+    error = _one_line_error(capsys, "train", "--config", str(config), "--out", str(tmp_path / "new"))
+    assert f"cannot read config {config}: a key must be a scalar (one line)" in error
+    error = _one_line_error(capsys, "train", "--out", str(tmp_path / "new"), f"optim={{? {key} : 3}}")
+    assert "override optim: cannot read its value: a key must be a scalar (one line)" in error
+    assert not (tmp_path / "new").exists()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(f"model: {{latent_bits: 4}}\n? {key}\n: 3\n")
+    for argv in (["inspect", str(run)], ["train", "--out", str(run), "--resume"]):
+        error = _one_line_error(capsys, *argv)
+        assert f"{run / 'config.yaml'}" in error and "a key must be a scalar (one line)" in error, error
+
+
 @pytest.mark.parametrize("line", [
     {"step": 1},  # no losses
     [1, 2, 3],  # not a record
