@@ -303,3 +303,20 @@ def test_json_nested_too_deep_is_one_line_in_every_reader(tmp_path, capsys):
     error = _one_line_error(capsys, "eval", str(run), "--tasks", "race_high", "--data", f"race_high={data}",
                             "--limit", "1", "--no-progress")
     assert str(data) in error and "nested too deeply" in error
+
+
+@pytest.mark.parametrize("task,field,answer", [
+    ("race_high", "answer", "1e999"), ("race_high", "answer", "1.5"), ("race_high", "answer", "7"),
+    ("race_high", "answer", "-1"), ("race_high", "answer", '"Z"'), ("piqa", "label", "1.5"), ("piqa", "label", "2"),
+])
+def test_an_answer_that_names_no_choice_is_one_line_naming_the_row(tmp_path, capsys, task, field, answer):
+    """`eval --data` rows whose answer is 1e999 (an OverflowError traceback), 1.5 (taken as 1), 7 of two
+    choices or -1 (accepted silently, scoring against nothing or the last choice)."""
+    row = ({"article": "a", "question": "q", "options": ["x", "y"]} if task == "race_high" else
+           {"goal": "g", "sol1": "x", "sol2": "y"})
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({**row, field: 0}) + "\n" + json.dumps(row)[:-1] + f', "{field}": {answer}}}\n')
+    checkpoint = tiny_checkpoint(tmp_path, "ckpt", 0)
+    error = _one_line_error(capsys, "eval", str(checkpoint), "--tasks", task, "--data", f"{task}={rows}",
+                            "--num-fewshot", "0", "--no-progress", "--output", str(tmp_path / "out.json"))
+    assert f"{task}: row 1 of user file {rows}: its answer" in error, error
