@@ -211,6 +211,24 @@ def test_a_model_larger_than_memory_is_one_line_with_its_size(tmp_path, capsys):
     assert "a model of 214,484,237,942,792 parameters (" in error and "does not fit in this machine's memory" in error
 
 
+@pytest.mark.parametrize("field,value", [("max_seq_len", 2**40), ("dim", 2**24)])
+def test_a_checkpoint_whose_sizes_exceed_memory_is_refused_before_any_allocation(tmp_path, capsys, field, value):
+    """A checkpoint's config.json with max_seq_len 2**40 (SHA256SUMS rewritten to match) made `generate`
+    allocate 4 TiB for the RoPE tables: the memory check counted parameters only, and after allocating."""
+    from conftest import rewrite_checksums
+
+    run = tiny_checkpoint(tmp_path, "run", 0)
+    checkpoint = next((run / "checkpoints").iterdir())
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["model"][field] = value
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    rewrite_checksums(checkpoint)
+    error = _one_line_error(capsys, "generate", str(run), "--prompt", "a", "--max-new-tokens", "2")
+    assert f"{checkpoint / 'config.json'}: a model of " in error and "does not fit in this machine's memory" in error
+    if field == "max_seq_len":
+        assert "RoPE tables for max_seq_len 1,099,511,627,776" in error, error
+
+
 def test_convert_of_an_hf_directory_with_a_pickled_bin_is_one_line(tmp_path, capsys):
     import torch
 
