@@ -28,11 +28,11 @@ class TooDeep(json.JSONDecodeError):
         return self.msg
 
 
-def loads_json(text: str | bytes):
-    """json.loads, with nesting too deep for the parser a TooDeep (a JSONDecodeError) instead of a
-    RecursionError."""
+def loads_json(text: str | bytes, **options):
+    """json.loads (with its `options`), with nesting too deep for the parser a TooDeep (a
+    JSONDecodeError) instead of a RecursionError."""
     try:
-        return json.loads(text)
+        return json.loads(text, **options)
     except RecursionError:
         raise TooDeep(text if isinstance(text, str) else "") from None
 
