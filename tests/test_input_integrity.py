@@ -338,3 +338,31 @@ def test_an_answer_that_names_no_choice_is_one_line_naming_the_row(tmp_path, cap
     error = _one_line_error(capsys, "eval", str(checkpoint), "--tasks", task, "--data", f"{task}={rows}",
                             "--num-fewshot", "0", "--no-progress", "--output", str(tmp_path / "out.json"))
     assert f"{task}: row 1 of user file {rows}: its answer" in error, error
+
+
+@pytest.mark.parametrize("key", ["sesame", "clé-ключ-鍵"])
+def test_an_api_key_matches_whatever_its_characters(key):
+    """`serve --api-key` with a non-ASCII key could never match: the header, read as Latin-1, was
+    encoded again as UTF-8 before the comparison."""
+    import asyncio
+
+    from free_transformer.serve.app import Guard
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    def status(authorization: bytes) -> int:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        scope = {"type": "http", "path": "/v1/models", "headers": [(b"authorization", authorization)]}
+        asyncio.run(Guard(app, key, 2**20)(scope, receive, send))
+        return sent[0]["status"]
+
+    assert status(b"Bearer " + key.encode()) == 200
+    assert status(b"Bearer " + key.encode()[:-1]) == 401 and status(b"Basic " + key.encode()) == 401
