@@ -366,3 +366,27 @@ def test_an_api_key_matches_whatever_its_characters(key):
 
     assert status(b"Bearer " + key.encode()) == 200
     assert status(b"Bearer " + key.encode()[:-1]) == 401 and status(b"Basic " + key.encode()) == 401
+
+
+@pytest.mark.parametrize("target", ["hf", "checkpoint"])
+def test_convert_refuses_a_tokenizer_name_that_generate_would_refuse(tmp_path, capsys, target):
+    """A checkpoint (or an HF export) recording tokenizer 'nosuch' converted silently; `generate` then
+    refused the result."""
+    from conftest import rewrite_checksums
+
+    run = tiny_checkpoint(tmp_path, "run", 0)
+    checkpoint = next((run / "checkpoints").iterdir())
+    source = run
+    if target == "checkpoint":  # from an HF export whose config names the tokenizer
+        assert main(["convert", str(run), str(tmp_path / "hf"), "--to", "hf"]) == 0
+        config_file, key, source = tmp_path / "hf" / "config.json", "tokenizer_name", tmp_path / "hf"
+    else:
+        config_file, key = checkpoint / "config.json", "tokenizer"
+    config = json.loads(config_file.read_text())
+    config[key] = "nosuch"
+    config_file.write_text(json.dumps(config))
+    rewrite_checksums(checkpoint)
+    capsys.readouterr()
+    error = _one_line_error(capsys, "convert", str(source), str(tmp_path / "out"), "--to", target)
+    assert f"{source}: the model's tokenizer: unknown tokenizer 'nosuch'" in error, error
+    assert not (tmp_path / "out").exists()

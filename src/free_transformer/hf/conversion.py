@@ -24,6 +24,7 @@ from transformers import LlamaConfig
 
 from ..base.bounded import loads_json
 from ..base.checks import ConfigError
+from ..data.tokenizer import TokenizerError, check_tokenizer_name
 from ..model.config import ModelConfig
 from ..model.layers import rope_tables
 from ..model.state_names import split_state_dict, upgrade_state_dict
@@ -314,6 +315,14 @@ def with_fresh_latent_path(baseline: FreeTransformer, latent_bits: int, latent_l
 # ---- our checkpoints <-> the Hugging Face format -------------------------------------------------
 
 
+def _check_tokenizer(name: str | None, source) -> None:
+    """A tokenizer name that generate would refuse is refused when the source is read."""
+    try:
+        check_tokenizer_name(name)
+    except TokenizerError as error:
+        raise ConversionError(f"{source}: the model's tokenizer: {error}") from None
+
+
 def load_any(path: str | Path, *, max_seq_len: int | None = None, dtype: torch.dtype | None = None
              ) -> tuple[FreeTransformer, dict]:
     """(our model, metadata {"tokenizer", "token_ids", "format"}) from a directory in any FORMATS."""
@@ -324,14 +333,17 @@ def load_any(path: str | Path, *, max_seq_len: int | None = None, dtype: torch.d
         return model, {"format": fmt, "tokenizer": llama_tokenizer_name(path), "token_ids": token_ids}
     if fmt == "checkpoint":
         model, config = load_model(path)
+        _check_tokenizer(config.get("tokenizer"), path)
         meta = {"format": fmt, "tokenizer": config.get("tokenizer"), "token_ids": config.get("token_ids", {})}
     else:
         safetensors_weights(Path(path))  # never a pickled pytorch_model.bin: from_pretrained would unpickle it
         config_file = Path(path) / "config.json"
         try:  # checked against the weights before transformers sees it (it would build what the config says)
-            config = FreeTransformerConfig.from_dict(read_json(config_file)).to_model_config()
+            hf_config = FreeTransformerConfig.from_dict(read_json(config_file))
+            config = hf_config.to_model_config()
         except (ValueError, TypeError) as error:
             raise ConversionError(f"{config_file}: {' '.join(str(error).split())}") from None
+        _check_tokenizer(hf_config.tokenizer_name, path)
         check_config_fits_weights(config, config_file, Path(path), prefix="model.")
         hf_model = FreeTransformerForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True)
         model = hf_model.model
