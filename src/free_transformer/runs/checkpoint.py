@@ -107,7 +107,7 @@ def fsync_dir(path: Path) -> None:
 def remove_checkpoint(path: Path) -> None:
     """Rename a step directory out of the step_* namespace (atomic), then delete it: a process killed
     mid-delete leaves a .tmp_step_* directory (removed when training starts), never a partial step_*."""
-    trash = path.with_name(f".tmp_{path.name}_removed")
+    trash = refuse_links(path.with_name(f".tmp_{path.name}_removed"), path.parent)  # a planted link: one line
     shutil.rmtree(trash, ignore_errors=True)
     os.replace(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
