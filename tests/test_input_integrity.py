@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Payload, tiny_checkpoint, tiny_run_config
+from conftest import TINY, Payload, tiny_checkpoint, tiny_run_config
 
 from free_transformer.cli import main
 from free_transformer.train.metrics import read_metrics
@@ -390,3 +390,18 @@ def test_convert_refuses_a_tokenizer_name_that_generate_would_refuse(tmp_path, c
     error = _one_line_error(capsys, "convert", str(source), str(tmp_path / "out"), "--to", target)
     assert f"{source}: the model's tokenizer: unknown tokenizer 'nosuch'" in error, error
     assert not (tmp_path / "out").exists()
+
+
+def test_a_number_too_long_to_read_in_metrics_is_one_line_naming_the_file(tmp_path, capsys):
+    """A 5,000-digit integer in metrics.jsonl blocked `--resume` and `inspect` with Python's
+    "Exceeds the limit (4300 digits)", naming no file."""
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *TINY, "steps=1"]) == 0
+    metrics = run / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 1, "loss": ' + "9" * 5000 + "}\n")
+    capsys.readouterr()
+    for argv in (["train", "--out", str(run), "--resume", "steps=2"], ["inspect", str(run)]):
+        assert main(argv) == 2
+        error = capsys.readouterr().err.strip()
+        assert "Traceback" not in error and error.splitlines()[-1].startswith(
+            f"error: {metrics} line 2 holds a line this package did not write (a number too long to read"), error
