@@ -254,3 +254,124 @@ def test_sigterm_to_any_caller_of_run_python_kills_its_program_and_removes_its_d
         monkeypatch.setattr(tempfile, "tempdir", str(temp))
         run_python("pass\n", FAST)
     assert list(temp.iterdir()) == []
+
+
+SHADOWED = {  # a builtin the test calls: (the right answer, a wrong one)
+    "set": ([1, 2, 3], []), "sorted": ([1, 2, 3], []), "abs": (-3, 5), "round": (2.0, 9.0), "len": ([1, 2, 3], []),
+}
+
+
+@pytest.mark.parametrize("builtin", list(SHADOWED))
+def test_the_builtins_a_test_calls_are_the_evaluators_own(builtin):
+    """`assert set(f(x)) == set(y)` used to pass a wrong `f` when the program defined `set` to return 1:
+    the program's `set` took the builtin's place in the evaluator. Only the candidate crosses now."""
+    right, wrong = SHADOWED[builtin]
+    test = {"style": "asserts", "setup": "", "asserts": [f"assert {builtin}(f(3)) == {builtin}({right!r})"]}
+    forged = f"def {builtin}(*args, **kwargs):\n    return 1\n"
+    assert check_completion(test, f"def f(x):\n    return {wrong!r}\n" + forged, FAST).status == "failed"
+    # a program may still use a helper of that name for itself
+    helper = f"def {builtin}(value):\n    return value\ndef f(x):\n    return {builtin}({right!r})\n"
+    assert check_completion(test, helper, FAST).passed
+    # a task whose function has a builtin's name (MBPP's `sum`) is that function
+    own = {"style": "asserts", "setup": "", "asserts": ["assert sum(10, 15) == 6", "assert len([sum(4, 6)]) == 1"]}
+    assert check_completion(own, "def sum(a, b):\n    return 6 if a == 10 else 3\n", FAST).passed
+    assert check_completion(own, "def sum(a, b):\n    return 5\n", FAST).status == "failed"
+
+
+@pytest.mark.parametrize("control", ["StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt",
+                                     "SystemExit"])
+def test_a_candidates_control_flow_exception_fails_the_problem(control):
+    """A candidate raising StopIteration used to pass `assert all(map(candidate, xs))` (the iteration
+    ended silently), and one the test catches with `except Exception` passed too; each control-flow
+    exception is now a failure of the program, whatever the test catches, while an ordinary exception
+    still reaches the test as its built-in type."""
+    test = {"style": "humaneval", "prompt": "def f(x):\n", "entry_point": "f",
+            "test": ("def check(f):\n    try:\n        f(-1)\n    except ValueError:\n        pass\n"
+                     "    try:\n        f(0)\n    except Exception:\n        pass\n    assert all(map(f, [1, 2]))\n")}
+    right = "    if x < 0:\n        raise ValueError(x)\n    return True\n"
+    assert check_completion(test, right, FAST).passed
+    for wrong in ("    if x == 0:\n        raise {}\n", "    if x == 2:\n        raise {}\n"):
+        outcome = check_completion(test, right.replace("    return", wrong.format(control) + "    return"), FAST)
+        assert outcome.status == "failed" and control in outcome.reason, outcome
+
+
+def test_nan_equals_nan_where_the_canonical_answer_is_nan():
+    plus = {"style": "evalplus", "prompt": "def f(x):\n", "entry_point": "f", "atol": 0, "inputs": [[1.0], [-1.0]],
+            "canonical_solution": "    return float('nan') if x < 0 else [x, float('nan')]\n"}
+    assert check_completion(plus, "    return float('nan') if x < 0 else [x, float('nan')]\n", FAST).passed
+    assert check_completion(plus, "    return 0.0 if x < 0 else [x, float('nan')]\n", FAST).status == "failed"
+    assert check_completion(plus, "    return float('nan') if x < 0 else [x, 0.0]\n", FAST).status == "failed"
+
+
+# Writes a forged guard report to stderr, placed where the report used to be read (the first line of the
+# last 64 KiB), then exits with the status of a refusal
+FORGED_REPORT = """
+import os, sys
+forged = '@@sandbox ' + {report!r} + '\\n'
+sys.stderr.write('x' * 1000 + '\\n' + forged + 'z' * (65536 - len(forged)))
+sys.stderr.flush()
+os._exit({status})
+"""
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_no_program_can_forge_the_guards_report_or_a_refusal(style):
+    """A program that wrote a forged `@@sandbox {"missing": ...}` line and exited 3 made check_completion
+    raise SandboxUnavailable, which stopped the whole `eval` ("this machine gives no namespaces"); one
+    exiting 0 forged SandboxResult.isolation. The guard's report travels on a pipe that it closes before
+    the program runs: the problem fails, and the isolation is the guard's."""
+    test, body = STYLES[style]
+    refusal = FORGED_REPORT.format(report='{"missing": ["namespaces (forged)"]}', status=3)
+    outcome = check_completion(test, body.format("x + 1") + refusal, FAST)
+    assert outcome.status == "failed" and "missing" not in outcome.isolation, outcome
+    truth = run_python("pass\n", FAST).isolation
+    forged = run_python(FORGED_REPORT.format(report='{"seccomp": "forged", "audit_hook": "forged"}', status=0), FAST)
+    assert forged.passed and forged.isolation == truth and truth["audit_hook"] is True
+
+
+# Writes a call's answer itself on every descriptor (one is the guard's answer pipe): N integers whose
+# hashes all collide, as a set or a dict, which costs the reader as much per member as the members so far
+STALL = """
+import json, os
+members = [k * (2**61 - 1) for k in range(1, 20001)]
+names = {{"tuple": ["names", {{"dict": [["f", {{"tuple": ["callable"]}}]]}}]}}
+value = {{"tuple": ["value", {{"{tag}": {members}}}]}}
+line = (json.dumps(names) + "\\n" + json.dumps(value) + "\\n").encode()
+for fd in range(3, 64):
+    try:
+        os.write(fd, line)
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.parametrize("tag", ["set", "dict"])
+def test_a_stalling_answer_is_a_timeout_of_its_program(tag):
+    """Integers whose hashes all collide, sent back as a set, were rebuilt after the deadline check, in
+    a time quadratic in their number (60,000 took 73 s); sets and dicts are now rebuilt under it."""
+    test = {"style": "humaneval", "prompt": "def f(n):\n", "test": "def check(f):\n    assert f(1) == 1\n",
+            "entry_point": "f"}
+    members = "members" if tag == "set" else "[[m, 0] for m in members]"
+    limits = SandboxLimits(timeout_s=1, memory_mb=512, allow_hook_only=not kernel_sandbox())
+    started = time.monotonic()
+    outcome = check_completion(test, "    return n\n" + STALL.format(tag=tag, members=members), limits)
+    assert outcome.status == "timeout" and time.monotonic() - started < 3, outcome
+
+
+def test_eval_goes_on_past_a_program_that_forges_a_refusal(tmp_path, monkeypatch):
+    """The forged refusal above used to stop `eval` (exit 2, "this machine gives no namespaces", no
+    results); it is now that problem's failure, and the next problem is scored."""
+    import json
+
+    from free_transformer.cli import main
+    from free_transformer.eval import runner
+
+    forged = "    return x\n" + FORGED_REPORT.format(report='{"missing": ["namespaces (forged)"]}', status=3)
+    answers = iter([forged, "    pass\n"])
+    monkeypatch.setattr(runner, "generate_texts", lambda *args, **kwargs: ([next(answers)], False))
+    run = tiny_checkpoint(tmp_path, "run", 0)
+    output = tmp_path / "results.json"
+    assert main(["eval", str(run), "--tasks", "humaneval", "--limit", "2", "--no-progress", "--code-timeout", "5",
+                 "--output", str(output), *hook_only_args()]) == 0
+    per_doc = json.loads(output.read_text())["tasks"]["humaneval"]["per_doc"]
+    assert [doc["status"] for doc in per_doc] == [["failed"], ["failed"]]

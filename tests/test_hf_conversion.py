@@ -191,3 +191,46 @@ def test_an_export_written_before_the_latent_path_module_loads():
     loaded = hf_model.model.state_dict()
     assert loaded.keys() == ours.state_dict().keys()
     assert all(torch.equal(loaded[name], tensor) for name, tensor in ours.state_dict().items())
+
+
+CONFIG_DAMAGE = {  # what a config.json that does not describe its weights did to `convert`; {n}: its layers
+    "sizes that do not match the weights": (lambda c: json.dumps({**c, "vocab_size": 512}),
+                                            "embed_tokens.weight is [256, {d}] in the weights, [512, {d}] by the config"),
+    "a layer more than the weights": (lambda c: json.dumps({**c, "num_hidden_layers": c["num_hidden_layers"] + 1}),
+                                      "the weights lack layers.{n}."),  # it used to be a random layer, silently
+    "a layer less than the weights": (lambda c: json.dumps({**c, "num_hidden_layers": c["num_hidden_layers"] - 1}),
+                                      "the weights hold layers.{n_1}."),
+    "a duplicate key": (lambda c: json.dumps(c)[:-1] + ', "hidden_size": 64}', "duplicate key 'hidden_size'"),
+    "a list": (lambda c: json.dumps([c]), "it must hold a JSON object, not a list"),
+    "RoPE tables of 4 TiB": (lambda c: json.dumps({**c, "max_position_embeddings": 2**40}),
+                             "does not fit in this machine's memory"),
+}
+
+
+@pytest.mark.parametrize("damage", list(CONFIG_DAMAGE))
+@pytest.mark.parametrize("source", ["hf", "llama"])
+def test_a_config_json_is_checked_against_its_weights_before_it_is_used(tmp_path, capsys, source, damage):
+    """An HF or Llama config.json whose sizes do not match the weights was a RuntimeError traceback
+    from transformers (or, one layer more, a silently random layer); one with a duplicate key was read
+    silently, one that is a list an AttributeError. Each is one line naming the file, before any model
+    is built; an older export (other tensor names) still converts."""
+    if source == "hf":
+        save_checkpoint(tmp_path / "run", 0, tiny_model(dtype=torch.float32, latent_bits=0, vocab_size=256), {})
+        assert main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+        directory = tmp_path / "hf"
+    else:
+        _, directory = tiny_llama(tmp_path, tie=False, vocab_size=256)
+    config_file = Path(directory) / "config.json"
+    config = json.loads(config_file.read_text())
+    rewrite, message = CONFIG_DAMAGE[damage]
+    config_file.write_text(rewrite(config))
+    capsys.readouterr()
+    assert main(["convert", str(directory), str(tmp_path / "out"), "--to", "checkpoint"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and str(config_file) in error, error
+    d, n = config["hidden_size"], config["num_hidden_layers"]
+    assert message.format(d=d, n=n, n_1=n - 1) in error, error
+    assert not (tmp_path / "out").exists()
+    if source == "hf" and damage == "a list":
+        legacy = Path(__file__).parent / "data" / "legacy-hf"
+        assert main(["convert", str(legacy), str(tmp_path / "legacy"), "--to", "checkpoint"]) == 0

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Payload, tiny_checkpoint, tiny_run_config
+from conftest import TINY, Payload, tiny_checkpoint, tiny_run_config
 
 from free_transformer.cli import main
 from free_transformer.train.metrics import read_metrics
@@ -139,6 +139,25 @@ def test_a_config_nested_too_deep_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("key", ["[1, 2]", "{a: 1}"], ids=["list", "mapping"])
+def test_a_yaml_key_that_is_not_a_scalar_is_one_line_naming_the_file(tmp_path, capsys, key):
+    """`? [1, 2]` as a key, in a config file, an override, or a run's config.yaml read by `inspect` and
+    `--resume`, was a TypeError traceback (an unhashable key)."""
+    config = tmp_path / "key.yaml"
+    config.write_text(f"optim:\n  ? {key}\n  : 3\n")
+    error = _one_line_error(capsys, "train", "--config", str(config), "--out", str(tmp_path / "new"))
+    assert f"cannot read config {config}: a key must be a scalar (one line)" in error
+    error = _one_line_error(capsys, "train", "--out", str(tmp_path / "new"), f"optim={{? {key} : 3}}")
+    assert "override optim: cannot read its value: a key must be a scalar (one line)" in error
+    assert not (tmp_path / "new").exists()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(f"model: {{latent_bits: 4}}\n? {key}\n: 3\n")
+    for argv in (["inspect", str(run)], ["train", "--out", str(run), "--resume"]):
+        error = _one_line_error(capsys, *argv)
+        assert f"{run / 'config.yaml'}" in error and "a key must be a scalar (one line)" in error, error
+
+
 @pytest.mark.parametrize("line", [
     {"step": 1},  # no losses
     [1, 2, 3],  # not a record
@@ -190,6 +209,24 @@ def test_a_model_larger_than_memory_is_one_line_with_its_size(tmp_path, capsys):
     error = _one_line_error(capsys, "train", "--out", str(tmp_path / "run"), "model.dim=1048576",
                             "model.n_layers=64", "steps=1")
     assert "a model of 214,484,237,942,792 parameters (" in error and "does not fit in this machine's memory" in error
+
+
+@pytest.mark.parametrize("field,value", [("max_seq_len", 2**40), ("dim", 2**24)])
+def test_a_checkpoint_whose_sizes_exceed_memory_is_refused_before_any_allocation(tmp_path, capsys, field, value):
+    """A checkpoint's config.json with max_seq_len 2**40 (SHA256SUMS rewritten to match) made `generate`
+    allocate 4 TiB for the RoPE tables: the memory check counted parameters only, and after allocating."""
+    from conftest import rewrite_checksums
+
+    run = tiny_checkpoint(tmp_path, "run", 0)
+    checkpoint = next((run / "checkpoints").iterdir())
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["model"][field] = value
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    rewrite_checksums(checkpoint)
+    error = _one_line_error(capsys, "generate", str(run), "--prompt", "a", "--max-new-tokens", "2")
+    assert f"{checkpoint / 'config.json'}: a model of " in error and "does not fit in this machine's memory" in error
+    if field == "max_seq_len":
+        assert "RoPE tables for max_seq_len 1,099,511,627,776" in error, error
 
 
 def test_convert_of_an_hf_directory_with_a_pickled_bin_is_one_line(tmp_path, capsys):
@@ -284,3 +321,87 @@ def test_json_nested_too_deep_is_one_line_in_every_reader(tmp_path, capsys):
     error = _one_line_error(capsys, "eval", str(run), "--tasks", "race_high", "--data", f"race_high={data}",
                             "--limit", "1", "--no-progress")
     assert str(data) in error and "nested too deeply" in error
+
+
+@pytest.mark.parametrize("task,field,answer", [
+    ("race_high", "answer", "1e999"), ("race_high", "answer", "1.5"), ("race_high", "answer", "7"),
+    ("race_high", "answer", "-1"), ("race_high", "answer", '"Z"'), ("piqa", "label", "1.5"), ("piqa", "label", "2"),
+])
+def test_an_answer_that_names_no_choice_is_one_line_naming_the_row(tmp_path, capsys, task, field, answer):
+    """`eval --data` rows whose answer is 1e999 (an OverflowError traceback), 1.5 (taken as 1), 7 of two
+    choices or -1 (accepted silently, scoring against nothing or the last choice)."""
+    row = ({"article": "a", "question": "q", "options": ["x", "y"]} if task == "race_high" else
+           {"goal": "g", "sol1": "x", "sol2": "y"})
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({**row, field: 0}) + "\n" + json.dumps(row)[:-1] + f', "{field}": {answer}}}\n')
+    checkpoint = tiny_checkpoint(tmp_path, "ckpt", 0)
+    error = _one_line_error(capsys, "eval", str(checkpoint), "--tasks", task, "--data", f"{task}={rows}",
+                            "--num-fewshot", "0", "--no-progress", "--output", str(tmp_path / "out.json"))
+    assert f"{task}: row 1 of user file {rows}: its answer" in error, error
+
+
+@pytest.mark.parametrize("key", ["sesame", "clé-ключ-鍵"])
+def test_an_api_key_matches_whatever_its_characters(key):
+    """`serve --api-key` with a non-ASCII key could never match: the header, read as Latin-1, was
+    encoded again as UTF-8 before the comparison."""
+    import asyncio
+
+    from free_transformer.serve.app import Guard
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    def status(authorization: bytes) -> int:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        scope = {"type": "http", "path": "/v1/models", "headers": [(b"authorization", authorization)]}
+        asyncio.run(Guard(app, key, 2**20)(scope, receive, send))
+        return sent[0]["status"]
+
+    assert status(b"Bearer " + key.encode()) == 200
+    assert status(b"Bearer " + key.encode()[:-1]) == 401 and status(b"Basic " + key.encode()) == 401
+
+
+@pytest.mark.parametrize("target", ["hf", "checkpoint"])
+def test_convert_refuses_a_tokenizer_name_that_generate_would_refuse(tmp_path, capsys, target):
+    """A checkpoint (or an HF export) recording tokenizer 'nosuch' converted silently; `generate` then
+    refused the result."""
+    from conftest import rewrite_checksums
+
+    run = tiny_checkpoint(tmp_path, "run", 0)
+    checkpoint = next((run / "checkpoints").iterdir())
+    source = run
+    if target == "checkpoint":  # from an HF export whose config names the tokenizer
+        assert main(["convert", str(run), str(tmp_path / "hf"), "--to", "hf"]) == 0
+        config_file, key, source = tmp_path / "hf" / "config.json", "tokenizer_name", tmp_path / "hf"
+    else:
+        config_file, key = checkpoint / "config.json", "tokenizer"
+    config = json.loads(config_file.read_text())
+    config[key] = "nosuch"
+    config_file.write_text(json.dumps(config))
+    rewrite_checksums(checkpoint)
+    capsys.readouterr()
+    error = _one_line_error(capsys, "convert", str(source), str(tmp_path / "out"), "--to", target)
+    assert f"{source}: the model's tokenizer: unknown tokenizer 'nosuch'" in error, error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_number_too_long_to_read_in_metrics_is_one_line_naming_the_file(tmp_path, capsys):
+    """A 5,000-digit integer in metrics.jsonl blocked `--resume` and `inspect` with Python's
+    "Exceeds the limit (4300 digits)", naming no file."""
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *TINY, "steps=1"]) == 0
+    metrics = run / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 1, "loss": ' + "9" * 5000 + "}\n")
+    capsys.readouterr()
+    for argv in (["train", "--out", str(run), "--resume", "steps=2"], ["inspect", str(run)]):
+        assert main(argv) == 2
+        error = capsys.readouterr().err.strip()
+        assert "Traceback" not in error and error.splitlines()[-1].startswith(
+            f"error: {metrics} line 2 holds a line this package did not write (a number too long to read"), error

@@ -180,3 +180,18 @@ def test_a_folder_of_the_run_linked_outside_is_neither_written_nor_pruned_throug
     with pytest.raises(UserError, match="symbolic link"):
         CurveRecord(run)
     assert list((tmp_path / "eval-outside").iterdir()) == []
+
+
+@pytest.mark.parametrize("name", [".tmp_step_00000001_removed", ".tmp_step_00000009_x1"])
+def test_a_planted_temporary_checkpoint_link_is_one_line(tmp_path, capsys, name):
+    """A `.tmp_step_*` link in RUN/checkpoints (the names a checkpoint is written and removed under),
+    to a file outside the run, stopped a run with a raw `[Errno 20] Not a directory` when rotation moved
+    a step onto it. It is refused in one line naming it, and the file outside is left as it was."""
+    run, outside = tmp_path / "run", tmp_path / "outside.txt"
+    assert main(["train", "--out", str(run), *TINY, "steps=1", "checkpoint_every=1", "keep_checkpoints=1"]) == 0
+    outside.write_text("kept")
+    (run / "checkpoints" / name).symlink_to(outside)
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "steps=3", "checkpoint_every=1", "keep_checkpoints=1"]) == 2
+    _one_line_error(capsys, "symbolic link", str(run / "checkpoints" / name))
+    assert outside.read_text() == "kept"

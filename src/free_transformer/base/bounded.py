@@ -2,8 +2,8 @@
 deeper than Python's recursion allows is one line (json's and PyYAML's parsers recurse once per level),
 and YAML aliases may not expand to more than MAX_YAML_VALUES values (a "billion laughs" file of nested
 `&a [*a, *a, ...]` is a few lines whose expansion, printed in an error message, would never end).
-YAML's merge key (`<<: *defaults`) is read, and a key given twice in one mapping is an error (YAML
-keeps the last one silently)."""
+YAML's merge key (`<<: *defaults`) is read; a key given twice in one mapping is an error (YAML
+keeps the last one silently), and so is a key that is not a scalar (`? [1, 2]`)."""
 
 from __future__ import annotations
 
@@ -28,24 +28,28 @@ class TooDeep(json.JSONDecodeError):
         return self.msg
 
 
-def loads_json(text: str | bytes):
-    """json.loads, with nesting too deep for the parser a TooDeep (a JSONDecodeError) instead of a
-    RecursionError."""
+def loads_json(text: str | bytes, **options):
+    """json.loads (with its `options`), with nesting too deep for the parser a TooDeep (a
+    JSONDecodeError) instead of a RecursionError."""
     try:
-        return json.loads(text)
+        return json.loads(text, **options)
     except RecursionError:
         raise TooDeep(text if isinstance(text, str) else "") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load, except that a key given twice in one mapping is an error (merged keys may be
-    overridden, as YAML's merge key means)."""
+    overridden, as YAML's merge key means), and so is a key that is not a scalar (`? [1, 2]`)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
             if key_node.tag == _MERGE:
                 continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+                raise yaml.constructor.ConstructorError(None, None, f"a key must be a scalar (one line), not a {kind}",
+                                                        key_node.start_mark)
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)

@@ -85,6 +85,19 @@ TOKENIZERS = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}
 HF_PREFIX = "hf:"  # "hf:<directory>": a Hugging Face tokenizer saved in a local directory
 
 
+def check_tokenizer_name(name: str | None) -> None:
+    """The TokenizerError get_tokenizer gives for a name it cannot resolve (unknown, or an hf: directory
+    that does not exist), without loading anything; None (a Llama converted without its tokenizer
+    files) passes: get_tokenizer says then how to convert it again."""
+    if name is None:
+        return
+    if name.startswith(HF_PREFIX):
+        if not Path(name[len(HF_PREFIX):]).is_dir():
+            raise TokenizerError(f"the tokenizer directory {name[len(HF_PREFIX):]} does not exist")
+    elif name not in TOKENIZERS:
+        raise TokenizerError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}, or hf:<directory>")
+
+
 def get_tokenizer(name: str | None) -> Tokenizer:
     """The tokenizer a run or a checkpoint records by name; None is what a Llama converted without its
     tokenizer files records."""
@@ -99,6 +112,5 @@ def get_tokenizer(name: str | None) -> Tokenizer:
             raise TokenizerError(f"the model's tokenizer directory {directory} does not exist (moved or deleted "
                                  "since the conversion): convert the Llama again from where it is now")
         return HFTokenizer(directory, f"{HF_PREFIX}{directory.resolve()}")
-    if name not in TOKENIZERS:
-        raise TokenizerError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}, or hf:<directory>")
+    check_tokenizer_name(name)
     return TOKENIZERS[name]()

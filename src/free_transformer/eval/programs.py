@@ -11,6 +11,7 @@ another object back, or an argument the candidate mutates (only the result comes
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import importlib
 import json
@@ -51,23 +52,21 @@ def _trusted_namespace(source: str) -> dict:
 PURE_MODULES = frozenset({"math", "cmath", "re", "collections", "itertools", "functools", "heapq", "bisect",
                           "string", "operator", "statistics", "fractions", "decimal", "datetime", "copy", "json",
                           "array", "numbers", "typing", "random", "unicodedata", "textwrap", "calendar"})
-"""Modules a test may use under the name the program imported them as (importing them runs nothing
-else: `antigravity` would open a browser here)."""
+"""Standard modules a test may name without importing them (as the original harness let it use the
+program's imports): the evaluator imports its own (importing them runs nothing else: `antigravity`
+would open a browser here)."""
 
 
-def _bind(namespace: dict, box: Sandbox, names: list[str]) -> None:
-    """The program's names the tests use: functions as _Remote, PURE_MODULES imported here, plain
-    values as they are."""
-    for name in names:
-        kind = box.names.get(name)
-        if kind is None:
-            continue
-        if kind[0] == "callable":
+def _bind(namespace: dict, box: Sandbox, candidates: list[str], names: list[str]) -> None:
+    """The test's free `names`: the candidates (functions of the program) as _Remote, PURE_MODULES as
+    the evaluator's own modules. Nothing else of the program's crosses: a builtin the test calls
+    (`set`, `sorted`, `len`) is the real one whatever the program defines."""
+    for name in candidates:
+        if box.names.get(name) == ("callable",):
             namespace[name] = _Remote(box, name)
-        elif kind[0] == "module" and kind[1] in PURE_MODULES:
-            namespace[name] = importlib.import_module(kind[1])
-        elif kind[0] == "value":
-            namespace[name] = kind[1]
+    for name in names:
+        if name in PURE_MODULES and name not in namespace:
+            namespace[name] = importlib.import_module(name)
 
 
 def _definitions(prompt: str) -> str:
@@ -95,12 +94,18 @@ def _humaneval(test: dict, completion: str, limits) -> SandboxResult:
     return _judge(test["prompt"] + completion, [entry], limits, tests)
 
 
-def _free_names(asserts: list[str], setup: str) -> list[str]:
-    """The names the asserts use that the setup does not define (builtins too: a program may
-    define its own `sum`)."""
-    used, bound = set(), set()
+def _free_names(asserts: list[str], setup: str) -> tuple[list[str], list[str]]:
+    """(candidates, free names) of asserts-style tests: the names the asserts use that the setup does
+    not define, and among them the candidates, the functions the asserts call that no builtin
+    provides. A task whose function has a builtin's name (MBPP's `sum`) has none such: its candidate
+    is then the function that its first assert calls first."""
+    used, called, bound = set(), [], set()
     for line in asserts:
-        used |= {node.id for node in ast.walk(ast.parse(line)) if isinstance(node, ast.Name)}
+        for node in ast.walk(ast.parse(line)):
+            if isinstance(node, ast.Name):
+                used.add(node.id)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                called.append(node.func.id)
     for node in ast.walk(ast.parse(setup)):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             bound.add(node.id)
@@ -108,25 +113,30 @@ def _free_names(asserts: list[str], setup: str) -> list[str]:
             bound.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             bound |= {(alias.asname or alias.name).partition(".")[0] for alias in node.names}
-    return sorted(used - bound)
+    free = [name for name in called if name not in bound]
+    candidates = sorted({name for name in free if not hasattr(builtins, name)}) or free[:1]
+    return candidates, sorted(used - bound)
 
 
 def _asserts(test: dict, completion: str, limits) -> SandboxResult:
     setup = test.get("setup") or ""
     asserts = list(test["asserts"])
-    names = _free_names(asserts, setup)
+    candidates, names = _free_names(asserts, setup)
 
     def tests(box):
         namespace = _trusted_namespace(setup)
-        _bind(namespace, box, names)
+        _bind(namespace, box, candidates, names)
         for line in asserts:
             exec(compile(line, "<benchmark test>", "exec"), namespace)
 
-    return _judge(f"{setup}\n{completion}\n", names, limits, tests)
+    return _judge(f"{setup}\n{completion}\n", candidates, limits, tests)
 
 
 def equal(got, expected, atol: float) -> bool:
-    """EvalPlus-style comparison: exact, except floats within atol (and a 1e-7 relative margin)."""
+    """EvalPlus-style comparison: exact, except floats within atol (and a 1e-7 relative margin); NaN
+    equals NaN (a canonical answer may be NaN)."""
+    if isinstance(expected, float) and math.isnan(expected):
+        return isinstance(got, float) and math.isnan(got)
     if isinstance(expected, float) or isinstance(got, float):
         try:
             return math.isclose(got, expected, rel_tol=1e-7, abs_tol=atol) or got == expected

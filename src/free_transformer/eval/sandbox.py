@@ -9,8 +9,9 @@ resource limits (CPU, memory, file size, open files, processes), a seccomp filte
 sockets, mounts, ptrace, signals to others), and a Python audit hook (no sockets, subprocesses,
 ctypes, tracing, or writes outside the work directory). Where the kernel gives no namespaces or
 seccomp, nothing runs (SandboxUnavailable) unless `allow_hook_only` says so.
-`SandboxResult.isolation` says which layers were in force; docs/evaluation.md states what this does
-and does not guarantee.
+`SandboxResult.isolation` says which layers were in force, as the guard reported them on a pipe of its
+own that it closes before the program runs (so no program's output or exit status can forge a report
+or a refusal); docs/evaluation.md states what this does and does not guarantee.
 
 `Sandbox` keeps the program running and calls its functions: arguments go in and results come back
 as plain values (`plain.py`), so whoever calls can judge them without running any of its code.
@@ -35,7 +36,6 @@ from pathlib import Path
 from ..base.errors import UserError
 from . import plain
 from .plain import NotPlain
-from .sandbox_guard import REFUSED, REPORT_PREFIX
 
 GUARD = Path(__file__).with_name("sandbox_guard.py")
 CODEC = Path(plain.__file__)
@@ -188,6 +188,7 @@ class Sandbox:
         self.limits = limits or SandboxLimits()
         self.source, self.wanted = source, names
         self.names: dict = {}
+        self.isolation: dict = {}  # the guard's report of the layers in force
         self.failure: tuple[str, str] | None = None  # (status, reason) of the first call that went wrong
         self.proc = self.root = None
         self._buffer = b""
@@ -216,11 +217,13 @@ class Sandbox:
         config = {"work_dir": str(work), "program": str(program), "limits": limits.rlimits(),
                   "namespaces": limits.namespaces, "seccomp": limits.seccomp, "audit_hook": limits.audit_hook,
                   "require": [] if limits.allow_hook_only else ["namespaces", "seccomp"], "parent": os.getpid()}
-        passed = []
+        report_r, report_w = os.pipe()
+        passed = [report_w]
+        config["report_fd"] = report_w
         if self.wanted is not None:
             requests_r, self._requests = os.pipe()
             self._replies, replies_w = os.pipe()
-            passed = [requests_r, replies_w]
+            passed += [requests_r, replies_w]
             config.update(serve=True, codec=str(CODEC), names=self.wanted, requests_fd=requests_r,
                           replies_fd=replies_w)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
@@ -235,6 +238,19 @@ class Sandbox:
         finally:
             for fd in passed:
                 os.close(fd)
+        try:
+            report = self._report(report_r)
+        finally:
+            os.close(report_r)
+        if report is None:
+            return self._fail("timeout", f"the sandbox was not ready within the time limit of {limits.timeout_s} s")
+        self.isolation = report
+        if report.get("missing"):
+            enable = " and ".join(ENABLE[m.partition(" ")[0]] for m in report["missing"])
+            raise SandboxUnavailable(
+                f"generated code is not run without kernel isolation, and this machine gives no "
+                f"{' and no '.join(report['missing'])}: enable {enable}; or accept the Python audit hook alone, which "
+                "is no security boundary (eval --sandbox-hook-only, SandboxLimits(allow_hook_only=True))")
         if self.wanted is not None:
             os.set_blocking(self._requests, False)
             try:
@@ -246,6 +262,25 @@ class Sandbox:
             if reply is None or reply[0] != "names":
                 return self._fail("failed", "the program ended before any call (an exception, or an exit)")
             self.names = reply[1]
+
+    def _report(self, fd: int) -> dict | None:
+        """The guard's report, read until the guard closes its end (before the program runs); {} when the
+        guard ended without one, None past the deadline."""
+        text = b""
+        while True:
+            try:
+                self._wait(fd, False)
+            except Timeout:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk or len(text) > 1 << 20:
+                break
+            text += chunk
+        try:
+            report = json.loads(text)
+        except ValueError:
+            return {}
+        return report if isinstance(report, dict) else {}
 
     def _wait(self, fd: int, writing: bool) -> None:
         remaining = self.deadline - time.monotonic()
@@ -262,14 +297,15 @@ class Sandbox:
             self._wait(self._replies, False)
             chunk = os.read(self._replies, 2**20)
             if not chunk:
-                self._check_refused()
                 return None
             self._buffer += chunk
             if len(self._buffer) > limit:
                 raise Broken(f"an answer longer than {self.limits.reply_mb} MB")
         line, _, self._buffer = self._buffer.partition(b"\n")
         try:
-            reply = plain.decode(line)
+            reply = plain.decode(line, self.deadline)
+        except plain.Overdue:
+            raise Timeout() from None
         except ValueError as error:
             raise Broken(f"an answer that is not a plain value: {error}") from None
         shapes = {"names": (dict,), "value": (object,), "raised": (str, str), "not plain": (str,)}
@@ -311,28 +347,10 @@ class Sandbox:
         if reply[0] == "value":
             return reply[1]
         if reply[0] == "raised":
+            if reply[1] in CONTROL_FLOW:
+                raise Broken(f"it raised {reply[1]}, which would steer the test's own control flow")
             raise candidate_error(reply[1], reply[2])
         raise NotPlain(f"it returned a {reply[1]}")
-
-    def _check_refused(self) -> None:
-        """SandboxUnavailable when the guard refused to run the program (a required layer missing)."""
-        try:
-            returncode = self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            return
-        if returncode == REFUSED:
-            isolation = self._isolation()
-            missing = isolation.get("missing")
-            if missing:
-                enable = " and ".join(ENABLE[m.partition(" ")[0]] for m in missing)
-                raise SandboxUnavailable(
-                    f"generated code is not run without kernel isolation, and this machine gives no "
-                    f"{' and no '.join(missing)}: enable {enable}; or accept the Python audit hook alone, which is "
-                    "no security boundary (eval --sandbox-hook-only, SandboxLimits(allow_hook_only=True))")
-
-    def _isolation(self) -> dict:
-        first = _tail(self.root / "stderr", 1 << 16).partition("\n")[0]
-        return json.loads(first[len(REPORT_PREFIX):]) if first.startswith(REPORT_PREFIX) else {}
 
     def wait(self) -> int | None:
         """The program's exit status once it ends by itself; None when it ran past the time limit."""
@@ -345,12 +363,9 @@ class Sandbox:
         """Stops the program; its output, the layers in force, and `status` (or the `failure` of a call)."""
         status, reason = self.failure or (status, reason)
         self._kill()
-        stderr = _tail(self.root / "stderr", self.limits.output_chars + 4096)
-        isolation = self._isolation()
-        if isolation:
-            stderr = stderr.partition("\n")[2]
         return SandboxResult(status, self.proc.returncode, _tail(self.root / "stdout", self.limits.output_chars),
-                             stderr[-self.limits.output_chars:], time.monotonic() - self.started, isolation, reason)
+                             _tail(self.root / "stderr", self.limits.output_chars), time.monotonic() - self.started,
+                             self.isolation, reason)
 
     def _kill(self) -> None:
         if self.proc is None:
@@ -382,12 +397,18 @@ class CandidateError(Exception):
     """An exception of the generated code, raised again in the evaluating process by name and message."""
 
 
+CONTROL_FLOW = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit"})
+"""Exceptions that steer the caller (an iteration that ends, a generator closed, a process stopped): a
+candidate's never reaches the test, where `all(map(candidate, xs))` would take it for the end of `xs`."""
+
+
 def candidate_error(name: str, message: str) -> Exception:
-    """The built-in exception `name` with `message` (a test may expect one); CandidateError otherwise."""
+    """The built-in exception `name` with `message` (a test may expect one); CandidateError otherwise.
+    Never one of CONTROL_FLOW (Sandbox.call makes those a failure of the program)."""
     import builtins
 
     kind = getattr(builtins, name, None)
-    if isinstance(kind, type) and issubclass(kind, Exception):
+    if name not in CONTROL_FLOW and isinstance(kind, type) and issubclass(kind, Exception):
         try:
             return kind(message)
         except Exception:
@@ -401,8 +422,6 @@ def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResul
     a verdict on generated code comes from programs.check_completion."""
     with Sandbox(source, limits) as box:
         returncode = box.wait()
-        if returncode == REFUSED:
-            box._check_refused()
         # RLIMIT_CPU is derived from the timeout: a CPU-bound program can reach it (SIGXCPU) a moment
         # before the wall clock does, and that is the same verdict.
         timed_out = returncode is None or returncode == -signal.SIGXCPU

@@ -1,7 +1,9 @@
 """Runs inside the sandbox's child process (standard library only): confines the process, then
 executes the untrusted program. Started by sandbox.py as `python -I -S -B sandbox_guard.py CONFIG`.
 
-Layers, each applied when the kernel allows it and reported on the first line of stderr:
+Layers, each applied when the kernel allows it and reported as one JSON object on the report
+descriptor (CONFIG's `report_fd`), which the guard closes before the program runs: no program can
+write a report, whatever it prints or however it exits:
 1. namespaces: a new user + mount + network namespace; the whole file tree is remounted read-only
    except the work directory, and the network namespace has no usable interface (loopback down);
 2. resource limits: CPU seconds, address space, file size, open files, no core dumps, processes;
@@ -24,8 +26,6 @@ import os
 import resource
 import stat
 import sys
-
-REPORT_PREFIX = "@@sandbox "
 
 
 def _libc():
@@ -368,7 +368,7 @@ def serve(namespace: dict, plain, requests, replies, names: list) -> None:
                 answer(("not plain", str(error)))
                 continue
             answer(("value", result))
-        except Exception as error:
+        except BaseException as error:  # SystemExit and the like too: the evaluator fails the program for them
             try:
                 answer(("raised", type(error).__name__, str(error)[:2000]))
             except Exception:
@@ -399,8 +399,8 @@ def main() -> None:
         report["missing"] = missing
     if not report["errors"]:
         del report["errors"]
-    sys.stderr.write(REPORT_PREFIX + json.dumps(report) + "\n")
-    sys.stderr.flush()
+    with os.fdopen(config["report_fd"], "w", encoding="utf-8") as channel:  # closed before the program runs
+        channel.write(json.dumps(report))
     if missing:
         os._exit(REFUSED)
     serving = config.get("serve")

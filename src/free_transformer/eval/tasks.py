@@ -37,6 +37,19 @@ class GenerationDoc:
 Doc = MultipleChoiceDoc | GenerationDoc
 
 
+class BadAnswer(ValueError):
+    """A row whose answer names no choice of its own (1.5, 7 of 2 choices, -1, 1e999)."""
+
+
+def whole_number(value) -> int:
+    """An answer given as a number: an int, a string of digits, or a float that is a whole number."""
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit() and len(value) < 100:
+        return int(value)
+    if type(value) is int or (type(value) is float and value.is_integer()):
+        return int(value)
+    raise BadAnswer(f"its answer {value!r} is not a whole number")
+
+
 class Benchmark:
     """One benchmark of the paper: where its rows come from and how a row becomes a prompt.
 
@@ -72,7 +85,7 @@ class Benchmark:
     def shot(self, row: dict) -> str:
         """A few-shot example: the query and its answer (for multiple choice, the gold choice)."""
         if self.kind == "mc":
-            return self.query(row) + self.choices(row)[self.gold(row)]
+            return self.query(row) + self.choices(row)[self.gold_index(row)]
         raise NotImplementedError
 
     # ---- multiple choice --------------------------------------------------------------------------
@@ -81,6 +94,13 @@ class Benchmark:
 
     def gold(self, row: dict) -> int:
         raise NotImplementedError
+
+    def gold_index(self, row: dict) -> int:
+        """gold(row), checked to be the index of one of the row's choices (BadAnswer otherwise)."""
+        gold, count = self.gold(row), len(self.choices(row))
+        if not 0 <= gold < count:
+            raise BadAnswer(f"its answer is choice {gold} (counted from 0), and it has {count} choices")
+        return gold
 
     def contexts(self, row: dict, prefix: str) -> list[str]:
         return [prefix + self.query(row)] * len(self.choices(row))
@@ -106,7 +126,7 @@ class Benchmark:
         prefix = self.header(row) + "".join(self.shot(s) + "\n\n" for s in shots)
         group = self.group(row)
         if self.kind == "mc":
-            return MultipleChoiceDoc(doc_id, self.contexts(row, prefix), self.choices(row), self.gold(row), group)
+            return MultipleChoiceDoc(doc_id, self.contexts(row, prefix), self.choices(row), self.gold_index(row), group)
         return GenerationDoc(doc_id, prefix + self.query(row), self.answers(row), self.test(row), group)
 
 

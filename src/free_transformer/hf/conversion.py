@@ -18,17 +18,19 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
 from ..base.bounded import loads_json
 from ..base.checks import ConfigError
+from ..data.tokenizer import TokenizerError, check_tokenizer_name
 from ..model.config import ModelConfig
 from ..model.layers import rope_tables
 from ..model.state_names import split_state_dict, upgrade_state_dict
-from ..model.transformer import FreeTransformer
+from ..model.transformer import FreeTransformer, check_fits_memory
 from ..runs.checkpoint import CheckpointError, check_step, load_model, resolve_checkpoint, save_checkpoint
+from .configuration import FreeTransformerConfig
 from .modeling import FreeTransformerForCausalLM
 from .remote_code import write_remote_code, write_tokenizer
 
@@ -47,13 +49,26 @@ class ConversionError(ValueError):
 # ---- reading directories -------------------------------------------------------------------------
 
 
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object whose keys are each given once (json keeps the last of two silently)."""
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        twice = next(key for i, key in enumerate(keys) if key in keys[:i])
+        raise ValueError(f"duplicate key {twice!r}")
+    return dict(pairs)
+
+
 def read_json(path: Path) -> dict:
+    """A JSON object (a config, an index of shards), each key given once; ConversionError naming the file."""
     try:
-        return loads_json(path.read_text())
+        value = loads_json(path.read_text(), object_pairs_hook=_unique_keys)
     except FileNotFoundError:
         raise ConversionError(f"missing {path}") from None
-    except ValueError as error:  # not JSON, not UTF-8
+    except ValueError as error:  # not JSON, not UTF-8, a key given twice
         raise ConversionError(f"corrupt {path}: {error}") from None
+    if not isinstance(value, dict):
+        raise ConversionError(f"corrupt {path}: it must hold a JSON object, not a {type(value).__name__}")
+    return value
 
 
 def detect_format(path: str | Path) -> str:
@@ -97,15 +112,57 @@ def safetensors_weights(path: Path) -> Path:
                           "(only safetensors weights are read; re-save .bin checkpoints with safe_serialization)")
 
 
-def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of model.safetensors, or of the shards listed in model.safetensors.index.json."""
+def safetensors_files(path: Path) -> list[Path]:
+    """model.safetensors, or the shards that model.safetensors.index.json lists."""
     found = safetensors_weights(path)
     if found.name == "model.safetensors":
-        return load_file(found)
+        return [found]
+    weight_map = read_json(found).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) and "/" not in v for v in weight_map.values()):
+        raise ConversionError(f"corrupt {found}: its weight_map must map tensor names to shard files beside it")
+    return [path / shard for shard in sorted(set(weight_map.values()))]
+
+
+def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of model.safetensors, or of the shards listed in model.safetensors.index.json."""
     tensors = {}
-    for shard in sorted(set(read_json(found)["weight_map"].values())):
-        tensors.update(load_file(path / shard))
+    for file in safetensors_files(path):
+        tensors.update(load_file(file))
     return tensors
+
+
+def check_config_fits_weights(config: ModelConfig, config_file: Path, path: Path, prefix: str = "",
+                              skip=lambda name: False) -> None:
+    """Before anything is allocated: the model `config` describes (read from `config_file`) fits this
+    machine's memory, and its tensors are the weights' of `path` (names under `prefix`, in any layout
+    that upgrade_state_dict reads, less those the loader `skip`s), with their shapes, read from the
+    files' headers alone."""
+    try:
+        check_fits_memory(config)
+    except ConfigError as error:
+        raise ConversionError(f"{config_file}: {error}") from None
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in FreeTransformer(config).state_dict().items()}
+    found = {}
+    try:
+        for file in safetensors_files(path):
+            with safe_open(file, framework="pt") as handle:
+                for name in (n for n in handle.keys() if not skip(n)):
+                    shape = handle.get_slice(name).get_shape()
+                    found[name.removeprefix(prefix)] = torch.empty(shape, device="meta")
+    except (OSError, SafetensorError) as error:
+        raise ConversionError(f"corrupt weights in {path}: {error}") from None
+    try:
+        shapes = {name: tuple(t.shape) for name, t in upgrade_state_dict(found).items()}
+    except RuntimeError as error:  # separate projections that do not stack
+        raise ConversionError(f"corrupt weights in {path}: {error}") from None
+    problems = [f"{name} is {list(shapes[name])} in the weights, {list(shape)} by the config"
+                for name, shape in expected.items() if name in shapes and shapes[name] != shape]
+    problems += [f"the weights lack {name}" for name in expected if name not in shapes]
+    problems += [f"the weights hold {name}, which the config has no place for" for name in shapes if name not in expected]
+    if problems:
+        raise ConversionError(f"{config_file} does not describe the weights in {path}: {'; '.join(problems[:3])}"
+                              + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
 
 
 # ---- Llama ---------------------------------------------------------------------------------------
@@ -160,7 +217,12 @@ def load_llama(path: str | Path, *, max_seq_len: int | None = None, dtype: torch
     """(our baseline holding the Llama's weights, the Llama's config.json dict)."""
     path = Path(path)
     llama_config = read_json(path / "config.json")
-    config = llama_model_config(llama_config, max_seq_len)
+    try:
+        config = llama_model_config(llama_config, max_seq_len)
+    except (ValueError, TypeError) as error:  # a feature we lack, a size of the wrong type or out of range
+        raise ConversionError(f"{path / 'config.json'}: {error}") from None
+    check_config_fits_weights(config, path / "config.json", path, prefix="model.", skip=lambda name: name.endswith(
+        "rotary_emb.inv_freq") or (name == "lm_head.weight" and config.tie_embeddings))  # as read below
     weights = read_safetensors_dir(path)
     ours = {}
     for name, tensor in weights.items():
@@ -253,6 +315,14 @@ def with_fresh_latent_path(baseline: FreeTransformer, latent_bits: int, latent_l
 # ---- our checkpoints <-> the Hugging Face format -------------------------------------------------
 
 
+def _check_tokenizer(name: str | None, source) -> None:
+    """A tokenizer name that generate would refuse is refused when the source is read."""
+    try:
+        check_tokenizer_name(name)
+    except TokenizerError as error:
+        raise ConversionError(f"{source}: the model's tokenizer: {error}") from None
+
+
 def load_any(path: str | Path, *, max_seq_len: int | None = None, dtype: torch.dtype | None = None
              ) -> tuple[FreeTransformer, dict]:
     """(our model, metadata {"tokenizer", "token_ids", "format"}) from a directory in any FORMATS."""
@@ -263,9 +333,18 @@ def load_any(path: str | Path, *, max_seq_len: int | None = None, dtype: torch.d
         return model, {"format": fmt, "tokenizer": llama_tokenizer_name(path), "token_ids": token_ids}
     if fmt == "checkpoint":
         model, config = load_model(path)
+        _check_tokenizer(config.get("tokenizer"), path)
         meta = {"format": fmt, "tokenizer": config.get("tokenizer"), "token_ids": config.get("token_ids", {})}
     else:
         safetensors_weights(Path(path))  # never a pickled pytorch_model.bin: from_pretrained would unpickle it
+        config_file = Path(path) / "config.json"
+        try:  # checked against the weights before transformers sees it (it would build what the config says)
+            hf_config = FreeTransformerConfig.from_dict(read_json(config_file))
+            config = hf_config.to_model_config()
+        except (ValueError, TypeError) as error:
+            raise ConversionError(f"{config_file}: {' '.join(str(error).split())}") from None
+        _check_tokenizer(hf_config.tokenizer_name, path)
+        check_config_fits_weights(config, config_file, Path(path), prefix="model.")
         hf_model = FreeTransformerForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True)
         model = hf_model.model
         token_ids = {key: getattr(hf_model.config, key) for key in TOKEN_ID_KEYS

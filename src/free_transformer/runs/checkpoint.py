@@ -107,7 +107,7 @@ def fsync_dir(path: Path) -> None:
 def remove_checkpoint(path: Path) -> None:
     """Rename a step directory out of the step_* namespace (atomic), then delete it: a process killed
     mid-delete leaves a .tmp_step_* directory (removed when training starts), never a partial step_*."""
-    trash = path.with_name(f".tmp_{path.name}_removed")
+    trash = refuse_links(path.with_name(f".tmp_{path.name}_removed"), path.parent)  # a planted link: one line
     shutil.rmtree(trash, ignore_errors=True)
     os.replace(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
@@ -188,7 +188,10 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Fr
     config = read_checkpoint_config(ckpt)
     if not (ckpt / "model.safetensors").exists() and (ckpt / "dcp").is_dir():
         raise CheckpointError(f"{ckpt} is a sharded checkpoint: run `free-transformer consolidate {ckpt}` first")
-    model = FreeTransformer(ModelConfig.from_dict(config["model"]))
+    try:  # sizes too large for the machine (max_seq_len 2**40: RoPE tables of 4 TiB) refused before allocating
+        model = FreeTransformer(ModelConfig.from_dict(config["model"]))
+    except ConfigError as error:
+        raise ConfigError(f"{ckpt / 'config.json'}: {error}") from None
     weights = load_verified_weights(ckpt)
     try:
         model.load_state_dict(weights)

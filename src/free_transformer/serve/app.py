@@ -115,9 +115,10 @@ class Guard:
         await self.app(scope, replay, send)
 
     def _authorized(self, scope) -> bool:
-        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = header.partition(" ")
-        return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), self.api_key.encode())
+        """The header's bytes against the key's UTF-8 (a non-ASCII key, sent as UTF-8, used never to match)."""
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self.api_key.encode())
 
     def _too_large(self, size: int, at_least: bool = False) -> str:
         return (f"the request body has {'more than ' if at_least else ''}{size - at_least} bytes; this server "

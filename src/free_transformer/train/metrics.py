@@ -24,16 +24,21 @@ def tokens_per_step(config: TrainConfig, sequence_length: int) -> int:
 
 def read_metrics(path: str | Path) -> list[dict]:
     """The logged metrics; a last line cut short by a killed process is ignored, and so is a line that is
-    not a JSON object (every reader takes each line as a dict)."""
+    not a JSON object (every reader takes each line as a dict). A line that is JSON this package never
+    writes (an integer of more than 4,300 digits, which Python refuses to read) is a UserError naming
+    the file and the line."""
     path = Path(path)
     if not path.exists():
         return []
     metrics = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         try:
             logged = loads_json(line)
         except json.JSONDecodeError:
             continue
+        except ValueError as error:  # a number too long to convert
+            raise UserError(f"{path} line {number} holds a line this package did not write (a number too long to "
+                            f"read: {str(error).partition(':')[0]}): remove that line, then run again") from None
         if isinstance(logged, dict):
             metrics.append(logged)
     return metrics

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from ..base.checks import ConfigError
 from ..base.devices import parse_device
 from ..base.errors import Stopped, UserError
-from ..base.fileio import open_append
+from ..base.fileio import open_append, refuse_links
 from ..base.units import LN2
 from ..data import build_dataset
 from ..data.datasets import Dataset
@@ -258,7 +258,7 @@ def build(config: TrainConfig, run_dir: Path, env: ParallelEnv, *, resume: bool,
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
-            shutil.rmtree(stale, ignore_errors=True)
+            shutil.rmtree(refuse_links(stale, run_dir), ignore_errors=True)  # a planted link is refused, not followed
 
     model = FreeTransformer(config.model).to(env.device)
     model.init_weights(post_sampler_std=config.post_sampler_init_std)
