@@ -77,6 +77,13 @@ STEPS: tuple[Step, ...] = (
           "--out", "{out}/demo-paper"),
          reads=("demo-paper-seconds",), timed="demo-paper-seconds",
          what="the paper's synthetic recipe, 18 models sharing the GPU"),
+    Step("serve", 240, 120,
+         ("{python}", "bench/serve.py", *PAPER, "--device", "cuda", "--compile", "--clients", "16", "--max-batch",
+          "16", "--tokens", "64", "--context", "256", "--rounds", "2", "--long-tokens", "128", "--queued", "4", "16",
+          "--figures", "{figures}"),
+         reads=("serve-b16-vs-offline",),
+         what="serve --compile (each bucket compiled and captured at start-up), 16 concurrent clients against "
+              "offline generate(compile=True) at B=16, 64 tokens each"),
     Step("decode-tuned", 300, 120,
          ("{python}", "bench/generate.py", *PAPER, "--parts", "d", "--batch", "1", "--new-tokens", "64",
           "--step-rounds", "5", "--figures", "{figures}"),

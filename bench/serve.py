@@ -8,6 +8,11 @@ saved as a checkpoint and served by a `free-transformer serve` process on 127.0.
 httpx threads of this process. Targets (bench/README.md): 8 clients at least 3x one client's
 tokens/s and at least 0.8x offline generate's, and the short request answered in under 2 s.
 
+On a GPU (--device cuda --size paper-1.5b --dtype bf16 --compile --clients 16, the `serve` step of
+scripts/gpu-check.sh): the server compiles and captures its step at start-up, and 16 concurrent clients
+should reach >= 0.7x offline generate(compile=True) at B=16 (bench/targets.py: serve-b16-vs-offline), with
+no step compiled or captured after start-up (counted in the server's log).
+
     PYTHONPATH=src python bench/serve.py
 """
 
@@ -40,17 +45,20 @@ LATENCY_TARGET_S = 2.0
 PROMPT = "Once upon a time"
 
 
-def start(directory: Path, max_batch: int, threads: int | None) -> tuple[subprocess.Popen, str]:
-    """A `free-transformer serve` process of a random cpu-small model, once it answers /health."""
+def start(directory: Path, args) -> tuple[subprocess.Popen, str]:
+    """A `free-transformer serve` process of a random model, once it answers /health; its stderr goes to
+    directory/server.log."""
     torch.manual_seed(0)
-    save_checkpoint(directory / MODEL, 1, FreeTransformer(named_config("cpu-small", max_seq_len=2112)),
-                    {"tokenizer": "byte"})
+    config = named_config(args.size, max_seq_len=args.context)
+    save_checkpoint(directory / MODEL, 1, FreeTransformer(config), {"tokenizer": "byte"})
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
     server = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "serve", str(directory / MODEL),
-                               "--device", "cpu", "--port", str(port), "--max-batch", str(max_batch)], env=env)
+                               "--device", args.device, "--dtype", args.dtype, "--port", str(port), "--max-batch",
+                               str(args.max_batch), "--compile", "on" if args.compile else "off"],
+                              env=env, stderr=open(directory / "server.log", "w"))
     while True:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
@@ -100,17 +108,29 @@ def short_beside_long(url: str, long_tokens: int) -> tuple[float, bool]:
     return latency, streaming
 
 
-def offline_rate(directory: Path, clients: int, tokens: int, max_batch: int) -> float:
-    """Tokens per second of `generate()` decoding the rows of `clients` requests in one call, in this process."""
+def offline_rate(directory: Path, args) -> float:
+    """Tokens per second of `generate()` decoding the rows of the clients' requests in one call, in this process
+    (compiled with --compile; its first call, which compiles, is not timed)."""
     from free_transformer import GenerationConfig, generate, load_model
+    from free_transformer.base.devices import decoding_dtype
 
-    model, _ = load_model(directory / MODEL, torch.device("cpu"))
-    prompts = [list(PROMPT.encode())] * clients
-    config = GenerationConfig(max_new_tokens=tokens)
-    generate(model, prompts, GenerationConfig(max_new_tokens=8), seeds=range(clients))  # warm-up
+    device = torch.device(args.device)
+    model, _ = load_model(directory / MODEL, device)
+    model = model.to(decoding_dtype(args.dtype, device))
+    prompts = [list(PROMPT.encode())] * args.clients
+    config = GenerationConfig(max_new_tokens=args.tokens)
+    decode = lambda: generate(model, prompts, config, seeds=range(args.clients), compile=args.compile,  # noqa: E731
+                              batch_size=args.max_batch)
+    decode()  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     started = time.perf_counter()
-    result = generate(model, prompts, config, seeds=range(clients), batch_size=max_batch)
-    return sum(map(len, result.tokens)) / (time.perf_counter() - started)
+    result = decode()
+    rate = sum(map(len, result.tokens)) / (time.perf_counter() - started)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rate
 
 
 def short_behind_queue(url: str, requests: int, rows: int, tokens: int) -> float:
@@ -135,11 +155,17 @@ def main() -> None:
                         help="the server's --max-batch (1: one completion at a time, as before batching)")
     parser.add_argument("--queued", type=int, nargs=2, default=(40, 64), metavar=("REQUESTS", "ROWS"),
                         help="the requests queued ahead of the 4-token one, and their completions each")
+    parser.add_argument("--size", default="cpu-small", help="the model's named size")
+    parser.add_argument("--context", type=int, default=2112, help="the model's max_seq_len")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--compile", action="store_true", help="serve --compile on, and generate(compile=True)")
+    parser.add_argument("--figures", metavar="PATH", help="append serve-b16-vs-offline to PATH (bench/targets.py)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as directory:
-        server, url = start(Path(directory), args.max_batch, args.threads)
+        server, url = start(Path(directory), args)
         try:
             measure(url, args, Path(directory))
         finally:
@@ -147,9 +173,15 @@ def main() -> None:
             server.wait(30)
 
 
+def compiled_steps(directory: Path) -> int:
+    """Steps the server has compiled or captured so far, as its log says."""
+    return (directory / "server.log").read_text().count("compiled the decoding step")
+
+
 def measure(url: str, args, directory: Path) -> None:
-    offline = offline_rate(directory, args.clients, args.tokens, args.max_batch)  # before any request: a quiet server
+    offline = offline_rate(directory, args)  # before any request: a quiet server
     rate(url, 1, 8)  # warm-up
+    compiled = compiled_steps(directory)
     ratios, alone, together = [], [], []
     for _ in range(args.rounds):  # interleaved: the machine's load moves both alike
         alone.append(rate(url, 1, args.tokens))
@@ -162,6 +194,13 @@ def measure(url: str, args, directory: Path) -> None:
     print(f"{args.clients} clients: {statistics.median(together):7.1f} tokens/s aggregate, "
           f"{speedup:.1f}x one client (median of {args.rounds} interleaved rounds)")
     served = statistics.median(together) / offline
+    recompiled = compiled_steps(directory) - compiled
+    if args.figures:
+        from targets import write_figure
+
+        write_figure(args.figures, "serve-b16-vs-offline", served, f"{args.clients} clients, {args.tokens} tokens, "
+                     f"{recompiled} steps compiled after start-up")
+    print(f"steps compiled or captured by the server after start-up: {recompiled}")
     print(f"offline generate() of the same {args.clients} rows in one call: {offline:7.1f} tokens/s; the server "
           f"{served:.2f}x of it")
     print(f"a 1-token request while a {args.long_tokens}-token completion streams: answered in {latency:.2f} s"

@@ -59,6 +59,9 @@ TARGETS: dict[str, Target] = {
     "decode-b1-free-base": Target("decoding B=1, Free / baseline tokens/s, compiled", "x", at_least=0.97),
     "decode-b16-tokens": Target("decoding B=16, tokens/s, compiled", "tok/s", at_least=8000.0),
     "decode-b16-free-base": Target("decoding B=16, Free / baseline tokens/s, compiled", "x", at_least=0.98),
+    # bench/serve.py --size paper-1.5b --dtype bf16 --compile --clients 16 (serve --compile on)
+    "serve-b16-vs-offline": Target("serve: 16 concurrent clients / offline generate(compile=True) B=16, tokens/s",
+                                   "x", at_least=0.7),
     # bench/mapper.py --quick --dtype bf16 on CUDA: (H, N, D) = (16, 8192, 1536)
     "mapper-matmul-x": Target("Binary Mapper fwd+bwd / its dR @ W^T matmul, H=16, N=8192, D=1536", "x", at_most=3.0),
     # bench/peers.py at L=16, D=1024, T=1024, B=8: x-transformers / ours

@@ -2,6 +2,7 @@
 Hugging Face `generate`, evaluation's settings and policy) parses what the user wrote into the same value,
 refuses a bad one with one line naming the allowed values before any model work, and resolves it once."""
 
+import importlib
 import warnings
 
 import pytest
@@ -183,6 +184,7 @@ def test_a_generation_resolves_its_choice_once_and_the_model_gets_resolved_sourc
 
     monkeypatch.setattr(latent_choice, "parse_latents", parse)
     monkeypatch.setattr(latent_choice, "resolve_latents", resolve)
+    monkeypatch.setattr(importlib.import_module("free_transformer.inference.generate"), "resolve_latents", resolve)
     monkeypatch.setattr(latent_choice, "check_latent_values", check)
     monkeypatch.setattr(FreeTransformer, "forward", spy)
     explicit = torch.randint(0, 16, (1, P + 1))

@@ -110,6 +110,7 @@ def test_generate_takes_every_latent_choice(choice):
     options = {"values": dict(latents=values), "reference": dict(latents="reference", reference=reference)}
     kwargs = options.get(choice, dict(latents=choice))
     out = generate(model, prompts, config, seeds=[1, 2, 3], latent_seed=0, **kwargs)
+    out.latents = torch.stack(out.latents)  # every row fed 4 + 5 - 1 positions
     assert out.latents.shape == (3, 4 + 5 - 1, 4) and out.latents.dtype == torch.float32
     if choice == "values":
         assert torch.equal(out.latents[:, :6], values.expand(3, -1, -1))
@@ -117,7 +118,7 @@ def test_generate_takes_every_latent_choice(choice):
         assert torch.equal(out.latents[0], out.latents[1])
         assert torch.equal(out.latents[:1], shared_prior_latents(model, 8, torch.Generator().manual_seed(0)))
     again = generate(model, prompts, config, seeds=[1, 2, 3], latent_seed=0, **kwargs)
-    assert again.tokens == out.tokens and torch.equal(again.latents, out.latents)
+    assert again.tokens == out.tokens and torch.equal(torch.stack(again.latents), out.latents)
 
 
 def test_a_plan_draws_the_prior_it_then_keeps():

@@ -49,7 +49,7 @@ def add_arguments(parser) -> None:
                              "stderr; same samples)")
 
 
-def _say_compile_times() -> None:
+def say_compile_times() -> None:
     """The library logs the decoding step's compilation (a minute at the paper's sizes, once per batch bucket)
     at INFO: --compile says it on stderr."""
     log = logging.getLogger("free_transformer.inference.engine")
@@ -67,7 +67,7 @@ def run(args) -> int:
     from .interactive import interact
 
     if args.compile:
-        _say_compile_times()
+        say_compile_times()
     args.latents = _latent_choice(args)  # a misspelt --latents fails before the checkpoint is read
     params = params_from(args)
     if args.batch_size < 1:

@@ -79,6 +79,9 @@ def run(args) -> int:
     engine = Engine(model, get_tokenizer(recorded.get("tokenizer", "byte")), name, max_batch=config.max_batch,
                     latents=config.latents, compile=compile)
     if compile:
+        from .generate import say_compile_times
+
+        say_compile_times()
         print(f"compiling the decoding step for batches of {', '.join(map(str, engine.batcher.engine.buckets))} rows",
               file=sys.stderr, flush=True)
         engine.batcher.engine.warm_up()
