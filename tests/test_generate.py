@@ -345,3 +345,21 @@ def test_generate_command_ends_a_sample_at_a_stop_string_which_is_not_printed(tm
     stop = new[at : at + 2]  # two characters the model wrote after its first one
     assert main([*command, "--stop", stop, "--stop", "\\n\\n\\n"]) == 0
     assert capsys.readouterr().out.rstrip("\n") == full[: len("K>") + new.index(stop)]
+
+
+def test_prompts_of_any_lengths_in_fewer_slots_sample_as_each_alone():
+    """generate() takes lists of token ids of any lengths and `batch_size` slots: each row's tokens and
+    latents are those of that prompt generated alone with its seed."""
+    model = tiny_model()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
+    config = GenerationConfig(max_new_tokens=6, temperature=0.9, top_k=20)
+    together = generate(model, prompts, config, seeds=[5, 6, 7, 8], batch_size=2)
+    for row, (prompt, seed) in enumerate(zip(prompts, [5, 6, 7, 8])):
+        alone = generate(model, [prompt], config, seeds=[seed])
+        assert together.tokens[row] == alone.tokens[0]
+        assert torch.equal(together.latents[row], alone.latents[0])
+        assert together.latents[row].shape == (len(prompt) + 6 - 1,)
+    with pytest.raises(ValueError, match="non-empty token id lists"):
+        generate(model, [[1, 2], []], config)
+    with pytest.raises(ValueError, match="batch size must be >= 1"):
+        generate(model, prompts, config, batch_size=0)
