@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..model.latent import ENCODER, PRIOR, LatentSource
+from ..model.latent import ENCODER, PRIOR, LatentPlan, LatentSource
 from ..model.transformer import FreeTransformer
 from .params import Sampling
 from .sampling import NON_FINITE, RowSettings, SamplingVariant, exponential_race_, greedy, next_tokens
@@ -85,6 +85,7 @@ class Row:
     latents: Tensor | None = None  # (positions fed, *value_shape) the Z it was fed, once ended (Free Transformer)
     position: int = 0  # the next position to feed: tokens in the cache
     slot: int | None = None  # its row of the engine's cache while in flight
+    plan: LatentPlan | None = None  # which Z each of its positions takes, made by `add` (a Free Transformer)
 
     @property
     def done(self) -> bool:
@@ -149,6 +150,9 @@ class DecodeEngine:
             raise ValueError(f"{len(rows)} rows do not fit: {self.free} of {self.slots} slots are free")
         for row in rows:
             self.check(row)
+            if self.is_free:
+                row.plan = LatentPlan(1, self.space, explicit=row.explicit, prompt_source=row.prompt_latents,
+                                      generators=[row.generator])
         groups: dict[tuple, list[Row]] = {}
         for row in rows:
             kind = "explicit" if row.explicit is not None and row.explicit.shape[1] > 0 else row.prompt_latents
@@ -192,14 +196,11 @@ class DecodeEngine:
         self._take(rows, tokens, non_finite, logits)
 
     def _prompt_latents(self, rows: list[Row], P: int):
-        """What the prefill of `rows` (one group of `add`) takes as latents."""
+        """What the prefill of `rows` (one group of `add`: one kind of prompt Z) takes as latents."""
         if not self.is_free:
             return PRIOR
-        if rows[0].explicit is not None and rows[0].explicit.shape[1] > 0:
-            return torch.cat([row.explicit[:, :P] for row in rows])  # (k, P, ...)
-        if rows[0].prompt_latents == ENCODER:
-            return ENCODER
-        return torch.cat([self.space.prior((1, P), [row.generator], self.device) for row in rows])
+        sources = [row.plan.source(0, P, self.device) for row in rows]
+        return ENCODER if isinstance(sources[0], str) else torch.cat(sources)  # ENCODER, or (k, P, ...) values
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -231,11 +232,7 @@ class DecodeEngine:
         if not self.is_free:
             return
         for i, row in enumerate(rows):
-            explicit = row.explicit
-            if explicit is not None and row.position < explicit.shape[1]:
-                self.latent[i] = explicit[0, row.position : row.position + 1]
-            else:
-                self.space.prior_(self.latent[i : i + 1], [row.generator])
+            row.plan.fill_(self.latent[i : i + 1], row.position)
 
     def _draw_noise(self, rows: list[Row], slots: slice, variant: SamplingVariant) -> Tensor | None:
         """The sampling noise of the rows that sample, into their rows of `race`; None when none samples."""

@@ -14,9 +14,9 @@ from .space import LatentSpace
 
 class LatentPlan:
     """Z for each position of a sequence, handed to the model's forward call by call: the one dispenser
-    of Z per position, used by the model's own prior draws (a forward with PRIOR), generation (eager and
-    the static decoding step, which asks `explicit_at` and draws the rest in place), the server's batches,
-    `FreeTransformerForCausalLM`, evaluation's scoring, the held-out likelihoods, validation and analysis.
+    of Z per position, used by the model's own prior draws (a forward with PRIOR), the decoding engine (a
+    plan per row: its prompt's Z, then `fill_` into the engine's buffer at every step), `FreeTransformerForCausalLM`,
+    evaluation's scoring, the held-out likelihoods, validation and analysis.
 
     Positions [0, N) take the explicit (B, N, *value_shape) values when given. Otherwise the first call
     (at position 0) takes the encoder when `prompt_source` is ENCODER, and every other position one prior
@@ -60,12 +60,13 @@ class LatentPlan:
             fresh = self.draw(end - new, device if known is None else known.device)
         return fresh if known is None else torch.cat([known, fresh], dim=1)
 
-    def explicit_at(self, position: int) -> Tensor | None:
-        """(B, 1, *value_shape) the explicit Z of `position`, or None where it is a prior draw (the static
-        decoding step then draws it in place, `LatentSpace.prior_`, with its rows' generators)."""
-        if self.explicit is None or position >= self.explicit.shape[1]:
-            return None
-        return self.explicit[:, position : position + 1]
+    def fill_(self, out: Tensor, position: int) -> Tensor:
+        """Write the Z of the new `position` into `out` (B, 1, *value_shape) in place, a buffer of fixed address
+        (the decoding engine's): its explicit value where given, else one prior draw with the plan's generators.
+        Nothing is recorded: the caller keeps what it fed."""
+        if self.explicit is not None and position < self.explicit.shape[1]:
+            return out.copy_(self.explicit[:, position : position + 1])
+        return self.space.prior_(out, self.generators)
 
     def draw(self, length: int, device=None) -> Tensor:
         """(B, length, *value_shape) prior Z for new positions, row i from generators[i]."""
