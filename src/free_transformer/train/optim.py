@@ -52,7 +52,7 @@ def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float
     if not optimizer.defaults.get("fused"):
         return clip_grad_norm(parameters, max_norm)
     norm = grad_norm(parameters)
-    # (norm + 1e-6) / max_norm is clip_grad_norm_'s factor inverted; a non-finite norm makes the step skip
+    # clip_grad_norm_'s factor, inverted (a non-finite norm gives a non-finite scale: the trainer skips that step)
     optimizer.grad_scale = None if math.isinf(max_norm) else torch.clamp((norm + 1e-6) / max_norm, min=1).float()
     return norm
 
