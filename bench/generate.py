@@ -83,6 +83,7 @@ TARGET_CACHE_SPEEDUP, TARGET_CACHE_TOKENS = 10.0, 512
 # The decoding targets on a GPU, at paper-1.5b in bf16 on an H100 (3.0 TB/s: the B=1 roofline is ~992 tokens/s).
 TARGET_B1_ROOF, TARGET_B16_TOKENS_S = TARGETS["decode-b1-roof"].at_least, TARGETS["decode-b16-tokens"].at_least
 SIZES = ("paper-1.5b",)
+PROMPT_LEN = 16  # default prompt tokens (bench/profile_steps.py profiles decoding after prompts of this length)
 
 
 def matmul_weights(config: ModelConfig) -> int:
@@ -206,6 +207,12 @@ def untuned_options() -> dict:
     return {k: v for k, v in engine_module.INDUCTOR_OPTIONS.items() if k != "coordinate_descent_tuning"}
 
 
+def compile_untuned() -> None:
+    """From now on in this process, generate(compile=True) compiles its decoding step without
+    coordinate-descent tuning (its compilation then takes about a third of the time: docs/gpu.md)."""
+    engine_module.INDUCTOR_OPTIONS = untuned_options()
+
+
 def engine_step_eager_vs_compiled(config, batch, args, device):
     """{name: seconds per step}, {name: compile seconds} and {name: share of tokens equal to the step as is}.
 
@@ -303,7 +310,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(parser, dim=256, layers=8, ffn=768)
     parser.add_argument("--bits", type=int, default=None, help="latent bits H of the Free Transformer (default 16)")
-    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes for part (a)")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per call in part (a)")
     parser.add_argument("--recompute-tokens", type=int, default=TARGET_CACHE_TOKENS,
@@ -330,7 +337,7 @@ def main():
     if args.untuned and "d" in (args.parts or ()):
         parser.error("--untuned: part (d) compiles the step both ways itself")
     if args.untuned:
-        engine_module.INDUCTOR_OPTIONS = untuned_options()
+        compile_untuned()
     args.parts = set(args.parts or ["a", "b"] + (["c"] if args.compile else []))
     if "b" not in args.parts:
         args.recompute_tokens = 0

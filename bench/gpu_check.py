@@ -63,6 +63,12 @@ STEPS: tuple[Step, ...] = (
          ("{python}", "bench/step.py", *PAPER, "--bits", "16", "--compile", "--memory-here", "--figures", "{figures}"),
          reads=("train-base-mfu", "train-peak", "train-free-per-flop"),
          what="the training step, every block compiled (compile=true), Free H=16 and the baseline, B=4, T=2048"),
+    Step("profile-decode", 90, 60,
+         ("{python}", "bench/profile_steps.py", *PAPER, "--parts", "decode", "--decode-batch", "1", "--new-tokens",
+          "64", "--untuned", "--top", "30"),
+         what="where the compiled B=1 decoding step's GPU time goes (the decode-b1-roof target): generate(compile=True) "
+              "as decode-compiled calls it, compiled untuned; first in the decode part, it leaves Inductor's cache warm "
+              "for decode-compiled"),
     Step("decode-compiled", 200, 120,
          ("{python}", "bench/generate.py", *PAPER, "--batch", "1", "16", "--new-tokens", "64", "--parts", "a",
           "--rounds", "5", "--compile", "--untuned", "--figures", "{figures}"),
@@ -90,10 +96,10 @@ STEPS: tuple[Step, ...] = (
          reads=("decode-step-b1-roof-tuned", "decode-step-b1-roof-untuned"),
          what="the B=1 decoding step alone: CUDA graph, compiled with coordinate-descent tuning (generate's default) "
               "and without; tuning may take minutes, so it runs here, cut with its time so far if need be"),
-    Step("profile", 300, 150,
-         ("{python}", "bench/profile_steps.py", *PAPER, "--new-tokens", "32", "--decode-batch", "1", "16", "--top",
-          "25"),
-         what="where an eager training step and a compiled decoding step (B=1, 16) spend their GPU time"),
+    Step("profile", 240, 120,
+         ("{python}", "bench/profile_steps.py", *PAPER, "--new-tokens", "64", "--decode-batch", "16", "--untuned",
+          "--top", "25"),
+         what="where an eager training step and the compiled B=16 decoding step spend their GPU time"),
     Step("profile-compiled", 240, 120,
          ("{python}", "bench/profile_steps.py", *PAPER, "--compile", "--parts", "train", "--top", "25"),
          what="where the compiled training step's GPU time goes (the MFU target)"),

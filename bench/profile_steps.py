@@ -4,12 +4,17 @@ in its report.
 
 The training step is bench/step.py's (the trainer's: forward with the fused cross-entropy, backward,
 clipping, fused AdamW), profiled after two warm-up steps. The decoding step is `generate(...,
-compile=True)`: after a warm-up call (which compiles and captures the decoding step on a GPU), one call of
---new-tokens tokens is profiled and each operator's time is divided by the tokens decoded.
+compile=True)` as bench/generate.py's part (a) calls it (a 16-token prompt, temperature 1, prior latents,
+a seed per row): after a warm-up call (which compiles and captures the decoding step on a GPU), one call
+of --new-tokens tokens is profiled and each operator's time is divided by the tokens decoded. With
+--untuned the step is compiled without coordinate-descent tuning, as bench/generate.py --untuned
+compiles it: at the same batch and --new-tokens the graph is the same, so each leaves Inductor's cache
+warm for the other.
 
     PYTHONPATH=src python bench/profile_steps.py [--size narrow|paper-1.5b] [--dtype fp32|bf16] [--compile]
                                            [--bits H] [--batch B] [--seq-len T] [--decode-batch B ...]
-                                           [--new-tokens N] [--top K] [--device cpu|cuda] [--threads T]
+                                           [--new-tokens N] [--untuned] [--parts train,decode] [--top K]
+                                           [--device cpu|cuda] [--threads T]
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from __future__ import annotations
 import argparse
 
 import torch
+from generate import PROMPT_LEN, build_model, compile_untuned
 from step import BATCH, PAPER, PAPER_BATCH, PAPER_SEQ_LEN, SEQ_LEN, build, make_batch, model_config, train_step
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from common import add_machine_arguments, describe_machine, setup_machine, sync
 from free_transformer import GenerationConfig, generate
+from free_transformer.base.devices import torch_dtype
 
 
 def top_operators(prof, device: torch.device, per: int, top: int) -> str:
@@ -66,18 +73,17 @@ def profile_training(args, device: torch.device) -> str:
 
 def profile_decoding(args, device: torch.device, batch: int) -> str:
     cfg = model_config(args.bits, 8, args.size)
-    model, _ = build(cfg, device)
-    model.eval()
-    if args.precision == "bf16":
-        model.to(torch.bfloat16)  # decoding reads bf16 weights and cache, as generate --dtype bf16
-    prompts = make_batch(cfg, batch, 16, device)[:, :16]
-    config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=0.0)
-    generate(model, prompts, config, compile=True)  # compiles and captures the decoding step on a GPU
+    # bf16: weights and cache in bf16, as generate --dtype bf16
+    model = build_model(cfg, device, dtype=torch_dtype(args.precision))
+    prompts = make_batch(cfg, batch, PROMPT_LEN, device)[:, :PROMPT_LEN]
+    call = dict(config=GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0), seeds=list(range(batch)),
+                latents="prior", compile=True)
+    generate(model, prompts, **call)  # compiles and captures the decoding step on a GPU
     with profile(activities=activities(device)) as prof:
-        generate(model, prompts, config, compile=True)
+        generate(model, prompts, **call)
         sync(device)
-    return (f"decoding step (generate compile=True): {shape_of(cfg)}, B={batch}, "
-            f"{args.precision}, per token of {args.new_tokens}\n"
+    return (f"decoding step (generate compile=True{', untuned' if args.untuned else ''}): {shape_of(cfg)}, "
+            f"B={batch}, {args.precision}, per token of {args.new_tokens}\n"
             f"{top_operators(prof, device, args.new_tokens, args.top)}")
 
 
@@ -98,6 +104,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, help=f"training T (default {SEQ_LEN}; {PAPER}: {PAPER_SEQ_LEN})")
     parser.add_argument("--decode-batch", type=int, nargs="+", default=[1], help="decoding batch sizes, one table each")
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--untuned", action="store_true",
+                        help="compile the decoding step without coordinate-descent tuning (bench/generate.py --untuned)")
     parser.add_argument("--top", type=int, default=20, help="operators listed per table")
     parser.add_argument("--parts", default="train,decode", help="train, decode or both (comma-separated)")
     args = parser.parse_args()
@@ -106,6 +114,8 @@ def main() -> None:
     args.seq_len = args.seq_len or (PAPER_SEQ_LEN if paper else SEQ_LEN)
     device = setup_machine(args)
     print(describe_machine(device))
+    if args.untuned:
+        compile_untuned()
     parts = set(args.parts.split(","))
     if "train" in parts:
         print("\n" + profile_training(args, device))

@@ -54,11 +54,11 @@ from tqdm import tqdm
 
 from common import (MIB, add_machine_arguments, describe_limits, describe_machine, interleaved_times,
                     matmul_limits_gflops, median_ratio, mfu, peak_memory_in_fresh_process, setup_machine)
-from free_transformer.distributed.parallelize import apply_compile, clip_grad_norm
+from free_transformer.distributed.parallelize import apply_compile
 from free_transformer.model.config import ModelConfig, named_config
 from free_transformer.model.transformer import FreeTransformer
 from free_transformer.train.config import OptimConfig
-from free_transformer.train.optim import build_optimizer
+from free_transformer.train.optim import build_optimizer, clip_gradients
 from free_transformer.train.validation import autocast_context
 from targets import TARGETS, write_figure
 
@@ -157,7 +157,7 @@ def train_step(model, optimizer, tokens, precision: str, return_logits: bool = F
     with autocast_context(precision, tokens.device):
         out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS, return_logits=return_logits)
     out.loss.backward()
-    clip_grad_norm(model.parameters(), GRAD_CLIP)
+    clip_gradients(optimizer, model.parameters(), GRAD_CLIP)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 

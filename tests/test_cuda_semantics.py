@@ -114,9 +114,9 @@ def test_training_forward_and_backward_as_on_cuda(dtype, latent_bits, monkeypatc
 
 def test_trainer_step_as_on_cuda(tmp_path, monkeypatch):
     """`trainer.train_step` (the batch to the device, forward, backward, the stop flag, the gradient
-    norm, the fused AdamW told to skip a non-finite step) uploads the batch and nothing else, and reads
-    nothing back. Fused AdamW has no meta check, so it is let through for this test (its kernel has a
-    meta function)."""
+    norm, the fused AdamW given the clipping scale and told to skip a non-finite step) uploads the batch
+    and nothing else, and reads nothing back. Fused AdamW has no meta check, so it is let through for this
+    test (its kernel has a meta function)."""
     from free_transformer.data import build_dataset
     from free_transformer.distributed import setup
     from free_transformer.train.optim import build_optimizer
@@ -142,6 +142,7 @@ def test_trainer_step_as_on_cuda(tmp_path, monkeypatch):
     batch = (config.batch_size, dataset.sequence_length + 1)
     assert work.uploads == [f"a CPU tensor {batch} torch.int64 copied to the device"] * 2
     assert result.non_finite.device == META and optimizer.found_inf.device == META
+    assert optimizer.grad_scale.device == META  # the clipping scale, handed to the fused step
     assert result.grad_norm.device == META and result.means.device == META
 
 

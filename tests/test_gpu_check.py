@@ -31,8 +31,10 @@ def test_the_default_plan_runs_the_targets_figures_first_and_in_full_within_the_
         assert limit == step.most, f"{step.name} would not get its whole limit"
         read_first |= set(step.reads)
     assert FIRST <= read_first
-    assert [step.name for step, _, _ in rows[:4]] == ["train-compiled", "decode-compiled", "pytest", "demo-paper"]
-    assert rows[2][1] is not None  # the test suite has a limit even when every step before it runs to its own
+    # the kernel profile of the compiled B=1 decoding step first in the decode part, with its whole limit
+    assert [step.name for step, _, _ in rows[:5]] == ["train-compiled", "profile-decode", "decode-compiled", "pytest",
+                                                      "demo-paper"]
+    assert rows[3][1] is not None  # the test suite has a limit even when every step before it runs to its own
 
 
 def test_every_target_is_read_by_exactly_one_step_and_docs_gpu_md_lists_each_threshold():
@@ -50,7 +52,8 @@ def test_plan_from_the_script_on_a_machine_without_a_gpu():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "budget 480 s" in lines[0]
-    assert lines[2].split()[:2] == ["train-compiled", "120"] and lines[3].split()[:2] == ["decode-compiled", "200"]
+    assert [line.split()[:2] for line in lines[2:5]] == [["train-compiled", "120"], ["profile-decode", "90"],
+                                                         ["decode-compiled", "200"]]
     assert re.search(r"^\s+(\d+) s in all", lines[-1]) and int(lines[-1].split()[0]) <= 480
 
 

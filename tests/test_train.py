@@ -1,3 +1,5 @@
+import copy
+import math
 import os
 import random
 import shutil
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, tiny_model
 from conftest import run_losses as _losses
 from conftest import tiny_run_config as _config
 from conftest import wait_for_step as _wait_for_step
@@ -20,7 +22,8 @@ from free_transformer.runs.checkpoint import (CheckpointError, checkpoint_dirs, 
                                               save_checkpoint)
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics, tokens_per_step
-from free_transformer.train.optim import lr_factor, parameter_groups
+from free_transformer.distributed.parallelize import clip_grad_norm
+from free_transformer.train.optim import build_optimizer, clip_gradients, lr_factor, parameter_groups
 from free_transformer.train.trainer import StopSignals, TrainingError, _rng_state, train
 
 
@@ -114,6 +117,33 @@ def test_lr_schedule_and_parameter_groups():
         if group["weight_decay"] > 0:
             assert not any("norm" in n or "embed" in n or "mapper" in n or n.endswith("zeta") for n in group_names)
         assert (group["lr_scale"] == 3) == group_names[0].startswith("latent.")
+
+
+@pytest.mark.parametrize("max_norm", [0.05, 1e6, math.inf])  # clips; clips nothing; grad_clip=0
+def test_the_fused_adamw_clips_in_its_step_as_clipping_then_stepping(max_norm):
+    """clip_gradients hands the clipping scale to the fused AdamW (grad_scale) instead of scaling every
+    gradient first: one step leaves the parameters and both moments of clip_grad_norm_ then the step, to
+    float32 rounding (the scale divides there and multiplies here), and returns the same norm."""
+    model = tiny_model(dtype=torch.float32, latent_bits=4).train()
+    reference = copy.deepcopy(model)
+    tokens = torch.randint(0, 50, (3, 14), generator=torch.Generator().manual_seed(4))
+    optimizers = []
+    for m in (model, reference):
+        m(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05, generator=torch.Generator().manual_seed(0)).loss.backward()
+        optimizers.append(build_optimizer(m, _config().optim))
+    assert optimizers[0].defaults["fused"]
+    norm = clip_gradients(optimizers[0], model.parameters(), max_norm)
+    expected_norm = clip_grad_norm(reference.parameters(), max_norm)
+    assert norm > 0.05 * 2  # so that 0.05 clips
+    assert (optimizers[0].grad_scale is None) == (max_norm == math.inf)
+    for optimizer in optimizers:
+        optimizer.step()
+    torch.testing.assert_close(norm, expected_norm, rtol=1e-6, atol=0)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+        for key in ("exp_avg", "exp_avg_sq"):
+            got, want = optimizers[0].state[p][key], optimizers[1].state[q][key]
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-12, msg=f"{name} {key}")
 
 
 @pytest.mark.parametrize(

@@ -112,3 +112,14 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     if isinstance(norm, DTensor):  # fsdp: the norm of sharded gradients is a partial result
         norm = norm.full_tensor()
     return norm
+
+
+def grad_norm(parameters) -> torch.Tensor:
+    """The global gradient norm (over every rank's shards) as clip_grad_norm computes it, the gradients left
+    as they are: a () tensor on the device."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    # one kernel per dtype for the per-tensor norms, as clip_grad_norm_ (torch 2.5 has no get_total_norm)
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    if isinstance(norm, DTensor):  # fsdp: the norm of sharded gradients is a partial result
+        norm = norm.full_tensor()
+    return norm

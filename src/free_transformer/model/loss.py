@@ -5,7 +5,9 @@ gives the same loss from the normalised hidden states and the read-out weight (t
 embedding): the logits are computed chunk by chunk over tokens, each chunk's gradient with respect to its
 logits is formed right away (the loss is the last node of the graph, so it is known in forward up to the
 scalar that backward brings), pushed through the read-out's two matmuls into dL/dh and dL/dW, and the
-chunk's logits are dropped. Backward only multiplies the two saved gradients by that scalar.
+chunk's logits are dropped. dL/dW is summed over the chunks by their matmuls themselves, into one buffer
+in float32 at least (under bf16 on CUDA too: addmm's out_dtype), with no (V, D) product per chunk.
+Backward only multiplies the two saved gradients by that scalar.
 
 Why an autograd Function with the gradient in forward rather than torch.utils.checkpoint per chunk:
 checkpoint would recompute every chunk's logits in backward (one more read-out matmul, the largest
@@ -34,9 +36,9 @@ IGNORE_INDEX = -100
 # Bytes a chunk's buffers may take together, per (row, vocabulary entry): the matmul's logits, their
 # upcast to the compute dtype (float32 at least; the gradient is formed in place there) and the
 # gradient cast back to the matmul dtype. Fewer chunks cost memory; more chunks cost time, as each
-# chunk adds its dL/dW, a (V, D) matmul output, to the float32 sum (at the paper's size V x D is a
-# fifth of N x V). 256 rows at a 32,768 vocabulary in float32 on a CPU; 2,048 rows (4 chunks of the
-# 8,192 tokens, 2 GiB) at the paper's 2^17 vocabulary in bf16 on a GPU.
+# chunk's dL/dW matmul reads and writes the (V, D) float32 sum (at the paper's size V x D is a fifth of
+# N x V). 256 rows at a 32,768 vocabulary in float32 on a CPU; 2,048 rows (4 chunks of the 8,192
+# tokens, 2 GiB) at the paper's 2^17 vocabulary in bf16 on a GPU.
 CHUNK_BYTES = {"cpu": 2**27, "cuda": 2**31}
 
 
@@ -72,6 +74,34 @@ def _nll_and_grad(logits: Tensor, targets: Tensor, scale: Tensor, grad_dtype: to
 
 
 @functools.cache
+def _adds_into_float32(device: torch.device) -> bool:
+    """Whether addmm can add a bf16 product into a float32 tensor in place on this device (`out_dtype`
+    with a float32 `self`: CUDA in recent torch, not the CPU); tried once per device."""
+    acc, a = torch.zeros(1, 1, device=device), torch.zeros(1, 1, dtype=torch.bfloat16, device=device)
+    try:
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+    except (TypeError, RuntimeError, NotImplementedError):  # no out_dtype; no kernel here; no float32 self
+        return False
+    return True
+
+
+def _add_product(acc: Tensor, a: Tensor, b: Tensor, first: bool) -> None:
+    """acc = a @ b if first, else acc + a @ b, the sum formed by the matmul itself where it can be: no
+    product of acc's size is made. acc (M, P) float32 or a's dtype; a (M, K) and b (K, P) of one dtype.
+    A bf16 product into float32 (autocast, or bf16 weights): the matmul accumulates in float32 and adds
+    into acc (cuBLAS), or, where addmm cannot (the CPU), the product is made in bf16 and then added."""
+    beta = 0 if first else 1  # beta 0: acc's values are not read (it starts uninitialised)
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b, beta=beta)
+    elif _adds_into_float32(acc.device):
+        torch.addmm(acc, a, b, beta=beta, out_dtype=acc.dtype, out=acc)
+    elif first:
+        acc.copy_(a @ b)
+    else:
+        acc += a @ b
+
+
+@functools.cache
 def _compiled_nll_and_grad():
     """_nll_and_grad fused by torch.compile (built once; one graph per chunk shape)."""
     return torch.compile(_nll_and_grad, dynamic=False)
@@ -100,18 +130,18 @@ class _ReadoutCrossEntropy(torch.autograd.Function):
             scale = 1 / count.to(at_least_float32(torch.empty(0, dtype=matmul_dtype)).dtype)
             nll = scale.new_zeros(())
             grad_h = torch.empty_like(h) if want_h else None  # (N, D)
-            grad_w = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
-                                 device=weight.device) if want_w else None  # (V, D), summed over chunks
+            # (V, D) summed over chunks in float32 at least; the first chunk's matmul writes every entry
+            grad_w = (torch.empty if n_rows else torch.zeros)(
+                weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
+                device=weight.device) if want_w else None
             for first in range(0, n_rows, rows):
                 h_chunk = hm[first : first + rows]  # (C, D)
                 chunk_nll, grad = step(h_chunk @ w.T, targets[first : first + rows], scale, grad_dtype)
                 nll = nll + chunk_nll
                 if want_h:
                     grad_h[first : first + rows] = grad @ w  # (C, D)
-                if want_w and grad.dtype == grad_w.dtype:
-                    grad_w.addmm_(grad.T, h_chunk)  # (V, D), accumulated by the matmul itself
-                elif want_w:  # autocast: the matmul in its dtype, the sum over chunks in float32
-                    grad_w += grad.T @ h_chunk
+                if want_w:
+                    _add_product(grad_w, grad.T, h_chunk, first=first == 0)  # (V, D)
         ctx.save_for_backward(grad_h, None if grad_w is None else grad_w.to(weight.dtype))
         return nll / count.to(nll.dtype)
 

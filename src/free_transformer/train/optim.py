@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ..distributed.parallelize import clip_grad_norm, grad_norm
 from ..model.transformer import FreeTransformer
 from .config import OptimConfig
 
@@ -40,6 +41,20 @@ def build_optimizer(model: FreeTransformer, config: OptimConfig) -> torch.optim.
     device_type = next(model.parameters()).device.type
     # fused AdamW: one kernel over all tensors (the 2^H x D post-sampler table makes a plain loop slow)
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=device_type in ("cpu", "cuda"))
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float) -> torch.Tensor:
+    """Scale the gradients by min(1, max_norm / (norm + 1e-6)) before the next optimizer step, as
+    torch.nn.utils.clip_grad_norm_ does, and return their global norm (a () tensor on the device). A fused
+    AdamW applies the scale as it reads the gradients in its step (its `grad_scale` divides them), which
+    saves a pass of its own over every gradient; any other optimizer gets them scaled here. max_norm = inf:
+    nothing is scaled."""
+    if not optimizer.defaults.get("fused"):
+        return clip_grad_norm(parameters, max_norm)
+    norm = grad_norm(parameters)
+    # clip_grad_norm_'s factor, inverted (a non-finite norm gives a non-finite scale: the trainer skips that step)
+    optimizer.grad_scale = None if math.isinf(max_norm) else torch.clamp((norm + 1e-6) / max_norm, min=1).float()
+    return norm
 
 
 def lr_factor(step: int, total_steps: int, config: OptimConfig) -> float:

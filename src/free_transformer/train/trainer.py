@@ -34,7 +34,7 @@ from ..data import build_dataset
 from ..data.datasets import Dataset
 from ..data.tokenizer import get_tokenizer
 from ..distributed import ParallelEnv, setup
-from ..distributed.parallelize import (apply_activation_checkpointing, apply_compile, clip_grad_norm, gradient_sync,
+from ..distributed.parallelize import (apply_activation_checkpointing, apply_compile, gradient_sync,
                                        parallelize)
 from ..distributed.sharded_checkpoint import is_sharded, load_sharded, load_single_file, save_sharded
 from ..model.config import ModelConfig
@@ -46,7 +46,7 @@ from ..runs.runlock import RunLock
 from .config import TrainConfig, changed_settings, load_train_config, renamed_names_in, save_train_config
 from .metrics import MetricsLog, read_metrics, tokens_per_step
 from .noise import latent_generators
-from .optim import build_optimizer, lr_factor, set_lr
+from .optim import build_optimizer, clip_gradients, lr_factor, set_lr
 from .periodic import periodic_evaluation
 from .validation import autocast_context, latent_warning, settled, validate
 
@@ -353,7 +353,8 @@ def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
     GPU then runs ahead of Python): losses and the gradient norm stay tensors until they are logged. A
     non-finite loss or gradient norm (a finite bf16 loss can have overflowing gradients) makes the
     fused optimizer skip its step on the device (found_inf); the caller reports it at the next
-    read-back. Without a fused AdamW they are checked here, every step."""
+    read-back. Without a fused AdamW they are checked here, every step. The fused AdamW also applies
+    the clipping scale as it reads the gradients (`clip_gradients`)."""
     config, env, device = run.config, run.env, run.device
     rows = env.rows(config.batch_size)  # this rank's slice of every global batch
     micro_batch = len(rows) // config.grad_accum
@@ -380,7 +381,7 @@ def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
     # a signal on any rank stops every rank at the same step: that needs the reduced flag on the host
     stop = bool(means[3] > 0) if env.distributed else signals.received is not None
     # grad_clip = 0 clips nothing but the norm is still computed: it is logged and checked
-    grad_norm = clip_grad_norm(run.model.parameters(), config.optim.grad_clip or math.inf)
+    grad_norm = clip_gradients(run.optimizer, run.model.parameters(), config.optim.grad_clip or math.inf)
     non_finite = ~(torch.isfinite(means[0]) & torch.isfinite(grad_norm))
     if run.optimizer.defaults.get("fused"):
         run.optimizer.found_inf = non_finite.float()

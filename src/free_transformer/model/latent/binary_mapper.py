@@ -47,9 +47,12 @@ def chunk_bits(n_rows: int, n_bits: int, bytes_per_entry: int, device: torch.dev
 
 
 def _weighted_sums(g: Tensor, low_factor: Tensor, ones_and_low: Tensor, product: Tensor | None = None) -> Tensor:
-    """(N, 1 + c): sum_d g_d G_low_d and sum_d g_d G_low_d U_h(d) for each of the c low bits. product:
-    an (N, C) buffer of low_factor's dtype for g * G_low (else a new tensor)."""
-    return torch.mul(g, low_factor, out=product) @ ones_and_low
+    """(1 + c, N): sum_d g_d G_low_d and sum_d g_d G_low_d U_h(d) for each of the c low bits, one row each.
+    g, low_factor (N, C); ones_and_low (1 + c, C); product: an (N, C) buffer of low_factor's dtype for
+    g * G_low (else a new tensor). The sums come out transposed, (1 + c, C) @ (C, N), rather than as
+    (N, C) @ (C, 1 + c), whose output rows are only 1 + c wide: on a 2-core CPU the whole gradient then
+    takes 0.8 of the time in bf16, 0.9 in float32 (H=16, N=4096, D=256; not measured on a GPU)."""
+    return ones_and_low @ torch.mul(g, low_factor, out=product).T
 
 
 @functools.cache
@@ -113,10 +116,11 @@ def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_d
     # G = low factor (N, C) x high factor (N, K): exp(sum_h log p0_h + U_h (log p1_h - log p0_h)) over each part
     low_factor = torch.exp(log_p0[:, :low_bits].sum(-1, keepdim=True) + log_ratio[:, :low_bits] @ low_pattern.T)
     high_factor = torch.exp(log_p0[:, low_bits:].sum(-1, keepdim=True) + log_ratio[:, low_bits:] @ high_pattern.T)
-    ones_and_low = torch.cat([low_pattern.new_ones(chunk, 1), low_pattern], dim=1)  # (C, 1 + c)
+    ones_and_low = torch.cat([low_pattern.new_ones(1, chunk), low_pattern.T], dim=0)  # (1 + c, C)
+    high_factor = high_factor.T.contiguous()  # (K, N): chunk k's factor is row k
 
-    low_sums = logits.new_zeros(n_rows, 1 + low_bits)  # [sum_d g_d G_d, sum_d g_d G_d U_h(d), h < c]
-    chunk_mass = logits.new_empty(n_rows, n_chunks)  # sum over chunk k of g_d G_d
+    low_sums = logits.new_zeros(1 + low_bits, n_rows)  # rows: sum_d g_d G_d, sum_d g_d G_d U_h(d) for h < c
+    chunk_mass = logits.new_empty(n_chunks, n_rows)  # row k: sum over chunk k of g_d G_d
     g = grad_r.new_empty(n_rows, chunk)  # (N, C), reused by every chunk
     product = logits.new_empty(n_rows, chunk)  # (N, C) g * G_low, reused (compiled: Inductor's own buffer)
     for k in range(n_chunks):
@@ -125,12 +129,12 @@ def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_d
             sums = _compiled_weighted_sums()(g, low_factor, ones_and_low)
         else:
             sums = _weighted_sums(g, low_factor, ones_and_low, product)
-        sums.mul_(high_factor[:, k : k + 1])  # (N, 1 + c)
+        sums.mul_(high_factor[k])  # (1 + c, N)
         low_sums += sums
-        chunk_mass[:, k] = sums[:, 0]
-    high_sums = chunk_mass @ high_pattern  # (N, H - c): sum_d g_d G_d U_h(d) for the high bits
-    weighted = torch.cat([low_sums[:, 1:], high_sums], dim=1)  # (N, H)
-    return weighted - torch.sigmoid(logits) * low_sums[:, :1]
+        chunk_mass[k] = sums[0]
+    high_sums = high_pattern.T @ chunk_mass  # (H - c, N): sum_d g_d G_d U_h(d) for the high bits
+    weighted = torch.cat([low_sums[1:], high_sums], dim=0).T  # (N, H)
+    return weighted - torch.sigmoid(logits) * low_sums[0, :, None]
 
 
 def project_latents(bit_logits: Tensor | None, weight: Tensor, index: Tensor, compiled: bool = False) -> Tensor:
