@@ -222,7 +222,7 @@ def test_gqa_route_policy():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_gqa_routes_give_the_native_attention(dtype, monkeypatch):
     """The routes a GPU takes (rows folded, K/V repeated), run here on CPU: the same logits as SDPA's
-    own enable_gqa, for a full forward, a masked chunk after a cache, one-token steps and a static step."""
+    own enable_gqa, for a full forward, a masked chunk after a cache, one-token steps and a decoding step."""
     from free_transformer.model import layers
 
     model = tiny_model(dtype=torch.float32)
@@ -233,7 +233,7 @@ def test_cuda_gqa_routes_give_the_native_attention(dtype, monkeypatch):
         pieces = [model(tokens[:, :5], latents=latents[:, :5], cache=cache).logits,
                   model(tokens[:, 5:8], latents=latents[:, 5:8], cache=cache).logits,
                   model(tokens[:, 8:9], latents=latents[:, 8:9], cache=cache).logits,
-                  model(tokens[:, 9:10], latents=latents[:, 9:10], cache=cache, start=cache.position).logits]
+                  model(tokens[:, 9:10], latents=latents[:, 9:10], cache=cache, start=torch.full((2,), 9)).logits]
         with torch.autocast("cpu", dtype, enabled=dtype != torch.float32):
             return model(tokens, latents=latents).logits.float(), torch.cat(pieces, 1)
 

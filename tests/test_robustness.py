@@ -225,12 +225,12 @@ def test_a_dry_run_checks_the_data_against_the_model_and_writes_nothing(tmp_path
 def test_generate_caps_its_default_length_to_the_model(tmp_path, capsys, monkeypatch):
     from conftest import tiny_checkpoint
 
-    from free_transformer.inference import batches as command  # where the command calls generate
+    from free_transformer.inference import batches as command  # where the command makes its rows
 
     lengths = []
-    real = command.generate
-    monkeypatch.setattr(command, "generate", lambda model, prompts, config, **kw: lengths.append(
-        config.max_new_tokens) or real(model, prompts, config, **kw))
+    real = command.prompt_row
+    monkeypatch.setattr(command, "prompt_row", lambda prompt, seed, **kw: lengths.append(
+        prompt.config.max_new_tokens) or real(prompt, seed, **kw))
     checkpoint = tiny_checkpoint(tmp_path, "run", 4, max_seq_len=16)
     assert main(["generate", str(checkpoint), "--prompt", "K>", "-n", "1"]) == 0
     assert lengths == [15]  # 2 prompt tokens + 15 new ones: 16 fed positions, the model's context

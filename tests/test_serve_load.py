@@ -241,7 +241,7 @@ def test_valid_extreme_settings_are_sampled_and_fail_no_other_request(served):
 
 def test_a_short_request_starts_within_a_few_steps_behind_a_queue(served):
     """6 requests of 4 completions of 20 tokens fill the 4 slots and the queue; a 4-token request sent then
-    gets the next free slot (the fewest rows started first), not the queue's end: it is answered in far fewer
+    gets the next free slot (the fewest rows in flight, then to start), not the queue's end: it is answered in far fewer
     steps than the queue takes (it used to wait for every older request's rows)."""
     engine = served[1]
     queued = [threading.Thread(target=post, args=(served, {"model": NAME, "prompt": "Once", "n": 4,

@@ -6,9 +6,10 @@ each step's cost. A completion therefore equals `free-transformer generate --see
 whatever else is in flight.
 
 One request cannot harm another:
-- admission is fair: the next free slot goes to the request with the fewest rows started (the oldest among
-  equals), so a short request starts within a few steps whatever was queued before it, and a request's rows
-  take at most all but one slot, so that a newcomer finds one unless others fill the engine;
+- admission is fair: the next free slot goes to the request with the fewest rows in flight, then the fewest
+  rows still to start, then the oldest, so a short request starts at the next free slot whatever was queued
+  before it, and a request's rows take at most all but one slot, so that a newcomer finds one unless others
+  fill the engine;
 - a row whose logits are not finite ends alone, as its own request's error; only an exception of the step
   itself ends every request in flight."""
 
@@ -231,7 +232,7 @@ class Batcher:
             if row.tag.job.cancelled:
                 self.engine.finish(row, "cancelled")
 
-    # ---- admission: the fewest rows started first ---------------------------------------------------
+    # ---- admission: the fewest rows in flight, then the fewest to start -----------------------------
 
     def _admit(self) -> None:
         joining: list[Served] = []
@@ -241,7 +242,7 @@ class Batcher:
                 ready = [job for job in self.waiting if job.in_flight < limit]
                 if not ready:
                     break
-                job = min(ready, key=lambda j: (j.admitted, j.order))
+                job = min(ready, key=lambda j: (j.in_flight, len(j.rows) - j.admitted, j.order))
                 spec = job.rows[job.admitted]
                 job.admitted += 1
                 if job.admitted == len(job.rows):
