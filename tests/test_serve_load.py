@@ -239,11 +239,13 @@ def test_valid_extreme_settings_are_sampled_and_fail_no_other_request(served):
         assert answers[0].json()["choices"][0]["text"] == greedy
 
 
-def test_a_short_request_starts_within_a_few_steps_behind_a_queue(served):
+def test_a_short_request_starts_within_a_few_steps_behind_a_queue(served, monkeypatch):
     """6 requests of 4 completions of 20 tokens fill the 4 slots and the queue; a 4-token request sent then
     gets the next free slot (the fewest rows in flight, then to start), not the queue's end: it is answered in far fewer
-    steps than the queue takes (it used to wait for every older request's rows)."""
+    steps than the queue takes (it used to wait for every older request's rows). Steps are slowed, so that
+    the queue is still whole when the short request comes, however fast the machine."""
     engine = served[1]
+    slow_steps(monkeypatch, 0.02, [])
     queued = [threading.Thread(target=post, args=(served, {"model": NAME, "prompt": "Once", "n": 4,
                                                            "max_tokens": 20, "seed": s}), kwargs={"timeout": 600})
               for s in range(6)]
