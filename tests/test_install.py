@@ -1,8 +1,8 @@
 """Install hints are commands that work where the user is: the distribution is not on PyPI, so a hint names the
 extra's requirements for this interpreter's pip (never `pip install free-transformer-reference[...]`, which
 asks the index for it); README's wheel command builds the wheel it names. (PyPI's `free-transformer` is
-another project.) The import paths README and CHANGELOG promise exist; bench/'s scripts import nothing that the bench extra does not
-bring."""
+another project.) The import paths README and CHANGELOG promise exist; bench/'s scripts import nothing that the
+bench extra does not bring."""
 
 import ast
 import importlib

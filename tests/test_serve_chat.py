@@ -41,7 +41,8 @@ def llama_with_tokenizer(directory, template: str | None) -> str:
     vocab = {word: i for i, word in enumerate(WORDS + [f"w{i}" for i in range(64 - len(WORDS))])}
     words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", chat_template=template).save_pretrained(directory)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", chat_template=template)
+    tokenizer.save_pretrained(directory)
     return str(directory)
 
 

@@ -379,16 +379,18 @@ def measure_notes(results_by_seed: dict) -> list[str]:
             for key, (where, letter) in BITS_SAVED_WHERE.items():
                 value = r.measures.get(key)
                 if value is not None and round(value, 2) < 0:
-                    notes.append(f"{name}: Z saves {value:.2f} bits {where}: negative, so the decoder predicts {letter} "
-                                 "worse with the encoder's Z than with Z drawn from the prior at that position.")
+                    notes.append(f"{name}: Z saves {value:.2f} bits {where}: negative, so the decoder predicts "
+                                 f"{letter} worse with the encoder's Z than with Z drawn from the prior at that "
+                                 "position.")
             near = r.measures.get("blue_position_near")
             if r.variant.task != "coins" and near is not None and near >= 2 * CHANCE_NEAR:
                 prefill = (", each row's prompt Z drawn from the encoder's posterior on it (as generation prefills),"
                            if r.variant.is_free else "")
-                notes.append(f"{name}: the blue group agrees within ±2 {near:.3f} of the time, against {CHANCE_NEAR:.3f} "
-                             f"for two independent uniform positions: its rows continue the same prompt{prefill} with "
-                             "one decoder, whose preferred start positions they share; they are not independent, so "
-                             "the claims compare green groups with the blue group, not with chance.")
+                notes.append(f"{name}: the blue group agrees within ±2 {near:.3f} of the time, against "
+                             f"{CHANCE_NEAR:.3f} for two independent uniform positions: its rows continue the same "
+                             f"prompt{prefill} with one decoder, whose preferred start positions they share; they "
+                             "are not independent, so the claims compare green groups with the blue group, not with "
+                             "chance.")
     return notes
 
 
