@@ -1,3 +1,4 @@
+import html
 import json
 import math
 
@@ -13,7 +14,7 @@ from free_transformer.experiments.demo.coins import coin_bits_saved, coin_measur
 from free_transformer.experiments.demo.groups import Groups, group_measures
 from free_transformer.experiments.demo.letters import latent_bits, target_starts
 from free_transformer.experiments.demo.presets import PRESETS, coins, letters
-from free_transformer.experiments.demo.report import coin_comparison, panel_boxes, write_report
+from free_transformer.experiments.demo.report import coin_comparison, measure_notes, panel_boxes, write_report
 from free_transformer.experiments.demo.run import VARIANTS, ModelResult, demo_sweep, first_line
 from free_transformer.experiments.launch.launchers import LocalLauncher
 from free_transformer.experiments.launch.pool import step_work, work_done
@@ -297,6 +298,24 @@ def test_the_report_shows_each_conditions_values_and_why_a_claim_failed(tmp_path
     blue, green = coin_comparison(results[0][5].groups)[1:]
     assert blue.startswith("blue, blocks of 2 rows") and blue.endswith("mean 0.00: 0.00 0.00")
     assert green.endswith("mean 1.00: 1.00 1.00")
+
+
+def test_the_report_explains_a_negative_saving_and_a_blue_group_above_chance(tmp_path):
+    """A negative "bits Z saves" and a blue group far above chance each get a line that says why, with the number."""
+    results = {0: _paper_like_seed(0.8)}
+    assert measure_notes(results) == []  # kappa-1's blue 0.15 is under twice chance; no saving is negative
+    results[0][3].measures.update(blue_position_near=0.31, latent_bits_noise=-0.58)  # kappa-1
+    results[0][0].measures.update(blue_position_near=0.2)  # the baseline: no Z, no prompt latents
+    notes = measure_notes(results)
+    assert len(notes) == 3
+    assert notes[0].startswith("baseline") and "0.200" in notes[0] and "posterior" not in notes[0]
+    assert "-0.58 bits per '!': negative" in notes[1] and "worse with the encoder's Z" in notes[1]
+    assert "0.310 of the time, against 0.086" in notes[2] and "encoder's posterior" in notes[2]
+    summary = {"preset": {"name": "fake"}, "per_seed": {0: {"models": []}}, "workers": 2, "total_seconds": 60.0,
+               "claims": claims_over_seeds({0: judge_claims(results[0])})}
+    write_report(tmp_path, results, summary)
+    page = (tmp_path / "report.html").read_text()
+    assert all(f"<li>{html.escape(note)}</li>" in page for note in notes)
 
 
 def test_the_progress_bar_counts_work_not_steps():

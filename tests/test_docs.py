@@ -59,19 +59,21 @@ SKIPPED = [
 DRY_RUN = [
     (r"free-transformer demo", "the demo trains for 12 minutes and more"),
     (r"free-transformer study", "the study trains for 49 minutes and more"),
-    (r"free-transformer train --config configs/", "trains a real corpus to convergence"),
+    (r"free-transformer train --config configs/(?!shakespeare-short)", "trains a real corpus to convergence"),
     (r"free-transformer train --out runs/notes --resume steps=5000", "5,000 steps"),
     (r"free-transformer train --out runs/try data\.kind=letters .*steps=2000", "2,000 steps"),
     (r"free-transformer train -c configs/letters-free\.yaml", "the letters to convergence"),
 ]
 # (pattern, replacement, why): commands run smaller than written
 SMALLER = [
+    (r"(free-transformer train --config configs/shakespeare-short\.yaml .*)$", r"\1 steps=2",
+     "2 of the short recipe's 100 steps: GPT-2's tokenizer and the plays, installed, train"),
     (r"(free-transformer train --out runs/notes model\.size=cpu-small data\.kind=text .*)$", r"\1 steps=2",
      "2 of its 1,000 steps: the default data of the named size trains"),
     (r"(free-transformer train --out runs/gauss .*)$", r"\1 steps=2", "2 of its 1,000 steps: a Gaussian Z trains"),
     (r"(free-transformer train --config x\.yaml --out runs/x)$", r"\1 steps=2", "2 of its 1,000 steps: the printed "
                                                                                "config trains"),
-    (r"--limit (200|50)\b", "--limit 2", "2 documents of each benchmark"),
+    (r"--limit (200|50|5)\b", "--limit 2", "2 documents of each benchmark"),
     (r"(free-transformer eval .*--heldout \S+)", r"\1 --heldout-windows 2", "2 windows of the held-out text"),
     (r"\bsteps=120 (.*)checkpoint_every=20", r"steps=4 \1checkpoint_every=2", "4 of the 120 steps"),
     (r"eval\.every=20 (.*)eval\.limit=20", r"eval.every=2 \1eval.limit=2", "benchmarks every 2 steps, on 2 "

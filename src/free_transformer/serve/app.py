@@ -1,6 +1,8 @@
-"""The HTTP server: OpenAI's /v1/models and /v1/completions over an `Engine`, vLLM's /health and
-tokenizer endpoints (/tokenize, /detokenize, /tokenizer_info, which lm-eval's `local-completions`
-reads), as a FastAPI app.
+"""The HTTP server: OpenAI's /v1/models, /v1/completions and /v1/chat/completions over an `Engine`,
+vLLM's /health and tokenizer endpoints (/tokenize, /detokenize, /tokenizer_info, which lm-eval's
+`local-completions` reads), as a FastAPI app. Chat is served where the tokenizer has a chat template
+(a Hugging Face tokenizer that ships one): the messages go through it and are completed as a prompt;
+for any other model it is a 404 that says so.
 
 Every error is OpenAI's error body with a one-line message: a request refused is a 4xx (type
 `invalid_request_error`), an exception while sampling a 500 (`server_error`) that leaves the server
@@ -26,14 +28,16 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from ..base.version import __version__
 from .batcher import Delta, Job
 from .engine import Engine, Plan, RequestError
 from .config import DEFAULT_MAX_REQUEST_MB
-from .protocol import (Completion, CompletionChoice, CompletionRequest, DetokenizeRequest, ErrorBody, ErrorDetail,
-                       Logprobs, ModelCard, ModelList, TokenizeRequest, Usage)
+from .protocol import (ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionChoice,
+                       CompletionRequest, DetokenizeRequest, ErrorBody, ErrorDetail, Logprobs, ModelCard, ModelList,
+                       TokenizeRequest, Usage)
 
 logger = logging.getLogger(__name__)
 
@@ -197,13 +201,30 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
         return JSONResponse({"prompt": engine.tokenizer.decode(request.tokens)})
 
     @app.post("/v1/chat/completions")
-    def chat_completions() -> JSONResponse:
-        # The Tokenizer protocol carries no chat template, so no message list can be turned into a prompt.
-        return error_response(404, f"this model's tokenizer ({engine.tokenizer.name}) has no chat template; "
-                                   "send text to /v1/completions", code="no_chat_template")
+    async def chat_completions(request: ChatCompletionRequest, raw: Request):
+        if engine.tokenizer.chat_template is None:  # no chat format is invented for a model that has none
+            return error_response(404, f"this model's tokenizer ({engine.tokenizer.name}) has no chat template; "
+                                       "send text to /v1/completions", code="no_chat_template")
+        try:
+            prompt = engine.tokenizer.chat_prompt([message.model_dump() for message in request.messages])
+        except ValueError as error:  # the template refused the conversation
+            return error_response(400, str(error), "messages")
+        try:
+            completion = request.completion(prompt)
+        except ValidationError as error:  # a field that CompletionRequest refuses, as /v1/completions says it
+            message, param, code = validation_message(RequestValidationError(error.errors()))
+            return error_response(400, message, param, code)
+        except ValueError as error:  # a completions-only field
+            return error_response(400, str(error))
+        return await answer(completion, raw, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, raw: Request):
+        return await answer(request, raw)
+
+    async def answer(request: CompletionRequest, raw: Request, chat: bool = False):
+        """Plan the request, submit its rows to the decoding loop and answer with what it decodes: a completion,
+        or the same text as a chat completion."""
         try:
             plan = await run_in_threadpool(engine.plan, request)
         except RequestError as error:
@@ -216,12 +237,14 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
                   finish=lambda error: channel.put(END if error is None else error))
         engine.batcher.submit(job)
         watcher = asyncio.create_task(_cancel_on_disconnect(raw, job, channel))
-        head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": engine.name}
+        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": engine.name}
         if request.stream:
             usage = request.stream_options is not None and request.stream_options.include_usage
-            return await _stream(channel, job, watcher, plan, head, usage)
+            return await _stream(channel, job, watcher, plan, head, usage, ChatCompletionChunk.of if chat else None)
         try:
-            return await _collect(channel, plan, head)
+            answered = await _collect(channel, plan, head)
+            return ChatCompletion.of(answered) if chat and isinstance(answered, Completion) else answered
         finally:
             job.cancelled = True  # nothing more is read: a row still in flight (a departed client's) stops
             watcher.cancel()
@@ -271,8 +294,11 @@ async def _collect(channel: Channel, plan: Plan, head: dict):
     return Completion(**head, choices=choices, usage=_usage(plan, sum(p.tokens for p in pieces.values())))
 
 
-async def _stream(channel: Channel, job: Job, watcher: asyncio.Task, plan: Plan, head: dict, usage: bool):
-    """Answer once the first piece is there, so that a failure before any text is still a 500."""
+async def _stream(channel: Channel, job: Job, watcher: asyncio.Task, plan: Plan, head: dict, usage: bool,
+                  convert=None):
+    """Answer once the first piece is there, so that a failure before any text is still a 500. `convert` turns
+    each `Completion` chunk into what is sent instead (a chat chunk)."""
+    convert = convert or (lambda chunk: chunk)
     first = await channel.get()
     if isinstance(first, Exception):
         job.cancelled = True
@@ -291,10 +317,11 @@ async def _stream(channel: Channel, job: Job, watcher: asyncio.Task, plan: Plan,
                 choice = _choice(item, offsets[item.index])
                 offsets[item.index] += len(item.text)
                 tokens[item.index] = item.tokens
-                yield f"data: {Completion(**head, choices=[choice]).model_dump_json()}\n\n"
+                yield f"data: {convert(Completion(**head, choices=[choice])).model_dump_json()}\n\n"
                 item = await channel.get()
             if usage:
-                yield f"data: {Completion(**head, choices=[], usage=_usage(plan, sum(tokens))).model_dump_json()}\n\n"
+                last = Completion(**head, choices=[], usage=_usage(plan, sum(tokens)))
+                yield f"data: {convert(last).model_dump_json()}\n\n"
             yield "data: [DONE]\n\n"
         finally:  # ended, or the client left: the loop drops what is still in flight
             job.cancelled = True

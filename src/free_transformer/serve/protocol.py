@@ -1,5 +1,7 @@
 """The OpenAI API as this server reads and writes it: the request and response bodies of
-/v1/models and /v1/completions, the tokenizer endpoints, and the error body, as pydantic models.
+/v1/models, /v1/completions and /v1/chat/completions, the tokenizer endpoints, and the error body, as
+pydantic models. A chat request is a completion request whose prompt is its messages through the
+tokenizer's chat template: its other fields are read by CompletionRequest, so both check them alike.
 
 Requests are strict (a number must be a JSON number, a flag true or false) and closed: every field of
 OpenAI's completions API is accepted at its default, a value this server cannot honour (a non-null
@@ -147,6 +149,39 @@ class CompletionRequest(_sampling_request()):
         return value
 
 
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+# completion fields that mean something else in OpenAI's chat API, or nothing there: refused in a chat request
+NOT_IN_CHAT = ("prompt", "echo", "logprobs", "top_logprobs", "suffix", "best_of", "logit_bias")
+
+
+class ChatCompletionRequest(BaseModel):
+    """The messages, then any field of CompletionRequest but those of NOT_IN_CHAT (max_completion_tokens is
+    OpenAI's newer name of max_tokens)."""
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+    def completion(self, prompt: str) -> CompletionRequest:
+        """The completion request that continues `prompt` (the messages through the chat template) with this
+        request's other fields; a ValueError naming a field that chat does not take, pydantic's ValidationError
+        for a field CompletionRequest refuses."""
+        fields = dict(self.model_extra)
+        if refused := [name for name in NOT_IN_CHAT if name in fields]:
+            raise ValueError(f"unknown or unsupported field {refused[0]!r} in a chat request "
+                             "(/v1/completions takes it)")
+        if self.max_completion_tokens is not None:
+            if fields.setdefault("max_tokens", self.max_completion_tokens) != self.max_completion_tokens:
+                raise ValueError("max_tokens and max_completion_tokens disagree; give one of them")
+        return CompletionRequest.model_validate({**fields, "prompt": prompt})
+
+
 class Logprobs(BaseModel):
     """OpenAI's legacy completion logprobs: per token of the choice's text (the prompt's first with echo)."""
     tokens: list[str] = []
@@ -177,6 +212,54 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+
+
+class ChatReply(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatReply
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+    @classmethod
+    def of(cls, completion: Completion) -> ChatCompletion:
+        choices = [ChatChoice(index=c.index, message=ChatReply(content=c.text), finish_reason=c.finish_reason)
+                   for c in completion.choices]
+        return cls(**completion.model_dump(include={"id", "created", "model", "usage"}), choices=choices)
+
+
+class ChatDelta(BaseModel):
+    index: int
+    delta: ChatReply
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One chunk of a streamed chat completion: a text delta per choice, or the usage (no choices)."""
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatDelta]
+    usage: Usage | None = None
+
+    @classmethod
+    def of(cls, chunk: Completion) -> ChatCompletionChunk:
+        choices = [ChatDelta(index=c.index, delta=ChatReply(content=c.text), finish_reason=c.finish_reason)
+                   for c in chunk.choices]
+        return cls(**chunk.model_dump(include={"id", "created", "model", "usage"}), choices=choices)
 
 
 class ModelCard(BaseModel):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...data.synthetic import BODY_LENGTH, analyse_letters
+from ...data.synthetic import BODY_LENGTH, N_POSITIONS, analyse_letters
 from ...inference.generate import GenerationConfig, generate
 from ...inference.latents import LatentChoice, resolve_latents
 from ...model.latent import ENCODER
@@ -70,6 +70,8 @@ def pair_mean(values: list, agree) -> float | None:
 # a latent that fixes the position only roughly. "Near" agreement counts those pairs too. Chance level
 # for two independent uniform positions among 57: 0.086 (exact: 0.018).
 NEAR_POSITIONS = 2
+CHANCE_NEAR = sum(abs(a - b) <= NEAR_POSITIONS for a in range(N_POSITIONS)
+                  for b in range(N_POSITIONS)) / N_POSITIONS**2  # 0.086
 
 
 def _position_agreement(bodies: list[str], letter: str, tolerance: int = 0) -> float | None:
