@@ -15,10 +15,9 @@ class LatentConfig:
     """How the latent path works (its size, latent_bits, and place, latent_layer, are ModelConfig fields)."""
 
     kind: str = "binary_mapper"
-    """The form of Z_t and its map to the residual R: binary_mapper (the paper: H bits, a 2^H x D
-    post-sampler table, exact gradient of Y + G - detach(G)), bit_linear (the ±1 bits through a D x H
-    linear map, per-bit straight-through; H up to 62), gaussian (Z_t in R^H, prior N(0, I),
-    reparameterised, through a D x H linear map), or any kind registered with register_latent_kind."""
+    """The form of Z_t and its map to the residual R: a kind registered with register_latent_kind (the
+    package's are described in docs/latent-variants.md; an unknown name's error lists those registered).
+    binary_mapper is the paper's: H bits, a 2^H x D post-sampler table."""
     encoder_layers: int = 1
     """Non-causal encoder blocks (the paper: 1). The first takes its queries from zeta and its
     keys/values from the first half; each further one attends over the encoder's own stream."""

@@ -41,6 +41,12 @@ class GaussianLatent(LinearMap):
     def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
         return fill_rows_(out, lambda rows, g: rows.normal_(generator=g), generator)
 
+    def standard_normal(self, shape: tuple[int, ...], generator: Generators = None, device=None) -> Tensor:
+        """(*shape, H) N(0, I) draws of value_dtype, row by row: the reparameterisation's noise, the prior's
+        draws here, and still N(0, I) in a subclass that changes the prior."""
+        out = torch.empty(*shape, self.bits, dtype=self.value_dtype, device=device)
+        return fill_rows_(out, lambda rows, g: rows.normal_(generator=g), generator)
+
     def kl_per_unit(self, posterior: Tensor) -> Tensor:
         mean, log_var = self._moments(posterior)
         return 0.5 * (mean.square() + log_var.exp() - 1 - log_var)
@@ -53,7 +59,7 @@ class GaussianLatent(LinearMap):
 
     def sample(self, posterior: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
         mean, log_var = self._moments(posterior)
-        noise = self.prior(tuple(mean.shape[:-1]), generator, mean.device)  # (..., H) ~ N(0, I)
+        noise = self.standard_normal(tuple(mean.shape[:-1]), generator, mean.device)  # (..., H) ~ N(0, I)
         # (..., H) in value_dtype, whatever the posterior's: the value recorded is the one R was made of, so
         # that feeding it back as explicit latents gives the same R
         z = (mean + (0.5 * log_var).exp() * noise).to(self.value_dtype)
