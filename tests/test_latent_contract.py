@@ -144,6 +144,18 @@ def test_check_values_takes_prior_draws_and_refuses_values_outside_the_space(kin
         assert "\n" not in str(raised.value)
 
 
+def test_a_kinds_settings_are_the_latent_config_section_named_after_it(kind):
+    """So that they are model.latent.<kind>.* in --help, config.yaml, the HF config and the checks."""
+    from free_transformer.model.config import LatentConfig
+
+    settings_type = LATENT_KINDS[kind].settings_type
+    if settings_type is None:
+        assert LatentConfig(kind).section() is None
+        return
+    assert isinstance(LatentConfig(kind).section(), settings_type)
+    assert _space(kind).settings == settings_type()  # built without settings: the defaults
+
+
 # ---- in the model -----------------------------------------------------------------------------------
 
 

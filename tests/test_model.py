@@ -29,7 +29,7 @@ def _tokens(B=2, T=12, vocab=50, seed=0, device="cpu"):
         (dict(latent_bits=63, latent=LatentConfig(kind="bit_linear")), "\\[0, 62\\]"),
         (dict(latent=LatentConfig(kind="vq")), "unknown latent kind 'vq'; choose one of binary_mapper, bit_linear"),
         (dict(latent=LatentConfig(encoder_layers=0)), "encoder_layers must be a positive integer"),
-        (dict(latent={"kind": "binary_mapper", "depth": 2}), "unknown model.latent field"),
+        (dict(latent={"kind": "binary_mapper", "depth": 2}), "unknown setting model.latent.depth"),
     ],
 )
 def test_config_errors(overrides, message):

@@ -8,9 +8,11 @@ what a valid model is (its checks run when this config is built).
 
 from __future__ import annotations
 
+import dataclasses
+
 from transformers import PretrainedConfig
 
-from ..model.config import LatentConfig, ModelConfig
+from ..model.config import ModelConfig
 
 # HF field name -> ModelConfig field name
 FIELD_MAP = {
@@ -56,6 +58,9 @@ class FreeTransformerConfig(PretrainedConfig):
     """The form of Z and its map to the residual R (ModelConfig.latent.kind)."""
     latent_encoder_layers: int = 1
     """Non-causal encoder blocks (ModelConfig.latent.encoder_layers; the paper: 1)."""
+    latent_settings: dict | None = None
+    """The latent kind's own settings (ModelConfig.latent.<kind>, e.g. classes and temperature of the
+    categorical kind) as a mapping; None for a kind without settings."""
     tokenizer_name: str | None = None
     """Name of the free_transformer tokenizer the model was trained with (informational)."""
     use_cache: bool = True
@@ -77,11 +82,15 @@ class FreeTransformerConfig(PretrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
     def to_model_config(self) -> ModelConfig:
-        latent = LatentConfig(**{ours: getattr(self, hf) for hf, ours in LATENT_FIELD_MAP.items()})
+        latent = {ours: getattr(self, hf) for hf, ours in LATENT_FIELD_MAP.items()}
+        if self.latent_settings is not None:
+            latent[self.latent_kind] = dict(self.latent_settings)
         return ModelConfig(**{ours: getattr(self, hf) for hf, ours in FIELD_MAP.items()}, latent=latent)
 
     @classmethod
     def from_model_config(cls, config: ModelConfig, **kwargs) -> FreeTransformerConfig:
         values = {hf: getattr(config, ours) for hf, ours in FIELD_MAP.items()}
         values |= {hf: getattr(config.latent, ours) for hf, ours in LATENT_FIELD_MAP.items()}
+        section = config.latent.section()
+        values["latent_settings"] = None if section is None else dataclasses.asdict(section)
         return cls(**values, **kwargs)

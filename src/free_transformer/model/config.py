@@ -6,13 +6,32 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..base.settings import build
 from ..base.checks import ConfigError, check_range
 from ..base.presets import Presets
 
 
 @dataclass(frozen=True)
+class CategoricalSettings:
+    """The categorical kind's own settings (model.latent.kind=categorical)."""
+
+    classes: int = 4
+    """K, the classes of each of the H groups of Z_t (K^H values per token; K = 2 holds H bits)."""
+    temperature: float = 1.0
+    """The Gumbel-softmax temperature of the straight-through gradient (the sample itself is a Gumbel-max
+    draw, whatever the temperature): lower is closer to the one-hot, with a noisier gradient."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.classes, int) or isinstance(self.classes, bool) or self.classes < 2:
+            raise ConfigError(f"model.latent.categorical.classes must be an integer >= 2, got {self.classes!r}")
+        check_range("model.latent.categorical.temperature", self.temperature, low_open=True)
+
+
+@dataclass(frozen=True)
 class LatentConfig:
-    """How the latent path works (its size, latent_bits, and place, latent_layer, are ModelConfig fields)."""
+    """How the latent path works (its size, latent_bits, and place, latent_layer, are ModelConfig fields).
+    A kind with settings of its own reads them from the section named after it (`model.latent.<kind>.*`,
+    its space's `settings_type`); a new kind with settings is a new section here."""
 
     kind: str = "binary_mapper"
     """The form of Z_t and its map to the residual R: a kind registered with register_latent_kind (the
@@ -21,13 +40,19 @@ class LatentConfig:
     encoder_layers: int = 1
     """Non-causal encoder blocks (the paper: 1). The first takes its queries from zeta and its
     keys/values from the first half; each further one attends over the encoder's own stream."""
+    categorical: CategoricalSettings = field(default_factory=CategoricalSettings)
+    """The categorical kind's settings (read when model.latent.kind=categorical)."""
 
 
-def _latent_config(values: dict) -> LatentConfig:
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(LatentConfig)})
-    if unknown:
-        raise ConfigError(f"unknown model.latent field(s): {', '.join(unknown)}")
-    return LatentConfig(**values)
+    def section(self, kind: str | None = None):
+        """The settings of `kind` (by default the chosen one): its section, or None for a kind without."""
+        kind = kind or self.kind
+        return getattr(self, kind) if kind in latent_sections() else None
+
+
+def latent_sections() -> list[str]:
+    """The kinds with settings of their own: one section of LatentConfig each."""
+    return [f.name for f in dataclasses.fields(LatentConfig) if f.name not in ("kind", "encoder_layers")]
 
 
 @dataclass(frozen=True)
@@ -62,7 +87,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.latent, dict):  # from a saved config.json or a YAML section
-            object.__setattr__(self, "latent", _latent_config(self.latent))
+            object.__setattr__(self, "latent", build(LatentConfig, self.latent, "model.latent"))
         if not isinstance(self.latent, LatentConfig):
             raise ConfigError(f"model.latent must be a section (kind, encoder_layers), got {self.latent!r}")
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
@@ -101,7 +126,11 @@ class ModelConfig:
         kind = self.latent.kind
         if kind not in LATENT_KINDS:
             raise ConfigError(f"unknown latent kind {kind!r}; choose one of {', '.join(sorted(LATENT_KINDS))}")
-        max_bits = LATENT_KINDS[kind].max_bits
+        space, section = LATENT_KINDS[kind], self.latent.section()
+        if space.settings_type is not None and not isinstance(section, space.settings_type):
+            raise ConfigError(f"latent kind {kind} has settings {space.settings_type.__name__}, but model.latent has "
+                              f"no section {kind} of that type")
+        max_bits = space.max_bits
         if self.latent_bits > max_bits:
             raise ConfigError(f"latent_bits must be an integer in [0, {max_bits}] for latent kind {kind}, "
                               f"got {self.latent_bits!r}")
@@ -167,12 +196,19 @@ class ModelConfig:
         """Encoder blocks, zeta, encoder norm + readout, and the mapper's (2^H x D for the Binary Mapper)."""
         if not self.is_free:
             return 0
-        from .latent import latent_kind
-
-        space = latent_kind(self.latent.kind)
+        space = self.latent_space_on_meta()
         encoder = self.latent.encoder_layers * self.block_params() + self.dim + self.dim
-        readout = (self.dim + 1) * self.latent_bits * space.params_per_unit
-        return encoder + readout + space.num_params(self.latent_bits, self.dim)
+        readout = (self.dim + 1) * space.posterior_size
+        return encoder + readout + sum(p.numel() for p in space.parameters())
+
+    def latent_space_on_meta(self):
+        """The latent space this config builds, on the meta device (no memory): its sizes and costs."""
+        import torch
+
+        from .latent import build_latent_space
+
+        with torch.device("meta"):
+            return build_latent_space(self.latent.kind, self.latent_bits, self.dim, self.latent.section())
 
     def training_flops_per_token(self, seq_len: int) -> float:
         """Forward + backward FLOPs per token of a training step at this sequence length: what the design
@@ -190,13 +226,11 @@ class ModelConfig:
         causal_block = 6 * matmul_weights + 12 * self.dim * (seq_len + 1) / 2
         flops = self.n_layers * causal_block + 6 * self.vocab_size * self.dim
         if self.is_free:
-            from .latent import latent_kind
-
             non_causal_block = 6 * matmul_weights + 12 * self.dim * seq_len
             flops += self.latent.encoder_layers * non_causal_block - 6 * self.dim * self.dim  # zeta's q_proj: once
-            space = latent_kind(self.latent.kind)
-            flops += 6 * self.dim * self.latent_bits * space.params_per_unit  # encoder read-out
-            flops += space.training_flops_per_token(self.latent_bits, self.dim)
+            space = self.latent_space_on_meta()
+            flops += 6 * self.dim * space.posterior_size  # encoder read-out
+            flops += space.training_flops_per_token()
         return float(flops)
 
 

@@ -185,12 +185,7 @@ class BinaryMapper(BinaryLatentSpace):
     def reset_parameters(self, std: float) -> None:
         nn.init.normal_(self.weight, std=std)
 
-    @classmethod
-    def num_params(cls, bits: int, dim: int) -> int:
-        return 2**bits * dim
-
-    @classmethod
-    def training_flops_per_token(cls, bits: int, dim: int) -> float:
+    def training_flops_per_token(self) -> float:
         # The forward is a row lookup; the exact backward needs dR @ W^T over all 2^H rows (the O(2^H)
         # products with G are left out, as norms and activations are everywhere).
-        return 2.0 * 2**bits * dim
+        return 2.0 * 2**self.bits * self.dim

@@ -48,22 +48,35 @@ def latent_kind(name: str) -> type[LatentSpace]:
 
 class LatentSpace(nn.Module):
     """Base of the latent kinds: Z_t of H units (`bits`, the config's latent_bits) mapped to R of size
-    `dim`. Subclasses set the class attributes and implement the methods that raise here;
-    `compile_backward` only where their backward runs an eager chunk loop."""
+    `dim`, with the kind's own settings (`settings_type`, a section of LatentConfig named after the kind).
+    Subclasses set the class attributes and implement the methods that raise here; `compile_backward`
+    only where their backward runs an eager chunk loop."""
 
     kind: ClassVar[str]
     max_bits: ClassVar[int]
     """Largest H the kind supports."""
-    params_per_unit: ClassVar[int] = 1
-    """Read-out outputs per unit of Z_t: the posterior is (..., H * params_per_unit)."""
+    params_per_unit: int = 1
+    """Read-out outputs per unit of Z_t: the posterior is (..., H * params_per_unit). A class attribute, or
+    set in __init__ where the kind's settings decide it."""
     value_dtype: ClassVar[torch.dtype]
     """dtype of a value of Z."""
     unit: ClassVar[str] = "bit"
     """What one of the H units of Z_t is called in reports: "bit", "dimension"."""
+    settings_type: ClassVar[type | None] = None
+    """The dataclass of the kind's own settings, `model.latent.<kind>.<field>` (free_transformer.model.config
+    declares it torch-free, as a LatentConfig section named after the kind), or None for a kind without."""
 
-    def __init__(self, bits: int, dim: int):
+    def __init__(self, bits: int, dim: int, settings=None):
         super().__init__()
         self.bits, self.dim = bits, dim
+        if self.settings_type is not None and settings is None:
+            settings = self.settings_type()
+        self.settings = settings
+
+    @property
+    def posterior_size(self) -> int:
+        """Read-out outputs per token: H * params_per_unit."""
+        return self.bits * self.params_per_unit
 
     @property
     def value_shape(self) -> tuple[int, ...]:
@@ -124,22 +137,25 @@ class LatentSpace(nn.Module):
         """Use compiled bodies for the eager chunk loop of the kind's backward, if it has one
         (compile=true); a kind whose gradient is plain autograd has nothing to change."""
 
-    @classmethod
-    def num_params(cls, bits: int, dim: int) -> int:
+    def training_flops_per_token(self) -> float:
+        """Forward + backward FLOPs per token of the matmuls the kind needs (its parameter count is that of
+        the module: ModelConfig counts it on the meta device)."""
         raise NotImplementedError
 
-    @classmethod
-    def training_flops_per_token(cls, bits: int, dim: int) -> float:
-        """Forward + backward FLOPs per token of the matmuls the kind needs."""
-        raise NotImplementedError
+
+def build_latent_space(kind: str, bits: int, dim: int, settings=None) -> LatentSpace:
+    """The registered kind's space: with its settings (the LatentConfig section named after it) when it has
+    any; a kind without settings is built from (bits, dim) alone."""
+    space = latent_kind(kind)
+    return space(bits, dim) if space.settings_type is None else space(bits, dim, settings)
 
 
 class LinearMap(LatentSpace):
     """Base of the kinds whose R is a linear map of H real numbers per token, R = W v with W (D, H)
     (`bit_linear`: the ±1 bits; `gaussian`: z itself): the weight, its initialisation and its costs."""
 
-    def __init__(self, bits: int, dim: int):
-        super().__init__(bits, dim)
+    def __init__(self, bits: int, dim: int, settings=None):
+        super().__init__(bits, dim, settings)
         self.weight = nn.Parameter(torch.empty(dim, bits))  # (D, H): column h is what unit h adds
         self.reset_parameters(1.0)  # the model's init_weights sets the scale it wants
 
@@ -150,10 +166,5 @@ class LinearMap(LatentSpace):
     def reset_parameters(self, std: float) -> None:
         nn.init.normal_(self.weight, std=std / math.sqrt(self.bits))  # R sums H terms of unit scale
 
-    @classmethod
-    def num_params(cls, bits: int, dim: int) -> int:
-        return dim * bits
-
-    @classmethod
-    def training_flops_per_token(cls, bits: int, dim: int) -> float:
-        return 6.0 * dim * bits  # an ordinary (D, H) linear map, forward and backward
+    def training_flops_per_token(self) -> float:
+        return 6.0 * self.dim * self.bits  # an ordinary (D, H) linear map, forward and backward
