@@ -46,10 +46,10 @@ def main() -> None:
     print(describe_limits(limits))
     print(describe_size(args) + f"; T={args.seq_len} B={args.batch} {args.dtype}")
 
-    configs = {"baseline": model_config(args, max_seq_len=args.seq_len, latent_bits=0)}
+    configs = {"baseline": model_config(args, max_seq_len=args.seq_len, latent_units=0)}
     for bits in args.bits:
         for kind in args.kinds:
-            configs[f"{kind} H={bits}"] = model_config(args, max_seq_len=args.seq_len, latent_bits=bits,
+            configs[f"{kind} H={bits}"] = model_config(args, max_seq_len=args.seq_len, latent_units=bits,
                                                        latent=LatentConfig(kind))
     tokens = make_batch(configs["baseline"], args.batch, args.seq_len, device)
     steps = {}

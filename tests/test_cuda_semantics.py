@@ -99,9 +99,9 @@ def test_every_gqa_route_runs_a_fused_kernel_and_gives_query_heads(dtype, case, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_training_forward_and_backward_as_on_cuda(dtype, latent_bits, monkeypatch):
-    model = _meta_model(dtype, latent_bits=latent_bits).train()
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_training_forward_and_backward_as_on_cuda(dtype, latent_units, monkeypatch):
+    model = _meta_model(dtype, latent_units=latent_units).train()
     tokens = _tokens(13)
     with cuda_dispatch(monkeypatch), DeviceWork() as work:
         out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.1)
@@ -124,7 +124,7 @@ def test_trainer_step_as_on_cuda(tmp_path, monkeypatch):
     env = setup("none", None, torch.device("cpu"))
     monkeypatch.setattr(env, "device", META)
     model = tiny_model(dtype=torch.float32, **{k: v for k, v in config.model.to_dict().items()
-                                                if k in ("vocab_size", "max_seq_len", "latent_bits")}).to(META)
+                                                if k in ("vocab_size", "max_seq_len", "latent_units")}).to(META)
     optimizer = build_optimizer(model, config.optim)
     monkeypatch.setattr(importlib.import_module("torch.optim.adam"), "_device_dtype_check_for_fused",
                         lambda *args, **kwargs: None)
@@ -144,10 +144,10 @@ def test_trainer_step_as_on_cuda(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_prefill_and_cached_decoding_steps_as_on_cuda(dtype, latent_bits, monkeypatch):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_prefill_and_cached_decoding_steps_as_on_cuda(dtype, latent_units, monkeypatch):
     """Prefill (Z from the encoder), a masked chunk after it, and one-token steps with prior Z."""
-    model = _meta_model(dtype, latent_bits=latent_bits)
+    model = _meta_model(dtype, latent_units=latent_units)
     with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
         cache = model.new_cache(B, capacity=16)
         model(_tokens(5), cache=cache)
@@ -159,17 +159,17 @@ def test_prefill_and_cached_decoding_steps_as_on_cuda(dtype, latent_bits, monkey
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_static_decoding_step_as_on_cuda(dtype, latent_bits, monkeypatch):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_static_decoding_step_as_on_cuda(dtype, latent_units, monkeypatch):
     """The step `generate(compile=True)` captures: prefilled into its own cache, then two steps, with the
     token and latent handed over on the device."""
-    model = _meta_model(dtype, latent_bits=latent_bits)
+    model = _meta_model(dtype, latent_units=latent_units)
     with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
         step = static_decode_step(model, B, 12)
         model(_tokens(5), cache=step.restart())
         for _ in range(2):
             logits = step(torch.zeros(B, dtype=torch.int64, device=META),
-                          torch.zeros(B, 1, dtype=torch.int64, device=META) if latent_bits else None)
+                          torch.zeros(B, 1, dtype=torch.int64, device=META) if latent_units else None)
     assert work.uploads == []
     assert logits.shape == (B, 50) and step.cache.capacity == 64 - 24  # tiny max_seq_len: 40
 
@@ -192,11 +192,11 @@ class ExternalStorages(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_static_step_reads_the_same_storages_at_every_step(latent_bits):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_static_step_reads_the_same_storages_at_every_step(latent_units):
     """Graph capture freezes addresses: every tensor the step reads from outside itself (weights, the
     cache, the token and latent buffers, the device position) is the same storage at every step."""
-    model = tiny_model(dtype=torch.float32, latent_bits=latent_bits)
+    model = tiny_model(dtype=torch.float32, latent_units=latent_units)
     with torch.inference_mode():
         step = static_decode_step(model, B, 12)
         model(torch.zeros(B, 5, dtype=torch.int64), cache=step.restart())
@@ -209,12 +209,12 @@ def test_static_step_reads_the_same_storages_at_every_step(latent_bits):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_sampling_static_step_as_on_cuda(latent_bits, temperature, monkeypatch):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_sampling_static_step_as_on_cuda(latent_units, temperature, monkeypatch):
     """The step generate(compile=True) replays once a token: bound to the token sampled from the prefill,
     then steps that draw Z (or take it from the caller) and the sampling noise, run the model and pick
     the next token, with nothing read on the host or copied from it."""
-    model = _meta_model(torch.bfloat16, latent_bits=latent_bits)
+    model = _meta_model(torch.bfloat16, latent_units=latent_units)
     config = GenerationConfig(max_new_tokens=4, temperature=temperature, top_k=10, top_p=0.9)
     with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
         step = static_decode_step(model, B, 12)
@@ -227,13 +227,13 @@ def test_sampling_static_step_as_on_cuda(latent_bits, temperature, monkeypatch):
     assert token.shape == (B,) and token.dtype == torch.int64 and step.non_finite.device == META
 
 
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_sampling_static_step_reads_the_same_storages_at_every_step(latent_bits):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_sampling_static_step_reads_the_same_storages_at_every_step(latent_units):
     """As for the model alone: the draws, the sampling and the token kept for the next step read the
     same storages at every step (the noise buffer, the temperature, the fed-latents record)."""
-    model = tiny_model(dtype=torch.float32, latent_bits=latent_bits)
+    model = tiny_model(dtype=torch.float32, latent_units=latent_units)
     config = GenerationConfig(temperature=0.8, top_k=10, top_p=0.9)
-    variant = SamplingVariant(config.rule(), latent_bits > 0)
+    variant = SamplingVariant(config.rule(), latent_units > 0)
     with torch.inference_mode():
         step = static_decode_step(model, B, 12)
         model(torch.zeros(B, 5, dtype=torch.int64), cache=step.restart())

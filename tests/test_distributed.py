@@ -50,7 +50,7 @@ ATOL = 1e-5
 ARGS = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=8", "log_every=1",
         "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25", "steps=6", "checkpoint_every=3",
         "latent_noise=row"]
-BASELINE = ["model.latent_bits=0"]
+BASELINE = ["model.latent_units=0"]
 
 
 def _golden_args(name):

@@ -64,7 +64,7 @@ def test_the_gradient_is_the_straight_through_gumbel_softmax(temperature):
 
 
 def test_the_settings_size_the_read_out_and_the_table():
-    config = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=48, max_seq_len=16, latent_bits=3,
+    config = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=48, max_seq_len=16, latent_units=3,
                          latent={"kind": "categorical", "categorical": {"classes": 5}})
     assert config.latent == LatentConfig("categorical", categorical=CategoricalSettings(classes=5))
     from free_transformer import FreeTransformer
@@ -118,6 +118,12 @@ def test_the_settings_are_saved_with_the_run_and_in_the_hf_config(run, tmp_path)
 
     back, _ = load_model(tmp_path / "back")
     assert back.config.latent.categorical == CategoricalSettings(3, 0.5)
+
+
+def test_inspect_names_the_groups(run, capsys):
+    assert main(["inspect", str(run)]) == 0
+    shown = capsys.readouterr().out
+    assert "H = 4 groups (categorical)" in shown and "KL per group (bits/token)" in shown
 
 
 @pytest.mark.parametrize("choice", ["encoder", "prior", "shared"])

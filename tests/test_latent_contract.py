@@ -48,7 +48,7 @@ class WideGaussian(GaussianLatent):
 
 
 KINDS = sorted(LATENT_KINDS)  # at collection: the package's kinds and the plugin above
-H, D = 4, 8  # tiny_model's latent_bits and a read-out's width
+H, D = 4, 8  # tiny_model's latent_units and a read-out's width
 
 
 @pytest.fixture(params=KINDS)
@@ -64,7 +64,7 @@ def _space(kind, bits=H):
 def _posterior(space, lead=(2, 3), scale=1.0, seed=0) -> Tensor:
     """A random read-out (*lead, H * params_per_unit) in float64."""
     generator = torch.Generator().manual_seed(seed)
-    return scale * torch.randn(*lead, space.bits * space.params_per_unit, generator=generator, dtype=torch.float64)
+    return scale * torch.randn(*lead, space.units * space.params_per_unit, generator=generator, dtype=torch.float64)
 
 
 def _rows(*seeds):
@@ -88,7 +88,10 @@ def test_the_kl_is_the_monte_carlo_mean_of_log_ratio_over_samples(kind):
     kl = space.kl(posterior)[0]
     assert kl.shape == (3,) and bool((kl >= 0).all())
     assert bool(((estimate - kl).abs() <= 5 * error + 1e-9).all()), (estimate, kl, error)
-    assert space.kl_per_unit(posterior).shape == (1, 3, space.bits)
+    if space.independent_units:  # the token's KL is the sum of its units' (the per-unit reports)
+        per_unit = space.kl_per_unit(posterior)
+        assert per_unit.shape == (1, 3, space.units) and bool((per_unit >= -1e-12).all())
+        torch.testing.assert_close(per_unit.sum(-1)[0], kl)
 
 
 def test_log_ratio_broadcasts_between_its_posterior_and_its_values(kind):
@@ -269,7 +272,7 @@ def test_serve_completes_what_generate_samples_for_a_seed(kind, tmp_path, capsys
     from free_transformer.serve.app import build_app
     from free_transformer.serve.engine import Engine
 
-    checkpoint = tiny_checkpoint(tmp_path, "k", latent_bits=H, latent={"kind": kind})
+    checkpoint = tiny_checkpoint(tmp_path, "k", latent_units=H, latent={"kind": kind})
     model, config = load_model(checkpoint)
     client = TestClient(build_app(Engine(model, get_tokenizer(config["tokenizer"]), "k")))
     for latents in ("encoder", "prior", "shared"):

@@ -4,7 +4,7 @@ in the study and in held-out likelihoods.
     saving           the bits Z saves: the cross-entropy with Z from the prior minus with Z from the
                      encoder, how much knowing the sequence's own Z helps the decoder (0 when it ignores Z)
     bits_saved       the saving at every predicted token of given sequences
-    dead_bits        the units of Z (bits, or dimensions) whose KL to the prior is under DEAD_BIT_KL
+    dead_units       the units of Z (bits, dimensions, groups) whose KL to the prior is under DEAD_UNIT_KL
     code_log_probabilities  log Q(Z_t = z) of every code of a binary Z
     kl_split         the per-token KL as information about the sequence plus prior mismatch, the part
                      that generation from the prior gets wrong at every token
@@ -24,8 +24,9 @@ from ..base.units import LN2
 from ..model.latent import ENCODER, PRIOR, BinaryLatentSpace, Generators, LatentPlan, LatentSpace
 from ..model.latent.sampling import index_to_bits
 
-# A unit of Z (a bit, or a dimension) whose KL to the prior is under this (bits per token) carries nothing.
-DEAD_BIT_KL = 0.01
+# A unit of Z (a bit, a dimension, a group) whose KL to the prior is under this (bits per token) carries
+# nothing; meaningful where the units are independent (LatentSpace.independent_units).
+DEAD_UNIT_KL = 0.01
 # Z is unused (collapsed) when it saves less than this per token (bits) once training has settled.
 COLLAPSED_SAVING = 0.01
 # The encoder channels the tokens when the KL sits at its free budget kappa (within 10 %), kappa is at
@@ -58,8 +59,8 @@ def bits_saved(model, tokens: torch.Tensor, *, samples: int = 2, seed: int = 0) 
     return saving(ce[PRIOR], ce[ENCODER])
 
 
-def dead_bits(kl_bits_per_bit: list[float]) -> int:
-    return sum(value < DEAD_BIT_KL for value in kl_bits_per_bit)
+def dead_units(kl_bits_per_unit: list[float]) -> int:
+    return sum(value < DEAD_UNIT_KL for value in kl_bits_per_unit)
 
 
 def code_log_probabilities(bit_logits: torch.Tensor) -> torch.Tensor:

@@ -37,13 +37,13 @@ class LatentSample:
 class LatentPath(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.bits = config.latent_bits
+        self.units = config.latent_units
         self.zeta = nn.Parameter(torch.empty(config.dim))
         self.encoder = nn.ModuleList(Block(config) for _ in range(config.latent.encoder_layers))
         self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
         # the read-out before the mapper: their initial draws, in this order, are a seed's (tests/golden)
         self.readout = nn.Linear(config.dim, config.latent_space_on_meta().posterior_size)
-        self.mapper: LatentSpace = build_latent_space(config.latent.kind, config.latent_bits, config.dim,
+        self.mapper: LatentSpace = build_latent_space(config.latent.kind, config.latent_units, config.dim,
                                                       config.latent.section())
 
     @torch.no_grad()

@@ -22,7 +22,7 @@ class BinaryLatentSpace(LatentSpace):
     parameters."""
 
     value_dtype: ClassVar[torch.dtype] = torch.int64
-    max_bits: ClassVar[int] = 62  # indices stay int64
+    max_units: ClassVar[int] = 62  # indices stay int64
 
     @property
     def value_shape(self) -> tuple[int, ...]:
@@ -30,7 +30,7 @@ class BinaryLatentSpace(LatentSpace):
 
     def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
         # One randint per row (random_ is its kernel), not H bits: it is drawn at every decoded token.
-        return fill_rows_(out, lambda rows, g: rows.random_(0, 2**self.bits, generator=g), generator)
+        return fill_rows_(out, lambda rows, g: rows.random_(0, 2**self.units, generator=g), generator)
 
     def kl_per_unit(self, posterior: Tensor) -> Tensor:
         return kl_per_bit(posterior)
@@ -45,7 +45,7 @@ class BinaryLatentSpace(LatentSpace):
     def check_values(self, values: Tensor) -> Tensor:
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
             raise ValueError(f"latents of kind {self.kind} must be integer indices, got {values.dtype}")
-        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= 2**self.bits):
-            raise ValueError(f"latent indices must lie in [0, 2^{self.bits}), got min {int(values.min())} "
+        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= 2**self.units):
+            raise ValueError(f"latent indices must lie in [0, 2^{self.units}), got min {int(values.min())} "
                              f"max {int(values.max())}")
         return values.to(torch.int64)

@@ -29,24 +29,24 @@ from .space import LatentSpace, register_latent_kind
 class CategoricalLatent(LatentSpace):
     """Values are (..., H) int64 classes in [0, K); the table E is kept flat, (H * K, D), row h * K + k."""
 
-    max_bits: ClassVar[int] = 4096
+    max_units: ClassVar[int] = 4096
     value_dtype: ClassVar[torch.dtype] = torch.int64
     unit: ClassVar[str] = "group"
     settings_type: ClassVar[type] = CategoricalSettings
 
-    def __init__(self, bits: int, dim: int, settings: CategoricalSettings | None = None):
-        super().__init__(bits, dim, settings)
+    def __init__(self, units: int, dim: int, settings: CategoricalSettings | None = None):
+        super().__init__(units, dim, settings)
         self.classes = self.params_per_unit = self.settings.classes  # K logits per group
-        self.weight = nn.Parameter(torch.empty(bits * self.classes, dim))  # (H * K, D), E[h, k] at row h * K + k
+        self.weight = nn.Parameter(torch.empty(units * self.classes, dim))  # (H * K, D), E[h, k] at row h * K + k
         self.reset_parameters(1.0)  # the model's init_weights sets the scale it wants
 
     @property
     def value_shape(self) -> tuple[int, ...]:
-        return (self.bits,)
+        return (self.units,)
 
     def _log_probs(self, posterior: Tensor) -> Tensor:
         """(..., H * K) logits -> (..., H, K) log q, at least float32."""
-        return F.log_softmax(at_least_float32(posterior).unflatten(-1, (self.bits, self.classes)), dim=-1)
+        return F.log_softmax(at_least_float32(posterior).unflatten(-1, (self.units, self.classes)), dim=-1)
 
     def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
         return fill_rows_(out, lambda rows, g: rows.random_(0, self.classes, generator=g), generator)
@@ -59,10 +59,10 @@ class CategoricalLatent(LatentSpace):
         """sum_h log q_h(z_h) + H log K; the leading dims of posterior and value broadcast."""
         log_q = self._log_probs(posterior).double()  # (..., H, K)
         picked = torch.take_along_dim(log_q, value.unsqueeze(-1), dim=-1).squeeze(-1)  # (..., H)
-        return picked.sum(-1) + self.bits * math.log(self.classes)
+        return picked.sum(-1) + self.units * math.log(self.classes)
 
     def sample(self, posterior: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
-        logits = at_least_float32(posterior).unflatten(-1, (self.bits, self.classes))  # (..., H, K)
+        logits = at_least_float32(posterior).unflatten(-1, (self.units, self.classes))  # (..., H, K)
         uniform = rand_rows(tuple(logits.shape), generator, logits.device).to(logits.dtype)  # [0, 1)
         perturbed = logits - torch.log(-torch.log(uniform.clamp_min(torch.finfo(uniform.dtype).tiny)))  # + Gumbel
         value = perturbed.detach().argmax(-1)  # (..., H)
@@ -72,14 +72,14 @@ class CategoricalLatent(LatentSpace):
         return self.embed(value) + straight_through, value
 
     def embed(self, value: Tensor) -> Tensor:
-        offsets = torch.arange(self.bits, device=value.device) * self.classes  # (H,)
+        offsets = torch.arange(self.units, device=value.device) * self.classes  # (H,)
         return F.embedding(value + offsets, self.weight).sum(-2)  # (..., H, D) -> (..., D)
 
     def check_values(self, values: Tensor) -> Tensor:
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
-            raise ValueError(f"latents of kind categorical must be integer classes (..., {self.bits}), got {values.dtype}")
-        if values.shape[-1:] != (self.bits,):
-            raise ValueError(f"latents of kind categorical must end in H = {self.bits} classes, "
+            raise ValueError(f"latents of kind categorical must be integer classes (..., {self.units}), got {values.dtype}")
+        if values.shape[-1:] != (self.units,):
+            raise ValueError(f"latents of kind categorical must end in H = {self.units} classes, "
                              f"got shape {tuple(values.shape)}")
         if values.numel() and (int(values.min()) < 0 or int(values.max()) >= self.classes):
             raise ValueError(f"latent classes must lie in [0, {self.classes}), got min {int(values.min())} "
@@ -87,8 +87,8 @@ class CategoricalLatent(LatentSpace):
         return values.to(torch.int64)
 
     def reset_parameters(self, std: float) -> None:
-        nn.init.normal_(self.weight, std=std / math.sqrt(self.bits))  # R sums H embeddings of unit scale
+        nn.init.normal_(self.weight, std=std / math.sqrt(self.units))  # R sums H embeddings of unit scale
 
     def training_flops_per_token(self) -> float:
         # The straight-through term is an (H * K) x D matmul, forward and backward; the lookups count nothing.
-        return 6.0 * self.bits * self.classes * self.dim
+        return 6.0 * self.units * self.classes * self.dim
