@@ -53,6 +53,18 @@ def test_validation_measures_equal_a_hand_computation():
     assert measures["latent_bits_saved"] != 0.0  # Z reaches the output: prior and encoder Z differ
 
 
+def test_a_kind_with_dependent_units_gets_no_per_unit_report(monkeypatch):
+    """kl_per_unit means something only where the units are independent (LatentSpace.independent_units)."""
+    from free_transformer.model.latent import BinaryMapper
+
+    model, dataset, config = _model_and_data()
+    monkeypatch.setattr(BinaryMapper, "independent_units", False)
+    monkeypatch.setattr(BinaryMapper, "kl_per_unit", lambda self, posterior: pytest.fail("read per unit"))
+    monkeypatch.setattr(BinaryMapper, "kl", lambda self, posterior: torch.zeros(posterior.shape[:-1]))
+    measures = validate(model, dataset, config, torch.device("cpu"))
+    assert "val_kl_bits_per_unit" not in measures and "dead_units" not in measures and "val_kl_bits" in measures
+
+
 def test_bits_saved_per_token_is_the_prior_minus_the_encoder_cross_entropy_in_bits():
     """measures.saving is the one definition of the bits Z saves (validation's latent_bits_saved, the study's
     bits_saved, the demo's per-token bits_saved): the cross-entropy with prior Z minus with encoder Z, in
