@@ -56,9 +56,9 @@ def kind(request) -> str:
     return request.param
 
 
-def _space(kind, bits=H):
+def _space(kind):
     torch.manual_seed(0)
-    return LATENT_KINDS[kind](bits, D).double()
+    return LATENT_KINDS[kind](H, D).double()
 
 
 def _posterior(space, lead=(2, 3), scale=1.0, seed=0) -> Tensor:
