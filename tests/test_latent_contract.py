@@ -3,8 +3,9 @@ module registers itself, as a user's plugin would. A kind registered anywhere is
 other edit; the per-kind test files keep only what is specific to one kind.
 
 What a kind must satisfy, from the definition of each of its methods (docs/latent-variants.md):
-  kl           the exact E_q[log q(z) - log p(z)], which `sample` and `log_ratio` estimate by Monte Carlo;
-               log_ratio broadcasts between its posterior and its values (kl_split's mixture needs it)
+  kl           the exact E_q[log q(z) - log p(z)], which `sample` and `log_ratio` estimate by Monte Carlo
+               (and `value_log_probs` sums exactly, where the kind lists its values); log_ratio broadcasts
+               between its posterior and its values (kl_split's mixture needs it)
   prior_       reproducible from a generator, row by row, and distributed as the prior: E_p[q(z)/p(z)] = 1
                for any posterior q, with log q(z)/p(z) the kind's own `log_ratio`
   check_values takes prior draws as they are and refuses values outside the space
@@ -92,6 +93,20 @@ def test_the_kl_is_the_monte_carlo_mean_of_log_ratio_over_samples(kind):
         per_unit = space.kl_per_unit(posterior)
         assert per_unit.shape == (1, 3, space.units) and bool((per_unit >= -1e-12).all())
         torch.testing.assert_close(per_unit.sum(-1)[0], kl)
+
+
+def test_a_listed_space_lists_the_distributions_that_kl_and_log_ratio_measure(kind):
+    """value_log_probs, where a kind lists its values (kl_split's exact sum), is a distribution whose KL to the
+    listed prior is the kind's `kl`."""
+    space = _space(kind)
+    posterior = _posterior(space)
+    listed = space.value_log_probs(posterior)
+    if listed is None:
+        pytest.skip(f"{kind} does not list its values: kl_split estimates by Monte Carlo")
+    log_q, log_p = listed
+    torch.testing.assert_close(log_q.exp().sum(-1), torch.ones(2, 3, dtype=torch.float64))
+    torch.testing.assert_close(log_p.exp().sum(), torch.tensor(1.0, dtype=torch.float64))
+    torch.testing.assert_close((log_q.exp() * (log_q - log_p)).sum(-1), space.kl(posterior).double())
 
 
 def test_log_ratio_broadcasts_between_its_posterior_and_its_values(kind):

@@ -7,10 +7,10 @@ import dataclasses
 import warnings
 from dataclasses import InitVar, dataclass, field
 
-from ..base.settings import build
 from ..base.checks import ConfigError, check_range
 from ..base.compat import RENAMED, SAVED_MODEL_RENAMED
 from ..base.presets import Presets
+from ..base.settings import build
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,6 @@ class LatentConfig:
     keys/values from the first half; each further one attends over the encoder's own stream."""
     categorical: CategoricalSettings = field(default_factory=CategoricalSettings)
     """The categorical kind's settings (read when model.latent.kind=categorical)."""
-
 
     def section(self, kind: str | None = None):
         """The settings of `kind` (by default the chosen one): its section, or None for a kind without."""
@@ -145,7 +144,7 @@ class ModelConfig:
         max_units = space.max_units
         if self.latent_units > max_units:
             raise ConfigError(f"latent_units must be an integer in [0, {max_units}] for latent kind {kind} (H "
-                              f"{space.count(2)[2:]}), got {self.latent_units!r}")
+                              f"{space.plural()}), got {self.latent_units!r}")
         return self
 
     @property

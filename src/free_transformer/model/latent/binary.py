@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...base.units import LN2
-from .sampling import Generators, at_least_float32, fill_rows_, index_to_bits, kl_per_bit
+from .sampling import Generators, at_least_float32, code_log_probabilities, fill_rows_, index_to_bits, kl_per_bit
 from .space import LatentSpace
 
 
@@ -41,6 +41,12 @@ class BinaryLatentSpace(LatentSpace):
         logits = at_least_float32(posterior)
         log_q = torch.where(bits, F.logsigmoid(logits), F.logsigmoid(-logits)).double().sum(-1)
         return log_q + posterior.shape[-1] * LN2
+
+    def value_log_probs(self, posterior: Tensor) -> tuple[Tensor, Tensor]:
+        """The 2^H codes, each of prior probability 2^-H."""
+        log_p = torch.full((2 ** posterior.shape[-1],), -posterior.shape[-1] * LN2, dtype=torch.float64,
+                           device=posterior.device)
+        return code_log_probabilities(posterior), log_p
 
     def check_values(self, values: Tensor) -> Tensor:
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:

@@ -48,7 +48,7 @@ def latent_kind(name: str) -> type[LatentSpace]:
 
 
 class LatentSpace(nn.Module):
-    """Base of the latent kinds: Z_t of H units (`bits`, the config's latent_units) mapped to R of size
+    """Base of the latent kinds: Z_t of H units (`units`, the config's latent_units) mapped to R of size
     `dim`, with the kind's own settings (`settings_type`, a section of LatentConfig named after the kind).
     Subclasses set the class attributes and implement the methods that raise here; `compile_backward`
     only where their backward runs an eager chunk loop."""
@@ -81,9 +81,14 @@ class LatentSpace(nn.Module):
         self.settings = settings
 
     @classmethod
+    def plural(cls) -> str:
+        """The unit's name for several: "bits", "dimensions", "groups"."""
+        return cls.unit_plural or cls.unit + "s"
+
+    @classmethod
     def count(cls, n: int) -> str:
         """n units named: "8 bits", "1 dimension", "4 groups"."""
-        return f"{n} {cls.unit if n == 1 else cls.unit_plural or cls.unit + 's'}"
+        return f"{n} {cls.unit if n == 1 else cls.plural()}"
 
     @property
     def posterior_size(self) -> int:
@@ -122,6 +127,12 @@ class LatentSpace(nn.Module):
     def log_ratio(self, posterior: Tensor, value: Tensor) -> Tensor:
         """(...,) log q(z_t | S) - log p(z_t) of given values, in nats: importance weights (IWAE)."""
         raise NotImplementedError
+
+    def value_log_probs(self, posterior: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(log Q(Z_t = z) (..., N), log p(z) (N,)) over every one of the space's N values, in float64, where
+        they are few enough to list (the measures then sum over them exactly: `kl_split`); None (the
+        default) where they are not, and the measures estimate by Monte Carlo from `sample` and `log_ratio`."""
+        return None
 
     def sample(self, posterior: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
         """Draw Z from the posterior (..., H * params_per_unit) and map it: (R (..., D), Z (..., *value_shape)).
