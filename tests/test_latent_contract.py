@@ -236,7 +236,8 @@ def test_generate_takes_every_latent_choice(kind, choice):
     space = model.latent_space
     prompts, config = torch.randint(0, 50, (3, 4)), GenerationConfig(max_new_tokens=5, temperature=0.5)
     values = space.prior((1, 6), torch.Generator().manual_seed(3))
-    options = {"values": dict(latents=values), "reference": dict(latents="reference", reference=torch.randint(0, 50, (1, 8)))}
+    options = {"values": dict(latents=values),
+               "reference": dict(latents="reference", reference=torch.randint(0, 50, (1, 8)))}
     kwargs = options.get(choice, dict(latents=choice))
     out = generate(model, prompts, config, seeds=[1, 2, 3], latent_seed=0, **kwargs)
     assert out.latents.shape == (3, 4 + 5 - 1, *space.value_shape) and out.latents.dtype == space.value_dtype

@@ -18,7 +18,8 @@ from .sources import ENCODER, PRIOR, LatentSource
 from .space import LATENT_KINDS, LatentSpace, LinearMap, build_latent_space, latent_kind, register_latent_kind
 
 __all__ = [
-    "ENCODER", "LATENT_KINDS", "PRIOR", "BinaryLatentSpace", "BinaryMapper", "BitLinear", "CategoricalLatent", "GaussianLatent",
+    "ENCODER", "LATENT_KINDS", "PRIOR", "BinaryLatentSpace", "BinaryMapper", "BitLinear", "CategoricalLatent",
+    "GaussianLatent",
     "Generators", "LatentPlan", "LatentSource", "LatentSpace", "LinearMap", "at_least_float32", "binary_mapper_project",
     "bits_to_index", "build_latent_space", "code_log_probabilities",
     "fill_rows_", "free_bits_kl", "index_to_bits", "kl_per_bit", "kl_to_uniform", "latent_kind", "project_latents",

@@ -77,7 +77,8 @@ class CategoricalLatent(LatentSpace):
 
     def check_values(self, values: Tensor) -> Tensor:
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
-            raise ValueError(f"latents of kind categorical must be integer classes (..., {self.units}), got {values.dtype}")
+            raise ValueError(f"latents of kind categorical must be integer classes (..., {self.units}), "
+                             f"got {values.dtype}")
         if values.shape[-1:] != (self.units,):
             raise ValueError(f"latents of kind categorical must end in H = {self.units} classes, "
                              f"got shape {tuple(values.shape)}")
