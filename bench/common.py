@@ -233,7 +233,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, dim: int, layers: in
 
 
 def model_config(args: argparse.Namespace, **fields) -> ModelConfig:
-    """The ModelConfig of add_model_arguments' options, plus `fields` (max_seq_len, latent_bits, ...)."""
+    """The ModelConfig of add_model_arguments' options, plus `fields` (max_seq_len, latent_units, ...)."""
     return ModelConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
                        n_kv_heads=args.kv_heads, ffn_hidden=args.ffn, **fields)
 

@@ -1,7 +1,7 @@
 """Decoding speed: the Free Transformer against the baseline decoder, and the KV cache against recomputing the prefix.
 
 (a) Free vs baseline. Two models of the same size, one with H latent bits and one without (the
-    baseline: latent_bits = 0, the same blocks), generate with free_transformer.inference.generate: a KV
+    baseline: latent_units = 0, the same blocks), generate with free_transformer.inference.generate: a KV
     cache, sampling at temperature 1 with one generator per row, latents = "prior". Every
     Z_t, prompt included, is drawn from the uniform prior: the encoder is never run and Z_t is one
     row of the post-sampler table. Two instances of each model (different seeds, so different
@@ -147,8 +147,8 @@ def free_vs_baseline(config, batch, args, device):
     call of each instance is timed apart: under --compile it compiles and captures its decoding step, the
     first instance of each model with whatever Inductor's caches hold, the later ones with what the first
     left there (the same graph, other weights)."""
-    models = {f"{name}{i}": build_model(config.replace(latent_bits=bits), device, seed=i, dtype=torch_dtype(args.dtype))
-              for i in range(args.instances) for name, bits in (("free", config.latent_bits), ("baseline", 0))}
+    models = {f"{name}{i}": build_model(config.replace(latent_units=bits), device, seed=i, dtype=torch_dtype(args.dtype))
+              for i in range(args.instances) for name, bits in (("free", config.latent_units), ("baseline", 0))}
     prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
     gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0)
     seeds = list(range(batch))
@@ -347,11 +347,11 @@ def main():
         named = named_config(args.size)
         args.dim, args.layers, args.heads, args.kv_heads = named.dim, named.n_layers, named.n_heads, named.n_kv_heads
         args.ffn, args.vocab = named.ffn_hidden, named.vocab_size
-        args.bits = args.bits if args.bits is not None else named.latent_bits
-        config = named.replace(max_seq_len=max_len, latent_bits=args.bits)
+        args.bits = args.bits if args.bits is not None else named.latent_units
+        config = named.replace(max_seq_len=max_len, latent_units=args.bits)
     else:
         args.bits = args.bits if args.bits is not None else 16
-        config = model_config(args, max_seq_len=max_len, latent_bits=args.bits)
+        config = model_config(args, max_seq_len=max_len, latent_units=args.bits)
     element_bytes = torch_dtype(args.dtype).itemsize
 
     print(describe_machine(device))

@@ -1,6 +1,7 @@
-"""Training-step time of the latent kinds side by side: the baseline decoder, the paper's Binary Mapper
-(`binary_mapper`, a 2^H x D table with the exact gradient) and the ±1 bits through a D x H linear map
-(`bit_linear`, per-bit straight-through), at the same sizes and H.
+"""Training-step time of the latent kinds side by side: the baseline decoder and every registered kind (by
+default; --kinds picks some), e.g. the paper's Binary Mapper (`binary_mapper`, a 2^H x D table with the exact
+gradient) beside the ±1 bits through a D x H linear map (`bit_linear`, per-bit straight-through), at the
+same sizes and H.
 
 One step is bench/step.py's (forward with targets, backward, clipping, fused AdamW). All models are
 built in this one process and timed in interleaved rounds; we print each median, its ratio to the
@@ -9,8 +10,8 @@ each model's achieved TFLOP/s (that count / the median step) and MFU (over the m
 step's dtype, measured now). --device cuda runs it on a GPU (the step synchronises before each timer
 read: bench/common.py).
 
-    PYTHONPATH=src python bench/latent_kinds.py [--bits 8 16] [--rounds R] [--threads T] [--device cpu|cuda]
-                                                [--dtype fp32|bf16] [--seq-len T] [--batch B]
+    PYTHONPATH=src python bench/latent_kinds.py [--bits 8 16] [--kinds K ...] [--rounds R] [--threads T]
+                                                [--device cpu|cuda] [--dtype fp32|bf16] [--seq-len T] [--batch B]
                                                 [--dim D --layers L --heads h --kv-heads k --ffn F --vocab V]
 """
 
@@ -25,8 +26,7 @@ from step import build, make_batch, train_step
 from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
                     interleaved_times, matmul_limits_gflops, median_ratio, mfu, model_config, setup_machine)
 from free_transformer.model.config import LatentConfig
-
-KINDS = ("binary_mapper", "bit_linear")
+from free_transformer.model.latent import LATENT_KINDS
 
 
 def main() -> None:
@@ -34,6 +34,7 @@ def main() -> None:
     add_machine_arguments(parser)
     add_model_arguments(parser, dim=128, layers=4, ffn=384)  # cpu-small, the letters demo's size
     parser.add_argument("--bits", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--kinds", nargs="+", choices=sorted(LATENT_KINDS), default=sorted(LATENT_KINDS))
     parser.add_argument("--seq-len", type=int, default=65)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=15)
@@ -45,10 +46,10 @@ def main() -> None:
     print(describe_limits(limits))
     print(describe_size(args) + f"; T={args.seq_len} B={args.batch} {args.dtype}")
 
-    configs = {"baseline": model_config(args, max_seq_len=args.seq_len, latent_bits=0)}
+    configs = {"baseline": model_config(args, max_seq_len=args.seq_len, latent_units=0)}
     for bits in args.bits:
-        for kind in KINDS:
-            configs[f"{kind} H={bits}"] = model_config(args, max_seq_len=args.seq_len, latent_bits=bits,
+        for kind in args.kinds:
+            configs[f"{kind} H={bits}"] = model_config(args, max_seq_len=args.seq_len, latent_units=bits,
                                                        latent=LatentConfig(kind))
     tokens = make_batch(configs["baseline"], args.batch, args.seq_len, device)
     steps = {}

@@ -19,7 +19,7 @@ Built to match (x-transformers keywords in brackets):
                [enc_depth = 1, only_cross: a cross-attention + feed-forward block], then a final norm
                and a linear read-out to H bit-logits
   latent       H bits, one Z_t per token, R = post-sampler(Z) added to the keys/values input of block
-               L/2 + 1 only                          [latent_bits, self_attn_kv_residuals]
+               L/2 + 1 only                          [latent_units, self_attn_kv_residuals]
 Parameter counts then agree to 0.2% (x-transformers has a bias on the GLU input projection).
 
 What differs and cannot be matched by its options:
@@ -86,7 +86,7 @@ def build_x_transformers(config: ModelConfig):
         dec_head_depth=config.injection_layer, dec_tail_depth=config.n_layers - config.injection_layer,
         enc_depth=1, heads=config.n_heads, attn_dim_head=config.head_dim, attn_kv_heads=config.n_kv_heads,
         attn_flash=True, ff_glu=True, ff_swish=True, ff_mult=config.ffn_hidden / config.dim, ff_no_bias=True,
-        rotary_emb_dim=config.head_dim, latent_bits=config.latent_bits, kl_loss_threshold=KAPPA_NATS,
+        rotary_emb_dim=config.head_dim, latent_units=config.latent_units, kl_loss_threshold=KAPPA_NATS,
         verbose=False,
     )
 
@@ -128,7 +128,7 @@ def peak_memory(impl, config, batch, seq_len, device_name, threads, precision="f
         return peak_memory_in_fresh_process(
             setup_after_one_step, functools.partial(train_step, precision=precision),
             (impl, config, batch, seq_len, device_name, precision), device_name=device_name, threads=threads,
-            warmup_args=(impl, config.replace(latent_bits=4), 1, 16, device_name, precision),
+            warmup_args=(impl, config.replace(latent_units=4), 1, 16, device_name, precision),
         )
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
         print(f"  {impl}: peak memory run failed: {str(error).splitlines()[0][:200]}")
@@ -145,7 +145,7 @@ def time_pair(config, batch, seq_len, device, rounds, precision="fp32"):
             losses[impl] = float(train_step(*inputs, precision))
             variants[impl] = functools.partial(train_step, *inputs, precision)
         except (RuntimeError, MemoryError) as error:
-            print(f"  {impl}: failed at H={config.latent_bits}: {str(error).splitlines()[0][:200]}")
+            print(f"  {impl}: failed at H={config.latent_units}: {str(error).splitlines()[0][:200]}")
     times = interleaved_times(variants, rounds, device)
     medians = {impl: statistics.median(times[impl]) if impl in times else None for impl in IMPLEMENTATIONS}
     ratio = median_ratio(times["x-transformers"], times["ours"]) if len(times) == 2 else None
@@ -188,7 +188,7 @@ def main():
 
     rows = []
     for bits in args.bits:
-        config = model_config(args, max_seq_len=args.seq_len, latent_bits=bits)
+        config = model_config(args, max_seq_len=args.seq_len, latent_units=bits)
         medians, speedup, losses = time_pair(config, args.batch, args.seq_len, device, args.rounds, args.precision)
         memory = {impl: peak_memory(impl, config, args.batch, args.seq_len, args.device, args.threads, args.precision)
                   for impl in IMPLEMENTATIONS}

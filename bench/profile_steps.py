@@ -89,7 +89,7 @@ def profile_decoding(args, device: torch.device, batch: int) -> str:
 
 def shape_of(cfg) -> str:
     return (f"L={cfg.n_layers}, D={cfg.dim}, {cfg.n_heads}/{cfg.n_kv_heads} heads, vocab {cfg.vocab_size}, "
-            f"H={cfg.latent_bits}")
+            f"H={cfg.latent_units}")
 
 
 def main() -> None:

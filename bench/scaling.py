@@ -89,7 +89,7 @@ def setup_after_one_step(variant, config, batch, device_name):
 def peak_memory(variant, config, batch, device_name, threads) -> int:
     return peak_memory_in_fresh_process(
         setup_after_one_step, train_step, (variant, config, batch, device_name), device_name=device_name,
-        threads=threads, warmup_args=(variant, config.replace(latent_bits=4, max_seq_len=16), 1, device_name))
+        threads=threads, warmup_args=(variant, config.replace(latent_units=4, max_seq_len=16), 1, device_name))
 
 
 def measure(config, batch, device_name, rounds, threads):
@@ -188,8 +188,8 @@ def main():
     print(describe_limits(limits))
     print(f"{describe_size(args)} "
           f"B={args.batch}, float32, {args.rounds} rounds")
-    seq_rows = sweep("T", args.seq_lens, lambda t: base.replace(max_seq_len=t, latent_bits=args.seq_bits), args)
-    bits_rows = sweep("H", args.bits, lambda h: base.replace(max_seq_len=args.bits_seq_len, latent_bits=h), args)
+    seq_rows = sweep("T", args.seq_lens, lambda t: base.replace(max_seq_len=t, latent_units=args.seq_bits), args)
+    bits_rows = sweep("H", args.bits, lambda h: base.replace(max_seq_len=args.bits_seq_len, latent_units=h), args)
 
     print(f"sequence length sweep, H={args.seq_bits}")
     print_table("T", seq_rows, args.batch, {"T": lambda x, x0: x / x0, "T^2": lambda x, x0: (x / x0) ** 2}, limits)

@@ -2,7 +2,7 @@
 
 One step is what the trainer does (train/trainer.py): forward with targets (cross-entropy plus the
 free-bits KL), backward, gradient clipping, the fused AdamW built by train/optim.build_optimizer,
-zero_grad(set_to_none=True). The baseline is the same ModelConfig with latent_bits=0.
+zero_grad(set_to_none=True). The baseline is the same ModelConfig with latent_units=0.
 
 Time: per config both models are warmed up, then timed in interleaved rounds (free, base, free,
 base, ...) in this one process; we report each median and the median of the per-round ratios
@@ -89,11 +89,11 @@ def model_config(n_bits: int, n_layers: int, size: str = "narrow", vocab: int | 
     if vocab:
         return model_config(n_bits, n_layers, size).replace(vocab_size=vocab)
     if size == PAPER:
-        return named_config(PAPER, latent_bits=n_bits)  # n_layers is the named size's (28)
+        return named_config(PAPER, latent_units=n_bits)  # n_layers is the named size's (28)
     if size in DEMO_WIDTHS:
         dim, ffn_hidden = DEMO_WIDTHS[size]
-        return named_config("cpu-small", latent_bits=n_bits, dim=dim, ffn_hidden=ffn_hidden)  # n_layers: cpu-small's
-    return ModelConfig(**DIMS, n_layers=n_layers, latent_bits=n_bits)
+        return named_config("cpu-small", latent_units=n_bits, dim=dim, ffn_hidden=ffn_hidden)  # n_layers: cpu-small's
+    return ModelConfig(**DIMS, n_layers=n_layers, latent_units=n_bits)
 
 
 def saved_floats_per_token(cfg: ModelConfig) -> int:
@@ -114,7 +114,7 @@ def saved_floats_per_token(cfg: ModelConfig) -> int:
     block = 8 * cfg.dim + 2 * kv + 4 * cfg.ffn_hidden
     floats = cfg.n_layers * block + 3 * cfg.dim + cfg.dim
     if cfg.is_free:
-        floats += block + 3 * cfg.dim + 3 * cfg.dim + 8 * cfg.latent_bits
+        floats += block + 3 * cfg.dim + 3 * cfg.dim + 8 * cfg.latent_units
     return floats
 
 
@@ -144,7 +144,7 @@ def decoder_of(free: FreeTransformer) -> FreeTransformer:
     copied): the Free Transformer minus its latent path, as test_free_model_with_zero_post_sampler_equals_baseline
     states. Built on the meta device, so it allocates nothing."""
     with torch.device("meta"):
-        base = FreeTransformer(free.config.replace(latent_bits=0))
+        base = FreeTransformer(free.config.replace(latent_units=0))
     for name in ("embed_tokens", "layers", "norm", "lm_head"):
         setattr(base, name, getattr(free, name))
     base.rope_cos, base.rope_sin = free.rope_cos, free.rope_sin
@@ -265,7 +265,7 @@ def compare_loss(n_bits, n_layers, device, rounds, args) -> None:
 
 def time_config(n_bits, n_layers, device, rounds, precision, compile_model, args):
     free_cfg = model_config(n_bits, n_layers, args.size, args.vocab)
-    configs = {"free": free_cfg, "base": free_cfg.replace(latent_bits=0)}
+    configs = {"free": free_cfg, "base": free_cfg.replace(latent_units=0)}
     tokens = make_batch(free_cfg, args.batch, args.seq_len, device)
     if args.shared_decoder:
         free, optimizer = build(free_cfg, device, compile_model)  # compiles the shared blocks once
@@ -378,7 +378,7 @@ def main():
         gflops = {name: flops[name] / ms[name] / 1e6 for name in configs}
         analytic = {name: analytic_memory_bytes(cfg, tokens_per_step) for name, cfg in configs.items()}
         if peaks is not None or args.memory:
-            mem = peaks or {name: peak_memory(cfg.latent_bits, n_layers, args) for name, cfg in configs.items()}
+            mem = peaks or {name: peak_memory(cfg.latent_units, n_layers, args) for name, cfg in configs.items()}
             mem_ratio = mem["free"] / mem["base"]
             mem_excess = mem_ratio / (analytic["free"] / analytic["base"])
         else:

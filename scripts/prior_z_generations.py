@@ -19,10 +19,10 @@ import sys
 
 import torch
 
-from free_transformer.analysis.measures import code_log_probabilities, kl_split
+from free_transformer.analysis.measures import kl_split
 from free_transformer.data.synthetic import BODY_LENGTH, N_POSITIONS, NOISE_PROBABILITY, analyse_letters, letters_batch
 from free_transformer.inference.generate import GenerationConfig, generate
-from free_transformer.model.latent import ENCODER, PRIOR
+from free_transformer.model.latent import ENCODER, PRIOR, code_log_probabilities
 from free_transformer.runs.checkpoint import load_model
 
 SEQUENCES, SAMPLES = 512, 128

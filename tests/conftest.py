@@ -24,7 +24,9 @@ def hook_only_args() -> list[str]:
 
 def tiny_config(**overrides) -> ModelConfig:
     values = dict(vocab_size=50, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=48, max_seq_len=40,
-                  latent_bits=4)
+                  latent_units=4)
+    if "latent_bits" in overrides:  # latent_units's old name, which some test files still pass
+        overrides["latent_units"] = overrides.pop("latent_bits")
     values.update(overrides)
     return ModelConfig(**values)
 
@@ -54,13 +56,13 @@ def tiny_model(seed=0, dtype=None, device="cpu", **overrides) -> FreeTransformer
     return model.to(device).eval()
 
 
-def tiny_checkpoint(root, name: str, latent_bits: int, **overrides):
+def tiny_checkpoint(root, name: str, latent_units: int | None = None, **overrides):
     """A byte-tokenizer run directory with one checkpoint of a small random model (vocab 256)."""
     from free_transformer.runs.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     values = dict(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64,
-                  latent_bits=latent_bits)
+                  latent_units=overrides.pop("latent_bits", latent_units))  # latent_units's old name, still passed
     values.update(overrides)
     save_checkpoint(root / name, 1, FreeTransformer(ModelConfig(**values)), {"tokenizer": "byte"})
     return root / name

@@ -90,9 +90,9 @@ def naive_forward(model, tokens, latent_index=None, state=None):
             bit_logits = _rms_norm(y, p["latent.norm.weight"], cfg.norm_eps) @ p["latent.readout.weight"].T
             bit_logits = bit_logits + p["latent.readout.bias"]
             if cfg.latent.kind == "binary_mapper":  # one-hot Y of size 2^H through the post-sampler
-                r = F.one_hot(latent_index, 2**cfg.latent_bits).to(x.dtype) @ p["latent.mapper.weight"]
+                r = F.one_hot(latent_index, 2**cfg.latent_units).to(x.dtype) @ p["latent.mapper.weight"]
             else:  # bit_linear: the +-1 bits through a (D, H) map
-                bits = (latent_index[..., None] >> torch.arange(cfg.latent_bits)) & 1
+                bits = (latent_index[..., None] >> torch.arange(cfg.latent_units)) & 1
                 r = (2 * bits - 1).to(x.dtype) @ p["latent.mapper.weight"].T
             x = naive_block(p, f"layers.{n}", x, x + r, cfg, causal=True)
         else:

@@ -23,7 +23,7 @@ from free_transformer.train.config import RENAMED, TrainConfig, load_train_confi
 
 ROOT = Path(__file__).parent.parent
 LEGACY_RUN = Path(__file__).parent / "data" / "legacy-run"  # written by 0.1, with eval_every and eval_batches
-SOME = ["model.latent_bits=3", "optim.lr=3e-3", "optim.betas=[0.8,0.9]", "kappa_bits=0.125", "validate_every=2",
+SOME = ["model.latent_units=3", "optim.lr=3e-3", "optim.betas=[0.8,0.9]", "kappa_bits=0.125", "validate_every=2",
         "eval.tasks=arc_easy", "eval.limit=3", "data.kind=coinflip", "data.coinflip.length=12"]
 
 
@@ -81,7 +81,7 @@ def test_print_config_of_a_resume_is_the_runs_config_with_the_overrides(capsys, 
     shutil.copytree(LEGACY_RUN, run)
     with pytest.warns(FutureWarning, match="eval_every is now validate_every"):
         text = _printed(capsys, "train", "--out", str(run), "--resume", "--print-config", "steps=6")
-    assert yaml.safe_load(text)["steps"] == 6 and yaml.safe_load(text)["model"]["latent_bits"] == 3
+    assert yaml.safe_load(text)["steps"] == 6 and yaml.safe_load(text)["model"]["latent_units"] == 3
     assert not (run / "config-changes.jsonl").exists()  # printing trains nothing and records nothing
 
 
@@ -95,7 +95,7 @@ def test_a_resumed_run_rewrites_its_config_yaml_in_todays_names(capsys, tmp_path
         legacy = load_train_config(LEGACY_RUN / "config.yaml")
         assert main(["train", "--out", str(run), "--resume"]) == 0
     assert ("rewritten in today's names (it used eval_every, eval_batches, data.path, data.tokenizer, data.seq_len, "
-            "data.val_fraction, data.cache_dir, data.coinflip_length, data.coinflip_epsilon)") in capsys.readouterr().err
+            "data.val_fraction, data.cache_dir, data.coinflip_length, data.coinflip_epsilon, model.latent_bits)") in capsys.readouterr().err
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert "eval_every" not in saved and (saved["validate_every"], saved["validation_batches"]) == (0, 4)
     with warnings.catch_warnings():
@@ -106,7 +106,7 @@ def test_a_resumed_run_rewrites_its_config_yaml_in_todays_names(capsys, tmp_path
 
 
 def test_a_printed_config_trains_to_the_same_first_losses(capsys, tmp_path):
-    overrides = [*TINY, "steps=3", "model.latent_bits=3", "optim.lr=3e-3", "kappa_bits=0.125"]
+    overrides = [*TINY, "steps=3", "model.latent_units=3", "optim.lr=3e-3", "kappa_bits=0.125"]
     path = tmp_path / "printed.yaml"
     path.write_text(_printed(capsys, "train", "--print-config", *overrides))
     assert main(["train", "--out", str(tmp_path / "direct"), *overrides]) == 0
@@ -132,7 +132,8 @@ def test_demo_and_study_print_every_runs_config(capsys, tmp_path, command):
 def test_old_field_names_warn_and_give_the_same_config(tmp_path):
     new = load_train_config(None, ["validate_every=5", "validation_batches=2"])
     for old in RENAMED:  # the one table of old names: each with the release that stops reading it
-        assert old.until == "0.3" and (old.old in {"eval_every", "eval_batches"} or old.old.startswith("data."))
+        assert old.until == "0.3" and (old.old in {"eval_every", "eval_batches", "model.latent_bits"}
+                                       or old.old.startswith("data."))
     with pytest.warns(FutureWarning, match="eval_batches is now validation_batches"):
         assert load_train_config(None, ["eval_every=5", "eval_batches=2"]) == new
     path = tmp_path / "old.yaml"
@@ -147,6 +148,24 @@ def test_old_field_names_warn_and_give_the_same_config(tmp_path):
     path.write_text("eval_every: 5\nvalidate_every: 5\nvalidation_batches: 2\n")
     with pytest.warns(FutureWarning):  # equal values under both names are one setting
         assert load_train_config(path) == new
+
+
+def test_latent_bits_is_read_as_latent_units_everywhere_it_was_written(tmp_path):
+    """The command line and a YAML file (until 0.3, with a warning), ModelConfig's keyword (likewise), and a
+    saved model config: a checkpoint's config.json and a Hugging Face export's, for good."""
+    from free_transformer import ModelConfig
+    from free_transformer.runs.checkpoint import read_checkpoint_config
+
+    with pytest.warns(FutureWarning, match="model.latent_bits is now model.latent_units"):
+        assert load_train_config(None, ["model.latent_bits=3"]).model.latent_units == 3
+    with pytest.warns(FutureWarning, match="latent_bits is now latent_units; the old name is read until version 0.3"):
+        assert ModelConfig(latent_bits=3) == ModelConfig(latent_units=3)
+    with pytest.raises(ConfigError, match="disagree"):
+        ModelConfig(latent_bits=3, latent_units=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        saved = read_checkpoint_config(LEGACY_RUN / "checkpoints" / "step_00000004")["model"]
+        assert "latent_bits" in saved and ModelConfig.from_dict(saved).latent_units == saved["latent_bits"]
 
 
 def test_every_shipped_config_loads_with_and_without_the_old_names(tmp_path):

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.cuda
 CUDA = torch.device("cuda")
 # Head dim 64 and grouped-query attention (4 query / 2 key-value heads), as the paper's sizes have.
 GPU_CONFIG = dict(vocab_size=256, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=512, max_seq_len=256,
-                  latent_bits=8)
+                  latent_units=8)
 
 
 def _model(dtype=torch.float32, seed=0) -> FreeTransformer:
@@ -130,17 +130,17 @@ def test_mapper_gradients_on_cuda_match_the_paper_formula_in_float64(n_bits, dty
                                atol=(1e-6 if dtype == torch.float32 else 1e-12) * ref_weight.abs().max())
 
 
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_cpu_and_cuda_logits_agree(latent_bits):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_cpu_and_cuda_logits_agree(latent_units):
     """The same weights and latents give the same logits on both devices, float32 (an H100: 4.5e-7);
     the encoder's bit-logits too."""
-    cpu = tiny_model(dtype=torch.float32, latent_bits=latent_bits)
-    gpu = tiny_model(dtype=torch.float32, latent_bits=latent_bits, device=CUDA)
+    cpu = tiny_model(dtype=torch.float32, latent_units=latent_units)
+    gpu = tiny_model(dtype=torch.float32, latent_units=latent_units, device=CUDA)
     tokens = torch.randint(0, 50, (3, 20), generator=torch.Generator().manual_seed(0))
-    latents = torch.randint(0, 16, (3, 20), generator=torch.Generator().manual_seed(1)) if latent_bits else "prior"
-    on_gpu = gpu(tokens.to(CUDA), latents=latents.to(CUDA) if latent_bits else latents).logits
+    latents = torch.randint(0, 16, (3, 20), generator=torch.Generator().manual_seed(1)) if latent_units else "prior"
+    on_gpu = gpu(tokens.to(CUDA), latents=latents.to(CUDA) if latent_units else latents).logits
     torch.testing.assert_close(on_gpu.cpu(), cpu(tokens, latents=latents).logits, rtol=1e-4, atol=1e-5)
-    if latent_bits:
+    if latent_units:
         torch.testing.assert_close(gpu(tokens.to(CUDA)).posterior.cpu(), cpu(tokens).posterior, rtol=1e-4, atol=1e-5)
 
 

@@ -101,9 +101,9 @@ def test_every_gqa_route_runs_a_fused_kernel_and_gives_query_heads(dtype, case, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_training_forward_and_backward_as_on_cuda(dtype, latent_bits, monkeypatch):
-    model = _meta_model(dtype, latent_bits=latent_bits).train()
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_training_forward_and_backward_as_on_cuda(dtype, latent_units, monkeypatch):
+    model = _meta_model(dtype, latent_units=latent_units).train()
     tokens = _tokens(13)
     with cuda_dispatch(monkeypatch), DeviceWork() as work:
         out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.1)
@@ -126,7 +126,7 @@ def test_trainer_step_as_on_cuda(tmp_path, monkeypatch):
     env = setup("none", None, torch.device("cpu"))
     monkeypatch.setattr(env, "device", META)
     model = tiny_model(dtype=torch.float32, **{k: v for k, v in config.model.to_dict().items()
-                                                if k in ("vocab_size", "max_seq_len", "latent_bits")}).to(META)
+                                                if k in ("vocab_size", "max_seq_len", "latent_units")}).to(META)
     optimizer = build_optimizer(model, config.optim)
     monkeypatch.setattr(importlib.import_module("torch.optim.adam"), "_device_dtype_check_for_fused",
                         lambda *args, **kwargs: None)
@@ -147,10 +147,10 @@ def test_trainer_step_as_on_cuda(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_prefill_and_cached_decoding_steps_as_on_cuda(dtype, latent_bits, monkeypatch):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_prefill_and_cached_decoding_steps_as_on_cuda(dtype, latent_units, monkeypatch):
     """Prefill (Z from the encoder), a masked chunk after it, and one-token steps with prior Z."""
-    model = _meta_model(dtype, latent_bits=latent_bits)
+    model = _meta_model(dtype, latent_units=latent_units)
     with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
         cache = model.new_cache(B, capacity=16)
         model(_tokens(5), cache=cache)
@@ -166,12 +166,12 @@ VARIANTS = [SamplingVariant(sampled=False, filtered=False), SamplingVariant(samp
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["greedy", "filtered"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_the_engines_step_as_on_cuda(dtype, latent_bits, variant, monkeypatch):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_the_engines_step_as_on_cuda(dtype, latent_units, variant, monkeypatch):
     """What the engine captures per bucket: every slot's token, Z and position from its buffers, the model,
     each row's sampling with its settings as tensors, the token and position kept for the next step; a bucket
     of one row and one of every slot, nothing read on the host or copied from it."""
-    model = _meta_model(dtype, latent_bits=latent_bits)
+    model = _meta_model(dtype, latent_units=latent_units)
     with torch.inference_mode():
         engine = DecodeEngine(model, B, capacity=12)
     with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
@@ -201,12 +201,12 @@ class ExternalStorages(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["greedy", "filtered"])
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_the_engines_step_reads_the_same_storages_at_every_step(latent_bits, variant):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_the_engines_step_reads_the_same_storages_at_every_step(latent_units, variant):
     """Graph capture freezes addresses: every tensor the step reads from outside itself (weights, the cache,
     the token, latent, position, noise and settings buffers) is the same storage at every step, with rows of
     different lengths and settings in flight."""
-    model = tiny_model(dtype=torch.float32, latent_bits=latent_bits)
+    model = tiny_model(dtype=torch.float32, latent_units=latent_units)
     config = GenerationConfig(temperature=0.8, top_k=10, top_p=0.9)
     engine = DecodeEngine(model, B, capacity=12, compile=True)
     engine.add([Row([1, 2, 3, 4, 5], config, 5, generators([1])[0]), Row([7, 8], GenerationConfig(), 5, None)])

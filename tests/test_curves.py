@@ -46,7 +46,7 @@ def _same_weights(a, b):
 def runs(tmp_path_factory):
     """A tiny baseline and a tiny Free Transformer trained with periodic evaluation, and the Free one without."""
     root = tmp_path_factory.mktemp("curves")
-    train(tiny_run_config(*RUN, *EVAL, "model.latent_bits=0"), root / "baseline")
+    train(tiny_run_config(*RUN, *EVAL, "model.latent_units=0"), root / "baseline")
     train(tiny_run_config(*RUN, *EVAL), root / "free")
     train(tiny_run_config(*RUN), root / "plain")
     return root

@@ -48,18 +48,18 @@ def _kinds():
     return [(0, 1, "binary_mapper"), (0, 3, "binary_mapper")] + [(4, 3, kind) for kind in sorted(LATENT_KINDS)]
 
 
-@pytest.mark.parametrize("latent_bits, B, kind", _kinds())
+@pytest.mark.parametrize("latent_units, B, kind", _kinds())
 @pytest.mark.parametrize("config", [GREEDY, SAMPLED, MIN_P], ids=["greedy", "sampled", "min_p"])
-def test_compiled_engine_samples_as_the_eager_one(latent_bits, B, kind, config):
+def test_compiled_engine_samples_as_the_eager_one(latent_units, B, kind, config):
     """compile=True on a CPU: the bucketed step (whole cache under a mask, padded rows) gives the eager
     step's tokens and latents, with explicit latents for the first positions and prior draws after them."""
-    model = tiny_model(latent_bits=latent_bits, dtype=torch.float32, latent={"kind": kind})
+    model = tiny_model(latent_units=latent_units, dtype=torch.float32, latent={"kind": kind})
     prompts, seeds = _prompts(B), list(range(10, 10 + B))
-    latents = _explicit(model, B, 6) if latent_bits else None
+    latents = _explicit(model, B, 6) if latent_units else None
     eager = generate(model, prompts, config, seeds=seeds, latents=latents)
     static = generate(model, prompts, config, seeds=seeds, latents=latents, compile=True)
     assert static.tokens == eager.tokens
-    if latent_bits:
+    if latent_units:
         for row in range(B):
             assert torch.equal(static.latents[row], eager.latents[row])
             assert static.latents[row].shape == (4 + len(eager.tokens[row]) - 1, *model.latent_space.value_shape)
@@ -71,7 +71,7 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
     """One engine of 3 slots, 7 rows: prompts of 2 to 9 tokens, greedy, sampled, top-k/top-p and min-p rows,
     encoder, prior and explicit Z, a stop token; rows join as others end, in any slot. Each row's tokens and
     latents are those of `generate` on that row alone."""
-    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    model = tiny_model(latent_units=4, dtype=torch.float32)
     configs = [GREEDY, SAMPLED, MIN_P, dataclasses.replace(SAMPLED, max_new_tokens=3), GREEDY,
                dataclasses.replace(MIN_P, max_new_tokens=5), SAMPLED]
     lengths = [2, 9, 4, 4, 6, 3, 5]
@@ -100,7 +100,7 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
 
 def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
     """A NaN in one row's logits ends that row with an error; the others decode as they would alone."""
-    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    model = tiny_model(latent_units=4, dtype=torch.float32)
     real, calls = engine_module.next_tokens, []
 
     def poisoned(logits, settings, race, variant):
@@ -132,7 +132,7 @@ def test_tiny_temperatures_and_top_p_sample_the_likeliest_token():
     race = torch.ones(3, 3)
     tokens, non_finite = next_tokens(logits, settings.view(slice(0, 3)), race, SamplingVariant.of(rules))
     assert tokens.tolist() == [1, 0, 2] and not non_finite.any()
-    model = tiny_model(latent_bits=0, dtype=torch.float32)  # a baseline: no Z draws for the noise to shift
+    model = tiny_model(latent_units=0, dtype=torch.float32)  # a baseline: no Z draws for the noise to shift
     greedy = generate(model, _prompts(2), GREEDY, seeds=[1, 2]).tokens
     for config in (GenerationConfig(max_new_tokens=7, temperature=1e-39),
                    GenerationConfig(max_new_tokens=7, top_p=1e-300)):
@@ -141,7 +141,7 @@ def test_tiny_temperatures_and_top_p_sample_the_likeliest_token():
 
 def test_buckets_and_the_step_padded_up_to_its_bucket():
     assert bucket_sizes(1) == (1,) and bucket_sizes(16) == (1, 2, 4, 8, 16) and bucket_sizes(20)[-2:] == (16, 20)
-    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    model = tiny_model(latent_units=4, dtype=torch.float32)
     engine = DecodeEngine(model, 8, capacity=32, compile=True)
     engine.add([Row(prompt, SAMPLED, 7, torch.Generator().manual_seed(0)) for prompt in _prompts(3).tolist()])
     engine.step()
@@ -168,7 +168,7 @@ def test_compiled_engine_is_kept_and_compiles_once_per_variant(counted_compiles)
     nothing: the engine is kept. A new sampling variant compiles once more. The kept engine, with its compiled
     code, does not keep the model alive."""
     compiled = counted_compiles
-    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    model = tiny_model(latent_units=4, dtype=torch.float32)
     for seed in (3, 4):
         prompts = _prompts(2, seed=seed)
         static = generate(model, prompts, SAMPLED, seeds=[seed, 7], compile=True)
@@ -188,7 +188,7 @@ def test_min_p_is_traced_into_the_compiled_step_and_samples_as_eager(counted_com
     """Min-p is part of the step's filters: Dynamo traces it into the one graph (fullgraph) of the filtered
     variant, and the step samples what eager decoding samples, which min-p changes."""
     compiled = counted_compiles
-    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    model = tiny_model(latent_units=4, dtype=torch.float32)
     prompts, seeds = _prompts(3), [4, 5, 6]
     eager = generate(model, prompts, MIN_P, seeds=seeds)
     static = generate(model, prompts, MIN_P, seeds=seeds, compile=True)
@@ -203,7 +203,7 @@ def test_inductor_compiles_the_step_with_coordinate_descent_tuning(monkeypatch):
     another backend gets no Inductor options."""
     calls = []
     monkeypatch.setattr(engine_module.torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
-    model = tiny_model(latent_bits=4, dtype=torch.float32)
+    model = tiny_model(latent_units=4, dtype=torch.float32)
     DecodeEngine(model, 1, capacity=16, compile=True, inductor=True).warm_up()
     assert calls[-1]["backend"] == "inductor" and calls[-1]["options"] == {"coordinate_descent_tuning": True}
     monkeypatch.setattr(engine_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
@@ -212,18 +212,18 @@ def test_inductor_compiles_the_step_with_coordinate_descent_tuning(monkeypatch):
 
 
 @pytest.mark.slow  # Inductor's compilation on a CPU: 10-60 s a variant
-@pytest.mark.parametrize("latent_bits, B", [(0, 1), (4, 3)])
-def test_inductor_step_gives_the_eager_tokens(latent_bits, B, monkeypatch):
+@pytest.mark.parametrize("latent_units, B", [(0, 1), (4, 3)])
+def test_inductor_step_gives_the_eager_tokens(latent_units, B, monkeypatch):
     """The step compiled by Inductor (as a GPU compiles it before capture) against the eager step: generate's
     greedy and sampled tokens and latents."""
     monkeypatch.setattr(engine_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
-    model = tiny_model(latent_bits=latent_bits, dtype=torch.float32, n_layers=2)
+    model = tiny_model(latent_units=latent_units, dtype=torch.float32, n_layers=2)
     prompts, seeds = _prompts(B), list(range(B))
     for config in (GREEDY, SAMPLED, MIN_P):
         eager = generate(model, prompts, config, seeds=seeds)
         compiled = generate(model, prompts, config, seeds=seeds, compile=True)
         assert compiled.tokens == eager.tokens
-        if latent_bits:
+        if latent_units:
             assert all(torch.equal(a, b) for a, b in zip(compiled.latents, eager.latents))
     assert decoding_engine(model, B, 4 + 7 - 1, compile=True).compile_seconds
 

@@ -12,7 +12,7 @@ from free_transformer.data.synthetic import coinflip_batch, letters_batch
 from free_transformer.experiments.demo.claims import claims_over_seeds, judge_claims, shown
 from free_transformer.experiments.demo.coins import coin_bits_saved, coin_measures, majority_coin
 from free_transformer.experiments.demo.groups import Groups, group_measures
-from free_transformer.experiments.demo.letters import latent_bits, target_starts
+from free_transformer.experiments.demo.letters import latent_units, target_starts
 from free_transformer.experiments.demo.presets import PRESETS, coins, letters
 from free_transformer.experiments.demo.report import coin_comparison, measure_notes, panel_boxes, write_report
 from free_transformer.experiments.demo.run import VARIANTS, ModelResult, demo_sweep, first_line
@@ -119,8 +119,8 @@ class _ReadsThePositionFromZ(torch.nn.Module):
     """A stand-in decoder for known sequences: uniform over 256 bytes everywhere, except that with
     the posterior Z it is certain of the target's first letter (and only of that token)."""
 
-    config = tiny_model(latent_bits=4).config
-    latent_space = tiny_model(latent_bits=4).latent_space  # the prior the analysis's plans draw from
+    config = tiny_model(latent_units=4).config
+    latent_space = tiny_model(latent_units=4).latent_space  # the prior the analysis's plans draw from
 
     def __init__(self, tokens):
         super().__init__()
@@ -138,14 +138,14 @@ class _ReadsThePositionFromZ(torch.nn.Module):
 
 
 def test_latent_bits_read_the_target_start_and_the_noise():
-    tokens = letters_batch(64, torch.Generator().manual_seed(0))  # the sequences latent_bits draws with seed 0
-    bits = latent_bits(_ReadsThePositionFromZ(tokens), sequences=64, samples=1)
+    tokens = letters_batch(64, torch.Generator().manual_seed(0))  # the sequences latent_units draws with seed 0
+    bits = latent_units(_ReadsThePositionFromZ(tokens), sequences=64, samples=1)
     assert bits["latent_bits_position"] == pytest.approx(8.0) and bits["latent_bits_noise"] == pytest.approx(0.0)
-    model = tiny_model(vocab_size=256, max_seq_len=72, latent_bits=4)
+    model = tiny_model(vocab_size=256, max_seq_len=72, latent_units=4)
     with torch.no_grad():
         model.latent.mapper.weight.zero_()  # Z has no effect on the decoder
-    assert latent_bits(model, sequences=16, samples=1) == {"latent_bits_position": 0.0, "latent_bits_noise": 0.0}
-    assert latent_bits(tiny_model(vocab_size=256, max_seq_len=72, latent_bits=0)) == {}  # the baseline has no Z
+    assert latent_units(model, sequences=16, samples=1) == {"latent_bits_position": 0.0, "latent_bits_noise": 0.0}
+    assert latent_units(tiny_model(vocab_size=256, max_seq_len=72, latent_units=0)) == {}  # the baseline has no Z
 
 
 def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
@@ -196,8 +196,8 @@ class _CopiesTheValuesFromZ(torch.nn.Module):
     """A stand-in decoder that, with the posterior Z, is certain of every next value and otherwise
     spreads its belief evenly over 0 and 1: Z saves exactly 1 bit per value."""
 
-    config = tiny_model(latent_bits=4).config
-    latent_space = tiny_model(latent_bits=4).latent_space  # the prior the analysis's plans draw from
+    config = tiny_model(latent_units=4).config
+    latent_space = tiny_model(latent_units=4).latent_space  # the prior the analysis's plans draw from
 
     def __init__(self):
         super().__init__()
@@ -216,11 +216,11 @@ def test_bits_z_saves_on_coin_sequences():
     copier = _CopiesTheValuesFromZ()
     copier.next = coinflip_batch(32, 12, 0.1, torch.Generator().manual_seed(0))[:, 1:]  # what coin_bits_saved draws
     assert coin_bits_saved(copier, 12, 0.1, sequences=32) == pytest.approx(12.0)
-    model = tiny_model(vocab_size=256, max_seq_len=16, latent_bits=4)
+    model = tiny_model(vocab_size=256, max_seq_len=16, latent_units=4)
     with torch.no_grad():
         model.latent.mapper.weight.zero_()  # Z has no effect on the decoder
     assert coin_bits_saved(model, 12, 0.1, sequences=8) == 0.0
-    assert coin_bits_saved(tiny_model(vocab_size=256, max_seq_len=16, latent_bits=0), 12, 0.1) is None
+    assert coin_bits_saved(tiny_model(vocab_size=256, max_seq_len=16, latent_units=0), 12, 0.1) is None
 
 
 def test_demo_trains_every_model_at_once_as_on_a_gpu(tmp_path, monkeypatch):
@@ -239,14 +239,14 @@ def test_demo_trains_every_model_at_once_as_on_a_gpu(tmp_path, monkeypatch):
 def test_latent_kl_split_adds_up_to_the_validation_kl():
     from free_transformer.experiments.demo.letters import latent_kl_split
 
-    model = tiny_model(vocab_size=256, max_seq_len=72, latent_bits=4)
+    model = tiny_model(vocab_size=256, max_seq_len=72, latent_units=4)
     split = latent_kl_split(model, sequences=32)
     tokens = letters_batch(32, torch.Generator().manual_seed(0))
     with torch.no_grad():
         kl = model(tokens[:, :-1], tokens[:, 1:]).kl_nats.item() / math.log(2)
     assert split["kl_information_bits"] + split["kl_prior_mismatch_bits"] == pytest.approx(kl, rel=1e-4)
     assert split["kl_information_bits"] >= -1e-9 and split["kl_prior_mismatch_bits"] >= -1e-9
-    assert latent_kl_split(tiny_model(vocab_size=256, max_seq_len=72, latent_bits=0)) == {}
+    assert latent_kl_split(tiny_model(vocab_size=256, max_seq_len=72, latent_units=0)) == {}
 
 
 def _paper_like_seed(valid_kappa_1: float) -> list[ModelResult]:

@@ -32,7 +32,7 @@ def test_validation_measures_equal_a_hand_computation():
     model, dataset, config = _model_and_data()
     measures = validate(model, dataset, config, torch.device("cpu"))
     ce = kl = prior_ce = 0.0
-    per_bit = torch.zeros(config.model.latent_bits, dtype=torch.float64)
+    per_bit = torch.zeros(config.model.latent_units, dtype=torch.float64)
     with torch.no_grad():
         for index in range(2):
             batch = dataset.batch(index, config.batch_size, split="val")
@@ -47,10 +47,22 @@ def test_validation_measures_equal_a_hand_computation():
     assert measures["val_cross_entropy_bits"] == pytest.approx(ce / 2 / LN2, rel=1e-6)
     assert measures["val_prior_cross_entropy_bits"] == pytest.approx(prior_ce / 2 / LN2, rel=1e-6)
     assert measures["latent_bits_saved"] == pytest.approx((prior_ce - ce) / 2 / LN2, rel=1e-5, abs=1e-7)
-    assert measures["val_kl_bits_per_bit"] == pytest.approx((per_bit / 2 / LN2).tolist(), rel=1e-5, abs=1e-7)  # float32 log terms
-    assert sum(measures["val_kl_bits_per_bit"]) == pytest.approx(kl / 2 / LN2, rel=1e-5)  # bits add up to the KL
-    assert measures["dead_bits"] == sum(v < 0.01 for v in measures["val_kl_bits_per_bit"])
+    assert measures["val_kl_bits_per_unit"] == pytest.approx((per_bit / 2 / LN2).tolist(), rel=1e-5, abs=1e-7)  # float32 log terms
+    assert sum(measures["val_kl_bits_per_unit"]) == pytest.approx(kl / 2 / LN2, rel=1e-5)  # bits add up to the KL
+    assert measures["dead_units"] == sum(v < 0.01 for v in measures["val_kl_bits_per_unit"])
     assert measures["latent_bits_saved"] != 0.0  # Z reaches the output: prior and encoder Z differ
+
+
+def test_a_kind_with_dependent_units_gets_no_per_unit_report(monkeypatch):
+    """kl_per_unit means something only where the units are independent (LatentSpace.independent_units)."""
+    from free_transformer.model.latent import BinaryMapper
+
+    model, dataset, config = _model_and_data()
+    monkeypatch.setattr(BinaryMapper, "independent_units", False)
+    monkeypatch.setattr(BinaryMapper, "kl_per_unit", lambda self, posterior: pytest.fail("read per unit"))
+    monkeypatch.setattr(BinaryMapper, "kl", lambda self, posterior: torch.zeros(posterior.shape[:-1]))
+    measures = validate(model, dataset, config, torch.device("cpu"))
+    assert "val_kl_bits_per_unit" not in measures and "dead_units" not in measures and "val_kl_bits" in measures
 
 
 def test_bits_saved_per_token_is_the_prior_minus_the_encoder_cross_entropy_in_bits():
@@ -79,7 +91,7 @@ def test_evaluation_leaves_the_rng_streams_and_a_baseline_alone():
     first = validate(model, dataset, config, torch.device("cpu"))
     assert torch.equal(torch.get_rng_state(), state)
     assert validate(model, dataset, config, torch.device("cpu")) == first  # the same batches and noise each time
-    baseline, dataset, config = _model_and_data("model.latent_bits=0")
+    baseline, dataset, config = _model_and_data("model.latent_units=0")
     assert set(validate(baseline, dataset, config, torch.device("cpu"))) == {"val_cross_entropy_bits", "val_kl_bits"}
 
 
@@ -147,7 +159,7 @@ def test_tensorboard_and_wandb_offline_get_every_measure(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(out / "tensorboard")).Reload()
-    assert {"loss", "latent_bits_saved", "val_kl_bits_per_bit/0"} <= set(events.Tags()["scalars"])
+    assert {"loss", "latent_bits_saved", "val_kl_bits_per_unit/0"} <= set(events.Tags()["scalars"])
     history = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(history) == 1 and history[0].stat().st_size > 0
 
@@ -162,10 +174,10 @@ def test_wandb_missing_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_the_matched_baseline_has_the_encoders_parameters_and_flops(tmp_path):
-    free = named_config("cpu-small", latent_bits=8)
+    free = named_config("cpu-small", latent_units=8)
     matched = free.matched_baseline()
-    assert (matched.latent_bits, matched.n_layers) == (0, free.n_layers + 1)
-    latent_only = free.dim * free.latent_bits + free.latent_bits + 2**free.latent_bits * free.dim + 2 * free.dim
+    assert (matched.latent_units, matched.n_layers) == (0, free.n_layers + 1)
+    latent_only = free.dim * free.latent_units + free.latent_units + 2**free.latent_units * free.dim + 2 * free.dim
     assert matched.num_params() == free.num_params() - latent_only  # read-out, table, zeta, norm: all it lacks
     ratio = matched.training_flops_per_token(65) / free.training_flops_per_token(65)
     assert 0.98 < ratio < 1.0
@@ -173,9 +185,9 @@ def test_the_matched_baseline_has_the_encoders_parameters_and_flops(tmp_path):
     assert main(["train", "--out", str(out), *TINY, "steps=1", "--matched-baseline"]) == 0
     saved = __import__("yaml").safe_load((out / "config.yaml").read_text())["model"]
     debug = named_config("debug")
-    assert (saved["latent_bits"], saved["n_layers"]) == (0, debug.n_layers + 1)
+    assert (saved["latent_units"], saved["n_layers"]) == (0, debug.n_layers + 1)
     with pytest.raises(Exception, match="no latent"):
-        debug.replace(latent_bits=0).matched_baseline()
+        debug.replace(latent_units=0).matched_baseline()
 
 
 def _kl_split_by_enumeration(bit_logits):

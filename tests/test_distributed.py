@@ -50,7 +50,7 @@ ATOL = 1e-5
 ARGS = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=8", "log_every=1",
         "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25", "steps=6", "checkpoint_every=3",
         "latent_noise=row"]
-BASELINE = ["model.latent_bits=0"]
+BASELINE = ["model.latent_units=0"]
 
 
 def _golden_args(name):
@@ -176,13 +176,15 @@ def test_compile_asks_the_latent_mapper_to_compile_its_own_backward(monkeypatch)
     """apply_compile leaves to each latent kind what compiling its backward means (`compile_backward`),
     never reading its type or attributes: every kind is asked; the Binary Mapper's answer is to run its
     backward's chunk loop with compiled bodies."""
+    from free_transformer.model.latent import LATENT_KINDS
+
     asked = []
-    for kind in ("binary_mapper", "bit_linear"):
+    for kind in sorted(LATENT_KINDS):
         model = FreeTransformer(tiny_config(latent=LatentConfig(kind)))
         monkeypatch.setattr(model.latent.mapper, "compile_backward", lambda kind=kind: asked.append(kind))
         apply_compile(model)
-    assert asked == ["binary_mapper", "bit_linear"]
-    mapper = BinaryMapper(bits=4, dim=8)
+    assert asked == sorted(LATENT_KINDS)
+    mapper = BinaryMapper(units=4, dim=8)
     assert not mapper.compiled_backward
     mapper.compile_backward()
     assert mapper.compiled_backward

@@ -71,6 +71,7 @@ SMALLER = [
     (r"(free-transformer train --out runs/notes model\.size=cpu-small data\.kind=text .*)$", r"\1 steps=2",
      "2 of its 1,000 steps: the default data of the named size trains"),
     (r"(free-transformer train --out runs/gauss .*)$", r"\1 steps=2", "2 of its 1,000 steps: a Gaussian Z trains"),
+    (r"(free-transformer train --out runs/cat .*)$", r"\1 steps=2", "2 of its 1,000 steps: a categorical Z trains"),
     (r"(free-transformer train --config x\.yaml --out runs/x)$", r"\1 steps=2", "2 of its 1,000 steps: the printed "
                                                                                "config trains"),
     (r"--limit (200|50|5)\b", "--limit 2", "2 documents of each benchmark"),

@@ -25,7 +25,7 @@ TEXT = "abcde"  # one window of T = 4 predicted tokens with max_seq_len 4
 
 
 def _model(**overrides):
-    model = tiny_model(**{"latent_bits": 2, "max_seq_len": 4, "vocab_size": 256, **overrides})
+    model = tiny_model(**{"latent_units": 2, "max_seq_len": 4, "vocab_size": 256, **overrides})
     if model.config.is_free:
         with torch.no_grad():
             model.latent.readout.weight.mul_(0.1)  # a mild posterior: the IWAE converges with few samples
@@ -70,7 +70,7 @@ def test_a_latent_the_decoder_ignores_gives_the_baseline_likelihood():
 
 
 def test_baseline_reports_the_exact_cross_entropy():
-    model = _model(latent_bits=0)
+    model = _model(latent_units=0)
     result = heldout_likelihood(model, _Bytes(), "abcdefghij")
     assert set(result) >= {"exact"} and "iwae" not in result
     ids = torch.tensor(list(b"abcdefghij"))

@@ -30,7 +30,7 @@ def _naive(model, ctx, cont, latents):
 
 
 def test_baseline_scores_are_exact_log_probabilities():
-    model = tiny_model(latent_bits=0)
+    model = tiny_model(latent_units=0)
     scores = continuation_logprobs(model, REQUESTS, KEYS, latent_settings(latent_samples=3))
     for pairs, got in zip(REQUESTS, scores):
         assert got.shape == (len(pairs), 1)  # a baseline has no latent to average over
@@ -39,7 +39,7 @@ def test_baseline_scores_are_exact_log_probabilities():
 
 
 def test_prior_scores_average_prior_draws_shared_by_the_choices():
-    model = tiny_model(latent_bits=4)
+    model = tiny_model(latent_units=4)
     settings = latent_settings(latent_samples=3, seed=5)
     scores = continuation_logprobs(model, REQUESTS, KEYS, settings, batch_tokens=7)  # many small batches
     for pairs, key, got in zip(REQUESTS, KEYS, scores):
@@ -59,7 +59,7 @@ def test_prior_scores_average_prior_draws_shared_by_the_choices():
 
 
 def test_encoder_prefill_sees_the_context_only():
-    model = tiny_model(latent_bits=4)
+    model = tiny_model(latent_units=4)
     seen = []
     original = model.forward
 
@@ -75,7 +75,7 @@ def test_encoder_prefill_sees_the_context_only():
 
 
 def test_encoder_prefill_uses_encoder_latents_on_context_positions():
-    model = tiny_model(latent_bits=4)
+    model = tiny_model(latent_units=4)
     settings = latent_settings(latents="encoder", latent_samples=2, seed=1)
     got = continuation_logprobs(model, REQUESTS[:1], KEYS[:1], settings)[0]
     ctx = REQUESTS[0][0][0]
@@ -98,7 +98,7 @@ def test_fit_window_keeps_the_end_and_one_context_token():
 
 
 def test_long_contexts_are_truncated_not_rejected():
-    model = tiny_model(latent_bits=4)  # max_seq_len 40
+    model = tiny_model(latent_units=4)  # max_seq_len 40
     long = [([i % 50 for i in range(100)], [1, 2, 3])]
     out = continuation_logprobs(model, [long], ["long"], latent_settings(latent_samples=2))
     assert torch.isfinite(out[0]).all()
@@ -112,13 +112,13 @@ class _Bytes:
         return "".join(chr(97 + i % 26) for i in ids)
 
 
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_generation_stops_at_stop_strings(latent_bits):
-    model = tiny_model(latent_bits=latent_bits)
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_generation_stops_at_stop_strings(latent_units):
+    model = tiny_model(latent_units=latent_units)
     tok = _Bytes()
     settings = latent_settings(generation_samples=2)
     full, _ = generate_texts(model, tok, "hello", "g", settings, max_new_tokens=12)
-    assert len(full) == (2 if latent_bits else 1) and all(len(t) == 12 for t in full)
+    assert len(full) == (2 if latent_units else 1) and all(len(t) == 12 for t in full)
     stop = full[0][3:5]
     cut, truncated = generate_texts(model, tok, "hello", "g", settings, max_new_tokens=12, stop=[stop])
     assert cut[0] == cut_at_stop(full[0], [stop]) and len(cut[0]) <= 3 and not truncated
@@ -134,8 +134,8 @@ def test_latent_settings_validation_and_description():
     for name in ("latent_samples", "generation_samples"):
         with pytest.raises(EvalSettingsError, match=f"{name.replace('_', '-')} must be >= 1, got 0"):
             latent_settings(**{name: 0})
-    described = latent_settings(latent_samples=8).describe_latents(tiny_model(latent_bits=4))
+    described = latent_settings(latent_samples=8).describe_latents(tiny_model(latent_units=4))
     assert "context Z: prior" in described["latents"] and "K=8" in described["mc_estimator"]
     assert described["latent_kind"] == "binary_mapper"
-    assert latent_settings().describe_latents(tiny_model(latent_bits=0))["model"] == "baseline"
+    assert latent_settings().describe_latents(tiny_model(latent_units=0))["model"] == "baseline"
     assert math.isclose(float(log_mean_exp(torch.tensor([0.0, 0.0]))), 0.0)

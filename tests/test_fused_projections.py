@@ -37,7 +37,7 @@ def _separate_state(model: FreeTransformer, seed: int) -> dict:
 
 
 @pytest.mark.parametrize("overrides", [
-    dict(latent_bits=0), dict(latent_bits=4), dict(n_kv_heads=4),
+    dict(latent_units=0), dict(latent_units=4), dict(n_kv_heads=4),
     dict(latent=LatentConfig("binary_mapper", encoder_layers=2)), dict(latent=LatentConfig("bit_linear")),
 ])
 def test_the_fused_projections_equal_separate_matmuls(overrides):
@@ -76,7 +76,7 @@ def test_a_seed_gives_the_weights_of_the_separate_projections():
     """The parts of each fused weight are drawn in the order they had as separate parameters: these are
     the values the separate k, v and up of a seed-0 tiny model had (last row, last three columns)."""
     torch.manual_seed(0)
-    state = split_state_dict(FreeTransformer(tiny_config(latent_bits=4)).state_dict(), tiny_config())
+    state = split_state_dict(FreeTransformer(tiny_config(latent_units=4)).state_dict(), tiny_config())
     recorded = {
         "layers.3.self_attn.v_proj.weight": [-0.004909119103103876, 0.011500936932861805, -0.0007267298642545938],
         "layers.3.mlp.up_proj.weight": [-0.026597479358315468, 0.010256750509142876, 0.022246677428483963],
@@ -89,7 +89,7 @@ def test_a_seed_gives_the_weights_of_the_separate_projections():
 
 def _trained(seed=0):
     torch.manual_seed(seed)
-    model = FreeTransformer(tiny_config(latent_bits=4)).train()
+    model = FreeTransformer(tiny_config(latent_units=4)).train()
     optimizer = build_optimizer(model, OptimConfig())
     tokens = torch.randint(0, 50, (2, 9))
     for _ in range(2):
@@ -195,7 +195,7 @@ def test_a_hugging_face_export_with_separate_projections_loads(tmp_path):
     from free_transformer.hf import FreeTransformerForCausalLM
 
     torch.manual_seed(0)
-    model = FreeTransformer(tiny_config(latent_bits=4)).eval()
+    model = FreeTransformer(tiny_config(latent_units=4)).eval()
     FreeTransformerForCausalLM.from_free_transformer(model).save_pretrained(tmp_path / "hf")
     shutil.copytree(tmp_path / "hf", tmp_path / "old")
     weights = load_file(tmp_path / "hf" / "model.safetensors")

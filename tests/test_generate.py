@@ -35,17 +35,17 @@ def _generators(seeds, device):
     return [torch.Generator(device).manual_seed(s) for s in seeds]
 
 
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_cached_decoding_equals_full_forward(latent_bits, device):
-    model = tiny_model(latent_bits=latent_bits, device=device)
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_cached_decoding_equals_full_forward(latent_units, device):
+    model = tiny_model(latent_units=latent_units, device=device)
     tokens = torch.randint(0, 50, (2, 20), device=device)
-    latents = torch.randint(0, 16, (2, 20), device=device) if latent_bits else "prior"
+    latents = torch.randint(0, 16, (2, 20), device=device) if latent_units else "prior"
     full = model(tokens, latents=latents).logits
     cache = model.new_cache(2)
-    pieces = [model(tokens[:, :6], latents=latents[:, :6] if latent_bits else "prior", cache=cache).logits]
+    pieces = [model(tokens[:, :6], latents=latents[:, :6] if latent_units else "prior", cache=cache).logits]
     pos = 6
     for width in (1, 4, 1, 1, 8):  # single steps and multi-token chunks after a prefix
-        chunk = latents[:, pos : pos + width] if latent_bits else "prior"
+        chunk = latents[:, pos : pos + width] if latent_units else "prior"
         pieces.append(model(tokens[:, pos : pos + width], latents=chunk, cache=cache, start=pos).logits)
         pos += width
     torch.testing.assert_close(torch.cat(pieces, 1), full, **tolerance(model))
@@ -62,16 +62,16 @@ def _naive_greedy(model, prompts, steps, latents):
     return seq[:, prompts.shape[1] :]
 
 
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_greedy_generation_equals_naive_loop(latent_bits, device):
-    model = tiny_model(latent_bits=latent_bits, device=device)
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_greedy_generation_equals_naive_loop(latent_units, device):
+    model = tiny_model(latent_units=latent_units, device=device)
     prompts = _prompts(device=device)
     cfg = GenerationConfig(max_new_tokens=12, temperature=0)
     result = generate(model, prompts, cfg, seeds=[0, 1, 2])
-    latents = torch.stack(result.latents) if latent_bits else None
+    latents = torch.stack(result.latents) if latent_units else None
     expected = _naive_greedy(model, prompts, 12, latents)
     assert result.tokens == expected.tolist()
-    if latent_bits:
+    if latent_units:
         assert latents.device.type == device.type  # Z for the 5 prompt positions + 11 fed new tokens, none redrawn
         assert latents.shape == (3, 16)
 
@@ -114,7 +114,7 @@ def test_shared_latents_shorter_than_generation_fall_back_to_prior():
 
 
 def test_stop_tokens_end_rows(device):
-    model = tiny_model(latent_bits=0, device=device)
+    model = tiny_model(latent_units=0, device=device)
     prompts = _prompts(device=device)
     free_run = generate(model, prompts, GenerationConfig(max_new_tokens=8, temperature=0))
     stop = free_run.tokens[0][2]
@@ -178,12 +178,12 @@ def test_generation_errors():
     with pytest.raises(ValueError, match="token ids must lie in"):
         generate(model, torch.full((1, 3), 50), short)
     with pytest.raises(ValueError, match="explicit latents need a Free Transformer"):
-        generate(tiny_model(latent_bits=0), _prompts(), short, latents=torch.zeros(1, 5, dtype=torch.long))
+        generate(tiny_model(latent_units=0), _prompts(), short, latents=torch.zeros(1, 5, dtype=torch.long))
 
 
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_should_stop_finishes_rows_early(latent_bits, device):
-    model = tiny_model(latent_bits=latent_bits, device=device)
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_should_stop_finishes_rows_early(latent_units, device):
+    model = tiny_model(latent_units=latent_units, device=device)
     prompts = _prompts(device=device)
     cfg = GenerationConfig(max_new_tokens=10, temperature=0)
     full = generate(model, prompts, cfg, seeds=[0, 1, 2]).tokens
@@ -210,11 +210,11 @@ def test_returned_latents_are_ordinary_tensors(device):
     assert model.latent.mapper.weight.grad is not None
 
 
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_static_decoding_gives_the_eager_tokens_and_latents(latent_bits, device):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_static_decoding_gives_the_eager_tokens_and_latents(latent_units, device):
     """compile=True decodes with the engine's bucketed step (the step a GPU captures as a CUDA graph: device
     positions, the whole cache under a mask); on CPU it runs eagerly and must match the eager step."""
-    model = tiny_model(latent_bits=latent_bits, device=device)
+    model = tiny_model(latent_units=latent_units, device=device)
     prompts, seeds = _prompts(B=3, P=4, device=device), [11, 12, 13]
     stop = generate(model, prompts, GenerationConfig(max_new_tokens=12), seeds=seeds).tokens[0][4]
     config = GenerationConfig(max_new_tokens=12, temperature=1.0, stop_tokens=(stop,))
@@ -222,7 +222,7 @@ def test_static_decoding_gives_the_eager_tokens_and_latents(latent_bits, device)
     static = generate(model, prompts, config, seeds=seeds, compile=True)
     assert static.tokens == eager.tokens
     assert any(len(t) < 12 for t in eager.tokens)  # a stop token cut a row short: the stop check is exercised
-    if latent_bits:
+    if latent_units:
         assert all(torch.equal(a, b) for a, b in zip(static.latents, eager.latents))
     else:
         assert static.latents is None and eager.latents is None

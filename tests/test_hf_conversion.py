@@ -42,7 +42,7 @@ def test_llama_logits_equal_transformers(tmp_path, tie):
     config = json.loads((tmp_path / directory / "config.json").read_text())
     assert config["attention_bias"] is False and config["mlp_bias"] is False
     ours, _ = load_llama(directory)
-    assert ours.config.latent_bits == 0 and ours.config.tie_embeddings == tie and ours.config.rope_theta == 5000.0
+    assert ours.config.latent_units == 0 and ours.config.tie_embeddings == tie and ours.config.rope_theta == 5000.0
     tokens = torch.randint(0, 64, (2, 40))
     with torch.no_grad():
         expected = llama(tokens).logits
@@ -59,7 +59,7 @@ def test_llama_logits_equal_transformers(tmp_path, tie):
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_baseline_to_llama_loads_in_transformers(tmp_path, tie):
-    model = tiny_model(dtype=torch.float32, latent_bits=0, tie_embeddings=tie)
+    model = tiny_model(dtype=torch.float32, latent_units=0, tie_embeddings=tie)
     save_llama(model, tmp_path / "llama")
     llama = LlamaForCausalLM.from_pretrained(tmp_path / "llama", local_files_only=True).eval()
     assert llama.config.tie_word_embeddings == tie
@@ -73,7 +73,7 @@ def test_baseline_to_llama_loads_in_transformers(tmp_path, tie):
 
 
 def test_checkpoint_hf_checkpoint_round_trip(tmp_path):
-    model = tiny_model(dtype=torch.float32, latent_bits=4, latent_layer=1)
+    model = tiny_model(dtype=torch.float32, latent_units=4, latent_layer=1)
     save_checkpoint(tmp_path / "run", 7, model, {"tokenizer": "byte"})
     assert detect_format(tmp_path / "run") == "checkpoint"
     assert main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
@@ -93,7 +93,7 @@ def test_free_transformer_from_llama(tmp_path):
     run = tmp_path / "run"
     assert main(["convert", directory, str(run), "--to", "checkpoint", "--latent-bits", "4", "--seed", "3"]) == 0
     model, meta = load_model(run / "checkpoints" / "step_00000000")
-    assert model.config.latent_bits == 4 and model.config.injection_layer == 1
+    assert model.config.latent_units == 4 and model.config.injection_layer == 1
     assert meta["converted_from"]["format"] == "llama" and meta["token_ids"] == {"bos_token_id": 1, "eos_token_id": 2}
     llama_weights = llama.state_dict()
     decoder = {name for name in model.state_dict() if name.startswith(("embed_tokens", "layers", "norm", "lm_head"))}
@@ -150,16 +150,16 @@ def test_conversion_errors(tmp_path, capsys):
         num_attention_heads=4)))
     with pytest.raises(ConversionError, match="no model.safetensors"):
         load_llama(tmp_path / "noweights")
-    free = tiny_model(dtype=torch.float32, latent_bits=4)
+    free = tiny_model(dtype=torch.float32, latent_units=4)
     save_checkpoint(tmp_path / "free", 0, free, {})
     with pytest.raises(ConversionError, match="only a baseline"):
         convert(tmp_path / "free", tmp_path / "out", "llama")
     with pytest.raises(ConversionError, match="already has a latent path"):
-        convert(tmp_path / "free", tmp_path / "out", "checkpoint", latent_bits=4, step=1)
+        convert(tmp_path / "free", tmp_path / "out", "checkpoint", latent_units=4, step=1)
     assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "out"), "--to", "hf"]) == 2
     assert "not a directory" in capsys.readouterr().err
-    baseline = with_fresh_latent_path(tiny_model(latent_bits=0), 2)
-    assert baseline.config.latent_bits == 2
+    baseline = with_fresh_latent_path(tiny_model(latent_units=0), 2)
+    assert baseline.config.latent_units == 2
 
 
 def test_llama_tokenizer_travels_with_the_conversion(tmp_path):

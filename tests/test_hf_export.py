@@ -36,7 +36,7 @@ WITHOUT_US = textwrap.dedent(r"""
         model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True).eval()
         tokenizer = AutoTokenizer.from_pretrained(directory)  # asks about the config's custom code: stdin: no
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        free = {"latents": "prior", "generator": torch.Generator().manual_seed(0)} if model.config.latent_bits else {}
+        free = {"latents": "prior", "generator": torch.Generator().manual_seed(0)} if model.config.latent_units else {}
         with torch.no_grad():
             logits = model(torch.tensor([ids]), **free).logits[0]
         results[directory] = {"ids": ids, "decoded": tokenizer.decode(ids), "logits": logits.tolist(),
@@ -47,9 +47,9 @@ WITHOUT_US = textwrap.dedent(r"""
 TEXT = "Exit, pursued by a bear. Ça va ? 3+4=7\n"
 
 
-def _export(tmp_path, tokenizer: str, latent_bits: int) -> Path:
+def _export(tmp_path, tokenizer: str, latent_units: int) -> Path:
     """A tiny random checkpoint for `tokenizer`, converted with `free-transformer convert --to hf`."""
-    run = tiny_checkpoint(tmp_path, f"run-{tokenizer}", latent_bits, vocab_size=get_tokenizer(tokenizer).vocab_size)
+    run = tiny_checkpoint(tmp_path, f"run-{tokenizer}", latent_units, vocab_size=get_tokenizer(tokenizer).vocab_size)
     step = run / "checkpoints" / "step_00000001"
     config = json.loads((step / "config.json").read_text())
     (step / "config.json").write_text(json.dumps({**config, "tokenizer": tokenizer}))

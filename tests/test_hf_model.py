@@ -26,7 +26,7 @@ def _gens(seeds):
 
 @pytest.fixture(scope="module")
 def free_pair():
-    model = tiny_model(latent_bits=4)
+    model = tiny_model(latent_units=4)
     return model, FreeTransformerForCausalLM.from_free_transformer(model)
 
 
@@ -41,9 +41,9 @@ def test_config_maps_one_to_one_and_validates():
         FreeTransformerConfig.from_dict({"model_type": "llama", "hidden_size": 32})
 
 
-@pytest.mark.parametrize("latent_bits,tie", [(0, False), (4, True)])
-def test_save_pretrained_from_pretrained_through_auto_classes(tmp_path, latent_bits, tie):
-    model = tiny_model(latent_bits=latent_bits, tie_embeddings=tie)
+@pytest.mark.parametrize("latent_units,tie", [(0, False), (4, True)])
+def test_save_pretrained_from_pretrained_through_auto_classes(tmp_path, latent_units, tie):
+    model = tiny_model(latent_units=latent_units, tie_embeddings=tie)
     hf_model = FreeTransformerForCausalLM.from_free_transformer(model)
     ours = model.state_dict()
     assert set(hf_model.state_dict()) == {f"model.{k}" for k in ours}  # our names under one prefix
@@ -56,8 +56,8 @@ def test_save_pretrained_from_pretrained_through_auto_classes(tmp_path, latent_b
         assert torch.equal(loaded.state_dict()[f"model.{name}"], tensor), name
     assert torch.equal(loaded.model.rope_cos, model.rope_cos)  # not checkpointed: rebuilt on load
     tokens = torch.randint(0, 50, (2, 12))
-    latents = torch.randint(0, 16, (2, 12)) if latent_bits else None
-    expected = model(tokens, latents=latents if latent_bits else "prior").logits
+    latents = torch.randint(0, 16, (2, 12)) if latent_units else None
+    expected = model(tokens, latents=latents if latent_units else "prior").logits
     assert torch.equal(loaded(tokens, latents=latents).logits, expected)
 
 
@@ -138,7 +138,7 @@ def test_hf_generate_without_cache_keeps_the_latents(free_pair):
 
 
 def test_hf_generate_equals_ours_for_a_baseline():
-    model = tiny_model(latent_bits=0)
+    model = tiny_model(latent_units=0)
     hf_model = FreeTransformerForCausalLM.from_free_transformer(model)
     prompts, seeds = _prompts(), [1, 2, 3]
     for sampling in ({}, SAMPLING):
@@ -184,13 +184,13 @@ def test_generate_rejects_bad_input(free_pair):
         hf_model.generate(prompts, cache_implementation="static", max_new_tokens=2)
     with pytest.raises(ValueError, match="seeds"):
         hf_model.generate(prompts, seeds=[1], max_new_tokens=2)
-    baseline = FreeTransformerForCausalLM.from_free_transformer(tiny_model(latent_bits=0))
+    baseline = FreeTransformerForCausalLM.from_free_transformer(tiny_model(latent_units=0))
     with pytest.raises(ValueError, match="need a Free Transformer"):
         baseline.generate(prompts, latents="prior", max_new_tokens=2)
 
 
 def test_from_pretrained_errors(tmp_path):
-    FreeTransformerConfig(latent_bits=2).save_pretrained(tmp_path)
+    FreeTransformerConfig(latent_units=2).save_pretrained(tmp_path)
     with pytest.raises(OSError, match="model.safetensors"):
         FreeTransformerForCausalLM.from_pretrained(tmp_path, local_files_only=True)
     llama_dir = tmp_path / "llama"

@@ -162,12 +162,12 @@ def test_a_yaml_key_that_is_not_a_scalar_is_one_line_naming_the_file(tmp_path, c
     {"step": 1},  # no losses
     [1, 2, 3],  # not a record
     {"step": 1, "loss": 1.0, "cross_entropy_bits": 1.0, "kl_bits": 0.1, "kappa_bits": 0.25, "val_cross_entropy_bits": 1.0,
-     "val_prior_cross_entropy_bits": 1.0, "latent_bits_saved": 0.0, "val_kl_bits": 0.1, "val_kl_bits_per_bit": "0.1"},
+     "val_prior_cross_entropy_bits": 1.0, "latent_bits_saved": 0.0, "val_kl_bits": 0.1, "val_kl_bits_per_unit": "0.1"},
 ], ids=["without-keys", "a-list", "string-kl-per-bit"])
 def test_inspect_of_damaged_metrics_is_one_line(tmp_path, capsys, line):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text("model: {latent_bits: 4}\n")
+    (run / "config.yaml").write_text("model: {latent_units: 4}\n")
     (run / "metrics.jsonl").write_text(json.dumps(line) + "\n")
     if isinstance(line, list):  # skipped as a damaged line, or refused: never a traceback
         code = main(["inspect", str(run)])
@@ -232,7 +232,7 @@ def test_a_checkpoint_whose_sizes_exceed_memory_is_refused_before_any_allocation
 def test_convert_of_an_hf_directory_with_a_pickled_bin_is_one_line(tmp_path, capsys):
     import torch
 
-    tiny_checkpoint(tmp_path, "run", latent_bits=0)
+    tiny_checkpoint(tmp_path, "run", latent_units=0)
     assert main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
     capsys.readouterr()
     marker = tmp_path / "payload-ran"
@@ -245,7 +245,7 @@ def test_convert_of_an_hf_directory_with_a_pickled_bin_is_one_line(tmp_path, cap
 
 def test_a_closed_stdout_ends_generate_quietly(tmp_path):
     """`generate | head`: the reader stops; the writer ends as Unix tools do (141: SIGPIPE), with no message."""
-    tiny_checkpoint(tmp_path, "run", latent_bits=0)
+    tiny_checkpoint(tmp_path, "run", latent_units=0)
     process = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "generate", str(tmp_path / "run"),
                                 "--prompt", "a", "--num-samples", "2", "--max-new-tokens", "4"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -27,7 +27,7 @@ def _prompts():
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model(latent_bits=4)
+    return tiny_model(latent_units=4)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_bad_indices_and_references_are_refused_before_any_model_work(model, no_
     with pytest.raises(ValueError, match="at least as long as the prompt"):
         generate(model, _prompts(), config, latents="reference", reference=_prompts()[:, :2])
     with pytest.raises(ValueError, match="latents='shared' needs a Free Transformer"):
-        generate(tiny_model(latent_bits=0), _prompts(), config, latents="shared")
+        generate(tiny_model(latent_units=0), _prompts(), config, latents="shared")
 
 
 def test_the_command_refuses_a_bad_choice_before_reading_the_checkpoint(tmp_path, capsys):

@@ -161,9 +161,9 @@ def _model_loss_and_grads(model, inputs, targets, **kwargs):
 
 
 @pytest.mark.parametrize("tie", [False, True])
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_the_model_loss_and_every_gradient_equal_those_from_the_full_logits(tie, latent_bits):
-    model = tiny_model(tie_embeddings=tie, latent_bits=latent_bits).train()  # float64
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_the_model_loss_and_every_gradient_equal_those_from_the_full_logits(tie, latent_units):
+    model = tiny_model(tie_embeddings=tie, latent_units=latent_units).train()  # float64
     tokens = torch.randint(0, 50, (3, 14), generator=torch.Generator().manual_seed(1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:].clone()
     targets[0, 8:] = IGNORE_INDEX  # a padded row
@@ -178,7 +178,7 @@ def test_the_model_loss_and_every_gradient_equal_those_from_the_full_logits(tie,
 
 
 def test_ignored_targets_in_the_model():
-    model = tiny_model(latent_bits=0).train()
+    model = tiny_model(latent_units=0).train()
     tokens = torch.randint(0, 50, (2, 11), generator=torch.Generator().manual_seed(2))
     targets = tokens[:, 1:].clone()
     targets[1, 4:] = IGNORE_INDEX

@@ -22,14 +22,14 @@ def _tokens(B=2, T=12, vocab=50, seed=0, device="cpu"):
         (dict(n_kv_heads=3), "must divide n_heads"),
         (dict(latent_layer=4), "latent_layer"),
         (dict(latent_layer=0), "latent_layer"),
-        (dict(latent_bits=-1), "latent_bits"),
+        (dict(latent_units=-1), "latent_units"),
         (dict(vocab_size=0), "vocab_size"),
         (dict(n_layers=1), "n_layers >= 2"),
-        (dict(latent_bits=25), "latent_bits must be an integer in \\[0, 24\\] for latent kind binary_mapper"),
-        (dict(latent_bits=63, latent=LatentConfig(kind="bit_linear")), "\\[0, 62\\]"),
+        (dict(latent_units=25), "latent_units must be an integer in \\[0, 24\\] for latent kind binary_mapper"),
+        (dict(latent_units=63, latent=LatentConfig(kind="bit_linear")), "\\[0, 62\\]"),
         (dict(latent=LatentConfig(kind="vq")), "unknown latent kind 'vq'; choose one of binary_mapper, bit_linear"),
         (dict(latent=LatentConfig(encoder_layers=0)), "encoder_layers must be a positive integer"),
-        (dict(latent={"kind": "binary_mapper", "depth": 2}), "unknown model.latent field"),
+        (dict(latent={"kind": "binary_mapper", "depth": 2}), "unknown setting model.latent.depth"),
     ],
 )
 def test_config_errors(overrides, message):
@@ -57,27 +57,27 @@ def test_param_count_matches_model_built_on_meta(name, latent):
     cfg = named_config(name, latent=latent)
     with torch.device("meta"):
         model = FreeTransformer(cfg)
-        baseline = FreeTransformer(cfg.replace(latent_bits=0))
+        baseline = FreeTransformer(cfg.replace(latent_units=0))
     assert model.num_params() == cfg.num_params()
-    assert baseline.num_params() == cfg.replace(latent_bits=0).num_params()
+    assert baseline.num_params() == cfg.replace(latent_units=0).num_params()
 
 
 def test_paper_overhead_is_about_one_block():
     cfg = named_config("paper-1.5b")
-    ratio = cfg.training_flops_per_token(4096) / cfg.replace(latent_bits=0).training_flops_per_token(4096)
+    ratio = cfg.training_flops_per_token(4096) / cfg.replace(latent_units=0).training_flops_per_token(4096)
     assert 1.03 < ratio < 1.06  # one extra block of 28 (3.6%) plus the post-sampler's backward
 
 
 VARIANTS = [dict(latent=LatentConfig("bit_linear")), dict(latent=LatentConfig(encoder_layers=2)),
-            dict(latent=LatentConfig("bit_linear", encoder_layers=3), latent_bits=5)]
+            dict(latent=LatentConfig("bit_linear", encoder_layers=3), latent_units=5)]
 
 
-@pytest.mark.parametrize("overrides", [dict(latent_bits=0), dict(latent_bits=4), dict(latent_bits=3, tie_embeddings=True),
+@pytest.mark.parametrize("overrides", [dict(latent_units=0), dict(latent_units=4), dict(latent_units=3, tie_embeddings=True),
                                        *VARIANTS])
 def test_forward_matches_naive_algorithm(overrides, device):
     model = tiny_model(device=device, **overrides)
     tokens = _tokens()
-    latents = torch.randint(0, 2 ** max(1, model.config.latent_bits), tokens.shape)
+    latents = torch.randint(0, 2 ** max(1, model.config.latent_units), tokens.shape)
     out = model(tokens.to(device), latents=latents.to(device))
     ref_logits, _ = naive_forward(on_cpu(model).double(), tokens, latents)
     torch.testing.assert_close(out.logits.cpu().double(), ref_logits, **tolerance(model))
@@ -97,7 +97,7 @@ def test_free_model_with_zero_post_sampler_equals_baseline(device):
     free = tiny_model(device=device)
     with torch.no_grad():
         free.latent.mapper.weight.zero_()
-    baseline = FreeTransformer(free.config.replace(latent_bits=0)).to(device, free.embed_tokens.weight.dtype)
+    baseline = FreeTransformer(free.config.replace(latent_units=0)).to(device, free.embed_tokens.weight.dtype)
     missing, unexpected = baseline.load_state_dict(free.state_dict(), strict=False)
     assert not missing and unexpected  # the baseline is the Free Transformer minus the latent path
     tokens = _tokens(device=device)
@@ -175,7 +175,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="must have shape .* with N >= 4"):
         check_latent_values(model, torch.zeros(1, 3, dtype=torch.long), 1, min_length=4)
     with pytest.raises(ValueError, match="need a Free Transformer"):
-        check_latent_values(tiny_model(latent_bits=0), torch.zeros(1, 3, dtype=torch.long), 1)
+        check_latent_values(tiny_model(latent_units=0), torch.zeros(1, 3, dtype=torch.long), 1)
     with pytest.raises(ValueError, match="encoder latents need the whole sequence"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(1), start=2)
     with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or a tensor of values"):
@@ -245,14 +245,14 @@ def test_cuda_gqa_routes_give_the_native_attention(dtype, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 2e-2)
 
 
-@pytest.mark.parametrize("latent_bits", [0, 4])
-def test_a_forward_without_backward_leaves_nothing_alive_once_its_output_is_dropped(latent_bits, device):
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_a_forward_without_backward_leaves_nothing_alive_once_its_output_is_dropped(latent_units, device):
     """The model holds no reference to its last forward: after a training forward (the autograd graph
     built) that is never backpropagated, dropping the output frees every tensor autograd saved for the
     backward and every tensor of the output, by reference counting alone (no gc.collect)."""
     import weakref
 
-    model = tiny_model(device=device, latent_bits=latent_bits).train()
+    model = tiny_model(device=device, latent_units=latent_units).train()
     tokens = _tokens(T=13, device=device)
     saved = []
 

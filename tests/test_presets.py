@@ -27,13 +27,19 @@ RECORDED = json.loads((ROOT / "tests" / "golden" / "presets.json").read_text())
 KINDS = {"model": NAMED_CONFIGS, "demo": DEMO_PRESETS, "study": STUDY_PRESETS}
 
 
-def _recorded_fields(kind: str, name: str, fields) -> dict:
-    """The preset's `fields` as JSON holds them (tuples as lists); None for a field it lacks."""
+def _recorded_fields(kind: str, name: str, fields: dict) -> dict:
+    """The preset's `fields` as JSON holds them (tuples as lists), a section's recorded fields only; None for
+    a field it lacks."""
     value = KINDS[kind][name]
     values = value.to_dict() if kind == "model" else {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if kind == "study":
         values["about"] = STUDY_PRESETS.about(name)
-    return json.loads(json.dumps({field: values.get(field) for field in fields}))
+
+    def recorded(values: dict, fields: dict) -> dict:
+        return {field: recorded(values.get(field) or {}, sub) if isinstance(sub, dict) else values.get(field)
+                for field, sub in fields.items()}
+
+    return json.loads(json.dumps(recorded(values, fields)))
 
 
 def test_every_preset_is_recorded():

@@ -138,7 +138,7 @@ def test_resume_with_every_checkpoint_damaged_starts_again(tmp_path, capsys):
     assert _losses(tmp_path / "run") == first
 
 
-@pytest.mark.parametrize("change", [["model.dim=64"], ["model.latent_bits=6"]])
+@pytest.mark.parametrize("change", [["model.dim=64"], ["model.latent_units=6"]])
 def test_resume_with_another_model_is_one_line(tmp_path, capsys, change):
     assert main(["train", "--out", str(tmp_path), *TINY, "steps=1"]) == 0
     capsys.readouterr()
@@ -262,7 +262,7 @@ def test_checkpoints_and_exports_are_readable_as_the_umask_allows(tmp_path):
     pytest.importorskip("transformers")
     old = os.umask(0o022)
     try:
-        train(_config("steps=1", "model.latent_bits=0"), tmp_path / "run")  # a baseline converts to Llama too
+        train(_config("steps=1", "model.latent_units=0"), tmp_path / "run")  # a baseline converts to Llama too
         assert _modes(checkpoint_dirs(tmp_path / "run")[-1]) == {(True, 0o755), (False, 0o644)}
         for to in ("hf", "llama"):
             assert main(["convert", str(tmp_path / "run"), str(tmp_path / to), "--to", to]) == 0

@@ -178,14 +178,14 @@ def test_interactive_refuses_shared_and_reference_z_on_a_baseline_as_generate_do
     that `generate --latents` goes through words it, and the loop goes on."""
     baseline = str(tiny_checkpoint(tmp_path, "baseline", 0))
     _, errors = _interact(monkeypatch, capsys, baseline, "/latents shared\n/reference K>\n/latents prior\n")
-    assert errors == ["error: /latents shared needs a Free Transformer (latent_bits > 0); this is a baseline decoder",
-                      "error: /latents reference needs a Free Transformer (latent_bits > 0); this is a baseline decoder"]
+    assert errors == ["error: /latents shared needs a Free Transformer (latent_units > 0); this is a baseline decoder",
+                      "error: /latents reference needs a Free Transformer (latent_units > 0); this is a baseline decoder"]
 
 
 def test_load_model_is_public(tmp_path):
     model, config = load_model(tiny_checkpoint(tmp_path, "run", 4))
     assert "load_model" in free_transformer.__all__
-    assert isinstance(model, FreeTransformer) and not model.training and model.config.latent_bits == 4
+    assert isinstance(model, FreeTransformer) and not model.training and model.config.latent_units == 4
     assert config["tokenizer"] == "byte" and config["step"] == 1
 
 

@@ -31,7 +31,7 @@ COOL = 0.1  # a temperature at which the random tiny model's logits, so its late
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("serve"), NAME, latent_bits=4)
+    return tiny_checkpoint(tmp_path_factory.mktemp("serve"), NAME, latent_units=4)
 
 
 def start_server(checkpoint, **options):

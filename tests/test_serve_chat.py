@@ -126,7 +126,7 @@ def test_a_chat_request_it_cannot_serve_is_one_400_line(client, options, refused
 def test_without_a_chat_template_chat_is_one_404_line(tmp_path_factory):
     """A converted Llama whose tokenizer ships no template, and our byte tokenizer: completions only."""
     without, server = serving(tmp_path_factory, None)
-    byte_url, byte_server = start_server(tiny_checkpoint(tmp_path_factory.mktemp("byte"), NAME, latent_bits=4))
+    byte_url, byte_server = start_server(tiny_checkpoint(tmp_path_factory.mktemp("byte"), NAME, latent_units=4))
     try:
         for client in (without, openai.OpenAI(base_url=byte_url, api_key="none", max_retries=0)):
             with pytest.raises(openai.NotFoundError) as caught:

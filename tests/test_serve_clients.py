@@ -28,7 +28,7 @@ DATA = Path(__file__).parent / "data"
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("serve-clients"), NAME, latent_bits=4)
+    return tiny_checkpoint(tmp_path_factory.mktemp("serve-clients"), NAME, latent_units=4)
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +183,7 @@ def test_lm_eval_local_completions_scores_as_the_eval_command(tmp_path):
     docs/serving.md)."""
     if shutil.which("lm_eval") is None and not (Path(sys.executable).parent / "lm_eval").exists():
         pytest.skip("lm_eval is not installed")
-    checkpoint = tiny_checkpoint(tmp_path, "base", latent_bits=0, max_seq_len=256)
+    checkpoint = tiny_checkpoint(tmp_path, "base", latent_units=0, max_seq_len=256)
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "tiny_race.yaml").write_text(RACE_TASK.replace("DATA_FILE", str(DATA / "race_tiny.jsonl")))
     port = free_port()

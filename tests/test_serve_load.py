@@ -20,7 +20,7 @@ from free_transformer.serve.batcher import RowText  # noqa: E402
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("serve-load"), NAME, latent_bits=4, max_seq_len=256)
+    return tiny_checkpoint(tmp_path_factory.mktemp("serve-load"), NAME, latent_units=4, max_seq_len=256)
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +205,7 @@ def test_a_step_of_rows_at_their_own_positions_equals_each_row_alone(monkeypatch
 
     torch.manual_seed(0)
     model = FreeTransformer(ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64,
-                                        max_seq_len=64, latent_bits=4)).eval()
+                                        max_seq_len=64, latent_units=4)).eval()
     prompts = [torch.randint(0, 256, (1, length)) for length in (7, 12, 3)]
     batch, alone = model.new_cache(4), [model.new_cache(1) for _ in prompts]
     with torch.no_grad():

@@ -19,7 +19,7 @@ def test_the_plan_trains_both_baselines_and_every_kappa(tmp_path):
     assert [v.slug for v in plan.variants()] == ["baseline", "matched-baseline", "kappa-1-2", "kappa-4"]
     configs = {v.slug: plan.train_config(v, 1, threads=1) for v in plan.variants()}
     free = configs["kappa-1-2"].model
-    assert configs["baseline"].model == free.replace(latent_bits=0)  # the same decoder, no latent
+    assert configs["baseline"].model == free.replace(latent_units=0)  # the same decoder, no latent
     assert configs["matched-baseline"].model == free.matched_baseline()
     assert (configs["kappa-1-2"].kappa_bits, configs["kappa-4"].kappa_bits) == (0.5, 4.0)
     assert configs["kappa-4"].post_sampler_init_std == 0.3 and configs["baseline"].seed == 1

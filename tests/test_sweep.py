@@ -26,7 +26,7 @@ def test_the_sweep_sets_each_runs_seed_device_and_threads_and_nothing_else():
     config = sweep.train_config(VARIANTS[3], 4, threads=2)
     assert (config.seed, config.device, config.threads, config.progress) == (4, "cpu", 2, False)
     assert (config.kappa_bits, config.steps, config.checkpoint_every) == (1.0, 900, 225)
-    assert sweep.config(VARIANTS[0]).model.latent_bits == 0  # the baseline
+    assert sweep.config(VARIANTS[0]).model.latent_units == 0  # the baseline
 
 
 def test_user_overrides_go_on_top_of_a_preset_and_a_typo_fails():
@@ -39,8 +39,8 @@ def test_user_overrides_go_on_top_of_a_preset_and_a_typo_fails():
 
 
 def test_a_size_override_keeps_a_baseline_a_baseline():
-    baseline = TrainConfig(model=TrainConfig().model.replace(latent_bits=0))
-    assert apply_overrides(baseline, ["model.size=debug"]).model.latent_bits == 0
+    baseline = TrainConfig(model=TrainConfig().model.replace(latent_units=0))
+    assert apply_overrides(baseline, ["model.size=debug"]).model.latent_units == 0
     assert apply_overrides(baseline, ["model.size=debug", "model.dim=64"]).model.dim == 64
     assert apply_overrides(TrainConfig(), ["model.size=debug"]).model.n_layers == 2
 

@@ -80,7 +80,7 @@ def test_a_converted_llama_without_its_tokenizer_is_one_line_everywhere_it_is_re
     from free_transformer.runs.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
-    model = FreeTransformer(named_config("debug", latent_bits=0))
+    model = FreeTransformer(named_config("debug", latent_units=0))
     save_checkpoint(tmp_path / "llama", 0, model, {"tokenizer": recorded})
     assert main([command[0], str(tmp_path / "llama"), *command[1:]]) == 2
     error = capsys.readouterr().err.strip()

@@ -190,7 +190,7 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
 
 
 def test_init_from_keeps_decoder_and_freshens_latent_path(tmp_path):
-    train(_config("steps=1", "model.latent_bits=0"), tmp_path / "base")
+    train(_config("steps=1", "model.latent_units=0"), tmp_path / "base")
     result = train(_config("steps=1"), tmp_path / "free", init_from=tmp_path / "base")
     assert result.step == 1
     with pytest.raises(CheckpointError, match="cannot initialise"):
@@ -205,7 +205,7 @@ def _run_cli(out, *extra):
 
 
 def test_sigkill_at_random_moments_never_corrupts_and_resume_continues(tmp_path):
-    args = [*TINY, "steps=30", "checkpoint_every=1", "keep_checkpoints=2", "model.latent_bits=12"]
+    args = [*TINY, "steps=30", "checkpoint_every=1", "keep_checkpoints=2", "model.latent_units=12"]
     reference = tmp_path / "reference"
     assert subprocess.run([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(reference), *args],
                           capture_output=True).returncode == 0

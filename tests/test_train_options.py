@@ -44,7 +44,7 @@ def _saved_bytes(model, tokens):
 
 def test_activation_checkpointing_gives_the_same_gradients_and_keeps_less():
     torch.manual_seed(0)
-    plain = FreeTransformer(tiny_config(n_layers=4, latent_bits=4)).double().train()
+    plain = FreeTransformer(tiny_config(n_layers=4, latent_units=4)).double().train()
     with torch.no_grad():
         plain.latent.mapper.weight.normal_(0, 0.5)  # a latent path that matters
     checkpointed = apply_activation_checkpointing(copy.deepcopy(plain))
@@ -127,7 +127,7 @@ def test_an_eager_bf16_step_casts_each_weight_once():
     casts a float32 master copy needs, and no more (activation checkpointing, which recomputes the
     forward, would make them two)."""
     torch.manual_seed(0)
-    model = FreeTransformer(tiny_config(n_layers=4, latent_bits=4, tie_embeddings=True)).train()
+    model = FreeTransformer(tiny_config(n_layers=4, latent_units=4, tie_embeddings=True)).train()
     tokens = torch.randint(0, model.config.vocab_size, (2, 33))
     with WeightCasts(model) as casts:
         with autocast_context("bf16", tokens.device):
@@ -156,7 +156,7 @@ def test_a_compiled_bf16_block_casts_each_weight_once():
 
     backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
                            partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
-    model = FreeTransformer(tiny_config(n_layers=2, latent_bits=0))
+    model = FreeTransformer(tiny_config(n_layers=2, latent_units=0))
     block = model.layers[0]
     block.compile(backend=backend, dynamic=False)
     x = torch.randn(2, 32, model.config.dim, requires_grad=True)

@@ -4,8 +4,7 @@ in the study and in held-out likelihoods.
     saving           the bits Z saves: the cross-entropy with Z from the prior minus with Z from the
                      encoder, how much knowing the sequence's own Z helps the decoder (0 when it ignores Z)
     bits_saved       the saving at every predicted token of given sequences
-    dead_bits        the units of Z (bits, or dimensions) whose KL to the prior is under DEAD_BIT_KL
-    code_log_probabilities  log Q(Z_t = z) of every code of a binary Z
+    dead_units       the units of Z (bits, dimensions, groups) whose KL to the prior is under DEAD_UNIT_KL
     kl_split         the per-token KL as information about the sequence plus prior mismatch, the part
                      that generation from the prior gets wrong at every token
     iwae             the importance-weighted bound, from the latent space's log q(z | x) - log p(z)
@@ -21,11 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from ..base.units import LN2
-from ..model.latent import ENCODER, PRIOR, BinaryLatentSpace, Generators, LatentPlan, LatentSpace
-from ..model.latent.sampling import index_to_bits
+from ..model.latent import ENCODER, PRIOR, Generators, LatentPlan, LatentSpace
 
-# A unit of Z (a bit, or a dimension) whose KL to the prior is under this (bits per token) carries nothing.
-DEAD_BIT_KL = 0.01
+# A unit of Z (a bit, a dimension, a group) whose KL to the prior is under this (bits per token) carries
+# nothing; meaningful where the units are independent (LatentSpace.independent_units).
+DEAD_UNIT_KL = 0.01
 # Z is unused (collapsed) when it saves less than this per token (bits) once training has settled.
 COLLAPSED_SAVING = 0.01
 # The encoder channels the tokens when the KL sits at its free budget kappa (within 10 %), kappa is at
@@ -58,16 +57,8 @@ def bits_saved(model, tokens: torch.Tensor, *, samples: int = 2, seed: int = 0) 
     return saving(ce[PRIOR], ce[ENCODER])
 
 
-def dead_bits(kl_bits_per_bit: list[float]) -> int:
-    return sum(value < DEAD_BIT_KL for value in kl_bits_per_bit)
-
-
-def code_log_probabilities(bit_logits: torch.Tensor) -> torch.Tensor:
-    """(..., H) bit-logits -> (..., 2^H) log Q(Z_t = z) of every code z, in float64 (bit h of z worth 2^h)."""
-    H = bit_logits.shape[-1]
-    codes = index_to_bits(torch.arange(2**H, device=bit_logits.device), H).double()  # (2^H, H)
-    logits = bit_logits.double()
-    return F.logsigmoid(logits) @ codes.T + F.logsigmoid(-logits) @ (1 - codes).T
+def dead_units(kl_bits_per_unit: list[float]) -> int:
+    return sum(value < DEAD_UNIT_KL for value in kl_bits_per_unit)
 
 
 @torch.no_grad()
@@ -81,18 +72,20 @@ def kl_split(space: LatentSpace, posterior: torch.Tensor, *, generator: Generato
                         is trained on at position t; a prior draw takes them in other proportions
 
     (KL = information + prior_mismatch, each averaged over t.) The free-bits hinge charges neither below
-    kappa. For a binary Z exact over the 2^H codes, Qbar accumulated over slices of the batch of at most
-    `max_entries`; for another space a Monte Carlo estimate, one draw of `generator` per sequence and
-    position, E_{z ~ Qbar}[log Qbar(z) - log p(z)] with Qbar a mixture of the B posteriors."""
+    kappa. Exact over the values of a space that lists them (`value_log_probs`: a binary Z's 2^H codes),
+    Qbar accumulated over slices of the batch of at most `max_entries`; for another space a Monte Carlo
+    estimate, one draw of `generator` per sequence and position, E_{z ~ Qbar}[log Qbar(z) - log p(z)] with
+    Qbar a mixture of the B posteriors."""
     B, T, _ = posterior.shape
     kl = float(space.kl(posterior.double()).mean()) / LN2
-    if isinstance(space, BinaryLatentSpace):
-        H = posterior.shape[-1]
-        mean_q = torch.zeros(T, 2**H, dtype=torch.float64, device=posterior.device)
-        rows = max(1, max_entries // (T * 2**H))
+    listed = space.value_log_probs(posterior[:1, :1])
+    if listed is not None:
+        log_p = listed[1]  # (N,)
+        mean_q = torch.zeros(T, log_p.numel(), dtype=torch.float64, device=posterior.device)
+        rows = max(1, max_entries // (T * log_p.numel()))
         for chunk in posterior.split(rows):
-            mean_q += code_log_probabilities(chunk).exp().sum(0) / B  # (b, T, 2^H) summed over the slice
-        mismatch = float((mean_q * (mean_q.clamp_min(1e-300).log() + H * LN2)).sum(-1).mean()) / LN2
+            mean_q += space.value_log_probs(chunk)[0].exp().sum(0) / B  # (b, T, N) summed over the slice
+        mismatch = float((mean_q * (mean_q.clamp_min(1e-300).log() - log_p)).sum(-1).mean()) / LN2
     else:
         values = space.sample(posterior, generator)[1]  # (B, T, *value_shape), z_b ~ Q(Z_t | S_b)
         rows = max(1, max_entries // (B * T * posterior.shape[-1]))

@@ -56,8 +56,8 @@ def training_panels(metrics: list[dict]) -> list[Panel]:
     saved = Panel("bits Z saves (validation, prior - encoder CE)", "bits / token",
                   [Line(1, "bits Z saves", val_steps, [m.get("latent_bits_saved") for m in validated])],
                   hlines=[(0.0, 0)])
-    dead = Panel("dead bits (KL < 0.01 bit)", "bits of Z",
-                 [Line(4, "dead bits", val_steps, [m.get("dead_bits") for m in validated])])
+    dead = Panel("dead units (KL < 0.01 bit)", "units of Z",
+                 [Line(4, "dead units", val_steps, [m.get("dead_units") for m in validated])])
     return [ce, kl, saved, dead]
 
 

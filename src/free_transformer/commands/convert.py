@@ -46,7 +46,7 @@ def run(args) -> int:
         raise UserError(f"convert needs transformers: {install_hint('hf')} ({error})") from error
     source_format = detect_format(args.source)  # errors are ValueErrors: the CLI prints them as one line
     written = convert(
-        args.source, args.destination, args.to, latent_bits=args.latent_bits, latent_layer=args.latent_layer,
+        args.source, args.destination, args.to, latent_units=args.latent_bits, latent_layer=args.latent_layer,
         seed=args.seed, step=args.step, max_seq_len=args.max_seq_len,
         dtype=getattr(torch, args.dtype) if args.dtype else None,
     )

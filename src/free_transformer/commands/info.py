@@ -64,7 +64,7 @@ def print_size(size: str, seq_len: int | None) -> None:
     seq_len = seq_len or config.max_seq_len
     with torch.device("meta"):
         model = FreeTransformer(config)
-    baseline = config.replace(latent_bits=0)
+    baseline = config.replace(latent_units=0)
     print(f"{size}: {config}")
     print(f"parameters      free {model.num_params():,}  baseline {baseline.num_params():,}")
     free_flops, base_flops = config.training_flops_per_token(seq_len), baseline.training_flops_per_token(seq_len)

@@ -115,7 +115,7 @@ def _command(sampler: Sampler, settings: SamplingParams, pinned: bool, name: str
     else:
         try:
             setter = SPECIAL_SETTERS.get(field, _set)
-            changed = setter(settings, field, argument, sampler.model.config.latent_bits)
+            changed = setter(settings, field, argument, sampler.model.config.latent_units)
         except SamplingError as error:
             raise ValueError(error.spelt(f"/{name}")) from None
         pinned = pinned or name == "seed"

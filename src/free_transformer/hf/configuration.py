@@ -8,9 +8,11 @@ what a valid model is (its checks run when this config is built).
 
 from __future__ import annotations
 
+import dataclasses
+
 from transformers import PretrainedConfig
 
-from ..model.config import LatentConfig, ModelConfig
+from ..model.config import ModelConfig, upgrade_saved_model_config
 
 # HF field name -> ModelConfig field name
 FIELD_MAP = {
@@ -24,7 +26,7 @@ FIELD_MAP = {
     "rope_theta": "rope_theta",
     "rms_norm_eps": "norm_eps",
     "tie_word_embeddings": "tie_embeddings",
-    "latent_bits": "latent_bits",
+    "latent_units": "latent_units",
     "latent_layer": "latent_layer",
 }
 # HF field name -> LatentConfig field name (ModelConfig.latent, flat here as Hugging Face configs are)
@@ -32,7 +34,7 @@ LATENT_FIELD_MAP = {"latent_kind": "kind", "latent_encoder_layers": "encoder_lay
 
 
 class FreeTransformerConfig(PretrainedConfig):
-    """Defaults equal `ModelConfig()`'s. latent_bits = 0 describes the plain baseline decoder."""
+    """Defaults equal `ModelConfig()`'s. latent_units = 0 describes the plain baseline decoder."""
 
     model_type = "free_transformer"
     keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the KV cache, named as transformers >= 5.24 and before
@@ -47,15 +49,18 @@ class FreeTransformerConfig(PretrainedConfig):
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
-    latent_bits: int = 0
-    """H, the units of the latent Z_t (bits for the binary kinds, dimensions for gaussian); 0 gives the
-    baseline decoder."""
+    latent_units: int = 0
+    """H, the number of units of the latent Z_t (bits, dimensions or groups: the kind's unit); 0 gives the
+    baseline decoder. An export written before reads its latent_bits here."""
     latent_layer: int | None = None
     """Decoder blocks before Z is injected; None means num_hidden_layers // 2 (the paper's middle)."""
     latent_kind: str = "binary_mapper"
     """The form of Z and its map to the residual R (ModelConfig.latent.kind)."""
     latent_encoder_layers: int = 1
     """Non-causal encoder blocks (ModelConfig.latent.encoder_layers; the paper: 1)."""
+    latent_settings: dict | None = None
+    """The latent kind's own settings (ModelConfig.latent.<kind>, e.g. classes and temperature of the
+    categorical kind) as a mapping; None for a kind without settings."""
     tokenizer_name: str | None = None
     """Name of the free_transformer tokenizer the model was trained with (informational)."""
     use_cache: bool = True
@@ -74,14 +79,18 @@ class FreeTransformerConfig(PretrainedConfig):
         if model_type != cls.model_type:
             hint = " (convert it: free-transformer convert DIR OUT --to hf)" if model_type == "llama" else ""
             raise ValueError(f"expected a {cls.model_type!r} config, got model_type {model_type!r}{hint}")
-        return super().from_dict(config_dict, **kwargs)
+        return super().from_dict(upgrade_saved_model_config(config_dict), **kwargs)
 
     def to_model_config(self) -> ModelConfig:
-        latent = LatentConfig(**{ours: getattr(self, hf) for hf, ours in LATENT_FIELD_MAP.items()})
+        latent = {ours: getattr(self, hf) for hf, ours in LATENT_FIELD_MAP.items()}
+        if self.latent_settings is not None:
+            latent[self.latent_kind] = dict(self.latent_settings)
         return ModelConfig(**{ours: getattr(self, hf) for hf, ours in FIELD_MAP.items()}, latent=latent)
 
     @classmethod
     def from_model_config(cls, config: ModelConfig, **kwargs) -> FreeTransformerConfig:
         values = {hf: getattr(config, ours) for hf, ours in FIELD_MAP.items()}
         values |= {hf: getattr(config.latent, ours) for hf, ours in LATENT_FIELD_MAP.items()}
+        section = config.latent.section()
+        values["latent_settings"] = None if section is None else dataclasses.asdict(section)
         return cls(**values, **kwargs)

@@ -25,7 +25,7 @@ from transformers import LlamaConfig
 from ..base.bounded import loads_json
 from ..base.checks import ConfigError
 from ..data.tokenizer import TokenizerError, check_tokenizer_name
-from ..model.config import ModelConfig
+from ..model.config import ModelConfig, upgrade_saved_model_config
 from ..model.layers import rope_tables
 from ..model.state_names import split_state_dict, upgrade_state_dict
 from ..model.transformer import FreeTransformer, check_fits_memory
@@ -38,7 +38,7 @@ FORMATS = ("checkpoint", "hf", "llama")
 # Files of a Hugging Face tokenizer, copied along when a Llama is converted to the HF format.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
-LLAMA_NEEDS_BASELINE = ("only a baseline (latent_bits = 0) converts to Llama: a Free Transformer's encoder and "
+LLAMA_NEEDS_BASELINE = ("only a baseline (latent_units = 0) converts to Llama: a Free Transformer's encoder and "
                         "latent injection have no Llama equivalent")
 
 
@@ -94,12 +94,13 @@ def detect_format(path: str | Path) -> str:
                           "or one of our checkpoint directories)")
 
 
-def source_latent_bits(path: str | Path) -> int:
-    """H of the model in a directory of any FORMATS, read from its config alone (0 for a Llama)."""
+def source_latent_units(path: str | Path) -> int:
+    """H of the model in a directory of any FORMATS, read from its config alone (0 for a Llama), under its
+    name of today or of before (SAVED_MODEL_RENAMED)."""
     path, fmt = Path(path), detect_format(path)
-    if fmt == "checkpoint":
-        return int(read_json(resolve_checkpoint(path) / "config.json")["model"].get("latent_bits", 0))
-    return int(read_json(path / "config.json").get("latent_bits", 0))
+    config = read_json(resolve_checkpoint(path) / "config.json")["model"] if fmt == "checkpoint" else \
+        read_json(path / "config.json")
+    return int(upgrade_saved_model_config(config).get("latent_units", 0))
 
 
 def safetensors_weights(path: Path) -> Path:
@@ -292,16 +293,16 @@ def save_llama(model: FreeTransformer, out_dir: str | Path, token_ids: dict | No
 # ---- a Free Transformer from a baseline ----------------------------------------------------------
 
 
-def with_fresh_latent_path(baseline: FreeTransformer, latent_bits: int, latent_layer: int | None = None,
+def with_fresh_latent_path(baseline: FreeTransformer, latent_units: int, latent_layer: int | None = None,
                            seed: int = 0) -> FreeTransformer:
     """A Free Transformer whose decoder (embeddings, every block, final norm, read-out) is a copy of
     `baseline`'s, and whose encoder block, zeta, encoder read-out and post-sampler are freshly
     initialised by `init_weights` from torch seed `seed`."""
     if baseline.config.is_free:
-        raise ConversionError("the source already has a latent path (latent_bits > 0)")
-    if latent_bits <= 0:
-        raise ConversionError(f"latent_bits must be positive for a Free Transformer, got {latent_bits}")
-    config = baseline.config.replace(latent_bits=latent_bits, latent_layer=latent_layer)
+        raise ConversionError("the source already has a latent path (latent_units > 0)")
+    if latent_units <= 0:
+        raise ConversionError(f"latent_units must be positive for a Free Transformer, got {latent_units}")
+    config = baseline.config.replace(latent_units=latent_units, latent_layer=latent_layer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = FreeTransformer(config)
@@ -373,12 +374,12 @@ def save_hf(model: FreeTransformer, out_dir: str | Path, *, tokenizer: str | Non
     return Path(out_dir)
 
 
-def convert(source: str | Path, destination: str | Path, to: str, *, latent_bits: int | None = None,
+def convert(source: str | Path, destination: str | Path, to: str, *, latent_units: int | None = None,
             latent_layer: int | None = None, seed: int = 0, step: int = 0, max_seq_len: int | None = None,
             dtype: torch.dtype | None = None) -> Path:
     """Convert `source` (any FORMATS, detected) to format `to` at `destination`; return the written path.
 
-    With latent_bits, the source must be a baseline (ours or a Llama): the result is a Free
+    With latent_units, the source must be a baseline (ours or a Llama): the result is a Free
     Transformer with that decoder and a fresh latent path (`with_fresh_latent_path`, seed `seed`).
     A "checkpoint" destination is a run directory: the checkpoint goes to
     destination/checkpoints/step_{step:08d}. Everything is written in a temporary directory and renamed
@@ -395,18 +396,18 @@ def convert(source: str | Path, destination: str | Path, to: str, *, latent_bits
     if to == "checkpoint" and ((destination / "checkpoints").exists() or (destination / "config.yaml").exists()):
         # a step without state.pt inside a training run would stop its --resume
         raise ConversionError(f"{destination} already holds a run: convert into a new directory")
-    if latent_layer is not None and latent_bits is None:
-        raise ConversionError("latent_layer needs latent_bits (it places the fresh latent path)")
+    if latent_layer is not None and latent_units is None:
+        raise ConversionError("latent_layer needs latent_units (it places the fresh latent path)")
     try:
         check_step(step)
     except CheckpointError as error:
         raise ConversionError(f"--step: {error}") from None
-    if to == "llama" and (latent_bits is not None or source_latent_bits(source) > 0):
+    if to == "llama" and (latent_units is not None or source_latent_units(source) > 0):
         raise ConversionError(LLAMA_NEEDS_BASELINE)
     model, meta = load_any(source, max_seq_len=max_seq_len, dtype=dtype)
-    if latent_bits is not None:
+    if latent_units is not None:
         try:
-            model = with_fresh_latent_path(model, latent_bits, latent_layer, seed)
+            model = with_fresh_latent_path(model, latent_units, latent_layer, seed)
         except ConfigError as error:
             raise ConversionError(str(error)) from error
     destination.parent.mkdir(parents=True, exist_ok=True)

@@ -327,7 +327,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         is_free = self.model.config.is_free
         wants_plan = latents is not None or latent_reference is not None or latent_seed is not None
         if wants_plan and not is_free:
-            raise ValueError("latents, latent_reference and latent_seed need a Free Transformer (latent_bits > 0)")
+            raise ValueError("latents, latent_reference and latent_seed need a Free Transformer (latent_units > 0)")
         if (is_free or seeds is not None) and (setting("num_beams") != 1 or setting("num_return_sequences") != 1):
             raise ValueError("beam search and num_return_sequences > 1 are not supported with latents or seeds; "
                              "repeat the prompt rows instead")

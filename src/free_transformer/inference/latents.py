@@ -76,7 +76,7 @@ def check_latent_values(model: FreeTransformer, latents, batch_size: int, *, min
     generation, never by the model's forward."""
     space = model.latent_space
     if space is None:
-        raise ValueError("explicit latents need a Free Transformer (latent_bits > 0); this is a baseline decoder")
+        raise ValueError("explicit latents need a Free Transformer (latent_units > 0); this is a baseline decoder")
     latents = torch.as_tensor(latents, device=model.rope_cos.device)
     shape = ", ".join(["N", *map(str, space.value_shape)])
     if latents.dim() != 2 + len(space.value_shape) or latents.shape[0] not in (1, batch_size) \
@@ -90,7 +90,7 @@ def refuse_on_baseline(choice: LatentChoice, is_free: bool, where: str = "latent
     """A one-line ValueError when a named choice that is not a context's Z ("shared", "reference") meets a
     baseline decoder (is_free false: ModelConfig.is_free), which has no Z to share or infer."""
     if not is_free and isinstance(choice, str) and choice not in CONTEXT_CHOICES:
-        raise ValueError(f"{named(where, choice)} needs a Free Transformer (latent_bits > 0); "
+        raise ValueError(f"{named(where, choice)} needs a Free Transformer (latent_units > 0); "
                          "this is a baseline decoder")
 
 
@@ -164,7 +164,7 @@ def forward_source(model: FreeTransformer, latents: LatentChoice | None, batch_s
 def shared_prior_latents(model: FreeTransformer, length: int, generator: torch.Generator | None = None) -> Tensor:
     """(1, length, *value_shape) Z drawn once from the prior, to share across a batch."""
     if not model.config.is_free:
-        raise ValueError("latents exist only in a Free Transformer (latent_bits > 0)")
+        raise ValueError("latents exist only in a Free Transformer (latent_units > 0)")
     return LatentPlan(1, model.latent_space, generators=generator).draw(length, model.rope_cos.device)
 
 
@@ -173,7 +173,7 @@ def infer_latents(model: FreeTransformer, reference: Tensor | Sequence[Sequence[
                   generator: torch.Generator | None = None) -> Tensor:
     """(B, T, *value_shape) Z sampled from the encoder's posterior Q(Z | reference) for a (B, T) reference text."""
     if not model.config.is_free:
-        raise ValueError("latents exist only in a Free Transformer (latent_bits > 0)")
+        raise ValueError("latents exist only in a Free Transformer (latent_units > 0)")
     reference = torch.as_tensor(reference, dtype=torch.int64, device=model.rope_cos.device)
     model.check_tokens(reference)
     return model(reference, latents=ENCODER, generator=generator).latents

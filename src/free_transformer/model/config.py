@@ -4,31 +4,56 @@ named sizes from a tiny debug model to the paper's 8B."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field
 
 from ..base.checks import ConfigError, check_range
+from ..base.compat import RENAMED, SAVED_MODEL_RENAMED
 from ..base.presets import Presets
+from ..base.settings import build
+
+
+@dataclass(frozen=True)
+class CategoricalSettings:
+    """The categorical kind's own settings (model.latent.kind=categorical)."""
+
+    classes: int = 4
+    """K, the classes of each of the H groups of Z_t (K^H values per token; K = 2 holds H bits)."""
+    temperature: float = 1.0
+    """The Gumbel-softmax temperature of the straight-through gradient (the sample itself is a Gumbel-max
+    draw, whatever the temperature): lower is closer to the one-hot, with a noisier gradient."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.classes, int) or isinstance(self.classes, bool) or self.classes < 2:
+            raise ConfigError(f"model.latent.categorical.classes must be an integer >= 2, got {self.classes!r}")
+        check_range("model.latent.categorical.temperature", self.temperature, low_open=True)
 
 
 @dataclass(frozen=True)
 class LatentConfig:
-    """How the latent path works (its size, latent_bits, and place, latent_layer, are ModelConfig fields)."""
+    """How the latent path works (its size, latent_units, and place, latent_layer, are ModelConfig fields).
+    A kind with settings of its own reads them from the section named after it (`model.latent.<kind>.*`,
+    its space's `settings_type`); a new kind with settings is a new section here."""
 
     kind: str = "binary_mapper"
-    """The form of Z_t and its map to the residual R: binary_mapper (the paper: H bits, a 2^H x D
-    post-sampler table, exact gradient of Y + G - detach(G)), bit_linear (the ±1 bits through a D x H
-    linear map, per-bit straight-through; H up to 62), gaussian (Z_t in R^H, prior N(0, I),
-    reparameterised, through a D x H linear map), or any kind registered with register_latent_kind."""
+    """The form of Z_t and its map to the residual R: a kind registered with register_latent_kind (the
+    package's are described in docs/latent-variants.md; an unknown name's error lists those registered).
+    binary_mapper is the paper's: H bits, a 2^H x D post-sampler table."""
     encoder_layers: int = 1
     """Non-causal encoder blocks (the paper: 1). The first takes its queries from zeta and its
     keys/values from the first half; each further one attends over the encoder's own stream."""
+    categorical: CategoricalSettings = field(default_factory=CategoricalSettings)
+    """The categorical kind's settings (read when model.latent.kind=categorical)."""
+
+    def section(self, kind: str | None = None):
+        """The settings of `kind` (by default the chosen one): its section, or None for a kind without."""
+        kind = kind or self.kind
+        return getattr(self, kind) if kind in latent_sections() else None
 
 
-def _latent_config(values: dict) -> LatentConfig:
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(LatentConfig)})
-    if unknown:
-        raise ConfigError(f"unknown model.latent field(s): {', '.join(unknown)}")
-    return LatentConfig(**values)
+def latent_sections() -> list[str]:
+    """The kinds with settings of their own: one section of LatentConfig each."""
+    return [f.name for f in dataclasses.fields(LatentConfig) if f.name not in ("kind", "encoder_layers")]
 
 
 @dataclass(frozen=True)
@@ -53,17 +78,27 @@ class ModelConfig:
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding table with the logit readout."""
-    latent_bits: int = 0
-    """H, the units of the latent Z_t: bits (2^H values per token) for the binary kinds, dimensions for
-    the gaussian kind. 0 gives the plain baseline decoder."""
+    latent_units: int = 0
+    """H, the number of units of the latent Z_t, each what the kind's unit is: a bit for the binary kinds (2^H
+    values per token), a dimension for gaussian, a group of classes for categorical. 0 gives the plain
+    baseline decoder."""
     latent_layer: int | None = None
     """Number of decoder blocks before Z is injected; None means L // 2 (the paper's middle)."""
     latent: LatentConfig = field(default_factory=LatentConfig)
-    """The latent path's mechanism: model.latent.kind, model.latent.encoder_layers."""
+    """The latent path's mechanism: model.latent.kind, model.latent.encoder_layers, a kind's own section."""
+    latent_bits: InitVar[int | None] = None  # latent_units's old name (base/compat.RENAMED), read with a warning
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, latent_bits: int | None) -> None:
+        if latent_bits is not None:
+            rename = next(r for r in RENAMED if r.old == "model.latent_bits")
+            if self.latent_units not in (0, latent_bits):
+                raise ConfigError(f"latent_bits ({latent_bits!r}) and latent_units ({self.latent_units!r}) disagree: "
+                                  "give latent_units only")
+            warnings.warn(f"ModelConfig: latent_bits is now latent_units; the old name is read until version "
+                          f"{rename.until}", FutureWarning, stacklevel=3)
+            object.__setattr__(self, "latent_units", latent_bits)
         if isinstance(self.latent, dict):  # from a saved config.json or a YAML section
-            object.__setattr__(self, "latent", _latent_config(self.latent))
+            object.__setattr__(self, "latent", build(LatentConfig, self.latent, "model.latent"))
         if not isinstance(self.latent, LatentConfig):
             raise ConfigError(f"model.latent must be a section (kind, encoder_layers), got {self.latent!r}")
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
@@ -81,20 +116,20 @@ class ModelConfig:
             raise ConfigError(
                 f"latent_layer must be in [1, n_layers-1] = [1, {self.n_layers - 1}], got {self.latent_layer}"
             )
-        if self.latent_bits and self.n_layers < 2:
+        if self.latent_units and self.n_layers < 2:
             raise ConfigError("a Free Transformer needs n_layers >= 2 (Z is injected between two blocks)")
         check_range("rope_theta", self.rope_theta, low_open=True)
         check_range("norm_eps", self.norm_eps, low_open=True)
 
     def _check_latent(self) -> None:
         layers = self.latent.encoder_layers
-        if not isinstance(self.latent_bits, int) or isinstance(self.latent_bits, bool) or self.latent_bits < 0:
-            raise ConfigError(f"latent_bits must be an integer >= 0, got {self.latent_bits!r}")
+        if not isinstance(self.latent_units, int) or isinstance(self.latent_units, bool) or self.latent_units < 0:
+            raise ConfigError(f"latent_units must be an integer >= 0, got {self.latent_units!r}")
         if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
             raise ConfigError(f"latent.encoder_layers must be a positive integer, got {layers!r}")
 
     def check_latent_kind(self) -> ModelConfig:
-        """The latent kind named and its limit on latent_bits, from the kinds' registry. Not run when a config
+        """The latent kind named and its limit on latent_units, from the kinds' registry. Not run when a config
         is made: the registry holds the kinds' modules, which import torch, and a config is also made to be
         described (`train --help`). TrainConfig.validate and FreeTransformer run it, before any model work."""
         from .latent import LATENT_KINDS
@@ -102,10 +137,14 @@ class ModelConfig:
         kind = self.latent.kind
         if kind not in LATENT_KINDS:
             raise ConfigError(f"unknown latent kind {kind!r}; choose one of {', '.join(sorted(LATENT_KINDS))}")
-        max_bits = LATENT_KINDS[kind].max_bits
-        if self.latent_bits > max_bits:
-            raise ConfigError(f"latent_bits must be an integer in [0, {max_bits}] for latent kind {kind}, "
-                              f"got {self.latent_bits!r}")
+        space, section = LATENT_KINDS[kind], self.latent.section()
+        if space.settings_type is not None and not isinstance(section, space.settings_type):
+            raise ConfigError(f"latent kind {kind} has settings {space.settings_type.__name__}, but model.latent has "
+                              f"no section {kind} of that type")
+        max_units = space.max_units
+        if self.latent_units > max_units:
+            raise ConfigError(f"latent_units must be an integer in [0, {max_units}] for latent kind {kind} (H "
+                              f"{space.plural()}), got {self.latent_units!r}")
         return self
 
     @property
@@ -115,7 +154,7 @@ class ModelConfig:
     @property
     def is_free(self) -> bool:
         """A Free Transformer (with a latent path), not the baseline decoder: the one test of it."""
-        return self.latent_bits > 0
+        return self.latent_units > 0
 
     @property
     def injection_layer(self) -> int:
@@ -133,7 +172,7 @@ class ModelConfig:
         latent's, not the extra block's."""
         if not self.is_free:
             raise ConfigError("the matched baseline is that of a Free Transformer: this config has no latent")
-        return self.replace(latent_bits=0, latent_layer=None, latent=LatentConfig(),
+        return self.replace(latent_units=0, latent_layer=None, latent=LatentConfig(),
                             n_layers=self.n_layers + self.latent.encoder_layers)
 
     def to_dict(self) -> dict:
@@ -141,6 +180,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> ModelConfig:
+        values = upgrade_saved_model_config(values)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -168,12 +208,19 @@ class ModelConfig:
         """Encoder blocks, zeta, encoder norm + readout, and the mapper's (2^H x D for the Binary Mapper)."""
         if not self.is_free:
             return 0
-        from .latent import latent_kind
-
-        space = latent_kind(self.latent.kind)
+        space = self.latent_space_on_meta()
         encoder = self.latent.encoder_layers * self.block_params() + self.dim + self.dim
-        readout = (self.dim + 1) * self.latent_bits * space.params_per_unit
-        return encoder + readout + space.num_params(self.latent_bits, self.dim)
+        readout = (self.dim + 1) * space.posterior_size
+        return encoder + readout + sum(p.numel() for p in space.parameters())
+
+    def latent_space_on_meta(self):
+        """The latent space this config builds, on the meta device (no memory): its sizes and costs."""
+        import torch
+
+        from .latent import build_latent_space
+
+        with torch.device("meta"):
+            return build_latent_space(self.latent.kind, self.latent_units, self.dim, self.latent.section())
 
     def training_flops_per_token(self, seq_len: int) -> float:
         """Forward + backward FLOPs per token of a training step at this sequence length: what the design
@@ -191,23 +238,32 @@ class ModelConfig:
         causal_block = 6 * matmul_weights + 12 * self.dim * (seq_len + 1) / 2
         flops = self.n_layers * causal_block + 6 * self.vocab_size * self.dim
         if self.is_free:
-            from .latent import latent_kind
-
             non_causal_block = 6 * matmul_weights + 12 * self.dim * seq_len
             flops += self.latent.encoder_layers * non_causal_block - 6 * self.dim * self.dim  # zeta's q_proj: once
-            space = latent_kind(self.latent.kind)
-            flops += 6 * self.dim * self.latent_bits * space.params_per_unit  # encoder read-out
-            flops += space.training_flops_per_token(self.latent_bits, self.dim)
+            space = self.latent_space_on_meta()
+            flops += 6 * self.dim * space.posterior_size  # encoder read-out
+            flops += space.training_flops_per_token()
         return float(flops)
+
+
+def upgrade_saved_model_config(values: dict) -> dict:
+    """A saved model config (a checkpoint's, a Hugging Face export's) in today's field names: a checkpoint
+    once written stays loadable (base/compat.SAVED_MODEL_RENAMED)."""
+    values = dict(values)
+    for old, new in SAVED_MODEL_RENAMED.items():
+        if old in values:
+            value = values.pop(old)
+            values.setdefault(new, value)
+    return values
 
 
 # Named sizes (`model.size=NAME`, `free-transformer info NAME`), from a model for tests to the paper's two.
 NAMED_CONFIGS: Presets[ModelConfig] = Presets("model size", {
     "debug": (ModelConfig(
-        vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=128, latent_bits=4
+        vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=128, latent_units=4
     ), "a model for tests, 2 blocks of width 32, H = 4, a byte vocabulary"),
     "cpu-small": (ModelConfig(
-        vocab_size=256, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=384, max_seq_len=128, latent_bits=8
+        vocab_size=256, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=384, max_seq_len=128, latent_units=8
     ), "the synthetic demo's model, 4 blocks of width 128, H = 8, a byte vocabulary"),
     "paper-1.5b": (ModelConfig(
         vocab_size=2**17,
@@ -219,7 +275,7 @@ NAMED_CONFIGS: Presets[ModelConfig] = Presets("model size", {
         max_seq_len=4096,
         rope_theta=500000.0,
         tie_embeddings=True,
-        latent_bits=16,
+        latent_units=16,
     ), "the paper's 1.5B model, 28 blocks of width 1536, H = 16"),
     "paper-8b": (ModelConfig(
         vocab_size=2**17,
@@ -230,7 +286,7 @@ NAMED_CONFIGS: Presets[ModelConfig] = Presets("model size", {
         ffn_hidden=14336,
         max_seq_len=8192,
         rope_theta=500000.0,
-        latent_bits=16,
+        latent_units=16,
     ), "the paper's 8B model, 32 blocks of width 4096, H = 16"),
 })
 

@@ -22,7 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .latent import ENCODER, PRIOR, Generators, LatentPlan, LatentSource, LatentSpace, at_least_float32, latent_kind
+from .latent import (ENCODER, PRIOR, Generators, LatentPlan, LatentSource, LatentSpace, at_least_float32,
+                     build_latent_space)
 from .layers import Block
 
 
@@ -36,13 +37,14 @@ class LatentSample:
 class LatentPath(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.bits = config.latent_bits
+        self.units = config.latent_units
         self.zeta = nn.Parameter(torch.empty(config.dim))
         self.encoder = nn.ModuleList(Block(config) for _ in range(config.latent.encoder_layers))
         self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
-        space = latent_kind(config.latent.kind)
-        self.readout = nn.Linear(config.dim, config.latent_bits * space.params_per_unit)
-        self.mapper: LatentSpace = space(config.latent_bits, config.dim)
+        # the read-out before the mapper: their initial draws, in this order, are a seed's (tests/golden)
+        self.readout = nn.Linear(config.dim, config.latent_space_on_meta().posterior_size)
+        self.mapper: LatentSpace = build_latent_space(config.latent.kind, config.latent_units, config.dim,
+                                                      config.latent.section())
 
     @torch.no_grad()
     def init_weights(self, init_block, std: float, post_sampler_std: float) -> None:

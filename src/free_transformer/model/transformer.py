@@ -1,4 +1,4 @@
-"""The Free Transformer (Algorithm 2 of the paper) and, with latent_bits = 0, the baseline decoder
+"""The Free Transformer (Algorithm 2 of the paper) and, with latent_units = 0, the baseline decoder
 (Algorithm 1). Both share every block; the Free Transformer adds one module, `LatentPath` (the
 non-causal encoder with its learned query zeta, the read-out to the posterior's parameters and the
 latent space that samples Z and maps it to R), whose residual R is added to the keys/values input of

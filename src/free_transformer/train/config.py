@@ -218,7 +218,7 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | Non
 
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     """`config` with `section.field=value` overrides (a command line's) on top. `model.size=NAME` takes
-    that named size's fields, keeps the config's latent_bits (a baseline stays one), then the override's
+    that named size's fields, keeps the config's latent_units (a baseline stays one), then the override's
     other model fields."""
     if not overrides:
         return config
@@ -226,7 +226,7 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     values = settings.merge(config.to_dict(), update)
     model = update.get("model")
     if isinstance(model, dict) and "size" in model:
-        values["model"] = _sized({"latent_bits": config.model.latent_bits, **model}, {})
+        values["model"] = _sized({"latent_units": config.model.latent_units, **model}, {})
     return settings.build(TrainConfig, values).validate()
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..base.bounded import loads_json
+from ..base.compat import METRIC_RENAMED
 from ..base.errors import UserError
 from ..base.fileio import atomic_write_text, open_append
 from ..base.install import install_hint
@@ -23,10 +24,10 @@ def tokens_per_step(config: TrainConfig, sequence_length: int) -> int:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The logged metrics; a last line cut short by a killed process is ignored, and so is a line that is
-    not a JSON object (every reader takes each line as a dict). A line that is JSON this package never
-    writes (an integer of more than 4,300 digits, which Python refuses to read) is a UserError naming
-    the file and the line."""
+    """The logged metrics, in today's names (a run written before: base/compat.METRIC_RENAMED); a last line
+    cut short by a killed process is ignored, and so is a line that is not a JSON object (every reader takes
+    each line as a dict). A line that is JSON this package never writes (an integer of more than 4,300
+    digits, which Python refuses to read) is a UserError naming the file and the line."""
     path = Path(path)
     if not path.exists():
         return []
@@ -40,13 +41,13 @@ def read_metrics(path: str | Path) -> list[dict]:
             raise UserError(f"{path} line {number} holds a line this package did not write (a number too long to "
                             f"read: {str(error).partition(':')[0]}): remove that line, then run again") from None
         if isinstance(logged, dict):
-            metrics.append(logged)
+            metrics.append({METRIC_RENAMED.get(name, name): value for name, value in logged.items()})
     return metrics
 
 
 def scalars(metrics: dict) -> dict[str, float]:
     """The logged values as named scalars for a dashboard: lists (the KL of each bit) become one scalar
-    per item (`val_kl_bits_per_bit/3`); text (a warning) and the step are left out."""
+    per item (`val_kl_bits_per_unit/3`); text (a warning) and the step are left out."""
     flat = {}
     for key, value in metrics.items():
         if isinstance(value, list):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..analysis.measures import DEAD_BIT_KL
+from ..analysis.measures import DEAD_UNIT_KL
 from ..base.errors import UserError
 from ..data import build_dataset
 from ..model.latent import latent_kind
@@ -35,10 +35,10 @@ def summarize_run(run_dir: str | Path, history: int = 8) -> str:
 
 
 def _summary(run_dir: Path, config, metrics: list, history: int) -> str:
-    model, bits, free = config.model, config.model.latent_bits, config.model.is_free
-    unit = latent_kind(model.latent.kind).unit
-    kind = (f"Free Transformer, H = {bits} {unit}s ({model.latent.kind}), kappa {config.kappa_bits:g} bits" if free
-            else "baseline decoder (no latent)")
+    model, free = config.model, config.model.is_free
+    space = latent_kind(model.latent.kind)
+    kind = (f"Free Transformer, H = {space.count(model.latent_units)} ({model.latent.kind}), kappa "
+            f"{config.kappa_bits:g} bits" if free else "baseline decoder (no latent)")
     kept = checkpoint_dirs(run_dir)
     lines = [f"run {run_dir}: {kind}; {model.n_layers} blocks of width {model.dim}",
              f"steps: {metrics[-1]['step'] if metrics else 0} logged of {config.steps}; checkpoints: "
@@ -61,10 +61,11 @@ def _summary(run_dir: Path, config, metrics: list, history: int) -> str:
     lines.append(f"validation (step {val['step']}): cross-entropy {val['val_cross_entropy_bits']:.4f} with the "
                  f"encoder's Z, {val['val_prior_cross_entropy_bits']:.4f} with prior Z (as generated); "
                  f"Z saves {val['latent_bits_saved']:.4f} bits/token for a KL of {val['val_kl_bits']:.4f}")
-    per_bit = val["val_kl_bits_per_bit"]
-    dead = [str(h) for h, value in enumerate(per_bit) if value < DEAD_BIT_KL]
-    lines.append(f"KL per {unit} (bits/token): " + " ".join(f"{value:.3f}" for value in per_bit)
-                 + (f"; carrying nothing (< {DEAD_BIT_KL}): {unit} {', '.join(dead)}" if dead else ""))
+    if "val_kl_bits_per_unit" in val:  # units of their own (independent_units)
+        per_unit = val["val_kl_bits_per_unit"]
+        dead = [str(h) for h, value in enumerate(per_unit) if value < DEAD_UNIT_KL]
+        lines.append(f"KL per {space.unit} (bits/token): " + " ".join(f"{value:.3f}" for value in per_unit)
+                     + (f"; carrying nothing (< {DEAD_UNIT_KL}): {space.unit} {', '.join(dead)}" if dead else ""))
     shown = evaluated[:: max(1, len(evaluated) // history)][-history:]
     lines.append("bits Z saves over training: " + ", ".join(f"{m['step']}: {m['latent_bits_saved']:.3f}" for m in shown))
     warnings = [m for m in evaluated if "latent_warning" in m]

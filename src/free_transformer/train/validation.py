@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from ..analysis.measures import dead_bits, latent_verdict, saving
+from ..analysis.measures import dead_units, latent_verdict, saving
 from ..base.seeding import generator
 from ..base.units import LN2
 from ..distributed import ParallelEnv
@@ -36,12 +36,15 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
     val_cross_entropy_bits, val_kl_bits: with Z from the encoder, as the training loss.
     For a Free Transformer also: val_prior_cross_entropy_bits (Z from the uniform prior: what generation
     does; an upper bound of the honest -log P(x)), latent_bits_saved (measures.saving of the two),
-    val_kl_bits_per_bit (H values), dead_bits (measures.dead_bits)."""
+    and where the latent space's units are independent (so each one's KL means something on its own),
+    val_kl_bits_per_unit (H values) and dead_units (measures.dead_units)."""
     env = env or ParallelEnv("none", device)
     free = config.model.is_free
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # CE encoder Z, KL, CE prior Z (nats)
-    per_bit = torch.zeros(config.model.latent_bits, dtype=torch.float64, device=env.device)  # (H,) KL nats
+    space = getattr(model, "module", model).latent_space  # ddp wraps the model
+    per_unit = free and space.independent_units
+    per_bit = torch.zeros(config.model.latent_units, dtype=torch.float64, device=env.device)  # (H,) KL nats
     rows = env.rows(config.batch_size)
     for index in range(config.validation_batches):
         batch = dataset.batch(index, config.batch_size, split="val")[rows.start : rows.stop].to(env.device)
@@ -56,17 +59,19 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
         if free:
             totals[1] += out.kl_nats.double()
             totals[2] += prior.cross_entropy_nats.double()
-            space = getattr(model, "module", model).latent_space  # ddp wraps the model
-            per_bit += space.kl_per_unit(out.posterior).double().mean(dim=(0, 1))
+            if per_unit:
+                per_bit += space.kl_per_unit(out.posterior).double().mean(dim=(0, 1))
     model.train()
     totals, per_bit = env.mean(totals) / config.validation_batches / LN2, env.mean(per_bit) / config.validation_batches / LN2
     ce, kl, prior_ce = totals.tolist()
     if not free:
         return {"val_cross_entropy_bits": ce, "val_kl_bits": 0.0}
-    kl_bits = per_bit.tolist()
-    return {"val_cross_entropy_bits": ce, "val_kl_bits": kl, "val_prior_cross_entropy_bits": prior_ce,
-            "latent_bits_saved": saving(prior_ce, ce), "val_kl_bits_per_bit": kl_bits,
-            "dead_bits": dead_bits(kl_bits)}
+    measures = {"val_cross_entropy_bits": ce, "val_kl_bits": kl, "val_prior_cross_entropy_bits": prior_ce,
+                "latent_bits_saved": saving(prior_ce, ce)}
+    if per_unit:
+        kl_bits = per_bit.tolist()
+        measures |= {"val_kl_bits_per_unit": kl_bits, "dead_units": dead_units(kl_bits)}
+    return measures
 
 
 def _prior(model: torch.nn.Module, inputs: torch.Tensor, generator) -> torch.Tensor:

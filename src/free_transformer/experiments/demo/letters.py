@@ -33,7 +33,7 @@ def fresh_sequences(model: FreeTransformer, sequences: int, seed: int) -> torch.
     return letters_batch(sequences, torch.Generator().manual_seed(seed)).to(model.rope_cos.device)
 
 
-def latent_bits(model: FreeTransformer, *, sequences: int = 256, samples: int = 2, seed: int = 0) -> dict:
+def latent_units(model: FreeTransformer, *, sequences: int = 256, samples: int = 2, seed: int = 0) -> dict:
     """Bits the decoder takes from Z at the target's first letter and per '!' (means over `sequences`
     fresh sequences and `samples` draws of Z each)."""
     if not model.config.is_free:

@@ -26,7 +26,7 @@ from ..launch.sweep import Sweep, Variant
 from .claims import claims_over_seeds, judge_claims
 from .coins import coin_bits_saved, coin_groups, coin_measures, posterior_coin_match
 from .groups import Groups, generate_groups, group_measures, mean_of_present
-from .letters import latent_bits, latent_kl_split
+from .letters import latent_units, latent_kl_split
 from .presets import DemoPreset
 from .report import write_report
 
@@ -114,7 +114,7 @@ def prompt_seed(seed: int, index: int) -> int:
 def _letter_measures(model, preset: DemoPreset, config: TrainConfig, seed: int) -> tuple[dict, Groups]:
     """What Z carries at the target start and per '!', and the group measures averaged over two prompt
     letters; the groups of the first (the figure's one random prompt)."""
-    measures = {**latent_bits(model, seed=seed), **latent_kl_split(model, seed=seed)}
+    measures = {**latent_units(model, seed=seed), **latent_kl_split(model, seed=seed)}
     letters = [random.Random(seed + k).choice(string.ascii_uppercase) for k in range(2)]
     shown, per_prompt = None, {}
     for index, letter in enumerate(letters):

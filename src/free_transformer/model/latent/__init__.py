@@ -1,24 +1,27 @@
 """The latent Z of the Free Transformer. `space.LatentSpace` owns its form (value type, prior draw,
 posterior sample with its KL, map to the residual R); the kinds registered by name: the binary ones
-(`binary.BinaryLatentSpace`: `binary_mapper`, the paper's, and `bit_linear`) and `gaussian`. `sampling`
-holds the draws and the closed-form KL of bits; `sources` the resolved sources the model's forward
-takes; `plan.LatentPlan` the Z of each position, handed out call by call. It imports nothing of the package but `units`; the module that holds them together in a model,
-`LatentPath`, is `free_transformer.model.latent_path`."""
+(`binary.BinaryLatentSpace`: `binary_mapper`, the paper's, and `bit_linear`), `gaussian` and
+`categorical`. `sampling` holds the draws and the closed-form KL of bits; `sources` the resolved sources
+the model's forward takes; `plan.LatentPlan` the Z of each position, handed out call by call. It imports
+nothing of the package but `units` and the kinds' settings (`model.config`, torch-free); the module that
+holds them together in a model, `LatentPath`, is `free_transformer.model.latent_path`."""
 
 from .binary import BinaryLatentSpace
 from .binary_mapper import BinaryMapper, binary_mapper_project, project_latents
 from .bit_linear import BitLinear
+from .categorical import CategoricalLatent
 from .gaussian import GaussianLatent
 from .plan import LatentPlan
-from .sampling import (Generators, at_least_float32, bits_to_index, fill_rows_, free_bits_kl, index_to_bits,
-                       kl_per_bit, kl_to_uniform, rand_rows, sample_bit_values, sample_bits)
+from .sampling import (Generators, at_least_float32, bits_to_index, code_log_probabilities, fill_rows_, free_bits_kl,
+                       index_to_bits, kl_per_bit, kl_to_uniform, rand_rows, sample_bit_values, sample_bits)
 from .sources import ENCODER, PRIOR, LatentSource
-from .space import LATENT_KINDS, LatentSpace, LinearMap, latent_kind, register_latent_kind
+from .space import LATENT_KINDS, LatentSpace, LinearMap, build_latent_space, latent_kind, register_latent_kind
 
 __all__ = [
-    "ENCODER", "LATENT_KINDS", "PRIOR", "BinaryLatentSpace", "BinaryMapper", "BitLinear", "GaussianLatent",
+    "ENCODER", "LATENT_KINDS", "PRIOR", "BinaryLatentSpace", "BinaryMapper", "BitLinear", "CategoricalLatent",
+    "GaussianLatent",
     "Generators", "LatentPlan", "LatentSource", "LatentSpace", "LinearMap", "at_least_float32", "binary_mapper_project",
-    "bits_to_index",
+    "bits_to_index", "build_latent_space", "code_log_probabilities",
     "fill_rows_", "free_bits_kl", "index_to_bits", "kl_per_bit", "kl_to_uniform", "latent_kind", "project_latents",
     "rand_rows", "register_latent_kind", "sample_bit_values", "sample_bits",
 ]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...base.units import LN2
-from .sampling import Generators, at_least_float32, fill_rows_, index_to_bits, kl_per_bit
+from .sampling import Generators, at_least_float32, code_log_probabilities, fill_rows_, index_to_bits, kl_per_bit
 from .space import LatentSpace
 
 
@@ -22,7 +22,7 @@ class BinaryLatentSpace(LatentSpace):
     parameters."""
 
     value_dtype: ClassVar[torch.dtype] = torch.int64
-    max_bits: ClassVar[int] = 62  # indices stay int64
+    max_units: ClassVar[int] = 62  # indices stay int64
 
     @property
     def value_shape(self) -> tuple[int, ...]:
@@ -30,7 +30,7 @@ class BinaryLatentSpace(LatentSpace):
 
     def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
         # One randint per row (random_ is its kernel), not H bits: it is drawn at every decoded token.
-        return fill_rows_(out, lambda rows, g: rows.random_(0, 2**self.bits, generator=g), generator)
+        return fill_rows_(out, lambda rows, g: rows.random_(0, 2**self.units, generator=g), generator)
 
     def kl_per_unit(self, posterior: Tensor) -> Tensor:
         return kl_per_bit(posterior)
@@ -42,10 +42,16 @@ class BinaryLatentSpace(LatentSpace):
         log_q = torch.where(bits, F.logsigmoid(logits), F.logsigmoid(-logits)).double().sum(-1)
         return log_q + posterior.shape[-1] * LN2
 
+    def value_log_probs(self, posterior: Tensor) -> tuple[Tensor, Tensor]:
+        """The 2^H codes, each of prior probability 2^-H."""
+        log_p = torch.full((2 ** posterior.shape[-1],), -posterior.shape[-1] * LN2, dtype=torch.float64,
+                           device=posterior.device)
+        return code_log_probabilities(posterior), log_p
+
     def check_values(self, values: Tensor) -> Tensor:
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
             raise ValueError(f"latents of kind {self.kind} must be integer indices, got {values.dtype}")
-        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= 2**self.bits):
-            raise ValueError(f"latent indices must lie in [0, 2^{self.bits}), got min {int(values.min())} "
+        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= 2**self.units):
+            raise ValueError(f"latent indices must lie in [0, 2^{self.units}), got min {int(values.min())} "
                              f"max {int(values.max())}")
         return values.to(torch.int64)

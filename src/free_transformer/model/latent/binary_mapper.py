@@ -169,11 +169,11 @@ class BinaryMapper(BinaryLatentSpace):
     """The paper's mapper: a (2^H, D) post-sampler table, one row per value of Z_t; the bit-logits get
     the exact gradient of Y + G - detach(G) (all 2^H values weighted by their probability)."""
 
-    max_bits = 24  # a 2^24 x D table is already larger than any model it would sit in
+    max_units = 24  # a 2^24 x D table is already larger than any model it would sit in
 
-    def __init__(self, bits: int, dim: int):
-        super().__init__(bits, dim)
-        self.weight = nn.Parameter(torch.empty(2**bits, dim))  # (2^H, D), rows contiguous like an embedding
+    def __init__(self, units: int, dim: int):
+        super().__init__(units, dim)
+        self.weight = nn.Parameter(torch.empty(2**units, dim))  # (2^H, D), rows contiguous like an embedding
         self.reset_parameters(1.0)  # as nn.Embedding does (a seed's draws: tests/golden); init_weights rescales
         self.compiled_backward = False  # the backward's chunk bodies compiled: `compile_backward`
 
@@ -189,12 +189,7 @@ class BinaryMapper(BinaryLatentSpace):
     def reset_parameters(self, std: float) -> None:
         nn.init.normal_(self.weight, std=std)
 
-    @classmethod
-    def num_params(cls, bits: int, dim: int) -> int:
-        return 2**bits * dim
-
-    @classmethod
-    def training_flops_per_token(cls, bits: int, dim: int) -> float:
+    def training_flops_per_token(self) -> float:
         # The forward is a row lookup; the exact backward needs dR @ W^T over all 2^H rows (the O(2^H)
         # products with G are left out, as norms and activations are everywhere).
-        return 2.0 * 2**bits * dim
+        return 2.0 * 2**self.units * self.dim

@@ -29,4 +29,4 @@ class BitLinear(LinearMap, BinaryLatentSpace):
         return self.linear(signs), bits_to_index(bits)
 
     def embed(self, value: Tensor) -> Tensor:
-        return self.linear(2 * index_to_bits(value, self.bits) - 1)  # the ±1 signs (..., H)
+        return self.linear(2 * index_to_bits(value, self.units) - 1)  # the ±1 signs (..., H)

@@ -5,7 +5,7 @@ and R = W z with W (D, H).
     z = mu + sigma * eps,  eps ~ N(0, I)                 (the gradient reaches mu and log sigma^2)
     KL(N(mu, sigma^2) || N(0, 1)) = (mu^2 + sigma^2 - 1 - log sigma^2) / 2   per unit, in nats
 
-The free-bits hinge applies to the token's KL exactly as for the binary kinds. H is `latent_bits`
+The free-bits hinge applies to the token's KL exactly as for the binary kinds. H is `latent_units`
 (dimensions here, not bits).
 """
 
@@ -24,21 +24,27 @@ from .space import LinearMap, register_latent_kind
 class GaussianLatent(LinearMap):
     """R = W z with W (D, H): LinearMap's weight, initialisation and costs."""
 
-    max_bits: ClassVar[int] = 4096
+    max_units: ClassVar[int] = 4096
     params_per_unit: ClassVar[int] = 2  # mean, log-variance
     value_dtype: ClassVar[torch.dtype] = torch.float32
     unit: ClassVar[str] = "dimension"
 
     @property
     def value_shape(self) -> tuple[int, ...]:
-        return (self.bits,)
+        return (self.units,)
 
     def _moments(self, posterior: Tensor) -> tuple[Tensor, Tensor]:
         """(..., 2H) read-out -> mean (..., H), log-variance (..., H), at least float32."""
-        mean, log_var = at_least_float32(posterior).split(self.bits, dim=-1)
+        mean, log_var = at_least_float32(posterior).split(self.units, dim=-1)
         return mean, log_var
 
     def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
+        return fill_rows_(out, lambda rows, g: rows.normal_(generator=g), generator)
+
+    def standard_normal(self, shape: tuple[int, ...], generator: Generators = None, device=None) -> Tensor:
+        """(*shape, H) N(0, I) draws of value_dtype, row by row: the reparameterisation's noise, the prior's
+        draws here, and still N(0, I) in a subclass that changes the prior."""
+        out = torch.empty(*shape, self.units, dtype=self.value_dtype, device=device)
         return fill_rows_(out, lambda rows, g: rows.normal_(generator=g), generator)
 
     def kl_per_unit(self, posterior: Tensor) -> Tensor:
@@ -53,7 +59,7 @@ class GaussianLatent(LinearMap):
 
     def sample(self, posterior: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
         mean, log_var = self._moments(posterior)
-        noise = self.prior(tuple(mean.shape[:-1]), generator, mean.device)  # (..., H) ~ N(0, I)
+        noise = self.standard_normal(tuple(mean.shape[:-1]), generator, mean.device)  # (..., H) ~ N(0, I)
         # (..., H) in value_dtype, whatever the posterior's: the value recorded is the one R was made of, so
         # that feeding it back as explicit latents gives the same R
         z = (mean + (0.5 * log_var).exp() * noise).to(self.value_dtype)
@@ -64,9 +70,9 @@ class GaussianLatent(LinearMap):
 
     def check_values(self, values: Tensor) -> Tensor:
         if not values.is_floating_point():
-            raise ValueError(f"latents of kind gaussian must be real vectors (..., {self.bits}), got {values.dtype}")
-        if values.shape[-1:] != (self.bits,):
-            raise ValueError(f"latents of kind gaussian must end in H = {self.bits} values, "
+            raise ValueError(f"latents of kind gaussian must be real vectors (..., {self.units}), got {values.dtype}")
+        if values.shape[-1:] != (self.units,):
+            raise ValueError(f"latents of kind gaussian must end in H = {self.units} values, "
                              f"got shape {tuple(values.shape)}")
         if not bool(values.isfinite().all()):
             raise ValueError("latents of kind gaussian must be finite")

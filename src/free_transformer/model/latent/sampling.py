@@ -50,6 +50,14 @@ def index_to_bits(index: Tensor, n_bits: int) -> Tensor:
     return ((index.unsqueeze(-1) >> shifts) & 1).float()
 
 
+def code_log_probabilities(bit_logits: Tensor) -> Tensor:
+    """(..., H) bit-logits -> (..., 2^H) log Q(Z_t = z) of every code z, in float64 (bit h of z worth 2^h)."""
+    H = bit_logits.shape[-1]
+    codes = index_to_bits(torch.arange(2**H, device=bit_logits.device), H).double()  # (2^H, H)
+    logits = bit_logits.double()
+    return F.logsigmoid(logits) @ codes.T + F.logsigmoid(-logits) @ (1 - codes).T
+
+
 def fill_rows_(out: Tensor, fill, generator: Generators) -> Tensor:
     """fill(tensor, generator) on `out` whole, or row by row (dim 0) when given one generator per row,
     so that each row is reproducible on its own whatever the batch it sits in. In place: a buffer of

@@ -7,6 +7,7 @@ analysis ask it and nothing else; each form is one small class registered by nam
     binary kinds (`binary.BinaryLatentSpace`)   Z_t an index of H independent bits, uniform prior
                                                 (`binary_mapper`, the paper's; `bit_linear`)
     gaussian                                    Z_t in R^H, prior N(0, I), reparameterised posterior
+    categorical                                 Z_t H groups of K classes, uniform prior, Gumbel-max sample
 
 Shapes: the encoder's read-out is (..., H * params_per_unit) (`posterior`); a value of Z is
 (..., *value_shape) of `value_dtype` (an int64 index for the binary kinds, H floats for the Gaussian);
@@ -47,23 +48,52 @@ def latent_kind(name: str) -> type[LatentSpace]:
 
 
 class LatentSpace(nn.Module):
-    """Base of the latent kinds: Z_t of H units (`bits`, the config's latent_bits) mapped to R of size
-    `dim`. Subclasses set the class attributes and implement the methods that raise here;
-    `compile_backward` only where their backward runs an eager chunk loop."""
+    """Base of the latent kinds: Z_t of H units (`units`, the config's latent_units) mapped to R of size
+    `dim`, with the kind's own settings (`settings_type`, a section of LatentConfig named after the kind).
+    Subclasses set the class attributes and implement the methods that raise here; `compile_backward`
+    only where their backward runs an eager chunk loop."""
 
     kind: ClassVar[str]
-    max_bits: ClassVar[int]
+    max_units: ClassVar[int]
     """Largest H the kind supports."""
-    params_per_unit: ClassVar[int] = 1
-    """Read-out outputs per unit of Z_t: the posterior is (..., H * params_per_unit)."""
+    params_per_unit: int = 1
+    """Read-out outputs per unit of Z_t: the posterior is (..., H * params_per_unit). A class attribute, or
+    set in __init__ where the kind's settings decide it."""
     value_dtype: ClassVar[torch.dtype]
     """dtype of a value of Z."""
     unit: ClassVar[str] = "bit"
-    """What one of the H units of Z_t is called in reports: "bit", "dimension"."""
+    """What one of the H units of Z_t is called in messages and reports: "bit", "dimension", "group"."""
+    unit_plural: ClassVar[str | None] = None
+    """Its plural where it is not unit + "s"."""
+    independent_units: ClassVar[bool] = True
+    """Whether the H units are independent under the posterior and the prior, so that the token's KL is the sum
+    of kl_per_unit and each unit's KL means something on its own (the per-unit KL and dead-unit reports).
+    A kind with dependent units sets False, overrides `kl`, and gets no per-unit report."""
+    settings_type: ClassVar[type | None] = None
+    """The dataclass of the kind's own settings, `model.latent.<kind>.<field>` (free_transformer.model.config
+    declares it torch-free, as a LatentConfig section named after the kind), or None for a kind without."""
 
-    def __init__(self, bits: int, dim: int):
+    def __init__(self, units: int, dim: int, settings=None):
         super().__init__()
-        self.bits, self.dim = bits, dim
+        self.units, self.dim = units, dim
+        if self.settings_type is not None and settings is None:
+            settings = self.settings_type()
+        self.settings = settings
+
+    @classmethod
+    def plural(cls) -> str:
+        """The unit's name for several: "bits", "dimensions", "groups"."""
+        return cls.unit_plural or cls.unit + "s"
+
+    @classmethod
+    def count(cls, n: int) -> str:
+        """n units named: "8 bits", "1 dimension", "4 groups"."""
+        return f"{n} {cls.unit if n == 1 else cls.plural()}"
+
+    @property
+    def posterior_size(self) -> int:
+        """Read-out outputs per token: H * params_per_unit."""
+        return self.units * self.params_per_unit
 
     @property
     def value_shape(self) -> tuple[int, ...]:
@@ -85,17 +115,24 @@ class LatentSpace(nn.Module):
     # ---- the posterior ------------------------------------------------------------------------
 
     def kl_per_unit(self, posterior: Tensor) -> Tensor:
-        """(..., H) KL(Q(Z_t | S) || prior) of each unit, in nats (they are independent, so the sum is
-        the token's KL)."""
+        """(..., H) KL(Q(Z_t | S) || prior) of each unit, in nats, where the units are independent
+        (`independent_units`: the sum is the token's KL)."""
         raise NotImplementedError
 
     def kl(self, posterior: Tensor) -> Tensor:
-        """(...,) KL(Q(Z_t | S) || prior) per token, in nats."""
+        """(...,) KL(Q(Z_t | S) || prior) per token, in nats: the exact E_q[log q(z) - log p(z)], of which
+        `log_ratio` at `sample`'s values is the Monte Carlo estimate."""
         return self.kl_per_unit(posterior).sum(-1)
 
     def log_ratio(self, posterior: Tensor, value: Tensor) -> Tensor:
         """(...,) log q(z_t | S) - log p(z_t) of given values, in nats: importance weights (IWAE)."""
         raise NotImplementedError
+
+    def value_log_probs(self, posterior: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(log Q(Z_t = z) (..., N), log p(z) (N,)) over every one of the space's N values, in float64, where
+        they are few enough to list (the measures then sum over them exactly: `kl_split`); None (the
+        default) where they are not, and the measures estimate by Monte Carlo from `sample` and `log_ratio`."""
+        return None
 
     def sample(self, posterior: Tensor, generator: Generators = None) -> tuple[Tensor, Tensor]:
         """Draw Z from the posterior (..., H * params_per_unit) and map it: (R (..., D), Z (..., *value_shape)).
@@ -124,23 +161,26 @@ class LatentSpace(nn.Module):
         """Use compiled bodies for the eager chunk loop of the kind's backward, if it has one
         (compile=true); a kind whose gradient is plain autograd has nothing to change."""
 
-    @classmethod
-    def num_params(cls, bits: int, dim: int) -> int:
+    def training_flops_per_token(self) -> float:
+        """Forward + backward FLOPs per token of the matmuls the kind needs (its parameter count is that of
+        the module: ModelConfig counts it on the meta device)."""
         raise NotImplementedError
 
-    @classmethod
-    def training_flops_per_token(cls, bits: int, dim: int) -> float:
-        """Forward + backward FLOPs per token of the matmuls the kind needs."""
-        raise NotImplementedError
+
+def build_latent_space(kind: str, units: int, dim: int, settings=None) -> LatentSpace:
+    """The registered kind's space: with its settings (the LatentConfig section named after it) when it has
+    any; a kind without settings is built from (units, dim) alone."""
+    space = latent_kind(kind)
+    return space(units, dim) if space.settings_type is None else space(units, dim, settings)
 
 
 class LinearMap(LatentSpace):
     """Base of the kinds whose R is a linear map of H real numbers per token, R = W v with W (D, H)
     (`bit_linear`: the ±1 bits; `gaussian`: z itself): the weight, its initialisation and its costs."""
 
-    def __init__(self, bits: int, dim: int):
-        super().__init__(bits, dim)
-        self.weight = nn.Parameter(torch.empty(dim, bits))  # (D, H): column h is what unit h adds
+    def __init__(self, units: int, dim: int, settings=None):
+        super().__init__(units, dim, settings)
+        self.weight = nn.Parameter(torch.empty(dim, units))  # (D, H): column h is what unit h adds
         self.reset_parameters(1.0)  # the model's init_weights sets the scale it wants
 
     def linear(self, units: Tensor) -> Tensor:
@@ -148,12 +188,7 @@ class LinearMap(LatentSpace):
         return F.linear(units.to(self.weight.dtype), self.weight)
 
     def reset_parameters(self, std: float) -> None:
-        nn.init.normal_(self.weight, std=std / math.sqrt(self.bits))  # R sums H terms of unit scale
+        nn.init.normal_(self.weight, std=std / math.sqrt(self.units))  # R sums H terms of unit scale
 
-    @classmethod
-    def num_params(cls, bits: int, dim: int) -> int:
-        return dim * bits
-
-    @classmethod
-    def training_flops_per_token(cls, bits: int, dim: int) -> float:
-        return 6.0 * dim * bits  # an ordinary (D, H) linear map, forward and backward
+    def training_flops_per_token(self) -> float:
+        return 6.0 * self.dim * self.units  # an ordinary (D, H) linear map, forward and backward
