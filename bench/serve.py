@@ -55,7 +55,7 @@ def start(directory: Path, args) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}  # 0: torch's
     server = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "serve", str(directory / MODEL),
                                "--device", args.device, "--dtype", args.dtype, "--port", str(port), "--max-batch",
                                str(args.max_batch), "--compile", "on" if args.compile else "off"],
@@ -153,10 +153,13 @@ def short_behind_queue(url: str, requests: int, rows: int, tokens: int) -> float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=64, help="new tokens per client")
+    parser.add_argument("--tokens", type=int, default=256,
+                        help="new tokens per client (64 measures the requests' fixed cost as much as decoding)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (1 client, N clients)")
     parser.add_argument("--long-tokens", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=None, help="the server's torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the server and of offline generate (0: torch's default; two "
+                             "threads on two cores make the server's OpenMP threads and the clients compete)")
     parser.add_argument("--max-batch", type=int, default=16,
                         help="the server's --max-batch (1: one completion at a time, as before batching)")
     parser.add_argument("--queued", type=int, nargs=2, default=(40, 64), metavar=("REQUESTS", "ROWS"),
