@@ -113,8 +113,9 @@ def filtered(scaled: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Ten
     return scaled.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), float("-inf"))
 
 
-def exponential_race_(race: Tensor, generators: Sequence[torch.Generator | None]) -> Tensor:
-    """Fill the rows of `race` (B, V) in place with Exp(1) draws, row i from generators[i]: a sampled row's noise."""
+def exponential_race_(race: Tensor | Sequence[Tensor], generators: Sequence[torch.Generator | None]):
+    """Fill the rows of `race` ((B, V), or B rows of V) in place with Exp(1) draws, row i from generators[i]: a
+    sampled row's noise."""
     for row, generator in zip(race, generators):
         row.exponential_(generator=generator)
     return race
