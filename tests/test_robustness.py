@@ -739,7 +739,9 @@ def test_sigterm_to_a_sweep_stops_its_workers_with_their_checkpoints(tmp_path):
     and the parent exits 143 with one line saying how to continue; nothing keeps writing to a run, and the
     same command run again finishes the sweep."""
     out = tmp_path / "study"
-    process = _sweep_cli(out, "steps=60", "log_every=1")
+    # 600 steps: a run must still be training when the signal comes, on a fast quiet CPU too (at 60 steps both
+    # workers could end their runs between the first logged step and the signal)
+    process = _sweep_cli(out, "steps=600", "log_every=1")
     _first_logged_run(out, process)
     process.send_signal(signal.SIGTERM)
     stderr = _answer(process)
@@ -754,8 +756,8 @@ def test_sigterm_to_a_sweep_stops_its_workers_with_their_checkpoints(tmp_path):
             os.kill(_lock_pid(run), 0)
         for checkpoint in checkpoint_dirs(run):
             load_model(checkpoint)
-    again = _sweep_cli(out, "steps=60", "log_every=1")
-    stderr = _answer(again, timeout=300)
+    again = _sweep_cli(out, "steps=600", "log_every=1")
+    stderr = _answer(again, timeout=600)
     assert again.returncode == 0, stderr
     assert len(json.loads((out / "results.json").read_text())["runs"]) == 3
 
@@ -764,7 +766,7 @@ def test_a_sweep_worker_killed_is_one_line_and_stops_the_others(tmp_path):
     """A worker SIGKILLed (by the out-of-memory killer, say) ends the sweep with one line, exit 2, and the
     other workers save a checkpoint and stop (a multiprocessing Pool waited for the dead one forever)."""
     out = tmp_path / "study"
-    process = _sweep_cli(out, "steps=60", "log_every=1")
+    process = _sweep_cli(out, "steps=600", "log_every=1")  # still training when killed, on a fast CPU too
     killed = _first_logged_run(out, process)
     os.kill(_lock_pid(killed), signal.SIGKILL)
     stderr = _answer(process)
