@@ -61,7 +61,7 @@ def code_log_probabilities(bit_logits: Tensor) -> Tensor:
 def fill_rows_(out: Tensor, fill, generator: Generators) -> Tensor:
     """fill(tensor, generator) on `out` whole, or row by row (dim 0) when given one generator per row,
     so that each row is reproducible on its own whatever the batch it sits in. In place: a buffer of
-    fixed address (the static decoding step's latent input) keeps it."""
+    fixed address (the decoding engine's latent buffer) keeps it."""
     if generator is None or isinstance(generator, torch.Generator):
         fill(out, generator)
         return out
