@@ -127,11 +127,7 @@ def offline_rate(directory: Path, args) -> float:
         torch.cuda.synchronize()
     started = time.perf_counter()
     result = decode()
-    rate = sum(map(len, result.tokens)) / (time.perf_counter() - started)
-    del model
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return rate
+    return sum(map(len, result.tokens)) / (time.perf_counter() - started)
 
 
 def short_behind_queue(url: str, requests: int, rows: int, tokens: int) -> float:
@@ -189,6 +185,8 @@ def compiled_steps(directory: Path) -> int:
 
 def measure(url: str, args, directory: Path) -> None:
     offline = offline_rate(directory, args)  # before any request: a quiet server
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the offline model is gone: its memory goes back for the server's process
     rate(url, 1, 8)  # warm-up
     compiled = compiled_steps(directory)
     ratios, alone, together = [], [], []
