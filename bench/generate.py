@@ -222,7 +222,7 @@ def engine_step_eager_vs_compiled(config, batch, args, device):
     on the values)."""
     model = build_model(config, device, dtype=torch_dtype(args.dtype))
     prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
-    sampling = GenerationConfig(temperature=1.0, top_k=50)
+    sampling = GenerationConfig(max_new_tokens=args.new_tokens + 1, temperature=1.0, top_k=50)
     capacity = args.prompt_len + args.new_tokens
     n = args.new_tokens - 1
     engines = {"as is": DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=False),
@@ -233,7 +233,7 @@ def engine_step_eager_vs_compiled(config, batch, args, device):
         engines["untuned"] = DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=True)
         engine_module.INDUCTOR_OPTIONS = tuned
     for engine in engines.values():
-        engine.add([Row(ids, sampling, args.new_tokens + 1, generator, "prior")
+        engine.add([Row(ids, sampling, generator, "prior")
                     for ids, generator in zip(prompts.tolist(), generators(range(batch), device))])
 
     @torch.inference_mode()

@@ -68,7 +68,7 @@ def test_trainer_step_and_decoding_steps_never_synchronise(tmp_path):
         token = prefill.logits[:, -1].argmax(-1)  # (B,) stays on the device
         latent = torch.zeros(B, 1, dtype=torch.long, device=CUDA)
     engine = DecodeEngine(model, B, capacity=P + 8, compile=True)
-    engine.add([Row(tokens[row, :P].tolist(), GenerationConfig(temperature=0.8), 8, None) for row in range(B)])
+    engine.add([Row(tokens[row, :P].tolist(), GenerationConfig(max_new_tokens=8, temperature=0.8), None) for row in range(B)])
     variant = SamplingVariant(sampled=True, filtered=False)
     with torch.inference_mode():
         engine._replay(B, variant)  # warm-up

@@ -207,9 +207,9 @@ def test_the_engines_step_reads_the_same_storages_at_every_step(latent_units, va
     the token, latent, position, noise and settings buffers) is the same storage at every step, with rows of
     different lengths and settings in flight."""
     model = tiny_model(dtype=torch.float32, latent_units=latent_units)
-    config = GenerationConfig(temperature=0.8, top_k=10, top_p=0.9)
+    config = GenerationConfig(max_new_tokens=5, temperature=0.8, top_k=10, top_p=0.9)
     engine = DecodeEngine(model, B, capacity=12, compile=True)
-    engine.add([Row([1, 2, 3, 4, 5], config, 5, generators([1])[0]), Row([7, 8], GenerationConfig(), 5, None)])
+    engine.add([Row([1, 2, 3, 4, 5], config, generators([1])[0]), Row([7, 8], GenerationConfig(max_new_tokens=5), None)])
     view = engine.cache.view(slice(0, B), engine.capacity)
     reads = []
     with torch.inference_mode():

@@ -84,16 +84,14 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
     stop = alone[1][0].tokens[0][2]  # row 1 stops at its third token
     configs[1] = dataclasses.replace(SAMPLED, stop_tokens=(stop,))
     engine = decoding_engine(model, 3, 16, compile=compile)
-    rows = [Row(prompt, config, config.max_new_tokens, torch.Generator().manual_seed(k),
-                choice if choice != "explicit" else "encoder", latents if choice == "explicit" else None,
-                frozenset(config.stop_tokens))
-            for k, (prompt, config, choice, (_, latents)) in enumerate(zip(ids, configs, choices, alone))]
+    rows = [Row(prompt, config, torch.Generator().manual_seed(k), latents)
+            for k, (prompt, config, (_, latents)) in enumerate(zip(ids, configs, alone))]
     ended = list(run_rows(engine, rows))
     assert sorted(map(id, ended)) == sorted(map(id, rows)) and not engine.rows
     for k, (row, (result, _)) in enumerate(zip(rows, alone)):
         expected = result.tokens[0][: result.tokens[0].index(stop) + 1] if k == 1 else result.tokens[0]
         assert row.tokens == expected, k
-        assert torch.equal(row.latents, result.latents[0][: len(row.latents)]), k
+        assert torch.equal(row.fed, result.latents[0][: len(row.fed)]), k
     assert rows[1].finish_reason == "stop" and rows[0].finish_reason == "length"
     assert engine.steps < sum(len(row.tokens) for row in rows)  # rows shared steps
 
@@ -113,7 +111,7 @@ def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
     expected = generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3]).tokens
     monkeypatch.setattr(engine_module, "next_tokens", poisoned)
     engine = decoding_engine(model, 3, 16)
-    rows = [Row(prompt, SAMPLED, 7, torch.Generator().manual_seed(seed))
+    rows = [Row(prompt, SAMPLED, torch.Generator().manual_seed(seed))
             for prompt, seed in zip(_prompts(3).tolist(), [1, 2, 3])]
     list(run_rows(engine, rows))
     assert rows[1].finish_reason == "error" and "NaN" in str(rows[1].error) and len(rows[1].tokens) == 1
@@ -143,7 +141,7 @@ def test_buckets_and_the_step_padded_up_to_its_bucket():
     assert bucket_sizes(1) == (1,) and bucket_sizes(16) == (1, 2, 4, 8, 16) and bucket_sizes(20)[-2:] == (16, 20)
     model = tiny_model(latent_units=4, dtype=torch.float32)
     engine = DecodeEngine(model, 8, capacity=32, compile=True)
-    engine.add([Row(prompt, SAMPLED, 7, torch.Generator().manual_seed(0)) for prompt in _prompts(3).tolist()])
+    engine.add([Row(prompt, SAMPLED, torch.Generator().manual_seed(0)) for prompt in _prompts(3).tolist()])
     engine.step()
     assert {size for size, _ in engine.warm} == {4}  # 3 rows run in the bucket of 4
 

@@ -71,7 +71,7 @@ def slow_steps(monkeypatch, seconds: float, record: list) -> None:
     real = loop.Batcher._step
 
     def step(self):
-        record.append([row.max_new_tokens for row in self.rows])
+        record.append([row.config.max_new_tokens for row in self.rows])
         time.sleep(seconds)
         return real(self)
 

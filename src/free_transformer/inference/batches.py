@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
 from .engine import Row, decoding_engine, run_rows
 from .generate import GenerationConfig
@@ -66,10 +65,7 @@ def prepare_prompts(model: FreeTransformer, prompts: Sequence[Sequence[int]], co
 
 def prompt_row(prompt: Prompt, seed: int, **options) -> Row:
     """The engine's row of one sample of `prompt`, drawn with a generator seeded `seed`."""
-    explicit = prompt.latents if isinstance(prompt.latents, Tensor) else None
-    generator = torch.Generator(device=prompt.device).manual_seed(seed)
-    return Row(prompt.ids, prompt.config, prompt.config.max_new_tokens, generator,
-               ENCODER if explicit is not None else prompt.latents, explicit, frozenset(prompt.config.stop_tokens),
+    return Row(prompt.ids, prompt.config, torch.Generator(device=prompt.device).manual_seed(seed), prompt.latents,
                **options)
 
 

@@ -40,8 +40,8 @@ from torch import Tensor
 
 from ..model.latent import ENCODER, PRIOR, LatentPlan, LatentSource
 from ..model.transformer import FreeTransformer
-from .params import Sampling
-from .sampling import NON_FINITE, RowSettings, SamplingVariant, exponential_race_, greedy, next_tokens
+from .params import GenerationConfig
+from .sampling import NON_FINITE, RowSettings, SamplingVariant, exponential_race_, next_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +68,10 @@ ENGINES_PER_MODEL = 4
 class Row:
     """One sequence to decode, and what it has become: what `DecodeEngine.add` takes, filled as it decodes."""
     ids: list[int]  # the prompt's token ids, at least one
-    rule: Sampling  # temperature and filters (its max_new_tokens is not read)
-    max_new_tokens: int
+    config: GenerationConfig  # temperature, filters, stop tokens, and max_new_tokens (set)
     generator: torch.Generator | None  # every random draw of the row (None: the global RNG)
-    prompt_latents: LatentSource = ENCODER  # ENCODER or PRIOR: the prompt's Z where `explicit` does not cover it
-    explicit: Tensor | None = None  # (1, N, *value_shape) Z of positions [0, N), N >= len(ids)
-    stop_tokens: frozenset[int] = frozenset()  # the row ends after any of these (kept in `tokens`)
+    # ENCODER or PRIOR: the prompt's Z; or (1, N, *value_shape) explicit Z of positions [0, N), N >= len(ids)
+    latents: LatentSource | Tensor = ENCODER
     keep_logits: bool = False  # set `logits` at every token (the server's logprobs)
     keep_prompt_logits: bool = False  # set `prompt_logits` (the server's echo with logprobs)
     tag: object = None  # the caller's
@@ -82,7 +80,7 @@ class Row:
     error: Exception | None = None  # why it ended, when its logits were not finite
     logits: Tensor | None = None  # (V,) what its last token was sampled from; valid until the next step
     prompt_logits: Tensor | None = None  # (P, V) the prefill's logits
-    latents: Tensor | None = None  # (positions fed, *value_shape) the Z it was fed, once ended (Free Transformer)
+    fed: Tensor | None = None  # (positions fed, *value_shape) the Z it was fed, once ended (Free Transformer)
     position: int = 0  # the next position to feed: tokens in the cache
     slot: int | None = None  # its row of the engine's cache while in flight
     plan: LatentPlan | None = None  # which Z each of its positions takes, made by `add` (a Free Transformer)
@@ -151,11 +149,12 @@ class DecodeEngine:
         for row in rows:
             self.check(row)
             if self.is_free:
-                row.plan = LatentPlan(1, self.space, explicit=row.explicit, prompt_source=row.prompt_latents,
-                                      generators=[row.generator])
+                explicit = row.latents if isinstance(row.latents, Tensor) else None
+                row.plan = LatentPlan(1, self.space, explicit=explicit, generators=[row.generator],
+                                      prompt_source=ENCODER if explicit is not None else row.latents)
         groups: dict[tuple, list[Row]] = {}
         for row in rows:
-            kind = "explicit" if row.explicit is not None and row.explicit.shape[1] > 0 else row.prompt_latents
+            kind = "explicit" if isinstance(row.latents, Tensor) else row.latents
             groups.setdefault((len(row.ids), kind), []).append(row)
         with torch.inference_mode():
             for group in groups.values():
@@ -165,12 +164,12 @@ class DecodeEngine:
 
     def check(self, row: Row) -> None:
         """A one-line ValueError for a row this engine cannot decode."""
-        P = len(row.ids)
-        if P < 1 or row.max_new_tokens < 1:
-            raise ValueError(f"a row needs a prompt and at least one new token, got {P} and {row.max_new_tokens}")
-        if P + row.max_new_tokens - 1 > self.capacity:
-            raise ValueError(f"prompt ({P}) + max_new_tokens ({row.max_new_tokens}) - 1 exceeds the "
-                             f"{self.capacity} positions of the decoding cache")
+        P, new = len(row.ids), row.config.max_new_tokens
+        if P < 1 or new is None:
+            raise ValueError(f"a row needs a prompt and its max_new_tokens, got {P} tokens and {new}")
+        if P + new - 1 > self.capacity:
+            raise ValueError(f"prompt ({P}) + max_new_tokens ({new}) - 1 exceeds the {self.capacity} positions "
+                             "of the decoding cache")
 
     def _prefill(self, rows: list[Row]) -> None:
         model, start, k, P = self.model, len(self.rows), len(rows), len(rows[0].ids)
@@ -187,9 +186,9 @@ class DecodeEngine:
         self.rows += rows
         self.position[slots] = P
         self.active[slots] = 1
-        self.settings.set(slots, [row.rule for row in rows])
+        self.settings.set(slots, [row.config for row in rows])
         logits = out.logits[:, -1]  # (k, V)
-        variant = SamplingVariant.of([row.rule for row in rows])
+        variant = SamplingVariant.of([row.config for row in rows])
         tokens, non_finite = next_tokens(logits, self.settings.view(slots), self._draw_noise(rows, slots, variant),
                                          variant)
         self.token[slots, 0] = tokens
@@ -210,7 +209,7 @@ class DecodeEngine:
         if not rows:
             return []
         with torch.inference_mode():
-            variant = SamplingVariant.of([row.rule for row in rows])
+            variant = SamplingVariant.of([row.config for row in rows])
             self._draw_latents(rows)
             self._draw_noise(rows, slice(0, len(rows)), variant)
             if self.compile:
@@ -239,7 +238,7 @@ class DecodeEngine:
         if not variant.sampled:
             return None
         race = self.race[slots]
-        drawing = [(noise, row.generator) for noise, row in zip(race, rows) if not greedy(row.rule)]
+        drawing = [(noise, row.generator) for noise, row in zip(race, rows) if not row.config.greedy]
         exponential_race_([noise for noise, _ in drawing], [generator for _, generator in drawing])
         return race
 
@@ -326,9 +325,9 @@ class DecodeEngine:
             row.tokens.append(token)
             if row.keep_logits:
                 row.logits = logits[i]
-            if token in row.stop_tokens:
+            if token in row.config.stop_tokens:
                 row.finish_reason = "stop"
-            elif len(row.tokens) >= row.max_new_tokens:
+            elif len(row.tokens) >= row.config.max_new_tokens:
                 row.finish_reason = "length"
 
     def finish(self, row: Row, reason: str = "stop") -> None:
@@ -346,7 +345,7 @@ class DecodeEngine:
             return
         for row in self.rows:
             if row.done:
-                row.latents = self.fed[row.slot, : row.position].clone() if self.is_free else None
+                row.fed = self.fed[row.slot, : row.position].clone() if self.is_free else None
         keep = [row for row in self.rows if not row.done]
         for row in self.rows:
             if row.done:

@@ -5,6 +5,7 @@ token's Z_t is drawn from the prior, per row (free_transformer.inference.latents
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -97,10 +98,10 @@ def generate(
     one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
     resolved = resolve_latents(model, latents, length=fed, reference=reference, generator=one_off, batch_size=B,
                                prompt_length=max(map(len, ids)))
-    explicit = resolved.explicit
-    rows = [Row(row, config, n, generator, resolved.prompt_source,
-                None if explicit is None else explicit[min(k, len(explicit) - 1)][None],
-                frozenset(config.stop_tokens))
+    explicit = resolved.explicit  # (B or 1, N, ...) or None
+    explicit = None if explicit is None else explicit.expand(B, *explicit.shape[1:])
+    rows = [Row(row, dataclasses.replace(config, max_new_tokens=n), generator,
+                resolved.prompt_source if explicit is None else explicit[k][None])
             for k, (row, n, generator) in enumerate(zip(ids, new, row_gens))]
     engine = decoding_engine(model, min(B, batch_size or B), fed, compile=compile)
     for row in run_rows(engine, rows, should_stop):
@@ -108,5 +109,5 @@ def generate(
             raise row.error
     # the latents are copied outside inference mode, so that the caller gets ordinary tensors (usable in a
     # later training forward)
-    latents_fed = [row.latents.clone() for row in rows] if model.config.is_free else None
+    latents_fed = [row.fed.clone() for row in rows] if model.config.is_free else None
     return GenerationResult([row.tokens for row in rows], latents_fed)

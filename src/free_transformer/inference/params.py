@@ -22,6 +22,7 @@ LatentName = Literal["encoder", "prior", "shared", "reference"]  # inference.lat
 ContextLatent = Literal["encoder", "prior"]
 CONTEXT_LATENTS: tuple[str, ...] = get_args(ContextLatent)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes an int64
+GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (as vLLM does): logits / 1e-39 would overflow
 
 
 def new_token_room(prompt_length: int, context: int) -> int:
@@ -100,13 +101,8 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def rule(self) -> Sampling:
-        """What a compiled decoding step fixes: greedy or not, and the filters (the temperature itself is fed
-        to the step as a value, and the length is the caller's)."""
-        values = {item.name: getattr(self, item.name) for item in dataclasses.fields(Sampling)}
-        return Sampling(**{**values, "max_new_tokens": None, "temperature": 0.0 if self.greedy else 1.0})
+        """Whether the likeliest token is taken: a temperature below GREEDY_BELOW."""
+        return self.temperature < GREEDY_BELOW
 
     def new_tokens(self, prompt_length: int, context: int, default: int = DEFAULT_NEW_TOKENS) -> int:
         """max_new_tokens, or when unset `default` capped at what fits after the prompt (`new_token_room`;

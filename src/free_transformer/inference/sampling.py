@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .params import Sampling
+from .params import GREEDY_BELOW, Sampling
 
-GREEDY_BELOW = 1e-5  # temperatures below this sample greedily
 NON_FINITE = "the next-token probabilities contain NaN (non-finite logits)"
 
 
@@ -34,12 +33,8 @@ class SamplingVariant:
 
     @classmethod
     def of(cls, rules: Sequence[Sampling]) -> SamplingVariant:
-        sampled = [rule for rule in rules if not greedy(rule)]
+        sampled = [rule for rule in rules if not rule.greedy]
         return cls(bool(sampled), any(filters(rule) for rule in sampled))
-
-
-def greedy(rule: Sampling) -> bool:
-    return rule.temperature < GREEDY_BELOW
 
 
 def filters(rule: Sampling) -> bool:

@@ -161,8 +161,7 @@ class Batcher:
     def __init__(self, model: FreeTransformer, tokenizer: Tokenizer, max_batch: int, *, compile: bool = False):
         if max_batch < 1:
             raise ValueError(f"the batch must hold at least 1 row, got {max_batch}")
-        self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
-        self.device = model.rope_cos.device
+        self.tokenizer, self.max_batch = tokenizer, max_batch
         self.engine = DecodeEngine(model, max_batch, compile=compile)  # a cache of the model's whole context
         self.waiting: list[Job] = []  # requests with rows not yet started, in arrival order
         self.arrivals = itertools.count()
@@ -255,6 +254,8 @@ class Batcher:
             except ValueError as error:  # this request only: its row never joins
                 self._end(served.job, error)
         joining = [served for served in joining if not served.job.cancelled]
+        if not joining:
+            return
         try:
             added = self.engine.add([served.row for served in joining])
         except Exception as error:  # these requests only: their prefill failed
@@ -312,7 +313,8 @@ class Batcher:
         token = row.tokens[-1]
         served.text.push(token)
         if job.logprobs is not None:
-            values, tops = self._logprobs(row.logits[None], torch.tensor([token], device=self.device), job.logprobs)
+            values, tops = self._logprobs(row.logits[None], torch.tensor([token], device=row.logits.device),
+                                          job.logprobs)
             served.pending.append(TokenLogprob(self.tokenizer.decode([token]), values[0], tops[0]))
         if served.text.stop_end is not None and not row.done:
             self.engine.finish(row, "stop")
