@@ -52,8 +52,9 @@ def seconds_per_call(fn: Callable[[], object], n_calls: int, device: torch.devic
     return (time.perf_counter() - start) / n_calls
 
 
-def interleaved_times(variants: dict[str, Callable[[], object]], rounds: int, device: torch.device,
-                      min_sample_s: float = MIN_SAMPLE_S) -> dict[str, list[float]]:
+def interleaved_times(
+    variants: dict[str, Callable[[], object]], rounds: int, device: torch.device, min_sample_s: float = MIN_SAMPLE_S
+) -> dict[str, list[float]]:
     """Seconds per call of each variant, one sample per round, the variants taking turns within a round.
 
     Each variant is called once first (warm-up; its time sets how many calls make one sample).
@@ -76,8 +77,9 @@ def _proc_status_kib(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+) kB", open("/proc/self/status").read()).group(1))
 
 
-def _peak_memory(setup: Callable, step: Callable, setup_args: tuple, warmup_args: tuple | None,
-                 device_name: str, threads: int) -> int:
+def _peak_memory(
+    setup: Callable, step: Callable, setup_args: tuple, warmup_args: tuple | None, device_name: str, threads: int
+) -> int:
     """Extra peak bytes of step(*setup(*setup_args)) beyond what setup allocated; run in a fresh process.
 
     CUDA: max_memory_allocated minus memory_allocated before the step.
@@ -112,8 +114,15 @@ def _peak_memory(setup: Callable, step: Callable, setup_args: tuple, warmup_args
     return (_proc_status_kib("VmHWM") - before) * 1024
 
 
-def peak_memory_in_fresh_process(setup: Callable, step: Callable, setup_args: tuple, *, device_name: str,
-                                 threads: int, warmup_args: tuple | None = None) -> int:
+def peak_memory_in_fresh_process(
+    setup: Callable,
+    step: Callable,
+    setup_args: tuple,
+    *,
+    device_name: str,
+    threads: int,
+    warmup_args: tuple | None = None,
+) -> int:
     """Peak bytes one step adds, measured in a spawned process (nothing cached by earlier runs is reused).
 
     setup and step must be module-level functions (they are pickled); setup returns a tuple of inputs.
@@ -130,8 +139,9 @@ def matmul_size(device: torch.device) -> int:
     return 8192 if device.type == "cuda" else 2048
 
 
-def matmul_flops_per_second(device: torch.device, dtype: torch.dtype, size: int | None = None,
-                            rounds: int = 5) -> float:
+def matmul_flops_per_second(
+    device: torch.device, dtype: torch.dtype, size: int | None = None, rounds: int = 5
+) -> float:
     """The machine's limit: median FLOP/s of a (size x size) @ (size x size) matmul in this dtype.
 
     fp32 on CUDA follows torch.backends.cuda.matmul.allow_tf32 (off by default: true fp32), the same
@@ -167,12 +177,15 @@ def describe_machine(device: torch.device) -> str:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{os.cpu_count()}"
     if device.type == "cuda":
         name += f", CUDA {torch.version.cuda}"
-    return (f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
-            f"load average {load:.1f}{busy}")
+    return (
+        f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"load average {load:.1f}{busy}"
+    )
 
 
-def matmul_limits_gflops(device: torch.device, *, bandwidth: bool = False,
-                         precisions: tuple[str, ...] = ("fp32", "bf16")) -> dict[str, float]:
+def matmul_limits_gflops(
+    device: torch.device, *, bandwidth: bool = False, precisions: tuple[str, ...] = ("fp32", "bf16")
+) -> dict[str, float]:
     """The machine's matmul GFLOP/s in each of `precisions`, measured now (see matmul_flops_per_second), and
     with bandwidth=True its copy bandwidth in GB/s under "copy_gbps" (see copy_bandwidth_gbps). "size"
     records the matmul's side. (A CPU without bf16 instructions takes minutes over one bf16 2048^3 matmul:
@@ -186,7 +199,8 @@ def matmul_limits_gflops(device: torch.device, *, bandwidth: bool = False,
 
 def describe_limits(limits: dict[str, float]) -> str:
     line = f"machine limit: matmul {limits['size']}^3 " + ", ".join(
-        f"{name} {limits[name]:.0f} GFLOP/s" for name in DTYPE_NAMES if name in limits)
+        f"{name} {limits[name]:.0f} GFLOP/s" for name in DTYPE_NAMES if name in limits
+    )
     if "copy_gbps" in limits:
         line += f"; copy bandwidth {limits['copy_gbps']:.0f} GB/s (read + write)"
     return line
@@ -207,8 +221,12 @@ def mfu(flops_per_second: float, limits: dict[str, float], precision: str) -> fl
 def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
     """--device and --threads, as every benchmark takes them."""
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers",
+    )
 
 
 def setup_machine(args: argparse.Namespace) -> torch.device:
@@ -234,8 +252,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, dim: int, layers: in
 
 def model_config(args: argparse.Namespace, **fields) -> ModelConfig:
     """The ModelConfig of add_model_arguments' options, plus `fields` (max_seq_len, latent_units, ...)."""
-    return ModelConfig(vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
-                       n_kv_heads=args.kv_heads, ffn_hidden=args.ffn, **fields)
+    return ModelConfig(
+        vocab_size=args.vocab,
+        dim=args.dim,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        n_kv_heads=args.kv_heads,
+        ffn_hidden=args.ffn,
+        **fields,
+    )
 
 
 def describe_size(args: argparse.Namespace) -> str:

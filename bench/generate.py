@@ -65,10 +65,21 @@ import os
 import statistics
 
 import torch
+from common import (
+    add_machine_arguments,
+    add_model_arguments,
+    describe_limits,
+    describe_machine,
+    describe_size,
+    interleaved_times,
+    matmul_limits_gflops,
+    median_ratio,
+    model_config,
+    seconds_per_call,
+    setup_machine,
+)
+from targets import TARGETS, write_figure
 
-from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
-                    interleaved_times, matmul_limits_gflops, median_ratio, model_config, seconds_per_call,
-                    setup_machine)
 from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
 from free_transformer.base.seeding import generators
 from free_transformer.inference import engine as engine_module
@@ -76,7 +87,6 @@ from free_transformer.inference.engine import DecodeEngine, Row, decoding_engine
 from free_transformer.inference.generate import GenerationConfig, generate, shared_prior_latents
 from free_transformer.model.config import ModelConfig, named_config
 from free_transformer.model.transformer import FreeTransformer
-from targets import TARGETS, write_figure
 
 TARGET_FREE_VS_BASELINE = 0.95
 TARGET_CACHE_SPEEDUP, TARGET_CACHE_TOKENS = 10.0, 512
@@ -133,7 +143,7 @@ def recompute_greedy(model: FreeTransformer, prompts: torch.Tensor, new_tokens: 
         length = seq.shape[1]
         logits = model(seq, latents=latents[:, :length]).logits[:, -1]  # (B, V)
         seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], 1)
-    return seq[:, prompts.shape[1]:].tolist()
+    return seq[:, prompts.shape[1] :].tolist()
 
 
 def free_vs_baseline(config, batch, args, device):
@@ -147,22 +157,33 @@ def free_vs_baseline(config, batch, args, device):
     call of each instance is timed apart: under --compile it compiles and captures its decoding step, the
     first instance of each model with whatever Inductor's caches hold, the later ones with what the first
     left there (the same graph, other weights)."""
-    models = {f"{name}{i}": build_model(config.replace(latent_units=bits), device, seed=i, dtype=torch_dtype(args.dtype))
-              for i in range(args.instances) for name, bits in (("free", config.latent_units), ("baseline", 0))}
+    models = {
+        f"{name}{i}": build_model(config.replace(latent_units=bits), device, seed=i, dtype=torch_dtype(args.dtype))
+        for i in range(args.instances)
+        for name, bits in (("free", config.latent_units), ("baseline", 0))
+    }
     prompts = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
     gen_config = GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0)
     seeds = list(range(batch))
-    calls = {name: functools.partial(generate, model, prompts, gen_config, seeds=seeds, latents="prior",
-                                   compile=args.compile)
-             for name, model in models.items()}
+    calls = {
+        name: functools.partial(
+            generate, model, prompts, gen_config, seeds=seeds, latents="prior", compile=args.compile
+        )
+        for name, model in models.items()
+    }
     first = {name: seconds_per_call(call, 1, device) for name, call in calls.items()}
     times = interleaved_times(calls, args.rounds, device)
     instances = range(args.instances)
     free = [sum(t) for t in zip(*(times[f"free{i}"] for i in instances))]
     baseline = [sum(t) for t in zip(*(times[f"baseline{i}"] for i in instances))]
     control = median_ratio(times["baseline0"], times["baseline1"]) if args.instances > 1 else float("nan")
-    return (statistics.median(free) / args.instances, statistics.median(baseline) / args.instances,
-            median_ratio(baseline, free), control, first)
+    return (
+        statistics.median(free) / args.instances,
+        statistics.median(baseline) / args.instances,
+        median_ratio(baseline, free),
+        control,
+        first,
+    )
 
 
 def cache_vs_recompute(config, args, device):
@@ -176,8 +197,12 @@ def cache_vs_recompute(config, args, device):
     recompute = functools.partial(recompute_greedy, model, prompts, n, latents)
     same = cached().tokens == recompute()
     times = interleaved_times({"cached": cached, "recompute": recompute}, args.recompute_rounds, device)
-    return (statistics.median(times["cached"]), statistics.median(times["recompute"]),
-            median_ratio(times["recompute"], times["cached"]), same)
+    return (
+        statistics.median(times["cached"]),
+        statistics.median(times["recompute"]),
+        median_ratio(times["recompute"], times["cached"]),
+        same,
+    )
 
 
 def graph_vs_eager(config, batch, args, device):
@@ -225,16 +250,22 @@ def engine_step_eager_vs_compiled(config, batch, args, device):
     sampling = GenerationConfig(max_new_tokens=args.new_tokens + 1, temperature=1.0, top_k=50)
     capacity = args.prompt_len + args.new_tokens
     n = args.new_tokens - 1
-    engines = {"as is": DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=False),
-               "inductor": DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=True)}
+    engines = {
+        "as is": DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=False),
+        "inductor": DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=True),
+    }
     if device.type == "cuda":  # coordinate-descent tuning changes nothing on a CPU
         tuned = engine_module.INDUCTOR_OPTIONS
         engine_module.INDUCTOR_OPTIONS = untuned_options()
         engines["untuned"] = DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=True)
         engine_module.INDUCTOR_OPTIONS = tuned
     for engine in engines.values():
-        engine.add([Row(ids, sampling, generator, "prior")
-                    for ids, generator in zip(prompts.tolist(), generators(range(batch), device))])
+        engine.add(
+            [
+                Row(ids, sampling, generator, "prior")
+                for ids, generator in zip(prompts.tolist(), generators(range(batch), device))
+            ]
+        )
 
     @torch.inference_mode()
     def run(engine):  # the rows rewound to the end of their prompt, then n steps: the tokens (B, n)
@@ -253,27 +284,31 @@ def engine_step_eager_vs_compiled(config, batch, args, device):
             same[name] = (run(engine) == reference).double().mean().item()
             print(f"  B={batch}: compiled the {name} step in {sum(engine.compile_seconds.values()):.1f} s", flush=True)
     compile_s = {name: sum(engine.compile_seconds.values()) for name, engine in engines.items() if name != "as is"}
-    times = interleaved_times({name: functools.partial(run, engine) for name, engine in engines.items()},
-                              args.step_rounds, device)
+    times = interleaved_times(
+        {name: functools.partial(run, engine) for name, engine in engines.items()}, args.step_rounds, device
+    )
     return {name: statistics.median(t) / n for name, t in times.items()}, compile_s, same
 
 
 def print_static_step(config, args, device, limits, element_bytes):
     at_target = args.size == "paper-1.5b" and args.dtype == "bf16" and device.type == "cuda"
-    print(f"(d) the decoding engine's step (the rows' draws, the model, each row's sampling), as is "
-          f"({'CUDA graph' if device.type == 'cuda' else 'eager'}) vs compiled by Inductor"
-          f"{' then captured (untuned: without coordinate-descent tuning)' if device.type == 'cuda' else ''}, "
-          f"{args.step_rounds} rounds; targets at paper-1.5b bf16 on an H100 (the inductor step): B=1 roof >= "
-          f"{TARGET_B1_ROOF:.0%}, B=16 >= {TARGET_B16_TOKENS_S:,.0f} tok/s"
-          f"{'' if at_target else ' (not this configuration: figures for reading only)'}")
+    print(
+        f"(d) the decoding engine's step (the rows' draws, the model, each row's sampling), as is "
+        f"({'CUDA graph' if device.type == 'cuda' else 'eager'}) vs compiled by Inductor"
+        f"{' then captured (untuned: without coordinate-descent tuning)' if device.type == 'cuda' else ''}, "
+        f"{args.step_rounds} rounds; targets at paper-1.5b bf16 on an H100 (the inductor step): B=1 roof >= "
+        f"{TARGET_B1_ROOF:.0%}, B=16 >= {TARGET_B16_TOKENS_S:,.0f} tok/s"
+        f"{'' if at_target else ' (not this configuration: figures for reading only)'}"
+    )
     for batch in args.batch:
         seconds, compile_s, same = engine_step_eager_vs_compiled(config, batch, args, device)
         visible = args.prompt_len + args.new_tokens / 2  # positions a step attends, on average
         roofline_s = static_step_bytes(config, batch, visible, element_bytes) / (limits["copy_gbps"] * 1e9)
         tokens = batch / seconds["inductor"]
         if batch == 1:
-            target = f"roof >= {TARGET_B1_ROOF:.0%}: " + ("PASS" if roofline_s / seconds["inductor"] >= TARGET_B1_ROOF
-                                                          else "FAIL")
+            target = f"roof >= {TARGET_B1_ROOF:.0%}: " + (
+                "PASS" if roofline_s / seconds["inductor"] >= TARGET_B1_ROOF else "FAIL"
+            )
         elif batch == 16:
             target = f">= {TARGET_B16_TOKENS_S:,.0f} tok/s: " + ("PASS" if tokens >= TARGET_B16_TOKENS_S else "FAIL")
         else:
@@ -283,12 +318,17 @@ def print_static_step(config, args, device, limits, element_bytes):
         print(f"B={batch}: target {target}")
         print(f"  {'step':>8} | {'ms/step':>8} {'tok/s':>9} {'roof':>6} | {'compile s':>9} | {'equal tokens':>12}")
         for name, s in seconds.items():
-            compiled = f"{compile_s[name]:>9.1f} | {same[name]:>12.1%}" if name in compile_s else f"{'-':>9} | {'-':>12}"
+            compiled = (
+                f"{compile_s[name]:>9.1f} | {same[name]:>12.1%}" if name in compile_s else f"{'-':>9} | {'-':>12}"
+            )
             print(f"  {name:>8} | {s * 1e3:>8.2f} {batch / s:>9.1f} {roofline_s / s:>6.1%} | {compiled}", flush=True)
         if at_target and batch == 1:
-            write_figure(args.figures, "decode-step-b1-roof-tuned", roofline_s / seconds["inductor"], "the engine's step alone")
-            write_figure(args.figures, "decode-step-b1-roof-untuned", roofline_s / seconds["untuned"],
-                         "the engine's step alone")
+            write_figure(
+                args.figures, "decode-step-b1-roof-tuned", roofline_s / seconds["inductor"], "the engine's step alone"
+            )
+            write_figure(
+                args.figures, "decode-step-b1-roof-untuned", roofline_s / seconds["untuned"], "the engine's step alone"
+            )
 
 
 def write_decode_figures(path, batch, tokens_per_s, roof, free_vs_base, first) -> None:
@@ -313,23 +353,38 @@ def main():
     parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes for part (a)")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per call in part (a)")
-    parser.add_argument("--recompute-tokens", type=int, default=TARGET_CACHE_TOKENS,
-                        help="tokens generated per call in part (b); 0 skips it")
+    parser.add_argument(
+        "--recompute-tokens",
+        type=int,
+        default=TARGET_CACHE_TOKENS,
+        help="tokens generated per call in part (b); 0 skips it",
+    )
     parser.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds of part (a)")
     parser.add_argument("--recompute-rounds", type=int, default=3, help="interleaved timing rounds of part (b)")
-    parser.add_argument("--size", choices=SIZES, help="a named size's dims (overrides --dim ... --vocab; H=16 "
-                                                        "unless --bits is given)")
+    parser.add_argument(
+        "--size", choices=SIZES, help="a named size's dims (overrides --dim ... --vocab; H=16 unless --bits is given)"
+    )
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp32", help="weights and KV cache dtype")
-    parser.add_argument("--compile", action="store_true",
-                        help="generate(..., compile=True): graph-captured decoding on CUDA")
-    parser.add_argument("--parts", nargs="+", choices=("a", "b", "c", "d"), default=None,
-                        help="parts to run (default a b, and c with --compile); d: the engine's step, eager vs Inductor")
+    parser.add_argument(
+        "--compile", action="store_true", help="generate(..., compile=True): graph-captured decoding on CUDA"
+    )
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("a", "b", "c", "d"),
+        default=None,
+        help="parts to run (default a b, and c with --compile); d: the engine's step, eager vs Inductor",
+    )
     parser.add_argument("--step-rounds", type=int, default=5, help="interleaved timing rounds of part (d)")
     parser.add_argument("--instances", type=int, default=2, help="instances of each model in part (a), at least 1")
-    parser.add_argument("--untuned", action="store_true",
-                        help="compile the decoding steps without coordinate-descent tuning (part (d) compares both)")
-    parser.add_argument("--figures", metavar="PATH",
-                        help="append the GPU targets' figures (bench/targets.py) to PATH as JSON lines")
+    parser.add_argument(
+        "--untuned",
+        action="store_true",
+        help="compile the decoding steps without coordinate-descent tuning (part (d) compares both)",
+    )
+    parser.add_argument(
+        "--figures", metavar="PATH", help="append the GPU targets' figures (bench/targets.py) to PATH as JSON lines"
+    )
     add_machine_arguments(parser)
     args = parser.parse_args()
     if args.instances < 1:
@@ -357,34 +412,49 @@ def main():
     print(describe_machine(device))
     limits = matmul_limits_gflops(device, bandwidth=True)
     print(describe_limits(limits))
-    print(f"{describe_size(args)}{' (' + args.size + ')' if args.size else ''} "
-          f"H={args.bits}, prompt {args.prompt_len} tokens, {args.dtype}{', compiled decoding' if args.compile else ''}")
+    print(
+        f"{describe_size(args)}{' (' + args.size + ')' if args.size else ''} "
+        f"H={args.bits}, prompt {args.prompt_len} tokens, {args.dtype}{', compiled decoding' if args.compile else ''}"
+    )
 
     if "a" in args.parts:
-        print(f"(a) Free vs baseline, KV cache, {args.new_tokens} new tokens, temperature 1, prior latents, "
-              f"{args.rounds} rounds; target Free / baseline >= {TARGET_FREE_VS_BASELINE}")
-        print(f"{'B':>3} | {'free tok/s':>10} {'base tok/s':>10} {'free/base':>9} {'control':>7} | "
-              f"model GFLOP/s free base | roof free  base | target")
+        print(
+            f"(a) Free vs baseline, KV cache, {args.new_tokens} new tokens, temperature 1, prior latents, "
+            f"{args.rounds} rounds; target Free / baseline >= {TARGET_FREE_VS_BASELINE}"
+        )
+        print(
+            f"{'B':>3} | {'free tok/s':>10} {'base tok/s':>10} {'free/base':>9} {'control':>7} | "
+            f"model GFLOP/s free base | roof free  base | target"
+        )
     at_target = args.size == "paper-1.5b" and args.dtype == "bf16" and device.type == "cuda" and args.compile
     for batch in args.batch if "a" in args.parts else ():
         free_s, base_s, ratio, control, first = free_vs_baseline(config, batch, args, device)
         flops = cached_decode_flops(config, batch, args.prompt_len, args.new_tokens)
-        roofline_s = (cached_decode_bytes(config, batch, args.prompt_len, args.new_tokens, element_bytes)
-                      / (limits["copy_gbps"] * 1e9))
+        roofline_s = cached_decode_bytes(config, batch, args.prompt_len, args.new_tokens, element_bytes) / (
+            limits["copy_gbps"] * 1e9
+        )
         tokens = batch * args.new_tokens
         target = "PASS" if ratio >= TARGET_FREE_VS_BASELINE else "FAIL"
-        print(f"{batch:>3} | {tokens / free_s:>10.1f} {tokens / base_s:>10.1f} {ratio:>9.3f} {control:>7.3f} | "
-              f"{'':>14}{flops / free_s / 1e9:>4.1f} {flops / base_s / 1e9:>4.1f} | "
-              f"{'':>4}{roofline_s / free_s:>5.1%} {roofline_s / base_s:>5.1%} | {target}", flush=True)
-        print(f"    first call of each instance (compiles and captures under --compile), s: "
-              + ", ".join(f"{name} {seconds:.1f}" for name, seconds in first.items()), flush=True)
+        print(
+            f"{batch:>3} | {tokens / free_s:>10.1f} {tokens / base_s:>10.1f} {ratio:>9.3f} {control:>7.3f} | "
+            f"{'':>14}{flops / free_s / 1e9:>4.1f} {flops / base_s / 1e9:>4.1f} | "
+            f"{'':>4}{roofline_s / free_s:>5.1%} {roofline_s / base_s:>5.1%} | {target}",
+            flush=True,
+        )
+        print(
+            "    first call of each instance (compiles and captures under --compile), s: "
+            + ", ".join(f"{name} {seconds:.1f}" for name, seconds in first.items()),
+            flush=True,
+        )
         if at_target:
             write_decode_figures(args.figures, batch, tokens / free_s, roofline_s / free_s, ratio, first)
 
     if args.recompute_tokens:
         n = args.recompute_tokens
-        print(f"(b) Free Transformer, B=1, greedy, {n} new tokens: KV cache vs recomputing the prefix, "
-              f"{args.recompute_rounds} rounds; target >= {TARGET_CACHE_SPEEDUP:g}x at {TARGET_CACHE_TOKENS} tokens")
+        print(
+            f"(b) Free Transformer, B=1, greedy, {n} new tokens: KV cache vs recomputing the prefix, "
+            f"{args.recompute_rounds} rounds; target >= {TARGET_CACHE_SPEEDUP:g}x at {TARGET_CACHE_TOKENS} tokens"
+        )
         cached_s, recompute_s, speedup, same = cache_vs_recompute(config, args, device)
         cached_flops = cached_decode_flops(config, 1, args.prompt_len, n)
         recompute_flops = recompute_decode_flops(config, 1, args.prompt_len, n)
@@ -394,18 +464,25 @@ def main():
             print(f"{name:>9} | {n / seconds:>8.1f} {seconds:>8.2f} {flops / 1e9:>7.1f} {flops / seconds / 1e9:>7.1f}")
         print(f"recompute / cached time: {speedup:.1f}x {target}; same tokens: {same}")
     if "c" in args.parts:
-        print(f"(c) compiled decoding, {args.new_tokens} new tokens, temperature 1: graph == the engine's step eagerly "
-              "(must hold); share of tokens equal to eager decoding")
+        print(
+            f"(c) compiled decoding, {args.new_tokens} new tokens, temperature 1: graph == the engine's step eagerly "
+            "(must hold); share of tokens equal to eager decoding"
+        )
         for batch in args.batch:
             same, agreement = graph_vs_eager(config, batch, args, device)
-            print(f"B={batch}: graph == the step eagerly: {same} {'PASS' if same else 'FAIL'}; "
-                  f"equal to eager decoding: {agreement:.1%}", flush=True)
+            print(
+                f"B={batch}: graph == the step eagerly: {same} {'PASS' if same else 'FAIL'}; "
+                f"equal to eager decoding: {agreement:.1%}",
+                flush=True,
+            )
     if "d" in args.parts:
         print_static_step(config, args, device, limits, element_bytes)
-    print("control: two baseline instances timed in every round (A/A), tokens/s of the second / the first: "
-          "what noise and memory placement alone do to a ratio; roof = (weights + KV-cache bytes read) / copy "
-          "bandwidth / measured time (targets on a GPU, paper-1.5b bf16: B=1 roof >= 60% and free/base >= 0.97; "
-          "B=16 free/base >= 0.98)")
+    print(
+        "control: two baseline instances timed in every round (A/A), tokens/s of the second / the first: "
+        "what noise and memory placement alone do to a ratio; roof = (weights + KV-cache bytes read) / copy "
+        "bandwidth / measured time (targets on a GPU, paper-1.5b bf16: B=1 roof >= 60% and free/base >= 0.97; "
+        "B=16 free/base >= 0.98)"
+    )
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -59,68 +59,259 @@ class Step:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("train-compiled", 120, 60,
-         ("{python}", "bench/step.py", *PAPER, "--bits", "16", "--compile", "--memory-here", "--figures", "{figures}"),
-         reads=("train-base-mfu", "train-peak", "train-free-per-flop"),
-         what="the training step, every block compiled (compile=true), Free H=16 and the baseline, B=4, T=2048"),
-    Step("profile-decode", 90, 60,
-         ("{python}", "bench/profile_steps.py", *PAPER, "--parts", "decode", "--decode-batch", "1", "--new-tokens",
-          "64", "--untuned", "--top", "30"),
-         what="where the compiled B=1 decoding step's GPU time goes (the decode-b1-roof target): generate(compile=True) "
-              "as decode-compiled calls it, compiled untuned; first in the decode part, it leaves Inductor's cache warm "
-              "for decode-compiled"),
-    Step("decode-compiled", 200, 120,
-         ("{python}", "bench/generate.py", *PAPER, "--batch", "1", "16", "--new-tokens", "64", "--parts", "a",
-          "--rounds", "5", "--compile", "--untuned", "--figures", "{figures}"),
-         reads=("decode-b1-roof", "decode-b1-free-base", "decode-b16-tokens", "decode-b16-free-base",
-                "decode-compile-cold", "decode-compile-warm"),
-         what="generate(compile=True), Free and baseline, two instances each, B=1 and 16, 64 new tokens; the step "
-              "compiled without coordinate-descent tuning (its compile time is bounded; decode-tuned times it)"),
-    Step("pytest", 240, 60, ("{python}", "-m", "pytest", "--device", "cuda", "-q", "-rs", "-p", "no:cacheprovider"),
-         what="the tests that take the device fixture, on the GPU, and tests/test_cuda.py"),
-    Step("demo-paper", 300, 150,
-         ("{python}", "-m", "free_transformer.cli", "demo", "--preset", "paper", "--seeds", "3", "--device", "cuda",
-          "--out", "{out}/demo-paper"),
-         reads=("demo-paper-seconds",), timed="demo-paper-seconds",
-         what="the paper's synthetic recipe, 18 models sharing the GPU"),
-    Step("serve", 240, 120,
-         ("{python}", "bench/serve.py", *PAPER, "--device", "cuda", "--compile", "--clients", "16", "--max-batch",
-          "16", "--tokens", "64", "--context", "256", "--rounds", "2", "--long-tokens", "128", "--queued", "4", "16",
-          "--figures", "{figures}"),
-         reads=("serve-b16-vs-offline",),
-         what="serve --compile (each bucket compiled and captured at start-up), 16 concurrent clients against "
-              "offline generate(compile=True) at B=16, 64 tokens each"),
-    Step("decode-tuned", 300, 120,
-         ("{python}", "bench/generate.py", *PAPER, "--parts", "d", "--batch", "1", "--new-tokens", "64",
-          "--step-rounds", "5", "--figures", "{figures}"),
-         reads=("decode-step-b1-roof-tuned", "decode-step-b1-roof-untuned"),
-         what="the B=1 decoding step alone: CUDA graph, compiled with coordinate-descent tuning (generate's default) "
-              "and without; tuning may take minutes, so it runs here, cut with its time so far if need be"),
-    Step("profile", 240, 120,
-         ("{python}", "bench/profile_steps.py", *PAPER, "--new-tokens", "64", "--decode-batch", "16", "--untuned",
-          "--top", "25"),
-         what="where an eager training step and the compiled B=16 decoding step spend their GPU time"),
-    Step("profile-compiled", 240, 120,
-         ("{python}", "bench/profile_steps.py", *PAPER, "--compile", "--parts", "train", "--top", "25"),
-         what="where the compiled training step's GPU time goes (the MFU target)"),
-    Step("mapper", 120, 60, ("{python}", "bench/mapper.py", "--quick", "--dtype", "bf16", "--figures", "{figures}"),
-         reads=("mapper-matmul-x",), what="the Binary Mapper at N=8192, D=1536, H 8 and 16"),
-    Step("step-eager", 180, 90,
-         ("{python}", "bench/step.py", *PAPER, "--bits", "16", "--memory-here", "--figures", "{figures}"),
-         reads=("train-free-per-flop-eager",), what="the training step, eager"),
-    Step("generate-eager", 180, 90,
-         ("{python}", "bench/generate.py", *PAPER, "--batch", "1", "16", "--new-tokens", "64", "--parts", "a",
-          "--rounds", "5"),
-         what="eager decoding, Free and baseline"),
-    *(Step(f"peers-{dtype}", 150, 90,
-           ("{python}", "bench/peers.py", "--layers", "16", "--dim", "1024", "--heads", "16", "--kv-heads", "4",
-            "--ffn", "2816", "--vocab", "32000", "--seq-len", "1024", "--batch", "8", "--rounds", "3", "--dtype",
-            dtype, "--figures", "{figures}"),
-           reads=tuple(f"peers-{dtype}-h{bits}-{what}" for bits in (16, 8) for what in ("time", "memory")),
-           needs="x_transformers.free_transformer",
-           what="against x-transformers 2.31.10 (pip install x-transformers==2.31.10)") for dtype in ("bf16", "fp32")),
-    Step("latent-kinds", 120, 60, ("{python}", "bench/latent_kinds.py", "--rounds", "5"),
-         what="the latent variants at cpu-small sizes"),
+    Step(
+        "train-compiled",
+        120,
+        60,
+        ("{python}", "bench/step.py", *PAPER, "--bits", "16", "--compile", "--memory-here", "--figures", "{figures}"),
+        reads=("train-base-mfu", "train-peak", "train-free-per-flop"),
+        what="the training step, every block compiled (compile=true), Free H=16 and the baseline, B=4, T=2048",
+    ),
+    Step(
+        "profile-decode",
+        90,
+        60,
+        (
+            "{python}",
+            "bench/profile_steps.py",
+            *PAPER,
+            "--parts",
+            "decode",
+            "--decode-batch",
+            "1",
+            "--new-tokens",
+            "64",
+            "--untuned",
+            "--top",
+            "30",
+        ),
+        what="where the compiled B=1 decoding step's GPU time goes (the decode-b1-roof target): generate(compile=True) "
+        "as decode-compiled calls it, compiled untuned; first in the decode part, it leaves Inductor's cache warm "
+        "for decode-compiled",
+    ),
+    Step(
+        "decode-compiled",
+        200,
+        120,
+        (
+            "{python}",
+            "bench/generate.py",
+            *PAPER,
+            "--batch",
+            "1",
+            "16",
+            "--new-tokens",
+            "64",
+            "--parts",
+            "a",
+            "--rounds",
+            "5",
+            "--compile",
+            "--untuned",
+            "--figures",
+            "{figures}",
+        ),
+        reads=(
+            "decode-b1-roof",
+            "decode-b1-free-base",
+            "decode-b16-tokens",
+            "decode-b16-free-base",
+            "decode-compile-cold",
+            "decode-compile-warm",
+        ),
+        what="generate(compile=True), Free and baseline, two instances each, B=1 and 16, 64 new tokens; the step "
+        "compiled without coordinate-descent tuning (its compile time is bounded; decode-tuned times it)",
+    ),
+    Step(
+        "pytest",
+        240,
+        60,
+        ("{python}", "-m", "pytest", "--device", "cuda", "-q", "-rs", "-p", "no:cacheprovider"),
+        what="the tests that take the device fixture, on the GPU, and tests/test_cuda.py",
+    ),
+    Step(
+        "demo-paper",
+        300,
+        150,
+        (
+            "{python}",
+            "-m",
+            "free_transformer.cli",
+            "demo",
+            "--preset",
+            "paper",
+            "--seeds",
+            "3",
+            "--device",
+            "cuda",
+            "--out",
+            "{out}/demo-paper",
+        ),
+        reads=("demo-paper-seconds",),
+        timed="demo-paper-seconds",
+        what="the paper's synthetic recipe, 18 models sharing the GPU",
+    ),
+    Step(
+        "serve",
+        240,
+        120,
+        (
+            "{python}",
+            "bench/serve.py",
+            *PAPER,
+            "--device",
+            "cuda",
+            "--compile",
+            "--clients",
+            "16",
+            "--max-batch",
+            "16",
+            "--tokens",
+            "64",
+            "--context",
+            "256",
+            "--rounds",
+            "2",
+            "--long-tokens",
+            "128",
+            "--queued",
+            "4",
+            "16",
+            "--figures",
+            "{figures}",
+        ),
+        reads=("serve-b16-vs-offline",),
+        what="serve --compile (each bucket compiled and captured at start-up), 16 concurrent clients against "
+        "offline generate(compile=True) at B=16, 64 tokens each",
+    ),
+    Step(
+        "decode-tuned",
+        300,
+        120,
+        (
+            "{python}",
+            "bench/generate.py",
+            *PAPER,
+            "--parts",
+            "d",
+            "--batch",
+            "1",
+            "--new-tokens",
+            "64",
+            "--step-rounds",
+            "5",
+            "--figures",
+            "{figures}",
+        ),
+        reads=("decode-step-b1-roof-tuned", "decode-step-b1-roof-untuned"),
+        what="the B=1 decoding step alone: CUDA graph, compiled with coordinate-descent tuning (generate's default) "
+        "and without; tuning may take minutes, so it runs here, cut with its time so far if need be",
+    ),
+    Step(
+        "profile",
+        240,
+        120,
+        (
+            "{python}",
+            "bench/profile_steps.py",
+            *PAPER,
+            "--new-tokens",
+            "64",
+            "--decode-batch",
+            "16",
+            "--untuned",
+            "--top",
+            "25",
+        ),
+        what="where an eager training step and the compiled B=16 decoding step spend their GPU time",
+    ),
+    Step(
+        "profile-compiled",
+        240,
+        120,
+        ("{python}", "bench/profile_steps.py", *PAPER, "--compile", "--parts", "train", "--top", "25"),
+        what="where the compiled training step's GPU time goes (the MFU target)",
+    ),
+    Step(
+        "mapper",
+        120,
+        60,
+        ("{python}", "bench/mapper.py", "--quick", "--dtype", "bf16", "--figures", "{figures}"),
+        reads=("mapper-matmul-x",),
+        what="the Binary Mapper at N=8192, D=1536, H 8 and 16",
+    ),
+    Step(
+        "step-eager",
+        180,
+        90,
+        ("{python}", "bench/step.py", *PAPER, "--bits", "16", "--memory-here", "--figures", "{figures}"),
+        reads=("train-free-per-flop-eager",),
+        what="the training step, eager",
+    ),
+    Step(
+        "generate-eager",
+        180,
+        90,
+        (
+            "{python}",
+            "bench/generate.py",
+            *PAPER,
+            "--batch",
+            "1",
+            "16",
+            "--new-tokens",
+            "64",
+            "--parts",
+            "a",
+            "--rounds",
+            "5",
+        ),
+        what="eager decoding, Free and baseline",
+    ),
+    *(
+        Step(
+            f"peers-{dtype}",
+            150,
+            90,
+            (
+                "{python}",
+                "bench/peers.py",
+                "--layers",
+                "16",
+                "--dim",
+                "1024",
+                "--heads",
+                "16",
+                "--kv-heads",
+                "4",
+                "--ffn",
+                "2816",
+                "--vocab",
+                "32000",
+                "--seq-len",
+                "1024",
+                "--batch",
+                "8",
+                "--rounds",
+                "3",
+                "--dtype",
+                dtype,
+                "--figures",
+                "{figures}",
+            ),
+            reads=tuple(f"peers-{dtype}-h{bits}-{what}" for bits in (16, 8) for what in ("time", "memory")),
+            needs="x_transformers.free_transformer",
+            what="against x-transformers 2.31.10 (pip install x-transformers==2.31.10)",
+        )
+        for dtype in ("bf16", "fp32")
+    ),
+    Step(
+        "latent-kinds",
+        120,
+        60,
+        ("{python}", "bench/latent_kinds.py", "--rounds", "5"),
+        what="the latent variants at cpu-small sizes",
+    ),
 )
 
 
@@ -140,14 +331,18 @@ def plan(steps, budget: int) -> list[tuple[Step, int | None, int]]:
 
 
 def print_plan(steps, budget: int) -> None:
-    print(f"gpu-check plan: budget {budget} s, each step's limit what is left of it, at most its own "
-          "(the worst case: every step using its whole limit)")
+    print(
+        f"gpu-check plan: budget {budget} s, each step's limit what is left of it, at most its own "
+        "(the worst case: every step using its whole limit)"
+    )
     print(f"{'step':<17} {'limit s':>7} {'starts by s':>11}  reads")
     for step, limit, start in plan(steps, budget):
         limit_text = f"{limit:>7}" if limit is not None else f"{'not run':>7}"
         print(f"{step.name:<17} {limit_text} {start:>11}  {', '.join(step.reads) or '-'}")
-    print(f"{'':<17} {sum(limit or 0 for _, limit, _ in plan(steps, budget)):>7} s in all; steps that end early "
-          "leave their time to the later ones")
+    print(
+        f"{'':<17} {sum(limit or 0 for _, limit, _ in plan(steps, budget)):>7} s in all; steps that end early "
+        "leave their time to the later ones"
+    )
 
 
 @dataclass
@@ -194,8 +389,9 @@ class Check:
         print(f"[gpu-check] {step.name} (limit {outcome.limit} s): {outcome.command}", file=sys.stderr, flush=True)
         began = time.monotonic()
         with open(log_path, "w") as log:
-            self.running = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.running = subprocess.Popen(
+                command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
             try:
                 rc = self.running.wait(timeout=outcome.limit)
                 outcome.status = "ok" if rc == 0 else f"FAILED (exit {rc})"
@@ -224,25 +420,58 @@ class Check:
         figures = read_figures(self.figures_path)
         rows = target_rows(figures, self.outcomes, self.steps)
         with open(os.path.join(self.out, "targets.json"), "w") as f:
-            json.dump({"budget_s": self.budget, "elapsed_s": round(time.monotonic() - self.started),
-                       "stopped": stopped, "targets": rows}, f, indent=1)
-        lines = [self.header, "", "## Targets", "", "| target | what | threshold | measured | verdict | step |",
-                 "|---|---|---|---|---|---|"]
+            json.dump(
+                {
+                    "budget_s": self.budget,
+                    "elapsed_s": round(time.monotonic() - self.started),
+                    "stopped": stopped,
+                    "targets": rows,
+                },
+                f,
+                indent=1,
+            )
+        lines = [
+            self.header,
+            "",
+            "## Targets",
+            "",
+            "| target | what | threshold | measured | verdict | step |",
+            "|---|---|---|---|---|---|",
+        ]
         for row in rows:
             measured = format_value(row["value"], row["unit"]) if row["value"] is not None else "-"
             note = f" ({row['note']})" if row.get("note") else ""
-            lines.append(f"| `{row['id']}` | {row['what']}{note} | {row['target']} | {measured} | {row['verdict']} | "
-                         f"{row['step']} |")
-        lines += ["", f"## Steps (budget {self.budget} s, {time.monotonic() - self.started:.0f} s elapsed"
-                      f"{', stopped from outside' if stopped else ''})", "",
-                  "| step | status | seconds | limit |", "|---|---|---|---|"]
+            lines.append(
+                f"| `{row['id']}` | {row['what']}{note} | {row['target']} | {measured} | {row['verdict']} | "
+                f"{row['step']} |"
+            )
+        lines += [
+            "",
+            f"## Steps (budget {self.budget} s, {time.monotonic() - self.started:.0f} s elapsed"
+            f"{', stopped from outside' if stopped else ''})",
+            "",
+            "| step | status | seconds | limit |",
+            "|---|---|---|---|",
+        ]
         for outcome in self.outcomes:
-            lines.append(f"| {outcome.step.name} | {outcome.status} | {outcome.seconds:.0f} | "
-                         f"{outcome.limit if outcome.limit is not None else '-'} |")
+            lines.append(
+                f"| {outcome.step.name} | {outcome.status} | {outcome.seconds:.0f} | "
+                f"{outcome.limit if outcome.limit is not None else '-'} |"
+            )
         for outcome in self.outcomes:
             if outcome.command:
-                lines += ["", f"## {outcome.step.name}: {outcome.status}, {outcome.seconds:.0f} s", "",
-                          outcome.step.what, "", f"`{outcome.command}`", "", "```", outcome.log.rstrip(), "```"]
+                lines += [
+                    "",
+                    f"## {outcome.step.name}: {outcome.status}, {outcome.seconds:.0f} s",
+                    "",
+                    outcome.step.what,
+                    "",
+                    f"`{outcome.command}`",
+                    "",
+                    "```",
+                    outcome.log.rstrip(),
+                    "```",
+                ]
         with open(os.path.join(self.out, "gpu-report.md"), "w") as f:
             f.write("\n".join(lines) + "\n")
 
@@ -259,8 +488,18 @@ def target_rows(figures: dict[str, dict], outcomes: list[Outcome], steps) -> lis
                 value, note = figure["value"], figure.get("note", "")
             else:
                 verdict, value, note = status.get(step.name, "not run"), None, ""
-            rows.append({"id": target_id, "what": target.what, "target": target.threshold(), "unit": target.unit,
-                         "value": value, "verdict": verdict, "step": step.name, "note": note})
+            rows.append(
+                {
+                    "id": target_id,
+                    "what": target.what,
+                    "target": target.threshold(),
+                    "unit": target.unit,
+                    "value": value,
+                    "verdict": verdict,
+                    "step": step.name,
+                    "note": note,
+                }
+            )
     return rows
 
 
@@ -286,20 +525,38 @@ def read_log(path: str) -> str:
 
 def header(python: str, budget: int, cache_files: int) -> str:
     versions = subprocess.run(
-        [python, "-c", "import platform, torch; print('python', platform.python_version(), '| torch', torch.__version__, "
-                       "'CUDA', torch.version.cuda, '| device', torch.cuda.get_device_name(0))"],
-        capture_output=True, text=True).stdout.strip()
+        [
+            python,
+            "-c",
+            "import platform, torch; print('python', platform.python_version(), '| torch', torch.__version__, "
+            "'CUDA', torch.version.cuda, '| device', torch.cuda.get_device_name(0))",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     dirty = commit.returncode == 0 and subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip() if _has("nvidia-smi") else "nvidia-smi not found"
+    smi = (
+        subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if _has("nvidia-smi")
+        else "nvidia-smi not found"
+    )
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", CACHE_DIR)
-    return "\n".join([
-        f"# GPU check, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "",
-        f"commit {commit.stdout.strip() or 'unknown (no git repository)'}{' (with uncommitted changes)' if dirty else ''}, host "
-        f"{platform.node()}; {versions}; {smi}", "",
-        f"Inductor cache {os.path.relpath(cache, ROOT)}: "
-        f"{f'warm, {cache_files} files at the start' if cache_files else 'cold (empty at the start)'}."])
+    return "\n".join(
+        [
+            f"# GPU check, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+            "",
+            f"commit {commit.stdout.strip() or 'unknown (no git repository)'}{' (with uncommitted changes)' if dirty else ''}, host "
+            f"{platform.node()}; {versions}; {smi}",
+            "",
+            f"Inductor cache {os.path.relpath(cache, ROOT)}: "
+            f"{f'warm, {cache_files} files at the start' if cache_files else 'cold (empty at the start)'}.",
+        ]
+    )
 
 
 def _has(command: str) -> bool:
@@ -314,10 +571,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/gpu-check.sh", description=__doc__.split("\n")[0])
     parser.add_argument("out", nargs="?", help="the report's folder (default gpu-check-<date>-<time>)")
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help=f"seconds in all (default {DEFAULT_BUDGET})")
-    parser.add_argument("--only", nargs="+", metavar="STEP", help=f"these steps alone, in STEPS' order: "
-                                                                   f"{' '.join(s.name for s in STEPS)}")
-    parser.add_argument("--plan", action="store_true", help="print the steps the budget allows, with their limits, "
-                                                           "and exit (any machine)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="STEP",
+        help=f"these steps alone, in STEPS' order: {' '.join(s.name for s in STEPS)}",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the steps the budget allows, with their limits, and exit (any machine)",
+    )
     args = parser.parse_args(argv)
     if args.budget <= 0:
         parser.error("--budget must be a positive number of seconds")
@@ -330,11 +594,14 @@ def main(argv=None) -> int:
         print_plan(steps, args.budget)
         return 0
     python = os.environ.get("PYTHON") or sys.executable
-    probe = subprocess.run([python, "-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"],
-                           capture_output=True)
+    probe = subprocess.run(
+        [python, "-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"], capture_output=True
+    )
     if probe.returncode:
-        print(f"gpu-check: no CUDA device ({python}: torch missing or torch.cuda.is_available() is False)",
-              file=sys.stderr)
+        print(
+            f"gpu-check: no CUDA device ({python}: torch missing or torch.cuda.is_available() is False)",
+            file=sys.stderr,
+        )
         return 2
     out = os.path.abspath(args.out or f"gpu-check-{datetime.now():%Y%m%d-%H%M%S}")
     os.makedirs(out, exist_ok=True)
@@ -353,8 +620,10 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, stopped)
     signal.signal(signal.SIGINT, stopped)
     rc = check.run()
-    print(f"[gpu-check] report: {os.path.join(out, 'gpu-report.md')} ({time.monotonic() - check.started:.0f} s)",
-          file=sys.stderr)
+    print(
+        f"[gpu-check] report: {os.path.join(out, 'gpu-report.md')} ({time.monotonic() - check.started:.0f} s)",
+        file=sys.stderr,
+    )
     return rc
 
 

@@ -21,10 +21,21 @@ import argparse
 import functools
 import statistics
 
+from common import (
+    add_machine_arguments,
+    add_model_arguments,
+    describe_limits,
+    describe_machine,
+    describe_size,
+    interleaved_times,
+    matmul_limits_gflops,
+    median_ratio,
+    mfu,
+    model_config,
+    setup_machine,
+)
 from step import build, make_batch, train_step
 
-from common import (add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
-                    interleaved_times, matmul_limits_gflops, median_ratio, mfu, model_config, setup_machine)
 from free_transformer.model.config import LatentConfig
 from free_transformer.model.latent import LATENT_KINDS
 
@@ -49,8 +60,9 @@ def main() -> None:
     configs = {"baseline": model_config(args, max_seq_len=args.seq_len, latent_units=0)}
     for bits in args.bits:
         for kind in args.kinds:
-            configs[f"{kind} H={bits}"] = model_config(args, max_seq_len=args.seq_len, latent_units=bits,
-                                                       latent=LatentConfig(kind))
+            configs[f"{kind} H={bits}"] = model_config(
+                args, max_seq_len=args.seq_len, latent_units=bits, latent=LatentConfig(kind)
+            )
     tokens = make_batch(configs["baseline"], args.batch, args.seq_len, device)
     steps = {}
     for name, config in configs.items():
@@ -59,14 +71,18 @@ def main() -> None:
     times = interleaved_times(steps, args.rounds, device)
 
     base_flops = configs["baseline"].training_flops_per_token(args.seq_len)
-    print(f"\n{'model':<20} {'ms/step':>9} {'vs baseline':>12} {'FLOP ratio':>11} {'params':>11} "
-          f"{'TFLOP/s':>8} {'MFU':>6}")
+    print(
+        f"\n{'model':<20} {'ms/step':>9} {'vs baseline':>12} {'FLOP ratio':>11} {'params':>11} "
+        f"{'TFLOP/s':>8} {'MFU':>6}"
+    )
     for name, config in configs.items():
         ratio = median_ratio(times[name], times["baseline"])
         flops = config.training_flops_per_token(args.seq_len)
         achieved = flops * args.seq_len * args.batch / statistics.median(times[name])
-        print(f"{name:<20} {statistics.median(times[name]) * 1e3:9.1f} {ratio:12.3f} {flops / base_flops:11.3f} "
-              f"{config.num_params():11,} {achieved / 1e12:8.3f} {mfu(achieved, limits, args.dtype):6.1%}")
+        print(
+            f"{name:<20} {statistics.median(times[name]) * 1e3:9.1f} {ratio:12.3f} {flops / base_flops:11.3f} "
+            f"{config.num_params():11,} {achieved / 1e12:8.3f} {mfu(achieved, limits, args.dtype):6.1%}"
+        )
     print(f"TFLOP/s = training_flops_per_token(T) * B * T / median step; MFU = that / the {args.dtype} matmul limit")
 
 

@@ -30,13 +30,23 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+from common import (
+    MIB,
+    add_machine_arguments,
+    describe_limits,
+    describe_machine,
+    interleaved_times,
+    matmul_limits_gflops,
+    median_ratio,
+    mfu,
+    peak_memory_in_fresh_process,
+    setup_machine,
+)
+from targets import TARGETS, write_figure
 from tqdm import tqdm
 
-from common import (MIB, add_machine_arguments, describe_limits, describe_machine, interleaved_times,
-                    matmul_limits_gflops, median_ratio, mfu, peak_memory_in_fresh_process, setup_machine)
 from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
 from free_transformer.model.latent import binary_mapper_project, index_to_bits, sample_bits
-from targets import TARGETS, write_figure
 
 # (H, N tokens, D)
 FULL_GRID = [(h, n, d) for h in (8, 12, 16) for n in (1024, 4096) for d in (256, 512)]
@@ -108,9 +118,7 @@ def time_config(config, device, rounds, precision):
     and fused / matmul; gradient mismatch."""
     inputs = make_inputs(*config, device)
     grads = {variant: step(variant, *inputs, precision) for variant in VARIANTS}  # compared, and a first warm-up
-    grad_err = max(
-        ((f - n).abs().max() / n.abs().max()).item() for f, n in zip(grads["fused"], grads["naive"])
-    )
+    grad_err = max(((f - n).abs().max() / n.abs().max()).item() for f, n in zip(grads["fused"], grads["naive"]))
     del grads
     _, weight, grad_out = inputs
     dtype = torch_dtype(precision)
@@ -120,8 +128,12 @@ def time_config(config, device, rounds, precision):
     variants["matmul"] = functools.partial(matmul_only, dr, table, out)
     times = interleaved_times(variants, rounds, device)
     medians = {name: statistics.median(t) for name, t in times.items()}
-    return (medians, median_ratio(times["naive"], times["fused"]), median_ratio(times["fused"], times["matmul"]),
-            grad_err)
+    return (
+        medians,
+        median_ratio(times["naive"], times["fused"]),
+        median_ratio(times["fused"], times["matmul"]),
+        grad_err,
+    )
 
 
 def setup_inputs(config, device_name, compiled_chunks=False):
@@ -132,8 +144,11 @@ def setup_inputs(config, device_name, compiled_chunks=False):
 def peak_memory(variant, config, device_name, threads, precision, compiled_chunks=False):
     """Extra peak bytes of one forward + backward beyond its inputs, in a fresh process (see bench/common.py)."""
     return peak_memory_in_fresh_process(
-        setup_inputs, functools.partial(step, variant, precision=precision), (config, device_name, compiled_chunks),
-        device_name=device_name, threads=threads,
+        setup_inputs,
+        functools.partial(step, variant, precision=precision),
+        (config, device_name, compiled_chunks),
+        device_name=device_name,
+        threads=threads,
         # compiled chunks compile per shape (dynamic=False): warm up on the measured shape, or the step compiles
         warmup_args=(config if compiled_chunks else (config[0], 8, config[2]), device_name, compiled_chunks),
     )
@@ -150,16 +165,26 @@ def verdict(config, speedup, memory_ratio, matmul_x):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="H in {8, 16}, 3 rounds; N=4096, D=256 on a CPU, N=8192, D=1536 on a GPU")
+    parser.add_argument(
+        "--quick", action="store_true", help="H in {8, 16}, 3 rounds; N=4096, D=256 on a CPU, N=8192, D=1536 on a GPU"
+    )
     parser.add_argument("--repeats", type=int, help="timing rounds per config (default 5, 3 with --quick)")
-    parser.add_argument("--dtype", dest="precision", choices=DTYPE_NAMES, default="fp32",
-                        help="bf16: forward under bf16 autocast (the backward's matmul follows it)")
-    parser.add_argument("--compile", action="store_true",
-                        help="fuse each backward chunk with torch.compile (binary_mapper_project(..., compiled=True), "
-                             "as the trainer's compile=true)")
-    parser.add_argument("--figures", metavar="PATH",
-                        help="append the GPU target's figure (bench/targets.py) to PATH as a JSON line")
+    parser.add_argument(
+        "--dtype",
+        dest="precision",
+        choices=DTYPE_NAMES,
+        default="fp32",
+        help="bf16: forward under bf16 autocast (the backward's matmul follows it)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="fuse each backward chunk with torch.compile (binary_mapper_project(..., compiled=True), "
+        "as the trainer's compile=true)",
+    )
+    parser.add_argument(
+        "--figures", metavar="PATH", help="append the GPU target's figure (bench/targets.py) to PATH as a JSON line"
+    )
     add_machine_arguments(parser)
     args = parser.parse_args()
     device = setup_machine(args)
@@ -170,13 +195,17 @@ def main():
     rounds = args.repeats or (3 if args.quick else 5)
     set_compiled_chunks(args.compile)
 
-    print(f"{describe_machine(device)}, rounds: {rounds}, precision {args.precision}"
-          f"{', compiled chunks' if args.compile else ''}")
+    print(
+        f"{describe_machine(device)}, rounds: {rounds}, precision {args.precision}"
+        f"{', compiled chunks' if args.compile else ''}"
+    )
     limits = matmul_limits_gflops(device)
     print(describe_limits(limits))
-    print(f"target at H={TARGET_BITS}, N={TARGET_TOKENS}: fused >= {TARGET_SPEEDUP:g}x faster, "
-          f">= {TARGET_MEMORY:g}x less peak memory; at (H, N, D) = {GPU_TARGET}: fused <= "
-          f"{GPU_TARGET_MATMUL_X:g}x the dR @ W^T matmul alone")
+    print(
+        f"target at H={TARGET_BITS}, N={TARGET_TOKENS}: fused >= {TARGET_SPEEDUP:g}x faster, "
+        f">= {TARGET_MEMORY:g}x less peak memory; at (H, N, D) = {GPU_TARGET}: fused <= "
+        f"{GPU_TARGET_MATMUL_X:g}x the dR @ W^T matmul alone"
+    )
     rows = []
     for config in tqdm(grid, desc="configs"):
         medians, speedup, matmul_x, grad_err = time_config(config, device, rounds, args.precision)
@@ -186,22 +215,44 @@ def main():
         )
         memory_ratio = naive_mem / fused_mem
         fused_flops = matmul_flops(config) / medians["fused"]  # the fused step's one matmul, per second
-        rows.append((*config, medians["fused"] * 1e3, medians["naive"] * 1e3, speedup, medians["matmul"] * 1e3,
-                     matmul_x, fused_flops / 1e12, mfu(fused_flops, limits, args.precision), fused_mem / MIB,
-                     naive_mem / MIB, memory_ratio, grad_err, verdict(config, speedup, memory_ratio, matmul_x)))
+        rows.append(
+            (
+                *config,
+                medians["fused"] * 1e3,
+                medians["naive"] * 1e3,
+                speedup,
+                medians["matmul"] * 1e3,
+                matmul_x,
+                fused_flops / 1e12,
+                mfu(fused_flops, limits, args.precision),
+                fused_mem / MIB,
+                naive_mem / MIB,
+                memory_ratio,
+                grad_err,
+                verdict(config, speedup, memory_ratio, matmul_x),
+            )
+        )
         if tuple(config) == GPU_TARGET and device.type == "cuda":
-            write_figure(args.figures, "mapper-matmul-x", matmul_x, f"{args.precision}, fused {medians['fused'] * 1e3:.2f} ms")
+            write_figure(
+                args.figures, "mapper-matmul-x", matmul_x, f"{args.precision}, fused {medians['fused'] * 1e3:.2f} ms"
+            )
 
-    print(f"{'H':>3} {'N':>5} {'D':>4} | {'fused ms':>9} {'naive ms':>9} {'time x':>7} | {'matmul ms':>9} "
-          f"{'f/mm':>5} {'TFLOP/s':>7} {'MFU':>5} | {'fused MiB':>9} {'naive MiB':>9} {'mem x':>7} | "
-          f"{'grad err':>8}  target")
+    print(
+        f"{'H':>3} {'N':>5} {'D':>4} | {'fused ms':>9} {'naive ms':>9} {'time x':>7} | {'matmul ms':>9} "
+        f"{'f/mm':>5} {'TFLOP/s':>7} {'MFU':>5} | {'fused MiB':>9} {'naive MiB':>9} {'mem x':>7} | "
+        f"{'grad err':>8}  target"
+    )
     for h, n, d, f_ms, n_ms, speedup, mm_ms, mm_x, tflops, util, f_mib, n_mib, mem_x, err, target in rows:
-        print(f"{h:>3} {n:>5} {d:>4} | {f_ms:>9.2f} {n_ms:>9.2f} {speedup:>7.1f} | {mm_ms:>9.2f} "
-              f"{mm_x:>5.1f} {tflops:>7.2f} {util:>5.1%} | {f_mib:>9.1f} {n_mib:>9.1f} {mem_x:>7.1f} | "
-              f"{err:>8.1e}  {target}")
-    print(f"load average at the end {os.getloadavg()[0]:.1f}; grad err = max |fused - naive| / max |naive| "
-          "over both gradients; matmul = dR @ W^T alone, f/mm = median per-round fused / matmul; TFLOP/s and "
-          f"MFU = that matmul's 2 N 2^H D FLOPs / the fused step's time, against the {args.precision} matmul limit")
+        print(
+            f"{h:>3} {n:>5} {d:>4} | {f_ms:>9.2f} {n_ms:>9.2f} {speedup:>7.1f} | {mm_ms:>9.2f} "
+            f"{mm_x:>5.1f} {tflops:>7.2f} {util:>5.1%} | {f_mib:>9.1f} {n_mib:>9.1f} {mem_x:>7.1f} | "
+            f"{err:>8.1e}  {target}"
+        )
+    print(
+        f"load average at the end {os.getloadavg()[0]:.1f}; grad err = max |fused - naive| / max |naive| "
+        "over both gradients; matmul = dR @ W^T alone, f/mm = median per-round fused / matmul; TFLOP/s and "
+        f"MFU = that matmul's 2 N 2^H D FLOPs / the fused step's time, against the {args.precision} matmul limit"
+    )
 
 
 if __name__ == "__main__":

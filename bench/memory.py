@@ -28,8 +28,20 @@ import contextlib
 import weakref
 
 import torch
-from step import (BATCH, DEMO, DEMO_NARROW, PAPER, PAPER_BATCH, PAPER_SEQ_LEN, SEQ_LEN, TARGET_PEAK_GIB, build,
-                  make_batch, model_config, train_step)
+from step import (
+    BATCH,
+    DEMO,
+    DEMO_NARROW,
+    PAPER,
+    PAPER_BATCH,
+    PAPER_SEQ_LEN,
+    SEQ_LEN,
+    TARGET_PEAK_GIB,
+    build,
+    make_batch,
+    model_config,
+    train_step,
+)
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -69,14 +81,19 @@ class LiveStorages(TorchDispatchMode):
 def cuda_chunk_budgets():
     """The fused cross-entropy and the Binary Mapper's backward chunk their work as they would on CUDA."""
     saved = loss.CHUNK_BYTES["cpu"], binary_mapper.CHUNK_BYTES["cpu"]
-    loss.CHUNK_BYTES["cpu"], binary_mapper.CHUNK_BYTES["cpu"] = loss.CHUNK_BYTES["cuda"], binary_mapper.CHUNK_BYTES["cuda"]
+    loss.CHUNK_BYTES["cpu"], binary_mapper.CHUNK_BYTES["cpu"] = (
+        loss.CHUNK_BYTES["cuda"],
+        binary_mapper.CHUNK_BYTES["cuda"],
+    )
     try:
         yield
     finally:
         loss.CHUNK_BYTES["cpu"], binary_mapper.CHUNK_BYTES["cpu"] = saved
 
 
-def peak_bytes(cfg, batch: int, seq_len: int, precision: str, return_logits: bool, fake: bool = True) -> tuple[int, int]:
+def peak_bytes(
+    cfg, batch: int, seq_len: int, precision: str, return_logits: bool, fake: bool = True
+) -> tuple[int, int]:
     """(peak, after the second step) bytes of building the model and optimizer and running two steps."""
     with FakeTensorMode() if fake else contextlib.nullcontext(), cuda_chunk_budgets(), LiveStorages() as live:
         model, optimizer = build(cfg, "cpu")
@@ -93,8 +110,10 @@ def in_units(n_bytes: int) -> str:
 def check(precision: str) -> None:
     cfg = model_config(16, 2, vocab=512)
     real, fake = (peak_bytes(cfg, 2, 64, precision, False, fake=fake)[0] for fake in (False, True))
-    print(f"check: a step of L=2, D=256, H=16, vocab 512, B=2, T=64: real tensors {real / MIB:.2f} MiB, "
-          f"fake {fake / MIB:.2f} MiB")
+    print(
+        f"check: a step of L=2, D=256, H=16, vocab 512, B=2, T=64: real tensors {real / MIB:.2f} MiB, "
+        f"fake {fake / MIB:.2f} MiB"
+    )
     if real != fake:
         raise SystemExit("check failed: the fake-tensor count differs from the real one")
 
@@ -108,8 +127,11 @@ def main():
     parser.add_argument("--seq-len", type=int, help=f"T (default {PAPER_SEQ_LEN} at {PAPER}, else {SEQ_LEN})")
     parser.add_argument("--dtype", dest="precision", choices=("fp32", "bf16"), default="bf16")
     parser.add_argument("--vocab", type=int, help="the vocabulary size (default the size's own)")
-    parser.add_argument("--compare-loss", action="store_true",
-                        help="also the plain cross-entropy over the logits of every token (return_logits=True)")
+    parser.add_argument(
+        "--compare-loss",
+        action="store_true",
+        help="also the plain cross-entropy over the logits of every token (return_logits=True)",
+    )
     parser.add_argument("--check", action="store_true", help="first compare the count on real and fake tensors")
     args = parser.parse_args()
     batch = args.batch or (PAPER_BATCH if args.size == PAPER else BATCH)
@@ -117,8 +139,10 @@ def main():
     if args.check:
         check(args.precision)
     losses = {"fused": False, "plain": True} if args.compare_loss else {"fused": False}
-    print(f"{args.size}, B={batch}, T={seq_len}, {args.precision}, eager: the bytes of live tensor storages "
-          f"(at paper-1.5b an H100's max_memory_allocated was 4% above them)")
+    print(
+        f"{args.size}, B={batch}, T={seq_len}, {args.precision}, eager: the bytes of live tensor storages "
+        f"(at paper-1.5b an H100's max_memory_allocated was 4% above them)"
+    )
     print(f"{'model':>9} {'loss':>6} | {'peak':>10} | {'after step':>10}")
     for bits in args.bits:
         cfg = model_config(bits, args.layers, args.size, args.vocab)

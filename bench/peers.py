@@ -59,34 +59,62 @@ import os
 import statistics
 
 import torch
-
-from common import (MIB, add_machine_arguments, add_model_arguments, describe_limits, describe_machine, describe_size,
-                    interleaved_times, matmul_limits_gflops, median_ratio, mfu, model_config,
-                    peak_memory_in_fresh_process, setup_machine)
-from free_transformer.model.config import ModelConfig
-from free_transformer.model.transformer import FreeTransformer
+from common import (
+    MIB,
+    add_machine_arguments,
+    add_model_arguments,
+    describe_limits,
+    describe_machine,
+    describe_size,
+    interleaved_times,
+    matmul_limits_gflops,
+    median_ratio,
+    mfu,
+    model_config,
+    peak_memory_in_fresh_process,
+    setup_machine,
+)
 from targets import TARGETS as GPU_TARGETS
 from targets import write_figure
+
+from free_transformer.model.config import ModelConfig
+from free_transformer.model.transformer import FreeTransformer
 
 IMPLEMENTATIONS = ("ours", "x-transformers")
 KAPPA_NATS = math.log(2.0)  # x-transformers' default free-bits threshold, one bit
 # device type: {H: (ours at least this many times faster, at least this many times less peak memory or None)}
 # cpu: the first targets; cuda: docs/gpu.md's (bench/targets.py: H=16 2x faster and 3x lighter; H=8 never slower
 # nor larger), the same in fp32 and bf16.
-TARGETS = {"cpu": {16: (1.5, 3.0), 8: (1.0, None)},
-           "cuda": {bits: (GPU_TARGETS[f"peers-bf16-h{bits}-time"].at_least,
-                           GPU_TARGETS[f"peers-bf16-h{bits}-memory"].at_least) for bits in (16, 8)}}
+TARGETS = {
+    "cpu": {16: (1.5, 3.0), 8: (1.0, None)},
+    "cuda": {
+        bits: (GPU_TARGETS[f"peers-bf16-h{bits}-time"].at_least, GPU_TARGETS[f"peers-bf16-h{bits}-memory"].at_least)
+        for bits in (16, 8)
+    },
+}
 
 
 def build_x_transformers(config: ModelConfig):
     from x_transformers.free_transformer import FreeTransformer as XFreeTransformer
 
     return XFreeTransformer(
-        num_tokens=config.vocab_size, dim=config.dim, max_seq_len=config.max_seq_len,
-        dec_head_depth=config.injection_layer, dec_tail_depth=config.n_layers - config.injection_layer,
-        enc_depth=1, heads=config.n_heads, attn_dim_head=config.head_dim, attn_kv_heads=config.n_kv_heads,
-        attn_flash=True, ff_glu=True, ff_swish=True, ff_mult=config.ffn_hidden / config.dim, ff_no_bias=True,
-        rotary_emb_dim=config.head_dim, latent_units=config.latent_units, kl_loss_threshold=KAPPA_NATS,
+        num_tokens=config.vocab_size,
+        dim=config.dim,
+        max_seq_len=config.max_seq_len,
+        dec_head_depth=config.injection_layer,
+        dec_tail_depth=config.n_layers - config.injection_layer,
+        enc_depth=1,
+        heads=config.n_heads,
+        attn_dim_head=config.head_dim,
+        attn_kv_heads=config.n_kv_heads,
+        attn_flash=True,
+        ff_glu=True,
+        ff_swish=True,
+        ff_mult=config.ffn_hidden / config.dim,
+        ff_no_bias=True,
+        rotary_emb_dim=config.head_dim,
+        latent_units=config.latent_units,
+        kl_loss_threshold=KAPPA_NATS,
         verbose=False,
     )
 
@@ -126,8 +154,11 @@ def peak_memory(impl, config, batch, seq_len, device_name, threads, precision="f
     """Extra peak bytes of one training step in a fresh process; None if it runs out of memory."""
     try:
         return peak_memory_in_fresh_process(
-            setup_after_one_step, functools.partial(train_step, precision=precision),
-            (impl, config, batch, seq_len, device_name, precision), device_name=device_name, threads=threads,
+            setup_after_one_step,
+            functools.partial(train_step, precision=precision),
+            (impl, config, batch, seq_len, device_name, precision),
+            device_name=device_name,
+            threads=threads,
             warmup_args=(impl, config.replace(latent_units=4), 1, 16, device_name, precision),
         )
     except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
@@ -168,10 +199,18 @@ def main():
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
-    parser.add_argument("--dtype", dest="precision", choices=("fp32", "bf16"), default="fp32",
-                        help="bf16: both under bf16 autocast (weights and AdamW state float32)")
-    parser.add_argument("--figures", metavar="PATH",
-                        help="on CUDA, append the GPU targets' figures (bench/targets.py) to PATH as JSON lines")
+    parser.add_argument(
+        "--dtype",
+        dest="precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: both under bf16 autocast (weights and AdamW state float32)",
+    )
+    parser.add_argument(
+        "--figures",
+        metavar="PATH",
+        help="on CUDA, append the GPU targets' figures (bench/targets.py) to PATH as JSON lines",
+    )
     add_machine_arguments(parser)
     args = parser.parse_args()
     device = setup_machine(args)
@@ -179,29 +218,44 @@ def main():
     print(describe_machine(device))
     limits = matmul_limits_gflops(device)
     print(describe_limits(limits))
-    print(f"{describe_size(args)} "
-          f"T={args.seq_len} B={args.batch}, {args.precision}, {args.rounds} rounds")
+    print(f"{describe_size(args)} T={args.seq_len} B={args.batch}, {args.precision}, {args.rounds} rounds")
     targets = TARGETS["cuda" if device.type == "cuda" else "cpu"]
-    print("targets: " + "; ".join(
-        f"H={bits} ours >= {speed:g}x faster" + (f" and >= {mem:g}x less peak memory" if mem else "")
-        for bits, (speed, mem) in targets.items()))
+    print(
+        "targets: "
+        + "; ".join(
+            f"H={bits} ours >= {speed:g}x faster" + (f" and >= {mem:g}x less peak memory" if mem else "")
+            for bits, (speed, mem) in targets.items()
+        )
+    )
 
     rows = []
     for bits in args.bits:
         config = model_config(args, max_seq_len=args.seq_len, latent_units=bits)
         medians, speedup, losses = time_pair(config, args.batch, args.seq_len, device, args.rounds, args.precision)
-        memory = {impl: peak_memory(impl, config, args.batch, args.seq_len, args.device, args.threads, args.precision)
-                  for impl in IMPLEMENTATIONS}
-        memory_ratio = (memory["x-transformers"] / memory["ours"]
-                        if None not in memory.values() else None)
+        memory = {
+            impl: peak_memory(impl, config, args.batch, args.seq_len, args.device, args.threads, args.precision)
+            for impl in IMPLEMENTATIONS
+        }
+        memory_ratio = memory["x-transformers"] / memory["ours"] if None not in memory.values() else None
         flops = config.training_flops_per_token(args.seq_len) * args.batch * args.seq_len
-        rows.append((bits, medians, speedup, memory, memory_ratio, flops, losses,
-                     verdict(bits, speedup, memory_ratio, device.type)))
+        rows.append(
+            (
+                bits,
+                medians,
+                speedup,
+                memory,
+                memory_ratio,
+                flops,
+                losses,
+                verdict(bits, speedup, memory_ratio, device.type),
+            )
+        )
         print(f"  H={bits}: first losses {', '.join(f'{k} {v:.3f}' for k, v in losses.items())}")
         if device.type == "cuda" and bits in (8, 16):
             for what, value in (("time", speedup), ("memory", memory_ratio)):
-                write_figure(args.figures, f"peers-{args.precision}-h{bits}-{what}",
-                             float("nan") if value is None else value)
+                write_figure(
+                    args.figures, f"peers-{args.precision}-h{bits}-{what}", float("nan") if value is None else value
+                )
 
     def ms(seconds):
         return f"{seconds * 1e3:>9.1f}" if seconds is not None else f"{'failed':>9}"
@@ -218,16 +272,22 @@ def main():
     def times_x(value):
         return f"{value:>6.2f}" if value is not None else f"{'-':>6}"
 
-    print(f"{'H':>3} | {'ours ms':>9} {'x-tf ms':>9} {'time x':>6} | {'ours MiB':>9} {'x-tf MiB':>9} {'mem x':>6} "
-          f"| model GFLOP/s ours x-tf | MFU ours  x-tf | target")
+    print(
+        f"{'H':>3} | {'ours ms':>9} {'x-tf ms':>9} {'time x':>6} | {'ours MiB':>9} {'x-tf MiB':>9} {'mem x':>6} "
+        f"| model GFLOP/s ours x-tf | MFU ours  x-tf | target"
+    )
     for bits, medians, speedup, memory, memory_ratio, flops, _, target in rows:
-        print(f"{bits:>3} | {ms(medians['ours'])} {ms(medians['x-transformers'])} {times_x(speedup)} | "
-              f"{mib(memory['ours'])} {mib(memory['x-transformers'])} {times_x(memory_ratio)} | "
-              f"{'':>8}{gflops(flops, medians['ours'])} {gflops(flops, medians['x-transformers'])} | "
-              f"{'':>3}{utilisation(flops, medians['ours'])} {utilisation(flops, medians['x-transformers'])} | {target}")
-    print("time x = median of per-round (x-transformers / ours); mem x = x-transformers / ours peak; model GFLOP/s "
-          "= ModelConfig.training_flops_per_token(T) * B * T / median step time, the same useful work for both; "
-          f"MFU = that / the {args.precision} matmul limit")
+        print(
+            f"{bits:>3} | {ms(medians['ours'])} {ms(medians['x-transformers'])} {times_x(speedup)} | "
+            f"{mib(memory['ours'])} {mib(memory['x-transformers'])} {times_x(memory_ratio)} | "
+            f"{'':>8}{gflops(flops, medians['ours'])} {gflops(flops, medians['x-transformers'])} | "
+            f"{'':>3}{utilisation(flops, medians['ours'])} {utilisation(flops, medians['x-transformers'])} | {target}"
+        )
+    print(
+        "time x = median of per-round (x-transformers / ours); mem x = x-transformers / ours peak; model GFLOP/s "
+        "= ModelConfig.training_flops_per_token(T) * B * T / median step time, the same useful work for both; "
+        f"MFU = that / the {args.precision} matmul limit"
+    )
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

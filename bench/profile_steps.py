@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 
 import torch
+from common import add_machine_arguments, describe_machine, setup_machine, sync
 from generate import PROMPT_LEN, build_model, compile_untuned
 from step import BATCH, PAPER, PAPER_BATCH, PAPER_SEQ_LEN, SEQ_LEN, build, make_batch, model_config, train_step
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from common import add_machine_arguments, describe_machine, setup_machine, sync
 from free_transformer import GenerationConfig, generate
 from free_transformer.base.devices import torch_dtype
 
@@ -67,8 +67,10 @@ def profile_training(args, device: torch.device) -> str:
     with profile(activities=activities(device)) as prof:
         train_step(model, optimizer, tokens, args.precision)
         sync(device)
-    return (f"training step: {shape_of(cfg)}, B={args.batch}, T={args.seq_len}, {args.precision}"
-            f"{', compiled blocks' if args.compile else ''}\n{top_operators(prof, device, 1, args.top)}")
+    return (
+        f"training step: {shape_of(cfg)}, B={args.batch}, T={args.seq_len}, {args.precision}"
+        f"{', compiled blocks' if args.compile else ''}\n{top_operators(prof, device, 1, args.top)}"
+    )
 
 
 def profile_decoding(args, device: torch.device, batch: int) -> str:
@@ -76,25 +78,34 @@ def profile_decoding(args, device: torch.device, batch: int) -> str:
     # bf16: weights and cache in bf16, as generate --dtype bf16
     model = build_model(cfg, device, dtype=torch_dtype(args.precision))
     prompts = make_batch(cfg, batch, PROMPT_LEN, device)[:, :PROMPT_LEN]
-    call = dict(config=GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0), seeds=list(range(batch)),
-                latents="prior", compile=True)
+    call = dict(
+        config=GenerationConfig(max_new_tokens=args.new_tokens, temperature=1.0),
+        seeds=list(range(batch)),
+        latents="prior",
+        compile=True,
+    )
     generate(model, prompts, **call)  # compiles and captures the decoding step on a GPU
     with profile(activities=activities(device)) as prof:
         generate(model, prompts, **call)
         sync(device)
-    return (f"decoding step (generate compile=True{', untuned' if args.untuned else ''}): {shape_of(cfg)}, "
-            f"B={batch}, {args.precision}, per token of {args.new_tokens}\n"
-            f"{top_operators(prof, device, args.new_tokens, args.top)}")
+    return (
+        f"decoding step (generate compile=True{', untuned' if args.untuned else ''}): {shape_of(cfg)}, "
+        f"B={batch}, {args.precision}, per token of {args.new_tokens}\n"
+        f"{top_operators(prof, device, args.new_tokens, args.top)}"
+    )
 
 
 def shape_of(cfg) -> str:
-    return (f"L={cfg.n_layers}, D={cfg.dim}, {cfg.n_heads}/{cfg.n_kv_heads} heads, vocab {cfg.vocab_size}, "
-            f"H={cfg.latent_units}")
+    return (
+        f"L={cfg.n_layers}, D={cfg.dim}, {cfg.n_heads}/{cfg.n_kv_heads} heads, vocab {cfg.vocab_size}, "
+        f"H={cfg.latent_units}"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_machine_arguments(parser)
     parser.add_argument("--size", choices=("narrow", PAPER), default="narrow")
     parser.add_argument("--dtype", dest="precision", choices=("fp32", "bf16"), default="fp32")
@@ -104,8 +115,11 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, help=f"training T (default {SEQ_LEN}; {PAPER}: {PAPER_SEQ_LEN})")
     parser.add_argument("--decode-batch", type=int, nargs="+", default=[1], help="decoding batch sizes, one table each")
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--untuned", action="store_true",
-                        help="compile the decoding step without coordinate-descent tuning (bench/generate.py --untuned)")
+    parser.add_argument(
+        "--untuned",
+        action="store_true",
+        help="compile the decoding step without coordinate-descent tuning (bench/generate.py --untuned)",
+    )
     parser.add_argument("--top", type=int, default=20, help="operators listed per table")
     parser.add_argument("--parts", default="train,decode", help="train, decode or both (comma-separated)")
     args = parser.parse_args()

@@ -52,16 +52,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         directory = Path(folder)
         torch.manual_seed(0)
-        save_checkpoint(directory / "model", 1, FreeTransformer(named_config("cpu-small", max_seq_len=256)),
-                        {"tokenizer": "byte"})
+        save_checkpoint(
+            directory / "model", 1, FreeTransformer(named_config("cpu-small", max_seq_len=256)), {"tokenizer": "byte"}
+        )
         files = prompt_files(directory)
         times: dict[str, list[float]] = {name: [] for name in files}
         for _ in range(args.rounds):
             for name, path in files.items():
                 new = 1 if name == "start-up" else NEW_TOKENS
-                command = [sys.executable, "-m", "free_transformer.cli", "generate", str(directory / "model"),
-                           "--prompts-file", str(path), "-n", "1", "--max-new-tokens", str(new), "--batch-size", "64",
-                           "--device", "cpu"]
+                command = [
+                    sys.executable,
+                    "-m",
+                    "free_transformer.cli",
+                    "generate",
+                    str(directory / "model"),
+                    "--prompts-file",
+                    str(path),
+                    "-n",
+                    "1",
+                    "--max-new-tokens",
+                    str(new),
+                    "--batch-size",
+                    "64",
+                    "--device",
+                    "cpu",
+                ]
                 started = time.perf_counter()
                 subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
                 times[name].append(time.perf_counter() - started)
@@ -70,9 +85,11 @@ def main() -> None:
     ratio = decode["same"] / decode["mixed"]
     for name in files:
         print(f"{name:>8}: {statistics.median(times[name]):6.2f} s a run (median of {args.rounds})")
-    print(f"decoding alone (start-up taken off): mixed {decode['mixed']:.2f} s, same {decode['same']:.2f} s; "
-          f"mixed lengths at {ratio:.2f}x the speed of one length; target >= {TARGET}: "
-          f"{'PASS' if ratio >= TARGET else 'FAIL'}")
+    print(
+        f"decoding alone (start-up taken off): mixed {decode['mixed']:.2f} s, same {decode['same']:.2f} s; "
+        f"mixed lengths at {ratio:.2f}x the speed of one length; target >= {TARGET}: "
+        f"{'PASS' if ratio >= TARGET else 'FAIL'}"
+    )
 
 
 if __name__ == "__main__":

@@ -33,16 +33,27 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from mapper import naive_mapper_project  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+from common import (
+    MIB,
+    add_machine_arguments,
+    add_model_arguments,
+    describe_limits,
+    describe_machine,
+    describe_size,
+    interleaved_times,
+    matmul_limits_gflops,
+    mfu,
+    model_config,
+    peak_memory_in_fresh_process,
+    setup_machine,
+)
+from mapper import naive_mapper_project
 
-from common import (MIB, add_machine_arguments, add_model_arguments, describe_limits, describe_machine,  # noqa: E402
-                    describe_size, interleaved_times, matmul_limits_gflops, mfu, model_config,
-                    peak_memory_in_fresh_process, setup_machine)
-from free_transformer.model.config import LatentConfig, ModelConfig  # noqa: E402
-from free_transformer.model.latent import BinaryMapper, register_latent_kind  # noqa: E402
-from free_transformer.model.transformer import FreeTransformer  # noqa: E402
+from free_transformer.model.config import LatentConfig, ModelConfig
+from free_transformer.model.latent import BinaryMapper, register_latent_kind
+from free_transformer.model.transformer import FreeTransformer
 
 VARIANTS = ("ours", "naive")
 KAPPA_NATS = math.log(2.0)
@@ -88,8 +99,13 @@ def setup_after_one_step(variant, config, batch, device_name):
 
 def peak_memory(variant, config, batch, device_name, threads) -> int:
     return peak_memory_in_fresh_process(
-        setup_after_one_step, train_step, (variant, config, batch, device_name), device_name=device_name,
-        threads=threads, warmup_args=(variant, config.replace(latent_units=4, max_seq_len=16), 1, device_name))
+        setup_after_one_step,
+        train_step,
+        (variant, config, batch, device_name),
+        device_name=device_name,
+        threads=threads,
+        warmup_args=(variant, config.replace(latent_units=4, max_seq_len=16), 1, device_name),
+    )
 
 
 def measure(config, batch, device_name, rounds, threads):
@@ -112,8 +128,10 @@ def sweep(name, points, make_config, args):
         if abs(losses["ours"] - losses["naive"]) > 1e-4 * abs(losses["ours"]):
             raise AssertionError(f"{name}={x}: losses differ, ours {losses['ours']} naive {losses['naive']}")
         rows.append((x, config, results))
-        print(f"  {name}={x}: done (first loss {losses['ours']:.4f} both), load average {os.getloadavg()[0]:.1f}",
-              flush=True)
+        print(
+            f"  {name}={x}: done (first loss {losses['ours']:.4f} both), load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
     return rows
 
 
@@ -122,38 +140,57 @@ def print_table(name, rows, batch, proportional, limits):
     x0 = rows[0][0]
     base_s, base_mem = rows[0][2]["ours"]
     refs = " ".join(f"{label:>7}" for label in proportional)
-    print(f"{name:>5} | {'ours ms':>9} {'naive ms':>9} {'time x':>6} | {'ours MiB':>9} {'naive MiB':>9} {'mem x':>6} | "
-          f"growth ours: time {'mem':>6} | naive growth: {refs} | ours GFLOP/s   MFU")
+    print(
+        f"{name:>5} | {'ours ms':>9} {'naive ms':>9} {'time x':>6} | {'ours MiB':>9} {'naive MiB':>9} {'mem x':>6} | "
+        f"growth ours: time {'mem':>6} | naive growth: {refs} | ours GFLOP/s   MFU"
+    )
     for x, config, results in rows:
         (ours_s, ours_mem), (naive_s, naive_mem) = results["ours"], results["naive"]
         seq_len = config.max_seq_len
         gflops = config.training_flops_per_token(seq_len) * batch * seq_len / ours_s / 1e9
         growth = " ".join(f"{fn(x, x0):>7.1f}" for fn in proportional.values())
-        print(f"{x:>5} | {ours_s * 1e3:>9.1f} {naive_s * 1e3:>9.1f} {naive_s / ours_s:>6.2f} | "
-              f"{ours_mem / MIB:>9.1f} {naive_mem / MIB:>9.1f} {naive_mem / ours_mem:>6.2f} | "
-              f"{'':>12}{ours_s / base_s:>5.1f} {ours_mem / base_mem:>6.1f} | {'':>13}{growth} | {gflops:>6.1f} "
-              f"{mfu(gflops * 1e9, limits, 'fp32'):>5.1%}")
+        print(
+            f"{x:>5} | {ours_s * 1e3:>9.1f} {naive_s * 1e3:>9.1f} {naive_s / ours_s:>6.2f} | "
+            f"{ours_mem / MIB:>9.1f} {naive_mem / MIB:>9.1f} {naive_mem / ours_mem:>6.2f} | "
+            f"{'':>12}{ours_s / base_s:>5.1f} {ours_mem / base_mem:>6.1f} | {'':>13}{growth} | {gflops:>6.1f} "
+            f"{mfu(gflops * 1e9, limits, 'fp32'):>5.1%}"
+        )
 
 
 def plot(seq_rows, bits_rows, args, path: Path):
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for col, (rows, label, refs) in enumerate((
-        (seq_rows, f"sequence length T (H={args.seq_bits})", {"∝ T": lambda x, x0: x / x0,
-                                                             "∝ T²": lambda x, x0: (x / x0) ** 2}),
-        (bits_rows, f"latent bits H (T={args.bits_seq_len})", {"∝ 2^H": lambda x, x0: 2.0 ** (x - x0)}),
-    )):
+    for col, (rows, label, refs) in enumerate(
+        (
+            (
+                seq_rows,
+                f"sequence length T (H={args.seq_bits})",
+                {"∝ T": lambda x, x0: x / x0, "∝ T²": lambda x, x0: (x / x0) ** 2},
+            ),
+            (bits_rows, f"latent bits H (T={args.bits_seq_len})", {"∝ 2^H": lambda x, x0: 2.0 ** (x - x0)}),
+        )
+    ):
         xs = [row[0] for row in rows]
-        for row_index, (quantity, scale, unit) in enumerate((("time", 1e3, "step time (ms)"),
-                                                             ("memory", 1 / MIB, "extra peak memory (MiB)"))):
+        for row_index, (quantity, scale, unit) in enumerate(
+            (("time", 1e3, "step time (ms)"), ("memory", 1 / MIB, "extra peak memory (MiB)"))
+        ):
             ax = axes[row_index][col]
             k = 0 if quantity == "time" else 1
             for variant, style in (("ours", "o-"), ("naive", "s-")):
-                ax.plot(xs, [row[2][variant][k] * scale for row in rows], style,
-                        label="ours" if variant == "ours" else "naive Binary Mapper (Y, G materialised)")
+                ax.plot(
+                    xs,
+                    [row[2][variant][k] * scale for row in rows],
+                    style,
+                    label="ours" if variant == "ours" else "naive Binary Mapper (Y, G materialised)",
+                )
             first = rows[0][2]["ours"][k] * scale
             for (ref_label, fn), ls in zip(refs.items(), ("--", ":")):
-                ax.plot(xs, [first * fn(x, xs[0]) for x in xs], ls, color="gray",
-                        label=f"{ref_label} from ours' first point")
+                ax.plot(
+                    xs,
+                    [first * fn(x, xs[0]) for x in xs],
+                    ls,
+                    color="gray",
+                    label=f"{ref_label} from ours' first point",
+                )
             ax.set_xlabel(label)
             ax.set_ylabel(unit)
             ax.set_yscale("log")
@@ -162,8 +199,11 @@ def plot(seq_rows, bits_rows, args, path: Path):
             ax.set_xticks(xs, [str(x) for x in xs])
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
-    fig.suptitle(f"Free Transformer training step (L={args.layers}, D={args.dim}, B={args.batch}, float32, "
-                 f"{describe_machine(torch.device(args.device)).split(',')[0]})", fontsize=10)
+    fig.suptitle(
+        f"Free Transformer training step (L={args.layers}, D={args.dim}, B={args.batch}, float32, "
+        f"{describe_machine(torch.device(args.device)).split(',')[0]})",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -186,8 +226,7 @@ def main():
     print(describe_machine(device))
     limits = matmul_limits_gflops(device)
     print(describe_limits(limits))
-    print(f"{describe_size(args)} "
-          f"B={args.batch}, float32, {args.rounds} rounds")
+    print(f"{describe_size(args)} B={args.batch}, float32, {args.rounds} rounds")
     seq_rows = sweep("T", args.seq_lens, lambda t: base.replace(max_seq_len=t, latent_units=args.seq_bits), args)
     bits_rows = sweep("H", args.bits, lambda h: base.replace(max_seq_len=args.bits_seq_len, latent_units=h), args)
 
@@ -195,9 +234,11 @@ def main():
     print_table("T", seq_rows, args.batch, {"T": lambda x, x0: x / x0, "T^2": lambda x, x0: (x / x0) ** 2}, limits)
     print(f"latent bits sweep, T={args.bits_seq_len}")
     print_table("H", bits_rows, args.batch, {"2^H": lambda x, x0: 2.0 ** (x - x0)}, limits)
-    print("time x, mem x = naive / ours; growth = this point / the sweep's first point (ours); "
-          "GFLOP/s = ModelConfig.training_flops_per_token(T) * B * T / ours' median step time; MFU = that / the "
-          "fp32 matmul limit")
+    print(
+        "time x, mem x = naive / ours; growth = this point / the sweep's first point (ours); "
+        "GFLOP/s = ModelConfig.training_flops_per_token(T) * B * T / ours' median step time; MFU = that / the "
+        "fp32 matmul limit"
+    )
     plot(seq_rows, bits_rows, args, args.out)
     print(f"plot written to {args.out}; load average at the end {os.getloadavg()[0]:.1f}")
 

@@ -56,10 +56,27 @@ def start(directory: Path, args) -> tuple[subprocess.Popen, str]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}  # 0: torch's
-    server = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "serve", str(directory / MODEL),
-                               "--device", args.device, "--dtype", args.dtype, "--port", str(port), "--max-batch",
-                               str(args.max_batch), "--compile", "on" if args.compile else "off"],
-                              env=env, stderr=open(directory / "server.log", "w"))
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "free_transformer.cli",
+            "serve",
+            str(directory / MODEL),
+            "--device",
+            args.device,
+            "--dtype",
+            args.dtype,
+            "--port",
+            str(port),
+            "--max-batch",
+            str(args.max_batch),
+            "--compile",
+            "on" if args.compile else "off",
+        ],
+        env=env,
+        stderr=open(directory / "server.log", "w"),
+    )
     while True:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
@@ -120,8 +137,9 @@ def offline_rate(directory: Path, args) -> float:
     model = model.to(decoding_dtype(args.dtype, device))
     prompts = [list(PROMPT.encode())] * args.clients
     config = GenerationConfig(max_new_tokens=args.tokens)
-    decode = lambda: generate(model, prompts, config, seeds=range(args.clients), compile=args.compile,  # noqa: E731
-                              batch_size=args.max_batch)
+    decode = lambda: generate(
+        model, prompts, config, seeds=range(args.clients), compile=args.compile, batch_size=args.max_batch
+    )
     decode()  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -149,17 +167,35 @@ def short_behind_queue(url: str, requests: int, rows: int, tokens: int) -> float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=256,
-                        help="new tokens per client (64 measures the requests' fixed cost as much as decoding)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=256,
+        help="new tokens per client (64 measures the requests' fixed cost as much as decoding)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (1 client, N clients)")
     parser.add_argument("--long-tokens", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads of the server and of offline generate (0: torch's default; two "
-                             "threads on two cores make the server's OpenMP threads and the clients compete)")
-    parser.add_argument("--max-batch", type=int, default=16,
-                        help="the server's --max-batch (1: one completion at a time, as before batching)")
-    parser.add_argument("--queued", type=int, nargs=2, default=(40, 64), metavar=("REQUESTS", "ROWS"),
-                        help="the requests queued ahead of the 4-token one, and their completions each")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of the server and of offline generate (0: torch's default; two "
+        "threads on two cores make the server's OpenMP threads and the clients compete)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=16,
+        help="the server's --max-batch (1: one completion at a time, as before batching)",
+    )
+    parser.add_argument(
+        "--queued",
+        type=int,
+        nargs=2,
+        default=(40, 64),
+        metavar=("REQUESTS", "ROWS"),
+        help="the requests queued ahead of the 4-token one, and their completions each",
+    )
     parser.add_argument("--size", default="cpu-small", help="the model's named size")
     parser.add_argument("--context", type=int, default=2112, help="the model's max_seq_len")
     parser.add_argument("--device", default="cpu")
@@ -198,26 +234,40 @@ def measure(url: str, args, directory: Path) -> None:
     latency, streaming = short_beside_long(url, args.long_tokens)
     queued = short_behind_queue(url, *args.queued, tokens=args.tokens)
     print(f"1 client:  {statistics.median(alone):7.1f} tokens/s ({args.tokens} new tokens)")
-    print(f"{args.clients} clients: {statistics.median(together):7.1f} tokens/s aggregate, "
-          f"{speedup:.1f}x one client (median of {args.rounds} interleaved rounds)")
+    print(
+        f"{args.clients} clients: {statistics.median(together):7.1f} tokens/s aggregate, "
+        f"{speedup:.1f}x one client (median of {args.rounds} interleaved rounds)"
+    )
     served = statistics.median(together) / offline
     recompiled = compiled_steps(directory) - compiled
     if args.figures:
         from targets import write_figure
 
-        write_figure(args.figures, "serve-b16-vs-offline", served, f"{args.clients} clients, {args.tokens} tokens, "
-                     f"{recompiled} steps compiled after start-up")
+        write_figure(
+            args.figures,
+            "serve-b16-vs-offline",
+            served,
+            f"{args.clients} clients, {args.tokens} tokens, {recompiled} steps compiled after start-up",
+        )
     print(f"steps compiled or captured by the server after start-up: {recompiled}")
-    print(f"offline generate() of the same {args.clients} rows in one call: {offline:7.1f} tokens/s; the server "
-          f"{served:.2f}x of it")
-    print(f"a 1-token request while a {args.long_tokens}-token completion streams: answered in {latency:.2f} s"
-          + ("" if streaming else " (after the long completion had ended: it waited for it)"))
-    print(f"a 4-token request behind {args.queued[0]} queued requests of {args.queued[1]} completions: answered in "
-          f"{queued:.2f} s")
-    print(f"targets: {args.clients} clients >= {SPEEDUP_TARGET:.0f}x one client "
-          f"{'PASS' if speedup >= SPEEDUP_TARGET else 'FAIL'}; >= {OFFLINE_TARGET}x offline generate "
-          f"{'PASS' if served >= OFFLINE_TARGET else 'FAIL'}; short request < {LATENCY_TARGET_S:.0f} s "
-          f"{'PASS' if latency < LATENCY_TARGET_S and streaming else 'FAIL'}")
+    print(
+        f"offline generate() of the same {args.clients} rows in one call: {offline:7.1f} tokens/s; the server "
+        f"{served:.2f}x of it"
+    )
+    print(
+        f"a 1-token request while a {args.long_tokens}-token completion streams: answered in {latency:.2f} s"
+        + ("" if streaming else " (after the long completion had ended: it waited for it)")
+    )
+    print(
+        f"a 4-token request behind {args.queued[0]} queued requests of {args.queued[1]} completions: answered in "
+        f"{queued:.2f} s"
+    )
+    print(
+        f"targets: {args.clients} clients >= {SPEEDUP_TARGET:.0f}x one client "
+        f"{'PASS' if speedup >= SPEEDUP_TARGET else 'FAIL'}; >= {OFFLINE_TARGET}x offline generate "
+        f"{'PASS' if served >= OFFLINE_TARGET else 'FAIL'}; short request < {LATENCY_TARGET_S:.0f} s "
+        f"{'PASS' if latency < LATENCY_TARGET_S and streaming else 'FAIL'}"
+    )
 
 
 if __name__ == "__main__":

@@ -50,17 +50,27 @@ import statistics
 import time
 
 import torch
+from common import (
+    MIB,
+    add_machine_arguments,
+    describe_limits,
+    describe_machine,
+    interleaved_times,
+    matmul_limits_gflops,
+    median_ratio,
+    mfu,
+    peak_memory_in_fresh_process,
+    setup_machine,
+)
+from targets import TARGETS, write_figure
 from tqdm import tqdm
 
-from common import (MIB, add_machine_arguments, describe_limits, describe_machine, interleaved_times,
-                    matmul_limits_gflops, median_ratio, mfu, peak_memory_in_fresh_process, setup_machine)
 from free_transformer.distributed.parallelize import apply_compile
 from free_transformer.model.config import ModelConfig, named_config
 from free_transformer.model.transformer import FreeTransformer
 from free_transformer.train.config import OptimConfig
 from free_transformer.train.optim import build_optimizer, clip_gradients
 from free_transformer.train.validation import autocast_context
-from targets import TARGETS, write_figure
 
 # Narrow width, the paper's depths: dim 256, 4 query / 2 key-value heads (head dim 64), SwiGLU 3 * dim.
 DIMS = dict(vocab_size=256, dim=256, n_heads=4, n_kv_heads=2, ffn_hidden=768, max_seq_len=256)
@@ -172,9 +182,8 @@ def saved_bytes(model, tokens, precision: str) -> int:
         # through autograd's C++ graph that Python's collector never frees (the forward would stay alive).
         return t.detach()
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with autocast_context(precision, tokens.device):
-            out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast_context(precision, tokens.device):
+        out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     params |= {b.untyped_storage().data_ptr() for b in model.buffers()}
     del out
@@ -200,9 +209,11 @@ def memory_step(precision, compile_model, cfg, tokens, return_logits=False):
 
 def peak_memory(n_bits, n_layers, args, return_logits=False) -> int:
     return peak_memory_in_fresh_process(
-        memory_setup, functools.partial(memory_step, args.precision, args.compile, return_logits=return_logits),
+        memory_setup,
+        functools.partial(memory_step, args.precision, args.compile, return_logits=return_logits),
         (n_bits, n_layers, args.batch, args.seq_len, args.device, args.size, args.vocab),
-        device_name=args.device, threads=args.threads,
+        device_name=args.device,
+        threads=args.threads,
         warmup_args=(n_bits and 4, 2, 1, 8, args.device, args.size),
     )
 
@@ -226,15 +237,21 @@ def compare_compile(n_bits, n_layers, device, rounds, args, limits, tokens_per_s
         first[name] = time.perf_counter() - began
     times = interleaved_times(steps, rounds, device)
     flops = cfg.training_flops_per_token(args.seq_len) * tokens_per_step
-    print(f"\n{'H':>2} {'L':>2} | {'eager ms':>8} {'compiled ms':>11} {'speed-up':>8} | {'eager MFU':>9} "
-          f"{'compiled MFU':>12} | {'compile s':>9}")
+    print(
+        f"\n{'H':>2} {'L':>2} | {'eager ms':>8} {'compiled ms':>11} {'speed-up':>8} | {'eager MFU':>9} "
+        f"{'compiled MFU':>12} | {'compile s':>9}"
+    )
     ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
     util = {name: mfu(flops / ms[name] * 1e3, limits, args.precision) for name in ms}
     speed_up = median_ratio(times["eager"], times["compiled"])
-    print(f"{n_bits:>2} {n_layers:>2} | {ms['eager']:>8.1f} {ms['compiled']:>11.1f} {speed_up:>8.3f} | "
-          f"{util['eager']:>9.1%} {util['compiled']:>12.1%} | {first['compiled'] - first['eager']:>9.1f}")
-    print("speed-up = median of the per-round ratios eager / compiled; MFU = the analytic FLOPs / median step time "
-          f"/ the {args.precision} matmul limit ({limits[args.precision]:.0f} GFLOP/s)")
+    print(
+        f"{n_bits:>2} {n_layers:>2} | {ms['eager']:>8.1f} {ms['compiled']:>11.1f} {speed_up:>8.3f} | "
+        f"{util['eager']:>9.1%} {util['compiled']:>12.1%} | {first['compiled'] - first['eager']:>9.1f}"
+    )
+    print(
+        "speed-up = median of the per-round ratios eager / compiled; MFU = the analytic FLOPs / median step time "
+        f"/ the {args.precision} matmul limit ({limits[args.precision]:.0f} GFLOP/s)"
+    )
 
 
 def compare_loss(n_bits, n_layers, device, rounds, args) -> None:
@@ -245,22 +262,32 @@ def compare_loss(n_bits, n_layers, device, rounds, args) -> None:
     tokens = make_batch(cfg, args.batch, args.seq_len, device)
     model, optimizer = build(cfg, device, args.compile)
     variants = {"fused": False, "plain": True}
-    steps = {name: functools.partial(train_step, model, optimizer, tokens, args.precision, plain)
-             for name, plain in variants.items()}
+    steps = {
+        name: functools.partial(train_step, model, optimizer, tokens, args.precision, plain)
+        for name, plain in variants.items()
+    }
     for fn in steps.values():  # optimizer state, compilation, first-call allocations
         fn()
     times = interleaved_times(steps, rounds, device)
     ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-    peak = {name: peak_memory(n_bits, n_layers, args, plain) if args.memory else float("nan")
-            for name, plain in variants.items()}
+    peak = {
+        name: peak_memory(n_bits, n_layers, args, plain) if args.memory else float("nan")
+        for name, plain in variants.items()
+    }
     logits_mib = args.batch * args.seq_len * cfg.vocab_size * 4 / MIB
-    print(f"\n{'H':>2} {'L':>2} {'V':>6} | {'fused ms':>8} {'plain ms':>8} {'time x':>6} | {'fused MiB':>9} "
-          f"{'plain MiB':>9} {'saved MiB':>9} | {'fp32 logits MiB':>15}")
-    print(f"{n_bits:>2} {n_layers:>2} {cfg.vocab_size:>6} | {ms['fused']:>8.1f} {ms['plain']:>8.1f} "
-          f"{median_ratio(times['fused'], times['plain']):>6.3f} | {peak['fused'] / MIB:>9.1f} {peak['plain'] / MIB:>9.1f} "
-          f"{(peak['plain'] - peak['fused']) / MIB:>9.1f} | {logits_mib:>15.1f}")
-    print("time x = median of the per-round ratios fused / plain; MiB: the peak a fresh process adds for the "
-          "model, optimizer and two steps; fp32 logits: B x T x V x 4 bytes, one copy of what the plain path holds")
+    print(
+        f"\n{'H':>2} {'L':>2} {'V':>6} | {'fused ms':>8} {'plain ms':>8} {'time x':>6} | {'fused MiB':>9} "
+        f"{'plain MiB':>9} {'saved MiB':>9} | {'fp32 logits MiB':>15}"
+    )
+    print(
+        f"{n_bits:>2} {n_layers:>2} {cfg.vocab_size:>6} | {ms['fused']:>8.1f} {ms['plain']:>8.1f} "
+        f"{median_ratio(times['fused'], times['plain']):>6.3f} | {peak['fused'] / MIB:>9.1f} {peak['plain'] / MIB:>9.1f} "
+        f"{(peak['plain'] - peak['fused']) / MIB:>9.1f} | {logits_mib:>15.1f}"
+    )
+    print(
+        "time x = median of the per-round ratios fused / plain; MiB: the peak a fresh process adds for the "
+        "model, optimizer and two steps; fp32 logits: B x T x V x 4 bytes, one copy of what the plain path holds"
+    )
 
 
 def time_config(n_bits, n_layers, device, rounds, precision, compile_model, args):
@@ -297,34 +324,65 @@ def main():
     parser.add_argument("--quick", action="store_true", help="L=8 only (H in {8, 16}), 3 rounds")
     parser.add_argument("--repeats", type=int, help="timing rounds per config (default 5, 3 with --quick)")
     add_machine_arguments(parser)
-    parser.add_argument("--dtype", dest="precision", choices=("fp32", "bf16"), default="fp32",
-                        help="bf16: autocast, as the trainer's precision=bf16 (weights and Adam stay fp32)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile every block of both models, as the trainer's compile=true")
-    parser.add_argument("--compare-compile", action="store_true",
-                        help="instead of Free against baseline: the Free Transformer eager against compiled, "
-                             "interleaved, with the compile time")
-    parser.add_argument("--compare-loss", action="store_true",
-                        help="instead of Free against baseline: the Free Transformer's step with the cross-entropy "
-                             "fused with the read-out against the plain one (all logits), peak memory and time "
-                             "(vocabulary 32,768 unless --vocab)")
+    parser.add_argument(
+        "--dtype",
+        dest="precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: autocast, as the trainer's precision=bf16 (weights and Adam stay fp32)",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile every block of both models, as the trainer's compile=true"
+    )
+    parser.add_argument(
+        "--compare-compile",
+        action="store_true",
+        help="instead of Free against baseline: the Free Transformer eager against compiled, "
+        "interleaved, with the compile time",
+    )
+    parser.add_argument(
+        "--compare-loss",
+        action="store_true",
+        help="instead of Free against baseline: the Free Transformer's step with the cross-entropy "
+        "fused with the read-out against the plain one (all logits), peak memory and time "
+        "(vocabulary 32,768 unless --vocab)",
+    )
     parser.add_argument("--vocab", type=int, help="the vocabulary size (default the size's own)")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the fresh-process peak memory")
-    parser.add_argument("--memory-here", dest="memory", action="store_const", const="here",
-                        help="on CUDA: peak memory of one step in this process (torch.cuda.max_memory_allocated, "
-                             "all the process holds) instead of fresh processes, which compile again under --compile")
-    parser.add_argument("--figures", metavar="PATH",
-                        help="append the GPU targets' figures (bench/targets.py) to PATH as JSON lines")
-    parser.add_argument("--size", choices=("narrow", DEMO, DEMO_NARROW, PAPER), default="narrow",
-                        help=f"narrow: dim 256 at L in {{8, 28}}; {DEMO}: the demo's letters model (width 64, "
-                             f"L=4, H={DEMO_BITS}, T={DEMO_SEQ_LEN}, B={DEMO_BATCH}); {DEMO_NARROW}: the same at "
-                             f"width 32; {PAPER}: the named size, B=4, T=2048 (a GPU only)")
-    parser.add_argument("--bits", type=int, nargs="+",
-                        help=f"latent bits H to compare (default: the grid's; {PAPER}: {' '.join(map(str, PAPER_BITS))})")
+    parser.add_argument(
+        "--memory-here",
+        dest="memory",
+        action="store_const",
+        const="here",
+        help="on CUDA: peak memory of one step in this process (torch.cuda.max_memory_allocated, "
+        "all the process holds) instead of fresh processes, which compile again under --compile",
+    )
+    parser.add_argument(
+        "--figures", metavar="PATH", help="append the GPU targets' figures (bench/targets.py) to PATH as JSON lines"
+    )
+    parser.add_argument(
+        "--size",
+        choices=("narrow", DEMO, DEMO_NARROW, PAPER),
+        default="narrow",
+        help=f"narrow: dim 256 at L in {{8, 28}}; {DEMO}: the demo's letters model (width 64, "
+        f"L=4, H={DEMO_BITS}, T={DEMO_SEQ_LEN}, B={DEMO_BATCH}); {DEMO_NARROW}: the same at "
+        f"width 32; {PAPER}: the named size, B=4, T=2048 (a GPU only)",
+    )
+    parser.add_argument(
+        "--bits",
+        type=int,
+        nargs="+",
+        help=f"latent bits H to compare (default: the grid's; {PAPER}: {' '.join(map(str, PAPER_BITS))})",
+    )
     parser.add_argument("--seq-len", type=int, help=f"T (default {SEQ_LEN}; {PAPER}: {PAPER_SEQ_LEN})")
     parser.add_argument("--batch", type=int, help=f"B (default {BATCH}; {PAPER}: {PAPER_BATCH})")
-    parser.add_argument("--shared-decoder", action=argparse.BooleanOptionalAction, default=None,
-                        help=f"the baseline made of the Free Transformer's decoder, one optimizer (default: on at "
-                             f"{PAPER}, off otherwise; --no-shared-decoder at {PAPER} needs more than 80 GB)")
+    parser.add_argument(
+        "--shared-decoder",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"the baseline made of the Free Transformer's decoder, one optimizer (default: on at "
+        f"{PAPER}, off otherwise; --no-shared-decoder at {PAPER} needs more than 80 GB)",
+    )
     args = parser.parse_args()
     if args.memory == "here" and not args.device.startswith("cuda"):
         parser.error("--memory-here needs --device cuda (the CPU allocator keeps no peak statistics)")
@@ -345,14 +403,20 @@ def main():
 
     args.vocab = args.vocab or (32768 if args.compare_loss else None)
     began = time.perf_counter()
-    print(f"{describe_machine(device)}, rounds: {rounds}, precision {args.precision}"
-          f"{', compiled' if args.compile else ''}")
+    print(
+        f"{describe_machine(device)}, rounds: {rounds}, precision {args.precision}"
+        f"{', compiled' if args.compile else ''}"
+    )
     if paper or demo:
-        print(f"size {args.size}: {model_config(grid[0][0], grid[0][1], args.size)}, T={args.seq_len}, "
-              f"batch {args.batch} ({tokens_per_step} tokens per step)")
+        print(
+            f"size {args.size}: {model_config(grid[0][0], grid[0][1], args.size)}, T={args.seq_len}, "
+            f"batch {args.batch} ({tokens_per_step} tokens per step)"
+        )
     else:
-        print(f"dims {DIMS}{f' but vocabulary {args.vocab}' if args.vocab else ''}, T={args.seq_len}, "
-              f"batch {args.batch} ({tokens_per_step} tokens per step)")
+        print(
+            f"dims {DIMS}{f' but vocabulary {args.vocab}' if args.vocab else ''}, T={args.seq_len}, "
+            f"batch {args.batch} ({tokens_per_step} tokens per step)"
+        )
     if args.shared_decoder:
         print("the baseline shares the Free Transformer's decoder weights and optimizer (see the docstring)")
     limits = matmul_limits_gflops(device, precisions=(args.precision,))
@@ -369,8 +433,7 @@ def main():
         return
     rows = []
     for n_bits, n_layers in tqdm(grid, desc="configs"):
-        configs, times, saved, peaks = time_config(n_bits, n_layers, device, rounds, args.precision, args.compile,
-                                                   args)
+        configs, times, saved, peaks = time_config(n_bits, n_layers, device, rounds, args.precision, args.compile, args)
         flops = {name: cfg.training_flops_per_token(args.seq_len) * tokens_per_step for name, cfg in configs.items()}
         ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         time_ratio = median_ratio(times["free"], times["base"])
@@ -384,41 +447,72 @@ def main():
         else:
             mem = {name: float("nan") for name in configs}
             mem_ratio = mem_excess = float("nan")
-        rows.append(dict(n_bits=n_bits, n_layers=n_layers, ms=ms, time_ratio=time_ratio, flop_ratio=flop_ratio,
-                         excess=time_ratio / flop_ratio, gflops=gflops, mem=mem, mem_ratio=mem_ratio,
-                         analytic=analytic, mem_excess=mem_excess, saved=saved))
+        rows.append(
+            dict(
+                n_bits=n_bits,
+                n_layers=n_layers,
+                ms=ms,
+                time_ratio=time_ratio,
+                flop_ratio=flop_ratio,
+                excess=time_ratio / flop_ratio,
+                gflops=gflops,
+                mem=mem,
+                mem_ratio=mem_ratio,
+                analytic=analytic,
+                mem_excess=mem_excess,
+                saved=saved,
+            )
+        )
 
-    print(f"\n{'H':>2} {'L':>2} | {'free ms':>8} {'base ms':>8} {'time x':>6} {'FLOP x':>6} {'t/F':>5}       | "
-          f"{'free TF/s':>9} {'base TF/s':>9} {'free MFU':>8} {'base MFU':>8} | {'free tok/s':>10} {'base tok/s':>10}")
+    print(
+        f"\n{'H':>2} {'L':>2} | {'free ms':>8} {'base ms':>8} {'time x':>6} {'FLOP x':>6} {'t/F':>5}       | "
+        f"{'free TF/s':>9} {'base TF/s':>9} {'free MFU':>8} {'base MFU':>8} | {'free tok/s':>10} {'base tok/s':>10}"
+    )
     for r in rows:
         verdict = "PASS" if r["excess"] <= TARGET else "FAIL"
         util = {name: mfu(r["gflops"][name] * 1e9, limits, args.precision) for name in ("free", "base")}
-        print(f"{r['n_bits']:>2} {r['n_layers']:>2} | {r['ms']['free']:>8.1f} {r['ms']['base']:>8.1f} "
-              f"{r['time_ratio']:>6.3f} {r['flop_ratio']:>6.3f} {r['excess']:>5.3f} {verdict} | "
-              f"{r['gflops']['free'] / 1e3:>9.2f} {r['gflops']['base'] / 1e3:>9.2f} {util['free']:>8.1%} "
-              f"{util['base']:>8.1%} | {tokens_per_step / r['ms']['free'] * 1e3:>10.0f} "
-              f"{tokens_per_step / r['ms']['base'] * 1e3:>10.0f}")
-    print(f"\n{'H':>2} {'L':>2} | {'free MiB':>8} {'base MiB':>8} {'mem x':>6} {'model x':>7} {'m/M':>5}       | "
-          f"{'saved MiB free':>14} {'(model)':>8} {'base':>6} {'(model)':>8}")
+        print(
+            f"{r['n_bits']:>2} {r['n_layers']:>2} | {r['ms']['free']:>8.1f} {r['ms']['base']:>8.1f} "
+            f"{r['time_ratio']:>6.3f} {r['flop_ratio']:>6.3f} {r['excess']:>5.3f} {verdict} | "
+            f"{r['gflops']['free'] / 1e3:>9.2f} {r['gflops']['base'] / 1e3:>9.2f} {util['free']:>8.1%} "
+            f"{util['base']:>8.1%} | {tokens_per_step / r['ms']['free'] * 1e3:>10.0f} "
+            f"{tokens_per_step / r['ms']['base'] * 1e3:>10.0f}"
+        )
+    print(
+        f"\n{'H':>2} {'L':>2} | {'free MiB':>8} {'base MiB':>8} {'mem x':>6} {'model x':>7} {'m/M':>5}       | "
+        f"{'saved MiB free':>14} {'(model)':>8} {'base':>6} {'(model)':>8}"
+    )
     for r in rows:
         verdict = "PASS" if r["mem_excess"] <= TARGET else ("FAIL" if r["mem_excess"] > TARGET else "")
         model_ratio = r["analytic"]["free"] / r["analytic"]["base"]
-        model_saved = {name: 4 * tokens_per_step * saved_floats_per_token(
-                           model_config(r["n_bits"] if name == "free" else 0, r["n_layers"], args.size, args.vocab)) / MIB
-                       for name in ("free", "base")}
-        print(f"{r['n_bits']:>2} {r['n_layers']:>2} | {r['mem']['free'] / MIB:>8.1f} {r['mem']['base'] / MIB:>8.1f} "
-              f"{r['mem_ratio']:>6.3f} {model_ratio:>7.3f} {r['mem_excess']:>5.3f} {verdict:<4} | "
-              f"{r['saved']['free'] / MIB:>14.1f} {model_saved['free']:>8.1f} {r['saved']['base'] / MIB:>6.1f} "
-              f"{model_saved['base']:>8.1f}")
+        model_saved = {
+            name: 4
+            * tokens_per_step
+            * saved_floats_per_token(
+                model_config(r["n_bits"] if name == "free" else 0, r["n_layers"], args.size, args.vocab)
+            )
+            / MIB
+            for name in ("free", "base")
+        }
+        print(
+            f"{r['n_bits']:>2} {r['n_layers']:>2} | {r['mem']['free'] / MIB:>8.1f} {r['mem']['base'] / MIB:>8.1f} "
+            f"{r['mem_ratio']:>6.3f} {model_ratio:>7.3f} {r['mem_excess']:>5.3f} {verdict:<4} | "
+            f"{r['saved']['free'] / MIB:>14.1f} {model_saved['free']:>8.1f} {r['saved']['base'] / MIB:>6.1f} "
+            f"{model_saved['base']:>8.1f}"
+        )
     print_gpu_targets(rows, args, device, limits)
-    print(f"\nt/F = time ratio / FLOP ratio, m/M = memory ratio / analytic memory ratio; target <= {TARGET} "
-          f"(on a GPU at {PAPER} bf16 H=16: t/F <= 1.05, baseline MFU compiled >= {TARGET_MFU:.0%}, peak compiled <= "
-          f"{TARGET_PEAK_GIB} GiB). "
-          f"TF/s = training_flops_per_token(T) * B * T / median step time; MFU = TF/s / the {args.precision} matmul "
-          f"limit ({limits[args.precision]:.0f} GFLOP/s)")
+    print(
+        f"\nt/F = time ratio / FLOP ratio, m/M = memory ratio / analytic memory ratio; target <= {TARGET} "
+        f"(on a GPU at {PAPER} bf16 H=16: t/F <= 1.05, baseline MFU compiled >= {TARGET_MFU:.0%}, peak compiled <= "
+        f"{TARGET_PEAK_GIB} GiB). "
+        f"TF/s = training_flops_per_token(T) * B * T / median step time; MFU = TF/s / the {args.precision} matmul "
+        f"limit ({limits[args.precision]:.0f} GFLOP/s)"
+    )
     if args.precision == "bf16":
-        print("bf16: the analytic memory counts every activation in fp32 (autocast keeps matmul outputs in "
-              "bf16, norms and the residual stream in fp32), so its columns only bound the measured ones")
+        print(
+            "bf16: the analytic memory counts every activation in fp32 (autocast keeps matmul outputs in "
+            "bf16, norms and the residual stream in fp32), so its columns only bound the measured ones"
+        )
     print(f"load average at the end {os.getloadavg()[0]:.1f}; {time.perf_counter() - began:.0f} s")
 
 
@@ -426,8 +520,13 @@ def print_gpu_targets(rows, args, device, limits) -> None:
     """docs/gpu.md's training targets where this run is their configuration (paper-1.5b, bf16, B=4, T=2048 on a
     GPU), with PASS or FAIL when compiled (--compile): they are targets for the compiled step. --figures: each
     figure also goes to that file (bench/targets.py), the eager run's time per FLOP under its own id."""
-    if (args.size, args.precision, args.batch, args.seq_len, device.type) != (PAPER, "bf16", PAPER_BATCH,
-                                                                             PAPER_SEQ_LEN, "cuda"):
+    if (args.size, args.precision, args.batch, args.seq_len, device.type) != (
+        PAPER,
+        "bf16",
+        PAPER_BATCH,
+        PAPER_SEQ_LEN,
+        "cuda",
+    ):
         return
     row = next((r for r in rows if r["n_bits"] == 16), rows[0])
 
@@ -438,10 +537,12 @@ def print_gpu_targets(rows, args, device, limits) -> None:
     peak_gib = row["mem"]["free"] / 2**30
     measured = args.memory is not False
     peak = f"{peak_gib:.1f} GiB{verdict(peak_gib <= TARGET_PEAK_GIB)}" if measured else "not measured (--no-memory)"
-    print(f"\ntargets ({'compiled' if args.compile else 'eager: they are read with --compile'}): baseline MFU >= "
-          f"{TARGET_MFU:.0%}: {base_mfu:.1%}{verdict(base_mfu >= TARGET_MFU)}; H={row['n_bits']} peak <= "
-          f"{TARGET_PEAK_GIB} GiB: {peak}; t/F <= {TARGET_GPU_T_PER_F}: {row['excess']:.3f}"
-          f"{verdict(row['excess'] <= TARGET_GPU_T_PER_F)}")
+    print(
+        f"\ntargets ({'compiled' if args.compile else 'eager: they are read with --compile'}): baseline MFU >= "
+        f"{TARGET_MFU:.0%}: {base_mfu:.1%}{verdict(base_mfu >= TARGET_MFU)}; H={row['n_bits']} peak <= "
+        f"{TARGET_PEAK_GIB} GiB: {peak}; t/F <= {TARGET_GPU_T_PER_F}: {row['excess']:.3f}"
+        f"{verdict(row['excess'] <= TARGET_GPU_T_PER_F)}"
+    )
     note = f"H={row['n_bits']}, B={args.batch}, T={args.seq_len}"
     if not args.compile:
         write_figure(args.figures, "train-free-per-flop-eager", row["excess"], note)
@@ -451,6 +552,7 @@ def print_gpu_targets(rows, args, device, limits) -> None:
     if measured:
         where = "in the step's process" if args.memory == "here" else "in a fresh process"
         write_figure(args.figures, "train-peak", peak_gib, f"{note}, {where}")
+
 
 if __name__ == "__main__":
     main()

@@ -60,16 +60,20 @@ TARGETS: dict[str, Target] = {
     "decode-b16-tokens": Target("decoding B=16, tokens/s, compiled", "tok/s", at_least=8000.0),
     "decode-b16-free-base": Target("decoding B=16, Free / baseline tokens/s, compiled", "x", at_least=0.98),
     # bench/serve.py --size paper-1.5b --dtype bf16 --compile --clients 16 (serve --compile on)
-    "serve-b16-vs-offline": Target("serve: 16 concurrent clients / offline generate(compile=True) B=16, tokens/s",
-                                   "x", at_least=0.7),
+    "serve-b16-vs-offline": Target(
+        "serve: 16 concurrent clients / offline generate(compile=True) B=16, tokens/s", "x", at_least=0.7
+    ),
     # bench/mapper.py --quick --dtype bf16 on CUDA: (H, N, D) = (16, 8192, 1536)
     "mapper-matmul-x": Target("Binary Mapper fwd+bwd / its dR @ W^T matmul, H=16, N=8192, D=1536", "x", at_most=3.0),
     # bench/peers.py at L=16, D=1024, T=1024, B=8: x-transformers / ours
-    **{f"peers-{dtype}-h{bits}-{what}": Target(f"vs x-transformers {dtype} H={bits}: {what} x (theirs / ours)", "x",
-                                                 at_least=bound)
-       for dtype in ("bf16", "fp32")
-       for bits, bounds in ((16, {"time": 2.0, "memory": 3.0}), (8, {"time": 1.0, "memory": 1.0}))
-       for what, bound in bounds.items()},
+    **{
+        f"peers-{dtype}-h{bits}-{what}": Target(
+            f"vs x-transformers {dtype} H={bits}: {what} x (theirs / ours)", "x", at_least=bound
+        )
+        for dtype in ("bf16", "fp32")
+        for bits, bounds in ((16, {"time": 2.0, "memory": 3.0}), (8, {"time": 1.0, "memory": 1.0}))
+        for what, bound in bounds.items()
+    },
     # free-transformer demo --preset paper --seeds 3 --device cuda: its wall time
     "demo-paper-seconds": Target("demo --preset paper --seeds 3 on the GPU, wall time", "s", at_most=300.0),
     # figures without a threshold
@@ -86,8 +90,14 @@ def write_figure(path: str | None, target_id: str, value: float, note: str = "")
     if path is None:
         return
     target = TARGETS[target_id]
-    line = {"id": target_id, "value": value, "unit": target.unit, "target": target.threshold(),
-            "passed": target.passed(value), "note": note}
+    line = {
+        "id": target_id,
+        "value": value,
+        "unit": target.unit,
+        "target": target.threshold(),
+        "passed": target.passed(value),
+        "note": note,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")

@@ -51,7 +51,7 @@ def _child(connection: socket.socket, request: dict, fds: list[int]) -> None:
         status = main(request["argv"])
     except SystemExit as exit:  # argparse's --help and errors
         status = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
-    except BaseException:  # noqa: BLE001 - a traceback is the command's own output
+    except BaseException:
         import traceback
 
         traceback.print_exc()
@@ -64,8 +64,8 @@ def _child(connection: socket.socket, request: dict, fds: list[int]) -> None:
 def serve(path: str) -> None:
     import torch  # noqa: F401 - imported once, before any fork
 
-    import free_transformer.cli  # noqa: F401
-    import free_transformer.commands.generate  # noqa: F401
+    import free_transformer.cli
+    import free_transformer.commands.generate
     import free_transformer.train.trainer  # noqa: F401
 
     with socket.socket(socket.AF_UNIX) as server:

@@ -23,8 +23,9 @@ def hook_only_args() -> list[str]:
 
 
 def tiny_config(**overrides) -> ModelConfig:
-    values = dict(vocab_size=50, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=48, max_seq_len=40,
-                  latent_units=4)
+    values = dict(
+        vocab_size=50, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=48, max_seq_len=40, latent_units=4
+    )
     if "latent_bits" in overrides:  # latent_units's old name, which some test files still pass
         overrides["latent_units"] = overrides.pop("latent_bits")
     values.update(overrides)
@@ -40,8 +41,11 @@ def device_dtype(device) -> torch.dtype:
 def tolerance(model_or_dtype) -> dict:
     """assert_close's rtol and atol for a model computing in its dtype (or `dtype`) against float64."""
     dtype = model_or_dtype.embed_tokens.weight.dtype if isinstance(model_or_dtype, torch.nn.Module) else model_or_dtype
-    return {torch.float64: dict(rtol=1e-9, atol=1e-9), torch.float32: dict(rtol=1e-4, atol=1e-5),
-            torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}[dtype]
+    return {
+        torch.float64: dict(rtol=1e-9, atol=1e-9),
+        torch.float32: dict(rtol=1e-4, atol=1e-5),
+        torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+    }[dtype]
 
 
 def tiny_model(seed=0, dtype=None, device="cpu", **overrides) -> FreeTransformer:
@@ -61,8 +65,16 @@ def tiny_checkpoint(root, name: str, latent_units: int | None = None, **override
     from free_transformer.runs.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
-    values = dict(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64,
-                  latent_units=overrides.pop("latent_bits", latent_units))  # latent_units's old name, still passed
+    values = dict(
+        vocab_size=256,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden=64,
+        max_seq_len=64,
+        latent_units=overrides.pop("latent_bits", latent_units),
+    )  # latent_units's old name, still passed
     values.update(overrides)
     save_checkpoint(root / name, 1, FreeTransformer(ModelConfig(**values)), {"tokenizer": "byte"})
     return root / name
@@ -72,15 +84,20 @@ def tiny_checkpoint(root, name: str, latent_units: int | None = None, **override
 
 
 def pytest_addoption(parser):
-    parser.addoption("--device", default="cpu",
-                     help="device for the tests that take the `device` fixture (default cpu). With cuda, tests "
-                          "without that fixture are deselected (they are device-independent: plain `pytest` runs "
-                          "them) and tests marked cpu_only are skipped")
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="device for the tests that take the `device` fixture (default cpu). With cuda, tests "
+        "without that fixture are deselected (they are device-independent: plain `pytest` runs "
+        "them) and tests marked cpu_only are skipped",
+    )
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "cpu_only(reason): takes the device fixture but only makes sense on the CPU; "
-                                       "skipped under --device cuda")
+    config.addinivalue_line(
+        "markers",
+        "cpu_only(reason): takes the device fixture but only makes sense on the CPU; skipped under --device cuda",
+    )
     config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped cleanly without one")
     device = torch.device(config.getoption("--device"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -147,15 +164,30 @@ def fake_corpus(tmp_path, monkeypatch, texts: dict[str, str], heldout: tuple[str
     for name, text in texts.items():
         (folder / name).write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    corpus = NamedCorpus(name="fake", module="fakecorpusdata", folder="texts", pattern="*_m.txt", heldout=heldout,
-                         install="pip install fake", about="a test corpus")
+    corpus = NamedCorpus(
+        name="fake",
+        module="fakecorpusdata",
+        folder="texts",
+        pattern="*_m.txt",
+        heldout=heldout,
+        install="pip install fake",
+        about="a test corpus",
+    )
     monkeypatch.setitem(CORPORA, "fake", corpus)
     return corpus
 
 
 # A tiny training run (debug size, byte letters) for the training and robustness tests.
-TINY = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=4", "log_every=1",
-        "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25"]
+TINY = [
+    "model.size=debug",
+    "model.vocab_size=256",
+    "model.max_seq_len=72",
+    "batch_size=4",
+    "log_every=1",
+    "optim.warmup_steps=2",
+    "progress=false",
+    "kappa_bits=0.25",
+]
 
 
 def tiny_run_config(*overrides):

@@ -51,8 +51,9 @@ def cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         raise RuntimeError("query and key heads differ without enable_gqa")
     kernel = cuda_kernel(query, key, attn_mask, enable_gqa)
     if kernel == "flash":
-        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
-                                                                  scale=scale)[0]
+        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[
+            0
+        ]
     if kernel == "efficient":
         bias = None
         if attn_mask is not None:  # SDPA turns a boolean mask into an additive one of the query's dtype
@@ -60,12 +61,23 @@ def cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             bias = bias.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else attn_mask
             bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
         return torch.ops.aten._scaled_dot_product_efficient_attention(
-            query, key, value, bias, query.requires_grad, dropout_p, is_causal, scale=scale)[0]
+            query, key, value, bias, query.requires_grad, dropout_p, is_causal, scale=scale
+        )[0]
     if query.dtype != torch.float64:
-        raise MathKernelOnly(f"only SDPA's math kernel takes q {tuple(query.shape)} k {tuple(key.shape)} "
-                             f"{query.dtype}, mask {attn_mask is not None}, enable_gqa {enable_gqa}")
-    return ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                         scale=scale, enable_gqa=enable_gqa)
+        raise MathKernelOnly(
+            f"only SDPA's math kernel takes q {tuple(query.shape)} k {tuple(key.shape)} "
+            f"{query.dtype}, mask {attn_mask is not None}, enable_gqa {enable_gqa}"
+        )
+    return ORIGINAL_SDPA(
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )
 
 
 ORIGINAL_SDPA = F.scaled_dot_product_attention
@@ -76,8 +88,11 @@ ORIGINAL_ROUTE = layers.gqa_route
 def cuda_dispatch(monkeypatch):
     """Within: `layers.attend` takes its CUDA routes and SDPA picks CUDA's kernels (for meta tensors)."""
     with monkeypatch.context() as patch:
-        patch.setattr(layers, "gqa_route", lambda device_type, *args: ORIGINAL_ROUTE(
-            "cuda" if device_type == "meta" else device_type, *args))
+        patch.setattr(
+            layers,
+            "gqa_route",
+            lambda device_type, *args: ORIGINAL_ROUTE("cuda" if device_type == "meta" else device_type, *args),
+        )
         patch.setattr(F, "scaled_dot_product_attention", cuda_sdpa)
         yield
 
@@ -103,8 +118,12 @@ class DeviceWork(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         packet = func.overloadpacket
-        if func in self.HOST_READS or (packet is torch.ops.aten._to_copy and args[0].device == META
-                                       and kwargs.get("device") is not None and kwargs["device"].type == "cpu"):
+        if func in self.HOST_READS or (
+            packet is torch.ops.aten._to_copy
+            and args[0].device == META
+            and kwargs.get("device") is not None
+            and kwargs["device"].type == "cpu"
+        ):
             raise HostValue(f"{func} reads a device value on the host")
         if packet is torch.ops.aten._to_copy and kwargs.get("device") == META and args[0].device.type == "cpu":
             self.uploads.append(f"a CPU tensor {tuple(args[0].shape)} {args[0].dtype} copied to the device")

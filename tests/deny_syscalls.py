@@ -8,8 +8,10 @@ import sys
 
 from free_transformer.eval.sandbox_guard import install_filter  # the guard's installer, for this other filter
 
-CALLS = {"x86_64": (0xC000003E, dict(unshare=272, prctl=157, seccomp=317)),
-         "aarch64": (0xC00000B7, dict(unshare=97, prctl=167, seccomp=277))}
+CALLS = {
+    "x86_64": (0xC000003E, dict(unshare=272, prctl=157, seccomp=317)),
+    "aarch64": (0xC00000B7, dict(unshare=97, prctl=167, seccomp=277)),
+}
 
 
 def main() -> None:
@@ -23,8 +25,14 @@ def main() -> None:
     if what == "namespaces":
         prog += [(JEQ, 0, 1, nr["unshare"]), (RET, 0, 0, ERRNO | EPERM)]
     else:  # prctl(PR_SET_SECCOMP = 22, ...) and seccomp(2)
-        prog += [(JEQ, 0, 1, nr["seccomp"]), (RET, 0, 0, ERRNO | EINVAL),
-                 (JEQ, 0, 3, nr["prctl"]), (LD, 0, 0, 16), (JEQ, 0, 1, 22), (RET, 0, 0, ERRNO | EINVAL)]
+        prog += [
+            (JEQ, 0, 1, nr["seccomp"]),
+            (RET, 0, 0, ERRNO | EINVAL),
+            (JEQ, 0, 3, nr["prctl"]),
+            (LD, 0, 0, 16),
+            (JEQ, 0, 1, 22),
+            (RET, 0, 0, ERRNO | EINVAL),
+        ]
     prog += [(RET, 0, 0, ALLOW)]
     if install_filter(prog) is not None:
         sys.exit(99)

@@ -37,13 +37,26 @@ def _one_line_error(capsys_or_err) -> str:
 def _cli(*args, file_size_limit=None):
     """A real `free-transformer` process (the package under test); files larger than `file_size_limit`
     bytes fail to write (EFBIG; Python ignores SIGXFSZ), as on a full disk or over a quota."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(free_transformer.__file__).parents[1]),
-                                          os.environ.get("PYTHONPATH", "")])}
-    limit = None if file_size_limit is None else \
-        (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit)))
-    return subprocess.run([sys.executable, "-m", "free_transformer.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=300, preexec_fn=limit)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(free_transformer.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    limit = (
+        None
+        if file_size_limit is None
+        else (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit)))
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "free_transformer.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +65,20 @@ def runs(tmp_path_factory):
     checkpoints, no torchrun)."""
     root = tmp_path_factory.mktemp("runs")
     for name, strategy in (("single", "none"), ("sharded", "fsdp")):
-        assert main(["train", "--out", str(root / name), *TINY, "steps=2", "checkpoint_every=1",
-                     f"distributed.strategy={strategy}"]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--out",
+                    str(root / name),
+                    *TINY,
+                    "steps=2",
+                    "checkpoint_every=1",
+                    f"distributed.strategy={strategy}",
+                ]
+            )
+            == 0
+        )
     return root
 
 
@@ -127,7 +152,8 @@ def test_consolidate_records_the_weights_it_writes_in_sha256sums(runs, tmp_path,
         assert verify_checkpoint(written) is None
         load_model(written)
     assert {"config.json", "dcp/.metadata", "model.safetensors"} <= set(
-        line.split("  ")[1] for line in (newest / "SHA256SUMS").read_text().splitlines())
+        line.split("  ")[1] for line in (newest / "SHA256SUMS").read_text().splitlines()
+    )
     capsys.readouterr()
     # a damaged sharded checkpoint is not consolidated: its damage would be recorded as intact
     damaged = shutil.copytree(runs / "sharded", tmp_path / "damaged")
@@ -271,7 +297,9 @@ def test_a_checkpoint_file_or_step_that_is_a_link_is_not_read_through(tmp_path, 
     shutil.copy(checkpoint / "model.safetensors", outside)
     (checkpoint / "model.safetensors").unlink()
     (checkpoint / "model.safetensors").symlink_to(outside)
-    assert verify_checkpoint(checkpoint) == "model.safetensors is a symbolic link (a checkpoint's files must be its own)"
+    assert (
+        verify_checkpoint(checkpoint) == "model.safetensors is a symbolic link (a checkpoint's files must be its own)"
+    )
     run = tmp_path / "run2"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "step_00000009").symlink_to(checkpoint)

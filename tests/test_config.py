@@ -23,8 +23,17 @@ from free_transformer.train.config import RENAMED, TrainConfig, load_train_confi
 
 ROOT = Path(__file__).parent.parent
 LEGACY_RUN = Path(__file__).parent / "data" / "legacy-run"  # written by 0.1, with eval_every and eval_batches
-SOME = ["model.latent_units=3", "optim.lr=3e-3", "optim.betas=[0.8,0.9]", "kappa_bits=0.125", "validate_every=2",
-        "eval.tasks=arc_easy", "eval.limit=3", "data.kind=coinflip", "data.coinflip.length=12"]
+SOME = [
+    "model.latent_units=3",
+    "optim.lr=3e-3",
+    "optim.betas=[0.8,0.9]",
+    "kappa_bits=0.125",
+    "validate_every=2",
+    "eval.tasks=arc_easy",
+    "eval.limit=3",
+    "data.kind=coinflip",
+    "data.coinflip.length=12",
+]
 
 
 def _help(capsys, command: str) -> str:
@@ -40,8 +49,11 @@ def _printed(capsys, *argv: str) -> str:
 
 def _keys(values: dict, prefix: str = "") -> list[str]:
     """The dotted paths of a nested mapping's leaves."""
-    return [path for key, value in values.items()
-            for path in (_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [prefix + key])]
+    return [
+        path
+        for key, value in values.items()
+        for path in (_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [prefix + key])
+    ]
 
 
 def test_train_help_shows_every_setting_that_print_config_prints(capsys):
@@ -94,8 +106,10 @@ def test_a_resumed_run_rewrites_its_config_yaml_in_todays_names(capsys, tmp_path
     with pytest.warns(FutureWarning, match="eval_every is now validate_every"):
         legacy = load_train_config(LEGACY_RUN / "config.yaml")
         assert main(["train", "--out", str(run), "--resume"]) == 0
-    assert ("rewritten in today's names (it used eval_every, eval_batches, data.path, data.tokenizer, data.seq_len, "
-            "data.val_fraction, data.cache_dir, data.coinflip_length, data.coinflip_epsilon, model.latent_bits)") in capsys.readouterr().err
+    assert (
+        "rewritten in today's names (it used eval_every, eval_batches, data.path, data.tokenizer, data.seq_len, "
+        "data.val_fraction, data.cache_dir, data.coinflip_length, data.coinflip_epsilon, model.latent_bits)"
+    ) in capsys.readouterr().err
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert "eval_every" not in saved and (saved["validate_every"], saved["validation_batches"]) == (0, 4)
     with warnings.catch_warnings():
@@ -117,8 +131,9 @@ def test_a_printed_config_trains_to_the_same_first_losses(capsys, tmp_path):
 @pytest.mark.parametrize("command", ["demo", "study"])
 def test_demo_and_study_print_every_runs_config(capsys, tmp_path, command):
     preset = ["--preset", "smoke"] if command == "study" else []
-    text = _printed(capsys, command, "--print-config", "--out", str(tmp_path / "out"), *preset, "--seeds", "2",
-                    "steps=7")
+    text = _printed(
+        capsys, command, "--print-config", "--out", str(tmp_path / "out"), *preset, "--seeds", "2", "steps=7"
+    )
     documents = text.split("---\n")
     assert len(documents) == (2 * 4 if command == "study" else 2 * 6)  # every variant of every seed
     for document in documents:
@@ -132,8 +147,9 @@ def test_demo_and_study_print_every_runs_config(capsys, tmp_path, command):
 def test_old_field_names_warn_and_give_the_same_config(tmp_path):
     new = load_train_config(None, ["validate_every=5", "validation_batches=2"])
     for old in RENAMED:  # the one table of old names: each with the release that stops reading it
-        assert old.until == "0.3" and (old.old in {"eval_every", "eval_batches", "model.latent_bits"}
-                                       or old.old.startswith("data."))
+        assert old.until == "0.3" and (
+            old.old in {"eval_every", "eval_batches", "model.latent_bits"} or old.old.startswith("data.")
+        )
     with pytest.warns(FutureWarning, match="eval_batches is now validation_batches"):
         assert load_train_config(None, ["eval_every=5", "eval_batches=2"]) == new
     path = tmp_path / "old.yaml"
@@ -201,10 +217,34 @@ def test_eval_flags_are_the_config_eval_section(capsys):
     parser = build_parser()
     defaults = parser.parse_args(["eval", "ckpt"])
     assert eval_flags_settings(defaults) == EvalConfig().settings()
-    given = parser.parse_args(["eval", "ckpt", "--tasks", "arc_easy", "--limit", "3", "--data", "race_high=a.jsonl",
-                               "--data", "race_middle=b.jsonl", "--num-fewshot", "2", "--latent-samples", "2"])
-    section = load_train_config(None, ["eval.tasks=arc_easy", "eval.limit=3", "eval.num_fewshot=2",
-                                       "eval.data=race_high=a.jsonl,race_middle=b.jsonl", "eval.latent_samples=2"]).eval
+    given = parser.parse_args(
+        [
+            "eval",
+            "ckpt",
+            "--tasks",
+            "arc_easy",
+            "--limit",
+            "3",
+            "--data",
+            "race_high=a.jsonl",
+            "--data",
+            "race_middle=b.jsonl",
+            "--num-fewshot",
+            "2",
+            "--latent-samples",
+            "2",
+        ]
+    )
+    section = load_train_config(
+        None,
+        [
+            "eval.tasks=arc_easy",
+            "eval.limit=3",
+            "eval.num_fewshot=2",
+            "eval.data=race_high=a.jsonl,race_middle=b.jsonl",
+            "eval.latent_samples=2",
+        ],
+    ).eval
     assert eval_flags_settings(given) == section.settings()  # the same settings, the same record key
 
 
@@ -229,12 +269,15 @@ def test_train_without_out_is_one_line_error(capsys):
     assert "--out" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("override, line", [
-    ("optim.lrr=1", "error: unknown setting optim.lrr: did you mean optim.lr?"),
-    ("kapa_bits=1", "error: unknown setting kapa_bits: did you mean kappa_bits?"),
-    ("data.text.pth=x.txt", "error: unknown setting data.text.pth: did you mean data.text.path?"),
-    ("model.latent.knid=bit_linear", "error: unknown setting model.latent.knid: did you mean model.latent.kind?"),
-])
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("optim.lrr=1", "error: unknown setting optim.lrr: did you mean optim.lr?"),
+        ("kapa_bits=1", "error: unknown setting kapa_bits: did you mean kappa_bits?"),
+        ("data.text.pth=x.txt", "error: unknown setting data.text.pth: did you mean data.text.path?"),
+        ("model.latent.knid=bit_linear", "error: unknown setting model.latent.knid: did you mean model.latent.kind?"),
+    ],
+)
 def test_a_misspelt_setting_names_the_closest_real_one(tmp_path, capsys, override, line):
     """One line naming the closest real field (difflib), a non-zero exit, nothing written."""
     assert main(["train", "--out", str(tmp_path / "run"), override]) == 2

@@ -14,8 +14,9 @@ from free_transformer.model.latent import binary_mapper, binary_mapper_project
 pytestmark = pytest.mark.cuda
 CUDA = torch.device("cuda")
 # Head dim 64 and grouped-query attention (4 query / 2 key-value heads), as the paper's sizes have.
-GPU_CONFIG = dict(vocab_size=256, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=512, max_seq_len=256,
-                  latent_units=8)
+GPU_CONFIG = dict(
+    vocab_size=256, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=512, max_seq_len=256, latent_units=8
+)
 
 
 def _model(dtype=torch.float32, seed=0) -> FreeTransformer:
@@ -68,7 +69,9 @@ def test_trainer_step_and_decoding_steps_never_synchronise(tmp_path):
         token = prefill.logits[:, -1].argmax(-1)  # (B,) stays on the device
         latent = torch.zeros(B, 1, dtype=torch.long, device=CUDA)
     engine = DecodeEngine(model, B, capacity=P + 8, compile=True)
-    engine.add([Row(tokens[row, :P].tolist(), GenerationConfig(max_new_tokens=8, temperature=0.8), None) for row in range(B)])
+    engine.add(
+        [Row(tokens[row, :P].tolist(), GenerationConfig(max_new_tokens=8, temperature=0.8), None) for row in range(B)]
+    )
     variant = SamplingVariant(sampled=True, filtered=False)
     with torch.inference_mode():
         engine._replay(B, variant)  # warm-up
@@ -107,27 +110,35 @@ def _mapper_grads(logits, weight, grad_out, index=None, autocast=False):
     return (r, index, *torch.autograd.grad((r * grad_out).sum(), (x, w)))
 
 
-@pytest.mark.parametrize("n_bits, dtype, autocast, rtol", [
-    (10, torch.float64, False, 1e-10),  # the same arithmetic as the CPU: agreement to rounding
-    (12, torch.float32, False, 1e-4),
-    (16, torch.float32, False, 1e-4),
-    (12, torch.float32, True, 2e-2),  # dR @ W^T in bf16 (measured 2.9e-3 relative)
-])
+@pytest.mark.parametrize(
+    "n_bits, dtype, autocast, rtol",
+    [
+        (10, torch.float64, False, 1e-10),  # the same arithmetic as the CPU: agreement to rounding
+        (12, torch.float32, False, 1e-4),
+        (16, torch.float32, False, 1e-4),
+        (12, torch.float32, True, 2e-2),  # dR @ W^T in bf16 (measured 2.9e-3 relative)
+    ],
+)
 def test_mapper_gradients_on_cuda_match_the_paper_formula_in_float64(n_bits, dtype, autocast, rtol, monkeypatch):
     """The fused Binary Mapper on the GPU, several chunks, against (Y + G - detach(G)) @ W on the CPU in float64
     with the same sampled index (see test_latent.py's test_mapper_matches_paper_formula)."""
     logits, weight, grad_out = _mapper_inputs(n_rows=64, n_bits=n_bits, dim=32)
     entry_bytes = binary_mapper.chunk_entry_bytes(torch.bfloat16 if autocast else dtype, dtype)
     monkeypatch.setitem(binary_mapper.CHUNK_BYTES, "cuda", 64 * 2 ** (n_bits - 3) * entry_bytes)  # 8 chunks
-    r, index, grad_logits, grad_weight = _mapper_grads(*(t.to(CUDA, dtype) for t in (logits, weight, grad_out)),
-                                                       autocast=autocast)
+    r, index, grad_logits, grad_weight = _mapper_grads(
+        *(t.to(CUDA, dtype) for t in (logits, weight, grad_out)), autocast=autocast
+    )
     r_ref, _, ref_logits, ref_weight = _mapper_grads(logits, weight, grad_out, index=index.cpu())
     scale = ref_logits.abs().max()
     assert scale > 0
     torch.testing.assert_close(r.cpu().double(), r_ref, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-12)
     torch.testing.assert_close(grad_logits.cpu().double(), ref_logits, rtol=0, atol=rtol * scale)
-    torch.testing.assert_close(grad_weight.cpu().double(), ref_weight, rtol=0,
-                               atol=(1e-6 if dtype == torch.float32 else 1e-12) * ref_weight.abs().max())
+    torch.testing.assert_close(
+        grad_weight.cpu().double(),
+        ref_weight,
+        rtol=0,
+        atol=(1e-6 if dtype == torch.float32 else 1e-12) * ref_weight.abs().max(),
+    )
 
 
 @pytest.mark.parametrize("latent_units", [0, 4])

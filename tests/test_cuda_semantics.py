@@ -12,11 +12,11 @@ from conftest import tiny_model, tiny_run_config
 from cuda_semantics import META, DeviceWork, HostValue, MathKernelOnly, cuda_dispatch, cuda_kernel, cuda_sdpa
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from free_transformer.model import layers
 from free_transformer.base.seeding import generators
 from free_transformer.inference.engine import DecodeEngine, Row, _step_core
 from free_transformer.inference.params import GenerationConfig
 from free_transformer.inference.sampling import SamplingVariant
+from free_transformer.model import layers
 from free_transformer.model.latent import binary_mapper, binary_mapper_project
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -63,11 +63,16 @@ def test_fold_route_gives_native_gqa_values_whatever_the_kernels_output_layout(m
     q, k, v = (torch.randn(2, h, 5, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2))
     mask = torch.rand(5, 5, generator=g) < 0.7
     mask[:, 0] = True
-    expected = [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
-                F.scaled_dot_product_attention(q[:, :, :1], k, v, enable_gqa=True)]
+    expected = [
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+        F.scaled_dot_product_attention(q[:, :, :1], k, v, enable_gqa=True),
+    ]
     sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention",
-                        lambda *args, **kw: sdpa(*args, **kw).transpose(1, 2).contiguous().transpose(1, 2))
+    monkeypatch.setattr(
+        F,
+        "scaled_dot_product_attention",
+        lambda *args, **kw: sdpa(*args, **kw).transpose(1, 2).contiguous().transpose(1, 2),
+    )
     monkeypatch.setattr(layers, "gqa_route", lambda *args: "fold")
     torch.testing.assert_close(layers.attend(q, k, v, mask, False), expected[0], rtol=0, atol=1e-14)
     torch.testing.assert_close(layers.attend(q[:, :, :1], k, v, None, False), expected[1], rtol=0, atol=1e-14)
@@ -77,8 +82,14 @@ def test_fold_route_gives_native_gqa_values_whatever_the_kernels_output_layout(m
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case, route", [("training", {torch.float32: "expand", torch.bfloat16: "native"}),
-                                         ("masked chunk", "fold"), ("one-token query", "fold")])
+@pytest.mark.parametrize(
+    "case, route",
+    [
+        ("training", {torch.float32: "expand", torch.bfloat16: "native"}),
+        ("masked chunk", "fold"),
+        ("one-token query", "fold"),
+    ],
+)
 def test_every_gqa_route_runs_a_fused_kernel_and_gives_query_heads(dtype, case, route, monkeypatch):
     """Each route of `layers.attend` as CUDA takes it: a fused kernel (flash or memory-efficient, never
     the math kernel) and (B, heads, T, head_dim) out of whatever layout that kernel returns."""
@@ -88,8 +99,14 @@ def test_every_gqa_route_runs_a_fused_kernel_and_gives_query_heads(dtype, case, 
     mask = torch.ones(T, S, dtype=torch.bool, device=META) if case == "masked chunk" else None
     kernels = []
     with cuda_dispatch(monkeypatch), monkeypatch.context() as patch:
-        patch.setattr(F, "scaled_dot_product_attention", lambda *args, **kw: kernels.append(
-            cuda_kernel(args[0], args[1], kw.get("attn_mask"), kw.get("enable_gqa", False))) or cuda_sdpa(*args, **kw))
+        patch.setattr(
+            F,
+            "scaled_dot_product_attention",
+            lambda *args, **kw: (
+                kernels.append(cuda_kernel(args[0], args[1], kw.get("attn_mask"), kw.get("enable_gqa", False)))
+                or cuda_sdpa(*args, **kw)
+            ),
+        )
         expected = route[dtype] if isinstance(route, dict) else route
         assert layers.gqa_route("meta", dtype, T, mask is not None) == expected
         out = layers.attend(q, k, v, mask, is_causal=case == "training")
@@ -125,11 +142,14 @@ def test_trainer_step_as_on_cuda(tmp_path, monkeypatch):
     config = tiny_run_config("model.dim=32", "model.n_heads=4", "model.n_kv_heads=2", "model.ffn_hidden=64")
     env = setup("none", None, torch.device("cpu"))
     monkeypatch.setattr(env, "device", META)
-    model = tiny_model(dtype=torch.float32, **{k: v for k, v in config.model.to_dict().items()
-                                                if k in ("vocab_size", "max_seq_len", "latent_units")}).to(META)
+    model = tiny_model(
+        dtype=torch.float32,
+        **{k: v for k, v in config.model.to_dict().items() if k in ("vocab_size", "max_seq_len", "latent_units")},
+    ).to(META)
     optimizer = build_optimizer(model, config.optim)
-    monkeypatch.setattr(importlib.import_module("torch.optim.adam"), "_device_dtype_check_for_fused",
-                        lambda *args, **kwargs: None)
+    monkeypatch.setattr(
+        importlib.import_module("torch.optim.adam"), "_device_dtype_check_for_fused", lambda *args, **kwargs: None
+    )
     optimizer.defaults["fused"] = True
     for group in optimizer.param_groups:
         group["fused"] = True
@@ -195,8 +215,9 @@ class ExternalStorages(TorchDispatchMode):
             if isinstance(arg, torch.Tensor) and arg.untyped_storage().data_ptr() not in self.made:
                 self.read.append((str(func), arg.untyped_storage().data_ptr()))
         out = func(*args, **(kwargs or {}))
-        self.made |= {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(out)
-                      if isinstance(t, torch.Tensor)}
+        self.made |= {
+            t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+        }
         return out
 
 
@@ -209,7 +230,9 @@ def test_the_engines_step_reads_the_same_storages_at_every_step(latent_units, va
     model = tiny_model(dtype=torch.float32, latent_units=latent_units)
     config = GenerationConfig(max_new_tokens=5, temperature=0.8, top_k=10, top_p=0.9)
     engine = DecodeEngine(model, B, capacity=12, compile=True)
-    engine.add([Row([1, 2, 3, 4, 5], config, generators([1])[0]), Row([7, 8], GenerationConfig(max_new_tokens=5), None)])
+    engine.add(
+        [Row([1, 2, 3, 4, 5], config, generators([1])[0]), Row([7, 8], GenerationConfig(max_new_tokens=5), None)]
+    )
     view = engine.cache.view(slice(0, B), engine.capacity)
     reads = []
     with torch.inference_mode():

@@ -22,18 +22,37 @@ from free_transformer.train.trainer import train
 
 DATA = Path(__file__).parent / "data"
 HELDOUT = str(DATA / "heldout_tiny.txt")
-EVAL = ["eval.every=2", "eval.tasks=arc_easy,boolq", "eval.limit=3", "eval.latent_samples=2",
-        f"eval.heldout={HELDOUT}", "eval.heldout_samples=2"]
+EVAL = [
+    "eval.every=2",
+    "eval.tasks=arc_easy,boolq",
+    "eval.limit=3",
+    "eval.latent_samples=2",
+    f"eval.heldout={HELDOUT}",
+    "eval.heldout_samples=2",
+]
 # `eval --checkpoints` with the same settings as EVAL: the same record key
-EVAL_CLI = ["--tasks", "arc_easy,boolq", "--limit", "3", "--latent-samples", "2", "--heldout", HELDOUT,
-            "--heldout-samples", "2", "--no-progress"]
+EVAL_CLI = [
+    "--tasks",
+    "arc_easy,boolq",
+    "--limit",
+    "3",
+    "--latent-samples",
+    "2",
+    "--heldout",
+    HELDOUT,
+    "--heldout-samples",
+    "2",
+    "--no-progress",
+]
 RUN = ["steps=6", "checkpoint_every=2", "keep_checkpoints=10"]
 
 
 def _trace(run_dir):
     """Everything training logged that does not depend on the clock."""
-    return [(m["step"], m["loss"], m["cross_entropy_bits"], m["kl_bits"], m["grad_norm"])
-            for m in read_metrics(Path(run_dir) / "metrics.jsonl")]
+    return [
+        (m["step"], m["loss"], m["cross_entropy_bits"], m["kl_bits"], m["grad_norm"])
+        for m in read_metrics(Path(run_dir) / "metrics.jsonl")
+    ]
 
 
 def _same_weights(a, b):
@@ -57,7 +76,10 @@ def test_periodic_evaluation_leaves_training_bit_identical(runs):
     assert _same_weights(runs / "free", runs / "plain")
     entries = read_record(record_path(runs / "free"))
     assert [(e["step"], e["tokens"], e["source"]) for e in entries] == [
-        (2, 2 * 4 * 65, "training"), (4, 4 * 4 * 65, "training"), (6, 6 * 4 * 65, "training")]
+        (2, 2 * 4 * 65, "training"),
+        (4, 4 * 4 * 65, "training"),
+        (6, 6 * 4 * 65, "training"),
+    ]
     assert entries[0]["checkpoint"] == "step_00000002" and len({e["settings_key"] for e in entries}) == 1
     assert set(entries[-1]["tasks"]) == {"arc_easy", "boolq"} and entries[-1]["tasks"]["boolq"]["n"] == 3
     assert {"iwae", "prior_ce"} <= set(entries[-1]["likelihood"])
@@ -79,7 +101,9 @@ def test_resume_scores_a_due_step_left_unscored(tmp_path):
     train(tiny_run_config("steps=4", "checkpoint_every=4"), tmp_path)  # no evaluation yet (as after a stop signal)
     train(tiny_run_config("steps=6", "checkpoint_every=4", *EVAL), tmp_path, resume=True)
     assert [(e["step"], e["checkpoint"]) for e in read_record(record_path(tmp_path))] == [
-        (4, "step_00000004"), (6, "step_00000006")]
+        (4, "step_00000004"),
+        (6, "step_00000006"),
+    ]
 
 
 def test_training_is_untouched_whatever_the_evaluation_draws(runs, tmp_path, monkeypatch):
@@ -110,17 +134,38 @@ def test_eval_checkpoints_scores_each_once_in_the_record_training_shares(runs, t
     assert "step 8: already scored" in capsys.readouterr().out
     entries = read_record(record_path(run))
     assert [(e["step"], e["source"]) for e in entries] == [
-        (2, "training"), (4, "training"), (6, "training"), (8, "checkpoint")]
+        (2, "training"),
+        (4, "training"),
+        (6, "training"),
+        (8, "checkpoint"),
+    ]
     assert entries[-1]["tokens"] == 8 * 4 * 65 and entries[-1]["checkpoint"] == "step_00000008"
     # other settings: a curve of their own; the same weights score the same as the live model did
-    assert main(["eval", str(run), "--checkpoints", "every:2", "--tasks", "arc_easy", "--limit", "3",
-                 "--latent-samples", "2", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(run),
+                "--checkpoints",
+                "every:2",
+                "--tasks",
+                "arc_easy",
+                "--limit",
+                "3",
+                "--latent-samples",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert len(read_record(record_path(run))) == 8
     curve = load_curve(run)
     assert [e["step"] for e in curve.entries] == [2, 4, 6, 8]
     other = next(iter(curve.others.values()))
     assert [e["tasks"]["arc_easy"]["per_doc"] for e in other][:3] == [
-        e["tasks"]["arc_easy"]["per_doc"] for e in curve.entries[:3]]
+        e["tasks"]["arc_easy"]["per_doc"] for e in curve.entries[:3]
+    ]
 
 
 def test_a_record_line_cut_short_is_skipped_and_appends_go_on(tmp_path):
@@ -141,8 +186,14 @@ def _task(values: list[float], groups=None) -> dict:
     per_doc = [{"id": str(i), "group": None if groups is None else groups[i], "score": v} for i, v in enumerate(values)]
     from free_transformer.eval.task_metrics import aggregate
 
-    return {"metric": "acc_completion", "paper_name": "arc_easy", "category": "Multi-choice general knowledge / common "
-            "sense", "value": aggregate(values, groups), "n": len(values), "per_doc": per_doc}
+    return {
+        "metric": "acc_completion",
+        "paper_name": "arc_easy",
+        "category": "Multi-choice general knowledge / common sense",
+        "value": aggregate(values, groups),
+        "n": len(values),
+        "per_doc": per_doc,
+    }
 
 
 def _synthetic_run(root: Path, name: str, scores: dict[int, list[float]], latents: str) -> Path:
@@ -151,17 +202,30 @@ def _synthetic_run(root: Path, name: str, scores: dict[int, list[float]], latent
     for step, values in scores.items():
         mmlu = _task(values, groups=["a", "a", "a", "b"])
         mmlu.update(metric="macro_avg/acc_char", paper_name="mmlu")
-        record.append({"step": step, "tokens": 100 * step, "settings_key": "s", "settings": {"limit": 4},
-                       "tasks": {"arc_easy": _task(values), "mmlu": mmlu}, "unavailable": {},
-                       "latents": {"model": latents, "latents": latents}})
+        record.append(
+            {
+                "step": step,
+                "tokens": 100 * step,
+                "settings_key": "s",
+                "settings": {"limit": 4},
+                "tasks": {"arc_easy": _task(values), "mmlu": mmlu},
+                "unavailable": {},
+                "latents": {"model": latents, "latents": latents},
+            }
+        )
     return root / name
 
 
 def test_last_third_average_equals_a_hand_computation(tmp_path, capsys):
-    base = _synthetic_run(tmp_path, "base", {2: [0, 0, 0, 0], 4: [1, 0, 0, 0], 6: [0, 1, 0, 0], 8: [1, 1, 0, 0],
-                                             10: [1, 1, 1, 0], 12: [1, 1, 1, 1]}, "baseline")
-    free = _synthetic_run(tmp_path, "free", {2: [1, 0, 0, 0], 4: [0, 0, 0, 0], 8: [1, 1, 1, 0], 12: [1, 0, 1, 1]},
-                          "free")
+    base = _synthetic_run(
+        tmp_path,
+        "base",
+        {2: [0, 0, 0, 0], 4: [1, 0, 0, 0], 6: [0, 1, 0, 0], 8: [1, 1, 0, 0], 10: [1, 1, 1, 0], 12: [1, 1, 1, 1]},
+        "baseline",
+    )
+    free = _synthetic_run(
+        tmp_path, "free", {2: [1, 0, 0, 0], 4: [0, 0, 0, 0], 8: [1, 1, 1, 0], 12: [1, 0, 1, 1]}, "free"
+    )
     curve = load_curve(base)
     assert [e["step"] for e in curve.last_third()] == [8, 10, 12]  # 3 s >= 2 x 12
     average = curve.last_third_average()
@@ -172,8 +236,10 @@ def test_last_third_average_equals_a_hand_computation(tmp_path, capsys):
     assert [e["step"] for e in load_curve(free).last_third()] == [8, 12]
 
     out = tmp_path / "table"
-    assert main(["compare", str(base), str(free), "--labels", "Base,Free", "--output", str(out),
-                 "--bootstrap", "200"]) == 0
+    assert (
+        main(["compare", str(base), str(free), "--labels", "Base,Free", "--output", str(out), "--bootstrap", "200"])
+        == 0
+    )
     md = out.with_suffix(".md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| arc_easy"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -183,7 +249,11 @@ def test_last_third_average_equals_a_hand_computation(tmp_path, capsys):
     assert cells[1:4] == [f"{base_final:.3f}", f"{free_final:.3f}", change]
     assert cells[5:8] == [f"{base_third:.3f}", f"{free_third:.3f}", "+0.00%"]
     assert cells[4].startswith("[") and cells[8].startswith("[")  # an interval for each
-    assert "Base (baseline) [final]" in md and "Base (baseline) [last third]" in md and "![scores during training](table.png)" in md
+    assert (
+        "Base (baseline) [final]" in md
+        and "Base (baseline) [last third]" in md
+        and "![scores during training](table.png)" in md
+    )
     page = out.with_suffix(".html").read_text()
     assert "Average (last third)" in page and "data:image/png;base64," in page
     assert "last third: steps 8-12 (3)" in capsys.readouterr().out
@@ -192,8 +262,21 @@ def test_last_third_average_equals_a_hand_computation(tmp_path, capsys):
     before = out.with_suffix(".md").read_text()
     assert main(["compare", str(tmp_path / "base.json"), str(free), "--output", str(out), "--bootstrap", "100"]) == 2
     assert "already exists" in capsys.readouterr().err and out.with_suffix(".md").read_text() == before  # kept
-    assert main(["compare", str(tmp_path / "base.json"), str(free), "--output", str(out), "--bootstrap", "100",
-                 "--overwrite"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(tmp_path / "base.json"),
+                str(free),
+                "--output",
+                str(out),
+                "--bootstrap",
+                "100",
+                "--overwrite",
+            ]
+        )
+        == 0
+    )
     row = next(line for line in out.with_suffix(".md").read_text().splitlines() if line.startswith("| arc_easy"))
     assert [c.strip() for c in row.strip("|").split("|")][5:8] == ["—", f"{free_third:.3f}", "—"]
     panel = curve_panels([None, load_curve(free)])[0]
@@ -203,9 +286,13 @@ def test_last_third_average_equals_a_hand_computation(tmp_path, capsys):
 def test_curves_contain_every_scored_step(runs, tmp_path):
     curves = [load_curve(runs / "baseline"), load_curve(runs / "free")]
     panels = {p.title: p for p in curve_panels(curves)}
-    assert list(panels) == ["arc_easy (acc_completion)", "boolq (acc_completion)",
-                            "held-out bits/byte (Free: IWAE, dashed: prior CE)", "training cross-entropy",
-                            "KL per token (dashed: kappa)"]
+    assert list(panels) == [
+        "arc_easy (acc_completion)",
+        "boolq (acc_completion)",
+        "held-out bits/byte (Free: IWAE, dashed: prior CE)",
+        "training cross-entropy",
+        "KL per token (dashed: kappa)",
+    ]
     for title in ("arc_easy (acc_completion)", "boolq (acc_completion)"):
         assert [(line.label, line.xs) for line in panels[title].lines] == [("baseline", [2, 4, 6]), ("free", [2, 4, 6])]
     assert [line.xs for line in curve_panels(curves, "tokens")[0].lines] == [[520, 1040, 1560]] * 2
@@ -215,25 +302,56 @@ def test_curves_contain_every_scored_step(runs, tmp_path):
     assert panels["arc_easy (acc_completion)"].span == (4, 6)
 
 
-def test_compare_of_two_trained_runs_has_final_and_last_third_columns_and_a_curve_per_benchmark(runs, tmp_path,
-                                                                                                   capsys):
+def test_compare_of_two_trained_runs_has_final_and_last_third_columns_and_a_curve_per_benchmark(runs, tmp_path, capsys):
     out = tmp_path / "comparison"
-    assert main(["compare", str(runs / "baseline"), str(runs / "free"), "--labels", "Baseline,Free 1/4 bit",
-                 "--output", str(out), "--bootstrap", "100"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(runs / "baseline"),
+                str(runs / "free"),
+                "--labels",
+                "Baseline,Free 1/4 bit",
+                "--output",
+                str(out),
+                "--bootstrap",
+                "100",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "Baseline [final]" in printed and "Free 1/4 bit [last third]" in printed
     assert "boolq (acc_completion)" in printed and "held-out bits/byte" in printed
     assert out.with_suffix(".png").stat().st_size > 10_000
-    assert main(["compare", str(runs / "baseline"), str(runs / "free"), "--output", str(out), "--overwrite",
-                 "--x", "tokens", "--bootstrap", "100"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(runs / "baseline"),
+                str(runs / "free"),
+                "--output",
+                str(out),
+                "--overwrite",
+                "--x",
+                "tokens",
+                "--bootstrap",
+                "100",
+            ]
+        )
+        == 0
+    )
 
 
 def test_settings_of_the_periodic_evaluation_are_checked_before_training(tmp_path, capsys):
-    for overrides, message in ((["eval.every=-1"], "eval.every"), (["eval.every=2", "eval.tasks=nope"], "unknown task"),
-                               (["eval.every=2", "eval.tasks=none"], "nothing to evaluate"),
-                               (["eval.every=2", "eval.heldout=missing.txt"], "held-out text not found"),
-                               (["eval.every=2", "eval.data=race_high"], "TASK=PATH"),
-                               (["eval.every=2", "distributed.strategy=ddp"], "--checkpoints all")):
+    for overrides, message in (
+        (["eval.every=-1"], "eval.every"),
+        (["eval.every=2", "eval.tasks=nope"], "unknown task"),
+        (["eval.every=2", "eval.tasks=none"], "nothing to evaluate"),
+        (["eval.every=2", "eval.heldout=missing.txt"], "held-out text not found"),
+        (["eval.every=2", "eval.data=race_high"], "TASK=PATH"),
+        (["eval.every=2", "distributed.strategy=ddp"], "--checkpoints all"),
+    ):
         with pytest.raises(ConfigError, match=message):
             tiny_run_config(*overrides)
     assert main(["train", "--out", str(tmp_path / "r"), "model.size=debug", "eval.every=2", "eval.tasks=nope"]) == 2

@@ -91,8 +91,22 @@ def test_an_unwritable_token_cache_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocker"))
     with pytest.raises(DataError, match="data.text.cache_dir"):
         build_dataset(text_config(path=str(tmp_path / "a.txt"), seq_len=8), seed=0)
-    assert main(["train", "--out", str(tmp_path / "run"), "data.kind=text", f"data.path={tmp_path / 'a.txt'}",
-                 "data.seq_len=8", "model.size=debug", "model.vocab_size=256", "steps=1"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(tmp_path / "run"),
+                "data.kind=text",
+                f"data.path={tmp_path / 'a.txt'}",
+                "data.seq_len=8",
+                "model.size=debug",
+                "model.vocab_size=256",
+                "steps=1",
+            ]
+        )
+        == 2
+    )
     assert "cannot tokenize the corpus" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
@@ -122,8 +136,9 @@ def test_gpt2_text_dataset_ends_every_document_with_end_of_text(tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.txt").write_text(a)
     (tmp_path / "c" / "b.txt").write_text(b)
-    dataset = build_dataset(text_config(tokenizer="gpt2", path=str(tmp_path / "c"), seq_len=8,
-                                       val_fraction=0.2), seed=0)
+    dataset = build_dataset(
+        text_config(tokenizer="gpt2", path=str(tmp_path / "c"), seq_len=8, val_fraction=0.2), seed=0
+    )
     stream = _stream(dataset, "train") + _stream(dataset, "val")
     assert stream == gpt2.encode(a) + [50256] + gpt2.encode(b) + [50256]
     assert dataset.splits["val"].tokens() == len(stream) - int(len(stream) * 0.8)
@@ -131,8 +146,12 @@ def test_gpt2_text_dataset_ends_every_document_with_end_of_text(tmp_path):
     assert list((tmp_path / "cache" / "free-transformer" / "tokens").glob("gpt2-*.bin"))
 
 
-CORPUS = {"a_m.txt": "first play\n" * 30, "b_m.txt": "second play\n" * 30, "c_m.txt": "third play\n" * 30,
-          "b_f.txt": "second play, the other edition\n"}
+CORPUS = {
+    "a_m.txt": "first play\n" * 30,
+    "b_m.txt": "second play\n" * 30,
+    "c_m.txt": "third play\n" * 30,
+    "b_f.txt": "second play, the other edition\n",
+}
 
 
 def test_named_corpus_holds_out_its_own_documents(tmp_path, monkeypatch):
@@ -193,7 +212,6 @@ def test_text_dataset_with_a_local_hugging_face_tokenizer(tmp_path):
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
     (tmp_path / "a.txt").write_text("hello world " * 20)
-    config = text_config(tokenizer=f"hf:{tmp_path / 'tok'}", path=str(tmp_path / "a.txt"), seq_len=4,
-                        val_fraction=0.25)
+    config = text_config(tokenizer=f"hf:{tmp_path / 'tok'}", path=str(tmp_path / "a.txt"), seq_len=4, val_fraction=0.25)
     dataset = build_dataset(config, seed=0)  # the cache file's name holds the tokenizer's path, flattened
     assert _stream(dataset, "train") + _stream(dataset, "val") == [1, 2] * 20

@@ -72,8 +72,15 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
     encoder, prior and explicit Z, a stop token; rows join as others end, in any slot. Each row's tokens and
     latents are those of `generate` on that row alone."""
     model = tiny_model(latent_units=4, dtype=torch.float32)
-    configs = [GREEDY, SAMPLED, MIN_P, dataclasses.replace(SAMPLED, max_new_tokens=3), GREEDY,
-               dataclasses.replace(MIN_P, max_new_tokens=5), SAMPLED]
+    configs = [
+        GREEDY,
+        SAMPLED,
+        MIN_P,
+        dataclasses.replace(SAMPLED, max_new_tokens=3),
+        GREEDY,
+        dataclasses.replace(MIN_P, max_new_tokens=5),
+        SAMPLED,
+    ]
     lengths = [2, 9, 4, 4, 6, 3, 5]
     choices = ["encoder", "prior", "explicit", "encoder", "prior", "encoder", "explicit"]
     ids = [torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in lengths]
@@ -84,8 +91,10 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
     stop = alone[1][0].tokens[0][2]  # row 1 stops at its third token
     configs[1] = dataclasses.replace(SAMPLED, stop_tokens=(stop,))
     engine = decoding_engine(model, 3, 16, compile=compile)
-    rows = [Row(prompt, config, torch.Generator().manual_seed(k), latents)
-            for k, (prompt, config, (_, latents)) in enumerate(zip(ids, configs, alone))]
+    rows = [
+        Row(prompt, config, torch.Generator().manual_seed(k), latents)
+        for k, (prompt, config, (_, latents)) in enumerate(zip(ids, configs, alone))
+    ]
     ended = list(run_rows(engine, rows))
     assert sorted(map(id, ended)) == sorted(map(id, rows)) and not engine.rows
     for k, (row, (result, _)) in enumerate(zip(rows, alone)):
@@ -111,8 +120,10 @@ def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
     expected = generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3]).tokens
     monkeypatch.setattr(engine_module, "next_tokens", poisoned)
     engine = decoding_engine(model, 3, 16)
-    rows = [Row(prompt, SAMPLED, torch.Generator().manual_seed(seed))
-            for prompt, seed in zip(_prompts(3).tolist(), [1, 2, 3])]
+    rows = [
+        Row(prompt, SAMPLED, torch.Generator().manual_seed(seed))
+        for prompt, seed in zip(_prompts(3).tolist(), [1, 2, 3])
+    ]
     list(run_rows(engine, rows))
     assert rows[1].finish_reason == "error" and "NaN" in str(rows[1].error) and len(rows[1].tokens) == 1
     assert [rows[0].tokens, rows[2].tokens] == [expected[0], expected[2]]
@@ -132,8 +143,10 @@ def test_tiny_temperatures_and_top_p_sample_the_likeliest_token():
     assert tokens.tolist() == [1, 0, 2] and not non_finite.any()
     model = tiny_model(latent_units=0, dtype=torch.float32)  # a baseline: no Z draws for the noise to shift
     greedy = generate(model, _prompts(2), GREEDY, seeds=[1, 2]).tokens
-    for config in (GenerationConfig(max_new_tokens=7, temperature=1e-39),
-                   GenerationConfig(max_new_tokens=7, top_p=1e-300)):
+    for config in (
+        GenerationConfig(max_new_tokens=7, temperature=1e-39),
+        GenerationConfig(max_new_tokens=7, top_p=1e-300),
+    ):
         assert generate(model, _prompts(2), config, seeds=[1, 2]).tokens == greedy
 
 
@@ -236,7 +249,11 @@ def test_generate_compile_says_the_compile_time_on_first_use(tmp_path, monkeypat
     monkeypatch.setattr(engine_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
     monkeypatch.setattr(engine_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
     run = tiny_checkpoint(tmp_path, "free", 4)
-    assert main(["generate", str(run), "--prompt", "K>", "-n", "2", "--max-new-tokens", "3", "--compile",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            ["generate", str(run), "--prompt", "K>", "-n", "2", "--max-new-tokens", "3", "--compile", "--device", "cpu"]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 2 and "compiled the decoding step (batch 2, " in err

@@ -55,52 +55,106 @@ def test_claims_follow_the_paper():
     paper_like = [
         _result("baseline", valid=0.95, val_cross_entropy_bits=0.42),
         _result("kappa-1-64", valid=0.9, green_position_agreement=0.02, green_noise_jaccard=0.04, **ignored),
-        _result("kappa-1-8", valid=0.85, green_position_near=0.6, blue_position_near=0.1, green_noise_jaccard=0.05,
-                latent_bits_position=2.5, latent_bits_noise=0.0),
+        _result(
+            "kappa-1-8",
+            valid=0.85,
+            green_position_near=0.6,
+            blue_position_near=0.1,
+            green_noise_jaccard=0.05,
+            latent_bits_position=2.5,
+            latent_bits_noise=0.0,
+        ),
         # Z holds both decisions; exact agreement is modest (0.2), as in seeds whose Z holds both (docs/demo.md)
-        _result("kappa-1", valid=0.8, green_position_agreement=0.2, green_position_near=0.5, blue_position_near=0.15,
-                green_noise_jaccard=0.4, blue_noise_jaccard=0.08, latent_bits_position=7.1, latent_bits_noise=4.0),
+        _result(
+            "kappa-1",
+            valid=0.8,
+            green_position_agreement=0.2,
+            green_position_near=0.5,
+            blue_position_near=0.15,
+            green_noise_jaccard=0.4,
+            blue_noise_jaccard=0.08,
+            latent_bits_position=7.1,
+            latent_bits_noise=4.0,
+        ),
         _result("kappa-8", valid=0.1, val_cross_entropy_bits=0.05),
-        _result("coins", posterior_coin_match=0.85, green_coin_agreement=0.72, blue_coin_agreement=0.5,
-                coin_bits_saved=1.3),
+        _result(
+            "coins", posterior_coin_match=0.85, green_coin_agreement=0.72, blue_coin_agreement=0.5, coin_bits_saved=1.3
+        ),
     ]
     assert [c["reproduced"] for c in judge_claims(paper_like)] == [True] * 5
-    vanilla_everywhere = [_result(r.variant.slug, valid=0.9, green_position_agreement=0.02, green_noise_jaccard=0.03,
-                                  blue_noise_jaccard=0.03, green_position_near=0.1, blue_position_near=0.1,
-                                  val_cross_entropy_bits=0.42, posterior_coin_match=0.5, green_coin_agreement=0.5,
-                                  blue_coin_agreement=0.5, coin_bits_saved=0.0, **ignored) for r in paper_like]
+    vanilla_everywhere = [
+        _result(
+            r.variant.slug,
+            valid=0.9,
+            green_position_agreement=0.02,
+            green_noise_jaccard=0.03,
+            blue_noise_jaccard=0.03,
+            green_position_near=0.1,
+            blue_position_near=0.1,
+            val_cross_entropy_bits=0.42,
+            posterior_coin_match=0.5,
+            green_coin_agreement=0.5,
+            blue_coin_agreement=0.5,
+            coin_bits_saved=0.0,
+            **ignored,
+        )
+        for r in paper_like
+    ]
     assert [c["reproduced"] for c in judge_claims(vanilla_everywhere)] == [True, False, False, False, False]
     missing = [_result(r.variant.slug) for r in paper_like]  # nothing valid to measure: no claim holds
     assert not any(c["reproduced"] for c in judge_claims(missing))
     # at 1/64 bit, a latent holding a whole bit of a decision, generations that show one, or broken generations,
     # are not a vanilla model
-    for change in (dict(latent_bits_position=1.5), dict(latent_bits_noise=1.0), dict(green_position_agreement=0.2),
-                   dict(valid=0.6)):
-        results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1-64" else {})})
-                   for r in paper_like]
+    for change in (
+        dict(latent_bits_position=1.5),
+        dict(latent_bits_noise=1.0),
+        dict(green_position_agreement=0.2),
+        dict(valid=0.6),
+    ):
+        results = [
+            _result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1-64" else {})})
+            for r in paper_like
+        ]
         assert [c["reproduced"] for c in judge_claims(results)] == [False, True, True, True, True]
     # at 1/8 bit, a latent that also carries the noise, that the generations do not show (green under twice blue),
     # or whose generations break under prior Z, is not the claim
-    for change in (dict(latent_bits_noise=0.5), dict(green_noise_jaccard=0.3), dict(green_position_near=0.19),
-                   dict(valid=0.6)):
-        results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1-8" else {})})
-                   for r in paper_like]
+    for change in (
+        dict(latent_bits_noise=0.5),
+        dict(green_noise_jaccard=0.3),
+        dict(green_position_near=0.19),
+        dict(valid=0.6),
+    ):
+        results = [
+            _result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1-8" else {})})
+            for r in paper_like
+        ]
         assert [c["reproduced"] for c in judge_claims(results)] == [True, False, True, True, True]
     # at 1 bit, a latent without the noise, generations that do not show it (green under twice blue, or both 0),
     # or generations that break under prior Z, are not the claim
-    for change in (dict(latent_bits_noise=0.02), dict(green_noise_jaccard=0.15), dict(green_position_near=0.29),
-                   dict(green_noise_jaccard=0.0, blue_noise_jaccard=0.0), dict(valid=0.6)):
-        results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1" else {})})
-                   for r in paper_like]
+    for change in (
+        dict(latent_bits_noise=0.02),
+        dict(green_noise_jaccard=0.15),
+        dict(green_position_near=0.29),
+        dict(green_noise_jaccard=0.0, blue_noise_jaccard=0.0),
+        dict(valid=0.6),
+    ):
+        results = [
+            _result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "kappa-1" else {})})
+            for r in paper_like
+        ]
         assert [c["reproduced"] for c in judge_claims(results)] == [True, True, False, True, True]
     # at 8 bits, generation must break: most generations from prior Z invalid
-    results = [_result(r.variant.slug, **{**r.measures, **(dict(valid=0.6) if r.variant.slug == "kappa-8" else {})})
-               for r in paper_like]
+    results = [
+        _result(r.variant.slug, **{**r.measures, **(dict(valid=0.6) if r.variant.slug == "kappa-8" else {})})
+        for r in paper_like
+    ]
     assert [c["reproduced"] for c in judge_claims(results)] == [True, True, True, False, True]
     # a coin latent that also copies the flips, or that the green groups do not show, is not the claim
     for change in (dict(coin_bits_saved=12.0), dict(green_coin_agreement=0.52), dict(posterior_coin_match=0.6)):
-        results = [_result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "coins" else {})})
-                   for r in paper_like]
+        results = [
+            _result(r.variant.slug, **{**r.measures, **(change if r.variant.slug == "coins" else {})})
+            for r in paper_like
+        ]
         assert [c["reproduced"] for c in judge_claims(results)] == [True, True, True, True, False]
 
 
@@ -179,8 +233,9 @@ def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
     assert main(args) == 0  # reuses finished runs
     assert (out / "seed-1" / "kappa-1" / "metrics.jsonl").read_text() == first
     one_seed = demo_sweep(PRESETS["smoke"], out, seeds=(1,))  # `demo --seed 1` after `demo --seeds 2`
-    assert first_line(PRESETS["smoke"], one_seed, LocalLauncher(1)).endswith("every run is trained: measures and "
-                                                                             "report only")
+    assert first_line(PRESETS["smoke"], one_seed, LocalLauncher(1)).endswith(
+        "every run is trained: measures and report only"
+    )
     assert main(["demo", "--seed", "1", "--seeds", "2", "--out", str(out)]) == 2
 
 
@@ -229,7 +284,9 @@ def test_demo_trains_every_model_at_once_as_on_a_gpu(tmp_path, monkeypatch):
     it on a GPU."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
     out = tmp_path / "demo"
-    assert main(["demo", "--preset", "smoke", "--workers", str(len(VARIANTS)), "--out", str(out), "--device", "cpu"]) == 0
+    assert (
+        main(["demo", "--preset", "smoke", "--workers", str(len(VARIANTS)), "--out", str(out), "--device", "cpu"]) == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert results["workers"] == len(VARIANTS) and len(results["claims"]) == 5
     for variant in VARIANTS:
@@ -252,23 +309,46 @@ def test_latent_kl_split_adds_up_to_the_validation_kl():
 def _paper_like_seed(valid_kappa_1: float) -> list[ModelResult]:
     """One seed's results as the paper's figure has them, with the given validity at kappa = 1 bit; the groups
     drawn: a blue group of targets spread out, green groups sharing one start, coin groups."""
-    letters_groups = {"letter": "K", "blue": [_body(p) for p in (0, 9, 18, 27, 36)],
-                      "greens": [[_body(20, [3])] * 4, [_body(40)] * 4]}
+    letters_groups = {
+        "letter": "K",
+        "blue": [_body(p) for p in (0, 9, 18, 27, 36)],
+        "greens": [[_body(20, [3])] * 4, [_body(40)] * 4],
+    }
     coin_groups = {"letter": "", "blue": ["0001", "1110", "0100", "1011"], "greens": [["1111", "1101"], ["0000"] * 2]}
     measures = {
         "baseline": dict(valid=0.95, val_cross_entropy_bits=0.42, green_position_agreement=0.03),
-        "kappa-1-64": dict(valid=0.9, green_position_agreement=0.02, green_noise_jaccard=0.04, latent_bits_position=0.0,
-                           latent_bits_noise=0.0),
-        "kappa-1-8": dict(valid=0.85, green_position_near=0.6, blue_position_near=0.1, green_noise_jaccard=0.05,
-                          latent_bits_position=2.5, latent_bits_noise=0.0),
-        "kappa-1": dict(valid=valid_kappa_1, green_position_near=0.5, blue_position_near=0.15, green_noise_jaccard=0.4,
-                        blue_noise_jaccard=0.08, latent_bits_position=7.1, latent_bits_noise=4.0),
+        "kappa-1-64": dict(
+            valid=0.9,
+            green_position_agreement=0.02,
+            green_noise_jaccard=0.04,
+            latent_bits_position=0.0,
+            latent_bits_noise=0.0,
+        ),
+        "kappa-1-8": dict(
+            valid=0.85,
+            green_position_near=0.6,
+            blue_position_near=0.1,
+            green_noise_jaccard=0.05,
+            latent_bits_position=2.5,
+            latent_bits_noise=0.0,
+        ),
+        "kappa-1": dict(
+            valid=valid_kappa_1,
+            green_position_near=0.5,
+            blue_position_near=0.15,
+            green_noise_jaccard=0.4,
+            blue_noise_jaccard=0.08,
+            latent_bits_position=7.1,
+            latent_bits_noise=4.0,
+        ),
         "kappa-8": dict(valid=0.1, val_cross_entropy_bits=0.05),
-        "coins": dict(posterior_coin_match=0.85, green_coin_agreement=0.72, blue_coin_agreement=0.5,
-                      coin_bits_saved=1.3),
+        "coins": dict(
+            posterior_coin_match=0.85, green_coin_agreement=0.72, blue_coin_agreement=0.5, coin_bits_saved=1.3
+        ),
     }
-    return [ModelResult(v, measures[v.slug], coin_groups if v.task == "coins" else letters_groups, 60.0)
-            for v in VARIANTS]
+    return [
+        ModelResult(v, measures[v.slug], coin_groups if v.task == "coins" else letters_groups, 60.0) for v in VARIANTS
+    ]
 
 
 def test_the_report_shows_each_conditions_values_and_why_a_claim_failed(tmp_path):
@@ -279,8 +359,13 @@ def test_the_report_shows_each_conditions_values_and_why_a_claim_failed(tmp_path
     kappa_1 = claims[2]
     assert [c["holds"] for c in kappa_1["conditions"][1]] == [False, True, True, True, True]
     assert kappa_1["conditions"][1][0] == {"test": "valid ≥ 0.7", "measured": "0.600", "holds": False}
-    summary = {"preset": {"name": "fake"}, "per_seed": {0: {"models": []}}, "claims": claims, "workers": 2,
-               "total_seconds": 60.0}
+    summary = {
+        "preset": {"name": "fake"},
+        "per_seed": {0: {"models": []}},
+        "claims": claims,
+        "workers": 2,
+        "total_seconds": 60.0,
+    }
     write_report(tmp_path, results, summary)
     page = (tmp_path / "report.html").read_text()
     assert "<td class='fails'>✘ 0.600</td>" in page and "<td class='holds'>✔ 0.800</td>" in page
@@ -311,8 +396,13 @@ def test_the_report_explains_a_negative_saving_and_a_blue_group_above_chance(tmp
     assert notes[0].startswith("baseline") and "0.200" in notes[0] and "posterior" not in notes[0]
     assert "-0.58 bits per '!': negative" in notes[1] and "worse with the encoder's Z" in notes[1]
     assert "0.310 of the time, against 0.086" in notes[2] and "encoder's posterior" in notes[2]
-    summary = {"preset": {"name": "fake"}, "per_seed": {0: {"models": []}}, "workers": 2, "total_seconds": 60.0,
-               "claims": claims_over_seeds({0: judge_claims(results[0])})}
+    summary = {
+        "preset": {"name": "fake"},
+        "per_seed": {0: {"models": []}},
+        "workers": 2,
+        "total_seconds": 60.0,
+        "claims": claims_over_seeds({0: judge_claims(results[0])}),
+    }
     write_report(tmp_path, results, summary)
     page = (tmp_path / "report.html").read_text()
     assert all(f"<li>{html.escape(note)}</li>" in page for note in notes)
@@ -333,20 +423,27 @@ def test_the_progress_bar_counts_work_not_steps():
 def test_the_first_line_says_what_runs_where_and_how_long_it_should_take(tmp_path):
     quick, local = PRESETS["quick"], LocalLauncher(2)
     line = first_line(quick, demo_sweep(quick, tmp_path, seeds=(0, 1, 2)), local)
-    assert line == (f"demo: preset quick, seeds 0, 1, 2, output {tmp_path}, on cpu; expected time about 38 min "
-                    "(an estimate: 12.6 min a seed measured on 2 CPU cores)")
+    assert line == (
+        f"demo: preset quick, seeds 0, 1, 2, output {tmp_path}, on cpu; expected time about 38 min "
+        "(an estimate: 12.6 min a seed measured on 2 CPU cores)"
+    )
     line = first_line(quick, demo_sweep(quick, tmp_path, seeds=(0, 1, 2), device="cuda"), local)
-    assert line.endswith("on cuda; expected time about 3 min (an estimate: 0.9 min a seed measured on one H100 GPU, "
-                         "seeds side by side add less)")
+    assert line.endswith(
+        "on cuda; expected time about 3 min (an estimate: 0.9 min a seed measured on one H100 GPU, "
+        "seeds side by side add less)"
+    )
     smoke = first_line(PRESETS["smoke"], demo_sweep(PRESETS["smoke"], tmp_path), local)
-    assert smoke == (f"demo: preset smoke, seed 0, output {tmp_path}, on cpu; no time measured for this preset on 2 "
-                     "CPU cores")
+    assert smoke == (
+        f"demo: preset smoke, seed 0, output {tmp_path}, on cpu; no time measured for this preset on 2 CPU cores"
+    )
 
 
-@pytest.mark.parametrize("device, preset, seed_dirs", [("cpu", "quick", {"seed-0/"}),
-                                                      ("cuda", "paper", {"seed-0/", "seed-1/", "seed-2/"})])
+@pytest.mark.parametrize(
+    "device, preset, seed_dirs", [("cpu", "quick", {"seed-0/"}), ("cuda", "paper", {"seed-0/", "seed-1/", "seed-2/"})]
+)
 def test_the_demo_defaults_to_the_quick_preset_once_on_a_cpu_and_the_paper_over_three_seeds_on_a_gpu(
-        monkeypatch, capsys, tmp_path, device, preset, seed_dirs):
+    monkeypatch, capsys, tmp_path, device, preset, seed_dirs
+):
     import yaml
 
     from free_transformer.commands import demo as demo_command
@@ -364,8 +461,27 @@ def test_the_demo_takes_the_latent_kind_and_runs_some_of_its_models(tmp_path):
     """model.latent.kind=gaussian on the command line reaches every Free Transformer and the report; --models
     runs only the models named and judges only their claims."""
     out = tmp_path / "demo"
-    assert main(["demo", "--preset", "smoke", "--workers", "1", "--out", str(out), "--seed", "0", "--device", "cpu",
-                 "--models", "kappa-1-8", "model.latent.kind=gaussian"]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--preset",
+                "smoke",
+                "--workers",
+                "1",
+                "--out",
+                str(out),
+                "--seed",
+                "0",
+                "--device",
+                "cpu",
+                "--models",
+                "kappa-1-8",
+                "model.latent.kind=gaussian",
+            ]
+        )
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert [m["slug"] for m in results["per_seed"]["0"]["models"]] == ["kappa-1-8"]
     assert results["latent_kind"] == "gaussian" and [c["model"] for c in results["claims"]] == ["kappa-1-8"]

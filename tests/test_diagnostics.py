@@ -39,15 +39,22 @@ def test_validation_measures_equal_a_hand_computation():
             seed = seed_of(config.seed, "eval", "val", index, 0)
             out = model(batch[:, :-1], batch[:, 1:], generator=torch.Generator().manual_seed(seed))
             prior_seed = seed_of(config.seed, "eval", "prior", index, 0)
-            prior = model(batch[:, :-1], batch[:, 1:], latents="prior",
-                          generator=torch.Generator().manual_seed(prior_seed))
-            ce, kl, prior_ce = ce + out.cross_entropy_nats.item(), kl + out.kl_nats.item(), prior_ce + prior.cross_entropy_nats.item()
+            prior = model(
+                batch[:, :-1], batch[:, 1:], latents="prior", generator=torch.Generator().manual_seed(prior_seed)
+            )
+            ce, kl, prior_ce = (
+                ce + out.cross_entropy_nats.item(),
+                kl + out.kl_nats.item(),
+                prior_ce + prior.cross_entropy_nats.item(),
+            )
             p = torch.sigmoid(out.posterior.double())  # the KL of each bit to a fair coin, from its definition
             per_bit += (math.log(2) + p * p.log() + (1 - p) * (1 - p).log()).mean(dim=(0, 1))
     assert measures["val_cross_entropy_bits"] == pytest.approx(ce / 2 / LN2, rel=1e-6)
     assert measures["val_prior_cross_entropy_bits"] == pytest.approx(prior_ce / 2 / LN2, rel=1e-6)
     assert measures["latent_bits_saved"] == pytest.approx((prior_ce - ce) / 2 / LN2, rel=1e-5, abs=1e-7)
-    assert measures["val_kl_bits_per_unit"] == pytest.approx((per_bit / 2 / LN2).tolist(), rel=1e-5, abs=1e-7)  # float32 log terms
+    assert measures["val_kl_bits_per_unit"] == pytest.approx(
+        (per_bit / 2 / LN2).tolist(), rel=1e-5, abs=1e-7
+    )  # float32 log terms
     assert sum(measures["val_kl_bits_per_unit"]) == pytest.approx(kl / 2 / LN2, rel=1e-5)  # bits add up to the KL
     assert measures["dead_units"] == sum(v < 0.01 for v in measures["val_kl_bits_per_unit"])
     assert measures["latent_bits_saved"] != 0.0  # Z reaches the output: prior and encoder Z differ
@@ -76,10 +83,14 @@ def test_bits_saved_per_token_is_the_prior_minus_the_encoder_cross_entropy_in_bi
     ce = {}
     with torch.no_grad():
         for source in ("prior", "encoder"):
-            draws = [model(inputs, latents=source, generator=torch.Generator().manual_seed(5 + k)).logits
-                     for k in range(3)]
-            ce[source] = sum(-logits.double().log_softmax(-1).gather(-1, targets[..., None])[..., 0]
-                             for logits in draws) / 3 / LN2  # (B, T) bits
+            draws = [
+                model(inputs, latents=source, generator=torch.Generator().manual_seed(5 + k)).logits for k in range(3)
+            ]
+            ce[source] = (
+                sum(-logits.double().log_softmax(-1).gather(-1, targets[..., None])[..., 0] for logits in draws)
+                / 3
+                / LN2
+            )  # (B, T) bits
     saved = bits_saved(model, tokens, samples=3, seed=5)
     torch.testing.assert_close(saved, ce["prior"] - ce["encoder"], rtol=0, atol=1e-5)
     assert saved.abs().max() > 0.01  # Z reaches the output
@@ -102,15 +113,18 @@ def test_training_losses_do_not_depend_on_evaluations(tmp_path):
     assert "latent_bits_saved" in read_metrics(tmp_path / "evaluated" / "metrics.jsonl")[-1]
 
 
-@pytest.mark.parametrize("measures, kappa, settled, expected", [
-    (dict(latent_bits_saved=0.002, val_kl_bits=0.3), 0.5, True, "Z is unused"),
-    (dict(latent_bits_saved=0.002, val_kl_bits=0.3), 0.5, False, None),  # early in training: not news
-    (dict(latent_bits_saved=0.2, val_kl_bits=0.45), 0.5, True, None),  # used, within its budget
-    (dict(latent_bits_saved=2.5, val_kl_bits=3.9), 4.0, True, "Z carries the tokens"),
-    (dict(latent_bits_saved=0.5, val_kl_bits=3.9), 4.0, True, None),  # spends its KL, saves little of it
-    (dict(latent_bits_saved=2.5, val_kl_bits=2.0), 4.0, True, None),  # well under kappa
-    (dict(val_cross_entropy_bits=3.0, val_kl_bits=0.0), 4.0, True, None),  # a baseline
-])
+@pytest.mark.parametrize(
+    "measures, kappa, settled, expected",
+    [
+        (dict(latent_bits_saved=0.002, val_kl_bits=0.3), 0.5, True, "Z is unused"),
+        (dict(latent_bits_saved=0.002, val_kl_bits=0.3), 0.5, False, None),  # early in training: not news
+        (dict(latent_bits_saved=0.2, val_kl_bits=0.45), 0.5, True, None),  # used, within its budget
+        (dict(latent_bits_saved=2.5, val_kl_bits=3.9), 4.0, True, "Z carries the tokens"),
+        (dict(latent_bits_saved=0.5, val_kl_bits=3.9), 4.0, True, None),  # spends its KL, saves little of it
+        (dict(latent_bits_saved=2.5, val_kl_bits=2.0), 4.0, True, None),  # well under kappa
+        (dict(val_cross_entropy_bits=3.0, val_kl_bits=0.0), 4.0, True, None),  # a baseline
+    ],
+)
 def test_latent_warnings(measures, kappa, settled, expected):
     warning = latent_warning({"val_prior_cross_entropy_bits": 5.0, **measures}, kappa, settled=settled)
     assert (warning is None) if expected is None else warning.startswith(expected)
@@ -118,8 +132,7 @@ def test_latent_warnings(measures, kappa, settled, expected):
 
 def test_a_run_warns_once_records_every_warning_and_inspect_summarises(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", "--out", str(out), *TINY, "steps=8", "eval_every=2",
-                 "optim.warmup_steps=1"]) == 0
+    assert main(["train", "--out", str(out), *TINY, "steps=8", "eval_every=2", "optim.warmup_steps=1"]) == 0
     err = capsys.readouterr().err
     evaluated = [m for m in read_metrics(out / "metrics.jsonl") if "val_cross_entropy_bits" in m]
     warned = [m["step"] for m in evaluated if "latent_warning" in m]
@@ -168,8 +181,13 @@ def test_wandb_missing_is_a_clear_error(tmp_path, monkeypatch):
     import builtins
 
     real_import = builtins.__import__
-    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
-                        if name == "wandb" else real_import(name, *a, **k))
+    monkeypatch.setattr(
+        builtins,
+        "__import__",
+        lambda name, *a, **k: (
+            (_ for _ in ()).throw(ImportError(name)) if name == "wandb" else real_import(name, *a, **k)
+        ),
+    )
     assert main(["train", "--out", str(tmp_path / "run"), *TINY, "steps=1", "wandb=true"]) == 2
 
 

@@ -47,9 +47,19 @@ COMPARE = ROOT / "scripts" / "compare_losses.py"
 # clipping norm). 1e-5 leaves a 10x margin. With latent_noise=global instead, 1 and 2 processes draw
 # different Z and differ by ~4e-3 after 30 steps: a tolerance that cannot tell a bug from noise.
 ATOL = 1e-5
-ARGS = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=8", "log_every=1",
-        "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25", "steps=6", "checkpoint_every=3",
-        "latent_noise=row"]
+ARGS = [
+    "model.size=debug",
+    "model.vocab_size=256",
+    "model.max_seq_len=72",
+    "batch_size=8",
+    "log_every=1",
+    "optim.warmup_steps=2",
+    "progress=false",
+    "kappa_bits=0.25",
+    "steps=6",
+    "checkpoint_every=3",
+    "latent_noise=row",
+]
 BASELINE = ["model.latent_units=0"]
 
 
@@ -60,18 +70,34 @@ def _golden_args(name):
 
 
 def _compare(a, b, atol):
-    result = subprocess.run([sys.executable, str(COMPARE), str(a), str(b), f"--atol={atol}", "-q",
-                             "--keys=loss,kl_bits"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(COMPARE), str(a), str(b), f"--atol={atol}", "-q", "--keys=loss,kl_bits"],
+        capture_output=True,
+        text=True,
+    )
     print(result.stdout, result.stderr)
     return result.returncode
 
 
 def _torchrun(nproc, *cli_args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(free_transformer.__file__).parents[1]),
-                                          os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "free_transformer.cli", "train", *cli_args]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(free_transformer.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "free_transformer.cli",
+        "train",
+        *cli_args,
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -100,8 +126,13 @@ def runs(tmp_path_factory):
     _torchrun(2, "--out", str(root / "fsdp"), *ARGS, "distributed.strategy=fsdp")
     _torchrun(2, "--out", str(_interrupted_copy(root / "fsdp", root / "fsdp-resumed", 3)), "--resume")
     # the baseline's one-process checkpoint of step 3, continued by 2 processes with ddp
-    _torchrun(2, "--out", str(_interrupted_copy(root / "one-baseline", root / "ddp-resumed", 3)), "--resume",
-              "distributed.strategy=ddp")
+    _torchrun(
+        2,
+        "--out",
+        str(_interrupted_copy(root / "one-baseline", root / "ddp-resumed", 3)),
+        "--resume",
+        "distributed.strategy=ddp",
+    )
     return root
 
 
@@ -166,8 +197,9 @@ def test_consolidate_gives_an_ordinary_checkpoint(runs, tmp_path, capsys):
 def test_row_noise_does_not_depend_on_how_the_batch_is_split():
     a = latent_row_generators(0, 5, range(8), torch.device("cpu"))
     b = latent_row_generators(0, 5, range(4, 8), torch.device("cpu"))
-    assert torch.equal(torch.stack([torch.rand(3, generator=g) for g in a[4:]]),
-                       torch.stack([torch.rand(3, generator=g) for g in b]))
+    assert torch.equal(
+        torch.stack([torch.rand(3, generator=g) for g in a[4:]]), torch.stack([torch.rand(3, generator=g) for g in b])
+    )
     c = latent_row_generators(0, 6, range(4, 8), torch.device("cpu"))
     assert not torch.equal(torch.rand(3, generator=b[0]), torch.rand(3, generator=c[0]))
 
@@ -220,13 +252,16 @@ def test_ranks_take_contiguous_slices():
         env[0].rows(6)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["distributed.strategy=fsdp2"], "distributed.strategy"),
-    (["distributed.backend=mpi"], "distributed.backend"),
-    (["distributed.param_dtype=bf16"], "needs strategy fsdp"),
-    (["distributed.strategy=fsdp", "distributed.reduce_dtype=fp16"], "reduce_dtype"),
-    (["latent_noise=rank"], "latent_noise"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["distributed.strategy=fsdp2"], "distributed.strategy"),
+        (["distributed.backend=mpi"], "distributed.backend"),
+        (["distributed.param_dtype=bf16"], "needs strategy fsdp"),
+        (["distributed.strategy=fsdp", "distributed.reduce_dtype=fp16"], "reduce_dtype"),
+        (["latent_noise=rank"], "latent_noise"),
+    ],
+)
 def test_distributed_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_train_config(None, ARGS + overrides)
@@ -253,13 +288,33 @@ def test_sigterm_to_torchrun_saves_a_sharded_checkpoint_that_resumes(tmp_path):
     from free_transformer.train.metrics import read_metrics
 
     args = [*ARGS, "steps=20", "checkpoint_every=1000", "distributed.strategy=fsdp"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(free_transformer.__file__).parents[1]),
-                                          os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(free_transformer.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     out = tmp_path / "stopped"
-    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                "-m", "free_transformer.cli", "train", "--out", str(out), *args],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "free_transformer.cli",
+            "train",
+            "--out",
+            str(out),
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while len(read_metrics(out / "metrics.jsonl")) < 3 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -295,7 +350,6 @@ def test_a_damaged_sharded_checkpoint_is_found_and_passed_over(runs, tmp_path, c
     assert "is damaged" in capsys.readouterr().out
 
 
-
 def test_a_crafted_sharded_checkpoint_metadata_never_runs(runs, tmp_path, capsys):
     """DCP reads dcp/.metadata with pickle.load: it is unpickled first with DCP's own records allowed only,
     so a payload (with SHA256SUMS rewritten to match) is refused by verification and by consolidate."""
@@ -311,6 +365,7 @@ def test_a_crafted_sharded_checkpoint_metadata_never_runs(runs, tmp_path, capsys
     rewrite_checksums(newest)
     assert "refused, not run" in verify_checkpoint(newest)
     assert main(["consolidate", str(newest)]) == 2
-    assert "unsafe sharded checkpoint metadata" in capsys.readouterr().err and "refused, not run" in \
-        verify_checkpoint(newest)
+    assert "unsafe sharded checkpoint metadata" in capsys.readouterr().err and "refused, not run" in verify_checkpoint(
+        newest
+    )
     assert not marker.exists()

@@ -26,31 +26,43 @@ SHELL = ("bash", "sh", "shell")
 
 # (pattern at the start of a command, why): commands that are not run here
 SKIPPED = [
-    (r"python3 -m venv|\.venv/bin/pip|pip install", "installs packages from the network "
-                                                     "(tests/test_install.py checks what the install hints say)"),
+    (
+        r"python3 -m venv|\.venv/bin/pip|pip install",
+        "installs packages from the network (tests/test_install.py checks what the install hints say)",
+    ),
     (r"pip wheel", "builds the checkout's wheel (tests/test_install.py builds it)"),
     (r"torchrun --nnodes", "several machines"),
     (r"torchrun", "many processes training a real corpus (tests/test_distributed.py runs torchrun on a CPU)"),
     (r"free-transformer (study|demo) .*--launcher slurm", "a Slurm cluster (tests/test_slurm.py)"),
     (r"free-transformer (demo|eval|serve) .*--device cuda", "a GPU"),
     (r"bash scripts/gpu-check\.sh|PYTHON=", "a GPU (tests/test_gpu_check.py runs its --plan, which needs none)"),
-    (r"free-transformer consolidate", "a sharded (DCP) checkpoint, written by torchrun (tests/test_distributed.py "
-                                      "consolidates one)"),
+    (
+        r"free-transformer consolidate",
+        "a sharded (DCP) checkpoint, written by torchrun (tests/test_distributed.py consolidates one)",
+    ),
     (r"free-transformer generate runs/x --prompt", "the run consolidated above"),
     (r"free-transformer serve", "a server that runs until stopped (tests/test_serve.py runs it with real clients)"),
     (r"curl ", "asks the server of the block above"),
-    (r"lm_eval --model local-completions", "asks the server of the line above (tests/test_serve_clients.py runs "
-                                           "this lm_eval against a real serve)"),
+    (
+        r"lm_eval --model local-completions",
+        "asks the server of the line above (tests/test_serve_clients.py runs this lm_eval against a real serve)",
+    ),
     (r"free-transformer generate \S+ --interactive", "waits for a person's input (tests/test_sampling.py drives it)"),
-    (r"free-transformer convert /models/|free-transformer convert runs/tinyllama|free-transformer train --config "
-     r"configs/tinyllama", "TinyLlama's 1.1B weights, downloaded (tests/test_hf_conversion.py converts a tiny "
-                           "Llama)"),
+    (
+        r"free-transformer convert /models/|free-transformer convert runs/tinyllama|free-transformer train --config "
+        r"configs/tinyllama",
+        "TinyLlama's 1.1B weights, downloaded (tests/test_hf_conversion.py converts a tiny Llama)",
+    ),
     (r"free-transformer eval runs/\S+-8b", "the paper's 8B models and the RACE and HumanEval+ files"),
     (r"free-transformer compare runs/baseline-8b", "the 8B models' evaluations above"),
-    (r"free-transformer train .*data\.text\.path=/data/|free-transformer train .*data\.text\.path=notes\.jsonl\.gz",
-     "the user's own corpus (tests/test_readers.py reads each format)"),
-    (r"python -m free_transformer\.eval\.lm_eval_adapter run .*--tasks my_task",
-     "the user's own lm-eval task (tests/test_eval_lm_eval.py runs one)"),
+    (
+        r"free-transformer train .*data\.text\.path=/data/|free-transformer train .*data\.text\.path=notes\.jsonl\.gz",
+        "the user's own corpus (tests/test_readers.py reads each format)",
+    ),
+    (
+        r"python -m free_transformer\.eval\.lm_eval_adapter run .*--tasks my_task",
+        "the user's own lm-eval task (tests/test_eval_lm_eval.py runs one)",
+    ),
     (r"OMP_NUM_THREADS=1 python - <<'PY'", "a timing of a 4 x 256 x 50257 softmax (bench/ holds the benchmarks)"),
     (r"python scripts/compare_losses\.py runs/a ", "runs of the reader's own"),
     (r"python scripts/compare_losses\.py runs/golden --save-golden", "rewrites the checkout's golden file"),
@@ -66,29 +78,51 @@ DRY_RUN = [
 ]
 # (pattern, replacement, why): commands run smaller than written
 SMALLER = [
-    (r"(free-transformer train --config configs/shakespeare-short\.yaml .*)$", r"\1 steps=2",
-     "2 of the short recipe's 100 steps: GPT-2's tokenizer and the plays, installed, train"),
-    (r"(free-transformer train --out runs/notes model\.size=cpu-small data\.kind=text .*)$", r"\1 steps=2",
-     "2 of its 1,000 steps: the default data of the named size trains"),
+    (
+        r"(free-transformer train --config configs/shakespeare-short\.yaml .*)$",
+        r"\1 steps=2",
+        "2 of the short recipe's 100 steps: GPT-2's tokenizer and the plays, installed, train",
+    ),
+    (
+        r"(free-transformer train --out runs/notes model\.size=cpu-small data\.kind=text .*)$",
+        r"\1 steps=2",
+        "2 of its 1,000 steps: the default data of the named size trains",
+    ),
     (r"(free-transformer train --out runs/gauss .*)$", r"\1 steps=2", "2 of its 1,000 steps: a Gaussian Z trains"),
     (r"(free-transformer train --out runs/cat .*)$", r"\1 steps=2", "2 of its 1,000 steps: a categorical Z trains"),
-    (r"(free-transformer train --config x\.yaml --out runs/x)$", r"\1 steps=2", "2 of its 1,000 steps: the printed "
-                                                                               "config trains"),
+    (
+        r"(free-transformer train --config x\.yaml --out runs/x)$",
+        r"\1 steps=2",
+        "2 of its 1,000 steps: the printed config trains",
+    ),
     (r"--limit (200|50|5)\b", "--limit 2", "2 documents of each benchmark"),
     (r"(free-transformer eval .*--heldout \S+)", r"\1 --heldout-windows 2", "2 windows of the held-out text"),
     (r"\bsteps=120 (.*)checkpoint_every=20", r"steps=4 \1checkpoint_every=2", "4 of the 120 steps"),
-    (r"eval\.every=20 (.*)eval\.limit=20", r"eval.every=2 \1eval.limit=2", "benchmarks every 2 steps, on 2 "
-                                                                         "documents"),
+    (r"eval\.every=20 (.*)eval\.limit=20", r"eval.every=2 \1eval.limit=2", "benchmarks every 2 steps, on 2 documents"),
     (r"eval\.heldout_windows=20", "eval.heldout_windows=2", "2 windows of the held-out text"),
 ]
 # Runs a block uses, trained by a block that is only checked here: a copy of one tiny run stands in for each.
-RUNS = ["runs/demo/seed-0/kappa-1", "runs/shake", "runs/ctrl", "runs/k1", "runs/x", "runs/baseline",
-        "runs/free-half-bit", "runs/curves-free", "runs/curves-baseline", "runs/shakespeare-baseline",
-        "runs/shakespeare-free", "runs/my-run"]
+RUNS = [
+    "runs/demo/seed-0/kappa-1",
+    "runs/shake",
+    "runs/ctrl",
+    "runs/k1",
+    "runs/x",
+    "runs/baseline",
+    "runs/free-half-bit",
+    "runs/curves-free",
+    "runs/curves-baseline",
+    "runs/shakespeare-baseline",
+    "runs/shakespeare-free",
+    "runs/my-run",
+]
 # Files a block reads that the reader brings: made here.
 FILES = {
-    "notes.txt": "\n\n".join(f"Note {i}: the free bits keep the KL of each token under kappa; the encoder sees the "
-                             f"whole sequence, and the decoder reads Z in its middle block." for i in range(300)),
+    "notes.txt": "\n\n".join(
+        f"Note {i}: the free bits keep the KL of each token under kappa; the encoder sees the "
+        f"whole sequence, and the decoder reads Z in its middle block."
+        for i in range(300)
+    ),
     "heldout.txt": "ROMEO: But soft, what light through yonder window breaks?\n" * 40,
     "prompts.txt": "K>\nOnce upon a time\n",
     "race_tiny.jsonl": (Path(__file__).parent / "data" / "race_tiny.jsonl").read_text(),  # docs/serving.md's
@@ -105,15 +139,21 @@ class Command:
 def shell_blocks(path: Path) -> list[tuple[int, str]]:
     """(line, text) of each fenced block tagged as shell."""
     text = path.read_text()
-    return [(text[: m.start()].count("\n") + 2, m.group(2))
-            for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M) if m.group(1) in SHELL]
+    return [
+        (text[: m.start()].count("\n") + 2, m.group(2))
+        for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)
+        if m.group(1) in SHELL
+    ]
 
 
 def untagged_commands(path: Path) -> list[int]:
     """Lines of untagged blocks that start like a command: they must be tagged bash (and so run)."""
     text = path.read_text()
-    return [text[: m.start()].count("\n") + 1 for m in re.finditer(r"^```\n(.*?)^```", text, re.S | re.M)
-            if re.match(r"(free-transformer|python|pip|torchrun|bash|curl) ", m.group(1))]
+    return [
+        text[: m.start()].count("\n") + 1
+        for m in re.finditer(r"^```\n(.*?)^```", text, re.S | re.M)
+        if re.match(r"(free-transformer|python|pip|torchrun|bash|curl) ", m.group(1))
+    ]
 
 
 def commands(block: str) -> list[str]:
@@ -193,22 +233,44 @@ def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("docs")
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-           "XDG_CACHE_HOME": str(root / "cache"), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+        "XDG_CACHE_HOME": str(root / "cache"),
+        "PYTHONUNBUFFERED": "1",
+    }
     server_script, socket_path = Path(__file__).parent / "command_server.py", root / "cli.sock"
-    server = subprocess.Popen([sys.executable, str(server_script), str(socket_path)], env=env,
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, str(server_script), str(socket_path)], env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert server.stdout.readline().strip() == "ready"
-        for name, command in (("free-transformer", f"{sys.executable} -S {server_script} --client {socket_path}"),
-                              ("python", sys.executable)):
+        for name, command in (
+            ("free-transformer", f"{sys.executable} -S {server_script} --client {socket_path}"),
+            ("python", sys.executable),
+        ):
             (bin_dir / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
             (bin_dir / name).chmod(0o755)
         run = root / "tiny-run"
-        subprocess.run(["free-transformer", "train", "--out", str(run), "model.size=debug", "model.max_seq_len=72",
-                        "batch_size=8", "steps=4", "checkpoint_every=2", "progress=false"],
-                       env=env, check=True, capture_output=True)
+        subprocess.run(
+            [
+                "free-transformer",
+                "train",
+                "--out",
+                str(run),
+                "model.size=debug",
+                "model.max_seq_len=72",
+                "batch_size=8",
+                "steps=4",
+                "checkpoint_every=2",
+                "progress=false",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         yield root, env, run
     finally:
         server.kill()
@@ -265,8 +327,16 @@ def test_the_block_runs(workspace, where):
         pytest.skip("; ".join(sorted({why for _, why in planned})))
     directory = block_dir(workspace, f"{where[0]}-{where[1]}")
     place_runs(directory, run, BLOCKS[where])
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(script)], cwd=directory,
-                            env={**env, "TINY_RUN": str(run)},
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (f"{where[0]}:{where[1]} failed ({result.returncode}):\n" + "\n".join(script)
-                                    + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}")
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", "\n".join(script)],
+        cwd=directory,
+        env={**env, "TINY_RUN": str(run)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, (
+        f"{where[0]}:{where[1]} failed ({result.returncode}):\n"
+        + "\n".join(script)
+        + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
+    )

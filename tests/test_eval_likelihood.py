@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from free_transformer.model.latent import BinaryMapper
 from free_transformer.eval.likelihood import heldout_likelihood, windows
+from free_transformer.model.latent import BinaryMapper
 
 
 class _Bytes:

@@ -28,8 +28,13 @@ def test_adapter_runs_a_local_lm_eval_task(task_dir, tmp_path):
 
     assert get_model("free-transformer") is FreeTransformerLM  # registered under the model type name
     lm = FreeTransformerLM(str(tiny_checkpoint(tmp_path, "run", 4)), samples=2)
-    results = lm_eval.simple_evaluate(model=lm, tasks=["tiny_qa"], task_manager=TaskManager(include_path=str(task_dir),
-                                      include_defaults=False), bootstrap_iters=0, log_samples=False)
+    results = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=["tiny_qa"],
+        task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+        bootstrap_iters=0,
+        log_samples=False,
+    )
     row = results["results"]["tiny_qa"]
     assert row["sample_len"] == 4 and 0.0 <= row["acc,none"] <= 1.0
 
@@ -42,10 +47,14 @@ def test_adapter_requests_match_our_scoring(tmp_path):
 
     lm = FreeTransformerLM(str(tiny_checkpoint(tmp_path, "run", 4)), samples=3, seed=7)
     request = Instance("loglikelihood", {}, ("Question: 2+2?\nAnswer:", " 4"), 0)
-    (logprob, greedy), = lm.loglikelihood([request])
+    ((logprob, greedy),) = lm.loglikelihood([request])
     tok = lm.tokenizer
-    expected = continuation_logprobs(lm.model, [[(tok.encode("Question: 2+2?\nAnswer:"), tok.encode(" 4"))]],
-                                     [_key("Question: 2+2?\nAnswer:")], lm.settings)[0]
+    expected = continuation_logprobs(
+        lm.model,
+        [[(tok.encode("Question: 2+2?\nAnswer:"), tok.encode(" 4"))]],
+        [_key("Question: 2+2?\nAnswer:")],
+        lm.settings,
+    )[0]
     assert logprob == pytest.approx(float(log_mean_exp(expected)[0]))
     assert isinstance(greedy, bool)
     gen = Instance("generate_until", {}, ("Hello", {"until": ["\n"], "max_gen_toks": 5}), 0)

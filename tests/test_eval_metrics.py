@@ -45,9 +45,21 @@ def test_paired_bootstrap_interval_covers_the_difference_and_shrinks_with_n():
         metrics.paired_bootstrap([1.0], [1.0, 0.0])
 
 
-@pytest.mark.parametrize("change,colour", [  # values and colours read from the paper's Table 1
-    (0.92, "white"), (-0.82, "white"), (1.06, "green!25"), (-1.05, "red!10"), (9.87, "green!25"),
-    (-9.56, "red!10"), (10.07, "green"), (-10.33, "red!80"), (44.44, "green"), (0.0, "white")])
+@pytest.mark.parametrize(
+    "change,colour",
+    [  # values and colours read from the paper's Table 1
+        (0.92, "white"),
+        (-0.82, "white"),
+        (1.06, "green!25"),
+        (-1.05, "red!10"),
+        (9.87, "green!25"),
+        (-9.56, "red!10"),
+        (10.07, "green"),
+        (-10.33, "red!80"),
+        (44.44, "green"),
+        (0.0, "white"),
+    ],
+)
 def test_paper_colours(change, colour):
     assert paper_colour(change) == colour
 
@@ -59,8 +71,14 @@ def test_lower_is_better_flips_colours():
 
 def _run(scores, label):
     per_doc = [{"id": str(i), "score": float(s), "group": None} for i, s in enumerate(scores)]
-    task = {"metric": "acc_char", "value": float(np.mean(scores)), "n": len(scores), "paper_name": "piqa",
-            "category": "Multi-choice general knowledge / common sense", "per_doc": per_doc}
+    task = {
+        "metric": "acc_char",
+        "value": float(np.mean(scores)),
+        "n": len(scores),
+        "paper_name": "piqa",
+        "category": "Multi-choice general knowledge / common sense",
+        "per_doc": per_doc,
+    }
     return {"label": label, "tasks": {"piqa": task}}
 
 

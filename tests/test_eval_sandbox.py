@@ -14,8 +14,9 @@ from free_transformer.eval.sandbox import SandboxLimits, isolation_report, run_p
 
 HOOK_ONLY = not kernel_sandbox()  # where the kernel gives no layers, the tests run what remains
 FAST = SandboxLimits(timeout_s=1.5, memory_mb=512, allow_hook_only=HOOK_ONLY)
-KERNEL_ONLY = SandboxLimits(timeout_s=1.5, memory_mb=512, audit_hook=False,
-                            allow_hook_only=HOOK_ONLY)  # the kernel layers on their own
+KERNEL_ONLY = SandboxLimits(
+    timeout_s=1.5, memory_mb=512, audit_hook=False, allow_hook_only=HOOK_ONLY
+)  # the kernel layers on their own
 LAYERS = isolation_report(FAST)
 
 
@@ -53,8 +54,10 @@ def test_writing_outside_the_work_directory_fails(tmp_path, limits):
     if limits is KERNEL_ONLY and not LAYERS.get("read_only_fs"):
         pytest.skip("no mount namespace on this machine; the audit hook is the only write guard")
     target = tmp_path / "escaped.txt"
-    program = (f"import os\ntry:\n    open({str(target)!r}, 'w').write('x')\nexcept OSError as e:\n    print('blocked', e)\n"
-               f"fd = os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)\n")
+    program = (
+        f"import os\ntry:\n    open({str(target)!r}, 'w').write('x')\nexcept OSError as e:\n    print('blocked', e)\n"
+        f"fd = os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)\n"
+    )
     result = run_python(program, limits)
     assert result.status == "failed" and "blocked" in result.stdout
     assert not target.exists()
@@ -72,8 +75,9 @@ def test_no_network_even_to_localhost(limits):
     server.settimeout(0.2)
     port = server.getsockname()[1]
     try:
-        result = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')\n",
-                            limits)
+        result = run_python(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')\n", limits
+        )
         assert result.status == "failed" and "connected" not in result.stdout
         with pytest.raises(OSError):
             server.accept()
@@ -88,20 +92,32 @@ def test_cannot_signal_the_evaluating_process():
 
 
 def test_output_and_file_sizes_are_bounded():
-    result = run_python("import sys\nsys.stdout.write('x' * (8 * 2**20))\n",
-                        SandboxLimits(timeout_s=3, file_size_mb=1, allow_hook_only=HOOK_ONLY))
+    result = run_python(
+        "import sys\nsys.stdout.write('x' * (8 * 2**20))\n",
+        SandboxLimits(timeout_s=3, file_size_mb=1, allow_hook_only=HOOK_ONLY),
+    )
     assert result.status == "failed" and len(result.stdout) <= 4000
 
 
 def test_code_checkers_pass_the_reference_and_fail_a_wrong_answer():
-    humaneval = {"style": "humaneval", "prompt": "def inc(x):\n", "test": "def check(f):\n    assert f(1) == 2\n",
-                 "entry_point": "inc"}
+    humaneval = {
+        "style": "humaneval",
+        "prompt": "def inc(x):\n",
+        "test": "def check(f):\n    assert f(1) == 2\n",
+        "entry_point": "inc",
+    }
     assert check_completion(humaneval, "    return x + 1\n", FAST).passed
     assert not check_completion(humaneval, "    return x\n", FAST).passed
     mbpp = {"style": "asserts", "setup": "", "asserts": ["assert double(3) == 6"]}
     assert check_completion(mbpp, "def double(x):\n    return 2 * x", FAST).passed
-    plus = {"style": "evalplus", "prompt": "def third(x):\n", "entry_point": "third", "canonical_solution": "    return x / 3\n",
-            "inputs": [[1], [2.5], [-9]], "atol": 1e-12}
+    plus = {
+        "style": "evalplus",
+        "prompt": "def third(x):\n",
+        "entry_point": "third",
+        "canonical_solution": "    return x / 3\n",
+        "inputs": [[1], [2.5], [-9]],
+        "atol": 1e-12,
+    }
     assert check_completion(plus, "    return x * (1 / 3)\n", FAST).passed  # equal within the tolerance
     assert not check_completion(plus, "    return x // 3\n", FAST).passed
 
@@ -116,13 +132,15 @@ def test_cpu_limit_counts_as_the_timeout(monkeypatch):
 
 
 DENY = Path(__file__).with_name("deny_syscalls.py")
-LIBRARY = ("from free_transformer.eval.programs import check_completion\n"
-           "from free_transformer.eval.sandbox import SandboxLimits, SandboxUnavailable\n"
-           "test = {'style': 'asserts', 'setup': '', 'asserts': ['assert f() == 1']}\n"
-           "try:\n    check_completion(test, 'def f():\\n    return 1\\n')\nexcept SandboxUnavailable as e:\n"
-           "    print('refused:', e)\n"
-           "result = check_completion(test, 'def f():\\n    return 1\\n', SandboxLimits(allow_hook_only=True))\n"
-           "print(result.status, result.isolation['seccomp'], result.isolation['network_namespace'])\n")
+LIBRARY = (
+    "from free_transformer.eval.programs import check_completion\n"
+    "from free_transformer.eval.sandbox import SandboxLimits, SandboxUnavailable\n"
+    "test = {'style': 'asserts', 'setup': '', 'asserts': ['assert f() == 1']}\n"
+    "try:\n    check_completion(test, 'def f():\\n    return 1\\n')\nexcept SandboxUnavailable as e:\n"
+    "    print('refused:', e)\n"
+    "result = check_completion(test, 'def f():\\n    return 1\\n', SandboxLimits(allow_hook_only=True))\n"
+    "print(result.status, result.isolation['seccomp'], result.isolation['network_namespace'])\n"
+)
 
 
 @pytest.mark.parametrize("layer", ["namespaces", "seccomp"])
@@ -141,8 +159,20 @@ def test_without_a_kernel_layer_generated_code_runs_only_when_hook_only_is_asked
     assert outcome.startswith("passed") and "False" in outcome
     if layer == "namespaces":
         run = tiny_checkpoint(tmp_path, "run", 0)
-        command = [sys.executable, "-m", "free_transformer.cli", "eval", str(run), "--tasks", "humaneval",
-                   "--limit", "1", "--no-progress", "--device", "cpu"]
+        command = [
+            sys.executable,
+            "-m",
+            "free_transformer.cli",
+            "eval",
+            str(run),
+            "--tasks",
+            "humaneval",
+            "--limit",
+            "1",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
         refused = subprocess.run(prefix + command, capture_output=True, text=True)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
         assert refused.stderr.startswith("error: generated code is not run without kernel isolation")

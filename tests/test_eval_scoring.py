@@ -6,8 +6,14 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from free_transformer.eval.scoring import (_generators, continuation_logprobs, cut_at_stop, fit_window, generate_texts,
-                                           log_mean_exp)
+from free_transformer.eval.scoring import (
+    _generators,
+    continuation_logprobs,
+    cut_at_stop,
+    fit_window,
+    generate_texts,
+    log_mean_exp,
+)
 from free_transformer.eval.settings import EvalConfig, EvalSettingsError
 
 REQUESTS = [

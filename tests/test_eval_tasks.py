@@ -10,8 +10,22 @@ from free_transformer.eval.task_data import DataUnavailable
 from free_transformer.eval.tasks import GenerationDoc, MultipleChoiceDoc, choose_shots
 
 DATA = Path(__file__).parent / "data"
-SHIPPED = ["arc_challenge", "arc_easy", "obqa", "csqa", "hellaswag", "winogrande", "piqa", "boolq", "mmlu",
-           "gsm8k", "nq", "tqa", "humaneval", "mbpp"]
+SHIPPED = [
+    "arc_challenge",
+    "arc_easy",
+    "obqa",
+    "csqa",
+    "hellaswag",
+    "winogrande",
+    "piqa",
+    "boolq",
+    "mmlu",
+    "gsm8k",
+    "nq",
+    "tqa",
+    "humaneval",
+    "mbpp",
+]
 
 
 def test_every_paper_row_is_a_task():
@@ -60,8 +74,9 @@ def test_mmlu_is_per_subject_with_dev_examples():
     task = prepare("mmlu", limit=1)
     assert len(task.docs) == 57 and len({d.group for d in task.docs}) == 57
     doc = task.docs[0]
-    assert doc.contexts[0].startswith(f"The following are multiple choice questions (with answers) about "
-                                      f"{doc.group.replace('_', ' ')}.")
+    assert doc.contexts[0].startswith(
+        f"The following are multiple choice questions (with answers) about {doc.group.replace('_', ' ')}."
+    )
 
 
 def test_winogrande_scores_one_continuation_after_two_contexts():

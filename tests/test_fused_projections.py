@@ -18,10 +18,19 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from free_transformer import FreeTransformer
 from free_transformer.distributed.sharded_checkpoint import consolidate, load_sharded, load_single_file
 from free_transformer.model.config import LatentConfig
-from free_transformer.model.state_names import (FUSED_PROJECTIONS, legacy_latent_key_mapping, part_names,
-                                                split_state_dict, upgrade_state_dict)
-from free_transformer.runs.checkpoint import (load_model, load_training_state, optimizer_param_names,
-                                              upgrade_optimizer_state)
+from free_transformer.model.state_names import (
+    FUSED_PROJECTIONS,
+    legacy_latent_key_mapping,
+    part_names,
+    split_state_dict,
+    upgrade_state_dict,
+)
+from free_transformer.runs.checkpoint import (
+    load_model,
+    load_training_state,
+    optimizer_param_names,
+    upgrade_optimizer_state,
+)
 from free_transformer.train.config import OptimConfig
 from free_transformer.train.optim import build_optimizer
 
@@ -32,14 +41,22 @@ def _separate_state(model: FreeTransformer, seed: int) -> dict:
     """Random weights for `model` in the layout of separate q, k, v, gate and up matrices."""
     generator = torch.Generator().manual_seed(seed)
     separate = split_state_dict(model.state_dict(), model.config)
-    return {name: torch.randn(tensor.shape, generator=generator, dtype=torch.float64) * 0.05
-            for name, tensor in separate.items()}
+    return {
+        name: torch.randn(tensor.shape, generator=generator, dtype=torch.float64) * 0.05
+        for name, tensor in separate.items()
+    }
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(latent_units=0), dict(latent_units=4), dict(n_kv_heads=4),
-    dict(latent=LatentConfig("binary_mapper", encoder_layers=2)), dict(latent=LatentConfig("bit_linear")),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(latent_units=0),
+        dict(latent_units=4),
+        dict(n_kv_heads=4),
+        dict(latent=LatentConfig("binary_mapper", encoder_layers=2)),
+        dict(latent=LatentConfig("bit_linear")),
+    ],
+)
 def test_the_fused_projections_equal_separate_matmuls(overrides):
     """Weights written as separate matrices, loaded into the fused model, give the logits (and bit-logits) of
     a naive forward doing one matmul per matrix: every block, the encoder's query from zeta against keys and
@@ -107,9 +124,12 @@ def _separate_optimizer_state(optim_state: dict, config) -> dict:
         if parts is None:
             state[name] = value
             continue
-        pieces = {key: list(split_state_dict({name: tensor}, config).values())  # moments: split as the weight
-                  if torch.is_tensor(tensor) and tensor.dim() else [tensor] * len(parts)  # the step: in every part
-                  for key, tensor in value.items()}
+        pieces = {
+            key: list(split_state_dict({name: tensor}, config).values())  # moments: split as the weight
+            if torch.is_tensor(tensor) and tensor.dim()
+            else [tensor] * len(parts)  # the step: in every part
+            for key, tensor in value.items()
+        }
         for i, part in enumerate(parts):
             state[part] = {key: values[i] for key, values in pieces.items()}
     for group in optim_state["param_groups"]:
@@ -124,9 +144,14 @@ def test_a_sharded_checkpoint_with_separate_projections_loads_and_consolidates(t
     model, optimizer = _trained()
     model_state, optim_state = get_state_dict(model, optimizer)
     step_dir = tmp_path / "checkpoints" / "step_00000002"
-    dcp.save({"model": split_state_dict(model_state, model.config),
-              "optim": _separate_optimizer_state(optim_state, model.config)},
-             checkpoint_id=step_dir / "dcp", no_dist=True)
+    dcp.save(
+        {
+            "model": split_state_dict(model_state, model.config),
+            "optim": _separate_optimizer_state(optim_state, model.config),
+        },
+        checkpoint_id=step_dir / "dcp",
+        no_dist=True,
+    )
     (step_dir / "config.json").write_text(json.dumps({"model": model.config.to_dict(), "step": 2}))
     metadata = dcp.FileSystemReader(step_dir / "dcp").read_metadata().state_dict_metadata
     assert "model.layers.0.self_attn.q_proj.weight" in metadata
@@ -199,16 +224,21 @@ def test_a_hugging_face_export_with_separate_projections_loads(tmp_path):
     FreeTransformerForCausalLM.from_free_transformer(model).save_pretrained(tmp_path / "hf")
     shutil.copytree(tmp_path / "hf", tmp_path / "old")
     weights = load_file(tmp_path / "hf" / "model.safetensors")
-    separate = {f"model.{name}": tensor.contiguous()
-                for name, tensor in split_state_dict({k.removeprefix("model."): v for k, v in weights.items()},
-                                                     model.config).items()}
+    separate = {
+        f"model.{name}": tensor.contiguous()
+        for name, tensor in split_state_dict(
+            {k.removeprefix("model."): v for k, v in weights.items()}, model.config
+        ).items()
+    }
     save_file(separate, tmp_path / "old" / "model.safetensors", metadata={"format": "pt"})
-    loaded, info = FreeTransformerForCausalLM.from_pretrained(tmp_path / "old", local_files_only=True,
-                                                              output_loading_info=True)
+    loaded, info = FreeTransformerForCausalLM.from_pretrained(
+        tmp_path / "old", local_files_only=True, output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert all(torch.equal(loaded.model.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
     tokens = torch.randint(0, 50, (1, 10))
     latents = torch.randint(0, 16, (1, 10))
     with torch.no_grad():
-        torch.testing.assert_close(loaded(tokens, latents=latents).logits, model(tokens, latents=latents).logits,
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            loaded(tokens, latents=latents).logits, model(tokens, latents=latents).logits, rtol=0, atol=0
+        )

@@ -1,8 +1,7 @@
 import gc
 import importlib
-import weakref
-
 import math
+import weakref
 
 import pytest
 import torch
@@ -204,7 +203,9 @@ def test_returned_latents_are_ordinary_tensors(device):
     prompts = _prompts(device=device)
     result = generate(model, prompts, GenerationConfig(max_new_tokens=6), seeds=[0, 1, 2])
     assert not any(latents.is_inference() for latents in result.latents)
-    tokens = torch.cat([prompts, torch.tensor(result.tokens, device=device)[:, :-1]], 1)  # the positions the latents were fed at
+    tokens = torch.cat(
+        [prompts, torch.tensor(result.tokens, device=device)[:, :-1]], 1
+    )  # the positions the latents were fed at
     model.train()
     model(tokens, tokens, latents=torch.stack(result.latents)).loss.backward()
     assert model.latent.mapper.weight.grad is not None
@@ -256,8 +257,11 @@ def test_compiled_decoding_reuses_one_engine_per_shape(device, monkeypatch):
     from the previous call are masked out). Its cache holds the fed positions rounded up to 64, not
     max_seq_len."""
     made = []
-    monkeypatch.setattr(engine_module, "DecodeEngine",  # counts the compiled ones (eager calls make their own)
-                        lambda *args, **kw: (kw.get("compile") and made.append(args)) or DecodeEngine(*args, **kw))
+    monkeypatch.setattr(
+        engine_module,
+        "DecodeEngine",  # counts the compiled ones (eager calls make their own)
+        lambda *args, **kw: (kw.get("compile") and made.append(args)) or DecodeEngine(*args, **kw),
+    )
     model = tiny_model(device=device, max_seq_len=200)
     config = GenerationConfig(max_new_tokens=8, temperature=1.0)
     for prompt_seed in (3, 4):  # two different prompts
@@ -316,12 +320,17 @@ def test_generate_command_decodes_in_the_dtype_asked(tmp_path, capsys, monkeypat
 
     dtypes = []
     real = command.decoding_engine
-    monkeypatch.setattr(command, "decoding_engine", lambda model, *args, **kw: dtypes.append(
-        model.embed_tokens.weight.dtype) or real(model, *args, **kw))
+    monkeypatch.setattr(
+        command,
+        "decoding_engine",
+        lambda model, *args, **kw: dtypes.append(model.embed_tokens.weight.dtype) or real(model, *args, **kw),
+    )
     checkpoint = tiny_checkpoint(tmp_path, "run", 4)
     for dtype in ("bf16", "auto", "fp32"):
-        assert main(["generate", str(checkpoint), "--prompt", "K>", "-n", "2", "--max-new-tokens", "4",
-                     "--dtype", dtype]) == 0
+        assert (
+            main(["generate", str(checkpoint), "--prompt", "K>", "-n", "2", "--max-new-tokens", "4", "--dtype", dtype])
+            == 0
+        )
     assert dtypes == [torch.bfloat16, torch.float32, torch.float32]
     assert len(capsys.readouterr().out.splitlines()) == 6
 
@@ -340,7 +349,7 @@ def test_generate_command_ends_a_sample_at_a_stop_string_which_is_not_printed(tm
     command = ["generate", str(checkpoint), "--prompt", "K>", "-n", "1", "--temperature", "0", "--max-new-tokens", "24"]
     assert main(command) == 0
     full = capsys.readouterr().out.rstrip("\n")
-    new = full[len("K>"):]
+    new = full[len("K>") :]
     at = next(i for i in range(1, len(new) - 1) if "\\" not in new[i : i + 2] and "\ufffd" not in new[i : i + 2])
     stop = new[at : at + 2]  # two characters the model wrote after its first one
     assert main([*command, "--stop", stop, "--stop", "\\n\\n\\n"]) == 0

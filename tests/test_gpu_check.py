@@ -17,8 +17,15 @@ import gpu_check  # noqa: E402
 from targets import TARGETS, read_figures, write_figure  # noqa: E402
 
 # the figures the issue of a budgeted check puts first: the compiled training step, then compiled decoding
-FIRST = {"train-base-mfu", "train-peak", "train-free-per-flop", "decode-b1-roof", "decode-b16-tokens",
-         "decode-b1-free-base", "decode-b16-free-base"}
+FIRST = {
+    "train-base-mfu",
+    "train-peak",
+    "train-free-per-flop",
+    "decode-b1-roof",
+    "decode-b16-tokens",
+    "decode-b1-free-base",
+    "decode-b16-free-base",
+}
 
 
 def test_the_default_plan_runs_the_targets_figures_first_and_in_full_within_the_budget():
@@ -26,14 +33,19 @@ def test_the_default_plan_runs_the_targets_figures_first_and_in_full_within_the_
     assert sum(limit or 0 for _, limit, _ in rows) <= gpu_check.DEFAULT_BUDGET
     read_first = set()
     for step, limit, _ in rows:
-        if FIRST <= read_first:
+        if read_first >= FIRST:
             break
         assert limit == step.most, f"{step.name} would not get its whole limit"
         read_first |= set(step.reads)
-    assert FIRST <= read_first
+    assert read_first >= FIRST
     # the kernel profile of the compiled B=1 decoding step first in the decode part, with its whole limit
-    assert [step.name for step, _, _ in rows[:5]] == ["train-compiled", "profile-decode", "decode-compiled", "pytest",
-                                                      "demo-paper"]
+    assert [step.name for step, _, _ in rows[:5]] == [
+        "train-compiled",
+        "profile-decode",
+        "decode-compiled",
+        "pytest",
+        "demo-paper",
+    ]
     assert rows[3][1] is not None  # the test suite has a limit even when every step before it runs to its own
 
 
@@ -47,13 +59,21 @@ def test_every_target_is_read_by_exactly_one_step_and_docs_gpu_md_lists_each_thr
 
 
 def test_plan_from_the_script_on_a_machine_without_a_gpu():
-    out = subprocess.run(["bash", "scripts/gpu-check.sh", "--plan"], cwd=ROOT, capture_output=True, text=True,
-                         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        ["bash", "scripts/gpu-check.sh", "--plan"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "budget 480 s" in lines[0]
-    assert [line.split()[:2] for line in lines[2:5]] == [["train-compiled", "120"], ["profile-decode", "90"],
-                                                         ["decode-compiled", "200"]]
+    assert [line.split()[:2] for line in lines[2:5]] == [
+        ["train-compiled", "120"],
+        ["profile-decode", "90"],
+        ["decode-compiled", "200"],
+    ]
     assert re.search(r"^\s+(\d+) s in all", lines[-1]) and int(lines[-1].split()[0]) <= 480
 
 
@@ -70,12 +90,32 @@ def test_the_budgeted_run_limits_cuts_and_skips_steps_and_keeps_every_figure_it_
     figures = tmp_path / "figures.jsonl"
     write = f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); from targets import write_figure; "
     steps = (
-        gpu_check.Step("first", 20, 1, ("{python}", "-c", write + "write_figure(sys.argv[1], 'train-base-mfu', 0.7); "
-                                        "print('mfu written')", "{figures}"),
-                       reads=("train-base-mfu", "train-peak"), timed="demo-paper-seconds"),
-        gpu_check.Step("slow", 1, 1, ("{python}", "-c", write + "write_figure(sys.argv[1], 'decode-b1-roof', 0.4); "
-                                      "print('roof written', flush=True); import time; time.sleep(60)", "{figures}"),
-                       reads=("decode-b1-roof", "decode-b16-tokens")),
+        gpu_check.Step(
+            "first",
+            20,
+            1,
+            (
+                "{python}",
+                "-c",
+                write + "write_figure(sys.argv[1], 'train-base-mfu', 0.7); print('mfu written')",
+                "{figures}",
+            ),
+            reads=("train-base-mfu", "train-peak"),
+            timed="demo-paper-seconds",
+        ),
+        gpu_check.Step(
+            "slow",
+            1,
+            1,
+            (
+                "{python}",
+                "-c",
+                write + "write_figure(sys.argv[1], 'decode-b1-roof', 0.4); "
+                "print('roof written', flush=True); import time; time.sleep(60)",
+                "{figures}",
+            ),
+            reads=("decode-b1-roof", "decode-b16-tokens"),
+        ),
         gpu_check.Step("too-long", 20, 10_000, ("{python}", "-c", "print('never')"), reads=("mapper-matmul-x",)),
         gpu_check.Step("missing", 20, 1, ("{python}", "-c", "print('never')"), needs="no_such_module_here"),
         gpu_check.Step("failing", 20, 1, ("{python}", "-c", "import sys; sys.exit(3)"), timed="mapper-matmul-x"),
@@ -108,8 +148,14 @@ def test_a_figure_records_its_threshold_and_verdict(tmp_path):
     write_figure(str(path), "decode-compile-cold", 61.0)
     write_figure(None, "train-peak", 1.0)  # no path: nothing written
     first, second = (json.loads(line) for line in path.read_text().splitlines())
-    assert first == {"id": "train-peak", "value": 52.7, "unit": "GiB", "target": "<= 45.0 GiB", "passed": False,
-                     "note": "H=16"}
+    assert first == {
+        "id": "train-peak",
+        "value": 52.7,
+        "unit": "GiB",
+        "target": "<= 45.0 GiB",
+        "passed": False,
+        "note": "H=16",
+    }
     assert (second["target"], second["passed"]) == ("-", None)
 
 

@@ -14,17 +14,35 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from free_transformer import FreeTransformer, GenerationConfig, generate  # noqa: E402
 from free_transformer.cli import main  # noqa: E402
-from free_transformer.hf.conversion import (ConversionError, convert, detect_format, llama_model_config,  # noqa: E402
-                                            load_llama, save_llama, with_fresh_latent_path)
+from free_transformer.hf.conversion import (
+    ConversionError,
+    convert,
+    detect_format,
+    llama_model_config,
+    load_llama,
+    save_llama,
+    with_fresh_latent_path,
+)
 from free_transformer.model.state_names import split_state_dict  # noqa: E402
 from free_transformer.runs.checkpoint import load_model, save_checkpoint  # noqa: E402
 
 
 def tiny_llama(tmp_path, tie: bool, seed=0, **overrides) -> tuple[LlamaForCausalLM, str]:
     """A random LlamaForCausalLM (2 layers, hidden 32, 4 heads, 2 kv heads, vocab 64) saved to tmp_path."""
-    values = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0, rms_norm_eps=1e-5,
-                  tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2)
+    values = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=5000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     values.update(overrides)
     torch.manual_seed(seed)
     llama = LlamaForCausalLM(LlamaConfig(**values)).eval()
@@ -116,8 +134,16 @@ def test_free_transformer_from_llama(tmp_path):
 
 
 def test_unsupported_llama_features_are_refused():
-    base = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    base = dict(
+        model_type="llama",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     assert llama_model_config(base).n_kv_heads == 2
     for change, message in [
         ({"attention_bias": True}, "attention_bias"),
@@ -145,9 +171,18 @@ def test_conversion_errors(tmp_path, capsys):
     with pytest.raises(ConversionError, match="no config.json"):
         detect_format(tmp_path / "empty")
     (tmp_path / "noweights").mkdir()
-    (tmp_path / "noweights" / "config.json").write_text(json.dumps(dict(
-        model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4)))
+    (tmp_path / "noweights" / "config.json").write_text(
+        json.dumps(
+            dict(
+                model_type="llama",
+                vocab_size=64,
+                hidden_size=32,
+                intermediate_size=48,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+            )
+        )
+    )
     with pytest.raises(ConversionError, match="no model.safetensors"):
         load_llama(tmp_path / "noweights")
     free = tiny_model(dtype=torch.float32, latent_units=4)
@@ -194,16 +229,24 @@ def test_an_export_written_before_the_latent_path_module_loads():
 
 
 CONFIG_DAMAGE = {  # what a config.json that does not describe its weights did to `convert`; {n}: its layers
-    "sizes that do not match the weights": (lambda c: json.dumps({**c, "vocab_size": 512}),
-                                            "embed_tokens.weight is [256, {d}] in the weights, [512, {d}] by the config"),
-    "a layer more than the weights": (lambda c: json.dumps({**c, "num_hidden_layers": c["num_hidden_layers"] + 1}),
-                                      "the weights lack layers.{n}."),  # it used to be a random layer, silently
-    "a layer less than the weights": (lambda c: json.dumps({**c, "num_hidden_layers": c["num_hidden_layers"] - 1}),
-                                      "the weights hold layers.{n_1}."),
+    "sizes that do not match the weights": (
+        lambda c: json.dumps({**c, "vocab_size": 512}),
+        "embed_tokens.weight is [256, {d}] in the weights, [512, {d}] by the config",
+    ),
+    "a layer more than the weights": (
+        lambda c: json.dumps({**c, "num_hidden_layers": c["num_hidden_layers"] + 1}),
+        "the weights lack layers.{n}.",
+    ),  # it used to be a random layer, silently
+    "a layer less than the weights": (
+        lambda c: json.dumps({**c, "num_hidden_layers": c["num_hidden_layers"] - 1}),
+        "the weights hold layers.{n_1}.",
+    ),
     "a duplicate key": (lambda c: json.dumps(c)[:-1] + ', "hidden_size": 64}', "duplicate key 'hidden_size'"),
     "a list": (lambda c: json.dumps([c]), "it must hold a JSON object, not a list"),
-    "RoPE tables of 4 TiB": (lambda c: json.dumps({**c, "max_position_embeddings": 2**40}),
-                             "does not fit in this machine's memory"),
+    "RoPE tables of 4 TiB": (
+        lambda c: json.dumps({**c, "max_position_embeddings": 2**40}),
+        "does not fit in this machine's memory",
+    ),
 }
 
 

@@ -14,11 +14,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from conftest import tiny_checkpoint  # noqa: E402
+from conftest import tiny_checkpoint
 
-from free_transformer.cli import main  # noqa: E402
-from free_transformer.data.tokenizer import get_tokenizer  # noqa: E402
-from free_transformer.runs.checkpoint import load_model  # noqa: E402
+from free_transformer.cli import main
+from free_transformer.data.tokenizer import get_tokenizer
+from free_transformer.runs.checkpoint import load_model
 
 # Run in a fresh interpreter whose import system refuses free_transformer: what a virtual environment
 # with transformers and torch but without our package sees.
@@ -71,9 +71,15 @@ def test_hf_export_loads_without_our_package(tmp_path):
     runs = {name: _export(tmp_path, name, 4 if name == "byte" else 0) for name in tokenizers}
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(HF_MODULES_CACHE=str(tmp_path / "hf-modules"), HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", WITHOUT_US, TEXT, *(str(tmp_path / f"hf-{n}") for n in runs)],
-                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-                            stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_US, TEXT, *(str(tmp_path / f"hf-{n}") for n in runs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = json.loads(result.stdout.splitlines()[-1])
     assert loaded.pop("imported") == []

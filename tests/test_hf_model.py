@@ -132,8 +132,15 @@ def test_hf_generate_without_cache_keeps_the_latents(free_pair):
     model, hf_model = free_pair
     prompts, seeds = _prompts(), [7, 8, 9]
     ours = _ours(model, prompts, seeds, **SAMPLING)
-    out = hf_model.generate(prompts, max_new_tokens=NEW, do_sample=True, seeds=seeds, use_cache=False,
-                            return_dict_in_generate=True, **SAMPLING)
+    out = hf_model.generate(
+        prompts,
+        max_new_tokens=NEW,
+        do_sample=True,
+        seeds=seeds,
+        use_cache=False,
+        return_dict_in_generate=True,
+        **SAMPLING,
+    )
     assert out.sequences[:, P:].tolist() == ours.tokens and torch.equal(out.latents, torch.stack(ours.latents))
 
 

@@ -34,8 +34,12 @@ def _slurm_that_reports_one_running_job(tmp_path, monkeypatch, job: str):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     seen = tmp_path / "squeue-seen"
-    scripts = {"sinfo": "printf 'debug*\\n'", "srun": "true", "sbatch": "exit 1",
-               "squeue": f"[ -e {seen} ] && exit 0; : > {seen}; echo '{job}|RUNNING'"}
+    scripts = {
+        "sinfo": "printf 'debug*\\n'",
+        "srun": "true",
+        "sbatch": "exit 1",
+        "squeue": f"[ -e {seen} ] && exit 0; : > {seen}; echo '{job}|RUNNING'",
+    }
     for name, body in scripts.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
@@ -108,13 +112,15 @@ def _alive(pid: int) -> bool:
 def test_tokenizing_workers_die_with_a_killed_parent(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("a line of text to tokenize\n" * 2000)
-    parent = subprocess.Popen([sys.executable, "-c", KILLED_TOKENIZER, str(corpus)], stdout=subprocess.PIPE,
-                              text=True)
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_TOKENIZER, str(corpus)], stdout=subprocess.PIPE, text=True)
     workers = []
     try:
         assert parent.stdout.readline().strip() == "encoding"
-        workers = [int(pid) for task in Path(f"/proc/{parent.pid}/task").iterdir()
-                   for pid in (task / "children").read_text().split()]
+        workers = [
+            int(pid)
+            for task in Path(f"/proc/{parent.pid}/task").iterdir()
+            for pid in (task / "children").read_text().split()
+        ]
         assert len(workers) == 2
         parent.kill()
         parent.wait()
@@ -158,12 +164,26 @@ def test_a_yaml_key_that_is_not_a_scalar_is_one_line_naming_the_file(tmp_path, c
         assert f"{run / 'config.yaml'}" in error and "a key must be a scalar (one line)" in error, error
 
 
-@pytest.mark.parametrize("line", [
-    {"step": 1},  # no losses
-    [1, 2, 3],  # not a record
-    {"step": 1, "loss": 1.0, "cross_entropy_bits": 1.0, "kl_bits": 0.1, "kappa_bits": 0.25, "val_cross_entropy_bits": 1.0,
-     "val_prior_cross_entropy_bits": 1.0, "latent_bits_saved": 0.0, "val_kl_bits": 0.1, "val_kl_bits_per_unit": "0.1"},
-], ids=["without-keys", "a-list", "string-kl-per-bit"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        {"step": 1},  # no losses
+        [1, 2, 3],  # not a record
+        {
+            "step": 1,
+            "loss": 1.0,
+            "cross_entropy_bits": 1.0,
+            "kl_bits": 0.1,
+            "kappa_bits": 0.25,
+            "val_cross_entropy_bits": 1.0,
+            "val_prior_cross_entropy_bits": 1.0,
+            "latent_bits_saved": 0.0,
+            "val_kl_bits": 0.1,
+            "val_kl_bits_per_unit": "0.1",
+        },
+    ],
+    ids=["without-keys", "a-list", "string-kl-per-bit"],
+)
 def test_inspect_of_damaged_metrics_is_one_line(tmp_path, capsys, line):
     run = tmp_path / "run"
     run.mkdir()
@@ -177,22 +197,28 @@ def test_inspect_of_damaged_metrics_is_one_line(tmp_path, capsys, line):
     assert f"{run / 'metrics.jsonl'} holds a line this package did not write" in error
 
 
-@pytest.mark.parametrize("content", [json.dumps({"tasks": 5}), json.dumps([1]), json.dumps({"tasks": {"piqa": 5}}),
-                                     b"\xff\xfe not text", "{not json"])
+@pytest.mark.parametrize(
+    "content",
+    [json.dumps({"tasks": 5}), json.dumps([1]), json.dumps({"tasks": {"piqa": 5}}), b"\xff\xfe not text", "{not json"],
+)
 def test_compare_of_a_damaged_results_file_is_one_line_naming_it(tmp_path, capsys, content):
     bad, good = tmp_path / "bad.json", tmp_path / "good.json"
-    good.write_text(json.dumps({"tasks": {"piqa": {"metric": "acc", "value": 0.5, "n": 1,
-                                                     "per_doc": [{"id": 0, "score": 0.5}]}}}))
+    good.write_text(
+        json.dumps({"tasks": {"piqa": {"metric": "acc", "value": 0.5, "n": 1, "per_doc": [{"id": 0, "score": 0.5}]}}})
+    )
     bad.write_bytes(content if isinstance(content, bytes) else content.encode())
     assert str(bad) in _one_line_error(capsys, "compare", str(good), str(bad))
 
 
-@pytest.mark.parametrize("seeds, message", [
-    ("99999999999999999999", "--seeds takes a count from 1 to 1000"),
-    ("10000000", "--seeds takes a count from 1 to 1000"),
-    ("0,99999999999999999999", "--seeds lists at most 1000 seeds, each from 0 to 2**63 - 1"),
-    ("-1,2", "each from 0 to 2**63 - 1"),
-])
+@pytest.mark.parametrize(
+    "seeds, message",
+    [
+        ("99999999999999999999", "--seeds takes a count from 1 to 1000"),
+        ("10000000", "--seeds takes a count from 1 to 1000"),
+        ("0,99999999999999999999", "--seeds lists at most 1000 seeds, each from 0 to 2**63 - 1"),
+        ("-1,2", "each from 0 to 2**63 - 1"),
+    ],
+)
 def test_absurd_seeds_are_one_line(tmp_path, capsys, seeds, message):
     assert message in _one_line_error(capsys, "demo", "--out", str(tmp_path / "out"), f"--seeds={seeds}")
     assert not (tmp_path / "out").exists()
@@ -206,8 +232,9 @@ def test_non_finite_kappas_are_refused(tmp_path, capsys, kappas):
 
 def test_a_model_larger_than_memory_is_one_line_with_its_size(tmp_path, capsys):
     """4 TiB for one projection: the allocator refuses at once (more than the address space)."""
-    error = _one_line_error(capsys, "train", "--out", str(tmp_path / "run"), "model.dim=1048576",
-                            "model.n_layers=64", "steps=1")
+    error = _one_line_error(
+        capsys, "train", "--out", str(tmp_path / "run"), "model.dim=1048576", "model.n_layers=64", "steps=1"
+    )
     assert "a model of 214,484,237,942,792 parameters (" in error and "does not fit in this machine's memory" in error
 
 
@@ -246,9 +273,24 @@ def test_convert_of_an_hf_directory_with_a_pickled_bin_is_one_line(tmp_path, cap
 def test_a_closed_stdout_ends_generate_quietly(tmp_path):
     """`generate | head`: the reader stops; the writer ends as Unix tools do (141: SIGPIPE), with no message."""
     tiny_checkpoint(tmp_path, "run", latent_units=0)
-    process = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "generate", str(tmp_path / "run"),
-                                "--prompt", "a", "--num-samples", "2", "--max-new-tokens", "4"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "free_transformer.cli",
+            "generate",
+            str(tmp_path / "run"),
+            "--prompt",
+            "a",
+            "--num-samples",
+            "2",
+            "--max-new-tokens",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     process.stdout.close()  # before anything is written: every write fails
     assert process.wait(timeout=120) == 141
     assert process.stderr.read() == b""
@@ -318,25 +360,49 @@ def test_json_nested_too_deep_is_one_line_in_every_reader(tmp_path, capsys):
     assert str(deep) in error and "nested too deeply" in error
     data = tmp_path / "deep.jsonl"
     data.write_text(DEEP + "\n")
-    error = _one_line_error(capsys, "eval", str(run), "--tasks", "race_high", "--data", f"race_high={data}",
-                            "--limit", "1", "--no-progress")
+    error = _one_line_error(
+        capsys, "eval", str(run), "--tasks", "race_high", "--data", f"race_high={data}", "--limit", "1", "--no-progress"
+    )
     assert str(data) in error and "nested too deeply" in error
 
 
-@pytest.mark.parametrize("task,field,answer", [
-    ("race_high", "answer", "1e999"), ("race_high", "answer", "1.5"), ("race_high", "answer", "7"),
-    ("race_high", "answer", "-1"), ("race_high", "answer", '"Z"'), ("piqa", "label", "1.5"), ("piqa", "label", "2"),
-])
+@pytest.mark.parametrize(
+    "task,field,answer",
+    [
+        ("race_high", "answer", "1e999"),
+        ("race_high", "answer", "1.5"),
+        ("race_high", "answer", "7"),
+        ("race_high", "answer", "-1"),
+        ("race_high", "answer", '"Z"'),
+        ("piqa", "label", "1.5"),
+        ("piqa", "label", "2"),
+    ],
+)
 def test_an_answer_that_names_no_choice_is_one_line_naming_the_row(tmp_path, capsys, task, field, answer):
     """`eval --data` rows whose answer is 1e999 (an OverflowError traceback), 1.5 (taken as 1), 7 of two
     choices or -1 (accepted silently, scoring against nothing or the last choice)."""
-    row = ({"article": "a", "question": "q", "options": ["x", "y"]} if task == "race_high" else
-           {"goal": "g", "sol1": "x", "sol2": "y"})
+    row = (
+        {"article": "a", "question": "q", "options": ["x", "y"]}
+        if task == "race_high"
+        else {"goal": "g", "sol1": "x", "sol2": "y"}
+    )
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({**row, field: 0}) + "\n" + json.dumps(row)[:-1] + f', "{field}": {answer}}}\n')
     checkpoint = tiny_checkpoint(tmp_path, "ckpt", 0)
-    error = _one_line_error(capsys, "eval", str(checkpoint), "--tasks", task, "--data", f"{task}={rows}",
-                            "--num-fewshot", "0", "--no-progress", "--output", str(tmp_path / "out.json"))
+    error = _one_line_error(
+        capsys,
+        "eval",
+        str(checkpoint),
+        "--tasks",
+        task,
+        "--data",
+        f"{task}={rows}",
+        "--num-fewshot",
+        "0",
+        "--no-progress",
+        "--output",
+        str(tmp_path / "out.json"),
+    )
     assert f"{task}: row 1 of user file {rows}: its answer" in error, error
 
 
@@ -404,4 +470,5 @@ def test_a_number_too_long_to_read_in_metrics_is_one_line_naming_the_file(tmp_pa
         assert main(argv) == 2
         error = capsys.readouterr().err.strip()
         assert "Traceback" not in error and error.splitlines()[-1].startswith(
-            f"error: {metrics} line 2 holds a line this package did not write (a number too long to read"), error
+            f"error: {metrics} line 2 holds a line this package did not write (a number too long to read"
+        ), error

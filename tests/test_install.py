@@ -47,8 +47,12 @@ def test_every_hint_resolves_without_the_index():
     """pip accepts each hint as written: with --no-index and --dry-run it resolves the requirements from what is
     installed here (every extra is, in the test environment), so a name the index would have to supply fails."""
     requirements = [word for extra in EXTRAS for word in shlex.split(install_hint(extra))[4:]]
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--dry-run", "--quiet",
-                             *requirements], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-index", "--dry-run", "--quiet", *requirements],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -72,8 +76,13 @@ def test_readmes_wheel_command_builds_the_wheel_it_installs(tmp_path):
     for part in ("pyproject.toml", "README.md", "src"):
         (shutil.copytree if (ROOT / part).is_dir() else shutil.copy)(ROOT / part, tmp_path / part)
     shutil.rmtree(tmp_path / "src" / "free_transformer.egg-info", ignore_errors=True)
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                             "-w", "dist", "."], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", "dist", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert command.group(2) == f"dist/free_transformer_reference-{__version__}-py3-none-any.whl"
     with zipfile.ZipFile(tmp_path / command.group(2)) as wheel:
@@ -123,8 +132,11 @@ def test_the_version_has_a_changelog_entry():
 def _promised_names(text: str) -> tuple[list[str], set[str]]:
     """The import statements in `text`, and every dotted name of the package it mentions except the
     old names in the "was" column of a was | is table."""
-    statements = re.findall(r"^\s*(?:from free_transformer[\w.]* import (?:\([^)]*\)|[^\n]+)|import free_transformer[\w.]*)",
-                            text, flags=re.M)
+    statements = re.findall(
+        r"^\s*(?:from free_transformer[\w.]* import (?:\([^)]*\)|[^\n]+)|import free_transformer[\w.]*)",
+        text,
+        flags=re.M,
+    )
     statements += re.findall(r"`(from free_transformer[\w.]* import [\w, ]+)`", text)
     names, was_table = set(), False
     for line in text.splitlines():

@@ -7,8 +7,17 @@ import torch.utils._pytree as pytree
 from reference import naive_kl_to_uniform, naive_mapper_project
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from free_transformer.model.latent import (BinaryMapper, BitLinear, binary_mapper, binary_mapper_project, free_bits_kl,
-                                           index_to_bits, kl_to_uniform, project_latents, sample_bits)
+from free_transformer.model.latent import (
+    BinaryMapper,
+    BitLinear,
+    binary_mapper,
+    binary_mapper_project,
+    free_bits_kl,
+    index_to_bits,
+    kl_to_uniform,
+    project_latents,
+    sample_bits,
+)
 
 
 def uniform_latents(shape, bits, generator=None, device=None):
@@ -59,8 +68,10 @@ def test_mapper_backward_matmul_follows_autocast(device):
     The table's gradient (a scatter-add) and the values stay float32."""
     logits, weight, grad_out = (t.float().detach() for t in _inputs(n_rows=64, n_bits=8, dim=32, device=device))
     grads = {}
-    for name, context in (("fp32", torch.autocast(device.type, enabled=False)),
-                          ("bf16", torch.autocast(device.type, torch.bfloat16))):
+    for name, context in (
+        ("fp32", torch.autocast(device.type, enabled=False)),
+        ("bf16", torch.autocast(device.type, torch.bfloat16)),
+    ):
         x, w = logits.clone().requires_grad_(), weight.clone().requires_grad_()
         with context:
             r, _ = binary_mapper_project(x, w, generator=torch.Generator(device).manual_seed(1))
@@ -93,7 +104,7 @@ def test_uniform_prior_is_uniform(device):
     torch.testing.assert_close(counts, torch.full((8,), 1 / 8, dtype=torch.float64), atol=0.006, rtol=0)
     # at H = 16 every one of the 16 bits is a fair coin and no index reaches 2^16
     index = uniform_latents((4, 10000), 16, generator=torch.Generator(device).manual_seed(1), device=device).cpu()
-    assert 0 <= index.min() and index.max() < 2**16
+    assert index.min() >= 0 and index.max() < 2**16
     torch.testing.assert_close(index_to_bits(index, 16).float().mean((0, 1)), torch.full((16,), 0.5), atol=0.01, rtol=0)
 
 
@@ -103,8 +114,10 @@ def test_per_row_generators_make_rows_independent_of_batch():
     both = sample_bits(logits, gens())
     alone = sample_bits(logits[1:2], [torch.Generator().manual_seed(6)])
     assert both[1] == alone[0]
-    assert torch.equal(uniform_latents((3, 4), 5, generator=gens())[2],
-                       uniform_latents((1, 4), 5, generator=[torch.Generator().manual_seed(7)])[0])
+    assert torch.equal(
+        uniform_latents((3, 4), 5, generator=gens())[2],
+        uniform_latents((1, 4), 5, generator=[torch.Generator().manual_seed(7)])[0],
+    )
 
 
 @pytest.mark.parametrize("n_bits", [1, 4, 8])
@@ -149,7 +162,9 @@ def test_bit_linear_gradient_is_the_per_bit_straight_through():
     signs = 2 * bits - 1
     p = torch.sigmoid(logits.detach())
     torch.testing.assert_close(r, signs @ mapper.weight.detach().T, rtol=0, atol=1e-12)
-    torch.testing.assert_close(grad_logits, (grad_out @ mapper.weight.detach()) * 2 * p * (1 - p), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        grad_logits, (grad_out @ mapper.weight.detach()) * 2 * p * (1 - p), rtol=1e-12, atol=1e-12
+    )
     torch.testing.assert_close(grad_weight, grad_out.T @ signs, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(mapper.embed(index), r.detach())
 
@@ -215,8 +230,11 @@ class LiveBytes(TorchDispatchMode):
             del self.held[pointer]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        inputs = {a.untyped_storage().data_ptr() for a in pytree.tree_leaves((args, kwargs or {}))
-                  if isinstance(a, torch.Tensor)}
+        inputs = {
+            a.untyped_storage().data_ptr()
+            for a in pytree.tree_leaves((args, kwargs or {}))
+            if isinstance(a, torch.Tensor)
+        }
         out = func(*args, **(kwargs or {}))
         for tensor in pytree.tree_leaves(out):
             if not isinstance(tensor, torch.Tensor):

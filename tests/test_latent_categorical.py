@@ -64,8 +64,16 @@ def test_the_gradient_is_the_straight_through_gumbel_softmax(temperature):
 
 
 def test_the_settings_size_the_read_out_and_the_table():
-    config = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=48, max_seq_len=16, latent_units=3,
-                         latent={"kind": "categorical", "categorical": {"classes": 5}})
+    config = ModelConfig(
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden=48,
+        max_seq_len=16,
+        latent_units=3,
+        latent={"kind": "categorical", "categorical": {"classes": 5}},
+    )
     assert config.latent == LatentConfig("categorical", categorical=CategoricalSettings(classes=5))
     from free_transformer import FreeTransformer
 
@@ -74,13 +82,23 @@ def test_the_settings_size_the_read_out_and_the_table():
     assert model.num_params() == config.num_params()
 
 
-@pytest.mark.parametrize("override, line", [
-    ("model.latent.categorical.classes=1", "error: model.latent.categorical.classes must be an integer >= 2, got 1"),
-    ("model.latent.categorical.temperature=0", "error: model.latent.categorical.temperature must be a finite number "
-                                               "> 0, got 0.0"),
-    ("model.latent.categorical.clases=3", "error: unknown setting model.latent.categorical.clases: did you mean "
-                                          "model.latent.categorical.classes?"),
-])
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        (
+            "model.latent.categorical.classes=1",
+            "error: model.latent.categorical.classes must be an integer >= 2, got 1",
+        ),
+        (
+            "model.latent.categorical.temperature=0",
+            "error: model.latent.categorical.temperature must be a finite number > 0, got 0.0",
+        ),
+        (
+            "model.latent.categorical.clases=3",
+            "error: unknown setting model.latent.categorical.clases: did you mean model.latent.categorical.classes?",
+        ),
+    ],
+)
 def test_a_bad_setting_is_one_line(tmp_path, capsys, override, line):
     assert main(["train", "--out", str(tmp_path / "run"), "model.latent.kind=categorical", override]) == 2
     assert capsys.readouterr().err.splitlines() == [line]
@@ -97,11 +115,30 @@ def test_train_help_lists_the_settings_with_their_docstrings(capsys):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("categorical")
-    assert main(["train", "--out", str(root / "run"), "model.size=debug", "model.vocab_size=256",
-                 "model.max_seq_len=72", "model.latent.kind=categorical", "model.latent.categorical.classes=3",
-                 "model.latent.categorical.temperature=0.5", "data.kind=letters", "steps=4", "batch_size=4",
-                 "validate_every=4", "validation_batches=1", "optim.warmup_steps=1", "progress=false",
-                 "kappa_bits=0.5"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(root / "run"),
+                "model.size=debug",
+                "model.vocab_size=256",
+                "model.max_seq_len=72",
+                "model.latent.kind=categorical",
+                "model.latent.categorical.classes=3",
+                "model.latent.categorical.temperature=0.5",
+                "data.kind=letters",
+                "steps=4",
+                "batch_size=4",
+                "validate_every=4",
+                "validation_batches=1",
+                "optim.warmup_steps=1",
+                "progress=false",
+                "kappa_bits=0.5",
+            ]
+        )
+        == 0
+    )
     return root / "run"
 
 
@@ -128,7 +165,24 @@ def test_inspect_names_the_groups(run, capsys):
 
 @pytest.mark.parametrize("choice", ["encoder", "prior", "shared"])
 def test_the_generate_command_samples_under_each_named_choice(run, choice, capsys):
-    assert main(["generate", str(run), "--prompt", "K>", "-n", "2", "--max-new-tokens", "4", "--latents", choice,
-                 "--format", "jsonl"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(run),
+                "--prompt",
+                "K>",
+                "-n",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--latents",
+                choice,
+                "--format",
+                "jsonl",
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(lines) == 2 and all(line["latents"] == choice for line in lines)

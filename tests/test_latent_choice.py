@@ -17,8 +17,14 @@ from free_transformer.inference import latents as latent_choice
 
 P = 4
 # Every spelling a user may write, and what it means.
-SPELLINGS = {"encoder": "encoder", "prior": "prior", "shared": "shared", "reference": "reference",
-             "posterior": "encoder", "independent": "encoder"}
+SPELLINGS = {
+    "encoder": "encoder",
+    "prior": "prior",
+    "shared": "shared",
+    "reference": "reference",
+    "posterior": "encoder",
+    "independent": "encoder",
+}
 
 
 def _prompts():
@@ -53,8 +59,7 @@ def _cli(spelling, request):
 def _python(spelling, request):
     model, parsed = request.getfixturevalue("model"), request.getfixturevalue("parsed")
     reference = _prompts() if spelling == "reference" else None
-    generate(model, _prompts(), GenerationConfig(max_new_tokens=2), latents=spelling, reference=reference,
-             seeds=[0, 1])
+    generate(model, _prompts(), GenerationConfig(max_new_tokens=2), latents=spelling, reference=reference, seeds=[0, 1])
     return parsed[-1]
 
 
@@ -117,7 +122,8 @@ def test_bad_indices_and_references_are_refused_before_any_model_work(model, no_
 def test_the_command_refuses_a_bad_choice_before_reading_the_checkpoint(tmp_path, capsys):
     assert main(["generate", str(tmp_path / "missing"), "--prompt", "K>", "--latents", "sharde"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "error: --latents must be one of 'encoder', 'prior', 'shared', 'reference'; got 'sharde'"]
+        "error: --latents must be one of 'encoder', 'prior', 'shared', 'reference'; got 'sharde'"
+    ]
 
 
 def _deprecations(caught):
@@ -126,10 +132,12 @@ def _deprecations(caught):
 
 def test_the_old_spelling_warns_once_and_means_encoder(model, hf_model):
     runs = {
-        "generate": lambda spelling: generate(model, _prompts(), GenerationConfig(max_new_tokens=3),
-                                              latents=spelling, seeds=[0, 1]).latents[0],
-        "hugging_face": lambda spelling: hf_model.generate(_prompts(), max_new_tokens=3, seeds=[0, 1], latents=spelling,
-                                                           return_dict_in_generate=True)["latents"],
+        "generate": lambda spelling: generate(
+            model, _prompts(), GenerationConfig(max_new_tokens=3), latents=spelling, seeds=[0, 1]
+        ).latents[0],
+        "hugging_face": lambda spelling: hf_model.generate(
+            _prompts(), max_new_tokens=3, seeds=[0, 1], latents=spelling, return_dict_in_generate=True
+        )["latents"],
         "eval_settings": lambda spelling: EvalConfig(tasks="none", heldout="held.txt", latents=spelling).settings(),
     }
     for name, run in runs.items():
@@ -137,7 +145,8 @@ def test_the_old_spelling_warns_once_and_means_encoder(model, hf_model):
             warnings.simplefilter("always")
             old = run("posterior")
         assert _deprecations(caught) == [
-            "latents='posterior' is deprecated and will be removed in 0.3; use latents='encoder'"], name
+            "latents='posterior' is deprecated and will be removed in 0.3; use latents='encoder'"
+        ], name
         new = run("encoder")
         if name == "eval_settings":
             assert old == new and old.key == new.key
@@ -154,7 +163,8 @@ def test_the_command_says_the_old_spelling_once_and_samples_as_encoder(tmp_path,
     old = capsys.readouterr()
     assert old.out == new.out and new.err == ""
     assert old.err.splitlines() == [
-        "warning: --latents posterior is deprecated and will be removed in 0.3; use --latents encoder"]
+        "warning: --latents posterior is deprecated and will be removed in 0.3; use --latents encoder"
+    ]
 
 
 def test_a_generation_resolves_its_choice_once_and_the_model_gets_resolved_sources(model, hf_model, monkeypatch):
@@ -209,12 +219,18 @@ def test_named_choices_resolve_to_the_documented_indices(model):
     config, prompts, seed = GenerationConfig(max_new_tokens=5), _prompts(), 7
     fed = P + config.max_new_tokens - 1
     by_name = generate(model, prompts, config, latents="shared", latent_seed=seed, seeds=[0, 1])
-    by_indices = generate(model, prompts, config, seeds=[0, 1], latents=latent_choice.shared_prior_latents(
-        model, fed, torch.Generator().manual_seed(seed)))
-    assert by_name.tokens == by_indices.tokens and torch.equal(torch.stack(by_name.latents), torch.stack(by_indices.latents))
+    by_indices = generate(
+        model,
+        prompts,
+        config,
+        seeds=[0, 1],
+        latents=latent_choice.shared_prior_latents(model, fed, torch.Generator().manual_seed(seed)),
+    )
+    assert by_name.tokens == by_indices.tokens and torch.equal(
+        torch.stack(by_name.latents), torch.stack(by_indices.latents)
+    )
     reference = torch.randint(0, 50, (2, fed), generator=torch.Generator().manual_seed(2))
-    by_name = generate(model, prompts, config, latents="reference", reference=reference, latent_seed=seed,
-                       seeds=[0, 1])
+    by_name = generate(model, prompts, config, latents="reference", reference=reference, latent_seed=seed, seeds=[0, 1])
     inferred = latent_choice.infer_latents(model, reference, torch.Generator().manual_seed(seed))
     assert torch.equal(torch.stack(by_name.latents), inferred)
 

@@ -212,8 +212,14 @@ def test_greedy_decoding_picks_the_full_forwards_argmax(kind, compile):
     sequence it produced, with the latents it reports."""
     model = _model(kind)
     prompts = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(0))
-    out = generate(model, prompts, GenerationConfig(max_new_tokens=6, temperature=0), seeds=[1, 2],
-                   latents="prior", compile=compile)
+    out = generate(
+        model,
+        prompts,
+        GenerationConfig(max_new_tokens=6, temperature=0),
+        seeds=[1, 2],
+        latents="prior",
+        compile=compile,
+    )
     fed = torch.cat([prompts, torch.tensor(out.tokens)[:, :-1]], dim=1)  # (B, P + N - 1)
     logits = model(fed, latents=torch.stack(out.latents)).logits  # each row fed P + N - 1 positions
     assert logits[:, 3:].argmax(-1).tolist() == out.tokens
@@ -236,8 +242,10 @@ def test_generate_takes_every_latent_choice(kind, choice):
     space = model.latent_space
     prompts, config = torch.randint(0, 50, (3, 4)), GenerationConfig(max_new_tokens=5, temperature=0.5)
     values = space.prior((1, 6), torch.Generator().manual_seed(3))
-    options = {"values": dict(latents=values),
-               "reference": dict(latents="reference", reference=torch.randint(0, 50, (1, 8)))}
+    options = {
+        "values": dict(latents=values),
+        "reference": dict(latents="reference", reference=torch.randint(0, 50, (1, 8))),
+    }
     kwargs = options.get(choice, dict(latents=choice))
     out = generate(model, prompts, config, seeds=[1, 2, 3], latent_seed=0, **kwargs)
     out.latents = torch.stack(out.latents)  # every row fed 4 + 5 - 1 positions
@@ -296,6 +304,27 @@ def test_serve_completes_what_generate_samples_for_a_seed(kind, tmp_path, capsys
         body = {"model": "k", "prompt": "Hi", "max_tokens": 6, "seed": 3, "temperature": 0.5, "latents": latents}
         response = client.post("/v1/completions", json=body)
         assert response.status_code == 200, response.text
-        assert main(["generate", str(checkpoint), "--prompt", "Hi", "-n", "1", "--seed", "3", "--max-new-tokens", "6",
-                     "--temperature", "0.5", "--latents", latents, "--format", "jsonl"]) == 0
+        assert (
+            main(
+                [
+                    "generate",
+                    str(checkpoint),
+                    "--prompt",
+                    "Hi",
+                    "-n",
+                    "1",
+                    "--seed",
+                    "3",
+                    "--max-new-tokens",
+                    "6",
+                    "--temperature",
+                    "0.5",
+                    "--latents",
+                    latents,
+                    "--format",
+                    "jsonl",
+                ]
+            )
+            == 0
+        )
         assert response.json()["choices"][0]["text"] == json.loads(capsys.readouterr().out)["sample"], latents

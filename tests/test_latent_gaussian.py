@@ -31,8 +31,9 @@ def test_kl_and_log_ratio_are_those_of_torch_distributions():
     torch.testing.assert_close(space.kl_per_unit(posterior), kl_divergence(q, p), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(space.kl(posterior), kl_divergence(q, p).sum(-1), rtol=1e-12, atol=1e-12)
     z = torch.randn(2, 4, H, dtype=torch.float64)
-    torch.testing.assert_close(space.log_ratio(posterior, z), (q.log_prob(z) - p.log_prob(z)).sum(-1),
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        space.log_ratio(posterior, z), (q.log_prob(z) - p.log_prob(z)).sum(-1), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_the_sample_is_reparameterised_and_r_is_a_linear_map_of_it():
@@ -110,10 +111,28 @@ def test_the_bounds_are_upper_bounds_and_the_kl_split_adds_up():
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("gaussian")
-    assert main(["train", "--out", str(root / "run"), "model.size=debug", "model.vocab_size=256",
-                 "model.max_seq_len=72", "model.latent.kind=gaussian", "data.kind=letters", "steps=4",
-                 "batch_size=4", "validate_every=4", "validation_batches=1", "optim.warmup_steps=1",
-                 "progress=false", "kappa_bits=0.5"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(root / "run"),
+                "model.size=debug",
+                "model.vocab_size=256",
+                "model.max_seq_len=72",
+                "model.latent.kind=gaussian",
+                "data.kind=letters",
+                "steps=4",
+                "batch_size=4",
+                "validate_every=4",
+                "validation_batches=1",
+                "optim.warmup_steps=1",
+                "progress=false",
+                "kappa_bits=0.5",
+            ]
+        )
+        == 0
+    )
     return root / "run"
 
 
@@ -125,8 +144,25 @@ def test_train_and_inspect_show_the_gaussian_kind(run, capsys):
 
 @pytest.mark.parametrize("choice", ["encoder", "prior", "shared"])
 def test_the_generate_command_samples_under_each_named_choice(run, choice, capsys):
-    assert main(["generate", str(run), "--prompt", "K>", "-n", "2", "--max-new-tokens", "4", "--latents", choice,
-                 "--format", "jsonl"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(run),
+                "--prompt",
+                "K>",
+                "-n",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--latents",
+                choice,
+                "--format",
+                "jsonl",
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(lines) == 2 and all(line["latents"] == choice for line in lines)
 
@@ -134,8 +170,10 @@ def test_the_generate_command_samples_under_each_named_choice(run, choice, capsy
 def test_eval_heldout_reports_honest_bounds(run, tmp_path):
     text = tmp_path / "heldout.txt"
     text.write_text("K>" + "ab!cd" * 30 + "\n")
-    assert main(["eval", str(run), "--tasks", "none", "--heldout", str(text), "--heldout-samples", "2",
-                 "--no-progress"]) == 0
+    assert (
+        main(["eval", str(run), "--tasks", "none", "--heldout", str(text), "--heldout-samples", "2", "--no-progress"])
+        == 0
+    )
     results = json.loads(next((run / "eval").glob("*.json")).read_text())
     like = results["likelihood"]
     for name in ("prior_ce", "elbo", "iwae"):

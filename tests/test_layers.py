@@ -25,8 +25,17 @@ LAYERS = {
     "reports": {"base", "eval", "train"},
     "experiments.launch": {"base", "data", "model", "runs", "distributed", "train"},
     "experiments.demo": {"base", "data", "model", "runs", "inference", "analysis", "train", "experiments.launch"},
-    "experiments.study": {"base", "data", "model", "runs", "inference", "analysis", "eval", "train",
-                          "experiments.launch"},
+    "experiments.study": {
+        "base",
+        "data",
+        "model",
+        "runs",
+        "inference",
+        "analysis",
+        "eval",
+        "train",
+        "experiments.launch",
+    },
     "commands": None,  # the command line may import any layer
 }
 TOP = {"__init__", "cli", "experiments"}  # the public API, the command-line entry point, a folder of layers
@@ -57,8 +66,11 @@ def imports(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "free_transformer":
             found.append((node.lineno, node.module.partition(".")[2]))
         elif isinstance(node, ast.Import):
-            found += [(node.lineno, a.name.partition(".")[2]) for a in node.names
-                      if a.name.split(".")[0] == "free_transformer"]
+            found += [
+                (node.lineno, a.name.partition(".")[2])
+                for a in node.names
+                if a.name.split(".")[0] == "free_transformer"
+            ]
     return found
 
 
@@ -77,8 +89,9 @@ def up_imports(root: Path = PACKAGE) -> list[str]:
         for line, target in imports(path, root):
             there = layer_of(target)
             if there != here and there not in allowed:
-                wrong.append(f"{path.relative_to(root)}:{line} ({here}) imports {target or 'free_transformer'} "
-                             f"({there})")
+                wrong.append(
+                    f"{path.relative_to(root)}:{line} ({here}) imports {target or 'free_transformer'} ({there})"
+                )
     return wrong
 
 
@@ -95,17 +108,26 @@ def test_every_folder_is_a_declared_layer():
 
 def test_the_layer_order_has_no_circle():
     order = []
+
     def visit(layer, path=()):
         assert layer not in path, f"a circle: {' -> '.join([*path, layer])}"
         for below in sorted(LAYERS[layer] or ()):
             visit(below, (*path, layer))
         order.append(layer)
+
     for layer in LAYERS:
         visit(layer)
 
 
-@pytest.mark.parametrize("line", ["from ..train.config import TrainConfig\n", "from ..experiments.demo import run\n",
-                                  "import free_transformer.cli\n", "from .. import cli\n"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from ..train.config import TrainConfig\n",
+        "from ..experiments.demo import run\n",
+        "import free_transformer.cli\n",
+        "from .. import cli\n",
+    ],
+)
 def test_an_import_up_is_found(tmp_path, line):
     """The check catches each form of import: relative, absolute, and `from .. import module`."""
     copy = tmp_path / "free_transformer"

@@ -56,8 +56,9 @@ def test_ignore_index_is_the_mean_over_the_targets_that_remain():
     kept = targets != IGNORE_INDEX
     h = norm(x).detach()
     by_hand = -torch.log_softmax(h @ weight.detach().T, -1)[kept].gather(1, targets[kept, None]).mean()
-    torch.testing.assert_close(readout_cross_entropy(h, weight.detach(), targets, rows=4), by_hand,
-                               **TOLERANCE[torch.float64])
+    torch.testing.assert_close(
+        readout_cross_entropy(h, weight.detach(), targets, rows=4), by_hand, **TOLERANCE[torch.float64]
+    )
     everything = torch.full_like(targets, IGNORE_INDEX)  # no target at all: 0 / 0, as F.cross_entropy
     assert readout_cross_entropy(h, weight.detach(), everything, rows=4).isnan()
     assert plain(h, weight.detach(), everything).isnan()
@@ -192,8 +193,9 @@ def test_ignored_targets_in_the_model():
 def test_compiled_chunks_equal_eager():
     x, norm, weight, targets = _inputs(torch.float32, N=40, V=64)
     eager = _loss_and_grads(lambda h, w, t: readout_cross_entropy(h, w, t, rows=16), x, norm, weight, targets)
-    compiled = _loss_and_grads(lambda h, w, t: readout_cross_entropy(h, w, t, rows=16, compiled=True),
-                               x, norm, weight, targets)
+    compiled = _loss_and_grads(
+        lambda h, w, t: readout_cross_entropy(h, w, t, rows=16, compiled=True), x, norm, weight, targets
+    )
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, **TOLERANCE[torch.float32])
 
@@ -226,7 +228,7 @@ def test_a_training_step_at_vocabulary_32768_never_holds_all_its_logits(tie, com
         model.readout_loss.compile()
     tokens = torch.randint(0, V, (B, T + 1), generator=torch.Generator().manual_seed(0))
     N = B * T
-    assert N > model.config.dim  # so that the (V, D) weights and their gradients are smaller than N x V
+    assert model.config.dim < N  # so that the (V, D) weights and their gradients are smaller than N x V
     if compiled:
         model(tokens[:, :-1], tokens[:, 1:]).loss.backward()
     sizes = {}

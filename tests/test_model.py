@@ -68,12 +68,16 @@ def test_paper_overhead_is_about_one_block():
     assert 1.03 < ratio < 1.06  # one extra block of 28 (3.6%) plus the post-sampler's backward
 
 
-VARIANTS = [dict(latent=LatentConfig("bit_linear")), dict(latent=LatentConfig(encoder_layers=2)),
-            dict(latent=LatentConfig("bit_linear", encoder_layers=3), latent_units=5)]
+VARIANTS = [
+    dict(latent=LatentConfig("bit_linear")),
+    dict(latent=LatentConfig(encoder_layers=2)),
+    dict(latent=LatentConfig("bit_linear", encoder_layers=3), latent_units=5),
+]
 
 
-@pytest.mark.parametrize("overrides", [dict(latent_units=0), dict(latent_units=4), dict(latent_units=3, tie_embeddings=True),
-                                       *VARIANTS])
+@pytest.mark.parametrize(
+    "overrides", [dict(latent_units=0), dict(latent_units=4), dict(latent_units=3, tie_embeddings=True), *VARIANTS]
+)
 def test_forward_matches_naive_algorithm(overrides, device):
     model = tiny_model(device=device, **overrides)
     tokens = _tokens()
@@ -101,8 +105,12 @@ def test_free_model_with_zero_post_sampler_equals_baseline(device):
     missing, unexpected = baseline.load_state_dict(free.state_dict(), strict=False)
     assert not missing and unexpected  # the baseline is the Free Transformer minus the latent path
     tokens = _tokens(device=device)
-    torch.testing.assert_close(free(tokens).logits, baseline(tokens).logits, rtol=0,
-                               atol=1e-12 if free.embed_tokens.weight.dtype == torch.float64 else 1e-6)
+    torch.testing.assert_close(
+        free(tokens).logits,
+        baseline(tokens).logits,
+        rtol=0,
+        atol=1e-12 if free.embed_tokens.weight.dtype == torch.float64 else 1e-6,
+    )
 
 
 def test_loss_is_cross_entropy_plus_free_bits_kl(device):
@@ -111,8 +119,13 @@ def test_loss_is_cross_entropy_plus_free_bits_kl(device):
     out = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05, generator=torch.Generator(device).manual_seed(0))
     assert out.logits is None  # the cross-entropy is fused with the read-out (tests/test_loss.py)
     # the same Z (same generator seed), the logits kept: the loss is then taken from them
-    full = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=0.05, generator=torch.Generator(device).manual_seed(0),
-                 return_logits=True)
+    full = model(
+        tokens[:, :-1],
+        tokens[:, 1:],
+        kappa_nats=0.05,
+        generator=torch.Generator(device).manual_seed(0),
+        return_logits=True,
+    )
     assert torch.equal(full.latents, out.latents)
     ce = torch.nn.functional.cross_entropy(full.logits.flatten(0, 1), tokens[:, 1:].flatten())
     torch.testing.assert_close(full.cross_entropy_nats, ce)
@@ -152,8 +165,9 @@ def test_gqa_equals_repeated_kv_heads(device):
             state[key] = value.view(2, hd, -1).repeat_interleave(2, dim=0).reshape(4 * hd, -1)
     mha.load_state_dict(upgrade_state_dict(state))  # fused again
     tokens, latents = _tokens(device=device), torch.randint(0, 16, (2, 12), device=device)
-    torch.testing.assert_close(gqa(tokens, latents=latents).logits, mha(tokens, latents=latents).logits,
-                               **tolerance(gqa))
+    torch.testing.assert_close(
+        gqa(tokens, latents=latents).logits, mha(tokens, latents=latents).logits, **tolerance(gqa)
+    )
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -230,10 +244,12 @@ def test_cuda_gqa_routes_give_the_native_attention(dtype, monkeypatch):
 
     def run():
         cache = model.new_cache(2)
-        pieces = [model(tokens[:, :5], latents=latents[:, :5], cache=cache).logits,
-                  model(tokens[:, 5:8], latents=latents[:, 5:8], cache=cache).logits,
-                  model(tokens[:, 8:9], latents=latents[:, 8:9], cache=cache).logits,
-                  model(tokens[:, 9:10], latents=latents[:, 9:10], cache=cache, start=torch.full((2,), 9)).logits]
+        pieces = [
+            model(tokens[:, :5], latents=latents[:, :5], cache=cache).logits,
+            model(tokens[:, 5:8], latents=latents[:, 5:8], cache=cache).logits,
+            model(tokens[:, 8:9], latents=latents[:, 8:9], cache=cache).logits,
+            model(tokens[:, 9:10], latents=latents[:, 9:10], cache=cache, start=torch.full((2,), 9)).logits,
+        ]
         with torch.autocast("cpu", dtype, enabled=dtype != torch.float32):
             return model(tokens, latents=latents).logits.float(), torch.cat(pieces, 1)
 
@@ -281,5 +297,6 @@ def test_rope_is_llamas_rotate_half_to_the_bit(dtype):
     llama = x * cos.to(dtype) + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.to(dtype)
     assert torch.equal(apply_rope(x, cos, signed_sin), llama)
     x64 = x.double()
-    torch.testing.assert_close(apply_rope(x64, cos, signed_sin), _rope(x64, torch.arange(T), 10000.0),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        apply_rope(x64, cos, signed_sin), _rope(x64, torch.arange(T), 10000.0), atol=1e-5, rtol=0
+    )

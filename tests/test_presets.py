@@ -36,8 +36,10 @@ def _recorded_fields(kind: str, name: str, fields: dict) -> dict:
         values["about"] = STUDY_PRESETS.about(name)
 
     def recorded(values: dict, fields: dict) -> dict:
-        return {field: recorded(values.get(field) or {}, sub) if isinstance(sub, dict) else values.get(field)
-                for field, sub in fields.items()}
+        return {
+            field: recorded(values.get(field) or {}, sub) if isinstance(sub, dict) else values.get(field)
+            for field, sub in fields.items()
+        }
 
     return json.loads(json.dumps(recorded(values, fields)))
 
@@ -144,8 +146,10 @@ def test_info_presets_lists_every_preset_and_yaml_config(capsys, monkeypatch):
 
 def test_a_yaml_configs_summary_is_its_opening_sentence(tmp_path):
     path = tmp_path / "a.yaml"
-    path.write_text("# Letters, one model: small.\n# More prose.\n#   free-transformer train --config a.yaml\n"
-                    "model:\n  size: debug\n")
+    path.write_text(
+        "# Letters, one model: small.\n# More prose.\n#   free-transformer train --config a.yaml\n"
+        "model:\n  size: debug\n"
+    )
     assert yaml_summary(path) == "Letters, one model: small."
     path.write_text("# Fine-tune a model\n# (see docs/huggingface.md):\n#   free-transformer convert x y\nsteps: 1\n")
     assert yaml_summary(path) == "Fine-tune a model (see docs/huggingface.md)"
@@ -157,7 +161,9 @@ def test_info_without_a_size_or_presets_is_one_line(capsys):
     assert "give a model size or --presets" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command, presets", [("demo", DEMO_PRESETS), ("study", STUDY_PRESETS), ("info", NAMED_CONFIGS)])
+@pytest.mark.parametrize(
+    "command, presets", [("demo", DEMO_PRESETS), ("study", STUDY_PRESETS), ("info", NAMED_CONFIGS)]
+)
 def test_a_commands_help_gives_every_preset_and_its_description(command, presets, capsys):
     with pytest.raises(SystemExit):
         main([command, "--help"])

@@ -94,10 +94,9 @@ def test_hugging_face_dataset_dict_folder_holds_out_its_validation_split(tmp_pat
 
     splits = {"train": [f"train {i}" for i in range(30)], "validation": ["valid 0", "valid 1"], "test": ["test 0"]}
     folder = tmp_path / "dict"
-    datasets.DatasetDict({name: datasets.Dataset.from_dict({"text": docs, "n": range(len(docs))})
-                          for name, docs in splits.items()}).save_to_disk(str(folder), num_shards={"train": 3,
-                                                                                               "validation": 1,
-                                                                                               "test": 1})
+    datasets.DatasetDict(
+        {name: datasets.Dataset.from_dict({"text": docs, "n": range(len(docs))}) for name, docs in splits.items()}
+    ).save_to_disk(str(folder), num_shards={"train": 3, "validation": 1, "test": 1})
     assert len(list((folder / "train").glob("*.arrow"))) == 3
     dataset = text_dataset(folder, val_fraction=0.5)  # val_fraction unused: the corpus holds out its own
     assert stream(dataset) == joined(splits["train"])
@@ -199,10 +198,18 @@ def test_token_shards_round_trip_in_llm_c_format(tmp_path):
 
 def test_bad_token_shards_are_named(tmp_path):
     (good,) = write_shards([np.arange(100)], tmp_path, "ok", "train", vocab_size=256, shard_tokens=1000)
-    cases = {"short.bin": b"\0" * 100, "magic.bin": good.read_bytes()[:4][::-1] + good.read_bytes()[4:],
-             "truncated.bin": good.read_bytes()[:-2], "long.bin": good.read_bytes() + b"\0\0"}
-    messages = {"short.bin": "100 bytes, shorter than the 1024-byte header", "magic.bin": "not an llm.c token shard",
-                "truncated.bin": "truncated: 100 tokens make 1224 bytes", "long.bin": "longer than its header says"}
+    cases = {
+        "short.bin": b"\0" * 100,
+        "magic.bin": good.read_bytes()[:4][::-1] + good.read_bytes()[4:],
+        "truncated.bin": good.read_bytes()[:-2],
+        "long.bin": good.read_bytes() + b"\0\0",
+    }
+    messages = {
+        "short.bin": "100 bytes, shorter than the 1024-byte header",
+        "magic.bin": "not an llm.c token shard",
+        "truncated.bin": "truncated: 100 tokens make 1224 bytes",
+        "long.bin": "longer than its header says",
+    }
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(DataError, match=f"{name} .*{messages[name]}"):
@@ -250,8 +257,26 @@ def test_tokenize_command_writes_what_the_text_kind_reads(tmp_path, capsys):
 
     files = mixed_corpus(tmp_path / "c")
     out = tmp_path / "shards"
-    assert main(["tokenize", str(tmp_path / "c"), "--out", str(out), "--tokenizer", "gpt2", "--prefix", "mine",
-                 "--shard-tokens", "1000", "--workers", "2", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "tokenize",
+                str(tmp_path / "c"),
+                "--out",
+                str(out),
+                "--tokenizer",
+                "gpt2",
+                "--prefix",
+                "mine",
+                "--shard-tokens",
+                "1000",
+                "--workers",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "data.kind=tokens data.tokens.path=" in capsys.readouterr().out
     shards = tokens_dataset(out / "mine_*.bin", tokenizer="gpt2", val_fraction=0)
     assert len(shards.splits["train"].arrays) > 1 and not list(out.glob("*val*"))
@@ -276,7 +301,7 @@ def test_python_stdlib_corpus_holds_out_whole_modules():
     assert not any({"site-packages", "test", "tests"} & set(f.relative_to(root).parts) for f in train)
     digests = {hashlib.sha256(f.read_bytes()).digest() for f in train}
     assert not any(hashlib.sha256(f.read_bytes()).digest() in digests for f in heldout)  # no copy in training
-    assert 500 < len(train) and 5e6 < sum(f.stat().st_size for f in train)
+    assert len(train) > 500 and sum(f.stat().st_size for f in train) > 5e6
 
 
 def test_python_stdlib_corpus_builds(tmp_path):
@@ -318,13 +343,21 @@ def test_old_flat_configs_load_to_the_same_dataset(tmp_path):
 
     legacy_run = load_train_config(Path(__file__).parent / "data" / "legacy-run" / "config.yaml")
     assert legacy_run.data == DataConfig(kind="letters", text=TextConfig(seq_len=256)).fitted_to(
-        legacy_run.model.max_seq_len)  # the tokens section, absent then, takes the model's length
+        legacy_run.model.max_seq_len
+    )  # the tokens section, absent then, takes the model's length
     (tmp_path / "a.txt").write_text("an old corpus\n" * 20)
     (tmp_path / "old.yaml").write_text(LEGACY_TEXT.format(path=tmp_path / "a.txt"))
     old = load_train_config(tmp_path / "old.yaml")
     assert old.data.text == TextConfig(path=str(tmp_path / "a.txt"), seq_len=8, val_fraction=0.25)
-    new = load_train_config(None, ["data.kind=text", f"data.text.path={tmp_path / 'a.txt'}", "data.text.seq_len=8",
-                                   "data.text.val_fraction=0.25"])
+    new = load_train_config(
+        None,
+        [
+            "data.kind=text",
+            f"data.text.path={tmp_path / 'a.txt'}",
+            "data.text.seq_len=8",
+            "data.text.val_fraction=0.25",
+        ],
+    )
     assert old.data == new.data
     for split in ("train", "val"):
         assert torch.equal(build_dataset(old.data, 0).batch(2, 4, split), build_dataset(new.data, 0).batch(2, 4, split))

@@ -27,11 +27,20 @@ from free_transformer.train.trainer import TrainingError, train
 
 def _cli(out, *args, preexec_fn=None):
     """A real `free-transformer train` process (this checkout's package)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",  # as _one_thread here
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(out), *args],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=preexec_fn)
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",  # as _one_thread here
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "free_transformer.cli", "train", "--out", str(out), *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec_fn,
+    )
 
 
 @pytest.fixture()
@@ -44,7 +53,6 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-
 def _every_checkpoint_loads(run_dir):
     for checkpoint in checkpoint_dirs(run_dir):
         assert verify_checkpoint(checkpoint) is None, checkpoint
@@ -54,12 +62,13 @@ def _every_checkpoint_loads(run_dir):
 
 # -- preemption ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, signum, code, _one_thread):
     """No checkpoint is due before step 1000: everything saved comes from the signal."""
     args = [*TINY, "steps=14", "checkpoint_every=1000"]
     reference = tmp_path / "reference"
-    train(_config(*args[len(TINY):]), reference)
+    train(_config(*args[len(TINY) :]), reference)
     out = tmp_path / "stopped"
     process = _cli(out, *args)
     _wait_for_step(out, 3, process)
@@ -99,6 +108,7 @@ def test_non_finite_loss_before_the_first_checkpoint_says_how_to_go_on(tmp_path,
 
 # -- damaged checkpoints -----------------------------------------------------------------------------
 
+
 def _truncate(path):
     os.truncate(path, 100_000 if path.stat().st_size > 100_000 else path.stat().st_size // 2)
 
@@ -109,9 +119,16 @@ def _flip_a_byte(path):
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("name, damage", [("model.safetensors", _truncate), ("model.safetensors", _flip_a_byte),
-                                          ("state.pt", _flip_a_byte), ("config.json", _truncate)],
-                         ids=["truncated-weights", "flipped-weights", "flipped-state", "truncated-config"])
+@pytest.mark.parametrize(
+    "name, damage",
+    [
+        ("model.safetensors", _truncate),
+        ("model.safetensors", _flip_a_byte),
+        ("state.pt", _flip_a_byte),
+        ("config.json", _truncate),
+    ],
+    ids=["truncated-weights", "flipped-weights", "flipped-state", "truncated-config"],
+)
 def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, capsys, name, damage):
     config = _config("steps=6", "checkpoint_every=2")
     train(config, tmp_path / "reference")
@@ -150,6 +167,7 @@ def test_resume_with_another_model_is_one_line(tmp_path, capsys, change):
 
 # -- devices -------------------------------------------------------------------------------------------
 
+
 def _bad_devices():
     """Device names that fail on this machine: typos always, CUDA and MPS where absent."""
     names = ["foo", "cuda:x", "CPU0", "meta"]
@@ -182,13 +200,17 @@ def test_parse_device_accepts_what_exists():
 
 # -- first-try examples --------------------------------------------------------------------------------
 
+
 def test_the_example_in_train_help_runs(tmp_path, capsys):
     from free_transformer.cli import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--help"])
-    [example] = [line.split() for line in capsys.readouterr().out.splitlines()
-                 if line.strip().startswith("free-transformer train")]
+    [example] = [
+        line.split()
+        for line in capsys.readouterr().out.splitlines()
+        if line.strip().startswith("free-transformer train")
+    ]
     argv = [str(tmp_path / "try") if word == "runs/try" else word for word in example[1:]]
     assert main([*argv, "steps=2", "progress=false"]) == 0  # later overrides win: 2 steps, not 100
 
@@ -210,9 +232,11 @@ def test_a_dry_run_checks_the_data_against_the_model_and_writes_nothing(tmp_path
     text = ["data.kind=text", f"data.text.path={tmp_path / 'notes.txt'}", f"data.text.cache_dir={tmp_path / 'cache'}"]
     assert main(["train", "--out", str(tmp_path / "run"), "model.size=debug", *text, "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith("dry run, nothing trained: ") and not (tmp_path / "run").exists()
-    for wrong, message in ((["data.text.seq_len=200"], "exceed model.max_seq_len (128)"),
-                           (["model.vocab_size=64"], "smaller than the byte tokenizer's"),
-                           ([f"data.text.path={tmp_path / 'nope.txt'}"], "corpus not found")):
+    for wrong, message in (
+        (["data.text.seq_len=200"], "exceed model.max_seq_len (128)"),
+        (["model.vocab_size=64"], "smaller than the byte tokenizer's"),
+        ([f"data.text.path={tmp_path / 'nope.txt'}"], "corpus not found"),
+    ):
         assert main(["train", "--out", str(tmp_path / "run"), "model.size=debug", *text, *wrong, "--dry-run"]) == 2
         error = capsys.readouterr().err.strip()
         assert message in error and error.count("\n") == 0, error
@@ -229,8 +253,11 @@ def test_generate_caps_its_default_length_to_the_model(tmp_path, capsys, monkeyp
 
     lengths = []
     real = command.prompt_row
-    monkeypatch.setattr(command, "prompt_row", lambda prompt, seed, **kw: lengths.append(
-        prompt.config.max_new_tokens) or real(prompt, seed, **kw))
+    monkeypatch.setattr(
+        command,
+        "prompt_row",
+        lambda prompt, seed, **kw: lengths.append(prompt.config.max_new_tokens) or real(prompt, seed, **kw),
+    )
     checkpoint = tiny_checkpoint(tmp_path, "run", 4, max_seq_len=16)
     assert main(["generate", str(checkpoint), "--prompt", "K>", "-n", "1"]) == 0
     assert lengths == [15]  # 2 prompt tokens + 15 new ones: 16 fed positions, the model's context
@@ -253,6 +280,7 @@ def test_cli_version_and_generate_defaults_in_help(capsys):
 
 # -- permissions ---------------------------------------------------------------------------------------
 
+
 def _modes(root):
     return {(p.is_dir(), p.stat().st_mode & 0o777) for p in [root, *root.rglob("*")]}
 
@@ -273,11 +301,19 @@ def test_checkpoints_and_exports_are_readable_as_the_umask_allows(tmp_path):
 
 # -- smaller ones --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, message", [
-    ("- 1\n- 2\n", "must be a mapping"), ("hello\n", "must be a mapping"), ("", "is empty"),
-    ("# only a comment\n", "is empty"), ("steps: 1\nsteps: 2\n", "duplicate key 'steps'"),
-    ("optim:\n  lr: 1\n  lr: 2\n", "duplicate key 'lr'"), ("steps: [1\n", "cannot read config"),
-])
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("- 1\n- 2\n", "must be a mapping"),
+        ("hello\n", "must be a mapping"),
+        ("", "is empty"),
+        ("# only a comment\n", "is empty"),
+        ("steps: 1\nsteps: 2\n", "duplicate key 'steps'"),
+        ("optim:\n  lr: 1\n  lr: 2\n", "duplicate key 'lr'"),
+        ("steps: [1\n", "cannot read config"),
+    ],
+)
 def test_bad_yaml_configs_are_one_line(tmp_path, capsys, text, message):
     (tmp_path / "c.yaml").write_text(text)
     assert main(["train", "--out", str(tmp_path / "run"), "--config", str(tmp_path / "c.yaml")]) == 2
@@ -310,13 +346,28 @@ def test_eval_notes_answers_longer_than_the_context(tmp_path, capsys):
     from conftest import tiny_checkpoint
 
     checkpoint = tiny_checkpoint(tmp_path, "run", 0, max_seq_len=16)  # PIQA-like answers are far longer
-    assert main(["eval", str(checkpoint), "--tasks", "arc_easy", "--limit", "3", "--no-progress",
-                 "--output", str(tmp_path / "r.json")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(checkpoint),
+                "--tasks",
+                "arc_easy",
+                "--limit",
+                "3",
+                "--no-progress",
+                "--output",
+                str(tmp_path / "r.json"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "note: arc_easy:" in out and "answer longer than the model's context (16 tokens)" in out
 
 
 # -- fault injection -----------------------------------------------------------------------------------
+
 
 def _file_size_limit(limit):
     """preexec_fn: files of the child larger than `limit` bytes fail to write (EFBIG; Python ignores
@@ -330,7 +381,7 @@ def test_faults_never_lose_what_was_saved_and_resume_reproduces_the_losses(tmp_p
     fault, and the run ends with the losses of an uninterrupted one."""
     args = [*TINY, "steps=16", "checkpoint_every=4", "keep_checkpoints=3"]
     reference = tmp_path / "reference"
-    train(_config(*args[len(TINY):]), reference)
+    train(_config(*args[len(TINY) :]), reference)
     out = tmp_path / "faults"
 
     process = _cli(out, *args)  # 1. SIGTERM: a checkpoint at the next step boundary
@@ -410,11 +461,23 @@ def test_every_command_that_loads_a_checkpoint_verifies_it(tmp_path, capsys):
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0xFF  # one flipped bit pattern in a weight: the file still parses
     weights.write_bytes(bytes(data))
-    commands = [["generate", str(checkpoint), "--prompt", "K>", "-n", "1"],
-                ["convert", str(checkpoint), str(tmp_path / "hf"), "--to", "hf"],
-                ["train", "--out", str(tmp_path / "new"), *TINY, "model.dim=32", "model.n_heads=4",
-                 "model.n_kv_heads=2", "model.n_layers=2", "model.ffn_hidden=64",
-                 "--init-from", str(checkpoint)]]
+    commands = [
+        ["generate", str(checkpoint), "--prompt", "K>", "-n", "1"],
+        ["convert", str(checkpoint), str(tmp_path / "hf"), "--to", "hf"],
+        [
+            "train",
+            "--out",
+            str(tmp_path / "new"),
+            *TINY,
+            "model.dim=32",
+            "model.n_heads=4",
+            "model.n_kv_heads=2",
+            "model.n_layers=2",
+            "model.ffn_hidden=64",
+            "--init-from",
+            str(checkpoint),
+        ],
+    ]
     for command in commands:
         assert main(command) == 2
     errors = capsys.readouterr().err.strip().splitlines()
@@ -451,8 +514,13 @@ def test_values_that_would_train_or_sample_wrongly_are_refused(tmp_path, capsys)
     negative threads or table scale, a NaN temperature (garbage samples)."""
     from conftest import tiny_checkpoint
 
-    for override in ("kappa_bits=inf", "kappa_bits=nan", "kappa_start_bits=nan", "threads=-1",
-                     "post_sampler_init_std=-1"):
+    for override in (
+        "kappa_bits=inf",
+        "kappa_bits=nan",
+        "kappa_start_bits=nan",
+        "threads=-1",
+        "post_sampler_init_std=-1",
+    ):
         assert main(["train", "--out", str(tmp_path / "run"), *TINY, override]) == 2
     checkpoint = tiny_checkpoint(tmp_path, "ckpt", 4)
     assert main(["generate", str(checkpoint), "--prompt", "K>", "--temperature", "nan"]) == 2
@@ -472,8 +540,9 @@ def test_generate_decodes_many_samples_in_batches_with_the_same_samples(tmp_path
     checkpoint = str(tiny_checkpoint(tmp_path, "ckpt", 4))
     assert main(["generate", checkpoint, "--prompt", "K>", "-n", "5", "--max-new-tokens", "6"]) == 0
     one_batch = capsys.readouterr().out
-    assert main(["generate", checkpoint, "--prompt", "K>", "-n", "5", "--max-new-tokens", "6",
-                 "--batch-size", "2"]) == 0
+    assert (
+        main(["generate", checkpoint, "--prompt", "K>", "-n", "5", "--max-new-tokens", "6", "--batch-size", "2"]) == 0
+    )
     assert capsys.readouterr().out == one_batch and len(one_batch.splitlines()) == 5
 
 
@@ -576,7 +645,10 @@ def test_eval_refuses_sandbox_limits_that_fail_every_program(tmp_path, capsys):
     for option in (["--code-timeout", "-1"], ["--code-memory-mb", "0"]):
         assert main(["eval", checkpoint, "--tasks", "none", "--no-progress", *option]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert errors == ["error: --code-timeout must be > 0 seconds, got -1.0", "error: --code-memory-mb must be >= 1, got 0"]
+    assert errors == [
+        "error: --code-timeout must be > 0 seconds, got -1.0",
+        "error: --code-memory-mb must be >= 1, got 0",
+    ]
 
 
 # -- evaluation: nothing finished is lost, one writer of a record ----------------------------------------
@@ -607,8 +679,22 @@ def test_an_interrupted_evaluation_keeps_the_tasks_it_finished(tmp_path, capsys,
         return real(*args)
 
     monkeypatch.setattr(runner, "_multiple_choice", interrupted_in_the_second_task)
-    assert main(["eval", str(checkpoint), "--tasks", "arc_easy,boolq", "--limit", "2", "--no-progress",
-                 "--output", str(output)]) == 130
+    assert (
+        main(
+            [
+                "eval",
+                str(checkpoint),
+                "--tasks",
+                "arc_easy,boolq",
+                "--limit",
+                "2",
+                "--no-progress",
+                "--output",
+                str(output),
+            ]
+        )
+        == 130
+    )
     kept = json.loads(output.with_name("results.json.partial").read_text())
     assert list(kept["tasks"]) == ["arc_easy"] and not output.exists()
     assert "the 1 task(s) finished before are in" in capsys.readouterr().err
@@ -631,8 +717,11 @@ def test_one_writer_of_an_evaluation_record_and_no_step_recorded_twice(tmp_path,
         assert main(args) == 2
     assert "is in use by another process (PID" in capsys.readouterr().err
     listed = checkpoints.chosen_checkpoints
-    monkeypatch.setattr(checkpoints, "chosen_checkpoints", lambda run_dir, spec: listed(run_dir, spec) + [
-        (3, run / "checkpoints" / "step_00000003")])  # listed, then removed by a live run's training
+    monkeypatch.setattr(
+        checkpoints,
+        "chosen_checkpoints",
+        lambda run_dir, spec: listed(run_dir, spec) + [(3, run / "checkpoints" / "step_00000003")],
+    )  # listed, then removed by a live run's training
     assert main(args) == 0
     assert "step 3: step_00000003 was removed since it was listed" in capsys.readouterr().out
     entries = read_record(run / "eval" / "curve.jsonl")
@@ -655,8 +744,22 @@ def test_a_data_file_without_the_tasks_fields_is_one_line(task, tmp_path, capsys
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"unrelated": 1}\n{"unrelated": 2}\n')
     checkpoint = str(tiny_checkpoint(tmp_path, "ckpt", 4))
-    assert main(["eval", checkpoint, "--tasks", task, "--data", f"{task}={rows}", "--no-progress",
-                 "--output", str(tmp_path / "out.json")]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                checkpoint,
+                "--tasks",
+                task,
+                "--data",
+                f"{task}={rows}",
+                "--no-progress",
+                "--output",
+                str(tmp_path / "out.json"),
+            ]
+        )
+        == 2
+    )
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and f"{task}: the rows of user file {rows} lack the fields" in error
     assert not list(tmp_path.glob("out.json*"))  # nothing finished: nothing left behind
@@ -671,14 +774,16 @@ def test_a_full_disk_while_logging_is_one_line_that_says_how_to_go_on(tmp_path):
     log.handle = open("/dev/full", "a")  # every write: ENOSPC
     with pytest.raises(UserError) as error:
         log.write({"step": 1, "loss": 1.0})
-    assert str(error.value) == (f"cannot write {tmp_path / 'metrics.jsonl'} (No space left on device): make room, "
-                                "then continue with --resume")
+    assert str(error.value) == (
+        f"cannot write {tmp_path / 'metrics.jsonl'} (No space left on device): make room, then continue with --resume"
+    )
 
 
 def test_failed_starts_of_the_demo_and_the_study_leave_no_directory(tmp_path, capsys):
     assert main(["demo", "--preset", "smoke", "--out", str(tmp_path / "demo"), "optim.lr=abc"]) == 2
-    assert main(["study", "--preset", "smoke", "--out", str(tmp_path / "study"),
-                 "data.text.path=/nonexistent.txt"]) == 2
+    assert (
+        main(["study", "--preset", "smoke", "--out", str(tmp_path / "study"), "data.text.path=/nonexistent.txt"]) == 2
+    )
     errors = capsys.readouterr().err.strip().splitlines()
     assert "optim.lr: expected float" in errors[0] and "the study's corpus /nonexistent.txt does not exist" in errors[1]
     assert not (tmp_path / "demo").exists() and not (tmp_path / "study").exists()
@@ -697,18 +802,46 @@ def test_a_corpus_that_is_not_utf8_is_said_once(tmp_path, capsys):
     lines.write_bytes(b'{"text": "ok \xc3\x28"}\n')
     list(read_jsonl(lines, "text"))
     errors = capsys.readouterr().err.strip().splitlines()
-    assert errors == [f"warning: {binary} is not valid UTF-8: 3 bytes were read as U+FFFD (a binary file, or another "
-                      "encoding?)",
-                      f"warning: {lines} is not valid UTF-8: 1 bytes were read as U+FFFD (a binary file, or another "
-                      "encoding?)"]
+    assert errors == [
+        f"warning: {binary} is not valid UTF-8: 3 bytes were read as U+FFFD (a binary file, or another encoding?)",
+        f"warning: {lines} is not valid UTF-8: 1 bytes were read as U+FFFD (a binary file, or another encoding?)",
+    ]
+
+
 def _sweep_cli(out, *args):
     """A real `free-transformer study --preset smoke` process: 3 runs, 2 worker processes."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "study", "--preset", "smoke", "--seeds", "1",
-                             "--kappas", "4", "--workers", "2", "--device", "cpu", "--out", str(out), *args],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group, which _answer can kill
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "free_transformer.cli",
+            "study",
+            "--preset",
+            "smoke",
+            "--seeds",
+            "1",
+            "--kappas",
+            "4",
+            "--workers",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its own process group, which _answer can kill
 
 
 def _answer(process, timeout=60) -> str:

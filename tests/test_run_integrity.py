@@ -88,9 +88,17 @@ def test_a_resume_from_step_0_with_changed_settings_records_them(tmp_path, capsy
     assert [m["kappa_bits"] for m in read_metrics(run / "metrics.jsonl")] == [0.5, 0.5]
 
 
-BAD_SETTINGS = ["optim.latent_lr_scale=nan", "optim.grad_clip=nan", "model.rope_theta=nan", "optim.min_lr_ratio=nan",
-                "optim.weight_decay=-1", "validation_batches=0", "validate_every=-1", "data.tokens.val_fraction=-1",
-                "steps=100000000"]  # a step whose checkpoint directory (step_ and 8 digits) no loader finds
+BAD_SETTINGS = [
+    "optim.latent_lr_scale=nan",
+    "optim.grad_clip=nan",
+    "model.rope_theta=nan",
+    "optim.min_lr_ratio=nan",
+    "optim.weight_decay=-1",
+    "validation_batches=0",
+    "validate_every=-1",
+    "data.tokens.val_fraction=-1",
+    "steps=100000000",
+]  # a step whose checkpoint directory (step_ and 8 digits) no loader finds
 
 
 def test_settings_out_of_range_are_refused_when_parsed(tmp_path, capsys):
@@ -107,8 +115,15 @@ def test_settings_out_of_range_are_refused_when_parsed(tmp_path, capsys):
 
 def test_a_start_that_fails_before_logging_a_step_does_not_block_the_corrected_command(tmp_path, capsys):
     run = tmp_path / "run"
-    diverging = [*TINY, "steps=20", "log_every=100", "checkpoint_every=100", "optim.lr=1e12", "optim.grad_clip=0",
-                 "optim.warmup_steps=1"]
+    diverging = [
+        *TINY,
+        "steps=20",
+        "log_every=100",
+        "checkpoint_every=100",
+        "optim.lr=1e12",
+        "optim.grad_clip=0",
+        "optim.warmup_steps=1",
+    ]
     assert main(["train", "--out", str(run), *diverging]) == 2
     _one_line_error(capsys, "non-finite loss", "--resume")
     assert main(["train", "--out", str(run), *TINY, "steps=1"]) == 0
@@ -121,14 +136,20 @@ def test_resume_with_init_from_is_refused(tmp_path, capsys):
     _one_line_error(capsys, "--init-from", "--resume")
 
 
-@pytest.mark.parametrize("option", [["--num-fewshot", "nosuch=3"], ["--heldout-windows", "-2"],
-                                    ["--max-new-tokens", "0"], ["--data", "nosuch=x.jsonl"]])
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--num-fewshot", "nosuch=3"],
+        ["--heldout-windows", "-2"],
+        ["--max-new-tokens", "0"],
+        ["--data", "nosuch=x.jsonl"],
+    ],
+)
 def test_eval_options_out_of_range_are_refused(tmp_path, capsys, option):
     checkpoint = tiny_checkpoint(tmp_path, "ckpt", 4)
     heldout = tmp_path / "heldout.txt"
     heldout.write_text("a few words of held-out text\n" * 4)
-    assert main(["eval", str(checkpoint), "--tasks", "none", "--heldout", str(heldout), "--no-progress",
-                 *option]) == 2
+    assert main(["eval", str(checkpoint), "--tasks", "none", "--heldout", str(heldout), "--no-progress", *option]) == 2
     _one_line_error(capsys, option[0].removeprefix("--"))
     assert not (checkpoint / "eval").exists()
 
@@ -136,11 +157,28 @@ def test_eval_options_out_of_range_are_refused(tmp_path, capsys, option):
 def test_deleting_the_lock_stops_the_writer_before_a_second_one_gets_in(tmp_path):
     """A lock lives on the inode: RUN/.lock deleted, a second `train` could lock a new file and both wrote."""
     run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
-    first = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(run), *TINY,
-                              "steps=400", "checkpoint_every=1000"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "free_transformer.cli",
+            "train",
+            "--out",
+            str(run),
+            *TINY,
+            "steps=400",
+            "checkpoint_every=1000",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_step(run, 2, first)
         (run / ".lock").unlink()

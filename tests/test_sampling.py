@@ -47,8 +47,9 @@ def test_each_prompt_samples_as_it_would_alone(choice, batch_size):
     rows = list(sample_prompts(model, prompts, 3, 40, batch_size=batch_size))
     assert [(row.prompt, row.sample, row.seed) for row in rows] == [(p, i, 40 + i) for p in range(4) for i in range(3)]
     for p, prompt in enumerate(ids):
-        alone = generate(model, [prompt] * 3, config, seeds=[40, 41, 42], latents=choice, reference=reference,
-                         latent_seed=11)
+        alone = generate(
+            model, [prompt] * 3, config, seeds=[40, 41, 42], latents=choice, reference=reference, latent_seed=11
+        )
         assert [row.tokens for row in rows if row.prompt == p] == alone.tokens, p
 
 
@@ -67,8 +68,15 @@ def test_prompts_of_any_lengths_share_every_step_and_come_out_in_order(monkeypat
         prepare_prompts(model, ids, [config] * 2, "encoder", latent_seed=0)
 
 
-@pytest.mark.parametrize("options", [[], ["--batch-size", "2"], ["--latents", "shared", "--seed", "9"],
-                                     ["--latents", "reference", "--reference", "K>abcdefghijkl"]])
+@pytest.mark.parametrize(
+    "options",
+    [
+        [],
+        ["--batch-size", "2"],
+        ["--latents", "shared", "--seed", "9"],
+        ["--latents", "reference", "--reference", "K>abcdefghijkl"],
+    ],
+)
 def test_the_command_samples_many_prompts_as_one_call_each(checkpoint, capsys, options):
     """Repeated --prompt, of different lengths: the lines of one call per prompt, in the order given."""
     many = _out(capsys, ["generate", checkpoint, *[w for p in PROMPTS for w in ("--prompt", p)], *COMMON, *options])
@@ -79,8 +87,9 @@ def test_prompts_from_a_file_or_stdin_read_escapes(checkpoint, capsys, tmp_path,
     """--prompts-file: one prompt per line with \\n-style escapes read (a tab here), after the --prompt ones;
     `-` reads stdin. A line left empty is refused, with its number, before the checkpoint is read."""
     (tmp_path / "prompts.txt").write_text("Hello there\r\nA\\tB\n")
-    from_file = _out(capsys, ["generate", checkpoint, "--prompt", "K>", "--prompts-file", str(tmp_path / "prompts.txt"),
-                              *COMMON])
+    from_file = _out(
+        capsys, ["generate", checkpoint, "--prompt", "K>", "--prompts-file", str(tmp_path / "prompts.txt"), *COMMON]
+    )
     assert from_file == _alone(capsys, checkpoint, ["K>", "Hello there", "A\tB"], *COMMON)
     monkeypatch.setattr("sys.stdin", io.StringIO("K>\nHello there"))
     assert _out(capsys, ["generate", checkpoint, "--prompts-file", "-", *COMMON]) == from_file[:6]
@@ -88,8 +97,10 @@ def test_prompts_from_a_file_or_stdin_read_escapes(checkpoint, capsys, tmp_path,
     assert main(["generate", str(tmp_path / "missing"), "--prompts-file", str(tmp_path / "gap.txt")]) == 2
     assert main(["generate", checkpoint, "-n", "1"]) == 2
     errors = capsys.readouterr().err.splitlines()
-    assert errors[0] == f"error: {tmp_path / 'gap.txt'} line 2 is empty: every line is a prompt (write a newline " \
-                        "inside one as \\n)"
+    assert (
+        errors[0] == f"error: {tmp_path / 'gap.txt'} line 2 is empty: every line is a prompt (write a newline "
+        "inside one as \\n)"
+    )
     assert errors[1].startswith("error: give a prompt: --prompt TEXT, --prompts-file FILE") and len(errors) == 2
 
 
@@ -98,12 +109,40 @@ def test_jsonl_gives_each_sample_with_its_prompt_index_seed_and_latents(checkpoi
     from free_transformer.commands.sampling import escape, unescape
 
     prompts = ["K>", "Hi\nthere", "Hi\\nthere"]  # a newline; a backslash and an n
-    text = _out(capsys, ["generate", checkpoint, *[w for p in prompts for w in ("--prompt", p)], *COMMON, "--seed", "4",
-                         "--latents", "prior"])
-    records = [json.loads(line) for line in _out(capsys, ["generate", checkpoint, *[w for p in prompts for w in (
-        "--prompt", p)], *COMMON, "--seed", "4", "--latents", "prior", "--format", "jsonl"])]
-    assert [(r["prompt"], r["index"], r["seed"], r["latents"]) for r in records] == \
-        [(prompt, index, 4 + i, "prior") for index, prompt in enumerate(prompts) for i in range(3)]
+    text = _out(
+        capsys,
+        [
+            "generate",
+            checkpoint,
+            *[w for p in prompts for w in ("--prompt", p)],
+            *COMMON,
+            "--seed",
+            "4",
+            "--latents",
+            "prior",
+        ],
+    )
+    records = [
+        json.loads(line)
+        for line in _out(
+            capsys,
+            [
+                "generate",
+                checkpoint,
+                *[w for p in prompts for w in ("--prompt", p)],
+                *COMMON,
+                "--seed",
+                "4",
+                "--latents",
+                "prior",
+                "--format",
+                "jsonl",
+            ],
+        )
+    ]
+    assert [(r["prompt"], r["index"], r["seed"], r["latents"]) for r in records] == [
+        (prompt, index, 4 + i, "prior") for index, prompt in enumerate(prompts) for i in range(3)
+    ]
     assert [escape(r["prompt"] + r["sample"]) for r in records] == text
     assert [unescape(line) for line in text] == [r["prompt"] + r["sample"] for r in records]
     assert text[3].startswith("Hi\\nthere") and text[6].startswith("Hi\\\\nthere")
@@ -115,7 +154,8 @@ def test_a_prompt_that_does_not_fit_is_refused_before_any_sample(checkpoint, cap
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [
         "error: --prompt 2: the prompt has 70 tokens; this model reads at most 64",
-        "error: --prompt 2: prompt (40) + max_new_tokens (30) - 1 exceeds max_seq_len 64"]
+        "error: --prompt 2: prompt (40) + max_new_tokens (30) - 1 exceeds max_seq_len 64",
+    ]
 
 
 def test_a_stop_string_written_with_escapes_ends_samples_at_a_newline(checkpoint, capsys):
@@ -137,20 +177,51 @@ def _interact(monkeypatch, capsys, checkpoint, script: str, *options) -> tuple[l
 def test_interactive_samples_equal_the_command_with_the_same_settings(checkpoint, capsys, monkeypatch):
     """Settings changed by commands; each prompt's lines are the non-interactive command's with those options;
     a bad command is one line and the loop goes on; unpinned, each prompt moves the seed on by n."""
-    script = "\n".join(["/n 2", "/seed 5", "/latents shared", "K>", "/bogus", "/temperature warm", "/latents reference",
-                        "", "/reference K>abc\\tdefgh", "Hello", "/seed off", "/latents prior", "K>", "//x", "/quit",
-                        "never sampled"])
+    script = "\n".join(
+        [
+            "/n 2",
+            "/seed 5",
+            "/latents shared",
+            "K>",
+            "/bogus",
+            "/temperature warm",
+            "/latents reference",
+            "",
+            "/reference K>abc\\tdefgh",
+            "Hello",
+            "/seed off",
+            "/latents prior",
+            "K>",
+            "//x",
+            "/quit",
+            "never sampled",
+        ]
+    )
     out, errors = _interact(monkeypatch, capsys, checkpoint, script, "--max-new-tokens", "6")
     common = ["--max-new-tokens", "6", "-n", "2"]
-    expected = [*_alone(capsys, checkpoint, ["K>"], *common, "--seed", "5", "--latents", "shared"),
-                *_alone(capsys, checkpoint, ["Hello"], *common, "--seed", "5", "--latents", "reference",
-                        "--reference", "K>abc\tdefgh"),
-                *_alone(capsys, checkpoint, ["K>"], *common, "--seed", "5", "--latents", "prior"),
-                *_alone(capsys, checkpoint, ["/x"], *common, "--seed", "7", "--latents", "prior")]
+    expected = [
+        *_alone(capsys, checkpoint, ["K>"], *common, "--seed", "5", "--latents", "shared"),
+        *_alone(
+            capsys,
+            checkpoint,
+            ["Hello"],
+            *common,
+            "--seed",
+            "5",
+            "--latents",
+            "reference",
+            "--reference",
+            "K>abc\tdefgh",
+        ),
+        *_alone(capsys, checkpoint, ["K>"], *common, "--seed", "5", "--latents", "prior"),
+        *_alone(capsys, checkpoint, ["/x"], *common, "--seed", "7", "--latents", "prior"),
+    ]
     assert out == expected
-    assert errors == ["error: unknown command /bogus: /help lists the commands",
-                      "error: /temperature takes a number, got 'warm'",
-                      "error: /latents reference needs a text: /reference TEXT"]
+    assert errors == [
+        "error: unknown command /bogus: /help lists the commands",
+        "error: /temperature takes a number, got 'warm'",
+        "error: /latents reference needs a text: /reference TEXT",
+    ]
 
 
 def test_interactive_starts_from_the_options_and_leaves_cleanly(checkpoint, capsys, monkeypatch):
@@ -158,8 +229,9 @@ def test_interactive_starts_from_the_options_and_leaves_cleanly(checkpoint, caps
     (Ctrl-D) and Ctrl-C leave with status 0; a prompt the model refuses is one line, not the end."""
     options = ["--max-new-tokens", "6", "-n", "2", "--seed", "3", "--latents", "prior"]
     out, errors = _interact(monkeypatch, capsys, checkpoint, "K>\n" + "x" * 70 + "\nHi\n", *options)
-    assert out == _alone(capsys, checkpoint, ["K>"], *options) + _alone(capsys, checkpoint, ["Hi"], *options[:4],
-                                                                         "--seed", "5", "--latents", "prior")
+    assert out == _alone(capsys, checkpoint, ["K>"], *options) + _alone(
+        capsys, checkpoint, ["Hi"], *options[:4], "--seed", "5", "--latents", "prior"
+    )
     assert errors == ["error: the prompt has 70 tokens; this model reads at most 64"]
 
     class Interrupted(io.StringIO):
@@ -169,8 +241,10 @@ def test_interactive_starts_from_the_options_and_leaves_cleanly(checkpoint, caps
     monkeypatch.setattr("sys.stdin", Interrupted())
     assert main(["generate", checkpoint, "--interactive"]) == 0
     assert main(["generate", checkpoint, "--interactive", "--prompt", "K>"]) == 2
-    assert capsys.readouterr().err.splitlines()[-1] == \
-        "error: --interactive reads its prompts as you type them: drop --prompt and --prompts-file"
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == "error: --interactive reads its prompts as you type them: drop --prompt and --prompts-file"
+    )
 
 
 def test_interactive_refuses_shared_and_reference_z_on_a_baseline_as_generate_does(capsys, monkeypatch, tmp_path):
@@ -178,8 +252,10 @@ def test_interactive_refuses_shared_and_reference_z_on_a_baseline_as_generate_do
     that `generate --latents` goes through words it, and the loop goes on."""
     baseline = str(tiny_checkpoint(tmp_path, "baseline", 0))
     _, errors = _interact(monkeypatch, capsys, baseline, "/latents shared\n/reference K>\n/latents prior\n")
-    assert errors == ["error: /latents shared needs a Free Transformer (latent_units > 0); this is a baseline decoder",
-                      "error: /latents reference needs a Free Transformer (latent_units > 0); this is a baseline decoder"]
+    assert errors == [
+        "error: /latents shared needs a Free Transformer (latent_units > 0); this is a baseline decoder",
+        "error: /latents reference needs a Free Transformer (latent_units > 0); this is a baseline decoder",
+    ]
 
 
 def test_load_model_is_public(tmp_path):

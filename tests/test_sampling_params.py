@@ -25,8 +25,11 @@ def checkpoint(tmp_path_factory):
 
 
 def test_every_setting_reaches_every_entry_point_that_offers_it():
-    generate_options = {option for action in build_parser()._subparsers._group_actions[0].choices["generate"]._actions
-                        for option in action.option_strings}
+    generate_options = {
+        option
+        for action in build_parser()._subparsers._group_actions[0].choices["generate"]._actions
+        for option in action.option_strings
+    }
     assert {f"--{name.replace('_', '-')}" for name in SETTINGS if name not in ("n", "latent_seed")} <= generate_options
     assert "--num-samples" in generate_options and "--min-p" in generate_options
     commands = {line.split()[0] for line in interactive_help().splitlines() if line.startswith("  /")}
@@ -34,7 +37,9 @@ def test_every_setting_reaches_every_entry_point_that_offers_it():
     pytest.importorskip("fastapi")
     from free_transformer.serve.protocol import CompletionRequest
 
-    assert {"max_tokens", *(name for name in SETTINGS if name != "max_new_tokens")} <= set(CompletionRequest.model_fields)
+    assert {"max_tokens", *(name for name in SETTINGS if name != "max_new_tokens")} <= set(
+        CompletionRequest.model_fields
+    )
     pytest.importorskip("transformers")
     from free_transformer.hf.modeling import SAMPLING_RULE
 
@@ -43,19 +48,25 @@ def test_every_setting_reaches_every_entry_point_that_offers_it():
 
 def test_generation_config_is_the_rule_plus_stop_tokens_and_has_no_second_latent_choice():
     assert [f.name for f in dataclasses.fields(GenerationConfig)] == [
-        *(f.name for f in dataclasses.fields(Sampling)), "stop_tokens"]
+        *(f.name for f in dataclasses.fields(Sampling)),
+        "stop_tokens",
+    ]
     with pytest.raises(TypeError, match="prompt_latents"):
         GenerationConfig(prompt_latents="prior")
 
 
-@pytest.mark.parametrize("setting, value, words", [
-    ("min_p", 1.5, "must be in (0, 1], got 1.5"),
-    ("top_k", 0, "must be >= 1, got 0"),
-    ("temperature", -1.0, "must be a finite number >= 0, got -1.0"),
-    ("n", 0, "must be >= 1, got 0"),
-])
-def test_a_bad_setting_is_refused_in_each_entry_points_own_words(checkpoint, capsys, monkeypatch, setting, value,
-                                                                 words):
+@pytest.mark.parametrize(
+    "setting, value, words",
+    [
+        ("min_p", 1.5, "must be in (0, 1], got 1.5"),
+        ("top_k", 0, "must be >= 1, got 0"),
+        ("temperature", -1.0, "must be a finite number >= 0, got -1.0"),
+        ("n", 0, "must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_setting_is_refused_in_each_entry_points_own_words(
+    checkpoint, capsys, monkeypatch, setting, value, words
+):
     with pytest.raises(ValueError, match=rf"^{setting} {words.replace('(', '.').replace(']', '.')}$"):
         SamplingParams(**{setting: value})
     flag = "--num-samples" if setting == "n" else f"--{setting.replace('_', '-')}"
@@ -64,7 +75,8 @@ def test_a_bad_setting_is_refused_in_each_entry_points_own_words(checkpoint, cap
     monkeypatch.setattr("sys.stdin", io.StringIO(f"/{setting.replace('_', '-')} {value}\n"))
     assert main(["generate", checkpoint, "--interactive"]) == 0
     assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")] == [
-        f"error: /{setting.replace('_', '-')} {words}"]
+        f"error: /{setting.replace('_', '-')} {words}"
+    ]
 
 
 def _samples(capsys, argv) -> list[str]:
@@ -82,5 +94,7 @@ def test_min_p_samples_alike_as_an_option_a_command_and_in_the_library(checkpoin
     assert _samples(capsys, ["generate", checkpoint, "--interactive", *options]) == filtered
     model, _ = load_model(checkpoint)
     ids = torch.tensor([[ord("K"), ord(">")]] * 3)
-    tokens = generate(model, ids, GenerationConfig(max_new_tokens=8, temperature=0.5, min_p=0.5), seeds=[4, 5, 6]).tokens
+    tokens = generate(
+        model, ids, GenerationConfig(max_new_tokens=8, temperature=0.5, min_p=0.5), seeds=[4, 5, 6]
+    ).tokens
     assert [bytes(row).decode("utf-8", "replace") for row in tokens] == filtered

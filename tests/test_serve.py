@@ -19,8 +19,8 @@ pytest.importorskip("fastapi")
 from free_transformer.cli import main  # noqa: E402
 from free_transformer.data.tokenizer import get_tokenizer  # noqa: E402
 from free_transformer.inference import engine as engine_module  # noqa: E402
-from free_transformer.serve import batcher as loop  # noqa: E402
 from free_transformer.runs.checkpoint import load_model  # noqa: E402
+from free_transformer.serve import batcher as loop  # noqa: E402
 from free_transformer.serve.app import build_app  # noqa: E402
 from free_transformer.serve.batcher import settled  # noqa: E402
 from free_transformer.serve.engine import Engine  # noqa: E402
@@ -127,8 +127,8 @@ def test_a_stream_sends_the_text_in_pieces_as_it_is_sampled(client, monkeypatch)
 def test_a_stop_string_ends_the_text_before_it_streamed_or_not(client):
     full = texts(complete(client, max_tokens=30, temperature=COOL))[0]
     # two printable characters (bytes that decode alone): the first shows before the second comes
-    start = next(i for i in range(5, len(full)) if full[i:i + 2].isascii() and full[i:i + 2].isprintable())
-    stop = full[start:start + 2]
+    start = next(i for i in range(5, len(full)) if full[i : i + 2].isascii() and full[i : i + 2].isprintable())
+    stop = full[start : start + 2]
     cut = full[: full.index(stop)]
     stopped = complete(client, max_tokens=30, temperature=COOL, stop=[stop, "never"])
     assert texts(stopped) == [cut] and stopped.choices[0].finish_reason == "stop"
@@ -139,8 +139,26 @@ def test_a_stop_string_ends_the_text_before_it_streamed_or_not(client):
 
 def cli_texts(capsys, checkpoint, prompt, seed, *options) -> list[str]:
     """The continuations `free-transformer generate` samples (its jsonl output: the texts unescaped)."""
-    assert main(["generate", str(checkpoint), "--prompt", prompt, "--seed", str(seed), "--max-new-tokens", "12",
-                 "--temperature", str(COOL), "--format", "jsonl", *options]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(checkpoint),
+                "--prompt",
+                prompt,
+                "--seed",
+                str(seed),
+                "--max-new-tokens",
+                "12",
+                "--temperature",
+                str(COOL),
+                "--format",
+                "jsonl",
+                *options,
+            ]
+        )
+        == 0
+    )
     return [json.loads(line)["sample"] for line in capsys.readouterr().out.splitlines()]
 
 
@@ -150,8 +168,17 @@ def test_the_latent_fields_choose_z_as_the_generate_command_does(client, checkpo
     for choice in ["encoder", "prior", "shared", "reference"]:
         extra = {"latents": choice, **({"reference": reference} if choice == "reference" else {})}
         served = texts(complete(client, prompt, n=2, temperature=COOL, extra_body=extra))
-        by_choice[choice] = cli_texts(capsys, checkpoint, prompt, 7, "-n", "2", "--latents", choice,
-                                      *(["--reference", reference] if choice == "reference" else []))
+        by_choice[choice] = cli_texts(
+            capsys,
+            checkpoint,
+            prompt,
+            7,
+            "-n",
+            "2",
+            "--latents",
+            choice,
+            *(["--reference", reference] if choice == "reference" else []),
+        )
         assert served == by_choice[choice], choice
     assert len({tuple(t) for t in by_choice.values()}) == 4  # each choice gives other texts: the test can fail
     # latent_seed: the draw of "shared" apart from the sampling seed
@@ -165,17 +192,40 @@ def test_the_sampling_fields_sample_what_generate_samples(client, checkpoint, ca
     """The request's sampling fields are SamplingParams' (top_k and min_p too, as extra_body): a completion is
     `free-transformer generate`'s sample for the same settings and seed."""
     settings = {"temperature": 0.5, "top_k": 20, "min_p": 0.5}
-    got = texts(complete(client, "Hello", max_tokens=12, seed=7, temperature=0.5,
-                         extra_body={"top_k": 20, "min_p": 0.5}))
+    got = texts(
+        complete(client, "Hello", max_tokens=12, seed=7, temperature=0.5, extra_body={"top_k": 20, "min_p": 0.5})
+    )
     options = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()]
-    assert main(["generate", str(checkpoint), "--prompt", "Hello", "-n", "1", "--seed", "7", "--max-new-tokens", "12",
-                 "--format", "jsonl", *options]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(checkpoint),
+                "--prompt",
+                "Hello",
+                "-n",
+                "1",
+                "--seed",
+                "7",
+                "--max-new-tokens",
+                "12",
+                "--format",
+                "jsonl",
+                *options,
+            ]
+        )
+        == 0
+    )
     assert got == [json.loads(capsys.readouterr().out)["sample"]]
 
 
 def error_of(server, body: dict, path="/completions", status=400) -> dict:
-    response = httpx.post(server[0] + path, content=json.dumps(body), timeout=30,  # lone surrogates escaped
-                          headers={"Content-Type": "application/json"})
+    response = httpx.post(
+        server[0] + path,
+        content=json.dumps(body),
+        timeout=30,  # lone surrogates escaped
+        headers={"Content-Type": "application/json"},
+    )
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -183,49 +233,53 @@ def error_of(server, body: dict, path="/completions", status=400) -> dict:
     return error
 
 
-@pytest.mark.parametrize("body, param, words", [
-    ({"model": "other"}, "model", "does not exist"),
-    ({"max_tokens": 0}, "max_tokens", "must be >= 1, got 0"),
-    ({"max_tokens": 61}, "max_tokens", "at most 60"),
-    ({"prompt": "x" * 65}, "prompt", "at most 64"),
-    ({"prompt": ""}, "prompt", "must not be empty"),
-    ({"prompt": ["ok", ""]}, "prompt", "must not be empty"),
-    ({"prompt": []}, "prompt", "must not be empty"),
-    ({"prompt": [1.5]}, "prompt", "a string, a list of strings, a list of token ids"),
-    ({"prompt": [[1, 256]]}, "prompt", "token ids must lie in [0, 256)"),
-    ({"temperature": "hot"}, "temperature", "valid number"),
-    ({"n": 0}, "n", "must be >= 1, got 0"),
-    ({"n": 129}, "n", "at most 128"),
-    ({"temperature": -1.0}, "temperature", "must be a finite number >= 0"),
-    ({"top_p": 1.5}, "top_p", "must be in (0, 1]"),
-    ({"top_k": 0}, "top_k", "must be >= 1"),
-    ({"min_p": 1.5}, "min_p", "must be in (0, 1]"),
-    ({"max_tokens": "5"}, "max_tokens", "valid integer"),
-    ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
-    ({"suffix": "x"}, "suffix", "suffix out or null"),
-    ({"best_of": 2}, "best_of", "must equal n (1)"),
-    ({"logit_bias": {"1": 5}}, "logit_bias", "does not bias"),
-    ({"stream_options": {"include_usage": True}}, "stream_options", "with stream true"),
-    ({"n": 9, "prompt": ["a"] * 120}, "n", "at most 1024"),
-    ({"stop": ["a"] * 17}, "stop", "at most 16 strings"),
-    ({"stop": "x" * 257}, "stop", "at most 256 characters"),
-    ({"prompt": "\ud800 lone"}, "prompt", "lone surrogate"),
-    ({"stop": ["\udfff"]}, "stop", "lone surrogate"),
-    ({"prompt": None}, "prompt", "a string"),
-    ({"presence_penalty": 1.0}, "presence_penalty", "penalties"),
-    ({"latents": "posterior-ish"}, "latents", "'encoder', 'prior', 'shared', 'reference'"),
-    ({"latents": "reference"}, "latents", "needs a reference text"),
-    ({"latents": "reference", "reference": "Hi"}, "reference", "prompt"),
-    ({"latents": "shared", "reference": "Hello there"}, "reference", "goes with latents='reference'"),
-])
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"model": "other"}, "model", "does not exist"),
+        ({"max_tokens": 0}, "max_tokens", "must be >= 1, got 0"),
+        ({"max_tokens": 61}, "max_tokens", "at most 60"),
+        ({"prompt": "x" * 65}, "prompt", "at most 64"),
+        ({"prompt": ""}, "prompt", "must not be empty"),
+        ({"prompt": ["ok", ""]}, "prompt", "must not be empty"),
+        ({"prompt": []}, "prompt", "must not be empty"),
+        ({"prompt": [1.5]}, "prompt", "a string, a list of strings, a list of token ids"),
+        ({"prompt": [[1, 256]]}, "prompt", "token ids must lie in [0, 256)"),
+        ({"temperature": "hot"}, "temperature", "valid number"),
+        ({"n": 0}, "n", "must be >= 1, got 0"),
+        ({"n": 129}, "n", "at most 128"),
+        ({"temperature": -1.0}, "temperature", "must be a finite number >= 0"),
+        ({"top_p": 1.5}, "top_p", "must be in (0, 1]"),
+        ({"top_k": 0}, "top_k", "must be >= 1"),
+        ({"min_p": 1.5}, "min_p", "must be in (0, 1]"),
+        ({"max_tokens": "5"}, "max_tokens", "valid integer"),
+        ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
+        ({"suffix": "x"}, "suffix", "suffix out or null"),
+        ({"best_of": 2}, "best_of", "must equal n (1)"),
+        ({"logit_bias": {"1": 5}}, "logit_bias", "does not bias"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "with stream true"),
+        ({"n": 9, "prompt": ["a"] * 120}, "n", "at most 1024"),
+        ({"stop": ["a"] * 17}, "stop", "at most 16 strings"),
+        ({"stop": "x" * 257}, "stop", "at most 256 characters"),
+        ({"prompt": "\ud800 lone"}, "prompt", "lone surrogate"),
+        ({"stop": ["\udfff"]}, "stop", "lone surrogate"),
+        ({"prompt": None}, "prompt", "a string"),
+        ({"presence_penalty": 1.0}, "presence_penalty", "penalties"),
+        ({"latents": "posterior-ish"}, "latents", "'encoder', 'prior', 'shared', 'reference'"),
+        ({"latents": "reference"}, "latents", "needs a reference text"),
+        ({"latents": "reference", "reference": "Hi"}, "reference", "prompt"),
+        ({"latents": "shared", "reference": "Hello there"}, "reference", "goes with latents='reference'"),
+    ],
+)
 def test_a_bad_request_is_a_400_with_one_line(server, client, body, param, words):
     request = {"model": NAME, "prompt": "Hello", "max_tokens": 5, **body}
     error = error_of(server, request, status=404 if param == "model" else 400)
     assert error["param"] == param and words in error["message"], error
     if param in ("latents", "reference", "top_k", "min_p"):  # the fields a client sends as extra_body
         with pytest.raises(openai.BadRequestError):  # what a client sees of the extra fields
-            client.completions.create(model=NAME, prompt="Hello", max_tokens=5,
-                                      extra_body={k: v for k, v in body.items()})
+            client.completions.create(
+                model=NAME, prompt="Hello", max_tokens=5, extra_body={k: v for k, v in body.items()}
+            )
 
 
 def test_chat_completions_say_there_is_no_chat_template(server, client):
@@ -260,7 +314,7 @@ def test_an_exception_mid_stream_ends_it_with_an_error_event(server, monkeypatch
     monkeypatch.setattr(engine_module, "next_tokens", breaks_later)
     body = {"model": NAME, "prompt": "Hello", "max_tokens": 12, "seed": 7, "stream": True}
     with httpx.stream("POST", server[0] + "/completions", json=body, timeout=30) as response:
-        events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        events = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
     assert response.status_code == 200
     assert "fell over mid-stream" in json.loads(events[-1])["error"]["message"]
     assert all("choices" in json.loads(event) for event in events[:-1])
@@ -271,9 +325,25 @@ def test_the_serve_command_serves_the_checkpoint_under_its_name(checkpoint):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "serve", str(checkpoint), "--port",
-                                str(port), "--device", "cpu", "--model-name", "my-model"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "free_transformer.cli",
+            "serve",
+            str(checkpoint),
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--model-name",
+            "my-model",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -302,8 +372,10 @@ def test_without_the_serve_extra_the_command_says_how_to_install_it(checkpoint, 
 
 
 def test_the_package_and_its_command_line_import_no_server_library():
-    code = ("import sys, free_transformer, free_transformer.cli as cli; cli.build_parser(); "
-            "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette') if m in sys.modules))")
+    code = (
+        "import sys, free_transformer, free_transformer.cli as cli; cli.build_parser(); "
+        "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -26,18 +26,29 @@ from free_transformer.serve.engine import Engine  # noqa: E402
 
 NAME = "chat"
 # A template in the usual shape: each message as "role : content ;", then the assistant's turn opened.
-TEMPLATE = ("{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
-            "{{ raise_exception('the system message comes first') }}{% endif %}"
-            "{{ m.role }} : {{ m.content }} ; {% endfor %}{% if add_generation_prompt %}assistant :{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+    "{{ raise_exception('the system message comes first') }}{% endif %}"
+    "{{ m.role }} : {{ m.content }} ; {% endfor %}{% if add_generation_prompt %}assistant :{% endif %}"
+)
 WORDS = ["[UNK]", "system", "user", "assistant", ":", ";", "hello", "world", "be", "brief"]
 
 
 def llama_with_tokenizer(directory, template: str | None) -> str:
     """A random 2-block Llama (vocabulary 64) saved with a word-level tokenizer of 64 words, with `template`."""
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                 tie_word_embeddings=True)).save_pretrained(directory)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+        )
+    ).save_pretrained(directory)
     vocab = {word: i for i, word in enumerate(WORDS + [f"w{i}" for i in range(64 - len(WORDS))])}
     words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -93,11 +104,13 @@ def test_chat_answers_what_completions_gives_for_the_templated_messages(client):
 
 def test_chat_takes_the_completion_fields_and_streams(client):
     """n, the Free Transformer's latent choice (extra_body) and streaming, as /v1/completions takes them."""
-    options = dict(model=NAME, messages=MESSAGES, max_completion_tokens=5, seed=1, n=2,
-                   extra_body={"latents": "shared"})
+    options = dict(
+        model=NAME, messages=MESSAGES, max_completion_tokens=5, seed=1, n=2, extra_body={"latents": "shared"}
+    )
     whole = client.chat.completions.create(**options)
-    text = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=5, seed=1, n=2,
-                                     extra_body={"latents": "shared"})
+    text = client.completions.create(
+        model=NAME, prompt=PROMPT, max_tokens=5, seed=1, n=2, extra_body={"latents": "shared"}
+    )
     assert [c.message.content for c in whole.choices] == [c.text for c in text.choices]
     streamed = ["", ""]
     for chunk in client.chat.completions.create(**options, stream=True, stream_options={"include_usage": True}):
@@ -107,15 +120,21 @@ def test_chat_takes_the_completion_fields_and_streams(client):
     assert streamed == [c.message.content for c in whole.choices] and chunk.usage.completion_tokens == 10
 
 
-@pytest.mark.parametrize("options, refused", [
-    (dict(messages=[]), "messages"),
-    (dict(messages=[{"role": "robot", "content": "hi"}]), "messages.0.role"),
-    (dict(messages=MESSAGES[::-1]), "the chat template refused these messages: the system message comes first"),
-    (dict(messages=MESSAGES, temperature=-1.0), "temperature"),
-    (dict(messages=MESSAGES, extra_body={"echo": True}), "unknown or unsupported field 'echo' in a chat request"),
-    (dict(messages=MESSAGES, max_tokens=4, max_completion_tokens=5), "max_tokens and max_completion_tokens disagree"),
-    (dict(messages=MESSAGES, max_tokens=500), "max_tokens 500 does not fit"),
-])
+@pytest.mark.parametrize(
+    "options, refused",
+    [
+        (dict(messages=[]), "messages"),
+        (dict(messages=[{"role": "robot", "content": "hi"}]), "messages.0.role"),
+        (dict(messages=MESSAGES[::-1]), "the chat template refused these messages: the system message comes first"),
+        (dict(messages=MESSAGES, temperature=-1.0), "temperature"),
+        (dict(messages=MESSAGES, extra_body={"echo": True}), "unknown or unsupported field 'echo' in a chat request"),
+        (
+            dict(messages=MESSAGES, max_tokens=4, max_completion_tokens=5),
+            "max_tokens and max_completion_tokens disagree",
+        ),
+        (dict(messages=MESSAGES, max_tokens=500), "max_tokens 500 does not fit"),
+    ],
+)
 def test_a_chat_request_it_cannot_serve_is_one_400_line(client, options, refused):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=NAME, **options)

@@ -21,7 +21,6 @@ openai = pytest.importorskip("openai")
 
 from free_transformer.base.version import __version__  # noqa: E402
 from free_transformer.model.latent import ENCODER, PRIOR  # noqa: E402
-from free_transformer.runs.checkpoint import load_model  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 
@@ -57,8 +56,16 @@ def test_echo_with_logprobs_scores_the_prompt_with_the_requests_z(client, served
     under the Z the request chose (the encoder's posterior draw or the prior's, seeded), then the completion's
     tokens, each with the two most likely alternatives and itself."""
     prompt = "Hello there"
-    response = client.completions.create(model=NAME, prompt=prompt, max_tokens=3, temperature=0, logprobs=2,
-                                         echo=True, seed=5, extra_body={"latents": latents})
+    response = client.completions.create(
+        model=NAME,
+        prompt=prompt,
+        max_tokens=3,
+        temperature=0,
+        logprobs=2,
+        echo=True,
+        seed=5,
+        extra_body={"latents": latents},
+    )
     choice = response.choices[0]
     assert choice.text.startswith(prompt) and len(choice.logprobs.tokens) == len(prompt) + 3
     assert "".join(choice.logprobs.tokens[: len(prompt)]) == prompt
@@ -68,7 +75,7 @@ def test_echo_with_logprobs_scores_the_prompt_with_the_requests_z(client, served
     assert choice.logprobs.token_logprobs[1 : len(prompt)] == pytest.approx(expected.tolist(), abs=1e-5)
     other = direct_logprobs(served[1].model, list(prompt.encode()), PRIOR if latents == ENCODER else ENCODER, 5)
     assert not torch.allclose(expected, other, atol=1e-3)  # Z shapes the scores: the test can fail
-    for value, top in zip(choice.logprobs.token_logprobs[len(prompt):], choice.logprobs.top_logprobs[len(prompt):]):
+    for value, top in zip(choice.logprobs.token_logprobs[len(prompt) :], choice.logprobs.top_logprobs[len(prompt) :]):
         assert 2 <= len(top) <= 3 and value == pytest.approx(max(top.values()))  # greedy: the chosen is the top
 
 
@@ -80,27 +87,51 @@ def test_echo_without_logprobs_puts_the_prompt_before_the_completion(client):
 
 def test_token_id_prompts_are_the_prompts_they_encode(client):
     as_text = texts(client.completions.create(model=NAME, prompt=["Hi", "Hello"], max_tokens=6, seed=3))
-    as_ids = texts(client.completions.create(model=NAME, prompt=[[72, 105], [72, 101, 108, 108, 111]], max_tokens=6,
-                                             seed=3))
+    as_ids = texts(
+        client.completions.create(model=NAME, prompt=[[72, 105], [72, 101, 108, 108, 111]], max_tokens=6, seed=3)
+    )
     one = texts(client.completions.create(model=NAME, prompt=[72, 105], max_tokens=6, seed=3))
     assert as_ids == as_text and one == as_text[:1]
 
 
 def test_stream_options_include_usage_ends_with_the_usage(client):
-    chunks = list(client.completions.create(model=NAME, prompt="Hi", max_tokens=5, n=2, seed=2, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=NAME, prompt="Hi", max_tokens=5, n=2, seed=2, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert all(chunk.usage is None for chunk in chunks[:-1]) and chunks[-1].choices == []
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (2, 10)
 
 
 def test_every_field_at_its_default_is_accepted(served):
-    body = {"model": NAME, "prompt": "Hi", "max_tokens": 3, "best_of": 1, "echo": False, "logprobs": None,
-            "suffix": None, "logit_bias": None, "stream": False, "stream_options": None, "user": "me", "n": 1,
-            "presence_penalty": 0, "frequency_penalty": 0, "stop": None, "temperature": 1, "top_p": 1, "seed": None}
+    body = {
+        "model": NAME,
+        "prompt": "Hi",
+        "max_tokens": 3,
+        "best_of": 1,
+        "echo": False,
+        "logprobs": None,
+        "suffix": None,
+        "logit_bias": None,
+        "stream": False,
+        "stream_options": None,
+        "user": "me",
+        "n": 1,
+        "presence_penalty": 0,
+        "frequency_penalty": 0,
+        "stop": None,
+        "temperature": 1,
+        "top_p": 1,
+        "seed": None,
+    }
     response = httpx.post(served[0] + "/completions", json=body, headers={"Authorization": "Bearer sesame"})
     assert response.status_code == 200, response.text
-    with_best_of = httpx.post(served[0] + "/completions", json={**body, "n": 2, "best_of": 2, "seed": 1},
-                              headers={"Authorization": "Bearer sesame"})
+    with_best_of = httpx.post(
+        served[0] + "/completions",
+        json={**body, "n": 2, "best_of": 2, "seed": 1},
+        headers={"Authorization": "Bearer sesame"},
+    )
     assert len(with_best_of.json()["choices"]) == 2
 
 
@@ -118,17 +149,21 @@ def test_the_api_key_is_asked_for_everywhere_but_health(served):
 
 
 def test_a_missing_field_is_called_missing(served):
-    response = httpx.post(served[0] + "/completions", json={"model": NAME},
-                          headers={"Authorization": "Bearer sesame"})
+    response = httpx.post(served[0] + "/completions", json={"model": NAME}, headers={"Authorization": "Bearer sesame"})
     assert response.status_code == 400
-    assert response.json()["error"] == {"message": "missing required field 'prompt'", "type": "invalid_request_error",
-                                        "param": "prompt", "code": "missing_required_parameter"}
+    assert response.json()["error"] == {
+        "message": "missing required field 'prompt'",
+        "type": "invalid_request_error",
+        "param": "prompt",
+        "code": "missing_required_parameter",
+    }
 
 
 def test_the_tokenizer_endpoints_are_vllms(served):
     base, key = served[0].removesuffix("/v1"), {"Authorization": "Bearer sesame"}
-    assert httpx.post(base + "/tokenize", json={"prompt": "Hi", "add_special_tokens": False},
-                      headers=key).json()["tokens"] == [72, 105]
+    assert httpx.post(base + "/tokenize", json={"prompt": "Hi", "add_special_tokens": False}, headers=key).json()[
+        "tokens"
+    ] == [72, 105]
     assert httpx.post(base + "/detokenize", json={"tokens": [72, 105]}, headers=key).json() == {"prompt": "Hi"}
     assert "eos_token" in httpx.get(base + "/tokenizer_info", headers=key).json()
 
@@ -160,9 +195,26 @@ def free_port() -> int:
 def serve_process(checkpoint, port: int, *options) -> subprocess.Popen:
     """A `free-transformer serve` process, once it answers /health."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "serve", str(checkpoint), "--port",
-                                str(port), "--device", "cpu", "--model-name", NAME, *options],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "free_transformer.cli",
+            "serve",
+            str(checkpoint),
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--model-name",
+            NAME,
+            *options,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while True:
         assert process.poll() is None, process.stderr.read()
@@ -188,13 +240,28 @@ def test_lm_eval_local_completions_scores_as_the_eval_command(tmp_path):
     (tmp_path / "tasks" / "tiny_race.yaml").write_text(RACE_TASK.replace("DATA_FILE", str(DATA / "race_tiny.jsonl")))
     port = free_port()
     process = serve_process(checkpoint, port)
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "HF_DATASETS_CACHE": str(tmp_path / "hf-cache")}
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"),
+    }
     try:
-        lm_eval = [str(Path(sys.executable).parent / "lm_eval"), "--model", "local-completions", "--model_args",
-                   f"model={NAME},base_url=http://127.0.0.1:{port}/v1/completions,max_length=256,num_concurrent=4",
-                   "--tasks", "tiny_race", "--include_path", str(tmp_path / "tasks"), "--output_path",
-                   str(tmp_path / "lm-eval"), "--log_samples"]
+        lm_eval = [
+            str(Path(sys.executable).parent / "lm_eval"),
+            "--model",
+            "local-completions",
+            "--model_args",
+            f"model={NAME},base_url=http://127.0.0.1:{port}/v1/completions,max_length=256,num_concurrent=4",
+            "--tasks",
+            "tiny_race",
+            "--include_path",
+            str(tmp_path / "tasks"),
+            "--output_path",
+            str(tmp_path / "lm-eval"),
+            "--log_samples",
+        ]
         ran = subprocess.run(lm_eval, env=env, capture_output=True, text=True, timeout=600)
         assert ran.returncode == 0, ran.stderr[-3000:]
     finally:
@@ -203,11 +270,30 @@ def test_lm_eval_local_completions_scores_as_the_eval_command(tmp_path):
     [results] = (tmp_path / "lm-eval").rglob("results_*.json")
     [samples] = (tmp_path / "lm-eval").rglob("samples_tiny_race_*.jsonl")
     served_acc = json.loads(results.read_text())["results"]["tiny_race"]["acc,none"]
-    served_scores = [[float(resp[0][0]) for resp in json.loads(line)["resps"]] for line in samples.read_text().splitlines()]
+    served_scores = [
+        [float(resp[0][0]) for resp in json.loads(line)["resps"]] for line in samples.read_text().splitlines()
+    ]
 
     from free_transformer.cli import main
-    assert main(["eval", str(checkpoint), "--tasks", "race_high", "--data", f"race_high={DATA / 'race_tiny.jsonl'}",
-                 "--output", str(tmp_path / "eval.json"), "--device", "cpu", "--no-progress"]) == 0
+
+    assert (
+        main(
+            [
+                "eval",
+                str(checkpoint),
+                "--tasks",
+                "race_high",
+                "--data",
+                f"race_high={DATA / 'race_tiny.jsonl'}",
+                "--output",
+                str(tmp_path / "eval.json"),
+                "--device",
+                "cpu",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     ours = json.loads((tmp_path / "eval.json").read_text())["tasks"]["race_high"]
     assert served_acc == ours["also"]["acc_raw"]  # lm-eval's acc: the most likely choice, not length-normalised
     assert served_scores == [pytest.approx(doc["logprobs"], abs=1e-3) for doc in ours["per_doc"]]

@@ -16,9 +16,18 @@ from free_transformer.inference.params import CONTEXT_LATENTS
 from free_transformer.serve.config import ServeConfig
 
 # the flags as docs/serving.md and scripts write them: a field renamed must not rename its flag unnoticed
-FLAGS = {"host": "--host", "port": "--port", "device": "--device", "dtype": "--dtype", "model_name": "--model-name",
-         "api_key": "--api-key", "max_batch": "--max-batch", "latents": "--latents",
-         "max_request_mb": "--max-request-mb", "compile": "--compile"}
+FLAGS = {
+    "host": "--host",
+    "port": "--port",
+    "device": "--device",
+    "dtype": "--dtype",
+    "model_name": "--model-name",
+    "api_key": "--api-key",
+    "max_batch": "--max-batch",
+    "latents": "--latents",
+    "max_request_mb": "--max-request-mb",
+    "compile": "--compile",
+}
 
 
 def serve_parser():
@@ -59,19 +68,35 @@ def test_the_server_compiles_its_step_on_cuda_unless_told():
 
 def test_the_options_left_out_are_the_servers_defaults():
     config = serve_config(serve_parser().parse_args(["run"]))
-    assert config == ServeConfig() == ServeConfig(host="127.0.0.1", port=8000, device="auto", dtype="auto",
-                                                  model_name=None, api_key=None, max_batch=16,
-                                                  latents="encoder", max_request_mb=16, compile="auto")
+    assert (
+        config
+        == ServeConfig()
+        == ServeConfig(
+            host="127.0.0.1",
+            port=8000,
+            device="auto",
+            dtype="auto",
+            model_name=None,
+            api_key=None,
+            max_batch=16,
+            latents="encoder",
+            max_request_mb=16,
+            compile="auto",
+        )
+    )
     assert config.max_request_bytes == 16 * 2**20
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("--port", "70000", "--port must be in [0, 65535], got 70000"),
-    ("--port", "-1", "--port must be in [0, 65535], got -1"),
-    ("--max-batch", "0", "--max-batch must be >= 1, got 0"),
-    ("--max-request-mb", "0", "--max-request-mb must be > 0 MiB, got 0.0"),
-    ("--max-request-mb", "inf", "--max-request-mb must be > 0 MiB, got inf"),
-])
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--port", "70000", "--port must be in [0, 65535], got 70000"),
+        ("--port", "-1", "--port must be in [0, 65535], got -1"),
+        ("--max-batch", "0", "--max-batch must be >= 1, got 0"),
+        ("--max-request-mb", "0", "--max-request-mb must be > 0 MiB, got 0.0"),
+        ("--max-request-mb", "inf", "--max-request-mb must be > 0 MiB, got inf"),
+    ],
+)
 def test_a_value_the_server_cannot_start_with_is_one_line_and_exit_2(tmp_path, capsys, option, value, message):
     assert main(["serve", str(tmp_path / "not-read"), option, value]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"

@@ -13,9 +13,9 @@ from test_serve import NAME, start_server
 
 pytest.importorskip("openai")
 
-from free_transformer.cli import main  # noqa: E402
-from free_transformer.serve import batcher as loop  # noqa: E402
-from free_transformer.serve.batcher import RowText  # noqa: E402
+from free_transformer.cli import main
+from free_transformer.serve import batcher as loop
+from free_transformer.serve.batcher import RowText
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,9 @@ def served(checkpoint):
 
 
 def post(served, body, timeout=60, **options):
-    return httpx.post(served[0] + "/completions", timeout=timeout, **({"json": body} if body is not None else {}),
-                      **options)
+    return httpx.post(
+        served[0] + "/completions", timeout=timeout, **({"json": body} if body is not None else {}), **options
+    )
 
 
 def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(served):
@@ -49,9 +50,17 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(served):
     assert served[1].batcher.steps == steps
 
 
-@pytest.mark.parametrize("body", [b'{"model": "tiny", "prompt": "\xff\xfe"}', b'{"model": "tiny", "prompt": "\\ud800"}',
-                                  b'{"model": "tiny", "prompt": ["ok", "\\udc00x"]}', b"\xc3(", b"[1, 2]",
-                                  b"[" * 2000 + b"]" * 2000])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "tiny", "prompt": "\xff\xfe"}',
+        b'{"model": "tiny", "prompt": "\\ud800"}',
+        b'{"model": "tiny", "prompt": ["ok", "\\udc00x"]}',
+        b"\xc3(",
+        b"[1, 2]",
+        b"[" * 2000 + b"]" * 2000,
+    ],
+)
 def test_text_or_json_that_is_not_valid_is_a_400(served, body):
     response = post(served, None, content=body, headers={"Content-Type": "application/json"})
     assert response.status_code == 400, response.text
@@ -60,8 +69,12 @@ def test_text_or_json_that_is_not_valid_is_a_400(served, body):
 
 def test_requests_over_the_bounds_take_no_decoding_step(served):
     steps = served[1].batcher.steps
-    for body in [{"prompt": ["a"] * 200, "n": 6}, {"stop": ["x" * 300]}, {"stop": [str(i) for i in range(20)]},
-                 {"max_tokens": 250, "prompt": "x" * 10}]:
+    for body in [
+        {"prompt": ["a"] * 200, "n": 6},
+        {"stop": ["x" * 300]},
+        {"stop": [str(i) for i in range(20)]},
+        {"max_tokens": 250, "prompt": "x" * 10},
+    ]:
         assert post(served, {"model": NAME, "prompt": "Hi", **body}).status_code == 400
     assert served[1].batcher.steps == steps
 
@@ -130,9 +143,14 @@ def test_one_loop_batches_a_short_request_beside_a_long_stream(served, monkeypat
     assert [rows for rows in steps if len(rows) == 2] == [[100, 3]] * 2  # its 2 steps after the prefill's token
     steps.clear()
     answers = []
-    threads = [threading.Thread(target=lambda s=s: answers.append(post(served, {"model": NAME, "prompt": "Hi",
-                                                                            "max_tokens": 40, "seed": s})))
-               for s in range(3)]
+    threads = [
+        threading.Thread(
+            target=lambda s=s: answers.append(
+                post(served, {"model": NAME, "prompt": "Hi", "max_tokens": 40, "seed": s})
+            )
+        )
+        for s in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -142,12 +160,16 @@ def test_one_loop_batches_a_short_request_beside_a_long_stream(served, monkeypat
 
 
 def test_concurrent_completions_are_the_ones_each_gets_alone(served):
-    bodies = [{"model": NAME, "prompt": p, "max_tokens": 16, "seed": s, "temperature": 0.1, "n": 2}
-              for p, s in [("Hi", 1), ("Hello there", 2), ("Hi", 4)]]
+    bodies = [
+        {"model": NAME, "prompt": p, "max_tokens": 16, "seed": s, "temperature": 0.1, "n": 2}
+        for p, s in [("Hi", 1), ("Hello there", 2), ("Hi", 4)]
+    ]
     alone = [post(served, body).json()["choices"] for body in bodies]
     together: dict = {}
-    threads = [threading.Thread(target=lambda i=i, b=b: together.__setitem__(i, post(served, b).json()["choices"]))
-               for i, b in enumerate(bodies)]
+    threads = [
+        threading.Thread(target=lambda i=i, b=b: together.__setitem__(i, post(served, b).json()["choices"]))
+        for i, b in enumerate(bodies)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -204,15 +226,22 @@ def test_a_step_of_rows_at_their_own_positions_equals_each_row_alone(monkeypatch
     from free_transformer.model.transformer import FreeTransformer
 
     torch.manual_seed(0)
-    model = FreeTransformer(ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64,
-                                        max_seq_len=64, latent_units=4)).eval()
+    model = FreeTransformer(
+        ModelConfig(
+            vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64, latent_units=4
+        )
+    ).eval()
     prompts = [torch.randint(0, 256, (1, length)) for length in (7, 12, 3)]
     batch, alone = model.new_cache(4), [model.new_cache(1) for _ in prompts]
     with torch.no_grad():
         for slot, (prompt, cache) in enumerate(zip(prompts, alone)):
             model(prompt, latents="prior", generator=torch.Generator().manual_seed(slot), cache=cache)
-            model(prompt, latents="prior", generator=torch.Generator().manual_seed(slot),
-                  cache=batch.view(slice(slot, slot + 1), prompt.shape[1]))
+            model(
+                prompt,
+                latents="prior",
+                generator=torch.Generator().manual_seed(slot),
+                cache=batch.view(slice(slot, slot + 1), prompt.shape[1]),
+            )
         monkeypatch.setattr(layers, "gqa_route", lambda *args: route)
         tokens, latents = torch.tensor([[5], [9], [200]]), torch.tensor([[3], [11], [0]])
         positions = torch.tensor([7, 12, 3])
@@ -229,8 +258,10 @@ def test_valid_extreme_settings_are_sampled_and_fail_no_other_request(served):
     greedy = post(served, {**base, "temperature": 0}).json()["choices"][0]["text"]
     for extreme in ({"temperature": 1e-40}, {"top_p": 1e-300, "temperature": 1e-39}):
         answers: dict = {}
-        threads = [threading.Thread(target=lambda k=k, b=b: answers.__setitem__(k, post(served, b)))
-                   for k, b in enumerate([{**base, **extreme}, {**base, "prompt": "Hello", "max_tokens": 12}])]
+        threads = [
+            threading.Thread(target=lambda k=k, b=b: answers.__setitem__(k, post(served, b)))
+            for k, b in enumerate([{**base, **extreme}, {**base, "prompt": "Hello", "max_tokens": 12}])
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -246,9 +277,14 @@ def test_a_short_request_starts_within_a_few_steps_behind_a_queue(served, monkey
     the queue is still whole when the short request comes, however fast the machine."""
     engine = served[1]
     slow_steps(monkeypatch, 0.02, [])
-    queued = [threading.Thread(target=post, args=(served, {"model": NAME, "prompt": "Once", "n": 4,
-                                                           "max_tokens": 20, "seed": s}), kwargs={"timeout": 600})
-              for s in range(6)]
+    queued = [
+        threading.Thread(
+            target=post,
+            args=(served, {"model": NAME, "prompt": "Once", "n": 4, "max_tokens": 20, "seed": s}),
+            kwargs={"timeout": 600},
+        )
+        for s in range(6)
+    ]
     for thread in queued:
         thread.start()
     deadline = time.monotonic() + 30

@@ -31,6 +31,7 @@ def _launcher(out, cluster="local"):
 
 def _when(condition, then, timeout=120):
     """Call `then()` from another thread once `condition()` holds (checked every 20 ms)."""
+
     def watch():
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not condition():
@@ -94,7 +95,10 @@ def test_a_job_that_fails_at_start_is_one_line_with_its_logs_last_lines(tmp_path
         _launcher(tmp_path / "sweep").train([(config, tmp_path / "sweep" / "free")], "training")
     message = str(error.value)
     assert "1 of 1 runs failed: free, job" in message and "\n" not in message
-    assert "_0_log.err ends: " in message and "ConfigError: sequences of 65 tokens exceed model.max_seq_len (16)" in message
+    assert (
+        "_0_log.err ends: " in message
+        and "ConfigError: sequences of 65 tokens exceed model.max_seq_len (16)" in message
+    )
     assert Record(tmp_path / "sweep").runs["free"].state == FAILED
 
 
@@ -102,8 +106,12 @@ def _fake_slurm(tmp_path, monkeypatch, partitions="debug*\ngpu\n"):
     """A PATH whose Slurm commands answer like a cluster's; sbatch refuses every job."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    scripts = {"sinfo": f"printf '{partitions}'", "squeue": "true", "srun": "true",
-               "sbatch": "echo 'sbatch: error: Batch job submission failed: Invalid account' >&2; exit 1"}
+    scripts = {
+        "sinfo": f"printf '{partitions}'",
+        "squeue": "true",
+        "srun": "true",
+        "sbatch": "echo 'sbatch: error: Batch job submission failed: Invalid account' >&2; exit 1",
+    }
     for name, body in scripts.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)

@@ -32,17 +32,28 @@ def _record(slug, seed, honest, free=False, **more):
     if free:
         for name in ("prior_ce", "elbo", "posterior_ce"):
             likelihood[name] = {"bits_per_byte": honest + 0.1}
-    return {"slug": slug, "seed": seed, "free": free, "params": 10, "train_seconds": 1.0, "likelihood": likelihood,
-            **more}
+    return {
+        "slug": slug,
+        "seed": seed,
+        "free": free,
+        "params": 10,
+        "train_seconds": 1.0,
+        "likelihood": likelihood,
+        **more,
+    }
 
 
 def test_gaps_are_taken_per_seed_and_collapse_is_counted(tmp_path):
     plan = StudyPlan(PRESETS["smoke"], tmp_path, (0, 1), (0.5,))
     free = {"free": True, "kl_bits": 0.4, "copying": False}
-    records = [_record("baseline", 0, 2.0), _record("baseline", 1, 2.2),
-               _record("matched-baseline", 0, 1.9), _record("matched-baseline", 1, 2.1),
-               _record("kappa-1-2", 0, 2.05, bits_saved=0.2, collapsed=False, **free),
-               _record("kappa-1-2", 1, 2.15, bits_saved=0.001, collapsed=True, **free)]
+    records = [
+        _record("baseline", 0, 2.0),
+        _record("baseline", 1, 2.2),
+        _record("matched-baseline", 0, 1.9),
+        _record("matched-baseline", 1, 2.1),
+        _record("kappa-1-2", 0, 2.05, bits_saved=0.2, collapsed=False, **free),
+        _record("kappa-1-2", 1, 2.15, bits_saved=0.001, collapsed=True, **free),
+    ]
     rows = {row["slug"]: row for row in summarize(plan, records)}
     assert rows["kappa-1-2"]["gap_to_baseline"] == pytest.approx([0.05, -0.05])
     assert rows["kappa-1-2"]["gap_to_matched"] == pytest.approx([0.15, 0.05])
@@ -59,11 +70,28 @@ def test_the_honest_figure_is_the_lower_of_the_two_upper_bounds():
 
 def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path):
     out = tmp_path / "study"
-    args = ["study", "--preset", "smoke", "--out", str(out), "--seeds", "1", "--kappas", "4", "--workers", "1",
-            "--device", "cpu"]
+    args = [
+        "study",
+        "--preset",
+        "smoke",
+        "--out",
+        str(out),
+        "--seeds",
+        "1",
+        "--kappas",
+        "4",
+        "--workers",
+        "1",
+        "--device",
+        "cpu",
+    ]
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
-    assert [(r["seed"], r["slug"]) for r in results["runs"]] == [(0, "baseline"), (0, "matched-baseline"), (0, "kappa-4")]
+    assert [(r["seed"], r["slug"]) for r in results["runs"]] == [
+        (0, "baseline"),
+        (0, "matched-baseline"),
+        (0, "kappa-4"),
+    ]
     same_measures(results["runs"], SMOKE["study"], "runs")  # the measures of 0.2, recorded before
     free = results["runs"][2]
     assert free["likelihood"]["iwae"]["bits_per_byte"] > 0 and "bits_saved" in free and free["curves"][-1]["step"] == 4
@@ -78,15 +106,43 @@ def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path):
 
 def test_the_study_takes_the_latent_kind(tmp_path):
     out = tmp_path / "study"
-    assert main(["study", "--preset", "smoke", "--out", str(out), "--seeds", "1", "--kappas", "4", "--workers", "1",
-                 "--device", "cpu", "model.latent.kind=gaussian"]) == 0
+    assert (
+        main(
+            [
+                "study",
+                "--preset",
+                "smoke",
+                "--out",
+                str(out),
+                "--seeds",
+                "1",
+                "--kappas",
+                "4",
+                "--workers",
+                "1",
+                "--device",
+                "cpu",
+                "model.latent.kind=gaussian",
+            ]
+        )
+        == 0
+    )
     free = json.loads((out / "results.json").read_text())["runs"][2]
     assert free["slug"] == "kappa-4" and 0 < free["likelihood"]["iwae"]["bits_per_byte"] < float("inf")
     assert "Latent kind gaussian (model.latent.kind)" in (out / "report.md").read_text()
 
 
-@pytest.mark.parametrize("parse, text", [(parse_seeds, "0,0"), (parse_seeds, "x"), (parse_seeds, "0"),
-                                         (parse_kappas, "0.5,-1"), (parse_kappas, "a"), (parse_kappas, "1,1")])
+@pytest.mark.parametrize(
+    "parse, text",
+    [
+        (parse_seeds, "0,0"),
+        (parse_seeds, "x"),
+        (parse_seeds, "0"),
+        (parse_kappas, "0.5,-1"),
+        (parse_kappas, "a"),
+        (parse_kappas, "1,1"),
+    ],
+)
 def test_bad_seeds_and_kappas_are_clear_errors(parse, text):
     with pytest.raises(ValueError, match="--seeds|--kappas"):
         parse(text, 2)
@@ -95,8 +151,11 @@ def test_bad_seeds_and_kappas_are_clear_errors(parse, text):
 def test_seeds_and_kappas_parse():
     assert parse_seeds("3", 2) == (0, 1, 2) and parse_seeds("4,7", 2) == (4, 7) and parse_seeds(None, 2) == (0, 1)
     assert parse_kappas("2,0.5", (1.0,)) == (0.5, 2.0)
-    assert [v.label for v in variants([0.125, 1.0, 2.0])][2:] == ["Free, κ = 1/8 bit", "Free, κ = 1 bit",
-                                                                    "Free, κ = 2 bits"]
+    assert [v.label for v in variants([0.125, 1.0, 2.0])][2:] == [
+        "Free, κ = 1/8 bit",
+        "Free, κ = 1 bit",
+        "Free, κ = 2 bits",
+    ]
 
 
 def test_a_study_on_a_fresh_machine_tokenizes_before_its_pool(tmp_path, monkeypatch):
@@ -105,7 +164,25 @@ def test_a_study_on_a_fresh_machine_tokenizes_before_its_pool(tmp_path, monkeypa
     children"), which failed README's real-text command the first time anyone ran it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
     out = tmp_path / "study"
-    assert main(["study", "--preset", "smoke", "--out", str(out), "--seeds", "1", "--kappas", "4", "--workers", "2",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "study",
+                "--preset",
+                "smoke",
+                "--out",
+                str(out),
+                "--seeds",
+                "1",
+                "--kappas",
+                "4",
+                "--workers",
+                "2",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert len(json.loads((out / "results.json").read_text())["runs"]) == 3
     assert list((tmp_path / "empty-cache" / "free-transformer" / "tokens").glob("*.bin"))

@@ -15,9 +15,14 @@ def test_runs_live_under_seed_dirs_whatever_the_number_of_seeds():
     variant = Variant("kappa-1", "κ = 1 bit", 1.0)
     several = Sweep(Path("out"), (variant,), (0, 3), lambda v: TrainConfig())
     assert several.run_dir(3, variant) == Path("out/seed-3/kappa-1")
-    assert several.run_dir(0, variant) == demo_sweep(DEMO["quick"], Path("out")).run_dir(0, VARIANTS[3]) \
-        == Path("out/seed-0/kappa-1")  # the demo's one seed is where its three seeds look
-    assert Sweep(Path("out"), (variant,), (0,), lambda v: TrainConfig()).run_dir(0, variant) == Path("out/seed-0/kappa-1")
+    assert (
+        several.run_dir(0, variant)
+        == demo_sweep(DEMO["quick"], Path("out")).run_dir(0, VARIANTS[3])
+        == Path("out/seed-0/kappa-1")
+    )  # the demo's one seed is where its three seeds look
+    assert Sweep(Path("out"), (variant,), (0,), lambda v: TrainConfig()).run_dir(0, variant) == Path(
+        "out/seed-0/kappa-1"
+    )
     assert [(s, v.slug) for s, v in several.runs()] == [(0, "kappa-1"), (3, "kappa-1")]
 
 
@@ -46,8 +51,16 @@ def test_a_size_override_keeps_a_baseline_a_baseline():
 
 
 def test_overrides_of_a_config_give_it_back():
-    config = apply_overrides(TrainConfig(), ["data.kind=coinflip", "data.coinflip.length=8", "kappa_bits=0.125",
-                                             "optim.betas=[0.9,0.99]", "model.latent.kind=bit_linear"])
+    config = apply_overrides(
+        TrainConfig(),
+        [
+            "data.kind=coinflip",
+            "data.coinflip.length=8",
+            "kappa_bits=0.125",
+            "optim.betas=[0.9,0.99]",
+            "model.latent.kind=bit_linear",
+        ],
+    )
     assert load_train_config(None, overrides_of(config)) == config
     assert overrides_of(TrainConfig()) == []
 

@@ -38,8 +38,10 @@ def test_gpt2_files_are_the_ones_tiktoken_pins():
     data = Path(importlib.util.find_spec(GPT2_PACKAGE).submodule_search_locations[0]) / "data"
     digest = {name: hashlib.sha256((data / name).read_bytes()).hexdigest() for name in ("vocab.bpe", "encoder.json")}
     # the hashes tiktoken checks when it downloads GPT-2's files (tiktoken_ext/openai_public.py)
-    assert digest == {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
-                      "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
+    assert digest == {
+        "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+        "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    }
 
 
 def test_gpt2_agrees_with_an_independent_bpe(gpt2):
@@ -65,12 +67,18 @@ def test_byte_tokenizer_separates_documents_with_a_line_break():
     assert byte.document_separator == [10] and byte.decode(byte.encode(TEXT)) == TEXT
 
 
-@pytest.mark.parametrize("command", [["generate", "--prompt", "a", "-n", "1"], ["generate", "--interactive"],
-                                     ["eval", "--tasks", "arc_easy", "--limit", "1"], ["serve", "--port", "0"]],
-                         ids=["generate", "interactive", "eval", "serve"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate", "--prompt", "a", "-n", "1"],
+        ["generate", "--interactive"],
+        ["eval", "--tasks", "arc_easy", "--limit", "1"],
+        ["serve", "--port", "0"],
+    ],
+    ids=["generate", "interactive", "eval", "serve"],
+)
 @pytest.mark.parametrize("recorded", [None, "hf:/nonexistent/llama"], ids=["no-tokenizer", "moved-directory"])
-def test_a_converted_llama_without_its_tokenizer_is_one_line_everywhere_it_is_read(tmp_path, capsys, command,
-                                                                                   recorded):
+def test_a_converted_llama_without_its_tokenizer_is_one_line_everywhere_it_is_read(tmp_path, capsys, command, recorded):
     """What `convert` records for a Llama directory without tokenizer files (None), or one moved since."""
     import torch
 

@@ -18,11 +18,16 @@ from conftest import wait_for_step as _wait_for_step
 
 from free_transformer.base.checks import ConfigError
 from free_transformer.cli import main
-from free_transformer.runs.checkpoint import (CheckpointError, checkpoint_dirs, load_model, load_training_state,
-                                              save_checkpoint)
+from free_transformer.distributed.parallelize import clip_grad_norm
+from free_transformer.runs.checkpoint import (
+    CheckpointError,
+    checkpoint_dirs,
+    load_model,
+    load_training_state,
+    save_checkpoint,
+)
 from free_transformer.train.config import load_train_config
 from free_transformer.train.metrics import read_metrics, tokens_per_step
-from free_transformer.distributed.parallelize import clip_grad_norm
 from free_transformer.train.optim import build_optimizer, clip_gradients, lr_factor, parameter_groups
 from free_transformer.train.trainer import StopSignals, TrainingError, _rng_state, train
 
@@ -57,15 +62,27 @@ def test_outputs_of_a_run(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2, 3] and "val_cross_entropy_bits" in metrics[-1]
     assert {"cross_entropy_bits", "kl_bits", "lr", "tokens_per_s"} <= set(metrics[0])
     assert (tmp_path / "training_curves.png").stat().st_size > 0
-    assert load_train_config(tmp_path / "config.yaml") == _config("steps=3", "keep_checkpoints=2",
-                                                                  "checkpoint_every=1", "validate_every=3")
+    assert load_train_config(tmp_path / "config.yaml") == _config(
+        "steps=3", "keep_checkpoints=2", "checkpoint_every=1", "validate_every=3"
+    )
     state = load_training_state(tmp_path)
     assert state["step"] == 3 and "optimizer" in state and "rng" in state
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
-    rc = main(["train", "--out", str(tmp_path), *TINY, "steps=20", "checkpoint_every=1", "optim.lr=1e12",
-               "optim.grad_clip=0", "optim.warmup_steps=1"])
+    rc = main(
+        [
+            "train",
+            "--out",
+            str(tmp_path),
+            *TINY,
+            "steps=20",
+            "checkpoint_every=1",
+            "optim.lr=1e12",
+            "optim.grad_clip=0",
+            "optim.warmup_steps=1",
+        ]
+    )
     assert rc == 2
     assert "non-finite loss" in capsys.readouterr().err
     kept = checkpoint_dirs(tmp_path)
@@ -84,7 +101,8 @@ def test_a_finite_loss_with_non_finite_gradients_is_never_applied(tmp_path, caps
     def build_with_an_overflow_at_step_3(*args, **kwargs):
         run = build(*args, **kwargs)
         run.model.norm.weight.register_hook(
-            lambda grad: backwards.append(1) or (grad * float("inf") if len(backwards) == 3 else grad))
+            lambda grad: backwards.append(1) or (grad * float("inf") if len(backwards) == 3 else grad)
+        )
         return run
 
     monkeypatch.setattr(trainer, "build", build_with_an_overflow_at_step_3)
@@ -199,16 +217,23 @@ def test_init_from_keeps_decoder_and_freshens_latent_path(tmp_path):
 
 def _run_cli(out, *extra):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(out), *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
+    return subprocess.Popen(
+        [sys.executable, "-m", "free_transformer.cli", "train", "--out", str(out), *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_sigkill_at_random_moments_never_corrupts_and_resume_continues(tmp_path):
     args = [*TINY, "steps=30", "checkpoint_every=1", "keep_checkpoints=2", "model.latent_units=12"]
     reference = tmp_path / "reference"
-    assert subprocess.run([sys.executable, "-m", "free_transformer.cli", "train", "--out", str(reference), *args],
-                          capture_output=True).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "free_transformer.cli", "train", "--out", str(reference), *args], capture_output=True
+        ).returncode
+        == 0
+    )
     out = tmp_path / "killed"
     rng = random.Random(0)
     kill_steps = sorted(rng.sample(range(2, 28), 4))
@@ -297,8 +322,20 @@ def test_a_run_written_before_the_latent_path_module_loads_and_resumes_to_the_sa
 def test_latent_kind_and_encoder_depth_from_the_command_line(tmp_path):
     from free_transformer.model.config import LatentConfig
 
-    assert main(["train", "--out", str(tmp_path), *TINY, "steps=2", "model.latent.kind=bit_linear",
-                 "model.latent.encoder_layers=2"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(tmp_path),
+                *TINY,
+                "steps=2",
+                "model.latent.kind=bit_linear",
+                "model.latent.encoder_layers=2",
+            ]
+        )
+        == 0
+    )
     model, config = load_model(tmp_path)
     assert model.config.latent == LatentConfig("bit_linear", encoder_layers=2)
     assert len(model.latent.encoder) == 2 and model.latent.mapper.weight.shape == (32, 4)

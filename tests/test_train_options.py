@@ -92,8 +92,18 @@ def test_trainer_applies_the_options(tmp_path, monkeypatch, option):
     calls = []
     if option == "compile":
         monkeypatch.setattr(trainer, "apply_compile", lambda model: calls.append(model) or model)
-    args = ["model.size=debug", "model.vocab_size=256", "model.max_seq_len=72", "batch_size=4", "log_every=1",
-            "optim.warmup_steps=2", "progress=false", "kappa_bits=0.25", "steps=3", "validate_every=3"]
+    args = [
+        "model.size=debug",
+        "model.vocab_size=256",
+        "model.max_seq_len=72",
+        "batch_size=4",
+        "log_every=1",
+        "optim.warmup_steps=2",
+        "progress=false",
+        "kappa_bits=0.25",
+        "steps=3",
+        "validate_every=3",
+    ]
     trainer.train(load_train_config(None, args), tmp_path / "plain")
     trainer.train(load_train_config(None, args + [f"{option}=true"]), tmp_path / "option")
     losses = [[m["loss"] for m in read_metrics(tmp_path / run / "metrics.jsonl")] for run in ("plain", "option")]
@@ -152,10 +162,15 @@ def test_a_compiled_bf16_block_casts_each_weight_once():
         def compiler(graph_module, example_inputs):
             graphs[kind].append(graph_module.graph)
             return make_boxed_func(graph_module.forward)
+
         return compiler
 
-    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
-                           partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+    backend = aot_autograd(
+        fw_compiler=keep("forward"),
+        bw_compiler=keep("backward"),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=select_decomp_table(),
+    )
     model = FreeTransformer(tiny_config(n_layers=2, latent_units=0))
     block = model.layers[0]
     block.compile(backend=backend, dynamic=False)

@@ -21,7 +21,9 @@ SMOKE = json.loads((DATA / "smoke-outputs.json").read_text())
 
 def _demo_config(preset: str, slug: str, seed: int) -> dict:
     variant = next(v for v in VARIANTS if v.slug == slug)
-    return demo_sweep(DEMO_PRESETS[preset], Path("runs"), seeds=(seed,)).train_config(variant, seed, threads=1).to_dict()
+    return (
+        demo_sweep(DEMO_PRESETS[preset], Path("runs"), seeds=(seed,)).train_config(variant, seed, threads=1).to_dict()
+    )
 
 
 def _study_config(preset: str, slug: str, seed: int) -> dict:

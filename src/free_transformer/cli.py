@@ -15,8 +15,20 @@ import warnings
 
 from .base.errors import Stopped, UserError
 
-COMMAND_MODULES = ["demo", "study", "train", "inspect", "generate", "eval", "compare", "info", "convert",
-                   "consolidate", "tokenize", "serve"]
+COMMAND_MODULES = [
+    "demo",
+    "study",
+    "train",
+    "inspect",
+    "generate",
+    "eval",
+    "compare",
+    "info",
+    "convert",
+    "consolidate",
+    "tokenize",
+    "serve",
+]
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -24,8 +36,12 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     empty value) nor where the help already says it."""
 
     def _get_help_string(self, action) -> str:
-        if action.default is None or action.default is False or action.default in ("", []) \
-                or "default" in (action.help or ""):
+        if (
+            action.default is None
+            or action.default is False
+            or action.default in ("", [])
+            or "default" in (action.help or "")
+        ):
             return action.help
         return super()._get_help_string(action)
 
@@ -41,10 +57,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     named = next((word for word in argv or [] if not word.startswith("-")), None)
     for module_name in [named] if named in COMMAND_MODULES else COMMAND_MODULES:
         module = importlib.import_module(f"free_transformer.commands.{module_name}")
-        formatter = (DefaultsHelpFormatter if getattr(module, "FORMATTER", None) == "defaults"
-                     else argparse.RawDescriptionHelpFormatter)
-        sub = subparsers.add_parser(module.NAME, help=module.HELP, description=module.HELP,
-                                    epilog=getattr(module, "EPILOG", None), formatter_class=formatter)
+        formatter = (
+            DefaultsHelpFormatter
+            if getattr(module, "FORMATTER", None) == "defaults"
+            else argparse.RawDescriptionHelpFormatter
+        )
+        sub = subparsers.add_parser(
+            module.NAME,
+            help=module.HELP,
+            description=module.HELP,
+            epilog=getattr(module, "EPILOG", None),
+            formatter_class=formatter,
+        )
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)
     return parser

@@ -62,8 +62,9 @@ def dead_units(kl_bits_per_unit: list[float]) -> int:
 
 
 @torch.no_grad()
-def kl_split(space: LatentSpace, posterior: torch.Tensor, *, generator: Generators = None,
-             max_entries: int = 2**22) -> dict[str, float]:
+def kl_split(
+    space: LatentSpace, posterior: torch.Tensor, *, generator: Generators = None, max_entries: int = 2**22
+) -> dict[str, float]:
     """The mean per-token KL(Q(Z_t | S) || prior) of a batch of sequences, (B, T, P) posteriors, split in
     bits per token into
 
@@ -120,12 +121,16 @@ def latent_verdict(saved: float, kl: float, kappa_bits: float, prior_ce: float, 
     """A one-line warning when Z is unused (once training has `settled`) or carries the tokens; else None.
     saved: bits Z saves per token, kl: KL per token (bits), prior_ce: cross-entropy with prior Z (bits)."""
     if settled and saved < COLLAPSED_SAVING:
-        return (f"Z is unused: it saves {saved:.3f} bits per token (KL {kl:.3f} bits), the decoder ignores it; "
-                "a larger post_sampler_init_std or optim.latent_lr_scale, or another seed, may revive it")
+        return (
+            f"Z is unused: it saves {saved:.3f} bits per token (KL {kl:.3f} bits), the decoder ignores it; "
+            "a larger post_sampler_init_std or optim.latent_lr_scale, or another seed, may revive it"
+        )
     if copies_tokens(saved, kl, kappa_bits):
-        return (f"Z carries the tokens: KL {kl:.2f} bits at kappa {kappa_bits:g} and Z saves {saved:.2f} bits per "
-                f"token, so the training loss flatters the model; generation (prior Z) scores {prior_ce:.3f} bits "
-                "per token")
+        return (
+            f"Z carries the tokens: KL {kl:.2f} bits at kappa {kappa_bits:g} and Z saves {saved:.2f} bits per "
+            f"token, so the training loss flatters the model; generation (prior Z) scores {prior_ce:.3f} bits "
+            "per token"
+        )
     return None
 
 

@@ -48,8 +48,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue
             if not isinstance(key_node, yaml.ScalarNode):
                 kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
-                raise yaml.constructor.ConstructorError(None, None, f"a key must be a scalar (one line), not a {kind}",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be a scalar (one line), not a {kind}", key_node.start_mark
+                )
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)

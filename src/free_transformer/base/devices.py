@@ -70,8 +70,10 @@ def parse_device(name: str | torch.device | None) -> torch.device:
         raise DeviceError(f"device {str(name)!r} is not supported: choose {CHOICES}")
     count = _available(device.type)
     if count == 0:
-        raise DeviceError(f"device {str(name)!r} requested but this machine has no {device.type.upper()} "
-                          f"device available (torch {torch.__version__}); use --device cpu or auto")
+        raise DeviceError(
+            f"device {str(name)!r} requested but this machine has no {device.type.upper()} "
+            f"device available (torch {torch.__version__}); use --device cpu or auto"
+        )
     if device.index is not None and device.index >= count:
         raise DeviceError(f"device {str(name)!r} requested but this machine has {count} {device.type} device(s)")
     return device

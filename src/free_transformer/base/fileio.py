@@ -35,8 +35,10 @@ def refuse_links(path: str | Path, root: str | Path) -> Path:
     for part in path.relative_to(root).parts:
         current = current / part
         if current.is_symlink():
-            raise SymlinkRefused(f"{current} is a symbolic link: nothing in a run is read or written through "
-                                 "one; remove it, then run again")
+            raise SymlinkRefused(
+                f"{current} is a symbolic link: nothing in a run is read or written through "
+                "one; remove it, then run again"
+            )
         if not current.exists():
             break
     return path

@@ -41,7 +41,7 @@ def extra_requirements(extra: str) -> list[str] | None:
         if not re.search(rf"""extra\s*==\s*["']{re.escape(extra)}["']""", marker):
             continue
         own = re.fullmatch(rf"{re.escape(DISTRIBUTION)}\[([\w,\s-]+)\]", requirement.strip())
-        for more in ([] if own is None else [e.strip() for e in own.group(1).split(",")]):
+        for more in [] if own is None else [e.strip() for e in own.group(1).split(",")]:
             found += [r for r in extra_requirements(more) or [] if r not in found]
         if own is None and requirement.strip() not in found:
             found.append(requirement.strip())

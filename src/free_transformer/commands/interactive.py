@@ -18,8 +18,10 @@ from .sampling import Sampler, options, unescape
 
 # the commands that do more than set their field (their help, then their code below)
 SPECIAL_HELP = {
-    "seed": [("/seed N", "pin the seed: every prompt samples with N, N+1, ... (--seed N)"),
-             ("/seed off", "each prompt takes the next n seeds (the default, from --seed)")],
+    "seed": [
+        ("/seed N", "pin the seed: every prompt samples with N, N+1, ... (--seed N)"),
+        ("/seed off", "each prompt takes the next n seeds (the default, from --seed)"),
+    ],
     "stop": [("/stop TEXT|off", "add a stop string (escapes read); off: none")],
     "latents": [("/latents encoder|prior|shared|reference", "where Z comes from (--latents)")],
     "reference": [("/reference TEXT", "Z inferred by the encoder from TEXT (--latents reference --reference TEXT)")],
@@ -36,15 +38,25 @@ def interactive_help() -> str:
         spelt = spelling(SamplingParams, name)
         usage = f"{command} {spelt.metavar}" + (f"|{spelt.unset}" if _optional(name) else "")
         lines.append((usage, f"{field_docs(SamplingParams)[name]} ({spelt.flag})"))
-    lines += [("/settings", "the current settings, as generate's options"), ("/help", "this text"),
-              ("/quit", "leave (Ctrl-D and Ctrl-C too)")]
-    listed = [("" if len(usage) < 24 else f"  {usage}\n")  # a long command on a line of its own
-              + "\n".join(textwrap.wrap(text, 100, initial_indent=f"  {usage if len(usage) < 24 else '':<24}",
-                                         subsequent_indent=" " * 26))
-              for usage, text in lines]
-    return ("A line is a prompt: its samples are printed as `generate --prompt` prints them for its text, with the\n"
-            "current settings. The escapes of --stop are read (\\n is a newline); begin a line with // for a prompt "
-            "that\nbegins with /. An empty line is skipped. Commands:\n" + "\n".join(listed))
+    lines += [
+        ("/settings", "the current settings, as generate's options"),
+        ("/help", "this text"),
+        ("/quit", "leave (Ctrl-D and Ctrl-C too)"),
+    ]
+    listed = [
+        ("" if len(usage) < 24 else f"  {usage}\n")  # a long command on a line of its own
+        + "\n".join(
+            textwrap.wrap(
+                text, 100, initial_indent=f"  {usage if len(usage) < 24 else '':<24}", subsequent_indent=" " * 26
+            )
+        )
+        for usage, text in lines
+    ]
+    return (
+        "A line is a prompt: its samples are printed as `generate --prompt` prints them for its text, with the\n"
+        "current settings. The escapes of --stop are read (\\n is a newline); begin a line with // for a prompt "
+        "that\nbegins with /. An empty line is skipped. Commands:\n" + "\n".join(listed)
+    )
 
 
 def interact(sampler: Sampler, settings: SamplingParams) -> int:
@@ -96,8 +108,9 @@ def _read_line(tty: bool) -> str | None:
     return line.removesuffix("\n").removesuffix("\r") if line else None
 
 
-def _command(sampler: Sampler, settings: SamplingParams, pinned: bool, name: str,
-             argument: str) -> tuple[SamplingParams, bool]:
+def _command(
+    sampler: Sampler, settings: SamplingParams, pinned: bool, name: str, argument: str
+) -> tuple[SamplingParams, bool]:
     """(settings, pinned) after the command `/name argument`; a one-line ValueError for a bad one."""
     if name == "help":
         print(interactive_help(), file=sys.stderr)
@@ -144,8 +157,9 @@ def _set(settings: SamplingParams, field: str, argument: str, bits: int) -> Samp
         value = kind(argument)
     except ValueError:
         extra = f" or {unset}" if unset else ""
-        raise ValueError(f"{spelt.command} takes {'an integer' if kind is int else 'a number'}{extra}, "
-                         f"got {argument!r}") from None
+        raise ValueError(
+            f"{spelt.command} takes {'an integer' if kind is int else 'a number'}{extra}, got {argument!r}"
+        ) from None
     return dataclasses.replace(settings, **{field: value})
 
 
@@ -154,7 +168,9 @@ def _latents(settings: SamplingParams, field: str, argument: str, bits: int) -> 
     refuse_on_baseline(choice, bits, "/latents")
     if choice == "reference" and settings.reference is None:
         raise ValueError("/latents reference needs a text: /reference TEXT")
-    return dataclasses.replace(settings, latents=choice, reference=settings.reference if choice == "reference" else None)
+    return dataclasses.replace(
+        settings, latents=choice, reference=settings.reference if choice == "reference" else None
+    )
 
 
 def _reference(settings: SamplingParams, field: str, argument: str, bits: int) -> SamplingParams:

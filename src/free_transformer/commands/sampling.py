@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..base import settings
-from ..inference.params import (DEFAULT_BATCH_SIZE, SamplingError, SamplingParams, new_token_room, spelling,
-                                spelt_fields)
+from ..inference.params import DEFAULT_BATCH_SIZE, SamplingError, SamplingParams, new_token_room, spelling, spelt_fields
 
 if TYPE_CHECKING:  # torch is imported when a command runs, not for its --help
     from ..data.tokenizer import Tokenizer
@@ -25,10 +24,7 @@ ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\"}
 
 
 # what the command line adds to a field's docstring
-OPTION_NOTES = {
-    "stop": r" The escapes \n \t \r \0 \\ are read.",
-    "latents": " Give the text with --reference.",
-}
+OPTION_NOTES = {"stop": r" The escapes \n \t \r \0 \\ are read.", "latents": " Give the text with --reference."}
 
 
 # generate's defaults where they differ from SamplingParams' (which are the server's)
@@ -40,9 +36,17 @@ def add_sampling_options(parser) -> None:
     type, default and docstring as help (base/settings.add_option)."""
     for name, flag in spelt_fields(SamplingParams, "flag").items():
         spelt = spelling(SamplingParams, name)
-        settings.add_option(parser, SamplingParams, name, flag=flag, aliases=("-n",) if name == "n" else (),
-                            default=getattr(DEFAULTS, name), metavar=spelt.metavar, choices=name != "latents",
-                            extra_help=OPTION_NOTES.get(name, ""))
+        settings.add_option(
+            parser,
+            SamplingParams,
+            name,
+            flag=flag,
+            aliases=("-n",) if name == "n" else (),
+            default=getattr(DEFAULTS, name),
+            metavar=spelt.metavar,
+            choices=name != "latents",
+            extra_help=OPTION_NOTES.get(name, ""),
+        )
 
 
 def params_from(args) -> SamplingParams:
@@ -76,14 +80,16 @@ def options(params: SamplingParams) -> str:
 class Sampler:
     """A loaded model with the options that do not change what it samples: how samples are batched,
     compiled and printed."""
+
     model: FreeTransformer
     tokenizer: Tokenizer
     format: str = "text"  # one of FORMATS
     batch_size: int = DEFAULT_BATCH_SIZE
     compile: bool = False
 
-    def sample(self, texts: list[str], params: SamplingParams, labels: list[str] | None = None,
-               first_index: int = 0) -> None:
+    def sample(
+        self, texts: list[str], params: SamplingParams, labels: list[str] | None = None, first_index: int = 0
+    ) -> None:
         """Print every prompt's settings.n samples, in order, as they are decoded (JSON lines number the
         prompts from first_index). Every refusal comes before the first sample."""
         from ..inference.batches import sample_prompts
@@ -92,16 +98,34 @@ class Sampler:
         prompts = self.prepare(texts, params, labels)
         decode, stops = self.tokenizer.decode, list(params.stop)
         prompt_chars = [len(decode(prompt.ids)) for prompt in prompts]
-        rows = sample_prompts(self.model, prompts, params.n, params.seed, batch_size=self.batch_size,
-                              should_stop=stop_check(decode, stops), compile=self.compile)
+        rows = sample_prompts(
+            self.model,
+            prompts,
+            params.n,
+            params.seed,
+            batch_size=self.batch_size,
+            should_stop=stop_check(decode, stops),
+            compile=self.compile,
+        )
         for row in rows:
             start = prompt_chars[row.prompt]
             text = cut_at_stop(decode(prompts[row.prompt].ids + row.tokens), stops, start)  # prompt and sample
             if self.format == "text":
                 print(escape(text), flush=True)  # one line, read back by unescape
             else:
-                print(json.dumps({"prompt": texts[row.prompt], "sample": text[start:], "index": first_index + row.prompt,
-                                  "seed": row.seed, "latents": params.latents}, ensure_ascii=False), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "prompt": texts[row.prompt],
+                            "sample": text[start:],
+                            "index": first_index + row.prompt,
+                            "seed": row.seed,
+                            "latents": params.latents,
+                        },
+                        ensure_ascii=False,
+                    ),
+                    flush=True,
+                )
 
     def prepare(self, texts: list[str], params: SamplingParams, labels: list[str] | None = None) -> list[Prompt]:
         """The prompts tokenized, checked against the model's context and given their Z (`prepare_prompts`);
@@ -124,14 +148,16 @@ class Sampler:
                 raise ValueError(f"{where}{error}") from None
             new = params.new_tokens(len(prompt), context)
             if new > room:
-                raise ValueError(f"{where}prompt ({len(prompt)}) + max_new_tokens ({new}) - 1 exceeds max_seq_len "
-                                 f"{context}")
+                raise ValueError(
+                    f"{where}prompt ({len(prompt)}) + max_new_tokens ({new}) - 1 exceeds max_seq_len {context}"
+                )
             ids.append(prompt)
             configs.append(params.generation_config(new))
         reference = None if params.reference is None else torch.tensor([self.tokenizer.encode(params.reference)])
         latent_seed = params.seed if params.latent_seed is None else params.latent_seed
-        return prepare_prompts(self.model, ids, configs, params.latents, reference=reference,
-                               latent_seed=latent_seed, where="--latents")
+        return prepare_prompts(
+            self.model, ids, configs, params.latents, reference=reference, latent_seed=latent_seed, where="--latents"
+        )
 
 
 def unescape(text: str) -> str:

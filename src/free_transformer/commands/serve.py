@@ -29,8 +29,13 @@ METAVARS = {"port": "PORT", "api_key": "KEY"}  # KEY: as the help writes it; an 
 def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", help="checkpoint directory, or a run directory (its newest checkpoint)")
     for item in fields(ServeConfig):
-        add_option(parser, ServeConfig, item.name, metavar=METAVARS.get(item.name),
-                   default_help=RESOLVED_DEFAULTS.get(item.name, ""))
+        add_option(
+            parser,
+            ServeConfig,
+            item.name,
+            metavar=METAVARS.get(item.name),
+            default_help=RESOLVED_DEFAULTS.get(item.name, ""),
+        )
 
 
 def serve_config(args) -> ServeConfig:
@@ -76,19 +81,32 @@ def run(args) -> int:
     model = model.to(decoding_dtype(config.dtype, device))
     name = config.model_name or Path(args.checkpoint).resolve().name
     compile = config.compiles(device.type)
-    engine = Engine(model, get_tokenizer(recorded.get("tokenizer", "byte")), name, max_batch=config.max_batch,
-                    latents=config.latents, compile=compile)
+    engine = Engine(
+        model,
+        get_tokenizer(recorded.get("tokenizer", "byte")),
+        name,
+        max_batch=config.max_batch,
+        latents=config.latents,
+        compile=compile,
+    )
     if compile:
         from .generate import say_compile_times
 
         say_compile_times()
-        print(f"compiling the decoding step for batches of {', '.join(map(str, engine.batcher.engine.buckets))} rows",
-              file=sys.stderr, flush=True)
+        print(
+            f"compiling the decoding step for batches of {', '.join(map(str, engine.batcher.engine.buckets))} rows",
+            file=sys.stderr,
+            flush=True,
+        )
         engine.batcher.engine.warm_up()
     api_key = config.api_key or os.environ.get(API_KEY_VARIABLE) or None
     app = build_app(engine, api_key=api_key, max_body_bytes=config.max_request_bytes)
     port = sock.getsockname()[1]
-    print(f"serving {name!r} at http://{config.host}:{port}/v1 (up to {config.max_batch} completions batched"
-          f"{', API key required' if api_key else ''})", file=sys.stderr, flush=True)
+    print(
+        f"serving {name!r} at http://{config.host}:{port}/v1 (up to {config.max_batch} completions batched"
+        f"{', API key required' if api_key else ''})",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0

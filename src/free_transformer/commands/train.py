@@ -17,23 +17,37 @@ SIGTERM or Ctrl-C saves a checkpoint at the next step and exits (143 / 130); --r
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("overrides", nargs="*", metavar="section.field=value",
-                        help="config overrides, e.g. optim.lr=3e-4 kappa_bits=0.125 model.size=cpu-small (every "
-                             "setting is listed below)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="section.field=value",
+        help="config overrides, e.g. optim.lr=3e-4 kappa_bits=0.125 model.size=cpu-small (every "
+        "setting is listed below)",
+    )
     parser.add_argument("--config", "-c", help="YAML config (see configs/); defaults apply without one")
     parser.add_argument("--out", "-o", help="run directory (checkpoints, metrics, plots); required to train")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --out from its newest checkpoint, with its saved config")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its newest checkpoint, with its saved config",
+    )
     parser.add_argument("--init-from", help="checkpoint whose decoder weights initialise the model")
-    parser.add_argument("--matched-baseline", action="store_true",
-                        help="train the control of the configured Free Transformer: no latent, one more block per "
-                             "encoder block (the same parameters and about the same FLOPs; docs/real-text.md)")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved config as YAML (which `train -c FILE` reads back) and exit without "
-                             "training")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="check everything a run needs (the config, --out, the data against the model) and exit "
-                             "without training")
+    parser.add_argument(
+        "--matched-baseline",
+        action="store_true",
+        help="train the control of the configured Free Transformer: no latent, one more block per "
+        "encoder block (the same parameters and about the same FLOPs; docs/real-text.md)",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as YAML (which `train -c FILE` reads back) and exit without training",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check everything a run needs (the config, --out, the data against the model) and exit without training",
+    )
 
 
 def run(args) -> int:
@@ -44,8 +58,10 @@ def run(args) -> int:
         raise TrainingError("give the run directory with --out (or --print-config to only print the config)")
     out = Path(args.out) if args.out is not None else None
     if args.resume and args.init_from:  # a resumed run goes on from its own checkpoint, never another's weights
-        raise TrainingError("--init-from starts a new run from another checkpoint's decoder; --resume continues "
-                            "this run from its own: give one of them")
+        raise TrainingError(
+            "--init-from starts a new run from another checkpoint's decoder; --resume continues "
+            "this run from its own: give one of them"
+        )
     config_path = args.config
     if args.resume and config_path is None:
         if out is None:
@@ -58,9 +74,11 @@ def run(args) -> int:
     # the saved config names every dimension, which would silently win over a size: the size (with the
     # other model overrides) must describe the run's own model
     if args.resume and sizes and load_train_config(None, args.overrides).model != config.model:
-        raise TrainingError(f"--resume continues the run's own model: {sizes[-1]} (with the other model "
-                            "overrides) describes another; train into another --out (where --init-from reuses "
-                            "the decoder if only the latent path changed)")
+        raise TrainingError(
+            f"--resume continues the run's own model: {sizes[-1]} (with the other model "
+            "overrides) describes another; train into another --out (where --init-from reuses "
+            "the decoder if only the latent path changed)"
+        )
     if args.matched_baseline:
         if args.resume:
             raise TrainingError("--matched-baseline makes a new run's config; --resume reads the run's own")
@@ -75,7 +93,10 @@ def run(args) -> int:
     m = result.metrics
     if not is_main_process():  # under torchrun, rank 0 reports for all
         return 0
-    losses = (f", cross-entropy {m['cross_entropy_bits']:.4f} bits/token, KL {m['kl_bits']:.4f} bits/token"
-              if "cross_entropy_bits" in m else "")  # nothing logged: say nothing rather than nan
+    losses = (
+        f", cross-entropy {m['cross_entropy_bits']:.4f} bits/token, KL {m['kl_bits']:.4f} bits/token"
+        if "cross_entropy_bits" in m
+        else ""
+    )  # nothing logged: say nothing rather than nan
     print(f"done: step {result.step}{losses}; run in {out}")
     return 0

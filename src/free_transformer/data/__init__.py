@@ -6,8 +6,13 @@ loading torch, as a command's --help does."""
 
 import importlib
 
-_EXPORTS = {"DataConfig": "config", "DATA_KINDS": "datasets", "DataError": "datasets", "build_dataset": "datasets",
-            "register_data_kind": "datasets"}
+_EXPORTS = {
+    "DataConfig": "config",
+    "DATA_KINDS": "datasets",
+    "DataError": "datasets",
+    "build_dataset": "datasets",
+    "register_data_kind": "datasets",
+}
 __all__ = sorted(_EXPORTS)
 
 

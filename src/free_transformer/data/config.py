@@ -95,9 +95,14 @@ class DataConfig:
         """This config with the model's `max_seq_len` as the seq_len of the text and token sections that name
         none, so that the data a command defaults to fits the model it trains (and a printed config names
         the length)."""
-        return dataclasses.replace(self, **{name: dataclasses.replace(section, seq_len=max_seq_len)
-                                            for name, section in (("text", self.text), ("tokens", self.tokens))
-                                            if section.seq_len is None})
+        return dataclasses.replace(
+            self,
+            **{
+                name: dataclasses.replace(section, seq_len=max_seq_len)
+                for name, section in (("text", self.text), ("tokens", self.tokens))
+                if section.seq_len is None
+            },
+        )
 
 
 def data_kinds() -> list[str]:

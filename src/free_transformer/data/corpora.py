@@ -47,13 +47,17 @@ class NamedCorpus:
         relative = {f: f.relative_to(root).as_posix() for f in sorted(self._walk(root))}
         missing = [path for path in self.heldout if path not in relative.values()]
         if not relative or missing:
-            raise CorpusError(f"corpus {self.name!r}: {root} lacks {', '.join(missing) or self.pattern}; "
-                              f"reinstall it: {self.install}")
-        return ([f for f, path in relative.items() if path not in self.heldout],
-                [f for f, path in relative.items() if path in self.heldout])
+            raise CorpusError(
+                f"corpus {self.name!r}: {root} lacks {', '.join(missing) or self.pattern}; reinstall it: {self.install}"
+            )
+        return (
+            [f for f, path in relative.items() if path not in self.heldout],
+            [f for f, path in relative.items() if path in self.heldout],
+        )
 
     def _walk(self, root: Path):
         """The files whose names match `pattern`, never entering an excluded folder (site-packages is large)."""
+
         def kept(name):
             return not any(fnmatch.fnmatch(name, pattern) for pattern in self.exclude)
 
@@ -89,12 +93,20 @@ CORPORA = {
             # Its size on one Python: docs/real-text.md. It differs between Python versions (3.12 dropped
             # distutils, 3.13 lib2to3): compare runs on one Python version.
             pattern="*.py",
-            exclude=("site-packages", "dist-packages", "test", "tests", "idle_test", "_sysconfigdata_*",
-                     "pydoc_data"),
+            exclude=("site-packages", "dist-packages", "test", "tests", "idle_test", "_sysconfigdata_*", "pydoc_data"),
             # Whole modules held out, present in every Python >= 3.10 and copied nowhere else in the library
             # (their size: docs/real-text.md).
-            heldout=("argparse.py", "difflib.py", "fractions.py", "json/__init__.py", "json/decoder.py",
-                     "json/encoder.py", "json/scanner.py", "statistics.py", "textwrap.py"),
+            heldout=(
+                "argparse.py",
+                "difflib.py",
+                "fractions.py",
+                "json/__init__.py",
+                "json/decoder.py",
+                "json/encoder.py",
+                "json/scanner.py",
+                "statistics.py",
+                "textwrap.py",
+            ),
             install="use a Python installed with its .py sources (some distributions ship only .pyc files)",
             about="the .py sources of the running Python's standard library, without tests (sysconfig's stdlib path)",
         ),

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -120,8 +121,16 @@ class TokenWindows:
     The window start is uniform over every position of every array that leaves T + 1 tokens; with one
     array that is `randint(0, len - T)`."""
 
-    def __init__(self, splits: dict[str, Split], sequence_length: int, seed: int, tokenizer_name: str, source: str,
-                 val_required: bool, vocab_size: int | None = None):
+    def __init__(
+        self,
+        splits: dict[str, Split],
+        sequence_length: int,
+        seed: int,
+        tokenizer_name: str,
+        source: str,
+        val_required: bool,
+        vocab_size: int | None = None,
+    ):
         self.splits, self.sequence_length, self.seed = splits, sequence_length, seed
         self.tokenizer_name, self.source, self.vocab_size = tokenizer_name, source, vocab_size
         self._ends = {}  # split -> cumulative number of window starts, array by array
@@ -130,8 +139,10 @@ class TokenWindows:
             if (not self._ends[name] or not self._ends[name][-1]) and (name == "train" or val_required):
                 longest = max((len(a) for a in split.arrays), default=0)
                 where = " in its longest shard" if len(split.arrays) > 1 else ""
-                raise DataError(f"the {name} split of {source} has {longest} tokens{where}, fewer than seq_len + 1 = "
-                                f"{sequence_length + 1}")
+                raise DataError(
+                    f"the {name} split of {source} has {longest} tokens{where}, fewer than seq_len + 1 = "
+                    f"{sequence_length + 1}"
+                )
 
     def batch(self, step, batch_size, split="train"):
         ends, arrays = self._ends[split], self.splits[split].arrays
@@ -145,6 +156,8 @@ class TokenWindows:
             rows.append(np.asarray(arrays[index][start : start + self.sequence_length + 1], dtype=np.int64))
         batch = np.stack(rows)
         if self.vocab_size is not None and batch.max() >= self.vocab_size:
-            raise DataError(f"{self.source} holds token id {batch.max()}, beyond the {self.tokenizer_name} tokenizer's "
-                            f"{self.vocab_size} ids: name the tokenizer the shards were written with")
+            raise DataError(
+                f"{self.source} holds token id {batch.max()}, beyond the {self.tokenizer_name} tokenizer's "
+                f"{self.vocab_size} ids: name the tokenizer the shards were written with"
+            )
         return torch.from_numpy(batch)

@@ -13,8 +13,8 @@ import io
 import json
 import sys
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from ..base.bounded import loads_json
 from ..base.install import install_hint
@@ -43,8 +43,12 @@ def _warn_if_not_utf8(path: Path):
     before = REPLACED[0]
     yield
     if REPLACED[0] > before:
-        print(f"warning: {path} is not valid UTF-8: {REPLACED[0] - before} bytes were read as U+FFFD (a binary "
-              "file, or another encoding?)", file=sys.stderr)
+        print(
+            f"warning: {path} is not valid UTF-8: {REPLACED[0] - before} bytes were read as U+FFFD (a binary "
+            "file, or another encoding?)",
+            file=sys.stderr,
+        )
+
 
 Reader = Callable[[Path, str], Iterator[Piece]]  # (file, text field) -> its documents, piece by piece
 
@@ -76,8 +80,11 @@ def is_document_file(path: Path) -> bool:
 @reader(".txt")
 def read_text(path: Path, field: str) -> Iterator[Piece]:
     """One document per file, in pieces that end at a line break (never inside a token)."""
-    with _warn_if_not_utf8(path), open(path, "rb") as raw, \
-            io.TextIOWrapper(raw, encoding="utf-8", errors="count_replaced") as handle:
+    with (
+        _warn_if_not_utf8(path),
+        open(path, "rb") as raw,
+        io.TextIOWrapper(raw, encoding="utf-8", errors="count_replaced") as handle,
+    ):
         piece = handle.read(CHUNK_CHARS)
         while True:
             piece += handle.readline()
@@ -103,8 +110,10 @@ def read_jsonl(path: Path, field: str) -> Iterator[Piece]:
             if not isinstance(record, dict):
                 raise DataError(f"{path} line {number} is a JSON {type(record).__name__}, not an object")
             if field not in record:
-                raise DataError(f"{path} line {number} has no field {field!r} (it has {', '.join(map(str, record))}): "
-                                "set data.text.field")
+                raise DataError(
+                    f"{path} line {number} has no field {field!r} (it has {', '.join(map(str, record))}): "
+                    "set data.text.field"
+                )
             text = record[field]
             if text is not None:
                 if not isinstance(text, str):
@@ -115,7 +124,7 @@ def read_jsonl(path: Path, field: str) -> Iterator[Piece]:
 def _pyarrow():
     try:
         import pyarrow
-        import pyarrow.parquet  # noqa: F401  (the submodule, for read_parquet)
+        import pyarrow.parquet
     except ImportError:
         raise DataError(f"Parquet and Arrow files need pyarrow: {install_hint('data')}") from None
     return pyarrow

@@ -12,8 +12,8 @@ from __future__ import annotations
 import glob
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -42,12 +42,16 @@ def read_shard(path: Path) -> np.ndarray:
     magic, version, count = (int(v) for v in np.fromfile(path, dtype="<i4", count=3))
     dtype = FORMATS.get((magic, version))
     if dtype is None:
-        raise DataError(f"{path} is not an llm.c token shard: magic {magic} version {version}, expected "
-                        f"{' or '.join(f'{m} version {v}' for m, v in FORMATS)}")
+        raise DataError(
+            f"{path} is not an llm.c token shard: magic {magic} version {version}, expected "
+            f"{' or '.join(f'{m} version {v}' for m, v in FORMATS)}"
+        )
     expected = HEADER_BYTES + count * dtype.itemsize
     if count < 0 or size != expected:
-        raise DataError(f"{path} is {'truncated' if size < expected else 'longer than its header says'}: "
-                        f"{count} tokens make {expected} bytes, the file has {size}")
+        raise DataError(
+            f"{path} is {'truncated' if size < expected else 'longer than its header says'}: "
+            f"{count} tokens make {expected} bytes, the file has {size}"
+        )
     if count == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(count,))
@@ -120,8 +124,9 @@ class ShardWriter:
             self._handle = None
 
 
-def write_shards(arrays: Iterable[np.ndarray], folder: Path, prefix: str, split: str, vocab_size: int,
-                 shard_tokens: int) -> list[Path]:
+def write_shards(
+    arrays: Iterable[np.ndarray], folder: Path, prefix: str, split: str, vocab_size: int, shard_tokens: int
+) -> list[Path]:
     """Write a stream of token arrays (encode_corpus) as shards; their paths."""
     writer = ShardWriter(folder, prefix, split, vocab_size, shard_tokens)
     try:
@@ -160,8 +165,10 @@ def _hold_out_tail(arrays: list[np.ndarray], fraction: float) -> tuple[list[np.n
 @register_data_kind("tokens")
 def build_tokens(config: TokensConfig, seed: int) -> TokenWindows:
     if not config.path:
-        raise DataError("data.tokens.path is required: token shards, e.g. 'data/fineweb_*.bin' "
-                        "(free-transformer tokenize writes them)")
+        raise DataError(
+            "data.tokens.path is required: token shards, e.g. 'data/fineweb_*.bin' "
+            "(free-transformer tokenize writes them)"
+        )
     check_sequence_length("data.tokens.seq_len", config.seq_len)
     files = shard_files(config.path)
     train = [read_shard(f) for f in files if not is_validation(f)]
@@ -171,6 +178,12 @@ def build_tokens(config: TokensConfig, seed: int) -> TokenWindows:
     if not val:
         train, val = _hold_out_tail(train, config.val_fraction)
     vocab_size = get_tokenizer(config.tokenizer).vocab_size
-    return TokenWindows({"train": Split(train), "val": Split(val)}, config.seq_len, seed, config.tokenizer,
-                        config.path, val_required=any(map(is_validation, files)) or config.val_fraction > 0,
-                        vocab_size=vocab_size)
+    return TokenWindows(
+        {"train": Split(train), "val": Split(val)},
+        config.seq_len,
+        seed,
+        config.tokenizer,
+        config.path,
+        val_required=any(map(is_validation, files)) or config.val_fraction > 0,
+        vocab_size=vocab_size,
+    )

@@ -37,5 +37,11 @@ def build_text(config: TextConfig, seed: int) -> TokenWindows:
         tokens = tokenize(train_files)
         split_at = int(len(tokens) * (1 - config.val_fraction))
         splits = {"train": Split([tokens[:split_at]]), "val": Split([tokens[split_at:]])}
-    return TokenWindows(splits, config.seq_len, seed, config.tokenizer, config.path,
-                        val_required=val_files is not None or config.val_fraction > 0)
+    return TokenWindows(
+        splits,
+        config.seq_len,
+        seed,
+        config.tokenizer,
+        config.path,
+        val_required=val_files is not None or config.val_fraction > 0,
+    )

@@ -76,9 +76,7 @@ class GPT2Tokenizer(WithoutChatTemplate):
     def __init__(self):
         missing = [m for m in ("tiktoken", GPT2_PACKAGE) if importlib.util.find_spec(m) is None]
         if missing:
-            raise TokenizerError(
-                f"the gpt2 tokenizer needs {' and '.join(missing)}: {install_hint('text')}"
-            )
+            raise TokenizerError(f"the gpt2 tokenizer needs {' and '.join(missing)}: {install_hint('text')}")
         import tiktoken
         from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
@@ -109,8 +107,8 @@ def check_tokenizer_name(name: str | None) -> None:
     if name is None:
         return
     if name.startswith(HF_PREFIX):
-        if not Path(name[len(HF_PREFIX):]).is_dir():
-            raise TokenizerError(f"the tokenizer directory {name[len(HF_PREFIX):]} does not exist")
+        if not Path(name[len(HF_PREFIX) :]).is_dir():
+            raise TokenizerError(f"the tokenizer directory {name[len(HF_PREFIX) :]} does not exist")
     elif name not in TOKENIZERS:
         raise TokenizerError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}, or hf:<directory>")
 
@@ -119,15 +117,19 @@ def get_tokenizer(name: str | None) -> Tokenizer:
     """The tokenizer a run or a checkpoint records by name; None is what a Llama converted without its
     tokenizer files records."""
     if name is None:
-        raise TokenizerError("this model records no tokenizer: it was converted from a Llama directory without "
-                             "tokenizer.json or tokenizer.model; convert it again from a directory that holds them")
+        raise TokenizerError(
+            "this model records no tokenizer: it was converted from a Llama directory without "
+            "tokenizer.json or tokenizer.model; convert it again from a directory that holds them"
+        )
     if name.startswith(HF_PREFIX):
         from .hf_tokenizer import HFTokenizer  # needs the optional transformers package
 
         directory = Path(name[len(HF_PREFIX) :])
         if not directory.is_dir():
-            raise TokenizerError(f"the model's tokenizer directory {directory} does not exist (moved or deleted "
-                                 "since the conversion): convert the Llama again from where it is now")
+            raise TokenizerError(
+                f"the model's tokenizer directory {directory} does not exist (moved or deleted "
+                "since the conversion): convert the Llama again from where it is now"
+            )
         return HFTokenizer(directory, f"{HF_PREFIX}{directory.resolve()}")
     check_tokenizer_name(name)
     return TOKENIZERS[name]()

@@ -15,9 +15,9 @@ import os
 import signal
 import sys
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -97,8 +97,14 @@ def _pool_context():
     return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
 
 
-def encode_corpus(files: list[Path], tokenizer: Tokenizer, field: str = "text", workers: int = 0,
-                  progress: bool | None = None, batch_chars: int = BATCH_CHARS) -> Iterator[np.ndarray]:
+def encode_corpus(
+    files: list[Path],
+    tokenizer: Tokenizer,
+    field: str = "text",
+    workers: int = 0,
+    progress: bool | None = None,
+    batch_chars: int = BATCH_CHARS,
+) -> Iterator[np.ndarray]:
     """The token ids of the files' documents, in order, as consecutive arrays (uint16 or uint32).
 
     workers: processes that encode (0: default_workers(); 1: this process). progress: a bar over the
@@ -110,15 +116,17 @@ def encode_corpus(files: list[Path], tokenizer: Tokenizer, field: str = "text", 
     workers = 1 if total <= batch_chars else workers or default_workers()  # one batch: no process to start
     if multiprocessing.current_process().daemon:  # a pool's worker: it may not start processes
         workers = 1
-    with tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing",
-              disable=None if progress is None else not progress) as bar:
+    with tqdm(
+        total=total, unit="B", unit_scale=True, desc="tokenizing", disable=None if progress is None else not progress
+    ) as bar:
         if workers == 1:
             for pieces, read in _batches(files, field, batch_chars):
                 yield _encode(tokenizer, dtype, pieces)
                 bar.update(read)
             return
-        with ProcessPoolExecutor(workers, _pool_context(), initializer=_start_worker,
-                                 initargs=(tokenizer.name, dtype, os.getpid())) as pool:
+        with ProcessPoolExecutor(
+            workers, _pool_context(), initializer=_start_worker, initargs=(tokenizer.name, dtype, os.getpid())
+        ) as pool:
             pending = deque()  # at most 2 batches a worker in flight: the corpus is never all in memory
             try:
                 for pieces, read in _batches(files, field, batch_chars):
@@ -146,14 +154,22 @@ def _fingerprint(files: list[Path], tokenizer: Tokenizer, field: str) -> str:
     """The corpus as files (path, size, mtime) and how they are read: the field only where a reader uses
     it, so that caches of .txt corpora made before other formats were read stay valid."""
     key = [tokenizer.name, tokenizer.document_separator] + [
-        [str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+        [str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files
+    ]
     if any(reader_for(f) is not read_text for f in files):
         key.append(field)
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
 
-def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, field: str = "text", workers: int = 0,
-                   progress: bool | None = None, batch_chars: int = BATCH_CHARS) -> np.ndarray:
+def tokenize_files(
+    files: list[Path],
+    tokenizer: Tokenizer,
+    cache_dir: Path,
+    field: str = "text",
+    workers: int = 0,
+    progress: bool | None = None,
+    batch_chars: int = BATCH_CHARS,
+) -> np.ndarray:
     """The files' token ids, tokenized once into `cache_dir` (written to a temporary file, then renamed)
     and memory-mapped."""
     dtype = token_dtype(tokenizer.vocab_size)
@@ -173,8 +189,10 @@ def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, fie
         except OSError as error:  # an unwritable cache, a full disk (unreadable files are DataErrors)
             with contextlib.suppress(OSError):
                 partial.unlink()
-            raise DataError(f"cannot tokenize the corpus into the cache {cache_dir}: {error.strerror or error} "
-                            f"({error.filename}); set data.text.cache_dir= to a writable folder") from None
+            raise DataError(
+                f"cannot tokenize the corpus into the cache {cache_dir}: {error.strerror or error} "
+                f"({error.filename}); set data.text.cache_dir= to a writable folder"
+            ) from None
         except BaseException:
             with contextlib.suppress(OSError):
                 partial.unlink()
@@ -182,4 +200,3 @@ def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, fie
     if target.stat().st_size == 0:  # no document at all (mmap cannot map an empty file)
         return np.zeros(0, dtype=dtype)
     return np.memmap(target, dtype=dtype, mode="r")
-

@@ -68,8 +68,9 @@ def apply_compile(model: FreeTransformer) -> FreeTransformer:
     return model
 
 
-def apply_fsdp(model: FreeTransformer, param_dtype: str = "fp32", reduce_dtype: str = "fp32",
-               reshard_after_forward: bool = True) -> FreeTransformer:
+def apply_fsdp(
+    model: FreeTransformer, param_dtype: str = "fp32", reduce_dtype: str = "fp32", reshard_after_forward: bool = True
+) -> FreeTransformer:
     """Shard `model` in place over the default process group: each block (decoder and encoder), then the root."""
     mp_policy = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype), reduce_dtype=torch_dtype(reduce_dtype))
     for block in blocks(model):
@@ -89,8 +90,9 @@ def parallelize(model: FreeTransformer, env: ParallelEnv, config) -> nn.Module:
         device_ids = [env.device.index] if env.device.type == "cuda" else None
         # RoPE tables are buffers computed from the config on every rank: nothing to sync at each forward
         # (the option was renamed in recent torch).
-        no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_OPTIONS
-                   else {"broadcast_buffers": False})
+        no_sync = (
+            {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_OPTIONS else {"broadcast_buffers": False}
+        )
         return DistributedDataParallel(model, device_ids=device_ids, **no_sync)
     return model
 

@@ -40,10 +40,22 @@ from ..base.fileio import refuse_links, share_like_umask
 from ..model.config import ModelConfig
 from ..model.state_names import fused_name, upgrade_state_dict
 from ..model.transformer import FreeTransformer
-from ..runs.checkpoint import (CHECKSUMS, CheckpointError, check_dcp_metadata, check_step, checkpoint_dirs, checksums,
-                               fsync_dir, load_training_state, optimizer_param_names, read_checkpoint_config,
-                               remove_checkpoint, upgrade_named_optimizer_state, upgrade_optimizer_state,
-                               verify_checkpoint)
+from ..runs.checkpoint import (
+    CHECKSUMS,
+    CheckpointError,
+    check_dcp_metadata,
+    check_step,
+    checkpoint_dirs,
+    checksums,
+    fsync_dir,
+    load_training_state,
+    optimizer_param_names,
+    read_checkpoint_config,
+    remove_checkpoint,
+    upgrade_named_optimizer_state,
+    upgrade_optimizer_state,
+    verify_checkpoint,
+)
 from .env import ParallelEnv
 
 DCP_DIR = "dcp"
@@ -53,8 +65,15 @@ def is_sharded(checkpoint: str | Path) -> bool:
     return (Path(checkpoint) / DCP_DIR / ".metadata").is_file()
 
 
-def save_sharded(run_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 metadata: dict, env: ParallelEnv, keep: int = 3) -> Path:
+def save_sharded(
+    run_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    metadata: dict,
+    env: ParallelEnv,
+    keep: int = 3,
+) -> Path:
     """Collective: every rank calls it. Writes step_N with DCP shards and config.json; keeps the newest `keep`."""
     check_step(step)
     root = refuse_links(Path(run_dir) / "checkpoints", run_dir)
@@ -103,8 +122,9 @@ class _PlainValuesLoadPlanner(DefaultLoadPlanner):
         try:
             plain = torch.load(value, map_location="cpu", weights_only=True)
         except Exception as error:  # "Weights only load failed", or a truncated or garbled entry
-            raise CheckpointError(f"entry {name} asks to unpickle something other than tensors and plain "
-                                  "values (refused, not run)") from error
+            raise CheckpointError(
+                f"entry {name} asks to unpickle something other than tensors and plain values (refused, not run)"
+            ) from error
         checked = io.BytesIO()  # DCP's own bookkeeping stores the value, from bytes this process wrote
         torch.save(plain, checked)
         checked.seek(0)
@@ -118,8 +138,12 @@ def _dcp_load(state: dict, checkpoint: Path) -> None:
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, checkpoint_id=checkpoint / DCP_DIR, planner=_PlainValuesLoadPlanner(),
-                     no_dist=not dist.is_initialized())
+            dcp.load(
+                state,
+                checkpoint_id=checkpoint / DCP_DIR,
+                planner=_PlainValuesLoadPlanner(),
+                no_dist=not dist.is_initialized(),
+            )
     except (Exception, CheckpointException) as error:  # CheckpointException is a BaseException
         # a CheckpointException's text holds each rank's traceback: its last line is the cause
         cause = ([line.strip() for line in str(error).splitlines() if line.strip()][-1:] or [type(error).__name__])[0]
@@ -146,9 +170,13 @@ def _dcp_load_as_stored(checkpoint: Path, tops: tuple[str, ...]) -> dict:
     """Every entry under the top-level keys `tops` ("model", "optim"), whole, as the checkpoint stores
     them (its names and shapes, on the CPU), nested as they were saved."""
     metadata = _stored_metadata(checkpoint)
-    flat = {name: torch.empty(entry.size, dtype=entry.properties.dtype)
-            if isinstance(entry, TensorStorageMetadata) else None  # bytes: replaced by the stored value
-            for name, entry in metadata.state_dict_metadata.items() if name.split(".", 1)[0] in tops}
+    flat = {
+        name: torch.empty(entry.size, dtype=entry.properties.dtype)
+        if isinstance(entry, TensorStorageMetadata)
+        else None  # bytes: replaced by the stored value
+        for name, entry in metadata.state_dict_metadata.items()
+        if name.split(".", 1)[0] in tops
+    }
     _dcp_load(flat, checkpoint)
     mapping = {name: path for name, path in metadata.planner_data.items() if name in flat}
     return unflatten_state_dict(flat, mapping)
@@ -162,9 +190,13 @@ def load_sharded(checkpoint: str | Path, model: nn.Module, optimizer: torch.opti
     checkpoint = Path(checkpoint)
     if _has_separate_projections(checkpoint):
         stored = _dcp_load_as_stored(checkpoint, ("model", "optim"))
-        set_state_dict(model, optimizer, model_state_dict=upgrade_state_dict(stored["model"]),
-                       optim_state_dict=upgrade_named_optimizer_state(stored["optim"]),
-                       options=StateDictOptions(full_state_dict=True))
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=upgrade_state_dict(stored["model"]),
+            optim_state_dict=upgrade_named_optimizer_state(stored["optim"]),
+            options=StateDictOptions(full_state_dict=True),
+        )
         return int(read_checkpoint_config(checkpoint)["step"])
     model_state, optim_state = get_state_dict(model, optimizer)  # this run's layout: what to read
     state = {"model": model_state, "optim": optim_state}
@@ -185,11 +217,17 @@ def load_single_file(checkpoint: str | Path, model: nn.Module, optimizer: torch.
     saved = upgrade_optimizer_state(state["optimizer"], group_names)
     optim_state = {
         "state": {order[index]: value for index, value in saved["state"].items()},
-        "param_groups": [{**group, "params": [order[index] for index in group["params"]]}
-                         for group in saved["param_groups"]],
+        "param_groups": [
+            {**group, "params": [order[index] for index in group["params"]]} for group in saved["param_groups"]
+        ],
     }
-    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim_state,
-                   options=StateDictOptions(full_state_dict=True))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=weights,
+        optim_state_dict=optim_state,
+        options=StateDictOptions(full_state_dict=True),
+    )
     return int(state["step"])
 
 
@@ -201,8 +239,10 @@ def sharded_checkpoint_dir(path: str | Path) -> Path:
     found = checkpoint_dirs(path)
     if found and is_sharded(found[-1]):
         return found[-1]
-    raise CheckpointError(f"no sharded (DCP) checkpoint at {path}: expected a step_* directory holding "
-                          f"{DCP_DIR}/ or a run directory whose newest checkpoint does")
+    raise CheckpointError(
+        f"no sharded (DCP) checkpoint at {path}: expected a step_* directory holding "
+        f"{DCP_DIR}/ or a run directory whose newest checkpoint does"
+    )
 
 
 def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
@@ -223,25 +263,31 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     if problem is not None:
         raise CheckpointError(f"checkpoint {checkpoint} is damaged: {' '.join(problem.split())}")
     if out is not None and Path(out).exists() and any(Path(out).iterdir()):
-        raise CheckpointError(f"{out} already holds a checkpoint or other files: choose another --out "
-                              "(nothing was written)")
+        raise CheckpointError(
+            f"{out} already holds a checkpoint or other files: choose another --out (nothing was written)"
+        )
     # Written in a temporary directory (inside the step directory, or beside `out`), then renamed into place.
     target = checkpoint if out is None else Path(out)
     if target.is_symlink():
-        raise CheckpointError(f"{target} is a symbolic link: nothing is written through one; choose another --out "
-                              "(nothing was written)")
+        raise CheckpointError(
+            f"{target} is a symbolic link: nothing is written through one; choose another --out (nothing was written)"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".consolidating", dir=checkpoint if out is None else target.parent))
     try:
-        save_file({k: v.contiguous() for k, v in weights.items()}, staging / "model.safetensors",
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in weights.items()}, staging / "model.safetensors", metadata={"format": "pt"}
+        )
         new_sums = checksums(staging, [staging / "model.safetensors"])
         if out is not None:
             (staging / "config.json").write_text(json.dumps(config, indent=2))
             (staging / CHECKSUMS).write_text(checksums(staging, [staging / "config.json"]) + new_sums)
         elif (checkpoint / CHECKSUMS).is_file():  # the sums verified above, with the new file's (absent: none)
-            kept = [line for line in (checkpoint / CHECKSUMS).read_text().splitlines(keepends=True)
-                    if not line.rstrip("\n").endswith("  model.safetensors")]
+            kept = [
+                line
+                for line in (checkpoint / CHECKSUMS).read_text().splitlines(keepends=True)
+                if not line.rstrip("\n").endswith("  model.safetensors")
+            ]
             (staging / CHECKSUMS).write_text("".join(kept) + new_sums)
         share_like_umask(staging)  # mkdtemp makes 0700, safetensors 0600
         for f in staging.iterdir():
@@ -255,9 +301,11 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
                 os.replace(staging / CHECKSUMS, target / CHECKSUMS)
         fsync_dir(target)
     except (OSError, SafetensorError) as error:
-        raise CheckpointError(f"cannot write model.safetensors in {target}: is the disk full, or a quota or "
-                              f"file-size limit reached? ({' '.join(str(error).split())}); nothing was written, "
-                              "make room and run consolidate again") from error
+        raise CheckpointError(
+            f"cannot write model.safetensors in {target}: is the disk full, or a quota or "
+            f"file-size limit reached? ({' '.join(str(error).split())}); nothing was written, "
+            "make room and run consolidate again"
+        ) from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -14,8 +14,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .task_data import (HUMAN_EVAL, DataUnavailable, olmes_docs, olmes_requests, olmo_dataset, package_dir, read_jsonl,
-                        read_records)
+from .task_data import (
+    HUMAN_EVAL,
+    DataUnavailable,
+    olmes_docs,
+    olmes_requests,
+    olmo_dataset,
+    package_dir,
+    read_jsonl,
+    read_records,
+)
 from .task_metrics import gsm8k_answer, numbers_equal
 from .tasks import REGISTRY, BadAnswer, Benchmark, register, whole_number
 
@@ -120,7 +128,9 @@ class MMLU(_QuestionChoices):
         return row["subject"]
 
     def header(self, row):
-        return f"The following are multiple choice questions (with answers) about {row['subject'].replace('_', ' ')}.\n\n"
+        return (
+            f"The following are multiple choice questions (with answers) about {row['subject'].replace('_', ' ')}.\n\n"
+        )
 
     def choice_texts(self, row):
         return list(row["choices"])
@@ -255,9 +265,11 @@ class _Race(Benchmark):
         return whole_number(answer)
 
 
-_RACE_FORMAT = ("RACE ({level}) is shipped by no installed package: give the file with "
-                "--data {name}=PATH (.jsonl/.json/.arrow/.parquet rows with article, question, "
-                "options (list), answer (letter), e.g. the Hugging Face 'ehovy/race' {level} test split)")
+_RACE_FORMAT = (
+    "RACE ({level}) is shipped by no installed package: give the file with "
+    "--data {name}=PATH (.jsonl/.json/.arrow/.parquet rows with article, question, "
+    "options (list), answer (letter), e.g. the Hugging Face 'ehovy/race' {level} test split)"
+)
 
 
 @register
@@ -403,15 +415,21 @@ class HumanEval(Benchmark):
 class HumanEvalPlus(HumanEval):
     name, paper_name = "humaneval_plus", "human_eval_plus"
     source = "local EvalPlus file"
-    needs_file = ("HumanEval+'s extra tests are shipped by no installed package (evalplus downloads them at "
-                  "run time): give the EvalPlus file with --data humaneval_plus=HumanEvalPlus.jsonl(.gz) "
-                  "(rows with task_id, prompt, entry_point, canonical_solution, base_input, plus_input, atol)")
+    needs_file = (
+        "HumanEval+'s extra tests are shipped by no installed package (evalplus downloads them at "
+        "run time): give the EvalPlus file with --data humaneval_plus=HumanEvalPlus.jsonl(.gz) "
+        "(rows with task_id, prompt, entry_point, canonical_solution, base_input, plus_input, atol)"
+    )
 
     def test(self, row):
-        return {"style": "evalplus", "prompt": row["prompt"], "entry_point": row["entry_point"],
-                "canonical_solution": row["canonical_solution"],
-                "inputs": list(row.get("base_input", [])) + list(row.get("plus_input", [])),
-                "atol": float(row.get("atol") or 0.0)}
+        return {
+            "style": "evalplus",
+            "prompt": row["prompt"],
+            "entry_point": row["entry_point"],
+            "canonical_solution": row["canonical_solution"],
+            "inputs": list(row.get("base_input", [])) + list(row.get("plus_input", [])),
+            "atol": float(row.get("atol") or 0.0),
+        }
 
 
 @register
@@ -429,8 +447,10 @@ class MBPP(Benchmark):
 
     def query(self, row):
         tests = "\n".join(row["test_list"])
-        return (f"You are an expert Python programmer, and here is your task: {row['text']} "
-                f"Your code should pass these tests:\n\n{tests}\n[BEGIN]\n")
+        return (
+            f"You are an expert Python programmer, and here is your task: {row['text']} "
+            f"Your code should pass these tests:\n\n{tests}\n[BEGIN]\n"
+        )
 
     def shot(self, row):
         return self.query(row) + row["code"].replace("\r\n", "\n").strip() + "\n[DONE]"
@@ -442,11 +462,44 @@ class MBPP(Benchmark):
         return str(row.get("task_id", index))
 
 
-DEFAULT_TASKS = ["humaneval_plus", "humaneval", "mbpp", "gsm8k", "mmlu", "csqa", "hellaswag", "winogrande",
-                 "obqa", "arc_challenge", "arc_easy", "piqa", "race_high", "race_middle", "boolq", "nq", "tqa"]
+DEFAULT_TASKS = [
+    "humaneval_plus",
+    "humaneval",
+    "mbpp",
+    "gsm8k",
+    "mmlu",
+    "csqa",
+    "hellaswag",
+    "winogrande",
+    "obqa",
+    "arc_challenge",
+    "arc_easy",
+    "piqa",
+    "race_high",
+    "race_middle",
+    "boolq",
+    "nq",
+    "tqa",
+]
 """The paper's rows plus `humaneval`, which stands in for HumanEval+ when its extra tests are absent."""
-PAPER_TASKS = ["humaneval_plus", "mbpp", "gsm8k", "mmlu", "csqa", "hellaswag", "winogrande", "obqa",
-               "arc_challenge", "arc_easy", "piqa", "race_high", "race_middle", "boolq", "nq", "tqa"]
+PAPER_TASKS = [
+    "humaneval_plus",
+    "mbpp",
+    "gsm8k",
+    "mmlu",
+    "csqa",
+    "hellaswag",
+    "winogrande",
+    "obqa",
+    "arc_challenge",
+    "arc_easy",
+    "piqa",
+    "race_high",
+    "race_middle",
+    "boolq",
+    "nq",
+    "tqa",
+]
 """The rows of the paper's Tables 1-3, in order."""
 
 

@@ -105,8 +105,13 @@ def heldout_likelihood(
         if progress is not None:
             progress(1)
     measures = ["exact"] if not is_free else ["prior_ce", "elbo", "iwae", "posterior_ce", "kl"]
-    result = {"windows": len(chunks), "tokens": totals["tokens"], "bytes": totals["bytes"],
-              "samples": None if not is_free else K, "window_tokens": model.config.max_seq_len}
+    result = {
+        "windows": len(chunks),
+        "tokens": totals["tokens"],
+        "bytes": totals["bytes"],
+        "samples": None if not is_free else K,
+        "window_tokens": model.config.max_seq_len,
+    }
     for name in measures:
         result[name] = total_of(per_window, name)
     result["per_window"] = per_window
@@ -118,4 +123,3 @@ def total_of(per_window: list[dict], name: str) -> dict:
     nats = sum(w[name] for w in per_window)
     tokens, n_bytes = sum(w["tokens"] for w in per_window), sum(w["bytes"] for w in per_window)
     return {"nats": nats, "bits_per_token": nats / (LN2 * tokens), "bits_per_byte": nats / (LN2 * n_bytes)}
-

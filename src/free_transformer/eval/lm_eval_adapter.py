@@ -48,8 +48,10 @@ def _pick_device(device: str | None, harness_device: str | None):
     if device is not None:
         return parse_device(device)
     if harness_device == LM_EVAL_DEFAULT_DEVICE and not torch.cuda.is_available():
-        print(f"free-transformer: no CUDA here, running on cpu (lm-eval's default device is {harness_device})",
-              file=sys.stderr)
+        print(
+            f"free-transformer: no CUDA here, running on cpu (lm-eval's default device is {harness_device})",
+            file=sys.stderr,
+        )
         return torch.device("cpu")
     return parse_device(harness_device or "cpu")
 
@@ -72,13 +74,24 @@ class FreeTransformerLM(LM):
                 args.setdefault("harness_device" if key == "device" else key, value)
         return cls(**args)
 
-    def __init__(self, checkpoint: str, device: str | None = None, latents: str = "prior", samples: int = 4,
-                 seed: int = 0, max_new_tokens: int = 256, batch_size=None, harness_device: str | None = None,
-                 **_ignored) -> None:
+    def __init__(
+        self,
+        checkpoint: str,
+        device: str | None = None,
+        latents: str = "prior",
+        samples: int = 4,
+        seed: int = 0,
+        max_new_tokens: int = 256,
+        batch_size=None,
+        harness_device: str | None = None,
+        **_ignored,
+    ) -> None:
         super().__init__()
         self.model, config = load_model(checkpoint, _pick_device(device, harness_device))
         self.tokenizer = get_tokenizer(config.get("tokenizer", "byte"))
-        self.settings = EvalConfig(tasks="none", latents=latents, latent_samples=int(samples), seed=int(seed)).settings()
+        self.settings = EvalConfig(
+            tasks="none", latents=latents, latent_samples=int(samples), seed=int(seed)
+        ).settings()
         self.max_new_tokens = int(max_new_tokens)
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
@@ -91,8 +104,9 @@ class FreeTransformerLM(LM):
     def loglikelihood_rolling(self, requests) -> list[float]:
         out = []
         for req in requests:
-            result = heldout_likelihood(self.model, self.tokenizer, req.args[0], samples=self.settings.latent_samples,
-                                        seed=self.settings.seed)
+            result = heldout_likelihood(
+                self.model, self.tokenizer, req.args[0], samples=self.settings.latent_samples, seed=self.settings.seed
+            )
             nats = result["exact" if "exact" in result else "iwae"]["nats"]
             out.append(-nats)
         return out
@@ -104,8 +118,9 @@ class FreeTransformerLM(LM):
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             budget = int(kwargs.get("max_gen_toks", self.max_new_tokens))
-            texts, _ = generate_texts(self.model, self.tokenizer, context, _key(context), self.settings,
-                                      max_new_tokens=budget, stop=until)
+            texts, _ = generate_texts(
+                self.model, self.tokenizer, context, _key(context), self.settings, max_new_tokens=budget, stop=until
+            )
             out.append(texts[0])
         return out
 

@@ -57,11 +57,15 @@ def _encode(value, depth: int):
         return {"tuple": [_encode(v, depth + 1) for v in tuple.__iter__(value)]}
     if isinstance(value, (set, frozenset)):
         tag = "frozenset" if isinstance(value, frozenset) else "set"
-        return {tag: [_encode(v, depth + 1) for v in (frozenset.__iter__ if tag == "frozenset" else set.__iter__)(value)]}
+        return {
+            tag: [_encode(v, depth + 1) for v in (frozenset.__iter__ if tag == "frozenset" else set.__iter__)(value)]
+        }
     if isinstance(value, dict):
         return {"dict": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in dict.items(value)]}
-    raise NotPlain(f"{type(value).__name__} is not a plain value (None, bool, int, float, complex, str, bytes, "
-                   "list, tuple, set, frozenset, dict)")
+    raise NotPlain(
+        f"{type(value).__name__} is not a plain value (None, bool, int, float, complex, str, bytes, "
+        "list, tuple, set, frozenset, dict)"
+    )
 
 
 def encode(value) -> str:
@@ -89,7 +93,7 @@ def _decode(node, depth: int, deadline: float | None):
         return [_decode(v, depth + 1, deadline) for v in node]
     if kind is not dict or len(node) != 1:
         raise NotPlain(f"not an encoded plain value: {kind.__name__}")
-    (tag, body), = node.items()
+    ((tag, body),) = node.items()
     if tag == "int" and type(body) is str:
         return int(body, 16)
     if tag == "bytes" and type(body) is str:

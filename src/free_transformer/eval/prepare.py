@@ -19,8 +19,14 @@ class PreparedTask:
     source: str
 
 
-def prepare(name: str, *, num_fewshot: int | None = None, limit: int | None = None,
-            data_file: str | Path | None = None, seed: int = 1234) -> PreparedTask:
+def prepare(
+    name: str,
+    *,
+    num_fewshot: int | None = None,
+    limit: int | None = None,
+    data_file: str | Path | None = None,
+    seed: int = 1234,
+) -> PreparedTask:
     """Load a benchmark's rows and turn the first `limit` of them into prompts (for a benchmark with
     sub-categories, `limit` applies to each). Raises DataUnavailable when the data is absent."""
     bench = get_benchmark(name)
@@ -45,12 +51,19 @@ def prepare(name: str, *, num_fewshot: int | None = None, limit: int | None = No
             by_group.setdefault(bench.group(r), []).append(i)
         docs = []
         for index, row in selected:
-            chosen = choose_shots(base, by_group.get(bench.group(row), []), shots, fixed=bench.fixed_shots,
-                                  exclude=index if pool is None else None, seed=benchmark_seed(name, seed, index))
+            chosen = choose_shots(
+                base,
+                by_group.get(bench.group(row), []),
+                shots,
+                fixed=bench.fixed_shots,
+                exclude=index if pool is None else None,
+                seed=benchmark_seed(name, seed, index),
+            )
             docs.append(bench.build(row, bench.doc_id(row, index), chosen))
     except (KeyError, IndexError, TypeError, AttributeError) as error:
-        raise ValueError(f"{name}: the rows of {source} lack the fields this task reads "
-                         f"({type(error).__name__}: {error})") from None
+        raise ValueError(
+            f"{name}: the rows of {source} lack the fields this task reads ({type(error).__name__}: {error})"
+        ) from None
     return PreparedTask(bench, docs, shots, source)
 
 

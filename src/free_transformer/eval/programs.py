@@ -49,9 +49,33 @@ def _trusted_namespace(source: str) -> dict:
     return namespace
 
 
-PURE_MODULES = frozenset({"math", "cmath", "re", "collections", "itertools", "functools", "heapq", "bisect",
-                          "string", "operator", "statistics", "fractions", "decimal", "datetime", "copy", "json",
-                          "array", "numbers", "typing", "random", "unicodedata", "textwrap", "calendar"})
+PURE_MODULES = frozenset(
+    {
+        "math",
+        "cmath",
+        "re",
+        "collections",
+        "itertools",
+        "functools",
+        "heapq",
+        "bisect",
+        "string",
+        "operator",
+        "statistics",
+        "fractions",
+        "decimal",
+        "datetime",
+        "copy",
+        "json",
+        "array",
+        "numbers",
+        "typing",
+        "random",
+        "unicodedata",
+        "textwrap",
+        "calendar",
+    }
+)
 """Standard modules a test may name without importing them (as the original harness let it use the
 program's imports): the evaluator imports its own (importing them runs nothing else: `antigravity`
 would open a browser here)."""
@@ -143,8 +167,11 @@ def equal(got, expected, atol: float) -> bool:
         except TypeError:
             return False
     if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
-        return type(got) is type(expected) and len(got) == len(expected) and all(
-            equal(g, e, atol) for g, e in zip(got, expected))
+        return (
+            type(got) is type(expected)
+            and len(got) == len(expected)
+            and all(equal(g, e, atol) for g, e in zip(got, expected))
+        )
     return got == expected
 
 
@@ -154,8 +181,9 @@ _REFERENCE_OUTPUTS: dict[str, tuple] = {}  # digest of a test -> its reference o
 def _reference_outputs(test: dict, limits) -> tuple:
     """The canonical solution's result on every input, computed in a sandbox of its own (it is code
     too); ("raised", ...) for an input where it raises."""
-    key = hashlib.sha256(json.dumps([test["prompt"], test["canonical_solution"], test["entry_point"],
-                                     test["inputs"]]).encode()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps([test["prompt"], test["canonical_solution"], test["entry_point"], test["inputs"]]).encode()
+    ).hexdigest()
     if key not in _REFERENCE_OUTPUTS:
         outputs = []
 

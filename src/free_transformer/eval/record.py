@@ -73,13 +73,14 @@ class CurveRecord:
                 if os.fstat(fd).st_size and not _ends_with_newline(self.path):
                     line = b"\n" + line  # after a line cut short by a killed writer
                 while line:
-                    line = line[os.write(fd, line):]
+                    line = line[os.write(fd, line) :]
                 os.fsync(fd)
             finally:
                 os.close(fd)
         except OSError as error:
-            raise UserError(f"cannot append to {self.path} ({error}): make room, then run again; "
-                            "what is scored already is kept") from None
+            raise UserError(
+                f"cannot append to {self.path} ({error}): make room, then run again; what is scored already is kept"
+            ) from None
         self.done.add((entry["step"], entry["settings_key"]))
 
 
@@ -89,25 +90,53 @@ def _ends_with_newline(path: Path) -> bool:
         return handle.read(1) == b"\n"
 
 
-def make_entry(results: dict, settings: EvalSettings, *, step: int, tokens: int | None, source: str,
-               checkpoint: str | None, seconds: float) -> dict:
+def make_entry(
+    results: dict,
+    settings: EvalSettings,
+    *,
+    step: int,
+    tokens: int | None,
+    source: str,
+    checkpoint: str | None,
+    seconds: float,
+) -> dict:
     """A record line from `runner.score`'s results: per-document scores only (what the bootstrap and
     the averages need), not the log-probabilities or generations of a single evaluation's JSON."""
     tasks = {}
     for name, result in results["tasks"].items():
         tasks[name] = {key: result[key] for key in TASK_FIELDS if key in result}
-        tasks[name]["per_doc"] = [{"id": d["id"], "group": d.get("group"), "score": d["score"]}
-                                  for d in result["per_doc"]]
-    entry = {"step": step, "tokens": tokens, "source": source, "checkpoint": checkpoint,
-             "settings_key": settings.key, "settings": settings.to_dict(), "seconds": round(seconds, 1),
-             "tasks": tasks, "unavailable": results["unavailable"], "latents": results["latents"]}
+        tasks[name]["per_doc"] = [
+            {"id": d["id"], "group": d.get("group"), "score": d["score"]} for d in result["per_doc"]
+        ]
+    entry = {
+        "step": step,
+        "tokens": tokens,
+        "source": source,
+        "checkpoint": checkpoint,
+        "settings_key": settings.key,
+        "settings": settings.to_dict(),
+        "seconds": round(seconds, 1),
+        "tasks": tasks,
+        "unavailable": results["unavailable"],
+        "latents": results["latents"],
+    }
     if "likelihood" in results:
         entry["likelihood"] = results["likelihood"]
     return entry
 
 
-def score_and_record(record: CurveRecord, model, tokenizer, settings: EvalSettings, *, step: int, tokens: int | None,
-                     source: str, checkpoint: str | None, progress: bool = False) -> str | None:
+def score_and_record(
+    record: CurveRecord,
+    model,
+    tokenizer,
+    settings: EvalSettings,
+    *,
+    step: int,
+    tokens: int | None,
+    source: str,
+    checkpoint: str | None,
+    progress: bool = False,
+) -> str | None:
     """Score `model` (the weights after `step` steps) under `settings` and append the line to the record,
     unless that step is scored under these settings already; the scores as one line of text, or None
     when skipped. What the periodic evaluation inside training and `eval --checkpoints` both do."""
@@ -116,7 +145,8 @@ def score_and_record(record: CurveRecord, model, tokenizer, settings: EvalSettin
     started = time.perf_counter()
     results = score(model, tokenizer, settings, progress=progress)
     seconds = time.perf_counter() - started
-    record.append(make_entry(results, settings, step=step, tokens=tokens, source=source, checkpoint=checkpoint,
-                             seconds=seconds))
+    record.append(
+        make_entry(results, settings, step=step, tokens=tokens, source=source, checkpoint=checkpoint, seconds=seconds)
+    )
     scores = ", ".join(f"{name} {r['value']:.3f}" for name, r in results["tasks"].items())
     return f"{scores or 'held-out likelihood'} ({seconds:.0f} s)"

@@ -20,20 +20,25 @@ from .settings import EvalSettings
 from .task_data import DataUnavailable
 from .tasks import GenerationDoc, MultipleChoiceDoc
 
-
 FEWSHOT_SEED = 1234  # picks each task's few-shot examples
 
 
-def evaluate(model, tokenizer, settings: EvalSettings, *, progress: bool = True,
-             on_task: Callable[[dict], None] | None = None) -> dict:
+def evaluate(
+    model, tokenizer, settings: EvalSettings, *, progress: bool = True, on_task: Callable[[dict], None] | None = None
+) -> dict:
     """{"tasks": {name: result}, "unavailable": {name: reason}, "latents": ...} for the model on the
     settings' tasks. on_task: called with the results so far after each task."""
     results, unavailable = {}, {}
     shots, data_files = dict(settings.num_fewshot), dict(settings.data)  # per task; "*" for every task
     for name in settings.tasks:
         try:
-            task = prepare(name, num_fewshot=shots.get(name, shots.get("*")), limit=settings.limit,
-                           data_file=data_files.get(name), seed=FEWSHOT_SEED)
+            task = prepare(
+                name,
+                num_fewshot=shots.get(name, shots.get("*")),
+                limit=settings.limit,
+                data_file=data_files.get(name),
+                seed=FEWSHOT_SEED,
+            )
         except DataUnavailable as error:
             unavailable[name] = str(error)
             continue
@@ -51,15 +56,21 @@ def evaluate(model, tokenizer, settings: EvalSettings, *, progress: bool = True,
 
 def _base_result(task: PreparedTask, value: float, per_doc: list[dict]) -> dict:
     bench = task.benchmark
-    return {"metric": bench.metric, "value": value, "n": len(per_doc), "num_fewshot": task.num_fewshot,
-            "paper_name": bench.paper_name, "category": bench.category, "source": task.source,
-            "per_doc": per_doc}
+    return {
+        "metric": bench.metric,
+        "value": value,
+        "n": len(per_doc),
+        "num_fewshot": task.num_fewshot,
+        "paper_name": bench.paper_name,
+        "category": bench.category,
+        "source": task.source,
+        "per_doc": per_doc,
+    }
 
 
 def _multiple_choice(model, tokenizer, task: PreparedTask, settings: EvalSettings, progress: bool) -> dict:
     docs: list[MultipleChoiceDoc] = task.docs  # type: ignore[assignment]
-    requests = [[(tokenizer.encode(c), tokenizer.encode(t)) for c, t in zip(d.contexts, d.continuations)]
-                for d in docs]
+    requests = [[(tokenizer.encode(c), tokenizer.encode(t)) for c, t in zip(d.contexts, d.continuations)] for d in docs]
     keys = [f"{task.benchmark.name}/{d.doc_id}" for d in docs]
     rows = sum(len(r) for r in requests) * settings.latent_draws(model)
     with tqdm(total=rows, desc=task.benchmark.name, unit="seq", disable=not progress, leave=False) as bar:
@@ -70,16 +81,27 @@ def _multiple_choice(model, tokenizer, task: PreparedTask, settings: EvalSetting
         by_token = task_metrics.choose(logprobs, [len(t) for _, t in request])
         by_char = task_metrics.choose(logprobs, [len(t) for t in doc.continuations])
         raw = task_metrics.choose(logprobs, [1] * len(logprobs))
-        per_doc.append({"id": doc.doc_id, "group": doc.group, "gold": doc.gold,
-                        "acc_completion": float(by_token == doc.gold), "acc_char": float(by_char == doc.gold),
-                        "acc_raw": float(raw == doc.gold), "logprobs": [round(x, 4) for x in logprobs]})
+        per_doc.append(
+            {
+                "id": doc.doc_id,
+                "group": doc.group,
+                "gold": doc.gold,
+                "acc_completion": float(by_token == doc.gold),
+                "acc_char": float(by_char == doc.gold),
+                "acc_raw": float(raw == doc.gold),
+                "logprobs": [round(x, 4) for x in logprobs],
+            }
+        )
     primary = "acc_char" if task.benchmark.metric.endswith("acc_char") else "acc_completion"
     groups = [d["group"] for d in per_doc]
     for record in per_doc:
         record["score"] = record[primary]
     result = _base_result(task, task_metrics.aggregate([d["score"] for d in per_doc], groups), per_doc)
-    result["also"] = {m: task_metrics.aggregate([d[m] for d in per_doc], groups)
-                      for m in ("acc_completion", "acc_char", "acc_raw") if m != primary}
+    result["also"] = {
+        m: task_metrics.aggregate([d[m] for d in per_doc], groups)
+        for m in ("acc_completion", "acc_char", "acc_raw")
+        if m != primary
+    }
     # What fit_window cuts to fit the model's context: the context's start (usually harmless), or, when an
     # answer alone is longer than the context, the answer's start (its choices may then score alike)
     max_len = model.config.max_seq_len
@@ -94,8 +116,9 @@ def _generative(model, tokenizer, task: PreparedTask, settings: EvalSettings, pr
     budget = settings.max_new_tokens or bench.max_new_tokens
     per_doc, truncated = [], 0
     for doc in tqdm(docs, desc=bench.name, unit="doc", disable=not progress, leave=False):
-        texts, cut = generate_texts(model, tokenizer, doc.prompt, f"{bench.name}/{doc.doc_id}", settings,
-                                    max_new_tokens=budget, stop=bench.stop)
+        texts, cut = generate_texts(
+            model, tokenizer, doc.prompt, f"{bench.name}/{doc.doc_id}", settings, max_new_tokens=budget, stop=bench.stop
+        )
         truncated += cut
         if bench.kind == "code":
             outcomes = [check_completion(doc.test, text, settings.sandbox) for text in texts]
@@ -104,8 +127,15 @@ def _generative(model, tokenizer, task: PreparedTask, settings: EvalSettings, pr
         else:
             correct = [bench.is_correct(t, doc) for t in texts]
             detail = {}
-        per_doc.append({"id": doc.doc_id, "group": doc.group, "score": statistics.fmean(map(float, correct)),
-                        "generations": texts, **detail})
+        per_doc.append(
+            {
+                "id": doc.doc_id,
+                "group": doc.group,
+                "score": statistics.fmean(map(float, correct)),
+                "generations": texts,
+                **detail,
+            }
+        )
     result = _base_result(task, task_metrics.aggregate([d["score"] for d in per_doc]), per_doc)
     result["max_new_tokens"] = min(budget, model.config.max_seq_len // 2)
     result["truncated_prompts"] = truncated
@@ -114,8 +144,9 @@ def _generative(model, tokenizer, task: PreparedTask, settings: EvalSettings, pr
     return result
 
 
-def score(model, tokenizer, settings: EvalSettings, *, progress: bool = False,
-          on_task: Callable[[dict], None] | None = None) -> dict:
+def score(
+    model, tokenizer, settings: EvalSettings, *, progress: bool = False, on_task: Callable[[dict], None] | None = None
+) -> dict:
     """The model's results under `settings` (their sandbox limits included): {"tasks", "unavailable",
     "latents"} (runner.evaluate) and, with held-out text, "likelihood". Leaves the model in eval mode.
     on_task: called with the results so far after each task (to keep them if the evaluation is stopped)."""
@@ -123,8 +154,14 @@ def score(model, tokenizer, settings: EvalSettings, *, progress: bool = False,
     results = evaluate(model, tokenizer, settings, progress=progress, on_task=on_task)
     if settings.heldout:
         with tqdm(desc="held-out", unit="window", disable=not progress, leave=False) as bar:
-            results["likelihood"] = heldout_likelihood(model, tokenizer, settings.heldout_text(),
-                                                       samples=settings.heldout_samples, seed=settings.seed,
-                                                       max_windows=settings.heldout_windows, progress=bar.update)
+            results["likelihood"] = heldout_likelihood(
+                model,
+                tokenizer,
+                settings.heldout_text(),
+                samples=settings.heldout_samples,
+                seed=settings.seed,
+                max_windows=settings.heldout_windows,
+                progress=bar.update,
+            )
         results["likelihood"]["files"] = list(settings.heldout)
     return results

@@ -41,9 +41,11 @@ GUARD = Path(__file__).with_name("sandbox_guard.py")
 CODEC = Path(plain.__file__)
 PREFIX = "ft-sandbox-"
 ENABLE = {  # what gives each kernel layer to an unprivileged process
-    "namespaces": ("unprivileged user namespaces (sysctl user.max_user_namespaces > 0; "
-                   "kernel.unprivileged_userns_clone=1 where it exists; kernel.apparmor_restrict_unprivileged_userns=0 "
-                   "on Ubuntu 23.10+; a container whose seccomp profile allows unshare)"),
+    "namespaces": (
+        "unprivileged user namespaces (sysctl user.max_user_namespaces > 0; "
+        "kernel.unprivileged_userns_clone=1 where it exists; kernel.apparmor_restrict_unprivileged_userns=0 "
+        "on Ubuntu 23.10+; a container whose seccomp profile allows unshare)"
+    ),
     "seccomp": "a kernel with CONFIG_SECCOMP_FILTER (and a container that allows nested seccomp filters)",
 }
 
@@ -163,7 +165,7 @@ def _track(box, alive: bool) -> None:
 def _remove_orphans() -> None:
     """Directories of sandboxes whose process died before it could remove them (named by its PID)."""
     for path in Path(tempfile.gettempdir()).glob(PREFIX + "*-*"):
-        pid = path.name[len(PREFIX):].partition("-")[0]
+        pid = path.name[len(PREFIX) :].partition("-")[0]
         try:
             if not pid.isdigit() or path.lstat().st_uid != os.getuid():
                 continue
@@ -214,9 +216,16 @@ class Sandbox:
         work.mkdir()
         program = self.root / "program.py"  # outside the writable directory
         program.write_text(self.source, encoding="utf-8")
-        config = {"work_dir": str(work), "program": str(program), "limits": limits.rlimits(),
-                  "namespaces": limits.namespaces, "seccomp": limits.seccomp, "audit_hook": limits.audit_hook,
-                  "require": [] if limits.allow_hook_only else ["namespaces", "seccomp"], "parent": os.getpid()}
+        config = {
+            "work_dir": str(work),
+            "program": str(program),
+            "limits": limits.rlimits(),
+            "namespaces": limits.namespaces,
+            "seccomp": limits.seccomp,
+            "audit_hook": limits.audit_hook,
+            "require": [] if limits.allow_hook_only else ["namespaces", "seccomp"],
+            "parent": os.getpid(),
+        }
         report_r, report_w = os.pipe()
         passed = [report_w]
         config["report_fd"] = report_w
@@ -224,8 +233,7 @@ class Sandbox:
             requests_r, self._requests = os.pipe()
             self._replies, replies_w = os.pipe()
             passed += [requests_r, replies_w]
-            config.update(serve=True, codec=str(CODEC), names=self.wanted, requests_fd=requests_r,
-                          replies_fd=replies_w)
+            config.update(serve=True, codec=str(CODEC), names=self.wanted, requests_fd=requests_r, replies_fd=replies_w)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
         self.started = time.monotonic()
         self.deadline = self.started + limits.timeout_s
@@ -233,8 +241,15 @@ class Sandbox:
             with open(self.root / "stdout", "wb") as out, open(self.root / "stderr", "wb") as err:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", "-B", str(GUARD), json.dumps(config)],
-                    cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True, close_fds=True, pass_fds=passed)
+                    cwd=work,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=passed,
+                )
         finally:
             for fd in passed:
                 os.close(fd)
@@ -250,7 +265,8 @@ class Sandbox:
             raise SandboxUnavailable(
                 f"generated code is not run without kernel isolation, and this machine gives no "
                 f"{' and no '.join(report['missing'])}: enable {enable}; or accept the Python audit hook alone, which "
-                "is no security boundary (eval --sandbox-hook-only, SandboxLimits(allow_hook_only=True))")
+                "is no security boundary (eval --sandbox-hook-only, SandboxLimits(allow_hook_only=True))"
+            )
         if self.wanted is not None:
             os.set_blocking(self._requests, False)
             try:
@@ -310,8 +326,11 @@ class Sandbox:
             raise Broken(f"an answer that is not a plain value: {error}") from None
         shapes = {"names": (dict,), "value": (object,), "raised": (str, str), "not plain": (str,)}
         kind = reply[0] if type(reply) is tuple and reply else None
-        if kind not in shapes or len(reply) != 1 + len(shapes[kind]) or not all(
-                isinstance(x, t) for x, t in zip(reply[1:], shapes[kind])):
+        if (
+            kind not in shapes
+            or len(reply) != 1 + len(shapes[kind])
+            or not all(isinstance(x, t) for x, t in zip(reply[1:], shapes[kind]))
+        ):
             raise Broken("an answer of another shape")
         return reply
 
@@ -338,7 +357,7 @@ class Sandbox:
         try:
             while request:
                 self._wait(self._requests, True)
-                request = request[os.write(self._requests, request):]
+                request = request[os.write(self._requests, request) :]
         except OSError:
             raise Broken("the program stopped taking calls") from None
         reply = self._reply()
@@ -363,9 +382,15 @@ class Sandbox:
         """Stops the program; its output, the layers in force, and `status` (or the `failure` of a call)."""
         status, reason = self.failure or (status, reason)
         self._kill()
-        return SandboxResult(status, self.proc.returncode, _tail(self.root / "stdout", self.limits.output_chars),
-                             _tail(self.root / "stderr", self.limits.output_chars), time.monotonic() - self.started,
-                             self.isolation, reason)
+        return SandboxResult(
+            status,
+            self.proc.returncode,
+            _tail(self.root / "stdout", self.limits.output_chars),
+            _tail(self.root / "stderr", self.limits.output_chars),
+            time.monotonic() - self.started,
+            self.isolation,
+            reason,
+        )
 
     def _kill(self) -> None:
         if self.proc is None:

@@ -57,8 +57,12 @@ def enter_namespaces(work: str) -> dict:
     AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = -100, 0x8000, 0x1, 442
 
     class MountAttr(ctypes.Structure):
-        _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                    ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+        _fields_ = [
+            ("attr_set", ctypes.c_uint64),
+            ("attr_clr", ctypes.c_uint64),
+            ("propagation", ctypes.c_uint64),
+            ("userns_fd", ctypes.c_uint64),
+        ]
 
     def check(result, what):
         if result != 0:
@@ -69,10 +73,14 @@ def enter_namespaces(work: str) -> dict:
         check(libc.mount(work.encode(), work.encode(), None, MS_BIND | MS_REC, None), "bind work dir")
         read_only, writable = MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0), MountAttr(0, MOUNT_ATTR_RDONLY, 0, 0)
         syscall = libc.syscall
-        check(syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(read_only),
-                      ctypes.sizeof(read_only)), "read-only /")
-        check(syscall(SYS_MOUNT_SETATTR, AT_FDCWD, work.encode(), 0, ctypes.byref(writable),
-                      ctypes.sizeof(writable)), "writable work dir")
+        check(
+            syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(read_only), ctypes.sizeof(read_only)),
+            "read-only /",
+        )
+        check(
+            syscall(SYS_MOUNT_SETATTR, AT_FDCWD, work.encode(), 0, ctypes.byref(writable), ctypes.sizeof(writable)),
+            "writable work dir",
+        )
         report["read_only_fs"] = True
     except OSError as error:
         report["error"] = str(error)
@@ -94,22 +102,81 @@ def set_limits(limits: dict) -> dict:
 
 # Denied system calls per architecture: (audit arch, {name: number}).
 _ARCHES = {
-    "x86_64": (0xC000003E, dict(
-        socket=41, socketpair=53, fork=57, vfork=58, execve=59, execveat=322, ptrace=101, chroot=161,
-        mount=165, umount2=166, pivot_root=155, tkill=200, add_key=248, request_key=249, keyctl=250,
-        unshare=272, perf_event_open=298, setns=308, process_vm_readv=310, process_vm_writev=311,
-        bpf=321, userfaultfd=323, kexec_load=246, open_by_handle_at=304, name_to_handle_at=303)),
-    "aarch64": (0xC00000B7, dict(
-        socket=198, socketpair=199, execve=221, execveat=281, ptrace=117, chroot=51, mount=40,
-        umount2=39, pivot_root=41, tkill=130, add_key=217, request_key=218, keyctl=219, unshare=97,
-        perf_event_open=241, setns=268, process_vm_readv=270, process_vm_writev=271, bpf=280,
-        userfaultfd=282, kexec_load=104, open_by_handle_at=265, name_to_handle_at=264)),
+    "x86_64": (
+        0xC000003E,
+        dict(
+            socket=41,
+            socketpair=53,
+            fork=57,
+            vfork=58,
+            execve=59,
+            execveat=322,
+            ptrace=101,
+            chroot=161,
+            mount=165,
+            umount2=166,
+            pivot_root=155,
+            tkill=200,
+            add_key=248,
+            request_key=249,
+            keyctl=250,
+            unshare=272,
+            perf_event_open=298,
+            setns=308,
+            process_vm_readv=310,
+            process_vm_writev=311,
+            bpf=321,
+            userfaultfd=323,
+            kexec_load=246,
+            open_by_handle_at=304,
+            name_to_handle_at=303,
+        ),
+    ),
+    "aarch64": (
+        0xC00000B7,
+        dict(
+            socket=198,
+            socketpair=199,
+            execve=221,
+            execveat=281,
+            ptrace=117,
+            chroot=51,
+            mount=40,
+            umount2=39,
+            pivot_root=41,
+            tkill=130,
+            add_key=217,
+            request_key=218,
+            keyctl=219,
+            unshare=97,
+            perf_event_open=241,
+            setns=268,
+            process_vm_readv=270,
+            process_vm_writev=271,
+            bpf=280,
+            userfaultfd=282,
+            kexec_load=104,
+            open_by_handle_at=265,
+            name_to_handle_at=264,
+        ),
+    ),
 }
 _ARCH_CALLS = {"x86_64": dict(clone=56, kill=62, tgkill=234), "aarch64": dict(clone=220, kill=129, tgkill=131)}
 # Numbers shared by every architecture since Linux 5.1.
-_COMMON_DENIED = dict(pidfd_send_signal=424, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
-                      open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
-                      pidfd_getfd=438, mount_setattr=442)
+_COMMON_DENIED = dict(
+    pidfd_send_signal=424,
+    io_uring_setup=425,
+    io_uring_enter=426,
+    io_uring_register=427,
+    open_tree=428,
+    move_mount=429,
+    fsopen=430,
+    fsconfig=431,
+    fsmount=432,
+    fspick=433,
+    pidfd_getfd=438,
+    mount_setattr=442,
+)
 CLONE3 = 435
 
 
@@ -134,8 +201,13 @@ def install_seccomp() -> dict:
         prog += [(JEQ, 0, 1, nr), (RET, 0, 0, ERRNO | EPERM)]
     prog += [(JEQ, 0, 1, CLONE3), (RET, 0, 0, ERRNO | ENOSYS)]  # libc falls back to clone
     # clone: only threads (CLONE_THREAD in the flags, args[0]), no new process
-    prog += [(JEQ, 0, 4, calls["clone"]), (LD, 0, 0, 16), (JSET, 0, 1, CLONE_THREAD), (RET, 0, 0, ALLOW),
-             (RET, 0, 0, ERRNO | EAGAIN)]
+    prog += [
+        (JEQ, 0, 4, calls["clone"]),
+        (LD, 0, 0, 16),
+        (JSET, 0, 1, CLONE_THREAD),
+        (RET, 0, 0, ALLOW),
+        (RET, 0, 0, ERRNO | EAGAIN),
+    ]
     # kill / tgkill: only to itself or its own process group
     for name, targets in (("kill", own), ("tgkill", {pid})):
         checks = [(JEQ, 0, 0, t) for t in sorted(targets)]
@@ -172,24 +244,61 @@ def install_filter(prog: list[tuple[int, int, int, int]]) -> str | None:
 
 
 _BLOCKED_EVENTS = {
-    "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.sendto",
-    "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-    "os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function", "ctypes.cdata",
-    "ctypes.addressof", "os.chroot", "pty.spawn", "webbrowser.open",
+    "socket.__new__",
+    "socket.connect",
+    "socket.bind",
+    "socket.getaddrinfo",
+    "socket.sendto",
+    "subprocess.Popen",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.fork",
+    "os.forkpty",
+    "os.kill",
+    "os.killpg",
+    "ctypes.dlopen",
+    "ctypes.dlsym",
+    "ctypes.call_function",
+    "ctypes.cdata",
+    "ctypes.addressof",
+    "os.chroot",
+    "pty.spawn",
+    "webbrowser.open",
     # tracing and object-graph walks could reach into the hook and the guard
-    "sys.settrace", "sys.setprofile", "sys.monitoring.register_callback",
-    "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+    "sys.settrace",
+    "sys.setprofile",
+    "sys.monitoring.register_callback",
+    "gc.get_objects",
+    "gc.get_referrers",
+    "gc.get_referents",
 }
 # event -> (path argument, its dir_fd argument or None) pairs; each path must lie inside the work directory
 _PATH_EVENTS = {
-    "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.chmod": ((0, 2),),
-    "os.chown": ((0, 3),), "os.rename": ((0, 2), (1, 3)), "os.link": ((0, 2), (1, 3)), "os.symlink": ((1, 2),),
-    "os.truncate": ((0, None),), "os.utime": ((0, 3),), "shutil.rmtree": ((0, 1),), "os.chflags": ((0, None),),
-    "os.setxattr": ((0, None),), "os.removexattr": ((0, None),), "sqlite3.connect": ((0, None),),
+    "os.remove": ((0, 1),),
+    "os.rmdir": ((0, 1),),
+    "os.mkdir": ((0, 2),),
+    "os.chmod": ((0, 2),),
+    "os.chown": ((0, 3),),
+    "os.rename": ((0, 2), (1, 3)),
+    "os.link": ((0, 2), (1, 3)),
+    "os.symlink": ((1, 2),),
+    "os.truncate": ((0, None),),
+    "os.utime": ((0, 3),),
+    "shutil.rmtree": ((0, 1),),
+    "os.chflags": ((0, None),),
+    "os.setxattr": ((0, None),),
+    "os.removexattr": ((0, None),),
+    "sqlite3.connect": ((0, None),),
 }
 # Calls that raise no audit event, replaced by _refused before the program runs (module -> names)
-_UNAUDITED = {"os": ("mkfifo", "mknod"), "posix": ("mkfifo", "mknod"), "signal": ("pidfd_send_signal",),
-              "_posixsubprocess": ("fork_exec",)}
+_UNAUDITED = {
+    "os": ("mkfifo", "mknod"),
+    "posix": ("mkfifo", "mknod"),
+    "signal": ("pidfd_send_signal",),
+    "_posixsubprocess": ("fork_exec",),
+}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _DIRECTORY_FLAGS = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
 REFUSED = 3  # the exit status when a required layer is missing: the program did not run
@@ -219,8 +328,12 @@ def install_audit_hook(work: str) -> None:
     is_link, is_dir = stat.S_ISLNK, stat.S_ISDIR
     denied, error, halt, str_, bytes_, int_, type_ = PermissionError, OSError, RuntimeError, str, bytes, int, type
     decode, any_, len_ = bytes.decode, any, len
-    blocked, path_events, write_flags, directory_flags = (frozenset(_BLOCKED_EVENTS), dict(_PATH_EVENTS),
-                                                          _WRITE_FLAGS, _DIRECTORY_FLAGS)
+    blocked, path_events, write_flags, directory_flags = (
+        frozenset(_BLOCKED_EVENTS),
+        dict(_PATH_EVENTS),
+        _WRITE_FLAGS,
+        _DIRECTORY_FLAGS,
+    )
 
     def resolve(path: str, base: str) -> str:
         """os.path.realpath(base/path), with built-in calls only."""

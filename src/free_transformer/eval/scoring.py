@@ -106,8 +106,9 @@ def continuation_logprobs(
         batch = rows[start:stop]
         tokens = torch.zeros(len(batch), width, dtype=torch.int64)
         space = model.latent_space
-        latents = torch.zeros(len(batch), width, *(space.value_shape if space else ()),
-                              dtype=space.value_dtype if space else torch.int64)
+        latents = torch.zeros(
+            len(batch), width, *(space.value_shape if space else ()), dtype=space.value_dtype if space else torch.int64
+        )
         for b, row in enumerate(batch):  # right padding: a causal decoder never looks at it
             tokens[b, : len(row.tokens)] = torch.tensor(row.tokens)
             if row.latents is not None:
@@ -140,8 +141,9 @@ def _document_rows(model, doc: int, windows, key: str, settings: EvalSettings) -
     for ctx, _ in windows:
         if tuple(ctx) in latents:
             continue
-        plan = LatentPlan(K, model.latent_space, prompt_source=settings.latents,
-                          generators=_generators(settings.seed, key, K, device))
+        plan = LatentPlan(
+            K, model.latent_space, prompt_source=settings.latents, generators=_generators(settings.seed, key, K, device)
+        )
         if settings.latents == ENCODER:  # the encoder sees the context only, never a choice
             context = torch.tensor(ctx, device=device).expand(K, -1)
             plan.record(0, model(context, latents=ENCODER, generator=plan.generators).latents)
@@ -184,6 +186,7 @@ def generate_texts(
 
     prompts = torch.tensor([ids] * n, dtype=torch.int64)
     seeds = [benchmark_seed(settings.seed, key, "generate", k) for k in range(n)]
-    result = generate(model, prompts, config, seeds=seeds, latents=settings.latents,
-                      should_stop=stop_check(tokenizer.decode, stop))
+    result = generate(
+        model, prompts, config, seeds=seeds, latents=settings.latents, should_stop=stop_check(tokenizer.decode, stop)
+    )
     return [cut_at_stop(tokenizer.decode(t), stop) for t in result.tokens], truncated

@@ -128,10 +128,13 @@ class EvalConfig:
 
     def settings(self) -> EvalSettings:
         """These options checked, with the lists resolved: task names, shots, data files (one-line errors)."""
-        return EvalSettings(self, tasks=tuple(task_names(self.tasks)),
-                            num_fewshot=tuple(sorted(_shots(_items(self.num_fewshot)).items())),
-                            data=tuple(sorted(_pairs(_items(self.data), "data", "TASK=PATH").items())),
-                            heldout=tuple(_items(self.heldout)))
+        return EvalSettings(
+            self,
+            tasks=tuple(task_names(self.tasks)),
+            num_fewshot=tuple(sorted(_shots(_items(self.num_fewshot)).items())),
+            data=tuple(sorted(_pairs(_items(self.data), "data", "TASK=PATH").items())),
+            heldout=tuple(_items(self.heldout)),
+        )
 
     def validate(self) -> None:
         """A training config's section: every >= 0 and, when it scores, settings that can be used now."""
@@ -206,10 +209,12 @@ class EvalSettings:
 
     def to_dict(self) -> dict:
         """The options a score depends on, the lists resolved: the record's "settings"."""
-        values = {item.name: getattr(self.options, item.name) for item in fields(EvalConfig)
-                  if item.name not in UNSCORED}
-        values.update(tasks=list(self.tasks), num_fewshot=dict(self.num_fewshot), data=dict(self.data),
-                      heldout=list(self.heldout))
+        values = {
+            item.name: getattr(self.options, item.name) for item in fields(EvalConfig) if item.name not in UNSCORED
+        }
+        values.update(
+            tasks=list(self.tasks), num_fewshot=dict(self.num_fewshot), data=dict(self.data), heldout=list(self.heldout)
+        )
         return values
 
     @property
@@ -228,8 +233,7 @@ class EvalSettings:
         """Where the model's Z came from, as the results say it."""
         if not model.config.is_free:
             return {"model": "baseline", "latents": "none (baseline decoder, exact probabilities)"}
-        context = ("encoder posterior on the context only (KV-cache prefill)" if self.latents == "encoder"
-                   else "prior")
+        context = "encoder posterior on the context only (KV-cache prefill)" if self.latents == "encoder" else "prior"
         return {
             "model": "free",
             "latent_kind": model.config.latent.kind,

@@ -88,7 +88,9 @@ def paired_bootstrap(
     if base.shape != other.shape or base.size == 0:
         raise ValueError("paired bootstrap needs two equally long, non-empty score lists")
     rng = np.random.default_rng(seed)
-    labels = np.asarray(["" if g is None else str(g) for g in groups]) if groups is not None else np.zeros(base.size, str)
+    labels = (
+        np.asarray(["" if g is None else str(g) for g in groups]) if groups is not None else np.zeros(base.size, str)
+    )
     members = [np.flatnonzero(labels == g) for g in np.unique(labels)]
     diffs = np.empty(samples)
     for s in range(samples):

@@ -138,8 +138,9 @@ def register(cls: type[Benchmark]) -> type[Benchmark]:
     return cls
 
 
-def choose_shots(pool: Sequence[dict], candidates: Sequence[int], n: int, *, fixed: bool,
-                 exclude: int | None, seed) -> list[dict]:
+def choose_shots(
+    pool: Sequence[dict], candidates: Sequence[int], n: int, *, fixed: bool, exclude: int | None, seed
+) -> list[dict]:
     """n few-shot rows of `pool` among the indices `candidates`: the first n of a fixed list, or a
     seeded sample that never contains the evaluated row itself (`exclude`, its index in the pool
     when the pool is the evaluated split)."""

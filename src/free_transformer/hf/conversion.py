@@ -11,7 +11,6 @@ pretrained Llama into a Free Transformer.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -38,8 +37,10 @@ FORMATS = ("checkpoint", "hf", "llama")
 # Files of a Hugging Face tokenizer, copied along when a Llama is converted to the HF format.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
-LLAMA_NEEDS_BASELINE = ("only a baseline (latent_units = 0) converts to Llama: a Free Transformer's encoder and "
-                        "latent injection have no Llama equivalent")
+LLAMA_NEEDS_BASELINE = (
+    "only a baseline (latent_units = 0) converts to Llama: a Free Transformer's encoder and "
+    "latent injection have no Llama equivalent"
+)
 
 
 class ConversionError(ValueError):
@@ -72,7 +73,7 @@ def read_json(path: Path) -> dict:
 
 
 def detect_format(path: str | Path) -> str:
-    """"checkpoint" (ours: a step_* or run directory), "hf" (FreeTransformerForCausalLM) or "llama"."""
+    """ "checkpoint" (ours: a step_* or run directory), "hf" (FreeTransformerForCausalLM) or "llama"."""
     path = Path(path)
     if not path.is_dir():
         raise ConversionError(f"{path} is not a directory")
@@ -90,16 +91,21 @@ def detect_format(path: str | Path) -> str:
         return "hf"
     if model_type == "llama":
         return "llama"
-    raise ConversionError(f"{path}: unsupported model_type {model_type!r} (expected 'free_transformer' or 'llama', "
-                          "or one of our checkpoint directories)")
+    raise ConversionError(
+        f"{path}: unsupported model_type {model_type!r} (expected 'free_transformer' or 'llama', "
+        "or one of our checkpoint directories)"
+    )
 
 
 def source_latent_units(path: str | Path) -> int:
     """H of the model in a directory of any FORMATS, read from its config alone (0 for a Llama), under its
     name of today or of before (SAVED_MODEL_RENAMED)."""
     path, fmt = Path(path), detect_format(path)
-    config = read_json(resolve_checkpoint(path) / "config.json")["model"] if fmt == "checkpoint" else \
-        read_json(path / "config.json")
+    config = (
+        read_json(resolve_checkpoint(path) / "config.json")["model"]
+        if fmt == "checkpoint"
+        else read_json(path / "config.json")
+    )
     return int(upgrade_saved_model_config(config).get("latent_units", 0))
 
 
@@ -109,8 +115,10 @@ def safetensors_weights(path: Path) -> Path:
     for name in ("model.safetensors", "model.safetensors.index.json"):
         if (path / name).is_file():
             return path / name
-    raise ConversionError(f"{path}: no model.safetensors or model.safetensors.index.json "
-                          "(only safetensors weights are read; re-save .bin checkpoints with safe_serialization)")
+    raise ConversionError(
+        f"{path}: no model.safetensors or model.safetensors.index.json "
+        "(only safetensors weights are read; re-save .bin checkpoints with safe_serialization)"
+    )
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -132,8 +140,9 @@ def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def check_config_fits_weights(config: ModelConfig, config_file: Path, path: Path, prefix: str = "",
-                              skip=lambda name: False) -> None:
+def check_config_fits_weights(
+    config: ModelConfig, config_file: Path, path: Path, prefix: str = "", skip=lambda name: False
+) -> None:
     """Before anything is allocated: the model `config` describes (read from `config_file`) fits this
     machine's memory, and its tensors are the weights' of `path` (names under `prefix`, in any layout
     that upgrade_state_dict reads, less those the loader `skip`s), with their shapes, read from the
@@ -157,13 +166,20 @@ def check_config_fits_weights(config: ModelConfig, config_file: Path, path: Path
         shapes = {name: tuple(t.shape) for name, t in upgrade_state_dict(found).items()}
     except RuntimeError as error:  # separate projections that do not stack
         raise ConversionError(f"corrupt weights in {path}: {error}") from None
-    problems = [f"{name} is {list(shapes[name])} in the weights, {list(shape)} by the config"
-                for name, shape in expected.items() if name in shapes and shapes[name] != shape]
+    problems = [
+        f"{name} is {list(shapes[name])} in the weights, {list(shape)} by the config"
+        for name, shape in expected.items()
+        if name in shapes and shapes[name] != shape
+    ]
     problems += [f"the weights lack {name}" for name in expected if name not in shapes]
-    problems += [f"the weights hold {name}, which the config has no place for" for name in shapes if name not in expected]
+    problems += [
+        f"the weights hold {name}, which the config has no place for" for name in shapes if name not in expected
+    ]
     if problems:
-        raise ConversionError(f"{config_file} does not describe the weights in {path}: {'; '.join(problems[:3])}"
-                              + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+        raise ConversionError(
+            f"{config_file} does not describe the weights in {path}: {'; '.join(problems[:3])}"
+            + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+        )
 
 
 # ---- Llama ---------------------------------------------------------------------------------------
@@ -213,8 +229,9 @@ def llama_model_config(config: dict, max_seq_len: int | None = None) -> ModelCon
         raise ConversionError(f"Llama config lacks {error}") from None
 
 
-def load_llama(path: str | Path, *, max_seq_len: int | None = None, dtype: torch.dtype | None = None
-               ) -> tuple[FreeTransformer, dict]:
+def load_llama(
+    path: str | Path, *, max_seq_len: int | None = None, dtype: torch.dtype | None = None
+) -> tuple[FreeTransformer, dict]:
     """(our baseline holding the Llama's weights, the Llama's config.json dict)."""
     path = Path(path)
     llama_config = read_json(path / "config.json")
@@ -222,8 +239,13 @@ def load_llama(path: str | Path, *, max_seq_len: int | None = None, dtype: torch
         config = llama_model_config(llama_config, max_seq_len)
     except (ValueError, TypeError) as error:  # a feature we lack, a size of the wrong type or out of range
         raise ConversionError(f"{path / 'config.json'}: {error}") from None
-    check_config_fits_weights(config, path / "config.json", path, prefix="model.", skip=lambda name: name.endswith(
-        "rotary_emb.inv_freq") or (name == "lm_head.weight" and config.tie_embeddings))  # as read below
+    check_config_fits_weights(
+        config,
+        path / "config.json",
+        path,
+        prefix="model.",
+        skip=lambda name: name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and config.tie_embeddings),
+    )  # as read below
     weights = read_safetensors_dir(path)
     ours = {}
     for name, tensor in weights.items():
@@ -245,8 +267,9 @@ def _materialize(config: ModelConfig, weights: dict[str, torch.Tensor], dtype: t
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or unexpected:
-        raise ConversionError(f"{source}: weights do not match a model of this config; missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}")
+        raise ConversionError(
+            f"{source}: weights do not match a model of this config; missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     model = model.to(dtype).to_empty(device="cpu")
     model.load_state_dict(weights)
     cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
@@ -256,7 +279,7 @@ def _materialize(config: ModelConfig, weights: dict[str, torch.Tensor], dtype: t
 
 
 def llama_tokenizer_name(path: str | Path) -> str | None:
-    """"hf:<absolute path>" when the Llama directory holds a tokenizer (see hf_tokenizer), else None."""
+    """ "hf:<absolute path>" when the Llama directory holds a tokenizer (see hf_tokenizer), else None."""
     path = Path(path)
     if any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
         return f"hf:{path.resolve()}"
@@ -272,12 +295,20 @@ def save_llama(model: FreeTransformer, out_dir: str | Path, token_ids: dict | No
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = model.embed_tokens.weight.dtype
     config = LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.ffn_hidden, num_hidden_layers=c.n_layers,
-        num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
-        max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
+        vocab_size=c.vocab_size,
+        hidden_size=c.dim,
+        intermediate_size=c.ffn_hidden,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_seq_len,
+        rms_norm_eps=c.norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
-        tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False,
-        **{key: None for key in TOKEN_ID_KEYS} | (token_ids or {}),
+        tie_word_embeddings=c.tie_embeddings,
+        attention_bias=False,
+        mlp_bias=False,
+        **dict.fromkeys(TOKEN_ID_KEYS) | (token_ids or {}),
     )
     config.architectures = ["LlamaForCausalLM"]
     config.dtype = dtype
@@ -293,8 +324,9 @@ def save_llama(model: FreeTransformer, out_dir: str | Path, token_ids: dict | No
 # ---- a Free Transformer from a baseline ----------------------------------------------------------
 
 
-def with_fresh_latent_path(baseline: FreeTransformer, latent_units: int, latent_layer: int | None = None,
-                           seed: int = 0) -> FreeTransformer:
+def with_fresh_latent_path(
+    baseline: FreeTransformer, latent_units: int, latent_layer: int | None = None, seed: int = 0
+) -> FreeTransformer:
     """A Free Transformer whose decoder (embeddings, every block, final norm, read-out) is a copy of
     `baseline`'s, and whose encoder block, zeta, encoder read-out and post-sampler are freshly
     initialised by `init_weights` from torch seed `seed`."""
@@ -324,8 +356,9 @@ def _check_tokenizer(name: str | None, source) -> None:
         raise ConversionError(f"{source}: the model's tokenizer: {error}") from None
 
 
-def load_any(path: str | Path, *, max_seq_len: int | None = None, dtype: torch.dtype | None = None
-             ) -> tuple[FreeTransformer, dict]:
+def load_any(
+    path: str | Path, *, max_seq_len: int | None = None, dtype: torch.dtype | None = None
+) -> tuple[FreeTransformer, dict]:
     """(our model, metadata {"tokenizer", "token_ids", "format"}) from a directory in any FORMATS."""
     fmt = detect_format(path)
     if fmt == "llama":
@@ -348,19 +381,27 @@ def load_any(path: str | Path, *, max_seq_len: int | None = None, dtype: torch.d
         check_config_fits_weights(config, config_file, Path(path), prefix="model.")
         hf_model = FreeTransformerForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True)
         model = hf_model.model
-        token_ids = {key: getattr(hf_model.config, key) for key in TOKEN_ID_KEYS
-                     if getattr(hf_model.config, key, None) is not None}
+        token_ids = {
+            key: getattr(hf_model.config, key)
+            for key in TOKEN_ID_KEYS
+            if getattr(hf_model.config, key, None) is not None
+        }
         meta = {"format": fmt, "tokenizer": hf_model.config.tokenizer_name, "token_ids": token_ids}
     if max_seq_len is not None and max_seq_len != model.config.max_seq_len:  # changes the RoPE tables only
-        model = _materialize(model.config.replace(max_seq_len=max_seq_len), model.state_dict(),
-                             model.embed_tokens.weight.dtype, source=path)
+        model = _materialize(
+            model.config.replace(max_seq_len=max_seq_len),
+            model.state_dict(),
+            model.embed_tokens.weight.dtype,
+            source=path,
+        )
     if dtype is not None:
         model = model.to(dtype)
     return model.eval(), meta
 
 
-def save_hf(model: FreeTransformer, out_dir: str | Path, *, tokenizer: str | None = None,
-            token_ids: dict | None = None) -> Path:
+def save_hf(
+    model: FreeTransformer, out_dir: str | Path, *, tokenizer: str | None = None, token_ids: dict | None = None
+) -> Path:
     """Write `model` as a FreeTransformerForCausalLM directory (save_pretrained, safetensors)."""
     hf_model = FreeTransformerForCausalLM.from_free_transformer(model, tokenizer_name=tokenizer, **(token_ids or {}))
     hf_model.save_pretrained(out_dir)
@@ -374,9 +415,18 @@ def save_hf(model: FreeTransformer, out_dir: str | Path, *, tokenizer: str | Non
     return Path(out_dir)
 
 
-def convert(source: str | Path, destination: str | Path, to: str, *, latent_units: int | None = None,
-            latent_layer: int | None = None, seed: int = 0, step: int = 0, max_seq_len: int | None = None,
-            dtype: torch.dtype | None = None) -> Path:
+def convert(
+    source: str | Path,
+    destination: str | Path,
+    to: str,
+    *,
+    latent_units: int | None = None,
+    latent_layer: int | None = None,
+    seed: int = 0,
+    step: int = 0,
+    max_seq_len: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """Convert `source` (any FORMATS, detected) to format `to` at `destination`; return the written path.
 
     With latent_units, the source must be a baseline (ours or a Llama): the result is a Free
@@ -389,8 +439,10 @@ def convert(source: str | Path, destination: str | Path, to: str, *, latent_unit
         raise ConversionError(f"unknown target format {to!r}; choose one of {', '.join(FORMATS)}")
     destination = Path(destination)
     if destination.is_symlink():  # os.replace would put the result beside the link's target, or fail obscurely
-        raise ConversionError(f"{destination} is a symbolic link: nothing is written through one; choose another "
-                              "destination (nothing was written)")
+        raise ConversionError(
+            f"{destination} is a symbolic link: nothing is written through one; choose another "
+            "destination (nothing was written)"
+        )
     if to in ("hf", "llama") and destination.exists() and any(destination.iterdir()):
         raise ConversionError(f"{destination} exists and is not empty")
     if to == "checkpoint" and ((destination / "checkpoints").exists() or (destination / "config.yaml").exists()):
@@ -414,8 +466,11 @@ def convert(source: str | Path, destination: str | Path, to: str, *, latent_unit
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.converting", dir=destination.parent))
     try:
         if to == "checkpoint":
-            metadata = {"tokenizer": meta["tokenizer"], "token_ids": meta["token_ids"],
-                        "converted_from": {"format": meta["format"], "path": str(Path(source).resolve())}}
+            metadata = {
+                "tokenizer": meta["tokenizer"],
+                "token_ids": meta["token_ids"],
+                "converted_from": {"format": meta["format"], "path": str(Path(source).resolve())},
+            }
             written = save_checkpoint(staging, step, model, metadata, keep=0)
             destination.mkdir(exist_ok=True)
             os.replace(staging / "checkpoints", destination / "checkpoints")
@@ -428,8 +483,10 @@ def convert(source: str | Path, destination: str | Path, to: str, *, latent_unit
         return destination
     except (OSError, SafetensorError, CheckpointError) as error:
         cause = error.__cause__ if isinstance(error, CheckpointError) and error.__cause__ else error
-        raise ConversionError(f"cannot write {destination}: is the disk full, or a quota or file-size limit "
-                              f"reached? ({' '.join(str(cause).split())}); nothing was written, make room and run "
-                              "the same command again") from error
+        raise ConversionError(
+            f"cannot write {destination}: is the disk full, or a quota or file-size limit "
+            f"reached? ({' '.join(str(cause).split())}); nothing was written, make room and run "
+            "the same command again"
+        ) from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor
 
-from ..inference.sampling import sample_next
 from ..inference.params import Sampling
+from ..inference.sampling import sample_next
 
 
 class RowSeededSampler(LogitsProcessor):

@@ -41,8 +41,14 @@ LEGACY_KEY_MAPPING = legacy_latent_key_mapping("model.")
 # Hugging Face's library defaults for the generation settings read here (GenerationConfig leaves them
 # unset and fills these in when generate runs); a setting not listed defaults to None (unset).
 HF_GENERATION_DEFAULTS = {
-    "do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "num_beams": 1,
-    "num_return_sequences": 1, "max_length": 20, "max_new_tokens": None,
+    "do_sample": False,
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+    "num_beams": 1,
+    "num_return_sequences": 1,
+    "max_length": 20,
+    "max_new_tokens": None,
 }
 
 
@@ -69,9 +75,11 @@ class HFCacheView:
             raise ValueError(f"layer {layer}: the cache holds {cached} positions but the input starts at {start}")
         keys, values = self.cache.update(k, v, layer)
         if keys.shape[2] != start + k.shape[2]:  # a static or sliding-window cache: padded or truncated
-            raise ValueError(f"{type(self.cache).__name__} returned {keys.shape[2]} positions for "
-                             f"{start + k.shape[2]}: only caches that hold exactly the positions seen "
-                             "(DynamicCache) are supported")
+            raise ValueError(
+                f"{type(self.cache).__name__} returned {keys.shape[2]} positions for "
+                f"{start + k.shape[2]}: only caches that hold exactly the positions seen "
+                "(DynamicCache) are supported"
+            )
         return keys, values
 
 
@@ -108,8 +116,13 @@ def _separate_projections(name_or_path, kwargs) -> dict[str, list[str]]:
     if name_or_path is None or kwargs.get("gguf_file") or kwargs.get("state_dict") is not None:
         return {}
     hub = {key: kwargs[key] for key in HUB_KWARGS if kwargs.get(key) is not None}
-    found = lambda file: cached_file(name_or_path, file, _raise_exceptions_for_missing_entries=False,
-                                     _raise_exceptions_for_connection_errors=False, **hub)
+    found = lambda file: cached_file(
+        name_or_path,
+        file,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+        **hub,
+    )
     index = found("model.safetensors.index.json")
     if index is not None:
         with open(index) as handle:
@@ -155,8 +168,9 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         wants_info = kwargs.pop("output_loading_info", False)
         with _quiet_transformers():  # its unused / newly initialised weights are the ones fused below
-            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
-                                                  **kwargs)
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs
+            )
         weights = {}
         for path, names in separate.items():
             with safe_open(path, framework="pt") as handle:
@@ -248,8 +262,16 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         view = None
         if past_key_values is not None:
             view = HFCacheView(past_key_values, self.model.embed_tokens.weight.dtype, self.model.config.max_seq_len)
-        out = self.model(input_ids, targets, latents=source, kappa_nats=kappa_nats, generator=generator,
-                         cache=view, start=start, return_logits=True)  # the HF output always has logits
+        out = self.model(
+            input_ids,
+            targets,
+            latents=source,
+            kappa_nats=kappa_nats,
+            generator=generator,
+            cache=view,
+            start=start,
+            return_logits=True,
+        )  # the HF output always has logits
         if latent_plan is not None:
             latent_plan.record(start, out.latents)
 
@@ -259,16 +281,22 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         else:
             logits = logits[:, logits_to_keep]
         output = FreeTransformerCausalLMOutput(
-            loss=out.loss, logits=logits, cross_entropy_nats=out.cross_entropy_nats, kl_nats=out.kl_nats,
-            latents=out.latents, **{CACHE_FIELD: past_key_values if use_cache else None},
+            loss=out.loss,
+            logits=logits,
+            cross_entropy_nats=out.cross_entropy_nats,
+            kl_nats=out.kl_nats,
+            latents=out.latents,
+            **{CACHE_FIELD: past_key_values if use_cache else None},
         )
         return output if return_dict is not False else output.to_tuple()
 
     @staticmethod
     def _check_mask_and_positions(attention_mask, position_ids, start: int, T: int) -> None:
         if attention_mask is not None and attention_mask.dim() == 2 and not bool((attention_mask == 1).all()):
-            raise ValueError("padded batches are not supported: the attention_mask must be all ones "
-                             "(generate from equal-length prompts, or one prompt at a time)")
+            raise ValueError(
+                "padded batches are not supported: the attention_mask must be all ones "
+                "(generate from equal-length prompts, or one prompt at a time)"
+            )
         if position_ids is not None:
             expected = torch.arange(start, start + T, device=position_ids.device)
             if not bool((position_ids == expected).all()):
@@ -329,13 +357,17 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         if wants_plan and not is_free:
             raise ValueError("latents, latent_reference and latent_seed need a Free Transformer (latent_units > 0)")
         if (is_free or seeds is not None) and (setting("num_beams") != 1 or setting("num_return_sequences") != 1):
-            raise ValueError("beam search and num_return_sequences > 1 are not supported with latents or seeds; "
-                             "repeat the prompt rows instead")
+            raise ValueError(
+                "beam search and num_return_sequences > 1 are not supported with latents or seeds; "
+                "repeat the prompt rows instead"
+            )
         max_new = setting("max_new_tokens")
         fed = P + max_new - 1 if max_new is not None else setting("max_length") - 1
         if fed > self.config.max_position_embeddings:
-            raise ValueError(f"prompt ({P}) + new tokens - 1 = {fed} exceeds max_position_embeddings "
-                             f"{self.config.max_position_embeddings}")
+            raise ValueError(
+                f"prompt ({P}) + new tokens - 1 = {fed} exceeds max_position_embeddings "
+                f"{self.config.max_position_embeddings}"
+            )
 
         generators = row_generators(seeds, B, device) if seeds is not None else None
         plan = self._latent_plan(B, P, latents, latent_reference, latent_seed, generators) if is_free else None
@@ -362,5 +394,13 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             if latents is not None:
                 raise ValueError("pass either latents or latent_reference, not both")
             latents = "reference"
-        return plan_latents(self.model, latents, B, P, length=self.config.max_position_embeddings,
-                            reference=reference, generator=one_off, generators=generators)
+        return plan_latents(
+            self.model,
+            latents,
+            B,
+            P,
+            length=self.config.max_position_embeddings,
+            reference=reference,
+            generator=one_off,
+            generators=generators,
+        )

@@ -25,8 +25,10 @@ from ..base.version import __version__
 from ..data.tokenizer import GPT2_EOT, GPT2_PACKAGE
 
 PACKAGE = "free_transformer"
-ENTRY = {"AutoConfig": ("hf.configuration", "FreeTransformerConfig"),
-         "AutoModelForCausalLM": ("hf.modeling", "FreeTransformerForCausalLM")}
+ENTRY = {
+    "AutoConfig": ("hf.configuration", "FreeTransformerConfig"),
+    "AutoModelForCausalLM": ("hf.modeling", "FreeTransformerForCausalLM"),
+}
 # transformers before 5.10.1 copies only the direct relative imports of a local export's entry file into its
 # module cache, so each entry file also imports, directly, every sibling it needs through another.
 SIBLINGS_NOTE = "\n# Every sibling file this one needs, imported directly (transformers < 5.10.1 copies only those).\n"
@@ -90,15 +92,18 @@ def write_remote_code(out_dir: str | Path) -> list[str]:
             continue
         path = _source_path(root, module)
         source, needs[module] = _rewrite(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
-        header = (f"# Copied from {PACKAGE} {__version__} ({PACKAGE}/{path.relative_to(root)}) by\n"
-                  f"# its Hugging Face export, with relative imports pointing at the sibling files.\n")
+        header = (
+            f"# Copied from {PACKAGE} {__version__} ({PACKAGE}/{path.relative_to(root)}) by\n"
+            f"# its Hugging Face export, with relative imports pointing at the sibling files.\n"
+        )
         sources[module] = header + source
         todo += sorted(needs[module] - sources.keys())
     for entry, _ in ENTRY.values():
         indirect = sorted(_closure(entry, needs) - needs[entry])
         if indirect:
-            sources[entry] += "".join([SIBLINGS_NOTE, *(f"from .{_file_name(m)} import __name__ as _  # noqa: E402\n"
-                                                        for m in indirect)])
+            sources[entry] += "".join(
+                [SIBLINGS_NOTE, *(f"from .{_file_name(m)} import __name__ as _  # noqa: E402\n" for m in indirect)]
+            )
     for module, source in sources.items():
         (out_dir / f"{_file_name(module)}.py").write_text(source, encoding="utf-8")
     config_path = out_dir / "config.json"
@@ -141,11 +146,15 @@ def build_tokenizer(name: str):
     if name == "gpt2":
         data = Path(importlib.util.find_spec(GPT2_PACKAGE).submodule_search_locations[0]) / "data"
         vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
-        merges = [tuple(line.split()) for line in (data / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
-                  if line.strip()]
+        merges = [
+            tuple(line.split())
+            for line in (data / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
+            if line.strip()
+        ]
         tokenizer = _byte_level(vocab, merges, use_regex=True)  # GPT-2's pre-tokenization pattern
-        return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=GPT2_EOT, eos_token=GPT2_EOT,
-                                       unk_token=GPT2_EOT)
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer, bos_token=GPT2_EOT, eos_token=GPT2_EOT, unk_token=GPT2_EOT
+        )
     return None
 
 

@@ -24,9 +24,11 @@ from .generate import GenerationConfig
 from .latents import LatentChoice, resolve_latents
 from .params import DEFAULT_BATCH_SIZE
 
+
 @dataclass(frozen=True)
 class Prompt:
     """A prompt ready to sample: nothing about it can still be refused."""
+
     ids: list[int]
     config: GenerationConfig  # its max_new_tokens is set
     latents: str | Tensor  # resolved: "encoder" or "prior", or (1, N) explicit Z ("shared", "reference")
@@ -41,9 +43,16 @@ class PromptSample:
     tokens: list[int]  # the new tokens, stop token included
 
 
-def prepare_prompts(model: FreeTransformer, prompts: Sequence[Sequence[int]], configs: Sequence[GenerationConfig],
-                    choice: LatentChoice | None, *, reference=None, latent_seed: int,
-                    where: str = "latents") -> list[Prompt]:
+def prepare_prompts(
+    model: FreeTransformer,
+    prompts: Sequence[Sequence[int]],
+    configs: Sequence[GenerationConfig],
+    choice: LatentChoice | None,
+    *,
+    reference=None,
+    latent_seed: int,
+    where: str = "latents",
+) -> list[Prompt]:
     """Each prompt (token ids) with its settings and its Z resolved (`resolve_latents`) with a generator of
     its own seeded `latent_seed`: a prompt's "shared" or "reference" draw is the one a call with that prompt
     alone makes. Prompts of one length and one max_new_tokens share their resolution (the same draw).
@@ -56,8 +65,16 @@ def prepare_prompts(model: FreeTransformer, prompts: Sequence[Sequence[int]], co
         key = (len(ids), config.max_new_tokens)
         if key not in resolved:
             generator = torch.Generator(device=model.rope_cos.device).manual_seed(latent_seed)
-            found = resolve_latents(model, choice, length=len(ids) + config.max_new_tokens - 1, reference=reference,
-                                    generator=generator, batch_size=1, prompt_length=len(ids), where=where)
+            found = resolve_latents(
+                model,
+                choice,
+                length=len(ids) + config.max_new_tokens - 1,
+                reference=reference,
+                generator=generator,
+                batch_size=1,
+                prompt_length=len(ids),
+                where=where,
+            )
             resolved[key] = found.prompt_source if found.explicit is None else found.explicit
         ready.append(Prompt(list(ids), config, resolved[key], model.rope_cos.device))
     return ready
@@ -65,13 +82,21 @@ def prepare_prompts(model: FreeTransformer, prompts: Sequence[Sequence[int]], co
 
 def prompt_row(prompt: Prompt, seed: int, **options) -> Row:
     """The engine's row of one sample of `prompt`, drawn with a generator seeded `seed`."""
-    return Row(prompt.ids, prompt.config, torch.Generator(device=prompt.device).manual_seed(seed), prompt.latents,
-               **options)
+    return Row(
+        prompt.ids, prompt.config, torch.Generator(device=prompt.device).manual_seed(seed), prompt.latents, **options
+    )
 
 
-def sample_prompts(model: FreeTransformer, prompts: Sequence[Prompt], n: int, seed: int, *,
-                   batch_size: int = DEFAULT_BATCH_SIZE, should_stop: Callable[[list[int]], bool] | None = None,
-                   compile: bool = False) -> Iterator[PromptSample]:
+def sample_prompts(
+    model: FreeTransformer,
+    prompts: Sequence[Prompt],
+    n: int,
+    seed: int,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    should_stop: Callable[[list[int]], bool] | None = None,
+    compile: bool = False,
+) -> Iterator[PromptSample]:
     """Every prompt's n samples, yielded in order (prompt 0's samples 0..n-1, then prompt 1's, ...) as soon as
     they and every earlier one are decoded. The rows join the engine's `batch_size` slots in that order, whatever
     their lengths and settings; rows decoded ahead of an earlier one wait in memory (at most the slots' worth).

@@ -67,6 +67,7 @@ ENGINES_PER_MODEL = 4
 @dataclass(eq=False)
 class Row:
     """One sequence to decode, and what it has become: what `DecodeEngine.add` takes, filled as it decodes."""
+
     ids: list[int]  # the prompt's token ids, at least one
     config: GenerationConfig  # temperature, filters, stop tokens, and max_new_tokens (set)
     generator: torch.Generator | None  # every random draw of the row (None: the global RNG)
@@ -98,8 +99,15 @@ def bucket_sizes(slots: int) -> tuple[int, ...]:
 class DecodeEngine:
     """Slots of one KV cache that rows join (`add`) and leave; `step` decodes every row in flight one token."""
 
-    def __init__(self, model: FreeTransformer, slots: int, *, capacity: int | None = None, compile: bool = False,
-                 inductor: bool | None = None):
+    def __init__(
+        self,
+        model: FreeTransformer,
+        slots: int,
+        *,
+        capacity: int | None = None,
+        compile: bool = False,
+        inductor: bool | None = None,
+    ):
         if slots < 1:
             raise ValueError(f"the engine must hold at least 1 row, got {slots}")
         # a weak reference: the engines kept per model (`decoding_engine`) must not keep the model alive
@@ -150,8 +158,13 @@ class DecodeEngine:
             self.check(row)
             if self.is_free:
                 explicit = row.latents if isinstance(row.latents, Tensor) else None
-                row.plan = LatentPlan(1, self.space, explicit=explicit, generators=[row.generator],
-                                      prompt_source=ENCODER if explicit is not None else row.latents)
+                row.plan = LatentPlan(
+                    1,
+                    self.space,
+                    explicit=explicit,
+                    generators=[row.generator],
+                    prompt_source=ENCODER if explicit is not None else row.latents,
+                )
         groups: dict[tuple, list[Row]] = {}
         for row in rows:
             kind = "explicit" if isinstance(row.latents, Tensor) else row.latents
@@ -168,15 +181,20 @@ class DecodeEngine:
         if P < 1 or new is None:
             raise ValueError(f"a row needs a prompt and its max_new_tokens, got {P} tokens and {new}")
         if P + new - 1 > self.capacity:
-            raise ValueError(f"prompt ({P}) + max_new_tokens ({new}) - 1 exceeds the {self.capacity} positions "
-                             "of the decoding cache")
+            raise ValueError(
+                f"prompt ({P}) + max_new_tokens ({new}) - 1 exceeds the {self.capacity} positions of the decoding cache"
+            )
 
     def _prefill(self, rows: list[Row]) -> None:
         model, start, k, P = self.model, len(self.rows), len(rows), len(rows[0].ids)
         slots = slice(start, start + k)
         ids = torch.tensor([row.ids for row in rows], dtype=torch.int64, device=self.device)  # (k, P)
-        out = model(ids, latents=self._prompt_latents(rows, P), generator=[row.generator for row in rows],
-                    cache=self.cache.view(slots, P))
+        out = model(
+            ids,
+            latents=self._prompt_latents(rows, P),
+            generator=[row.generator for row in rows],
+            cache=self.cache.view(slots, P),
+        )
         if self.is_free:
             self.fed[slots, :P] = out.latents
         for j, row in enumerate(rows):
@@ -189,8 +207,9 @@ class DecodeEngine:
         self.settings.set(slots, [row.config for row in rows])
         logits = out.logits[:, -1]  # (k, V)
         variant = SamplingVariant.of([row.config for row in rows])
-        tokens, non_finite = next_tokens(logits, self.settings.view(slots), self._draw_noise(rows, slots, variant),
-                                         variant)
+        tokens, non_finite = next_tokens(
+            logits, self.settings.view(slots), self._draw_noise(rows, slots, variant), variant
+        )
         self.token[slots, 0] = tokens
         self._take(rows, tokens, non_finite, logits)
 
@@ -250,8 +269,9 @@ class DecodeEngine:
         if self.is_free:
             self.fed[torch.arange(size, device=self.device), position] = latent[:, 0]
         race = self.race[rows] if variant.sampled else None
-        tokens, non_finite, logits = core(self.model, self.token[rows], latent, position,
-                                          cache, self.settings.view(rows), race, variant)
+        tokens, non_finite, logits = core(
+            self.model, self.token[rows], latent, position, cache, self.settings.view(rows), race, variant
+        )
         self.token[rows, 0] = tokens
         self.position[rows] += self.active[rows]
         return tokens, non_finite, logits
@@ -263,9 +283,11 @@ class DecodeEngine:
         core = self.cores.get(variant)
         if core is None:
             options = dict(INDUCTOR_OPTIONS) if COMPILE_BACKEND == "inductor" else None
-            core = self.cores[variant] = torch.compile(_fresh_function(_step_core), backend=COMPILE_BACKEND,
-                                                       fullgraph=True, options=options) \
-                if self.inductor else _step_core
+            core = self.cores[variant] = (
+                torch.compile(_fresh_function(_step_core), backend=COMPILE_BACKEND, fullgraph=True, options=options)
+                if self.inductor
+                else _step_core
+            )
 
         if size not in self.views:  # one cache view per bucket: a graph reads fixed storages
             self.views[size] = self.cache.view(slice(0, size), self.capacity)
@@ -287,8 +309,13 @@ class DecodeEngine:
             self.warm.add(key)
             if self.inductor:
                 self.compile_seconds[key] = seconds = time.perf_counter() - started
-                logger.info("compiled the decoding step (batch %d, %d positions, %s) in %.1f s", size,
-                            self.capacity, variant, seconds)
+                logger.info(
+                    "compiled the decoding step (batch %d, %d positions, %s) in %.1f s",
+                    size,
+                    self.capacity,
+                    variant,
+                    seconds,
+                )
             return out
         if not self.use_graph:
             return body()
@@ -370,8 +397,16 @@ class DecodeEngine:
         row.slot = slot
 
 
-def _step_core(model: FreeTransformer, token: Tensor, latent: Tensor, position: Tensor, cache, settings, race,
-               variant: SamplingVariant) -> tuple[Tensor, Tensor, Tensor]:
+def _step_core(
+    model: FreeTransformer,
+    token: Tensor,
+    latent: Tensor,
+    position: Tensor,
+    cache,
+    settings,
+    race,
+    variant: SamplingVariant,
+) -> tuple[Tensor, Tensor, Tensor]:
     """One step after its random draws: the model on token (B, 1) with latent (B, 1, ...) at each row's
     position (B,), then each row's next token (B,), its non-finite flag (B,) and the logits (B, V). The function
     Inductor compiles."""
@@ -385,15 +420,17 @@ def _fresh_function(function: Callable) -> Callable:
     most recompile_limit of them: each engine's variant compiling its own copy keeps its buckets apart from
     every other engine's (other models and shapes), so that none evicts or counts against another."""
     code = function.__code__.replace()
-    return types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__,
-                              function.__closure__)
+    return types.FunctionType(
+        code, function.__globals__, function.__name__, function.__defaults__, function.__closure__
+    )
 
 
 _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> OrderedDict(key -> engine)
 
 
-def decoding_engine(model: FreeTransformer, slots: int, positions: int, *, compile: bool = False,
-                    inductor: bool | None = None) -> DecodeEngine:
+def decoding_engine(
+    model: FreeTransformer, slots: int, positions: int, *, compile: bool = False, inductor: bool | None = None
+) -> DecodeEngine:
     """An engine of `slots` rows whose cache holds at least `positions` positions. Eager: a new one, its cache
     exactly that long. Compiled: the model's kept engine for these slots and the positions rounded up to
     CACHE_ROUNDING (made on first use, so that its compiled step and graphs serve every later call); the least
@@ -417,8 +454,9 @@ def decoding_engine(model: FreeTransformer, slots: int, positions: int, *, compi
     return engine
 
 
-def run_rows(engine: DecodeEngine, rows: Iterable[Row],
-             should_stop: Callable[[list[int]], bool] | None = None) -> Iterator[Row]:
+def run_rows(
+    engine: DecodeEngine, rows: Iterable[Row], should_stop: Callable[[list[int]], bool] | None = None
+) -> Iterator[Row]:
     """Decode `rows`, admitted in their order as slots free, and yield each one as it ends. should_stop: called
     with a row's new tokens after each one; True ends the row there (stop strings, which ids cannot express)."""
     pending = iter(rows)

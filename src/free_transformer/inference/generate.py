@@ -15,8 +15,7 @@ from torch import Tensor
 from ..base.seeding import generators
 from ..model.transformer import FreeTransformer
 from .engine import Row, decoding_engine, run_rows
-from .latents import LatentChoice, resolve_latents
-from .latents import infer_latents, shared_prior_latents  # noqa: F401 (also importable from this module)
+from .latents import LatentChoice, infer_latents, resolve_latents, shared_prior_latents  # noqa: F401 (also importable from this module)
 from .params import GenerationConfig
 
 
@@ -90,19 +89,33 @@ def generate(
     new = [config.new_tokens(len(row), context) for row in ids]
     fed, longest = max((len(row) + n - 1, k) for k, (row, n) in enumerate(zip(ids, new)))
     if fed > context:
-        raise ValueError(f"prompt ({len(ids[longest])}) + max_new_tokens ({new[longest]}) - 1 exceeds max_seq_len "
-                         f"{context}")
+        raise ValueError(
+            f"prompt ({len(ids[longest])}) + max_new_tokens ({new[longest]}) - 1 exceeds max_seq_len {context}"
+        )
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"the batch size must be >= 1, got {batch_size}")
     row_gens = row_generators(seeds, B, device)
     one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
-    resolved = resolve_latents(model, latents, length=fed, reference=reference, generator=one_off, batch_size=B,
-                               prompt_length=max(map(len, ids)))
+    resolved = resolve_latents(
+        model,
+        latents,
+        length=fed,
+        reference=reference,
+        generator=one_off,
+        batch_size=B,
+        prompt_length=max(map(len, ids)),
+    )
     explicit = resolved.explicit  # (B or 1, N, ...) or None
     explicit = None if explicit is None else explicit.expand(B, *explicit.shape[1:])
-    rows = [Row(row, dataclasses.replace(config, max_new_tokens=n), generator,
-                resolved.prompt_source if explicit is None else explicit[k][None])
-            for k, (row, n, generator) in enumerate(zip(ids, new, row_gens))]
+    rows = [
+        Row(
+            row,
+            dataclasses.replace(config, max_new_tokens=n),
+            generator,
+            resolved.prompt_source if explicit is None else explicit[k][None],
+        )
+        for k, (row, n, generator) in enumerate(zip(ids, new, row_gens))
+    ]
     engine = decoding_engine(model, min(B, batch_size or B), fed, compile=compile)
     for row in run_rows(engine, rows, should_stop):
         if row.error is not None:

@@ -49,8 +49,9 @@ def named(where: str, value) -> str:
     return f"{where} {value}" if where.startswith(("--", "/")) else f"{where}={value!r}"
 
 
-def parse_latents(value, *, where: str = "latents", allowed: tuple[str, ...] = CHOICES,
-                  indices: bool = True) -> LatentChoice:
+def parse_latents(
+    value, *, where: str = "latents", allowed: tuple[str, ...] = CHOICES, indices: bool = True
+) -> LatentChoice:
     """The canonical form of a user's choice of Z: one of `allowed`, or (with `indices`) a tensor of values
     (a nested list becomes one; its values are checked when resolved). An old spelling gives one
     DeprecationWarning; anything else a one-line ValueError naming the allowed values."""
@@ -61,8 +62,11 @@ def parse_latents(value, *, where: str = "latents", allowed: tuple[str, ...] = C
             return torch.as_tensor(value)
     if isinstance(value, str) and value in DEPRECATED_LATENT_CHOICES and DEPRECATED_LATENT_CHOICES[value] in allowed:
         new = DEPRECATED_LATENT_CHOICES[value]
-        warnings.warn(f"{named(where, value)} is deprecated and will be removed in {REMOVED_IN}; use "
-                      f"{named(where, new)}", DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"{named(where, value)} is deprecated and will be removed in {REMOVED_IN}; use {named(where, new)}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         return new
     if isinstance(value, str) and value in allowed:
         return value
@@ -79,10 +83,15 @@ def check_latent_values(model: FreeTransformer, latents, batch_size: int, *, min
         raise ValueError("explicit latents need a Free Transformer (latent_units > 0); this is a baseline decoder")
     latents = torch.as_tensor(latents, device=model.rope_cos.device)
     shape = ", ".join(["N", *map(str, space.value_shape)])
-    if latents.dim() != 2 + len(space.value_shape) or latents.shape[0] not in (1, batch_size) \
-            or latents.shape[1] < min_length:
-        raise ValueError(f"latents of kind {space.kind} must have shape ({batch_size} or 1, {shape}) with "
-                         f"N >= {min_length}, got {tuple(latents.shape)} {latents.dtype}")
+    if (
+        latents.dim() != 2 + len(space.value_shape)
+        or latents.shape[0] not in (1, batch_size)
+        or latents.shape[1] < min_length
+    ):
+        raise ValueError(
+            f"latents of kind {space.kind} must have shape ({batch_size} or 1, {shape}) with "
+            f"N >= {min_length}, got {tuple(latents.shape)} {latents.dtype}"
+        )
     return space.check_values(latents).expand(batch_size, *latents.shape[1:])
 
 
@@ -90,8 +99,9 @@ def refuse_on_baseline(choice: LatentChoice, is_free: bool, where: str = "latent
     """A one-line ValueError when a named choice that is not a context's Z ("shared", "reference") meets a
     baseline decoder (is_free false: ModelConfig.is_free), which has no Z to share or infer."""
     if not is_free and isinstance(choice, str) and choice not in CONTEXT_CHOICES:
-        raise ValueError(f"{named(where, choice)} needs a Free Transformer (latent_units > 0); "
-                         "this is a baseline decoder")
+        raise ValueError(
+            f"{named(where, choice)} needs a Free Transformer (latent_units > 0); this is a baseline decoder"
+        )
 
 
 @dataclass(frozen=True)
@@ -100,9 +110,17 @@ class ResolvedLatents:
     explicit: Tensor | None = None  # (batch_size or 1, N, *value_shape) Z of positions [0, N), N >= prompt length
 
 
-def resolve_latents(model: FreeTransformer, choice: LatentChoice | None, *, length: int = 0, reference=None,
-                    generator: torch.Generator | None = None, batch_size: int | None = None,
-                    prompt_length: int = 0, where: str = "latents") -> ResolvedLatents:
+def resolve_latents(
+    model: FreeTransformer,
+    choice: LatentChoice | None,
+    *,
+    length: int = 0,
+    reference=None,
+    generator: torch.Generator | None = None,
+    batch_size: int | None = None,
+    prompt_length: int = 0,
+    where: str = "latents",
+) -> ResolvedLatents:
     """`choice` (None: "encoder") for `batch_size` rows (default: as many as the indices or the reference
     have) whose first `prompt_length` positions are the prompt and whose fed positions number `length`.
     `reference`, (B or 1, T >= prompt_length) token ids, goes with "reference"; `generator` makes the
@@ -124,30 +142,52 @@ def resolve_latents(model: FreeTransformer, choice: LatentChoice | None, *, leng
         raise ValueError(f"{named(where, 'reference')} needs {text}")
     reference = torch.as_tensor(reference, dtype=torch.int64, device=model.rope_cos.device)
     if reference.dim() != 2 or reference.shape[0] not in (1, batch_size or reference.shape[0]):
-        raise ValueError(f"the reference text must be token ids of shape ({batch_size or 'B'} or 1, T), "
-                         f"got {tuple(reference.shape)}")
+        raise ValueError(
+            f"the reference text must be token ids of shape ({batch_size or 'B'} or 1, T), got {tuple(reference.shape)}"
+        )
     if reference.shape[1] < max(prompt_length, 1):
-        raise ValueError(f"the reference text must be at least as long as the prompt ({prompt_length} tokens), "
-                         f"got {reference.shape[1]}")
+        raise ValueError(
+            f"the reference text must be at least as long as the prompt ({prompt_length} tokens), "
+            f"got {reference.shape[1]}"
+        )
     return ResolvedLatents(ENCODER, infer_latents(model, reference, generator))
 
 
-def plan_latents(model: FreeTransformer, choice: LatentChoice | None, batch_size: int, prompt_length: int, *,
-                 length: int, reference=None, generator: torch.Generator | None = None,
-                 generators: Generators = None, where: str = "latents") -> LatentPlan:
+def plan_latents(
+    model: FreeTransformer,
+    choice: LatentChoice | None,
+    batch_size: int,
+    prompt_length: int,
+    *,
+    length: int,
+    reference=None,
+    generator: torch.Generator | None = None,
+    generators: Generators = None,
+    where: str = "latents",
+) -> LatentPlan:
     """The plan of one generation of `batch_size` rows from a `prompt_length`-token prompt, `choice`
     resolved once (`resolve_latents`); `generators` (one per row) draw the new positions' prior Z."""
-    resolved = resolve_latents(model, choice, length=length, reference=reference, generator=generator,
-                               batch_size=batch_size, prompt_length=prompt_length, where=where)
+    resolved = resolve_latents(
+        model,
+        choice,
+        length=length,
+        reference=reference,
+        generator=generator,
+        batch_size=batch_size,
+        prompt_length=prompt_length,
+        where=where,
+    )
     explicit = resolved.explicit
     if explicit is not None:
         explicit = explicit.expand(batch_size, *explicit.shape[1:])
-    return LatentPlan(batch_size, model.latent_space, explicit=explicit, prompt_source=resolved.prompt_source,
-                      generators=generators)
+    return LatentPlan(
+        batch_size, model.latent_space, explicit=explicit, prompt_source=resolved.prompt_source, generators=generators
+    )
 
 
-def forward_source(model: FreeTransformer, latents: LatentChoice | None, batch_size: int, length: int,
-                   start: int) -> LatentSource:
+def forward_source(
+    model: FreeTransformer, latents: LatentChoice | None, batch_size: int, length: int, start: int
+) -> LatentSource:
     """What one forward of `length` tokens from position `start` takes, for a caller that names Z per call
     (the Hugging Face forward): None is the encoder for a sequence from position 0 and the prior for a
     continuation; "encoder", "prior" or (batch_size or 1, length, *value_shape) values otherwise. A baseline
@@ -169,8 +209,9 @@ def shared_prior_latents(model: FreeTransformer, length: int, generator: torch.G
 
 
 @torch.no_grad()
-def infer_latents(model: FreeTransformer, reference: Tensor | Sequence[Sequence[int]],
-                  generator: torch.Generator | None = None) -> Tensor:
+def infer_latents(
+    model: FreeTransformer, reference: Tensor | Sequence[Sequence[int]], generator: torch.Generator | None = None
+) -> Tensor:
     """(B, T, *value_shape) Z sampled from the encoder's posterior Q(Z | reference) for a (B, T) reference text."""
     if not model.config.is_free:
         raise ValueError("latents exist only in a Free Transformer (latent_units > 0)")

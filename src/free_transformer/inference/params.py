@@ -37,6 +37,7 @@ def new_token_room(prompt_length: int, context: int) -> int:
 @dataclass(frozen=True)
 class Spelling:
     """How one setting is written at each entry point; None where that entry point does not offer it."""
+
     flag: str | None  # `free-transformer generate`'s option
     command: str | None  # `generate --interactive`'s command
     request: str | None  # the completions request's field (free_transformer.serve.protocol)
@@ -45,12 +46,28 @@ class Spelling:
     metavar: str | None = None
 
 
-def spelt(name: str, *, flag: str | None = "", command: str | None = "", request: str | None = "",
-          hf: str | None = "", unset: str = "off", metavar: str | None = None) -> dict:
+def spelt(
+    name: str,
+    *,
+    flag: str | None = "",
+    command: str | None = "",
+    request: str | None = "",
+    hf: str | None = "",
+    unset: str = "off",
+    metavar: str | None = None,
+) -> dict:
     """A field's metadata: its Spelling, each entry point's name derived from `name` unless given."""
     dashed = name.replace("_", "-")
-    return {"spelling": Spelling(f"--{dashed}" if flag == "" else flag, f"/{dashed}" if command == "" else command,
-                                 name if request == "" else request, name if hf == "" else hf, unset, metavar)}
+    return {
+        "spelling": Spelling(
+            f"--{dashed}" if flag == "" else flag,
+            f"/{dashed}" if command == "" else command,
+            name if request == "" else request,
+            name if hf == "" else hf,
+            unset,
+            metavar,
+        )
+    }
 
 
 class SamplingError(ValueError):
@@ -76,8 +93,9 @@ class Sampling:
     by the temperature, then the top-k, top-p and min-p filters in that order (as Hugging Face applies
     them), then a draw from the softmax of what is left."""
 
-    max_new_tokens: int | None = field(default=None, metadata=spelt("max_new_tokens", request="max_tokens",
-                                                                    unset="auto", metavar="N"))
+    max_new_tokens: int | None = field(
+        default=None, metadata=spelt("max_new_tokens", request="max_tokens", unset="auto", metavar="N")
+    )
     """Tokens to generate after each prompt, fewer if every sample hits a stop (unset: 64, or fewer where the
     model's context is shorter; the server gives 16, as OpenAI does)."""
     temperature: float = field(default=1.0, metadata=spelt("temperature", metavar="T"))
@@ -92,8 +110,12 @@ class Sampling:
     (0, 1] (unset: all)."""
 
     def __post_init__(self) -> None:
-        _check("max_new_tokens", self.max_new_tokens, isinstance(self.max_new_tokens, int)
-               and self.max_new_tokens >= 1, "must be >= 1")
+        _check(
+            "max_new_tokens",
+            self.max_new_tokens,
+            isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+            "must be >= 1",
+        )
         _check("temperature", self.temperature, 0 <= self.temperature < math.inf, "must be a finite number >= 0")
         _check("top_k", self.top_k, self.top_k is not None and self.top_k >= 1, "must be >= 1")
         _check("top_p", self.top_p, self.top_p is not None and 0 < self.top_p <= 1, "must be in (0, 1]")
@@ -155,8 +177,12 @@ class SamplingParams(Sampling):
         for name in ("seed", "latent_seed"):
             value = getattr(self, name)
             _check(name, value, value is not None and 0 <= value <= MAX_SEED, "must be in [0, 2**63)")
-        _check("latents", self.latents, self.latents in LatentName.__args__,
-               f"must be one of {', '.join(LatentName.__args__)}")
+        _check(
+            "latents",
+            self.latents,
+            self.latents in LatentName.__args__,
+            f"must be one of {', '.join(LatentName.__args__)}",
+        )
         object.__setattr__(self, "stop", tuple(stop for stop in self.stop if stop))
 
     def generation_config(self, max_new_tokens: int) -> GenerationConfig:
@@ -173,5 +199,7 @@ def spelling(cls, name: str) -> Spelling:
 
 def spelt_fields(cls, surface: str) -> dict[str, str]:
     """{field: its name at `surface` ("flag", "command", "request" or "hf")} of the fields offered there."""
-    spellings = {item.name: item.metadata["spelling"] for item in dataclasses.fields(cls) if "spelling" in item.metadata}
+    spellings = {
+        item.name: item.metadata["spelling"] for item in dataclasses.fields(cls) if "spelling" in item.metadata
+    }
     return {name: getattr(spelt, surface) for name, spelt in spellings.items() if getattr(spelt, surface) is not None}

@@ -28,6 +28,7 @@ class SamplingVariant:
     """What a batch's step computes after the logits, fixed when a step is compiled and captured: whether any
     row samples (else every row is greedy and no noise is read) and whether any row filters (top-k, top-p or
     min-p: a sort of the vocabulary)."""
+
     sampled: bool
     filtered: bool
 
@@ -56,8 +57,15 @@ class RowSettings:
 
     def set(self, rows: slice, rules: Sequence[Sampling]) -> None:
         """Rows `rows` take these rules, one each."""
-        values = [(rule.temperature, rule.top_k or 0, rule.top_p if rule.top_p is not None and rule.top_p < 1
-                   else torch.inf, rule.min_p or 0.0) for rule in rules]
+        values = [
+            (
+                rule.temperature,
+                rule.top_k or 0,
+                rule.top_p if rule.top_p is not None and rule.top_p < 1 else torch.inf,
+                rule.min_p or 0.0,
+            )
+            for rule in rules
+        ]
         for tensor, column in zip(self.tensors(), zip(*values)):
             tensor[rows] = torch.tensor(column, dtype=tensor.dtype)
 
@@ -70,8 +78,9 @@ class RowSettings:
         return tuple(tensor[rows] for tensor in self.tensors())
 
 
-def next_tokens(logits: Tensor, settings: tuple[Tensor, ...], race: Tensor | None,
-                variant: SamplingVariant) -> tuple[Tensor, Tensor]:
+def next_tokens(
+    logits: Tensor, settings: tuple[Tensor, ...], race: Tensor | None, variant: SamplingVariant
+) -> tuple[Tensor, Tensor]:
     """(B, V) logits -> the next tokens (B,) and whether each row's logits or probabilities hold a NaN (B,).
     settings: `RowSettings.view` (temperature, top_k, top_p, min_p), (B,) each; race: (B, V) Exp(1) noise,
     read in the rows that sample (None when no row does). Pure device work: nothing read on the host."""
@@ -123,8 +132,11 @@ def sample_next(logits: Tensor, rule: Sampling, generators: Sequence[torch.Gener
     settings = RowSettings(B, logits.device)
     settings.set(slice(0, B), [rule] * B)
     variant = SamplingVariant.of([rule])
-    race = exponential_race_(torch.empty(B, logits.shape[-1], device=logits.device), generators) \
-        if variant.sampled else None
+    race = (
+        exponential_race_(torch.empty(B, logits.shape[-1], device=logits.device), generators)
+        if variant.sampled
+        else None
+    )
     tokens, non_finite = next_tokens(logits, settings.view(slice(0, B)), race, variant)
     if bool(non_finite.any()):
         raise ValueError(NON_FINITE)

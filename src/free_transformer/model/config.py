@@ -92,10 +92,15 @@ class ModelConfig:
         if latent_bits is not None:
             rename = next(r for r in RENAMED if r.old == "model.latent_bits")
             if self.latent_units not in (0, latent_bits):
-                raise ConfigError(f"latent_bits ({latent_bits!r}) and latent_units ({self.latent_units!r}) disagree: "
-                                  "give latent_units only")
-            warnings.warn(f"ModelConfig: latent_bits is now latent_units; the old name is read until version "
-                          f"{rename.until}", FutureWarning, stacklevel=3)
+                raise ConfigError(
+                    f"latent_bits ({latent_bits!r}) and latent_units ({self.latent_units!r}) disagree: "
+                    "give latent_units only"
+                )
+            warnings.warn(
+                f"ModelConfig: latent_bits is now latent_units; the old name is read until version {rename.until}",
+                FutureWarning,
+                stacklevel=3,
+            )
             object.__setattr__(self, "latent_units", latent_bits)
         if isinstance(self.latent, dict):  # from a saved config.json or a YAML section
             object.__setattr__(self, "latent", build(LatentConfig, self.latent, "model.latent"))
@@ -139,12 +144,16 @@ class ModelConfig:
             raise ConfigError(f"unknown latent kind {kind!r}; choose one of {', '.join(sorted(LATENT_KINDS))}")
         space, section = LATENT_KINDS[kind], self.latent.section()
         if space.settings_type is not None and not isinstance(section, space.settings_type):
-            raise ConfigError(f"latent kind {kind} has settings {space.settings_type.__name__}, but model.latent has "
-                              f"no section {kind} of that type")
+            raise ConfigError(
+                f"latent kind {kind} has settings {space.settings_type.__name__}, but model.latent has "
+                f"no section {kind} of that type"
+            )
         max_units = space.max_units
         if self.latent_units > max_units:
-            raise ConfigError(f"latent_units must be an integer in [0, {max_units}] for latent kind {kind} (H "
-                              f"{space.plural()}), got {self.latent_units!r}")
+            raise ConfigError(
+                f"latent_units must be an integer in [0, {max_units}] for latent kind {kind} (H "
+                f"{space.plural()}), got {self.latent_units!r}"
+            )
         return self
 
     @property
@@ -172,8 +181,12 @@ class ModelConfig:
         latent's, not the extra block's."""
         if not self.is_free:
             raise ConfigError("the matched baseline is that of a Free Transformer: this config has no latent")
-        return self.replace(latent_units=0, latent_layer=None, latent=LatentConfig(),
-                            n_layers=self.n_layers + self.latent.encoder_layers)
+        return self.replace(
+            latent_units=0,
+            latent_layer=None,
+            latent=LatentConfig(),
+            n_layers=self.n_layers + self.latent.encoder_layers,
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -258,40 +271,68 @@ def upgrade_saved_model_config(values: dict) -> dict:
 
 
 # Named sizes (`model.size=NAME`, `free-transformer info NAME`), from a model for tests to the paper's two.
-NAMED_CONFIGS: Presets[ModelConfig] = Presets("model size", {
-    "debug": (ModelConfig(
-        vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=128, latent_units=4
-    ), "a model for tests, 2 blocks of width 32, H = 4, a byte vocabulary"),
-    "cpu-small": (ModelConfig(
-        vocab_size=256, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=384, max_seq_len=128, latent_units=8
-    ), "the synthetic demo's model, 4 blocks of width 128, H = 8, a byte vocabulary"),
-    "paper-1.5b": (ModelConfig(
-        vocab_size=2**17,
-        dim=1536,
-        n_layers=28,
-        n_heads=12,
-        n_kv_heads=2,
-        ffn_hidden=8960,  # the paper gives no FFN size; 8960 makes the stated 1.5B
-        max_seq_len=4096,
-        rope_theta=500000.0,
-        tie_embeddings=True,
-        latent_units=16,
-    ), "the paper's 1.5B model, 28 blocks of width 1536, H = 16"),
-    "paper-8b": (ModelConfig(
-        vocab_size=2**17,
-        dim=4096,
-        n_layers=32,
-        n_heads=32,
-        n_kv_heads=8,
-        ffn_hidden=14336,
-        max_seq_len=8192,
-        rope_theta=500000.0,
-        latent_units=16,
-    ), "the paper's 8B model, 32 blocks of width 4096, H = 16"),
-})
+NAMED_CONFIGS: Presets[ModelConfig] = Presets(
+    "model size",
+    {
+        "debug": (
+            ModelConfig(
+                vocab_size=256,
+                dim=32,
+                n_layers=2,
+                n_heads=4,
+                n_kv_heads=2,
+                ffn_hidden=64,
+                max_seq_len=128,
+                latent_units=4,
+            ),
+            "a model for tests, 2 blocks of width 32, H = 4, a byte vocabulary",
+        ),
+        "cpu-small": (
+            ModelConfig(
+                vocab_size=256,
+                dim=128,
+                n_layers=4,
+                n_heads=4,
+                n_kv_heads=2,
+                ffn_hidden=384,
+                max_seq_len=128,
+                latent_units=8,
+            ),
+            "the synthetic demo's model, 4 blocks of width 128, H = 8, a byte vocabulary",
+        ),
+        "paper-1.5b": (
+            ModelConfig(
+                vocab_size=2**17,
+                dim=1536,
+                n_layers=28,
+                n_heads=12,
+                n_kv_heads=2,
+                ffn_hidden=8960,  # the paper gives no FFN size; 8960 makes the stated 1.5B
+                max_seq_len=4096,
+                rope_theta=500000.0,
+                tie_embeddings=True,
+                latent_units=16,
+            ),
+            "the paper's 1.5B model, 28 blocks of width 1536, H = 16",
+        ),
+        "paper-8b": (
+            ModelConfig(
+                vocab_size=2**17,
+                dim=4096,
+                n_layers=32,
+                n_heads=32,
+                n_kv_heads=8,
+                ffn_hidden=14336,
+                max_seq_len=8192,
+                rope_theta=500000.0,
+                latent_units=16,
+            ),
+            "the paper's 8B model, 32 blocks of width 4096, H = 16",
+        ),
+    },
+)
 
 
 def named_config(name: str, **overrides) -> ModelConfig:
     """The named size with `overrides` (ModelConfig fields) replaced; an unknown name is a ConfigError."""
     return NAMED_CONFIGS[name].replace(**overrides)
-

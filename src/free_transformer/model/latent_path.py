@@ -22,8 +22,16 @@ import torch
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .latent import (ENCODER, PRIOR, Generators, LatentPlan, LatentSource, LatentSpace, at_least_float32,
-                     build_latent_space)
+from .latent import (
+    ENCODER,
+    PRIOR,
+    Generators,
+    LatentPlan,
+    LatentSource,
+    LatentSpace,
+    at_least_float32,
+    build_latent_space,
+)
 from .layers import Block
 
 
@@ -43,8 +51,9 @@ class LatentPath(nn.Module):
         self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
         # the read-out before the mapper: their initial draws, in this order, are a seed's (tests/golden)
         self.readout = nn.Linear(config.dim, config.latent_space_on_meta().posterior_size)
-        self.mapper: LatentSpace = build_latent_space(config.latent.kind, config.latent_units, config.dim,
-                                                      config.latent.section())
+        self.mapper: LatentSpace = build_latent_space(
+            config.latent.kind, config.latent_units, config.dim, config.latent.section()
+        )
 
     @torch.no_grad()
     def init_weights(self, init_block, std: float, post_sampler_std: float) -> None:
@@ -68,8 +77,9 @@ class LatentPath(nn.Module):
             y = block(y, cos, sin, causal=False)
         return at_least_float32(self.readout(self.norm(y)))
 
-    def forward(self, x_half: Tensor, source: LatentSource, cos: Tensor, sin: Tensor,
-                generator: Generators = None) -> tuple[Tensor, LatentSample]:
+    def forward(
+        self, x_half: Tensor, source: LatentSource, cos: Tensor, sin: Tensor, generator: Generators = None
+    ) -> tuple[Tensor, LatentSample]:
         """R (B, T, D) and the sample it came from. cos/sin: the RoPE tables of the T positions. `source` is
         resolved (free_transformer.inference.latents): its values are not checked here, its shape is."""
         B, T, _ = x_half.shape
@@ -78,18 +88,24 @@ class LatentPath(nn.Module):
             # The shape only (no read of the values, so no sync): a direct forward with values for other
             # positions would otherwise fail inside expand() with a message that names neither.
             shape = (T, *space.value_shape)
-            if source.dim() != 2 + len(space.value_shape) or tuple(source.shape[1:]) != shape \
-                    or source.shape[0] not in (1, B):
-                raise ValueError(f"explicit latents must have shape ({B} or 1, {', '.join(map(str, shape))}), "
-                                 f"got {tuple(source.shape)}")
+            if (
+                source.dim() != 2 + len(space.value_shape)
+                or tuple(source.shape[1:]) != shape
+                or source.shape[0] not in (1, B)
+            ):
+                raise ValueError(
+                    f"explicit latents must have shape ({B} or 1, {', '.join(map(str, shape))}), "
+                    f"got {tuple(source.shape)}"
+                )
             value = source.expand(B, *shape)
             return space.embed(value), LatentSample(value)
         if source == PRIOR:
             value = LatentPlan(B, space, prompt_source=PRIOR, generators=generator).draw(T, x_half.device)
             return space.embed(value), LatentSample(value)
         if source != ENCODER:  # not a source at all (a user's spelling is parsed by inference.latents.parse_latents)
-            raise ValueError(f"latents must be {ENCODER!r}, {PRIOR!r} or a tensor of values (B or 1, T, ...), "
-                             f"got {source!r}")
+            raise ValueError(
+                f"latents must be {ENCODER!r}, {PRIOR!r} or a tensor of values (B or 1, T, ...), got {source!r}"
+            )
         posterior = self.encode(x_half, cos, sin)  # (B, T, H * params_per_unit)
         kl = space.kl(posterior)  # before sampling: this graph order gives the gradient sums of tests/golden
         r, value = space.sample(posterior, generator)

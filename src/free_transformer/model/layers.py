@@ -40,8 +40,9 @@ class KVCache:
     caller keeps each row's position (free_transformer.inference.engine). `capacity` positions are held:
     config.max_seq_len unless a shorter cache is asked for."""
 
-    def __init__(self, config: ModelConfig, batch_size: int, *, device=None, dtype=torch.float32,
-                 capacity: int | None = None):
+    def __init__(
+        self, config: ModelConfig, batch_size: int, *, device=None, dtype=torch.float32, capacity: int | None = None
+    ):
         capacity = config.max_seq_len if capacity is None else capacity
         if not 0 < capacity <= config.max_seq_len:
             raise ValueError(f"cache capacity must be in [1, max_seq_len = {config.max_seq_len}], got {capacity}")

@@ -50,8 +50,9 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 def chunk_rows(n_rows: int, vocab_size: int, matmul_dtype: torch.dtype, device: torch.device) -> int:
     """Rows per chunk: the largest power of two whose buffers fit the device's budget, at most n_rows."""
-    per_row = vocab_size * (at_least_float32(torch.empty(0, dtype=matmul_dtype)).element_size()
-                            + 2 * matmul_dtype.itemsize)
+    per_row = vocab_size * (
+        at_least_float32(torch.empty(0, dtype=matmul_dtype)).element_size() + 2 * matmul_dtype.itemsize
+    )
     rows = max(1, CHUNK_BYTES.get(device.type, CHUNK_BYTES["cpu"]) // per_row)
     return max(1, min(n_rows, 2 ** (rows.bit_length() - 1)))
 
@@ -131,9 +132,13 @@ class _ReadoutCrossEntropy(torch.autograd.Function):
             nll = scale.new_zeros(())
             grad_h = torch.empty_like(h) if want_h else None  # (N, D)
             # (V, D) summed over chunks in float32 at least; the first chunk's matmul writes every entry
-            grad_w = (torch.empty if n_rows else torch.zeros)(
-                weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
-                device=weight.device) if want_w else None
+            grad_w = (
+                (torch.empty if n_rows else torch.zeros)(
+                    weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device
+                )
+                if want_w
+                else None
+            )
             for first in range(0, n_rows, rows):
                 h_chunk = hm[first : first + rows]  # (C, D)
                 chunk_nll, grad = step(h_chunk @ w.T, targets[first : first + rows], scale, grad_dtype)
@@ -148,12 +153,18 @@ class _ReadoutCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
         grad_h, grad_w = ctx.saved_tensors
-        return (None if grad_h is None else grad_h * grad_loss.to(grad_h.dtype),
-                None if grad_w is None else grad_w * grad_loss.to(grad_w.dtype), None, None, None)
+        return (
+            None if grad_h is None else grad_h * grad_loss.to(grad_h.dtype),
+            None if grad_w is None else grad_w * grad_loss.to(grad_w.dtype),
+            None,
+            None,
+            None,
+        )
 
 
-def readout_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, *, rows: int | None = None,
-                          compiled: bool = False) -> Tensor:
+def readout_cross_entropy(
+    h: Tensor, weight: Tensor, targets: Tensor, *, rows: int | None = None, compiled: bool = False
+) -> Tensor:
     """cross_entropy(h @ weight^T, targets) without the logits of all tokens at once.
 
     h (..., D): the normalised hidden states; weight (V, D): the read-out (lm_head or tied embedding);

@@ -60,8 +60,10 @@ def part_names(fused: str) -> list[str] | None:
 
 def part_rows(config: ModelConfig) -> dict[str, list[int]]:
     """The rows of each part of a fused projection, keyed and ordered as FUSED_PROJECTIONS."""
-    return {"self_attn.qkv_proj.weight": list(qkv_rows(config)),
-            "mlp.gate_up_proj.weight": [config.ffn_hidden, config.ffn_hidden]}
+    return {
+        "self_attn.qkv_proj.weight": list(qkv_rows(config)),
+        "mlp.gate_up_proj.weight": [config.ffn_hidden, config.ffn_hidden],
+    }
 
 
 def legacy_latent_key_mapping(prefix: str = "") -> dict[str, str]:
@@ -76,10 +78,10 @@ def upgrade_state_dict(state: dict, prefix: str = "") -> dict:
     rows into their fused projection. What is already current is kept; a fused projection with a part
     missing is left as its parts (load_state_dict then names what is missing). Returns `state`."""
     for name in [n for n in state if n.startswith(prefix)]:
-        local = name[len(prefix):]
+        local = name[len(prefix) :]
         for old, new in LEGACY_LATENT_NAMES.items():
             if local.startswith(old):
-                state[prefix + new + local[len(old):]] = state.pop(name)
+                state[prefix + new + local[len(old) :]] = state.pop(name)
                 break
     for fused in {fused_name(n) for n in state if n.startswith(prefix)} - {None}:
         parts = part_names(fused)

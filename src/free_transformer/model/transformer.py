@@ -21,7 +21,7 @@ from .config import ModelConfig
 from .latent import ENCODER, Generators, LatentSource, LatentSpace, free_bits_kl
 from .latent_path import LatentPath, LatentSample
 from .layers import Block, KVCache, rope_tables
-from .loss import IGNORE_INDEX, ReadoutLoss, cross_entropy
+from .loss import ReadoutLoss, cross_entropy
 from .state_names import FUSED_PROJECTIONS, part_rows
 
 
@@ -40,14 +40,20 @@ class ModelOutput:
         if sample is None:
             return cls(logits=logits)
         kl = sample.kl_per_token_nats
-        return cls(logits=logits, kl_nats=None if kl is None else kl.mean(), kl_per_token_nats=kl,
-                   posterior=sample.posterior, latents=sample.value)
+        return cls(
+            logits=logits,
+            kl_nats=None if kl is None else kl.mean(),
+            kl_per_token_nats=kl,
+            posterior=sample.posterior,
+            latents=sample.value,
+        )
 
 
 def _too_large(config: ModelConfig, what: str) -> ConfigError:
     params = config.num_params()
-    return ConfigError(f"a model of {params:,} parameters ({what}) does not fit in this machine's memory: choose a "
-                       "smaller model")
+    return ConfigError(
+        f"a model of {params:,} parameters ({what}) does not fit in this machine's memory: choose a smaller model"
+    )
 
 
 def check_fits_memory(config: ModelConfig) -> None:
@@ -58,8 +64,11 @@ def check_fits_memory(config: ModelConfig) -> None:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if size > memory:
         dtype = str(torch.get_default_dtype()).removeprefix("torch.")
-        raise _too_large(config, f"{size / 2**30:,.1f} GiB in {dtype} with RoPE tables for max_seq_len "
-                                 f"{config.max_seq_len:,}, of {memory / 2**30:,.1f} GiB")
+        raise _too_large(
+            config,
+            f"{size / 2**30:,.1f} GiB in {dtype} with RoPE tables for max_seq_len "
+            f"{config.max_seq_len:,}, of {memory / 2**30:,.1f} GiB",
+        )
 
 
 @contextlib.contextmanager
@@ -94,8 +103,9 @@ class FreeTransformer(nn.Module):
         self.init_weights()
 
     @torch.no_grad()
-    def init_weights(self, std: float = 0.02, post_sampler_std: float | None = None, *,
-                     keep: Callable[[Tensor], bool] | None = None) -> None:
+    def init_weights(
+        self, std: float = 0.02, post_sampler_std: float | None = None, *, keep: Callable[[Tensor], bool] | None = None
+    ) -> None:
         """Every tensor's initialisation, in one place.
 
         Embeddings and input projections ~ N(0, std); output projections (o_proj, down_proj) of each
@@ -110,8 +120,9 @@ class FreeTransformer(nn.Module):
         functions read on whole parameters).
         """
         if self.rope_cos.device.type != "meta":
-            cos, sin = rope_tables(self.config.head_dim, self.config.max_seq_len, self.config.rope_theta,
-                                   device=self.rope_cos.device)
+            cos, sin = rope_tables(
+                self.config.head_dim, self.config.max_seq_len, self.config.rope_theta, device=self.rope_cos.device
+            )
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
         out_std = std / math.sqrt(2 * self.config.n_layers)
@@ -215,8 +226,9 @@ class FreeTransformer(nn.Module):
             if i == self.config.injection_layer and self.config.is_free:  # queries from X, keys/values from X + R
                 # ENCODER is the default: a direct call continuing a cache would otherwise encode a fragment.
                 if isinstance(latents, str) and latents == ENCODER and (isinstance(start, Tensor) or start):
-                    raise ValueError("encoder latents need the whole sequence: the encoder is non-causal "
-                                     "(start must be 0)")
+                    raise ValueError(
+                        "encoder latents need the whole sequence: the encoder is non-causal (start must be 0)"
+                    )
                 r, sample = self.latent(x, latents, cos, sin, generator)  # (B, T, D)
                 kv_input = x + r.to(x.dtype)
             x = block(x, cos, sin, kv_input=kv_input, cache=cache, layer=i, start=start)
@@ -224,8 +236,11 @@ class FreeTransformer(nn.Module):
             return_logits = targets is None
         out = ModelOutput.from_parts(self.readout(x) if return_logits else None, sample)
         if targets is not None:
-            out.cross_entropy_nats = (cross_entropy(out.logits, targets) if return_logits else
-                                      self.readout_loss(self.norm(x), self.readout_weight, targets))
+            out.cross_entropy_nats = (
+                cross_entropy(out.logits, targets)
+                if return_logits
+                else self.readout_loss(self.norm(x), self.readout_weight, targets)
+            )
             out.loss = out.cross_entropy_nats
             if out.kl_per_token_nats is not None:
                 out.loss = out.loss + free_bits_kl(out.kl_per_token_nats, kappa_nats)
@@ -235,19 +250,22 @@ class FreeTransformer(nn.Module):
 
     def _check_shape(self, tokens: Tensor, start: int | Tensor, cache: KVCache | None) -> tuple[int, int]:
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"tokens must be an integer tensor of shape (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
+            raise ValueError(
+                f"tokens must be an integer tensor of shape (B, T), got {tuple(tokens.shape)} {tokens.dtype}"
+            )
         if isinstance(start, Tensor):  # its value stays on the device: the caller keeps it below the capacity
             if tokens.shape[1] != 1 or cache is None or start.shape != (len(tokens),):
-                raise ValueError("a decoding step (start given as a tensor) takes one token per row, a cache and "
-                                 "one position per row")
+                raise ValueError(
+                    "a decoding step (start given as a tensor) takes one token per row, a cache and "
+                    "one position per row"
+                )
             return tokens.shape
         if start + tokens.shape[1] > self.config.max_seq_len:
-            raise ValueError(
-                f"sequence length {start + tokens.shape[1]} exceeds max_seq_len {self.config.max_seq_len}"
-            )
+            raise ValueError(f"sequence length {start + tokens.shape[1]} exceeds max_seq_len {self.config.max_seq_len}")
         if cache is not None and start + tokens.shape[1] > cache.capacity:
-            raise ValueError(f"sequence length {start + tokens.shape[1]} exceeds the cache's "
-                             f"{cache.capacity} positions")
+            raise ValueError(
+                f"sequence length {start + tokens.shape[1]} exceeds the cache's {cache.capacity} positions"
+            )
         return tokens.shape
 
     def check_tokens(self, tokens: Tensor) -> None:
@@ -260,8 +278,13 @@ class FreeTransformer(nn.Module):
     def new_cache(self, batch_size: int, dtype: torch.dtype | None = None, capacity: int | None = None) -> KVCache:
         """An empty KV cache on the model's device, in its weights' dtype by default, of `capacity`
         positions (default max_seq_len)."""
-        return KVCache(self.config, batch_size, device=self.rope_cos.device,
-                       dtype=dtype or self.embed_tokens.weight.dtype, capacity=capacity)
+        return KVCache(
+            self.config,
+            batch_size,
+            device=self.rope_cos.device,
+            dtype=dtype or self.embed_tokens.weight.dtype,
+            capacity=capacity,
+        )
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

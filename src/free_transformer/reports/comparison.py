@@ -20,8 +20,13 @@ from ..eval.catalog import DEFAULT_TASKS
 COLOURS = {"up": ("green!25", "green"), "down": ("red!10", "red!80")}
 HTML_COLOURS = {"green!25": "#bfffbf", "green": "#00ff00", "red!10": "#ffe6e6", "red!80": "#ff3333", "white": "#ffffff"}
 MIN_DOCS_FOR_SIGNIFICANCE = 20  # below this a bootstrap interval says little; no star is given
-CATEGORY_ORDER = ["Generative code/math", "Multi-choice general knowledge / common sense",
-                  "Multi-choice text understanding", "Culture", "Held-out likelihood"]
+CATEGORY_ORDER = [
+    "Generative code/math",
+    "Multi-choice general knowledge / common sense",
+    "Multi-choice text understanding",
+    "Culture",
+    "Held-out likelihood",
+]
 
 
 def paper_colour(relative_percent: float, higher_is_better: bool = True) -> str:
@@ -49,8 +54,10 @@ def load_results(path: str | Path) -> dict:
     except ValueError as error:  # not UTF-8, not JSON
         raise ValueError(f"cannot read {path}: {error}") from None
     if not _is_results(results):
-        raise ValueError(f"{path} is not an eval results file (a mapping whose tasks map each task to its metric, "
-                         "value, n and per_doc scores)")
+        raise ValueError(
+            f"{path} is not an eval results file (a mapping whose tasks map each task to its metric, "
+            "value, n and per_doc scores)"
+        )
     results.setdefault("label", path.parent.parent.name if path.parent.name == "eval" else path.stem)
     return results
 
@@ -59,12 +66,18 @@ def _is_results(results) -> bool:
     """What build_rows reads of each task is there, of the right types."""
     if not isinstance(results, dict) or not isinstance(results.get("tasks"), dict):
         return False
-    return all(isinstance(task, dict) and isinstance(task.get("metric"), str)
-               and isinstance(task.get("value"), (int, float)) and isinstance(task.get("n"), int)
-               and isinstance(task.get("per_doc"), list)
-               and all(isinstance(doc, dict) and "id" in doc and isinstance(doc.get("score"), (int, float))
-                       for doc in task["per_doc"])
-               for task in results["tasks"].values())
+    return all(
+        isinstance(task, dict)
+        and isinstance(task.get("metric"), str)
+        and isinstance(task.get("value"), (int, float))
+        and isinstance(task.get("n"), int)
+        and isinstance(task.get("per_doc"), list)
+        and all(
+            isinstance(doc, dict) and "id" in doc and isinstance(doc.get("score"), (int, float))
+            for doc in task["per_doc"]
+        )
+        for task in results["tasks"].values()
+    )
 
 
 @dataclass
@@ -147,8 +160,10 @@ def heldout_mismatch(base: dict, other: dict) -> str | None:
     if base.get("files") and other.get("files") and base["files"] != other["files"]:
         return f"files {', '.join(other['files'])} vs {', '.join(base['files'])}"
     if base.get("bytes") != other.get("bytes"):
-        return (f"{other.get('windows')} windows, {other.get('bytes')} bytes vs "
-                f"{base.get('windows')} windows, {base.get('bytes')} bytes")
+        return (
+            f"{other.get('windows')} windows, {other.get('bytes')} bytes vs "
+            f"{base.get('windows')} windows, {base.get('bytes')} bytes"
+        )
     return None
 
 
@@ -161,8 +176,13 @@ def _likelihood_rows(runs: list[dict], samples: int, seed: int) -> list[Row]:
     base_measure = "exact" if "exact" in base else "iwae"
     rows = []
     for measure, title in (("iwae", "IWAE bound"), ("prior_ce", "prior cross-entropy")):
-        row = Row(f"bpb_{measure}", f"held-out bits/byte (Free: {title})", "Held-out likelihood", False,
-                  Cell(base[base_measure]["bits_per_byte"], n=base["windows"]))
+        row = Row(
+            f"bpb_{measure}",
+            f"held-out bits/byte (Free: {title})",
+            "Held-out likelihood",
+            False,
+            Cell(base[base_measure]["bits_per_byte"], n=base["windows"]),
+        )
         for run in runs[1:]:
             like = run.get("likelihood")
             if not like or measure not in like:
@@ -230,8 +250,10 @@ def _grouped(rows: list[Row]):
 
 # Column blocks: the final values, then (given rows of last-third averages) the paper's Table 3 columns.
 BLOCKS = {"final": "Final value", "last third": "Average (last third)"}
-LAST_THIRD_LEGEND = ("Last third: each run's evaluations at steps >= 2/3 of its last scored step, averaged "
-                     "document by document; its CI bootstraps those per-document averages.")
+LAST_THIRD_LEGEND = (
+    "Last third: each run's evaluations at steps >= 2/3 of its last scored step, averaged "
+    "document by document; its CI bootstraps those per-document averages."
+)
 
 
 def _blocks(rows: list[Row], averaged: list[Row] | None) -> list[tuple[str, dict[str, Row]]]:
@@ -272,10 +294,12 @@ def to_markdown(rows: list[Row], labels: list[str], note: str = "", averaged: li
                     cells += [_fmt_value(cell), change, _fmt_ci(cell)]
             lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Change: relative to the baseline; colours as in the paper (|change| < 1%: none, "
-                 "1-10%: light, >= 10%: strong; green better). CI: paired bootstrap over documents of "
-                 "(model - baseline), absolute and relative; * marks an interval that excludes 0 "
-                 f"(given only from {MIN_DOCS_FOR_SIGNIFICANCE} documents on).")
+    lines.append(
+        "Change: relative to the baseline; colours as in the paper (|change| < 1%: none, "
+        "1-10%: light, >= 10%: strong; green better). CI: paired bootstrap over documents of "
+        "(model - baseline), absolute and relative; * marks an interval that excludes 0 "
+        f"(given only from {MIN_DOCS_FOR_SIGNIFICANCE} documents on)."
+    )
     if averaged is not None:
         lines.append(LAST_THIRD_LEGEND)
     if note:
@@ -283,15 +307,20 @@ def to_markdown(rows: list[Row], labels: list[str], note: str = "", averaged: li
     return "\n".join(lines) + "\n"
 
 
-def to_html(rows: list[Row], labels: list[str], note: str = "", averaged: list[Row] | None = None,
-            figure: Path | None = None) -> str:
+def to_html(
+    rows: list[Row], labels: list[str], note: str = "", averaged: list[Row] | None = None, figure: Path | None = None
+) -> str:
     esc = html.escape
     blocks = _blocks(rows, averaged)
     head = "<th>benchmark</th>" + "".join(f"<th>{esc(h)}</th>" for title, _ in blocks for h in _headers(labels, title))
     block_width = 1 + 3 * (len(labels) - 1)
     if averaged is not None:
-        head = ("<th></th>" + "".join(f'<th colspan="{block_width}">{BLOCKS[title]}</th>' for title, _ in blocks)
-                + "</tr>\n<tr>" + head)
+        head = (
+            "<th></th>"
+            + "".join(f'<th colspan="{block_width}">{BLOCKS[title]}</th>' for title, _ in blocks)
+            + "</tr>\n<tr>"
+            + head
+        )
     body = []
     for category, members in _grouped(rows):
         body.append(f'<tr class="category"><td colspan="{1 + block_width * len(blocks)}">{esc(category)}</td></tr>')
@@ -304,24 +333,33 @@ def to_html(rows: list[Row], labels: list[str], note: str = "", averaged: list[R
                     colour = HTML_COLOURS[cell.colour] if cell is not None else "#ffffff"
                     change = esc(_fmt_change(cell))
                     change = f"<b>{change}</b>" if significant(cell) else change
-                    cells += (f"<td>{_fmt_value(cell)}</td><td style=\"background:{colour}\">{change}</td>"
-                              f"<td>{esc(_fmt_ci(cell))}</td>")
+                    cells += (
+                        f'<td>{_fmt_value(cell)}</td><td style="background:{colour}">{change}</td>'
+                        f"<td>{esc(_fmt_ci(cell))}</td>"
+                    )
             body.append(f"<tr>{cells}</tr>")
-    style = ("table{border-collapse:collapse;font-family:sans-serif;font-size:13px}"
-             "td,th{border:1px solid #999;padding:3px 8px;text-align:right}"
-             "td:first-child{text-align:left}tr.category td{text-align:center;font-style:italic;background:#eee}")
-    legend = ("Change relative to the baseline, coloured as in the paper (|change| &lt; 1%: none, 1-10%: light, "
-              "&ge; 10%: strong; green better). CI: paired bootstrap over documents of (model &minus; baseline); "
-              f"bold / * when it excludes 0 (from {MIN_DOCS_FOR_SIGNIFICANCE} documents on).")
+    style = (
+        "table{border-collapse:collapse;font-family:sans-serif;font-size:13px}"
+        "td,th{border:1px solid #999;padding:3px 8px;text-align:right}"
+        "td:first-child{text-align:left}tr.category td{text-align:center;font-style:italic;background:#eee}"
+    )
+    legend = (
+        "Change relative to the baseline, coloured as in the paper (|change| &lt; 1%: none, 1-10%: light, "
+        "&ge; 10%: strong; green better). CI: paired bootstrap over documents of (model &minus; baseline); "
+        f"bold / * when it excludes 0 (from {MIN_DOCS_FOR_SIGNIFICANCE} documents on)."
+    )
     if averaged is not None:
         legend += " " + esc(LAST_THIRD_LEGEND)
     image = ""
     if figure is not None:
         data = base64.b64encode(Path(figure).read_bytes()).decode()
         image = f'<p><img alt="scores during training" src="data:image/png;base64,{data}"></p>\n'
-    return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Baseline vs Free Transformer</title>"
-            f"<style>{style}</style></head><body>\n<table>\n<tr>{head}</tr>\n" + "\n".join(body)
-            + f"\n</table>\n<p>{legend}</p>\n<p>{esc(note)}</p>\n{image}</body></html>\n")
+    return (
+        f'<!doctype html>\n<html><head><meta charset="utf-8"><title>Baseline vs Free Transformer</title>'
+        f"<style>{style}</style></head><body>\n<table>\n<tr>{head}</tr>\n"
+        + "\n".join(body)
+        + f"\n</table>\n<p>{legend}</p>\n<p>{esc(note)}</p>\n{image}</body></html>\n"
+    )
 
 
 def to_text(rows: list[Row], labels: list[str], averaged: list[Row] | None = None) -> str:
@@ -331,7 +369,8 @@ def to_text(rows: list[Row], labels: list[str], averaged: list[Row] | None = Non
     for title, _ in blocks:
         suffix = f" [{title}]" if title else ""
         head += f"  {(labels[0][:12] + suffix):>12}" + "".join(
-            f"  {(l[:12] + suffix):>12} {'change':>9}  {'95% CI':<34}" for l in labels[1:])
+            f"  {(l[:12] + suffix):>12} {'change':>9}  {'95% CI':<34}" for l in labels[1:]
+        )
     lines = [head.rstrip()]
     for category, members in _grouped(rows):
         lines.append(f"-- {category}")

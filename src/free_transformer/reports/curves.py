@@ -50,8 +50,13 @@ class Curve:
     def last_third_average(self) -> dict:
         """The last third's average, shaped as an eval results file (per_doc: averaged scores)."""
         entries = self.last_third()
-        result = {"label": self.label, "steps": [e["step"] for e in entries], "latents": entries[-1]["latents"],
-                  "unavailable": entries[-1]["unavailable"], "tasks": {}}
+        result = {
+            "label": self.label,
+            "steps": [e["step"] for e in entries],
+            "latents": entries[-1]["latents"],
+            "unavailable": entries[-1]["unavailable"],
+            "tasks": {},
+        }
         for name in entries[-1]["tasks"]:
             if all(name in e["tasks"] for e in entries):
                 result["tasks"][name] = _average_task([e["tasks"][name] for e in entries])
@@ -65,28 +70,42 @@ class Curve:
         if axis == "step":
             return entry["step"]
         if entry.get("tokens") is None:
-            raise CurveError(f"{self.label}: the evaluation at step {entry['step']} has no token count (the run's "
-                             "config.yaml could not be read when it was scored): draw against steps")
+            raise CurveError(
+                f"{self.label}: the evaluation at step {entry['step']} has no token count (the run's "
+                "config.yaml could not be read when it was scored): draw against steps"
+            )
         return entry["tokens"]
 
 
 def _average_task(results: list[dict]) -> dict:
     """One task's results at several steps -> their average, document by document."""
     by_id = [{d["id"]: d["score"] for d in r["per_doc"]} for r in results]
-    per_doc = [{"id": d["id"], "group": d.get("group"), "score": statistics.fmean(s[d["id"]] for s in by_id)}
-               for d in results[-1]["per_doc"] if all(d["id"] in s for s in by_id)]
+    per_doc = [
+        {"id": d["id"], "group": d.get("group"), "score": statistics.fmean(s[d["id"]] for s in by_id)}
+        for d in results[-1]["per_doc"]
+        if all(d["id"] in s for s in by_id)
+    ]
     value = task_metrics.aggregate([d["score"] for d in per_doc], [d["group"] for d in per_doc])
-    return {**{k: v for k, v in results[-1].items() if k != "per_doc"}, "value": value, "n": len(per_doc),
-            "per_doc": per_doc}
+    return {
+        **{k: v for k, v in results[-1].items() if k != "per_doc"},
+        "value": value,
+        "n": len(per_doc),
+        "per_doc": per_doc,
+    }
 
 
 def _average_likelihood(likelihoods: list[dict]) -> dict:
     """Held-out likelihoods of the same windows at several steps -> their average, window by window."""
     last = likelihoods[-1]
     measures = [m for m in MEASURES if all(m in like for like in likelihoods)]
-    per_window = [{"tokens": w["tokens"], "bytes": w["bytes"],
-                   **{m: statistics.fmean(like["per_window"][i][m] for like in likelihoods) for m in measures}}
-                  for i, w in enumerate(last["per_window"])]
+    per_window = [
+        {
+            "tokens": w["tokens"],
+            "bytes": w["bytes"],
+            **{m: statistics.fmean(like["per_window"][i][m] for like in likelihoods) for m in measures},
+        }
+        for i, w in enumerate(last["per_window"])
+    ]
     result = {k: v for k, v in last.items() if k not in MEASURES}
     for m in measures:
         result[m] = total_of(per_window, m)
@@ -124,5 +143,6 @@ def load_curve(path: str | Path, settings_key: str | None = None) -> Curve:
 
 def settings_difference(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> str:
     """'limit 3 vs 2, tasks [...] vs [...]': the fields (but `ignore`) in which settings a differ from b."""
-    return ", ".join(f"{k} {a.get(k)} vs {b.get(k)}" for k in sorted((set(a) | set(b)) - set(ignore))
-                     if a.get(k) != b.get(k))
+    return ", ".join(
+        f"{k} {a.get(k)} vs {b.get(k)}" for k in sorted((set(a) | set(b)) - set(ignore)) if a.get(k) != b.get(k)
+    )

@@ -26,8 +26,14 @@ def curve_panels(runs: list[Curve | None], axis: str = "step") -> list[Panel]:
         for run, curve in _present(runs):
             scored = [e for e in curve.entries if name in e["tasks"]]
             if scored:
-                panel.lines.append(Line(run, curve.label, [curve.x(e, axis) for e in scored],
-                                        [e["tasks"][name]["value"] for e in scored]))
+                panel.lines.append(
+                    Line(
+                        run,
+                        curve.label,
+                        [curve.x(e, axis) for e in scored],
+                        [e["tasks"][name]["value"] for e in scored],
+                    )
+                )
         panels.append(panel)
     if any("likelihood" in e for c in curves for e in c.entries):
         panels.append(_likelihood_panel(runs, axis))
@@ -55,8 +61,11 @@ def _likelihood_panel(runs: list[Curve | None], axis: str) -> Panel:
     for run, curve in _present(runs):
         scored = [e for e in curve.entries if "likelihood" in e]
         for measure, dashed in (("exact", False), ("iwae", False), ("prior_ce", True)):
-            points = [(curve.x(e, axis), e["likelihood"][measure]["bits_per_byte"])
-                      for e in scored if measure in e["likelihood"]]
+            points = [
+                (curve.x(e, axis), e["likelihood"][measure]["bits_per_byte"])
+                for e in scored
+                if measure in e["likelihood"]
+            ]
             if points:
                 panel.lines.append(Line(run, curve.label, *map(list, zip(*points)), dashed=dashed))
     return panel

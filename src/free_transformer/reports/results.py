@@ -20,34 +20,45 @@ def format_table(results: dict) -> str:
     latents = results.get("latents", {})
     lines.append(f"model: {results.get('checkpoint', '?')}  ({latents.get('latents', '')})")
     if latents.get("mc_estimator"):
-        lines.append(f"multiple choice: {latents['mc_estimator']}; generations per prompt: "
-                     f"{latents['generation_samples']}")
+        lines.append(
+            f"multiple choice: {latents['mc_estimator']}; generations per prompt: {latents['generation_samples']}"
+        )
     header = f"{'task':<16} {'measure':<20} {'value':>7} {'n':>6} {'shots':>5} {'secs':>7}"
     lines += [header, "-" * len(header)]
     tasks = results.get("tasks", {})
     for name in _order(tasks):
         r = tasks[name]
-        lines.append(f"{name:<16} {r['metric']:<20} {r['value']:>7.3f} {r['n']:>6} {r['num_fewshot']:>5} "
-                     f"{r.get('seconds', 0):>7.1f}")
+        lines.append(
+            f"{name:<16} {r['metric']:<20} {r['value']:>7.3f} {r['n']:>6} {r['num_fewshot']:>5} "
+            f"{r.get('seconds', 0):>7.1f}"
+        )
     for name in _order(tasks):
         r, max_len = tasks[name], results.get("model_config", {}).get("max_seq_len", "?")
         if r.get("truncated_answers"):
-            lines.append(f"note: {name}: {r['truncated_answers']} of {r['n']} documents have an answer longer than "
-                         f"the model's context ({max_len} tokens); its start was cut, so their choices may score alike")
+            lines.append(
+                f"note: {name}: {r['truncated_answers']} of {r['n']} documents have an answer longer than "
+                f"the model's context ({max_len} tokens); its start was cut, so their choices may score alike"
+            )
         if r.get("truncated_prompts"):
-            lines.append(f"note: {name}: {r['truncated_prompts']} of {r['n']} prompts were longer than the "
-                         f"context ({max_len} tokens) and lost their start")
+            lines.append(
+                f"note: {name}: {r['truncated_prompts']} of {r['n']} prompts were longer than the "
+                f"context ({max_len} tokens) and lost their start"
+            )
     for name in _order(results.get("unavailable", {})):
         lines.append(f"{name:<16} unavailable: {results['unavailable'][name]}")
     like = results.get("likelihood")
     if like:
         lines.append("")
-        lines.append(f"held-out text: {like['tokens']} tokens, {like['bytes']} bytes, {like['windows']} windows"
-                     + (f", K={like['samples']}" if like.get("samples") else ""))
+        lines.append(
+            f"held-out text: {like['tokens']} tokens, {like['bytes']} bytes, {like['windows']} windows"
+            + (f", K={like['samples']}" if like.get("samples") else "")
+        )
         for measure in ("exact", "prior_ce", "elbo", "iwae", "posterior_ce", "kl"):
             if measure in like:
                 m = like[measure]
-                lines.append(f"  {measure:<13} {m['bits_per_token']:.4f} bits/token  {m['bits_per_byte']:.4f} bits/byte")
+                lines.append(
+                    f"  {measure:<13} {m['bits_per_token']:.4f} bits/token  {m['bits_per_byte']:.4f} bits/byte"
+                )
     return "\n".join(lines)
 
 

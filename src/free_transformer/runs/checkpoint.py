@@ -52,9 +52,13 @@ CHECKSUMS = "SHA256SUMS"
 READ_FILES = ("config.json", "model.safetensors", "state.pt")
 # What the numpy RNG state of an older state.pt needs to unpickle (an ndarray of uint32), under the names
 # numpy 2 and numpy 1 pickled it with; nothing else beyond tensors and plain values is ever unpickled.
-LEGACY_STATE_GLOBALS = [np.dtype, np.ndarray, type(np.dtype(np.uint32)),
-                        (np._core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
-                        (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
+LEGACY_STATE_GLOBALS = [
+    np.dtype,
+    np.ndarray,
+    type(np.dtype(np.uint32)),
+    (np._core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
+    (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+]
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -173,7 +177,7 @@ def read_checkpoint_config(path: str | Path) -> dict:
 def _check_config_schema(config) -> None:
     """The types of what save_checkpoint writes into config.json; a ValueError names the first field amiss."""
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
-        raise ValueError("expected an object with a \"model\" object")
+        raise ValueError('expected an object with a "model" object')
     check_step(config.get("step"), ValueError)
     if not isinstance(config.get("tokenizer"), (str, type(None))):
         raise ValueError(f"tokenizer must be a name or null, got {config['tokenizer']!r}")
@@ -228,8 +232,11 @@ def load_training_state(path: str | Path) -> dict:
             state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
         _check_training_state(state)
     except Exception as error:  # torch.load raises many types on a truncated, garbled or unsafe file
-        reason = str(error).split("\n")[0] if "Weights only load failed" not in str(error) else \
-            "it asks to unpickle something other than tensors and plain values (refused, not run)"
+        reason = (
+            str(error).split("\n")[0]
+            if "Weights only load failed" not in str(error)
+            else "it asks to unpickle something other than tensors and plain values (refused, not run)"
+        )
         raise CheckpointError(f"corrupt, unsafe or missing training state {ckpt / 'state.pt'}: {reason}") from error
     return state
 
@@ -254,9 +261,12 @@ def upgrade_named_optimizer_state(named: dict) -> dict:
             params.append(fused)
             parts = [state.pop(part) for part in part_names(fused) if part in state]
             if parts:
-                state[fused] = {key: torch.cat([part[key] for part in parts], dim=0)
-                                if isinstance(value, torch.Tensor) and value.dim() else value
-                                for key, value in parts[0].items()}
+                state[fused] = {
+                    key: torch.cat([part[key] for part in parts], dim=0)
+                    if isinstance(value, torch.Tensor) and value.dim()
+                    else value
+                    for key, value in parts[0].items()
+                }
         groups.append({**group, "params": params})
     return {"state": state, "param_groups": groups}
 
@@ -275,19 +285,28 @@ def upgrade_optimizer_state(saved: dict, group_names: list[list[str]]) -> dict:
     unchanged (the optimizer's load_state_dict then says what differs)."""
     old_groups = [[part for name in names for part in (part_names(name) or [name])] for names in group_names]
     saved_groups = saved["param_groups"]
-    if (old_groups == group_names or len(saved_groups) != len(old_groups)
-            or any(len(group["params"]) != len(names) for group, names in zip(saved_groups, old_groups))):
+    if (
+        old_groups == group_names
+        or len(saved_groups) != len(old_groups)
+        or any(len(group["params"]) != len(names) for group, names in zip(saved_groups, old_groups))
+    ):
         return saved
-    old_name = {index: name for group, names in zip(saved_groups, old_groups)
-                for index, name in zip(group["params"], names)}
-    named = upgrade_named_optimizer_state({
-        "state": {old_name[index]: value for index, value in saved["state"].items()},
-        "param_groups": [{**group, "params": names} for group, names in zip(saved_groups, old_groups)],
-    })
+    old_name = {
+        index: name for group, names in zip(saved_groups, old_groups) for index, name in zip(group["params"], names)
+    }
+    named = upgrade_named_optimizer_state(
+        {
+            "state": {old_name[index]: value for index, value in saved["state"].items()},
+            "param_groups": [{**group, "params": names} for group, names in zip(saved_groups, old_groups)],
+        }
+    )
     index = {name: i for i, name in enumerate(name for names in group_names for name in names)}
-    return {"state": {index[name]: value for name, value in named["state"].items()},
-            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
-                             for group in named["param_groups"]]}
+    return {
+        "state": {index[name]: value for name, value in named["state"].items()},
+        "param_groups": [
+            {**group, "params": [index[name] for name in group["params"]]} for group in named["param_groups"]
+        ],
+    }
 
 
 def _check_training_state(state) -> None:
@@ -297,10 +316,14 @@ def _check_training_state(state) -> None:
         raise ValueError("expected an object with step, optimizer and rng")
     check_step(state["step"], ValueError)
     optimizer = state["optimizer"]
-    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
-            and isinstance(optimizer.get("param_groups"), list)
-            and all(isinstance(group, dict) and isinstance(group.get("params"), list)
-                    for group in optimizer["param_groups"])):
+    if not (
+        isinstance(optimizer, dict)
+        and isinstance(optimizer.get("state"), dict)
+        and isinstance(optimizer.get("param_groups"), list)
+        and all(
+            isinstance(group, dict) and isinstance(group.get("params"), list) for group in optimizer["param_groups"]
+        )
+    ):
         raise ValueError("optimizer is not an optimizer state (state and param_groups)")
     rng = state["rng"]
     if not isinstance(rng, dict) or not {"torch", "python", "numpy"} <= set(rng):
@@ -309,8 +332,9 @@ def _check_training_state(state) -> None:
         torch.Generator().set_state(rng["torch"])
         random.Random().setstate(rng["python"])
         name, key, position, has_gauss, cached_gaussian = rng["numpy"]
-        np.random.RandomState().set_state((name, np.asarray(key).astype(np.uint32), position, has_gauss,
-                                           cached_gaussian))
+        np.random.RandomState().set_state(
+            (name, np.asarray(key).astype(np.uint32), position, has_gauss, cached_gaussian)
+        )
         if "cuda" in rng and not (isinstance(rng["cuda"], torch.Tensor) and rng["cuda"].dtype == torch.uint8):
             raise TypeError("not a byte tensor")
     except (TypeError, ValueError, RuntimeError) as error:
@@ -320,14 +344,38 @@ def _check_training_state(state) -> None:
 # What a DCP `.metadata` pickle names (torch.distributed.checkpoint's own records, and the torch types in them).
 # DCP reads it with pickle.load, so a crafted one could run code: it is checked against this list first.
 DCP_METADATA_GLOBALS = {
-    ("pathlib", "PosixPath"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    *(("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
-    *(("torch", str(dtype).removeprefix("torch.")) for dtype in (
-        torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.int16,
-        torch.int8, torch.uint8, torch.bool)),
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+    *(
+        ("torch", str(dtype).removeprefix("torch."))
+        for dtype in (
+            torch.float64,
+            torch.float32,
+            torch.bfloat16,
+            torch.float16,
+            torch.int64,
+            torch.int32,
+            torch.int16,
+            torch.int8,
+            torch.uint8,
+            torch.bool,
+        )
+    ),
 }
 
 
@@ -352,8 +400,10 @@ def check_dcp_metadata(checkpoint: Path) -> None:
     for info in (getattr(metadata, "storage_data", None) or {}).values():
         name = str(getattr(info, "relative_path", ""))
         if not name or "/" in name or "\\" in name or name in (".", "..") or not (checkpoint / "dcp" / name).is_file():
-            raise CheckpointError(f"unsafe sharded checkpoint metadata {path}: its storage path {name!r} is not a "
-                                  "file of the checkpoint's dcp/ folder (DCP would read it)")
+            raise CheckpointError(
+                f"unsafe sharded checkpoint metadata {path}: its storage path {name!r} is not a "
+                "file of the checkpoint's dcp/ folder (DCP would read it)"
+            )
 
 
 def verify_checkpoint(path: str | Path, read_weights: bool = True) -> str | None:
@@ -418,8 +468,10 @@ def newest_intact_checkpoint(run_dir: str | Path, report=print) -> Path | None:
         while aside.exists():
             aside, n = checkpoint.with_name(f"{checkpoint.name}.damaged{n}"), n + 1
         os.replace(checkpoint, aside)
-        report(f"warning: checkpoint {checkpoint} is damaged ({' '.join(problem.split())}); "
-               f"moved to {aside.name}, trying the previous one")
+        report(
+            f"warning: checkpoint {checkpoint} is damaged ({' '.join(problem.split())}); "
+            f"moved to {aside.name}, trying the previous one"
+        )
     return None
 
 

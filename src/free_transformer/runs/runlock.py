@@ -46,8 +46,10 @@ class RunLock:
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunInUse(f"{self.run_dir} is in use by another process ({holder}): wait for it to end, or stop "
-                           "it first (a stopped run keeps its checkpoints; continue it with --resume)") from None
+            raise RunInUse(
+                f"{self.run_dir} is in use by another process ({holder}): wait for it to end, or stop "
+                "it first (a stopped run keeps its checkpoints; continue it with --resume)"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"PID {os.getpid()}, {self.command}\n".encode(), 0)
         self.fd = fd
@@ -65,9 +67,11 @@ class RunLock:
     def check(self) -> None:
         """Raise RunInUse if RUN/.lock was deleted or replaced: another process may be writing to the run."""
         if self.fd is not None and not self.held():
-            raise RunInUse(f"{self.run_dir / LOCK_FILE} was deleted or replaced while {self.command} wrote to "
-                           f"{self.run_dir}, so another process may be writing to it: stopped; once no other "
-                           "process writes there, continue with --resume")
+            raise RunInUse(
+                f"{self.run_dir / LOCK_FILE} was deleted or replaced while {self.command} wrote to "
+                f"{self.run_dir}, so another process may be writing to it: stopped; once no other "
+                "process writes there, continue with --resume"
+            )
 
     def __exit__(self, *exc) -> None:
         if self.fd is None:

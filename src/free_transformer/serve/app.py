@@ -33,16 +33,31 @@ from starlette.exceptions import HTTPException
 
 from ..base.version import __version__
 from .batcher import Delta, Job
-from .engine import Engine, Plan, RequestError
 from .config import DEFAULT_MAX_REQUEST_MB
-from .protocol import (ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionChoice,
-                       CompletionRequest, DetokenizeRequest, ErrorBody, ErrorDetail, Logprobs, ModelCard, ModelList,
-                       TokenizeRequest, Usage)
+from .engine import Engine, Plan, RequestError
+from .protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    DetokenizeRequest,
+    ErrorBody,
+    ErrorDetail,
+    Logprobs,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    Usage,
+)
 
 logger = logging.getLogger(__name__)
 
-UNION_FIELDS = {"prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
-                "stop": "a string or a list of strings"}
+UNION_FIELDS = {
+    "prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
+    "stop": "a string or a list of strings",
+}
 OPEN_PATHS = {"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}  # no API key needed
 
 
@@ -90,8 +105,9 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self.api_key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
-            return await self._refuse(send, 401, "a valid API key is needed: send the header "
-                                                 "'Authorization: Bearer KEY'", "invalid_api_key")
+            return await self._refuse(
+                send, 401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'", "invalid_api_key"
+            )
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length", b"").decode("latin-1")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
@@ -125,14 +141,21 @@ class Guard:
         return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self.api_key.encode())
 
     def _too_large(self, size: int, at_least: bool = False) -> str:
-        return (f"the request body has {'more than ' if at_least else ''}{size - at_least} bytes; this server "
-                f"reads at most {self.max_body_bytes} (serve --max-request-mb)")
+        return (
+            f"the request body has {'more than ' if at_least else ''}{size - at_least} bytes; this server "
+            f"reads at most {self.max_body_bytes} (serve --max-request-mb)"
+        )
 
     @staticmethod
     async def _refuse(send, status: int, message: str, code: str) -> None:
         body = json.dumps(error_body(status, message, code=code)).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -158,8 +181,9 @@ END = object()  # the last item of a channel when the request succeeded
 
 def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_REQUEST_MB * 2**20):
     """The ASGI app (the FastAPI app inside the Guard); starts the engine's decoding loop."""
-    app = FastAPI(title="free-transformer", version=__version__,
-                  summary=f"OpenAI-compatible completions from {engine.name}")
+    app = FastAPI(
+        title="free-transformer", version=__version__, summary=f"OpenAI-compatible completions from {engine.name}"
+    )
     created = int(time.time())
     engine.start()
 
@@ -185,8 +209,13 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
 
     @app.get("/tokenizer_info")
     def tokenizer_info() -> dict:
-        return {"tokenizer_class": engine.tokenizer.name, "model_max_length": engine.context, "eos_token": None,
-                "bos_token": None, "pad_token": None}
+        return {
+            "tokenizer_class": engine.tokenizer.name,
+            "model_max_length": engine.context,
+            "eos_token": None,
+            "bos_token": None,
+            "pad_token": None,
+        }
 
     @app.post("/tokenize")
     def tokenize(request: TokenizeRequest) -> dict:
@@ -203,8 +232,11 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, raw: Request):
         if engine.tokenizer.chat_template is None:  # no chat format is invented for a model that has none
-            return error_response(404, f"this model's tokenizer ({engine.tokenizer.name}) has no chat template; "
-                                       "send text to /v1/completions", code="no_chat_template")
+            return error_response(
+                404,
+                f"this model's tokenizer ({engine.tokenizer.name}) has no chat template; send text to /v1/completions",
+                code="no_chat_template",
+            )
         try:
             prompt = engine.tokenizer.chat_prompt([message.model_dump() for message in request.messages])
         except ValueError as error:  # the template refused the conversation
@@ -233,12 +265,22 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
             logger.error("request failed", exc_info=error)
             return error_response(500, failure(error))
         channel = Channel()
-        job = Job(plan.rows, plan.stops, request.logprobs, request.echo, request.stream, emit=channel.put,
-                  finish=lambda error: channel.put(END if error is None else error))
+        job = Job(
+            plan.rows,
+            plan.stops,
+            request.logprobs,
+            request.echo,
+            request.stream,
+            emit=channel.put,
+            finish=lambda error: channel.put(END if error is None else error),
+        )
         engine.batcher.submit(job)
         watcher = asyncio.create_task(_cancel_on_disconnect(raw, job, channel))
-        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-                "model": engine.name}
+        head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": engine.name,
+        }
         if request.stream:
             usage = request.stream_options is not None and request.stream_options.include_usage
             return await _stream(channel, job, watcher, plan, head, usage, ChatCompletionChunk.of if chat else None)
@@ -261,8 +303,12 @@ async def _cancel_on_disconnect(raw: Request, job: Job, channel: Channel) -> Non
 
 
 def _choice(delta: Delta, offset: int) -> CompletionChoice:
-    return CompletionChoice(index=delta.index, text=delta.text, finish_reason=delta.finish_reason,
-                            logprobs=None if delta.logprobs is None else _logprobs(delta, offset))
+    return CompletionChoice(
+        index=delta.index,
+        text=delta.text,
+        finish_reason=delta.finish_reason,
+        logprobs=None if delta.logprobs is None else _logprobs(delta, offset),
+    )
 
 
 def _logprobs(delta: Delta, offset: int) -> Logprobs:
@@ -278,8 +324,11 @@ def _logprobs(delta: Delta, offset: int) -> Logprobs:
 
 
 def _usage(plan: Plan, completion_tokens: int) -> Usage:
-    return Usage(prompt_tokens=plan.prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=plan.prompt_tokens + completion_tokens)
+    return Usage(
+        prompt_tokens=plan.prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=plan.prompt_tokens + completion_tokens,
+    )
 
 
 async def _collect(channel: Channel, plan: Plan, head: dict):
@@ -294,8 +343,7 @@ async def _collect(channel: Channel, plan: Plan, head: dict):
     return Completion(**head, choices=choices, usage=_usage(plan, sum(p.tokens for p in pieces.values())))
 
 
-async def _stream(channel: Channel, job: Job, watcher: asyncio.Task, plan: Plan, head: dict, usage: bool,
-                  convert=None):
+async def _stream(channel: Channel, job: Job, watcher: asyncio.Task, plan: Plan, head: dict, usage: bool, convert=None):
     """Answer once the first piece is there, so that a failure before any text is still a 500. `convert` turns
     each `Completion` chunk into what is sent instead (a chat chunk)."""
     convert = convert or (lambda chunk: chunk)

@@ -38,6 +38,7 @@ REPLACEMENT = "\ufffd"  # what decoding shows for the bytes of a character not y
 @dataclass(frozen=True)
 class RowSpec:
     """One completion to decode: nothing about it can still be refused."""
+
     index: int  # the choice's index in the response
     prompt: Prompt  # its ids, settings and Z
     seed: int  # the row's generator
@@ -48,6 +49,7 @@ class Job:
     """A request's rows and where their results go. `emit` is called on the loop's thread with each
     `Delta`, then `finish` once with None or the exception that ended the request; `cancelled`, set
     by the caller, drops the request's rows at the next step."""
+
     rows: list[RowSpec]
     stops: list[str]
     logprobs: int | None  # alternatives per token, None: no logprobs
@@ -73,6 +75,7 @@ class TokenLogprob:
 class Delta:
     """A piece of a completion: text now final, the log-probabilities of the tokens sampled since the
     last piece (with logprobs), and at its end the finish reason and the number of tokens sampled."""
+
     index: int
     text: str
     logprobs: list[TokenLogprob] | None = None
@@ -138,6 +141,7 @@ def settled(text: str, stops: list[str]) -> str:
 @dataclass
 class Served:
     """A completion in flight: the engine's row (its tag is this) and what its client has been sent."""
+
     spec: RowSpec
     job: Job
     text: RowText
@@ -270,15 +274,23 @@ class Batcher:
     def _served(self, job: Job, spec: RowSpec) -> Served:
         served = Served(spec, job, RowText(self.tokenizer.decode, job.stops))
         served.head = self.tokenizer.decode(spec.prompt.ids) if job.echo else ""
-        served.row = prompt_row(spec.prompt, spec.seed, keep_logits=job.logprobs is not None,
-                                keep_prompt_logits=job.echo and job.logprobs is not None, tag=served)
+        served.row = prompt_row(
+            spec.prompt,
+            spec.seed,
+            keep_logits=job.logprobs is not None,
+            keep_prompt_logits=job.echo and job.logprobs is not None,
+            tag=served,
+        )
         return served
 
     def _prompt_logprobs(self, ids: list[int], logits: Tensor, k: int) -> list[TokenLogprob]:
         """The prompt's tokens with log P(token | the tokens before it), the first with None."""
         chosen, tops = self._logprobs(logits, torch.tensor(ids[1:], device=logits.device), k)
         first = TokenLogprob(self.tokenizer.decode(ids[:1]), None, None)
-        return [first, *(TokenLogprob(self.tokenizer.decode([t]), lp, top) for t, lp, top in zip(ids[1:], chosen, tops))]
+        return [
+            first,
+            *(TokenLogprob(self.tokenizer.decode([t]), lp, top) for t, lp, top in zip(ids[1:], chosen, tops)),
+        ]
 
     def _logprobs(self, logits: Tensor, chosen: Tensor, k: int) -> tuple[list[float], list[dict[str, float]]]:
         """(N, V) logits and (N,) tokens -> the tokens' log-probabilities under the model's distribution
@@ -313,8 +325,9 @@ class Batcher:
         token = row.tokens[-1]
         served.text.push(token)
         if job.logprobs is not None:
-            values, tops = self._logprobs(row.logits[None], torch.tensor([token], device=row.logits.device),
-                                          job.logprobs)
+            values, tops = self._logprobs(
+                row.logits[None], torch.tensor([token], device=row.logits.device), job.logprobs
+            )
             served.pending.append(TokenLogprob(self.tokenizer.decode([token]), values[0], tops[0]))
         if served.text.stop_end is not None and not row.done:
             self.engine.finish(row, "stop")
@@ -334,8 +347,11 @@ class Batcher:
             return
         logprobs = served.pending if job.logprobs is not None else None
         served.shown, served.head, served.pending = len(text), "", []
-        finish_reason = ("stop" if served.text.stop_end is not None or served.row.finish_reason == "stop"
-                         else "length") if ending else None
+        finish_reason = (
+            ("stop" if served.text.stop_end is not None or served.row.finish_reason == "stop" else "length")
+            if ending
+            else None
+        )
         job.emit(Delta(served.spec.index, piece, logprobs, finish_reason, served.sampled))
         if ending:
             job.in_flight -= 1

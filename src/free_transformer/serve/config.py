@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from ..base import settings
 from ..base.devices import Placement
-from typing import Literal
-
 from ..inference.params import ContextLatent
 
 DEFAULT_MAX_BATCH = 16  # completions decoded together (`serve --max-batch`)

@@ -43,6 +43,7 @@ class RequestError(ValueError):
 class Plan:
     """A checked request: its rows (prompt p's completion i is choice p * n + i) and what the
     response holds."""
+
     rows: list[RowSpec]
     stops: list[str]
     prompt_tokens: int  # every prompt's tokens, each counted once
@@ -53,8 +54,16 @@ class Plan:
 
 
 class Engine:
-    def __init__(self, model: FreeTransformer, tokenizer: Tokenizer, name: str, *, max_batch: int = DEFAULT_MAX_BATCH,
-                 latents: str = ENCODER, compile: bool = False):
+    def __init__(
+        self,
+        model: FreeTransformer,
+        tokenizer: Tokenizer,
+        name: str,
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        latents: str = ENCODER,
+        compile: bool = False,
+    ):
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.latents = parse_latents(latents, where="--latents", allowed=CONTEXT_CHOICES, indices=False)
         self.batcher = Batcher(model, tokenizer, max_batch, compile=compile)
@@ -68,28 +77,43 @@ class Engine:
 
     def plan(self, request: CompletionRequest) -> Plan:
         if request.model != self.name:
-            raise RequestError(f"the model {request.model!r} does not exist; this server serves {self.name!r}",
-                               "model", 404, "model_not_found")
+            raise RequestError(
+                f"the model {request.model!r} does not exist; this server serves {self.name!r}",
+                "model",
+                404,
+                "model_not_found",
+            )
         ids = self._prompt_ids(request.prompt)
         if len(ids) * request.n > MAX_COMPLETIONS:
-            raise RequestError(f"{len(ids)} prompts x n = {request.n} asks for {len(ids) * request.n} completions; "
-                               f"one request may ask for at most {MAX_COMPLETIONS}", "n", code="too_many_completions")
+            raise RequestError(
+                f"{len(ids)} prompts x n = {request.n} asks for {len(ids) * request.n} completions; "
+                f"one request may ask for at most {MAX_COMPLETIONS}",
+                "n",
+                code="too_many_completions",
+            )
         max_tokens = self._max_tokens(request, max(map(len, ids)))
         params = self._params(request, max_tokens)
         stops = params.stop
         if len(stops) > MAX_STOPS or any(len(stop) > MAX_STOP_CHARS for stop in stops):
-            raise RequestError(f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters, got "
-                               f"{len(stops)} of at most {max(map(len, stops))}", "stop")
+            raise RequestError(
+                f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters, got "
+                f"{len(stops)} of at most {max(map(len, stops))}",
+                "stop",
+            )
         config = params.generation_config(max_tokens)
         latent_seed = params.seed if params.latent_seed is None else params.latent_seed
         reference = self._reference(params.reference)
         try:  # each prompt's Z as `free-transformer generate --seed latent_seed` resolves it
-            prompts = prepare_prompts(self.model, ids, [config] * len(ids), params.latents, reference=reference,
-                                      latent_seed=latent_seed)
+            prompts = prepare_prompts(
+                self.model, ids, [config] * len(ids), params.latents, reference=reference, latent_seed=latent_seed
+            )
         except ValueError as error:
             raise RequestError(str(error), "reference" if reference is not None else "latents") from None
-        rows = [RowSpec(p * request.n + i, prompt, params.seed + i) for p, prompt in enumerate(prompts)
-                for i in range(request.n)]
+        rows = [
+            RowSpec(p * request.n + i, prompt, params.seed + i)
+            for p, prompt in enumerate(prompts)
+            for i in range(request.n)
+        ]
         return Plan(rows, [stop for stop in stops if stop], sum(map(len, ids)))
 
     def _prompt_ids(self, prompt: str | list) -> list[list[int]]:
@@ -116,9 +140,12 @@ class Engine:
             raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
         max_tokens = min(DEFAULT_MAX_TOKENS, room) if request.max_tokens is None else request.max_tokens
         if max_tokens > room:
-            raise RequestError(f"max_tokens {max_tokens} does not fit: the prompt has {longest} tokens and this "
-                               f"model reads at most {self.context}, so max_tokens can be at most {room}",
-                               "max_tokens", code="context_length_exceeded")
+            raise RequestError(
+                f"max_tokens {max_tokens} does not fit: the prompt has {longest} tokens and this "
+                f"model reads at most {self.context}, so max_tokens can be at most {room}",
+                "max_tokens",
+                code="context_length_exceeded",
+            )
         return max_tokens
 
     def _params(self, request: CompletionRequest, max_tokens: int) -> SamplingParams:
@@ -126,8 +153,9 @@ class Engine:
         (max_tokens: DEFAULT_MAX_TOKENS or fewer, latents: serve --latents, seed: a fresh random one)."""
         values = {name: getattr(request, field) for name, field in SAMPLING_NAMES.items()}
         try:
-            values["latents"] = self.latents if request.latents is None else parse_latents(request.latents,
-                                                                                           indices=False)
+            values["latents"] = (
+                self.latents if request.latents is None else parse_latents(request.latents, indices=False)
+            )
         except ValueError as error:
             raise RequestError(str(error), "latents") from None
         values["stop"] = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
@@ -144,6 +172,5 @@ class Engine:
             return None
         ids = self.tokenizer.encode(text)
         if len(ids) > self.context:
-            raise RequestError(f"reference has {len(ids)} tokens; this model reads at most {self.context}",
-                               "reference")
+            raise RequestError(f"reference has {len(ids)} tokens; this model reads at most {self.context}", "reference")
         return torch.tensor([ids])

@@ -46,11 +46,19 @@ def _sampling_request() -> type[BaseModel]:
     name (`max_tokens`), with its type, default and docstring; checked as SamplingParams checks them."""
     hints, docs = typing.get_type_hints(SamplingParams), field_docs(SamplingParams)
     defaults = {item.name: item.default for item in dataclasses.fields(SamplingParams)}
-    fields = {request: (REQUEST_TYPES.get(name, hints[name]),
-                        Field(None if name in REQUEST_TYPES else defaults[name], description=docs.get(name)))
-              for name, request in SAMPLING_NAMES.items()}
-    return create_model("SamplingRequest", __config__=ConfigDict(extra="forbid", strict=True),
-                        __validators__={"check": field_validator(*fields)(_check_sampling)}, **fields)
+    fields = {
+        request: (
+            REQUEST_TYPES.get(name, hints[name]),
+            Field(None if name in REQUEST_TYPES else defaults[name], description=docs.get(name)),
+        )
+        for name, request in SAMPLING_NAMES.items()
+    }
+    return create_model(
+        "SamplingRequest",
+        __config__=ConfigDict(extra="forbid", strict=True),
+        __validators__={"check": field_validator(*fields)(_check_sampling)},
+        **fields,
+    )
 
 
 SAMPLING_NAMES = spelt_fields(SamplingParams, "request")  # {"max_new_tokens": "max_tokens", ...}
@@ -124,8 +132,9 @@ class CompletionRequest(_sampling_request()):
     def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
         n = info.data.get("n", 1)
         if value is not None and value != n:
-            raise ValueError(f"this server returns every completion it samples, so best_of must equal n ({n}), "
-                             f"got {value}")
+            raise ValueError(
+                f"this server returns every completion it samples, so best_of must equal n ({n}), got {value}"
+            )
         return value
 
     @field_validator("stream_options")
@@ -144,8 +153,10 @@ class CompletionRequest(_sampling_request()):
                 try:
                     text.encode("utf-8")
                 except UnicodeEncodeError as error:
-                    raise ValueError(f"holds a lone surrogate ({text[error.start]!r} at character {error.start}), "
-                                     "which is not valid Unicode") from None
+                    raise ValueError(
+                        f"holds a lone surrogate ({text[error.start]!r} at character {error.start}), "
+                        "which is not valid Unicode"
+                    ) from None
         return value
 
 
@@ -163,6 +174,7 @@ NOT_IN_CHAT = ("prompt", "echo", "logprobs", "top_logprobs", "suffix", "best_of"
 class ChatCompletionRequest(BaseModel):
     """The messages, then any field of CompletionRequest but those of NOT_IN_CHAT (max_completion_tokens is
     OpenAI's newer name of max_tokens)."""
+
     model_config = ConfigDict(extra="allow", strict=True)
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -174,8 +186,9 @@ class ChatCompletionRequest(BaseModel):
         for a field CompletionRequest refuses."""
         fields = dict(self.model_extra)
         if refused := [name for name in NOT_IN_CHAT if name in fields]:
-            raise ValueError(f"unknown or unsupported field {refused[0]!r} in a chat request "
-                             "(/v1/completions takes it)")
+            raise ValueError(
+                f"unknown or unsupported field {refused[0]!r} in a chat request (/v1/completions takes it)"
+            )
         if self.max_completion_tokens is not None:
             if fields.setdefault("max_tokens", self.max_completion_tokens) != self.max_completion_tokens:
                 raise ValueError("max_tokens and max_completion_tokens disagree; give one of them")
@@ -184,6 +197,7 @@ class ChatCompletionRequest(BaseModel):
 
 class Logprobs(BaseModel):
     """OpenAI's legacy completion logprobs: per token of the choice's text (the prompt's first with echo)."""
+
     tokens: list[str] = []
     token_logprobs: list[float | None] = []  # None for the first token of an echoed prompt
     top_logprobs: list[dict[str, float] | None] = []  # the most likely tokens and the chosen one
@@ -206,6 +220,7 @@ class Usage(BaseModel):
 class Completion(BaseModel):
     """A whole response, or one chunk of a stream (a text delta per choice; usage in the last chunk
     when stream_options asks for it)."""
+
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int
@@ -235,8 +250,10 @@ class ChatCompletion(BaseModel):
 
     @classmethod
     def of(cls, completion: Completion) -> ChatCompletion:
-        choices = [ChatChoice(index=c.index, message=ChatReply(content=c.text), finish_reason=c.finish_reason)
-                   for c in completion.choices]
+        choices = [
+            ChatChoice(index=c.index, message=ChatReply(content=c.text), finish_reason=c.finish_reason)
+            for c in completion.choices
+        ]
         return cls(**completion.model_dump(include={"id", "created", "model", "usage"}), choices=choices)
 
 
@@ -248,6 +265,7 @@ class ChatDelta(BaseModel):
 
 class ChatCompletionChunk(BaseModel):
     """One chunk of a streamed chat completion: a text delta per choice, or the usage (no choices)."""
+
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
@@ -257,8 +275,10 @@ class ChatCompletionChunk(BaseModel):
 
     @classmethod
     def of(cls, chunk: Completion) -> ChatCompletionChunk:
-        choices = [ChatDelta(index=c.index, delta=ChatReply(content=c.text), finish_reason=c.finish_reason)
-                   for c in chunk.choices]
+        choices = [
+            ChatDelta(index=c.index, delta=ChatReply(content=c.text), finish_reason=c.finish_reason)
+            for c in chunk.choices
+        ]
         return cls(**chunk.model_dump(include={"id", "created", "model", "usage"}), choices=choices)
 
 
@@ -277,6 +297,7 @@ class ModelList(BaseModel):
 
 class TokenizeRequest(BaseModel):
     """vLLM's /tokenize, which lm-eval's `local-completions` uses to count a context's tokens."""
+
     model_config = ConfigDict(extra="ignore", strict=True)
 
     prompt: str

@@ -11,8 +11,8 @@ from typing import Literal
 
 from ..base import settings
 from ..base.checks import ConfigError, check_range
-from ..base.devices import Precision
 from ..base.compat import RENAMED
+from ..base.devices import Precision
 from ..base.units import bits_to_nats
 from ..data.config import DataConfig
 from ..eval.settings import EvalConfig
@@ -152,8 +152,7 @@ class TrainConfig:
         check_range("steps", self.steps, 1, MAX_STEP, high_closed=True)  # every step's checkpoint must be nameable
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"grad_accum ({self.grad_accum}) must divide batch_size ({self.batch_size})")
-        for name in ("kappa_bits", "kappa_start_bits", "post_sampler_init_std", "kappa_anneal_steps",
-                     "validate_every"):
+        for name in ("kappa_bits", "kappa_start_bits", "post_sampler_init_std", "kappa_anneal_steps", "validate_every"):
             if getattr(self, name) is not None:
                 check_range(name, getattr(self, name))
         check_range("validation_batches", self.validation_batches, 1)
@@ -172,8 +171,10 @@ class TrainConfig:
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise ConfigError("checkpoint_every and log_every must be >= 1")
         if self.eval.every and dist.strategy != "none":
-            raise ConfigError(f"eval.every runs on one process, not under distributed.strategy={dist.strategy}: "
-                              "score the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`")
+            raise ConfigError(
+                f"eval.every runs on one process, not under distributed.strategy={dist.strategy}: "
+                "score the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`"
+            )
         self.eval.validate()
         return self
 
@@ -200,12 +201,15 @@ def read_config_file(path: str | Path) -> dict:
     return settings.read_yaml(path)
 
 
-def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
-                      periodic_eval: bool = True) -> TrainConfig:
+def load_train_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, *, periodic_eval: bool = True
+) -> TrainConfig:
     """Defaults, then the YAML file, then the overrides. periodic_eval=False turns the `eval` section off
     (eval.every = 0), for a reader of a run that does not train it."""
-    layers = [_layer(read_config_file(path), str(path)) if path is not None else {},
-              _layer(settings.parse_overrides(overrides or []), "command line")]
+    layers = [
+        _layer(read_config_file(path), str(path)) if path is not None else {},
+        _layer(settings.parse_overrides(overrides or []), "command line"),
+    ]
     values = settings.merge(*layers)
     model = values.get("model", {})
     if isinstance(model, dict):  # the fields given override the default size's
@@ -270,12 +274,18 @@ def settings_help() -> str:
     """Every setting with its default, type and docstring, by section, the top-level ones (the most used)
     first (`train --help`)."""
     described = settings.describe(TrainConfig())
-    size = settings.Setting("model.size", " | ".join(NAMED_CONFIGS), DEFAULT_SIZE,
-                            "A named model size: its fields, under the other model fields given.")
+    size = settings.Setting(
+        "model.size",
+        " | ".join(NAMED_CONFIGS),
+        DEFAULT_SIZE,
+        "A named model size: its fields, under the other model fields given.",
+    )
     top = [item for item in described if "." not in item.path]
     sections = [item for item in described if "." in item.path]
     first_model = next(i for i, item in enumerate(sections) if item.path.startswith("model."))
     sections.insert(first_model, size)
     renamed = "".join(f"\n  {r.old}: now {r.new} (the old name is read until {r.until})" for r in RENAMED)
-    return ("settings (section.field=value, after the config file; the defaults below):\n"
-            f"{settings.help_text(top + sections)}\n\nold names, still read with a warning:{renamed}")
+    return (
+        "settings (section.field=value, after the config file; the defaults below):\n"
+        f"{settings.help_text(top + sections)}\n\nold names, still read with a warning:{renamed}"
+    )

@@ -38,8 +38,10 @@ def read_metrics(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
         except ValueError as error:  # a number too long to convert
-            raise UserError(f"{path} line {number} holds a line this package did not write (a number too long to "
-                            f"read: {str(error).partition(':')[0]}): remove that line, then run again") from None
+            raise UserError(
+                f"{path} line {number} holds a line this package did not write (a number too long to "
+                f"read: {str(error).partition(':')[0]}): remove that line, then run again"
+            ) from None
         if isinstance(logged, dict):
             metrics.append({METRIC_RENAMED.get(name, name): value for name, value in logged.items()})
     return metrics
@@ -85,8 +87,9 @@ class WandbWriter:
         except ImportError as error:
             raise UserError(f"wandb=true needs the wandb package: {install_hint('logging')}") from error
         run_id = f"{run_dir.name}-{hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]}"
-        self.run = wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow", config=config,
-                              dir=str(run_dir))
+        self.run = wandb.init(
+            project=project, name=run_dir.name, id=run_id, resume="allow", config=config, dir=str(run_dir)
+        )
 
     def write(self, metrics: dict) -> None:
         self.run.log(scalars(metrics), step=metrics["step"])
@@ -96,8 +99,14 @@ class WandbWriter:
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path, resume_step: int = 0, tensorboard: bool = False,
-                 wandb_project: str | None = None, config: dict | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        resume_step: int = 0,
+        tensorboard: bool = False,
+        wandb_project: str | None = None,
+        config: dict | None = None,
+    ):
         """wandb_project: also log to Weights & Biases in this project (None: not)."""
         self.path = run_dir / "metrics.jsonl"
         # A run killed after its last checkpoint logged steps that the resumed run will redo: drop them.
@@ -124,8 +133,9 @@ class MetricsLog:
 
     def _cannot_write(self, error: OSError) -> UserError:
         # a full disk, a quota: the checkpoints are intact, and a resumed run rewrites this file
-        return UserError(f"cannot write {self.path} ({error.strerror or error}): make room, then continue with "
-                         "--resume")
+        return UserError(
+            f"cannot write {self.path} ({error.strerror or error}): make room, then continue with --resume"
+        )
 
     def close(self) -> None:
         try:

@@ -18,14 +18,23 @@ import torch
 from ..base.seeding import generator, seed_of
 
 
-def latent_row_generators(seed: int, step: int, rows: range, device: torch.device,
-                   split: str = "train") -> list[torch.Generator]:
+def latent_row_generators(
+    seed: int, step: int, rows: range, device: torch.device, split: str = "train"
+) -> list[torch.Generator]:
     """One generator per global row index in `rows`, for the model's `generator=` argument."""
     return [generator(seed, "latent", split, step, row, device=device) for row in rows]
 
 
-def latent_generators(latent_noise: str, seed: int, step: int, rows: range, device: torch.device, *,
-                      rank: int | None = None, split: str = "train") -> list[torch.Generator] | None:
+def latent_generators(
+    latent_noise: str,
+    seed: int,
+    step: int,
+    rows: range,
+    device: torch.device,
+    *,
+    rank: int | None = None,
+    split: str = "train",
+) -> list[torch.Generator] | None:
     """The `generator=` argument for the rows `rows` of batch `step`: per-row generators (row noise),
     or None after reseeding this rank's global stream (global noise, rank given: several processes),
     or None (global noise, one process)."""

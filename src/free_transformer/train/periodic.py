@@ -56,8 +56,15 @@ class PeriodicEvaluation:
         checkpoint = f"step_{step:08d}"
         with training_untouched(self.model, self.device):
             scores = score_and_record(
-                self.record, self.model, self.tokenizer, self.settings, step=step, tokens=step * self.tokens_per_step,
-                source="training", checkpoint=checkpoint if (self.run_dir / "checkpoints" / checkpoint).is_dir() else None)
+                self.record,
+                self.model,
+                self.tokenizer,
+                self.settings,
+                step=step,
+                tokens=step * self.tokens_per_step,
+                source="training",
+                checkpoint=checkpoint if (self.run_dir / "checkpoints" / checkpoint).is_dir() else None,
+            )
         tqdm.write(f"eval at step {step}: {scores}")
         return time.perf_counter() - started
 

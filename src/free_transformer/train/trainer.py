@@ -34,14 +34,23 @@ from ..data import build_dataset
 from ..data.datasets import Dataset
 from ..data.tokenizer import get_tokenizer
 from ..distributed import ParallelEnv, setup
-from ..distributed.parallelize import (apply_activation_checkpointing, apply_compile, gradient_sync,
-                                       parallelize)
+from ..distributed.parallelize import apply_activation_checkpointing, apply_compile, gradient_sync, parallelize
 from ..distributed.sharded_checkpoint import is_sharded, load_sharded, load_single_file, save_sharded
 from ..model.config import ModelConfig
 from ..model.transformer import FreeTransformer
-from ..runs.checkpoint import (CheckpointError, checkpoint_dirs, load_training_state, load_verified_weights,
-                               load_weights, newest_intact_checkpoint, optimizer_param_names, read_checkpoint_config,
-                               resolve_checkpoint, save_checkpoint, upgrade_optimizer_state)
+from ..runs.checkpoint import (
+    CheckpointError,
+    checkpoint_dirs,
+    load_training_state,
+    load_verified_weights,
+    load_weights,
+    newest_intact_checkpoint,
+    optimizer_param_names,
+    read_checkpoint_config,
+    resolve_checkpoint,
+    save_checkpoint,
+    upgrade_optimizer_state,
+)
 from ..runs.runlock import RunLock
 from .config import TrainConfig, changed_settings, load_train_config, renamed_names_in, save_train_config
 from .metrics import MetricsLog, read_metrics, tokens_per_step
@@ -147,11 +156,7 @@ def _check_fresh_run_dir(run_dir: Path) -> None:
 
 
 def train(
-    config: TrainConfig,
-    run_dir: str | Path,
-    *,
-    resume: bool = False,
-    init_from: str | Path | None = None,
+    config: TrainConfig, run_dir: str | Path, *, resume: bool = False, init_from: str | Path | None = None
 ) -> TrainResult:
     """Train (or resume) the run in `run_dir` to config.steps optimizer steps."""
     config.validate()
@@ -173,13 +178,18 @@ def _check_same_model(config: TrainConfig, checkpoint: Path) -> None:
     size mismatches."""
     saved = ModelConfig.from_dict(read_checkpoint_config(checkpoint)["model"]).to_dict()  # defaults filled in
     ours = config.model.to_dict()
-    changed = [f"{key} {saved.get(key)} -> {ours.get(key)}" for key in sorted(set(saved) | set(ours))
-               if saved.get(key) != ours.get(key)]
+    changed = [
+        f"{key} {saved.get(key)} -> {ours.get(key)}"
+        for key in sorted(set(saved) | set(ours))
+        if saved.get(key) != ours.get(key)
+    ]
     if changed:
-        raise TrainingError(f"cannot resume {checkpoint}: the model differs from the checkpoint's "
-                            f"({', '.join(changed)}); resume without model overrides or another --config, "
-                            "or train into another --out (where --init-from reuses its decoder if only the latent "
-                            "path changed)")
+        raise TrainingError(
+            f"cannot resume {checkpoint}: the model differs from the checkpoint's "
+            f"({', '.join(changed)}); resume without model overrides or another --config, "
+            "or train into another --out (where --init-from reuses its decoder if only the latent "
+            "path changed)"
+        )
 
 
 @dataclass
@@ -231,8 +241,10 @@ def check_run(config: TrainConfig, run_dir: str | Path | None = None, *, resume:
     _check_data_fits_model(config, dataset, get_tokenizer(dataset.tokenizer_name))
     with torch.device("meta"):
         parameters = sum(p.numel() for p in FreeTransformer(config.model).parameters())
-    return (f"{parameters:,} parameters; {config.data.kind} data, {dataset.tokenizer_name} tokens, sequences of "
-            f"{dataset.sequence_length}; {config.steps} steps of {config.batch_size} sequences")
+    return (
+        f"{parameters:,} parameters; {config.data.kind} data, {dataset.tokenizer_name} tokens, sequences of "
+        f"{dataset.sequence_length}; {config.steps} steps of {config.batch_size} sequences"
+    )
 
 
 def build(config: TrainConfig, run_dir: Path, env: ParallelEnv, *, resume: bool, init_from) -> Run:
@@ -240,8 +252,10 @@ def build(config: TrainConfig, run_dir: Path, env: ParallelEnv, *, resume: bool,
     optionally initialised from another checkpoint, transformed by the config's options) and the optimizer."""
     _check_run_dir(run_dir, resume)
     if config.batch_size % (env.world_size * config.grad_accum):
-        raise ConfigError(f"batch_size ({config.batch_size}) must be a multiple of processes ({env.world_size}) "
-                          f"x grad_accum ({config.grad_accum})")
+        raise ConfigError(
+            f"batch_size ({config.batch_size}) must be a multiple of processes ({env.world_size}) "
+            f"x grad_accum ({config.grad_accum})"
+        )
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)  # the same initial weights on every rank
@@ -265,8 +279,9 @@ def build(config: TrainConfig, run_dir: Path, env: ParallelEnv, *, resume: bool,
     if init_from is not None and not resume:
         fresh = init_from_checkpoint(model, init_from)
         if env.is_main:
-            print(f"initialised from {init_from}; fresh: "
-                  f"{', '.join(sorted({n.split('.')[0] for n in fresh})) or 'none'}")
+            print(
+                f"initialised from {init_from}; fresh: {', '.join(sorted({n.split('.')[0] for n in fresh})) or 'none'}"
+            )
     if config.activation_checkpointing:
         apply_activation_checkpointing(model)
     if config.compile:
@@ -315,8 +330,9 @@ def restore(run: Run, *, resume: bool) -> int:
         return load_single_file(checkpoint, run.model, run.optimizer)
     run.model.load_state_dict(load_weights(checkpoint, str(run.device)))
     state = load_training_state(checkpoint)
-    run.optimizer.load_state_dict(upgrade_optimizer_state(state["optimizer"],
-                                                          optimizer_param_names(run.model, run.optimizer)))
+    run.optimizer.load_state_dict(
+        upgrade_optimizer_state(state["optimizer"], optimizer_param_names(run.model, run.optimizer))
+    )
     _set_rng_state(state["rng"], run.device)
     return step
 
@@ -333,14 +349,19 @@ def _record_settings(run: Run, step: int) -> None:
     changes = changed_settings(load_train_config(saved_path), run.config)
     data_changes = [f"{key} {old} -> {new}" for key, (old, new) in changes.items() if key.startswith("data.")]
     if data_changes and step:  # from step 0 nothing trained on the old data is kept
-        raise TrainingError(f"cannot resume {run.run_dir} on other data ({', '.join(data_changes)}): a run's data is "
-                            "fixed; train into another --out (--init-from reuses this run's weights)")
+        raise TrainingError(
+            f"cannot resume {run.run_dir} on other data ({', '.join(data_changes)}): a run's data is "
+            "fixed; train into another --out (--init-from reuses this run's weights)"
+        )
     if changes and run.env.is_main:
         with open_append(run.run_dir / "config-changes.jsonl") as record:
             record.write(json.dumps({"step": step, "changes": changes}) + "\n")
         save_train_config(run.config, saved_path)
-        print(f"resuming at step {step} with changed settings: "
-              + ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changes.items()), file=sys.stderr)
+        print(
+            f"resuming at step {step} with changed settings: "
+            + ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changes.items()),
+            file=sys.stderr,
+        )
     elif run.env.is_main and (old_names := renamed_names_in(saved_path)):  # the same settings, in today's names
         save_train_config(run.config, saved_path)
         print(f"{saved_path} rewritten in today's names (it used {', '.join(old_names)})", file=sys.stderr)
@@ -362,8 +383,9 @@ def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
     kappa_nats = config.kappa_nats(step)
     batch = run.dataset.batch(step, config.batch_size)[rows.start : rows.stop]
     batch = batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch.to(device)
-    generators = latent_generators(config.latent_noise, config.seed, step, rows, device,
-                                   rank=env.rank if env.distributed else None)
+    generators = latent_generators(
+        config.latent_noise, config.seed, step, rows, device, rank=env.rank if env.distributed else None
+    )
     totals = torch.zeros(4, device=device)  # loss, cross-entropy, KL (nats); 4th: a stop signal
     for first in range(0, len(rows), micro_batch):
         tokens = batch[first : first + micro_batch]
@@ -408,8 +430,13 @@ def step_metrics(run: Run, done: int, result: StepResult, seconds_per_step: floa
     config = run.config
     loss, ce, kl = result.means[:3].tolist()
     metrics = {
-        "step": done, "loss": loss, "cross_entropy_bits": ce / LN2, "kl_bits": kl / LN2,
-        "kappa_bits": result.kappa_nats / LN2, "lr": result.lr, "grad_norm": float(result.grad_norm),
+        "step": done,
+        "loss": loss,
+        "cross_entropy_bits": ce / LN2,
+        "kl_bits": kl / LN2,
+        "kappa_bits": result.kappa_nats / LN2,
+        "lr": result.lr,
+        "grad_norm": float(result.grad_norm),
         "tokens_per_s": tokens_per_step(config, run.dataset.sequence_length) / max(seconds_per_step, 1e-9),
     }
     if config.validate_every and done % config.validate_every == 0:
@@ -420,24 +447,42 @@ def step_metrics(run: Run, done: int, result: StepResult, seconds_per_step: floa
     return metrics
 
 
-def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, init_from,
-           signals: StopSignals, lock: RunLock) -> TrainResult:
+def _train(
+    config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, init_from, signals: StopSignals, lock: RunLock
+) -> TrainResult:
     run = build(config, run_dir, env, resume=resume, init_from=init_from)
     start_step = restore(run, resume=resume)
     if start_step >= config.steps:  # a finished run: nothing to train, its last metrics to report
         logged = read_metrics(run_dir / "metrics.jsonl")
         if env.is_main:
-            print(f"{run_dir} already reached step {start_step} (steps={config.steps}): nothing to train; "
-                  f"pass steps=N with N > {start_step} to train further", file=sys.stderr)
+            print(
+                f"{run_dir} already reached step {start_step} (steps={config.steps}): nothing to train; "
+                f"pass steps=N with N > {start_step} to train further",
+                file=sys.stderr,
+            )
         return TrainResult(run_dir, start_step, logged[-1] if logged else {})
     benchmarks = periodic_evaluation(run)  # None unless config.eval.every
     if benchmarks is not None:
         benchmarks.at(start_step)  # a due step not scored yet (a stop signal skips the evaluation)
-    log = MetricsLog(run_dir, resume_step=start_step, tensorboard=config.tensorboard,
-                     wandb_project=config.wandb_project if config.wandb else None, config=config.to_dict()) \
-        if env.is_main else None
-    progress = tqdm(total=config.steps, initial=start_step, desc=run_dir.name,
-                    disable=not (config.progress and env.is_main), dynamic_ncols=True, leave=True)
+    log = (
+        MetricsLog(
+            run_dir,
+            resume_step=start_step,
+            tensorboard=config.tensorboard,
+            wandb_project=config.wandb_project if config.wandb else None,
+            config=config.to_dict(),
+        )
+        if env.is_main
+        else None
+    )
+    progress = tqdm(
+        total=config.steps,
+        initial=start_step,
+        desc=run_dir.name,
+        disable=not (config.progress and env.is_main),
+        dynamic_ncols=True,
+        leave=True,
+    )
     first_bad_step = torch.full((), -1, dtype=torch.int64, device=env.device)  # () the first non-finite step, or -1
     last_metrics: dict = {}
     shown_warning = None  # the kind of latent warning in force ("Z is unused", ...), printed when it starts
@@ -464,9 +509,12 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                         if kind is not None and kind != shown_warning:  # said once per kind
                             progress.write(f"{run_dir.name} step {done}: {warning}", file=sys.stderr)
                         shown_warning = kind
-                progress.set_postfix(ce=f"{last_metrics['cross_entropy_bits']:.3f}b",
-                                     kl=f"{last_metrics['kl_bits']:.3f}b", lr=f"{result.lr:.2e}",
-                                     tok_s=f"{last_metrics['tokens_per_s']:.0f}")
+                progress.set_postfix(
+                    ce=f"{last_metrics['cross_entropy_bits']:.3f}b",
+                    kl=f"{last_metrics['kl_bits']:.3f}b",
+                    lr=f"{result.lr:.2e}",
+                    tok_s=f"{last_metrics['tokens_per_s']:.0f}",
+                )
                 window_start, window_steps = time.perf_counter(), 0
             progress.update(1)
             if checkpointing:
@@ -475,10 +523,12 @@ def _train(config: TrainConfig, run_dir: Path, env: ParallelEnv, resume: bool, i
                 window_start += benchmarks.at(done)  # evaluation time is not training time
             if result.stop and done < config.steps:
                 signum = signals.received or signal.SIGTERM  # another rank's signal
-                raise Stopped(f"stopped by {signal.Signals(signum).name} after step {done} of {config.steps}; "
-                              f"checkpoint saved in {run_dir / 'checkpoints'}; continue with: "
-                              f"{_resume_hint(run_dir, env.distributed)}",
-                              signum)
+                raise Stopped(
+                    f"stopped by {signal.Signals(signum).name} after step {done} of {config.steps}; "
+                    f"checkpoint saved in {run_dir / 'checkpoints'}; continue with: "
+                    f"{_resume_hint(run_dir, env.distributed)}",
+                    signum,
+                )
     finally:
         progress.close()
         if log is not None:
@@ -491,7 +541,10 @@ def _stop_on_non_finite(step: int, run_dir: Path) -> None:
     kept = checkpoint_dirs(run_dir)
     raise TrainingError(
         f"non-finite loss or gradient norm at step {step + 1}; training stopped, "
-        + (f"last good checkpoint: {kept[-1]}" if kept else
-           f"no checkpoint yet: `{_resume_hint(run_dir)} section.field=value ...` starts it again from step 0 "
-           "with the settings changed (e.g. a lower optim.lr), recorded in config-changes.jsonl")
+        + (
+            f"last good checkpoint: {kept[-1]}"
+            if kept
+            else f"no checkpoint yet: `{_resume_hint(run_dir)} section.field=value ...` starts it again from step 0 "
+            "with the settings changed (e.g. a lower optim.lr), recorded in config-changes.jsonl"
+        )
     )

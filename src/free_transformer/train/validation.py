@@ -28,8 +28,9 @@ def autocast_context(precision: str, device: torch.device):
 
 
 @torch.no_grad()
-def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch.device,
-             env: ParallelEnv | None = None) -> dict:
+def validate(
+    model: torch.nn.Module, dataset, config: TrainConfig, device: torch.device, env: ParallelEnv | None = None
+) -> dict:
     """Validation measures in bits per token, on `config.validation_batches` held-out batches (the same ones at
     every evaluation). Under ddp / fsdp (env given) each rank computes its slice of every batch.
 
@@ -50,8 +51,12 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
         batch = dataset.batch(index, config.batch_size, split="val")[rows.start : rows.stop].to(env.device)
         inputs, targets = batch[:, :-1], batch[:, 1:]
         with autocast_context(config.precision, env.device):
-            out = model(inputs, targets, kappa_nats=config.kappa_nats(config.steps),
-                        generator=_generator(config, index, rows, env, "val"))
+            out = model(
+                inputs,
+                targets,
+                kappa_nats=config.kappa_nats(config.steps),
+                generator=_generator(config, index, rows, env, "val"),
+            )
             if free:
                 prior_z = _prior(model, inputs, _generator(config, index, rows, env, "prior"))  # (B, T, ...)
                 prior = model(inputs, targets, latents=prior_z)
@@ -62,12 +67,19 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
             if per_unit:
                 per_bit += space.kl_per_unit(out.posterior).double().mean(dim=(0, 1))
     model.train()
-    totals, per_bit = env.mean(totals) / config.validation_batches / LN2, env.mean(per_bit) / config.validation_batches / LN2
+    totals, per_bit = (
+        env.mean(totals) / config.validation_batches / LN2,
+        env.mean(per_bit) / config.validation_batches / LN2,
+    )
     ce, kl, prior_ce = totals.tolist()
     if not free:
         return {"val_cross_entropy_bits": ce, "val_kl_bits": 0.0}
-    measures = {"val_cross_entropy_bits": ce, "val_kl_bits": kl, "val_prior_cross_entropy_bits": prior_ce,
-                "latent_bits_saved": saving(prior_ce, ce)}
+    measures = {
+        "val_cross_entropy_bits": ce,
+        "val_kl_bits": kl,
+        "val_prior_cross_entropy_bits": prior_ce,
+        "latent_bits_saved": saving(prior_ce, ce),
+    }
     if per_unit:
         kl_bits = per_bit.tolist()
         measures |= {"val_kl_bits_per_unit": kl_bits, "dead_units": dead_units(kl_bits)}
@@ -76,8 +88,9 @@ def validate(model: torch.nn.Module, dataset, config: TrainConfig, device: torch
 
 def _prior(model: torch.nn.Module, inputs: torch.Tensor, generator) -> torch.Tensor:
     """(B, T, *value_shape) prior Z for a validation batch, from the plan of a generation without a prompt."""
-    plan = LatentPlan(inputs.shape[0], getattr(model, "module", model).latent_space, prompt_source=PRIOR,
-                      generators=generator)
+    plan = LatentPlan(
+        inputs.shape[0], getattr(model, "module", model).latent_space, prompt_source=PRIOR, generators=generator
+    )
     return plan.source(0, inputs.shape[1], inputs.device)
 
 
@@ -98,5 +111,10 @@ def latent_warning(metrics: dict, kappa_bits: float, settled: bool) -> str | Non
     """measures.latent_verdict on `validate`'s measures (None for a baseline)."""
     if "latent_bits_saved" not in metrics:
         return None
-    return latent_verdict(metrics["latent_bits_saved"], metrics["val_kl_bits"], kappa_bits,
-                          metrics["val_prior_cross_entropy_bits"], settled)
+    return latent_verdict(
+        metrics["latent_bits_saved"],
+        metrics["val_kl_bits"],
+        kappa_bits,
+        metrics["val_prior_cross_entropy_bits"],
+        settled,
+    )

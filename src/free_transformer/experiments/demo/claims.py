@@ -59,8 +59,11 @@ def claim_conditions(results: list) -> list[tuple[str, str, list[Condition]]]:
 
     def green_over_blue(slug, decision, name):  # at least OVER_BLUE x blue's agreement, and above it (blue may be 0)
         green, blue = m(slug, f"green_{decision}"), m(slug, f"blue_{decision}")
-        return Condition(f"green groups agree on {name} ≥ {OVER_BLUE:g}× as often as the blue group, and more",
-                         f"green {shown(green)}, blue {shown(blue)}", green >= OVER_BLUE * blue and green > blue)
+        return Condition(
+            f"green groups agree on {name} ≥ {OVER_BLUE:g}× as often as the blue group, and more",
+            f"green {shown(green)}, blue {shown(blue)}",
+            green >= OVER_BLUE * blue and green > blue,
+        )
 
     position, noise = "the position within ±2", "the noise (Jaccard)"
     at_start, per_noise = "bits Z saves at the target start", "bits Z saves per '!'"
@@ -68,37 +71,72 @@ def claim_conditions(results: list) -> list[tuple[str, str, list[Condition]]]:
     green_coin, blue_coin = m("coins", "green_coin_agreement"), m("coins", "blue_coin_agreement")
     coin_bits = m("coins", "coin_bits_saved")
     return [
-        ("kappa-1-64", "1/64 bit: behaves as a vanilla model", [
-            at_least("kappa-1-64", "valid", "valid", VALID),
-            below("kappa-1-64", "green_position_agreement", "green position agreement", CHANCE_LIKE),
-            below("kappa-1-64", "green_noise_jaccard", "green noise Jaccard", CHANCE_LIKE),
-            below("kappa-1-64", "latent_bits_position", at_start, USED),
-            below("kappa-1-64", "latent_bits_noise", per_noise, USED)]),
-        ("kappa-1-8", "1/8 bit: Z encodes the target position", [
-            at_least("kappa-1-8", "valid", "valid", VALID),
-            green_over_blue("kappa-1-8", "position_near", position),
-            below("kappa-1-8", "green_noise_jaccard", "green noise Jaccard", CHANCE_LIKE),
-            at_least("kappa-1-8", "latent_bits_position", at_start, USED),
-            below("kappa-1-8", "latent_bits_noise", per_noise, IGNORED)]),
-        ("kappa-1", "1 bit: Z encodes the position and the noise", [
-            at_least("kappa-1", "valid", "valid", VALID),
-            green_over_blue("kappa-1", "position_near", position),
-            green_over_blue("kappa-1", "noise_jaccard", noise),
-            at_least("kappa-1", "latent_bits_position", at_start, USED),
-            at_least("kappa-1", "latent_bits_noise", per_noise, USED)]),
-        ("kappa-8", "8 bits: the encoder copies the sequence, generation breaks", [
-            below("kappa-8", "valid", "valid", BROKEN),
-            Condition("posterior cross-entropy below the baseline's", f"{shown(kl_ce)}, baseline {shown(base_ce)}",
-                      kl_ce < base_ce)]),
-        ("coins", "coin flips (Motivation section): Z carries the hidden coin", [
-            Condition(f"generations given a sequence's encoder Z show its coin ≥ {COIN_MATCH} of the time "
-                      "(chance 0.5)", shown(m("coins", "posterior_coin_match")),
-                      m("coins", "posterior_coin_match") >= COIN_MATCH),
-            Condition(f"green groups agree on the coin ≥ {COIN_OVER_BLUE} more often than the blue group",
-                      f"green {shown(green_coin)}, blue {shown(blue_coin)}",
-                      green_coin >= blue_coin + COIN_OVER_BLUE),
-            Condition(f"Z saves ≤ {COPYING_BITS:g} bits per sequence (more: it copies flips)", shown(coin_bits),
-                      coin_bits <= COPYING_BITS)]),
+        (
+            "kappa-1-64",
+            "1/64 bit: behaves as a vanilla model",
+            [
+                at_least("kappa-1-64", "valid", "valid", VALID),
+                below("kappa-1-64", "green_position_agreement", "green position agreement", CHANCE_LIKE),
+                below("kappa-1-64", "green_noise_jaccard", "green noise Jaccard", CHANCE_LIKE),
+                below("kappa-1-64", "latent_bits_position", at_start, USED),
+                below("kappa-1-64", "latent_bits_noise", per_noise, USED),
+            ],
+        ),
+        (
+            "kappa-1-8",
+            "1/8 bit: Z encodes the target position",
+            [
+                at_least("kappa-1-8", "valid", "valid", VALID),
+                green_over_blue("kappa-1-8", "position_near", position),
+                below("kappa-1-8", "green_noise_jaccard", "green noise Jaccard", CHANCE_LIKE),
+                at_least("kappa-1-8", "latent_bits_position", at_start, USED),
+                below("kappa-1-8", "latent_bits_noise", per_noise, IGNORED),
+            ],
+        ),
+        (
+            "kappa-1",
+            "1 bit: Z encodes the position and the noise",
+            [
+                at_least("kappa-1", "valid", "valid", VALID),
+                green_over_blue("kappa-1", "position_near", position),
+                green_over_blue("kappa-1", "noise_jaccard", noise),
+                at_least("kappa-1", "latent_bits_position", at_start, USED),
+                at_least("kappa-1", "latent_bits_noise", per_noise, USED),
+            ],
+        ),
+        (
+            "kappa-8",
+            "8 bits: the encoder copies the sequence, generation breaks",
+            [
+                below("kappa-8", "valid", "valid", BROKEN),
+                Condition(
+                    "posterior cross-entropy below the baseline's",
+                    f"{shown(kl_ce)}, baseline {shown(base_ce)}",
+                    kl_ce < base_ce,
+                ),
+            ],
+        ),
+        (
+            "coins",
+            "coin flips (Motivation section): Z carries the hidden coin",
+            [
+                Condition(
+                    f"generations given a sequence's encoder Z show its coin ≥ {COIN_MATCH} of the time (chance 0.5)",
+                    shown(m("coins", "posterior_coin_match")),
+                    m("coins", "posterior_coin_match") >= COIN_MATCH,
+                ),
+                Condition(
+                    f"green groups agree on the coin ≥ {COIN_OVER_BLUE} more often than the blue group",
+                    f"green {shown(green_coin)}, blue {shown(blue_coin)}",
+                    green_coin >= blue_coin + COIN_OVER_BLUE,
+                ),
+                Condition(
+                    f"Z saves ≤ {COPYING_BITS:g} bits per sequence (more: it copies flips)",
+                    shown(coin_bits),
+                    coin_bits <= COPYING_BITS,
+                ),
+            ],
+        ),
     ]
 
 
@@ -110,19 +148,29 @@ def judge_claims(results: list) -> list[dict]:
     """The verdict on each claim from one seed's results, with its test and each condition's values; only the
     claims whose models ran (`demo --models`)."""
     ran = {r.variant.slug for r in results}
-    return [{"model": slug, "claim": claim, "test": "; ".join(c.test for c in conditions),
-             "conditions": [dataclasses.asdict(c) for c in conditions],
-             "reproduced": all(c.holds for c in conditions)}
-            for slug, claim, conditions in claim_conditions(results)
-            if slug in ran and ran.issuperset(ALSO_NEEDS.get(slug, ()))]
+    return [
+        {
+            "model": slug,
+            "claim": claim,
+            "test": "; ".join(c.test for c in conditions),
+            "conditions": [dataclasses.asdict(c) for c in conditions],
+            "reproduced": all(c.holds for c in conditions),
+        }
+        for slug, claim, conditions in claim_conditions(results)
+        if slug in ran and ran.issuperset(ALSO_NEEDS.get(slug, ()))
+    ]
 
 
 def claims_over_seeds(claims_by_seed: dict[int, list[dict]]) -> list[dict]:
     """Per claim: on how many seeds it was reproduced, which, and each seed's conditions."""
     first = next(iter(claims_by_seed.values()))
-    return [{**{k: claim[k] for k in ("model", "claim", "test")},
-             "per_seed": {seed: claims[index]["reproduced"] for seed, claims in claims_by_seed.items()},
-             "conditions": {seed: claims[index]["conditions"] for seed, claims in claims_by_seed.items()},
-             "reproduced": sum(claims[index]["reproduced"] for claims in claims_by_seed.values()),
-             "seeds": len(claims_by_seed)}
-            for index, claim in enumerate(first)]
+    return [
+        {
+            **{k: claim[k] for k in ("model", "claim", "test")},
+            "per_seed": {seed: claims[index]["reproduced"] for seed, claims in claims_by_seed.items()},
+            "conditions": {seed: claims[index]["conditions"] for seed, claims in claims_by_seed.items()},
+            "reproduced": sum(claims[index]["reproduced"] for claims in claims_by_seed.values()),
+            "seeds": len(claims_by_seed),
+        }
+        for index, claim in enumerate(first)
+    ]

@@ -37,28 +37,43 @@ def majority_coin(values: str) -> int | None:
     return None if 2 * ones == len(values) else int(2 * ones > len(values))
 
 
-def coin_groups(model: FreeTransformer, length: int, *, blue_size: int, green_groups: int, green_size: int,
-                seed: int) -> Groups:
+def coin_groups(
+    model: FreeTransformer, length: int, *, blue_size: int, green_groups: int, green_size: int, seed: int
+) -> Groups:
     """Generated values ('0'/'1' strings of `length`) of a blue group and of green groups, every Z from the prior."""
     prompt = torch.full((1, 1), COIN_START)
     config = GenerationConfig(max_new_tokens=length, temperature=1.0)
-    return Groups("", *blue_and_greens(model, prompt, config, blue_size=blue_size, green_groups=green_groups,
-                                       green_size=green_size, seed=seed, prompt_latents=PRIOR))
+    return Groups(
+        "",
+        *blue_and_greens(
+            model,
+            prompt,
+            config,
+            blue_size=blue_size,
+            green_groups=green_groups,
+            green_size=green_size,
+            seed=seed,
+            prompt_latents=PRIOR,
+        ),
+    )
 
 
-def posterior_coin_match(model: FreeTransformer, length: int, epsilon: float, *, references: int = 16,
-                         group_size: int = 8, seed: int = 0) -> float | None:
+def posterior_coin_match(
+    model: FreeTransformer, length: int, epsilon: float, *, references: int = 16, group_size: int = 8, seed: int = 0
+) -> float | None:
     """Share of generations showing the coin of the reference sequence whose encoder Z they were given
     (`references` fresh sequences, `group_size` generations each; 0.5 when Z says nothing of the coin)."""
     if not model.config.is_free:
         return None
     device = model.rope_cos.device
     reference = coinflip_batch(references, length, epsilon, torch.Generator().manual_seed(seed)).to(device)
-    latents = resolve_latents(model, "reference", reference=reference[:, :-1],
-                              generator=torch.Generator(device=device).manual_seed(seed)).explicit  # (R, T)
+    latents = resolve_latents(
+        model, "reference", reference=reference[:, :-1], generator=torch.Generator(device=device).manual_seed(seed)
+    ).explicit  # (R, T)
     config = GenerationConfig(max_new_tokens=length, temperature=1.0)
-    shown = generate_strings(model, reference[:, :1].repeat_interleave(group_size, 0), config, seed,
-                             latents.repeat_interleave(group_size, 0))
+    shown = generate_strings(
+        model, reference[:, :1].repeat_interleave(group_size, 0), config, seed, latents.repeat_interleave(group_size, 0)
+    )
     wanted = [majority_coin(bytes(row[1:].tolist()).decode("latin-1")) for row in reference.cpu()]
     pairs = [(majority_coin(values), wanted[i // group_size]) for i, values in enumerate(shown)]
     pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
@@ -75,13 +90,16 @@ def coin_measures(groups: Groups) -> dict:
     blue = [majority_coin(values) for values in groups.blue]
     greens = [[majority_coin(values) for values in green] for green in groups.greens]
     shown = [c for c in blue + [c for green in greens for c in green] if c is not None]
-    return {"blue_coin_agreement": _same_coin(blue),
-            "green_coin_agreement": mean_of_present([_same_coin(g) for g in greens]),
-            "ones_share": sum(shown) / len(shown) if shown else None}
+    return {
+        "blue_coin_agreement": _same_coin(blue),
+        "green_coin_agreement": mean_of_present([_same_coin(g) for g in greens]),
+        "ones_share": sum(shown) / len(shown) if shown else None,
+    }
 
 
-def coin_bits_saved(model: FreeTransformer, length: int, epsilon: float, *, sequences: int = 256,
-                    seed: int = 0) -> float | None:
+def coin_bits_saved(
+    model: FreeTransformer, length: int, epsilon: float, *, sequences: int = 256, seed: int = 0
+) -> float | None:
     """Bits per sequence the decoder takes from Z on fresh coin-flip sequences (None for a baseline)."""
     if not model.config.is_free:
         return None

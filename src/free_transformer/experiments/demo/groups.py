@@ -26,18 +26,31 @@ class Groups:
     greens: list[list[str]] = field(default_factory=list)
 
 
-def generate_groups(model: FreeTransformer, letter: str, *, blue_size: int, green_groups: int, green_size: int,
-                    seed: int) -> Groups:
+def generate_groups(
+    model: FreeTransformer, letter: str, *, blue_size: int, green_groups: int, green_size: int, seed: int
+) -> Groups:
     """Bodies (64 characters) continuing the prompt "<letter>>" by plain sampling (temperature 1)."""
     prompt = torch.tensor([[ord(letter), ord(">")]])
     config = GenerationConfig(max_new_tokens=BODY_LENGTH, temperature=1.0)
-    return Groups(letter, *blue_and_greens(model, prompt, config, blue_size=blue_size, green_groups=green_groups,
-                                           green_size=green_size, seed=seed))
+    return Groups(
+        letter,
+        *blue_and_greens(
+            model, prompt, config, blue_size=blue_size, green_groups=green_groups, green_size=green_size, seed=seed
+        ),
+    )
 
 
-def blue_and_greens(model: FreeTransformer, prompt: torch.Tensor, config: GenerationConfig, *, blue_size: int,
-                    green_groups: int, green_size: int, seed: int,
-                    prompt_latents: str = ENCODER) -> tuple[list[str], list[list[str]]]:
+def blue_and_greens(
+    model: FreeTransformer,
+    prompt: torch.Tensor,
+    config: GenerationConfig,
+    *,
+    blue_size: int,
+    green_groups: int,
+    green_size: int,
+    seed: int,
+    prompt_latents: str = ENCODER,
+) -> tuple[list[str], list[list[str]]]:
     """The new text of a blue group (row i samples its own latents with seed `seed + i`, those of the prompt
     from `prompt_latents`) and of green groups (one prior latent sequence per group, repeated over its rows)
     continuing the (1, P) prompt."""
@@ -45,16 +58,22 @@ def blue_and_greens(model: FreeTransformer, prompt: torch.Tensor, config: Genera
     if model.config.is_free:
         generator = torch.Generator(device=model.rope_cos.device).manual_seed(seed + 1)
         length = prompt.shape[1] + config.max_new_tokens - 1
-        shared = [resolve_latents(model, "shared", length=length, generator=generator).explicit
-                  for _ in range(green_groups)]
+        shared = [
+            resolve_latents(model, "shared", length=length, generator=generator).explicit for _ in range(green_groups)
+        ]
         latents = torch.cat(shared).repeat_interleave(green_size, dim=0)  # (groups * size, length)
     greens = generate_strings(model, prompt.expand(green_groups * green_size, -1), config, seed + blue_size, latents)
     blue = generate_strings(model, prompt.expand(blue_size, -1), config, seed, prompt_latents)
     return blue, [greens[g * green_size : (g + 1) * green_size] for g in range(green_groups)]
 
 
-def generate_strings(model: FreeTransformer, prompts: torch.Tensor, config: GenerationConfig, base_seed: int,
-                     latents: LatentChoice | None = None) -> list[str]:
+def generate_strings(
+    model: FreeTransformer,
+    prompts: torch.Tensor,
+    config: GenerationConfig,
+    base_seed: int,
+    latents: LatentChoice | None = None,
+) -> list[str]:
     """The new bytes of each row as text; row i samples with seed base_seed + i; latents as generate's."""
     result = generate(model, prompts, config, seeds=range(base_seed, base_seed + len(prompts)), latents=latents)
     return [bytes(row).decode("latin-1") for row in result.tokens]
@@ -70,8 +89,9 @@ def pair_mean(values: list, agree) -> float | None:
 # a latent that fixes the position only roughly. "Near" agreement counts those pairs too. Chance level
 # for two independent uniform positions among 57: 0.086 (exact: 0.018).
 NEAR_POSITIONS = 2
-CHANCE_NEAR = sum(abs(a - b) <= NEAR_POSITIONS for a in range(N_POSITIONS)
-                  for b in range(N_POSITIONS)) / N_POSITIONS**2  # 0.086
+CHANCE_NEAR = (
+    sum(abs(a - b) <= NEAR_POSITIONS for a in range(N_POSITIONS) for b in range(N_POSITIONS)) / N_POSITIONS**2
+)  # 0.086
 
 
 def _position_agreement(bodies: list[str], letter: str, tolerance: int = 0) -> float | None:
@@ -106,8 +126,7 @@ def group_measures(groups: Groups) -> dict:
         "blue_position_agreement": _position_agreement(groups.blue, letter),
         "green_position_agreement": mean_of_present([_position_agreement(g, letter) for g in groups.greens]),
         "blue_position_near": _position_agreement(groups.blue, letter, NEAR_POSITIONS),
-        "green_position_near": mean_of_present([_position_agreement(g, letter, NEAR_POSITIONS)
-                                                for g in groups.greens]),
+        "green_position_near": mean_of_present([_position_agreement(g, letter, NEAR_POSITIONS) for g in groups.greens]),
         "blue_noise_jaccard": _noise_jaccard(groups.blue, letter),
         "green_noise_jaccard": mean_of_present([_noise_jaccard(g, letter) for g in groups.greens]),
     }

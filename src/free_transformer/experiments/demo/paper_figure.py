@@ -119,6 +119,10 @@ def noise_share(bodies: list[str]) -> float | None:
 
 def figure_measures() -> dict[str, dict]:
     """The demo's group measures counted on the figure's groups, and their share of '!', by model slug."""
-    return {slug: {**group_measures(groups),
-                   "noise_share": noise_share(groups.blue + [b for green in groups.greens for b in green])}
-            for slug, groups in paper_groups().items()}
+    return {
+        slug: {
+            **group_measures(groups),
+            "noise_share": noise_share(groups.blue + [b for green in groups.greens for b in green]),
+        }
+        for slug, groups in paper_groups().items()
+    }

@@ -17,18 +17,25 @@ from ..launch.sweep import Variant, with_latent
 
 def letters(*, steps: int, batch_size: int = 64, **model) -> TrainConfig:
     """The synthetic letters on a cpu-small model (H = 8), a constant learning rate of 1e-3."""
-    return TrainConfig(model=named_config("cpu-small", latent_units=8, **model), data=DataConfig(kind="letters"),
-                       optim=OptimConfig(lr=1e-3, schedule="constant", warmup_steps=100), batch_size=batch_size,
-                       steps=steps)
+    return TrainConfig(
+        model=named_config("cpu-small", latent_units=8, **model),
+        data=DataConfig(kind="letters"),
+        optim=OptimConfig(lr=1e-3, schedule="constant", warmup_steps=100),
+        batch_size=batch_size,
+        steps=steps,
+    )
 
 
 def coins(*, length: int = 32, steps: int = 1000, batch_size: int = 64, warmup_steps: int = 100) -> TrainConfig:
     """The Motivation section's coin flips (each value the hidden coin flipped with probability 0.3) on
     a debug-size model (H = 4), about a minute of training."""
-    return TrainConfig(model=named_config("debug", max_seq_len=64, latent_units=4),
-                       data=DataConfig(kind="coinflip", coinflip=CoinflipConfig(length=length, epsilon=0.3)),
-                       optim=OptimConfig(lr=1e-3, schedule="constant", warmup_steps=warmup_steps),
-                       batch_size=batch_size, steps=steps)
+    return TrainConfig(
+        model=named_config("debug", max_seq_len=64, latent_units=4),
+        data=DataConfig(kind="coinflip", coinflip=CoinflipConfig(length=length, epsilon=0.3)),
+        optim=OptimConfig(lr=1e-3, schedule="constant", warmup_steps=warmup_steps),
+        batch_size=batch_size,
+        steps=steps,
+    )
 
 
 @dataclass(frozen=True)
@@ -83,21 +90,34 @@ def narrow(variant: Variant) -> TrainConfig:
 def smoke(variant: Variant) -> TrainConfig:
     """A debug model, 3 steps: checks the wiring."""
     if variant.task == "coins":
-        model, data = named_config("debug", max_seq_len=64, latent_units=4), DataConfig(
-            kind="coinflip", coinflip=CoinflipConfig(length=8))
+        model, data = (
+            named_config("debug", max_seq_len=64, latent_units=4),
+            DataConfig(kind="coinflip", coinflip=CoinflipConfig(length=8)),
+        )
     else:
         model, data = named_config("debug", max_seq_len=72, latent_units=4), DataConfig(kind="letters")
     config = TrainConfig(model=model, data=data, optim=OptimConfig(warmup_steps=1), steps=3, batch_size=8)
     return with_latent(config, variant, fast=False)
 
 
-PRESETS: Presets[DemoPreset] = Presets("demo preset", {
-    "quick": (DemoPreset("quick", quick, minutes_per_seed=WallTime(cpu=12.6, gpu=0.9)),
-              "cpu-small, 64 sequences per step (what it reproduces: docs/results.md)"),
-    "paper": (DemoPreset("paper", paper, minutes_per_seed=WallTime(cpu=37.4, gpu=0.72)),
-              "the paper's recipe (kappa fixed, 256 sequences per step, width 64; what it reproduces: docs/results.md)"),
-    "narrow": (DemoPreset("narrow", narrow, minutes_per_seed=WallTime(cpu=40.0)),
-               "the paper's recipe at width 32 (kappa = 1 bit at 64), compiled"),
-    "smoke": (DemoPreset("smoke", smoke, blue_size=4, green_groups=2, green_size=3),
-              "a debug model, 3 steps: checks the wiring"),
-})
+PRESETS: Presets[DemoPreset] = Presets(
+    "demo preset",
+    {
+        "quick": (
+            DemoPreset("quick", quick, minutes_per_seed=WallTime(cpu=12.6, gpu=0.9)),
+            "cpu-small, 64 sequences per step (what it reproduces: docs/results.md)",
+        ),
+        "paper": (
+            DemoPreset("paper", paper, minutes_per_seed=WallTime(cpu=37.4, gpu=0.72)),
+            "the paper's recipe (kappa fixed, 256 sequences per step, width 64; what it reproduces: docs/results.md)",
+        ),
+        "narrow": (
+            DemoPreset("narrow", narrow, minutes_per_seed=WallTime(cpu=40.0)),
+            "the paper's recipe at width 32 (kappa = 1 bit at 64), compiled",
+        ),
+        "smoke": (
+            DemoPreset("smoke", smoke, blue_size=4, green_groups=2, green_size=3),
+            "a debug model, 3 steps: checks the wiring",
+        ),
+    },
+)

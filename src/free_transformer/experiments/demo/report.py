@@ -55,9 +55,11 @@ def _printable(text: str) -> str:
 # Where a claim can fail for a known reason, the reason, shown beside a failed verdict (how often it fails:
 # docs/results.md).
 WHY_IT_FAILS = {
-    "kappa-1": ("At κ = 1 bit the hinge charges nothing up to 65 bits a sequence, more than the data's 27.4 bits of "
-                "entropy, so what Z holds can change from seed to seed (docs/demo.md, “The free budget is larger than "
-                "the data”)."),
+    "kappa-1": (
+        "At κ = 1 bit the hinge charges nothing up to 65 bits a sequence, more than the data's 27.4 bits of "
+        "entropy, so what Z holds can change from seed to seed (docs/demo.md, “The free budget is larger than "
+        "the data”)."
+    )
 }
 NOT_MEASURED = "n/a: nothing to measure (no valid generation to compare, or no Z), which fails the condition"
 NO_Z = "no green groups: the baseline has no Z, so a Z shared by a group means nothing"
@@ -116,36 +118,49 @@ def panel_boxes(result) -> list[tuple[str, str, list[str]]]:
         return boxes
     for index, green in enumerate(groups["greens"][:2]):
         cut = f", {ROWS_SHOWN} shown" if len(green) > ROWS_SHOWN else ""
-        boxes.append(box(GREEN, f"green group {index + 1} of {len(groups['greens'])}: one Z for its {len(green)} "
-                                f"rows{cut}", green))
+        boxes.append(
+            box(
+                GREEN,
+                f"green group {index + 1} of {len(groups['greens'])}: one Z for its {len(green)} rows{cut}",
+                green,
+            )
+        )
     return boxes
 
 
 def panel_title(result) -> str:
     m = result.measures
     if result.variant.task == "coins":
-        return (f"{result.variant.label}: coin agreement, green {shown(m.get('green_coin_agreement'), '{:.2f}')} "
-                f"vs blue {shown(m.get('blue_coin_agreement'), '{:.2f}')} (chance 0.5)")
+        return (
+            f"{result.variant.label}: coin agreement, green {shown(m.get('green_coin_agreement'), '{:.2f}')} "
+            f"vs blue {shown(m.get('blue_coin_agreement'), '{:.2f}')} (chance 0.5)"
+        )
     title = f"{result.variant.label}: valid {shown(m.get('valid'), '{:.2f}')}"
     if not result.variant.is_free:
         return f"{title}; {NO_Z}"
-    return (f"{title}, Z saves {shown(m.get('latent_bits_position'), '{:.2f}')} bits at the target start and "
-            f"{shown(m.get('latent_bits_noise'), '{:.2f}')} per '!'")
+    return (
+        f"{title}, Z saves {shown(m.get('latent_bits_position'), '{:.2f}')} bits at the target start and "
+        f"{shown(m.get('latent_bits_noise'), '{:.2f}')} per '!'"
+    )
 
 
 def condition_table(claim: dict, seeds: list) -> list[tuple[str, list[tuple[str, bool]]]]:
     """(condition, [(measured, holds) per seed]) for each condition of a claim over seeds."""
     per_seed = [claim["conditions"][seed] for seed in seeds]
-    return [(condition["test"], [(conditions[index]["measured"], conditions[index]["holds"])
-                                 for conditions in per_seed])
-            for index, condition in enumerate(per_seed[0])]
+    return [
+        (condition["test"], [(conditions[index]["measured"], conditions[index]["holds"]) for conditions in per_seed])
+        for index, condition in enumerate(per_seed[0])
+    ]
 
 
 def failures(claim: dict, seeds: list) -> list[str]:
     """Why the claim failed on each seed where it did: its failed conditions, with their values."""
-    return [f"seed {seed}: " + "; ".join(f"{c['test']}: measured {c['measured']}"
-                                         for c in claim["conditions"][seed] if not c["holds"])
-            for seed in seeds if not claim["per_seed"][seed]]
+    return [
+        f"seed {seed}: "
+        + "; ".join(f"{c['test']}: measured {c['measured']}" for c in claim["conditions"][seed] if not c["holds"])
+        for seed in seeds
+        if not claim["per_seed"][seed]
+    ]
 
 
 # The figure's measures beside ours: (measure key, column title, format). '!' share: 1/16 in the training data.
@@ -158,10 +173,12 @@ COMPARED = [
     ("green_noise_jaccard", "green: noise Jaccard", "{:.2f}"),
     ("blue_noise_jaccard", "blue: noise Jaccard", "{:.2f}"),
 ]
-COMPARED_NOTE = ("The paper's values are counted, with the demo's measures, on the generations its figure prints "
-                 "(one prompt, a blue group of 5 and two green groups of 5: coarse). Ours: the seed's measures (two "
-                 "prompts, larger groups); '!' share of the groups drawn below. Training data: '!' share 0.0625. "
-                 "The figure has no coin panel.")
+COMPARED_NOTE = (
+    "The paper's values are counted, with the demo's measures, on the generations its figure prints "
+    "(one prompt, a blue group of 5 and two green groups of 5: coarse). Ours: the seed's measures (two "
+    "prompts, larger groups); '!' share of the groups drawn below. Training data: '!' share 0.0625. "
+    "The figure has no coin panel."
+)
 
 
 def comparison_rows(results) -> list[tuple[str, list[str]]]:
@@ -175,8 +192,12 @@ def comparison_rows(results) -> list[tuple[str, list[str]]]:
         drawn = groups["blue"] + [body for green in groups["greens"] for body in green]
         ours = {**result.measures, "noise_share": noise_share(drawn)}
         for source, measures in (("paper", paper[result.variant.slug]), ("ours", ours)):
-            rows.append((f"{result.variant.label}, {source}",
-                         [shown(measures.get(key), pattern) for key, _, pattern in COMPARED]))
+            rows.append(
+                (
+                    f"{result.variant.label}, {source}",
+                    [shown(measures.get(key), pattern) for key, _, pattern in COMPARED],
+                )
+            )
     return rows
 
 
@@ -212,13 +233,29 @@ class _Sheet:
         for kind, x, y, what, size, style in self.items:
             if kind == "text":
                 family = ["DejaVu Sans Mono", "DejaVu Sans"] if style.pop("mono", True) else "DejaVu Sans"
-                fig.text(x / self.width, 1 - y / height, what, fontsize=size, va="top", family=family,
-                         parse_math=False, **style)
+                fig.text(
+                    x / self.width,
+                    1 - y / height,
+                    what,
+                    fontsize=size,
+                    va="top",
+                    family=family,
+                    parse_math=False,
+                    **style,
+                )
             else:
                 width, box_height = what
-                fig.patches.append(FancyBboxPatch(
-                    (x / self.width, 1 - (y + box_height) / height), width / self.width, box_height / height,
-                    boxstyle="round,pad=0.002", facecolor=style["colour"], edgecolor="none", transform=fig.transFigure))
+                fig.patches.append(
+                    FancyBboxPatch(
+                        (x / self.width, 1 - (y + box_height) / height),
+                        width / self.width,
+                        box_height / height,
+                        boxstyle="round,pad=0.002",
+                        facecolor=style["colour"],
+                        edgecolor="none",
+                        transform=fig.transFigure,
+                    )
+                )
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=dpi)
         plt.close(fig)
@@ -232,15 +269,31 @@ RED, DARK_GREEN, ORANGE = "#b00000", "#176917", "#a65f00"
 def _figure_png(results, claims, seeds: list, preset: str, latent_kind: str | None) -> bytes:
     sheet = _Sheet(15.0)
     kind = f", latent kind {latent_kind}" if latent_kind else ""
-    sheet.text(0.3, f"Free Transformer on the paper's synthetic letters and coin flips: preset {preset}{kind}, seed"
-                    f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}", 13, mono=False, weight="bold")
+    sheet.text(
+        0.3,
+        f"Free Transformer on the paper's synthetic letters and coin flips: preset {preset}{kind}, seed"
+        f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}",
+        13,
+        mono=False,
+        weight="bold",
+    )
     sheet.down(0.35)
-    sheet.text(0.3, "Blue: every sequence draws its own latents Z.  Green: one Z drawn from the prior, shared by every "
-                    "sequence of the group. If Z holds a decision (where the target starts, where the '!' fall), the "
-                    "rows of a green group agree on it.", 9, mono=False)
+    sheet.text(
+        0.3,
+        "Blue: every sequence draws its own latents Z.  Green: one Z drawn from the prior, shared by every "
+        "sequence of the group. If Z holds a decision (where the target starts, where the '!' fall), the "
+        "rows of a green group agree on it.",
+        9,
+        mono=False,
+    )
     sheet.down(0.4)
-    sheet.text(0.3, "The paper's claims: each test's conditions, measured on each seed (✔ holds, ✘ fails)", 11,
-               mono=False, weight="bold")
+    sheet.text(
+        0.3,
+        "The paper's claims: each test's conditions, measured on each seed (✔ holds, ✘ fails)",
+        11,
+        mono=False,
+        weight="bold",
+    )
     sheet.down(0.25)
     sheet.text(0.3, NOT_MEASURED, 8, mono=False, color="#555")
     sheet.down(0.25)
@@ -255,8 +308,12 @@ def _figure_png(results, claims, seeds: list, preset: str, latent_kind: str | No
         for test, cells in condition_table(claim, seeds):
             sheet.text(0.5, test, 7.5)
             for index, (measured, holds) in enumerate(cells):
-                sheet.text(condition_width + index * cell, f"{'✔' if holds else '✘'} {measured}", 7.5,
-                           color="black" if holds else RED)
+                sheet.text(
+                    condition_width + index * cell,
+                    f"{'✔' if holds else '✘'} {measured}",
+                    7.5,
+                    color="black" if holds else RED,
+                )
             sheet.down(LINE)
         if claim["reproduced"] < claim["seeds"] and claim["model"] in WHY_IT_FAILS:
             for line in textwrap.wrap(WHY_IT_FAILS[claim["model"]], 150):
@@ -279,8 +336,7 @@ def _figure_png(results, claims, seeds: list, preset: str, latent_kind: str | No
         sheet.text(0.5, line, 7.5, color="#555")
         sheet.down(LINE)
     sheet.down(0.25)
-    sheet.text(0.3, f"The generations of seed {seeds[0]} (one prompt letter per model)", 11, mono=False,
-               weight="bold")
+    sheet.text(0.3, f"The generations of seed {seeds[0]} (one prompt letter per model)", 11, mono=False, weight="bold")
     sheet.down(0.35)
     row, half = 0.118, 7.3  # inches per generated row at 6.5 points; a panel's width
     for pair in (results[i : i + 2] for i in range(0, len(results), 2)):
@@ -365,8 +421,10 @@ def _measure_cell(result, key: str, pattern: str) -> str:
     return shown(result.measures.get(key), pattern)
 
 
-BITS_SAVED_WHERE = {"latent_bits_position": ("at the target start", "the target's first letter"),
-                    "latent_bits_noise": ("per '!'", "each '!'")}
+BITS_SAVED_WHERE = {
+    "latent_bits_position": ("at the target start", "the target's first letter"),
+    "latent_bits_noise": ("per '!'", "each '!'"),
+}
 
 
 def measure_notes(results_by_seed: dict) -> list[str]:
@@ -379,18 +437,25 @@ def measure_notes(results_by_seed: dict) -> list[str]:
             for key, (where, letter) in BITS_SAVED_WHERE.items():
                 value = r.measures.get(key)
                 if value is not None and round(value, 2) < 0:
-                    notes.append(f"{name}: Z saves {value:.2f} bits {where}: negative, so the decoder predicts "
-                                 f"{letter} worse with the encoder's Z than with Z drawn from the prior at that "
-                                 "position.")
+                    notes.append(
+                        f"{name}: Z saves {value:.2f} bits {where}: negative, so the decoder predicts "
+                        f"{letter} worse with the encoder's Z than with Z drawn from the prior at that "
+                        "position."
+                    )
             near = r.measures.get("blue_position_near")
             if r.variant.task != "coins" and near is not None and near >= 2 * CHANCE_NEAR:
-                prefill = (", each row's prompt Z drawn from the encoder's posterior on it (as generation prefills),"
-                           if r.variant.is_free else "")
-                notes.append(f"{name}: the blue group agrees within ±2 {near:.3f} of the time, against "
-                             f"{CHANCE_NEAR:.3f} for two independent uniform positions: its rows continue the same "
-                             f"prompt{prefill} with one decoder, whose preferred start positions they share; they "
-                             "are not independent, so the claims compare green groups with the blue group, not with "
-                             "chance.")
+                prefill = (
+                    ", each row's prompt Z drawn from the encoder's posterior on it (as generation prefills),"
+                    if r.variant.is_free
+                    else ""
+                )
+                notes.append(
+                    f"{name}: the blue group agrees within ±2 {near:.3f} of the time, against "
+                    f"{CHANCE_NEAR:.3f} for two independent uniform positions: its rows continue the same "
+                    f"prompt{prefill} with one decoder, whose preferred start positions they share; they "
+                    "are not independent, so the claims compare green groups with the blue group, not with "
+                    "chance."
+                )
     return notes
 
 
@@ -422,46 +487,65 @@ def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
         spread = f"<h2>Over seeds</h2><img src='{embed(png)}' width='1000'>"
 
     header = "".join(f"<th>{esc(title)}</th>" for _, title, _ in MEASURES)
-    table_rows = "".join(_measure_rows(seed_results, seed if len(seeds) > 1 else None)
-                         for seed, seed_results in results_by_seed.items())
+    table_rows = "".join(
+        _measure_rows(seed_results, seed if len(seeds) > 1 else None) for seed, seed_results in results_by_seed.items()
+    )
     seed_header = "".join(f"<th>seed {seed}</th>" for seed in seeds)
     claim_rows = ""
     for c in claims:
-        verdict = 'yes' if c['reproduced'] == c['seeds'] else 'no' if not c['reproduced'] else 'some'
+        verdict = "yes" if c["reproduced"] == c["seeds"] else "no" if not c["reproduced"] else "some"
         conditions = condition_table(c, seeds)
-        claim_rows += (f"<tr class='{verdict} claim'><td rowspan='{len(conditions) + 1}'>{esc(_verdict(c))}</td>"
-                       f"<td colspan='{len(seeds) + 1}'><b>{esc(c['claim'])}</b></td></tr>")
+        claim_rows += (
+            f"<tr class='{verdict} claim'><td rowspan='{len(conditions) + 1}'>{esc(_verdict(c))}</td>"
+            f"<td colspan='{len(seeds) + 1}'><b>{esc(c['claim'])}</b></td></tr>"
+        )
         claim_rows += "".join(
-            f"<tr><td>{esc(test)}</td>" + "".join(f"<td class='{'holds' if holds else 'fails'}'>"
-                                                    f"{'✔' if holds else '✘'} {esc(measured)}</td>"
-                                                    for measured, holds in cells) + "</tr>"
-            for test, cells in conditions)
-        why = [*failures(c, seeds), *([WHY_IT_FAILS[c["model"]]] if c["reproduced"] < c["seeds"]
-                                      and c["model"] in WHY_IT_FAILS else [])]
+            f"<tr><td>{esc(test)}</td>"
+            + "".join(
+                f"<td class='{'holds' if holds else 'fails'}'>{'✔' if holds else '✘'} {esc(measured)}</td>"
+                for measured, holds in cells
+            )
+            + "</tr>"
+            for test, cells in conditions
+        )
+        why = [
+            *failures(c, seeds),
+            *([WHY_IT_FAILS[c["model"]]] if c["reproduced"] < c["seeds"] and c["model"] in WHY_IT_FAILS else []),
+        ]
         if why:
-            claim_rows += (f"<tr><td></td><td colspan='{len(seeds) + 1}' class='why'>Not reproduced on "
-                           + "<br>".join(map(esc, why)) + "</td></tr>")
+            claim_rows += (
+                f"<tr><td></td><td colspan='{len(seeds) + 1}' class='why'>Not reproduced on "
+                + "<br>".join(map(esc, why))
+                + "</td></tr>"
+            )
     notes = "".join(f"<li>{esc(note)}</li>" for note in measure_notes(results_by_seed))
     notes = f"<ul class='notes'>{notes}</ul>" if notes else ""
     compared_header = "".join(f"<th>{esc(title)}</th>" for _, title, _ in COMPARED)
-    compared_rows = "".join(f"<tr><td>{esc(label)}</td>" + "".join(f"<td>{v}</td>" for v in values) + "</tr>"
-                            for label, values in comparison_rows(results))
+    compared_rows = "".join(
+        f"<tr><td>{esc(label)}</td>" + "".join(f"<td>{v}</td>" for v in values) + "</tr>"
+        for label, values in comparison_rows(results)
+    )
     panels = ""
     for r in results:
-        boxes = "".join(f"<p class='heading'>{esc(heading)}</p><pre class='{'blue' if colour == BLUE else 'green'}'>"
-                        f"{esc(chr(10).join(rows))}</pre>" for colour, heading, rows in panel_boxes(r))
-        comparison = (f"<pre>{esc(chr(10).join(coin_comparison(r.groups)))}</pre>" if r.variant.task == "coins"
-                      else "")
+        boxes = "".join(
+            f"<p class='heading'>{esc(heading)}</p><pre class='{'blue' if colour == BLUE else 'green'}'>"
+            f"{esc(chr(10).join(rows))}</pre>"
+            for colour, heading, rows in panel_boxes(r)
+        )
+        comparison = f"<pre>{esc(chr(10).join(coin_comparison(r.groups)))}</pre>" if r.variant.task == "coins" else ""
         panels += f"<div class='panel'><h3>{esc(panel_title(r))}</h3>{comparison}{boxes}</div>"
     preset = summary["preset"]
     models = summary["per_seed"][seeds[0]]["models"]
-    settings = "".join(f"<li>{esc(m['label'])}: <code>{esc(' '.join(m['train_overrides']))}</code></li>"
-                       for m in models)
+    settings = "".join(
+        f"<li>{esc(m['label'])}: <code>{esc(' '.join(m['train_overrides']))}</code></li>" for m in models
+    )
     annealed = [m["label"] for m in models if any(o.startswith("kappa_start_bits=") for o in m["train_overrides"])]
     if annealed:
-        settings += (f"<li><b>Not in the paper:</b> for {esc(', '.join(annealed))}, κ starts at a larger value and "
-                     "decreases linearly to its final value (<code>kappa_start_bits</code>, <code>kappa_anneal_steps</code>); "
-                     "the paper keeps κ fixed. Measures are taken at the end, with the final κ.</li>")
+        settings += (
+            f"<li><b>Not in the paper:</b> for {esc(', '.join(annealed))}, κ starts at a larger value and "
+            "decreases linearly to its final value (<code>kappa_start_bits</code>, <code>kappa_anneal_steps</code>); "
+            "the paper keeps κ fixed. Measures are taken at the end, with the final κ.</li>"
+        )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Free Transformer: synthetic experiment</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1300px; }}
@@ -504,9 +588,9 @@ encoder's Z than with a prior draw there. For the coin flips, the same differenc
 sequence: the coin is worth 1 bit, and more means Z also copies individual flips.</p>
 <table><tr><th>model</th>{header}<th>training (min)</th></tr>{table_rows}</table>
 {notes}
-<p>Preset <code>{esc(preset['name'])}</code>, latent kind <code>{esc(summary.get('latent_kind') or 'none')}</code>
-(<code>model.latent.kind</code>), seeds {', '.join(map(str, seeds))}, {summary['workers']} training processes
-side by side, total wall time {summary['total_seconds'] / 60:.1f} min. Training settings of seed {seeds[0]} (the
+<p>Preset <code>{esc(preset["name"])}</code>, latent kind <code>{esc(summary.get("latent_kind") or "none")}</code>
+(<code>model.latent.kind</code>), seeds {", ".join(map(str, seeds))}, {summary["workers"]} training processes
+side by side, total wall time {summary["total_seconds"] / 60:.1f} min. Training settings of seed {seeds[0]} (the
 <code>free-transformer train</code> overrides that give each model's config):</p>
 <ul>{settings}</ul>
 <h2>Generations (seed {seeds[0]})</h2><div class="panels">{panels}</div>

@@ -26,7 +26,7 @@ from ..launch.sweep import Sweep, Variant
 from .claims import claims_over_seeds, judge_claims
 from .coins import coin_bits_saved, coin_groups, coin_measures, posterior_coin_match
 from .groups import Groups, generate_groups, group_measures, mean_of_present
-from .letters import latent_units, latent_kl_split
+from .letters import latent_kl_split, latent_units
 from .presets import DemoPreset
 from .report import write_report
 
@@ -43,8 +43,15 @@ VARIANTS = (
 COIN_GROUPS = 4
 
 
-def demo_sweep(preset: DemoPreset, out_dir: Path, *, seeds: tuple[int, ...] = (0,), extra: tuple[str, ...] = (),
-               device: str = "cpu", models: tuple[str, ...] | None = None) -> Sweep:
+def demo_sweep(
+    preset: DemoPreset,
+    out_dir: Path,
+    *,
+    seeds: tuple[int, ...] = (0,),
+    extra: tuple[str, ...] = (),
+    device: str = "cpu",
+    models: tuple[str, ...] | None = None,
+) -> Sweep:
     """The demo's runs: the preset's configs, the user's overrides (`extra`) on top, a few checkpoints each.
     models: the slugs of the variants to run (default: all of VARIANTS); the claims of the others are not judged."""
     unknown = sorted(set(models or ()) - {v.slug for v in VARIANTS})
@@ -55,8 +62,7 @@ def demo_sweep(preset: DemoPreset, out_dir: Path, *, seeds: tuple[int, ...] = (0
 
     def config(variant: Variant) -> TrainConfig:
         config = apply_overrides(preset.config(variant), list(extra))
-        return dataclasses.replace(config, log_every=25, keep_checkpoints=1,
-                                   checkpoint_every=max(1, config.steps // 4))
+        return dataclasses.replace(config, log_every=25, keep_checkpoints=1, checkpoint_every=max(1, config.steps // 4))
 
     return Sweep(out_dir, variants, seeds, config, device)
 
@@ -88,8 +94,9 @@ class ModelResult:
     curves: list[dict] = field(default_factory=list)
 
 
-def evaluate_all(preset: DemoPreset, sweep: Sweep, *, seed: int, wall: dict[str, float],
-                 device: str) -> list[ModelResult]:
+def evaluate_all(
+    preset: DemoPreset, sweep: Sweep, *, seed: int, wall: dict[str, float], device: str
+) -> list[ModelResult]:
     """Every model of one seed, on `device`: validation measures, what Z holds, the groups."""
     # One token at a time is far too little work to split over threads: one thread generates fastest.
     torch.set_num_threads(1)
@@ -101,8 +108,15 @@ def evaluate_all(preset: DemoPreset, sweep: Sweep, *, seed: int, wall: dict[str,
         measures = dict(validate(model, build_dataset(config.data, seed), config, torch.device(device)))
         measure = _coin_measures if variant.task == "coins" else _letter_measures
         more, groups = measure(model, preset, config, seed)
-        results.append(ModelResult(variant, {**measures, **more}, asdict(groups), wall.get(str(run_dir), 0.0),
-                                   read_metrics(run_dir / "metrics.jsonl")))
+        results.append(
+            ModelResult(
+                variant,
+                {**measures, **more},
+                asdict(groups),
+                wall.get(str(run_dir), 0.0),
+                read_metrics(run_dir / "metrics.jsonl"),
+            )
+        )
     return results
 
 
@@ -118,8 +132,14 @@ def _letter_measures(model, preset: DemoPreset, config: TrainConfig, seed: int) 
     letters = [random.Random(seed + k).choice(string.ascii_uppercase) for k in range(2)]
     shown, per_prompt = None, {}
     for index, letter in enumerate(letters):
-        groups = generate_groups(model, letter, blue_size=preset.blue_size, green_groups=preset.green_groups,
-                                 green_size=preset.green_size, seed=prompt_seed(seed, index))
+        groups = generate_groups(
+            model,
+            letter,
+            blue_size=preset.blue_size,
+            green_groups=preset.green_groups,
+            green_size=preset.green_size,
+            seed=prompt_seed(seed, index),
+        )
         shown = shown or groups
         for key, value in group_measures(groups).items():
             per_prompt.setdefault(key, []).append(value)
@@ -129,14 +149,31 @@ def _letter_measures(model, preset: DemoPreset, config: TrainConfig, seed: int) 
 
 def _coin_measures(model, preset: DemoPreset, config: TrainConfig, seed: int) -> tuple[dict, Groups]:
     length, epsilon = config.data.coinflip.length, config.data.coinflip.epsilon
-    groups = coin_groups(model, length, blue_size=COIN_GROUPS * preset.blue_size,
-                         green_groups=COIN_GROUPS * preset.green_groups, green_size=preset.green_size, seed=seed)
-    return {**coin_measures(groups), "coin_bits_saved": coin_bits_saved(model, length, epsilon, seed=seed),
-            "posterior_coin_match": posterior_coin_match(model, length, epsilon, seed=seed)}, groups
+    groups = coin_groups(
+        model,
+        length,
+        blue_size=COIN_GROUPS * preset.blue_size,
+        green_groups=COIN_GROUPS * preset.green_groups,
+        green_size=preset.green_size,
+        seed=seed,
+    )
+    return {
+        **coin_measures(groups),
+        "coin_bits_saved": coin_bits_saved(model, length, epsilon, seed=seed),
+        "posterior_coin_match": posterior_coin_match(model, length, epsilon, seed=seed),
+    }, groups
 
 
-def run_demo(preset: DemoPreset, out_dir: Path, *, launcher: Launcher, seeds: tuple[int, ...] = (0,),
-             extra: tuple[str, ...] = (), device: str = "cpu", models: tuple[str, ...] | None = None) -> Path:
+def run_demo(
+    preset: DemoPreset,
+    out_dir: Path,
+    *,
+    launcher: Launcher,
+    seeds: tuple[int, ...] = (0,),
+    extra: tuple[str, ...] = (),
+    device: str = "cpu",
+    models: tuple[str, ...] | None = None,
+) -> Path:
     """device: the training runs' cpu, cuda or cuda:N. launcher: where they train (launchers.py), and where the
     measures and the report run once they are done. models: as demo_sweep's."""
     started = time.time()  # wall-clock time: the report may be written on another machine
@@ -148,8 +185,9 @@ def run_demo(preset: DemoPreset, out_dir: Path, *, launcher: Launcher, seeds: tu
     print(first_line(preset, sweep, launcher), flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     wall = sweep.train(launcher)
-    return launcher.finish(measure_and_report, preset, sweep, extra, launcher.side_by_side(len(sweep.runs())), wall,
-                           started, device=device)
+    return launcher.finish(
+        measure_and_report, preset, sweep, extra, launcher.side_by_side(len(sweep.runs())), wall, started, device=device
+    )
 
 
 def first_line(preset: DemoPreset, sweep: Sweep, launcher: Launcher) -> str:
@@ -157,8 +195,10 @@ def first_line(preset: DemoPreset, sweep: Sweep, launcher: Launcher) -> str:
     (DemoPreset.minutes_per_seed) times the seeds, times the share of training work left (finished runs are
     reused)."""
     seeds = sweep.seeds
-    start = (f"demo: preset {preset.name}, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, "
-             f"output {sweep.out_dir}, on {sweep.device}")
+    start = (
+        f"demo: preset {preset.name}, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, "
+        f"output {sweep.out_dir}, on {sweep.device}"
+    )
     runs = sweep.runs()
     steps = run_work([sweep.train_config(variant, seed) for seed, variant in runs])
     done, _ = work_done(steps, [last_step(str(sweep.run_dir(seed, variant))) for seed, variant in runs])
@@ -172,35 +212,64 @@ def first_line(preset: DemoPreset, sweep: Sweep, launcher: Launcher) -> str:
         return f"{start}; no time measured for this preset on {where if launcher.name == 'local' else 'Slurm'}"
     share = "" if left == 1 else f", {100 * left:.0f}% of the training left"
     more = ", seeds side by side add less" if on_gpu and len(seeds) > 1 else ""
-    return (f"{start}; expected time about {_duration(minutes * len(seeds) * left)} (an estimate: {minutes:g} min a "
-            f"seed measured on {where}{more}{share})")
+    return (
+        f"{start}; expected time about {_duration(minutes * len(seeds) * left)} (an estimate: {minutes:g} min a "
+        f"seed measured on {where}{more}{share})"
+    )
 
 
 def _duration(minutes: float) -> str:
     return f"{minutes * 60:.0f} s" if minutes < 1 else f"{minutes:.0f} min"
 
 
-def measure_and_report(preset: DemoPreset, sweep: Sweep, extra: tuple[str, ...], workers: int,
-                       wall: dict[str, float], started: float, *, device: str) -> Path:
+def measure_and_report(
+    preset: DemoPreset,
+    sweep: Sweep,
+    extra: tuple[str, ...],
+    workers: int,
+    wall: dict[str, float],
+    started: float,
+    *,
+    device: str,
+) -> Path:
     """Every seed's models measured on `device`, the claims judged, results.json and the report written. wall:
     the training seconds of the runs trained by this invocation, by run directory; workers: runs trained at once."""
     seeds, out_dir = sweep.seeds, sweep.out_dir
     results = {seed: evaluate_all(preset, sweep, seed=seed, wall=wall, device=device) for seed in seeds}
     claims = {seed: judge_claims(seed_results) for seed, seed_results in results.items()}
     summary = {
-        "preset": {"name": preset.name, "extra": list(extra), "blue_size": preset.blue_size,
-                   "green_groups": preset.green_groups, "green_size": preset.green_size},
-        "seeds": list(seeds), "workers": workers, "device": device,
-        "latent_kind": next((sweep.train_config(v, seeds[0]).model.latent.kind for v in sweep.variants if v.is_free),
-                            None),
+        "preset": {
+            "name": preset.name,
+            "extra": list(extra),
+            "blue_size": preset.blue_size,
+            "green_groups": preset.green_groups,
+            "green_size": preset.green_size,
+        },
+        "seeds": list(seeds),
+        "workers": workers,
+        "device": device,
+        "latent_kind": next(
+            (sweep.train_config(v, seeds[0]).model.latent.kind for v in sweep.variants if v.is_free), None
+        ),
         "total_seconds": time.time() - started,
-        "per_seed": {seed: {"models": [{"slug": r.variant.slug, "label": r.variant.label,
-                                        "kappa_bits": r.variant.kappa_bits,
-                                        "train_overrides": overrides_of(sweep.train_config(r.variant, seed)),
-                                        "train_seconds": r.wall_seconds, **r.measures, "groups": r.groups}
-                                       for r in seed_results],
-                            "claims": claims[seed]}
-                     for seed, seed_results in results.items()},
+        "per_seed": {
+            seed: {
+                "models": [
+                    {
+                        "slug": r.variant.slug,
+                        "label": r.variant.label,
+                        "kappa_bits": r.variant.kappa_bits,
+                        "train_overrides": overrides_of(sweep.train_config(r.variant, seed)),
+                        "train_seconds": r.wall_seconds,
+                        **r.measures,
+                        "groups": r.groups,
+                    }
+                    for r in seed_results
+                ],
+                "claims": claims[seed],
+            }
+            for seed, seed_results in results.items()
+        },
         "claims": claims_over_seeds(claims),
     }
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))

@@ -75,12 +75,18 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
     before, _, _ = progress()  # the work of reused runs: not part of the rate
     total = sum(steps * step for steps, step in runs)
     bar_format = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]"
-    with tqdm(total=total, initial=before, desc=desc, bar_format=bar_format, dynamic_ncols=True) as bar, \
-            StopSignals() as signals:
+    with (
+        tqdm(total=total, initial=before, desc=desc, bar_format=bar_format, dynamic_ncols=True) as bar,
+        StopSignals() as signals,
+    ):
+
         def show() -> None:
             bar.n, runs_done, latest = progress()
-            kl = (" ".join(f"{Path(d).name}:{m['kl_bits']:.2f}b" for d, m in latest.items() if "kl_bits" in m)
-                  if len(jobs) <= 6 else "")
+            kl = (
+                " ".join(f"{Path(d).name}:{m['kl_bits']:.2f}b" for d, m in latest.items() if "kl_bits" in m)
+                if len(jobs) <= 6
+                else ""
+            )
             bar.set_postfix_str(f"{runs_done} of {len(jobs)} runs done {kl}".rstrip(), refresh=False)
             bar.refresh()
 
@@ -154,8 +160,10 @@ def _train_processes(todo, workers: int, signals: StopSignals, wall: dict, stopp
                 if isinstance(answer, BaseException):
                     raise answer
                 if answer is None and not signals.received:  # killed (out of memory?) before it could answer
-                    raise UserError(f"the process training {run_dir} died (exit code {process.exitcode}); the other "
-                                    f"runs saved a checkpoint and stopped; to continue, {CONTINUE}")
+                    raise UserError(
+                        f"the process training {run_dir} died (exit code {process.exitcode}); the other "
+                        f"runs saved a checkpoint and stopped; to continue, {CONTINUE}"
+                    )
                 if answer is not None:
                     _, wall[run_dir], signum = answer
                     if signum:
@@ -175,9 +183,11 @@ def _stop_message(todo, wall: dict, stopped: dict, signum: int) -> str:
     steps = {run_dir: config.steps for config, run_dir in todo}
     at = [f"{run_dir} at step {last_step(run_dir)} of {steps[run_dir]}" for run_dir in stopped]
     not_started = [run_dir for run_dir in steps if run_dir not in wall]
-    return (f"sweep stopped by {signal.Signals(signum).name}: "
-            f"{'; '.join(at) or 'no run was running'} (checkpoints saved)"
-            f"{f', {len(not_started)} run(s) not started' if not_started else ''}; to continue, {CONTINUE}")
+    return (
+        f"sweep stopped by {signal.Signals(signum).name}: "
+        f"{'; '.join(at) or 'no run was running'} (checkpoints saved)"
+        f"{f', {len(not_started)} run(s) not started' if not_started else ''}; to continue, {CONTINUE}"
+    )
 
 
 def last_step(run_dir: str) -> int:

@@ -35,8 +35,10 @@ from .slurm_record import FAILED, FINISHED, STOPPED, JobEntry, Record, jobs_dir,
 
 Result = TypeVar("Result")
 LOG_LINES = 3  # of a failed job's log, in its one-line error
-AGAIN = ("run the same command again: finished runs are reused, jobs still queued or running waited for, failed and "
-         "stopped runs resubmitted (they resume from their checkpoints)")
+AGAIN = (
+    "run the same command again: finished runs are reused, jobs still queued or running waited for, failed and "
+    "stopped runs resubmitted (they resume from their checkpoints)"
+)
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,15 @@ class SlurmLauncher:
             entry = record.entry(key)
             if finished(config, str(run_dir)):
                 if entry is None or entry.state != FINISHED:
-                    record.set(key, JobEntry(entry.job if entry else None, FINISHED, entry.log if entry else "",
-                                             entry.submissions if entry else 0))
+                    record.set(
+                        key,
+                        JobEntry(
+                            entry.job if entry else None,
+                            FINISHED,
+                            entry.log if entry else "",
+                            entry.submissions if entry else 0,
+                        ),
+                    )
             else:
                 todo[key] = (self._job_config(config), Path(run_dir))
         live = self._live({key: record.entry(key) for key in todo})
@@ -120,8 +129,15 @@ class SlurmLauncher:
             prepare_data([todo[key][0] for key in submit])  # a corpus is tokenized once, here, not by every job
         for key in submit:
             config, run_dir = todo[key]
-            self._submit(record, key, train_in_job, (config, str(run_dir.absolute())), processes=self.options.processes,
-                         gpus=self.options.gpus_per_run, nodes=self.options.nodes_per_run)
+            self._submit(
+                record,
+                key,
+                train_in_job,
+                (config, str(run_dir.absolute())),
+                processes=self.options.processes,
+                gpus=self.options.gpus_per_run,
+                nodes=self.options.nodes_per_run,
+            )
         if live:
             print(f"waiting for {len(live)} job(s) submitted before: {', '.join(sorted(live))}", file=sys.stderr)
         results = self._wait(record, list(todo), desc, jobs)
@@ -136,8 +152,10 @@ class SlurmLauncher:
                 failed.append(key)
         if failed:
             first = record.entry(failed[0])
-            raise SlurmError(f"{len(failed)} of {len(jobs)} runs failed: {failed[0]}, job {first.job}: {first.note}"
-                             f"{f'; {len(stopped)} stopped' if stopped else ''}; fix the cause, then {AGAIN}")
+            raise SlurmError(
+                f"{len(failed)} of {len(jobs)} runs failed: {failed[0]}, job {first.job}: {first.note}"
+                f"{f'; {len(stopped)} stopped' if stopped else ''}; fix the cause, then {AGAIN}"
+            )
         if stopped:
             notes = "; ".join(f"{key}: {record.entry(key).note}" for key in stopped)
             raise Stopped(f"{len(stopped)} of {len(jobs)} runs stopped ({notes}); to continue, {AGAIN}", signal.SIGTERM)
@@ -158,8 +176,16 @@ class SlurmLauncher:
             return report(*args, device=str(parse_device("auto")))
         record = Record(self.out_dir)
         if not self._live({None: record.report}):
-            self._submit(record, None, report, args, processes=1, gpus=min(1, self.options.gpus_per_run), nodes=1,
-                         keywords={"device": device})
+            self._submit(
+                record,
+                None,
+                report,
+                args,
+                processes=1,
+                gpus=min(1, self.options.gpus_per_run),
+                nodes=1,
+                keywords={"device": device},
+            )
         outcome = self._wait(record, [None], "measures and report", [])[None]
         if outcome is None:
             raise SlurmError(f"the report's job {record.report.job} failed: {record.report.note}; {AGAIN}")
@@ -167,22 +193,39 @@ class SlurmLauncher:
 
     # ---- jobs ---------------------------------------------------------------------------------------------
 
-    def _submit(self, record: Record, key: str | None, function: Callable, args: tuple, *, processes: int, gpus: int,
-                nodes: int, keywords: dict | None = None) -> None:
+    def _submit(
+        self,
+        record: Record,
+        key: str | None,
+        function: Callable,
+        args: tuple,
+        *,
+        processes: int,
+        gpus: int,
+        nodes: int,
+        keywords: dict | None = None,
+    ) -> None:
         import submitit
 
         executor = submitit.AutoExecutor(folder=record.jobs_dir, cluster=self.cluster)
         executor.update_parameters(
-            name=f"free-transformer:{key or 'report'}", timeout_min=self.options.time_minutes, nodes=nodes,
-            tasks_per_node=processes // nodes, gpus_per_node=gpus or None, cpus_per_task=self.options.cpus_per_run,
-            slurm_partition=self.options.partition, slurm_signal_delay_s=120,
-            slurm_additional_parameters=dict(self.options.extra))
+            name=f"free-transformer:{key or 'report'}",
+            timeout_min=self.options.time_minutes,
+            nodes=nodes,
+            tasks_per_node=processes // nodes,
+            gpus_per_node=gpus or None,
+            cpus_per_task=self.options.cpus_per_run,
+            slurm_partition=self.options.partition,
+            slurm_signal_delay_s=120,
+            slurm_additional_parameters=dict(self.options.extra),
+        )
         try:  # submitit prints sbatch's complaint too: it is in the error, said once
             with contextlib.redirect_stderr(io.StringIO()):
                 job = executor.submit(run_in_job, function, *args, **(keywords or {}))
         except Exception as error:  # sbatch's refusal (submitit's FailedJobError, CalledProcessError) as one line
-            raise SlurmError(f"Slurm refused the job of {key or 'the report'}: {' '.join(str(error).split())[-600:]}"
-                             ) from None
+            raise SlurmError(
+                f"Slurm refused the job of {key or 'the report'}: {' '.join(str(error).split())[-600:]}"
+            ) from None
         # recorded first: a job that runs is never left out of the record, whatever fails next
         previous = record.entry(key)
         log = Path(os.path.relpath(job.paths.stderr, self.out_dir)).as_posix()
@@ -193,13 +236,18 @@ class SlurmLauncher:
     def _states(self, job_ids: list[str]) -> dict[str, str]:
         if self.cluster == "slurm":
             return job_states(job_ids)
-        return {job_id: "RUNNING" if job_id in self.local_jobs and self.local_jobs[job_id].state == "RUNNING"
-                else "ENDED" for job_id in job_ids}
+        return {
+            job_id: "RUNNING" if job_id in self.local_jobs and self.local_jobs[job_id].state == "RUNNING" else "ENDED"
+            for job_id in job_ids
+        }
 
     def _live(self, entries: dict[str | None, JobEntry | None]) -> list[str | None]:
         """The keys whose job is still queued or running (a later invocation attaches to them)."""
-        ids = {key: entry.job for key, entry in entries.items() if entry is not None and entry.job
-               and entry.state not in (FINISHED, STOPPED, FAILED)}
+        ids = {
+            key: entry.job
+            for key, entry in entries.items()
+            if entry is not None and entry.job and entry.state not in (FINISHED, STOPPED, FAILED)
+        }
         states = self._states(list(ids.values()))
         return [key for key, job_id in ids.items() if states[job_id] in ACTIVE]
 
@@ -208,12 +256,15 @@ class SlurmLauncher:
         failed}. Ctrl-C or SIGTERM stops the waiting only: the jobs go on."""
         results: dict = {}
         waiting = list(keys)
+
         def done() -> int:  # steps trained, or jobs ended
             return sum(m.get("step", 0) for m in latest_metrics(jobs).values()) if jobs else len(results)
 
         total = sum(config.steps for config, _ in jobs) or 1
-        with tqdm(total=total, initial=done(), desc=desc, unit="step" if jobs else "job", dynamic_ncols=True) as bar, \
-                StopSignals() as signals:
+        with (
+            tqdm(total=total, initial=done(), desc=desc, unit="step" if jobs else "job", dynamic_ncols=True) as bar,
+            StopSignals() as signals,
+        ):
             while waiting:
                 states = self._states([record.entry(key).job for key in waiting])
                 for key in list(waiting):
@@ -226,8 +277,10 @@ class SlurmLauncher:
                     results[key] = self._ended(record, key, state)
                     waiting.remove(key)
                     if record.entry(key).state != FINISHED:
-                        bar.write(f"{key or 'report'}: {record.entry(key).state.lower()}, {record.entry(key).note}",
-                                  file=sys.stderr)
+                        bar.write(
+                            f"{key or 'report'}: {record.entry(key).state.lower()}, {record.entry(key).note}",
+                            file=sys.stderr,
+                        )
                 bar.update(done() - bar.n)
                 states = [record.entry(key).state.lower() for key in waiting]
                 bar.set_postfix_str(", ".join(f"{states.count(state)} {state}" for state in sorted(set(states))))
@@ -247,15 +300,21 @@ class SlurmLauncher:
         if outcome is not None and "value" in outcome:
             value = outcome["value"]
             if key is not None and value[2] is not None:  # a training run stopped by a signal, its checkpoint saved
-                note = (f"stopped by {signal.Signals(value[2]).name} at step {last_step(str(self.out_dir / key))} "
-                        f"(checkpoint saved)")
+                note = (
+                    f"stopped by {signal.Signals(value[2]).name} at step {last_step(str(self.out_dir / key))} "
+                    f"(checkpoint saved)"
+                )
                 record.set(key, dataclasses.replace(entry, state=STOPPED, note=note))
             else:
                 record.set(key, dataclasses.replace(entry, state=FINISHED, note=""))
             return value
         how = "raised an error" if outcome is not None else f"ended ({state}) without a result"
-        record.set(key, dataclasses.replace(entry, state=FAILED, note=f"the job {how}; its log {paths.stderr} ends: "
-                                                                      f"{log_tail(paths.stderr)}"))
+        record.set(
+            key,
+            dataclasses.replace(
+                entry, state=FAILED, note=f"the job {how}; its log {paths.stderr} ends: {log_tail(paths.stderr)}"
+            ),
+        )
         return None
 
     def _paths(self, job_id: str):
@@ -265,8 +324,11 @@ class SlurmLauncher:
 
     def _detach(self, record: Record, waiting: list, signum: int) -> None:
         jobs = ", ".join(record.entry(key).job for key in waiting)
-        raise Stopped(f"stopped waiting; the Slurm job(s) {jobs} go on (squeue --me), {record.path} says which "
-                      f"job trains which run; to attach again, {AGAIN}", signum)
+        raise Stopped(
+            f"stopped waiting; the Slurm job(s) {jobs} go on (squeue --me), {record.path} says which "
+            f"job trains which run; to attach again, {AGAIN}",
+            signum,
+        )
 
 
 def read_result(path: Path, *, training: bool) -> dict | None:
@@ -279,9 +341,16 @@ def read_result(path: Path, *, training: bool) -> dict | None:
     if not isinstance(outcome, dict) or not ("value" in outcome or "error" in outcome):
         return None
     value = outcome.get("value")
-    if "value" in outcome and training and not (
-            isinstance(value, list) and len(value) == 3 and isinstance(value[1], (int, float))
-            and (value[2] is None or value[2] in set(signal.Signals))):
+    if (
+        "value" in outcome
+        and training
+        and not (
+            isinstance(value, list)
+            and len(value) == 3
+            and isinstance(value[1], (int, float))
+            and (value[2] is None or value[2] in set(signal.Signals))
+        )
+    ):
         return None
     if "value" in outcome and not training and not isinstance(value, str):
         return None

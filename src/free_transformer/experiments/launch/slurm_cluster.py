@@ -11,8 +11,23 @@ import subprocess
 from ...base.errors import UserError
 
 # The states of a job that is waiting or working (squeue's long names); any other state means it has ended.
-ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
-                    "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
+ACTIVE = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+    }
+)
 GONE = "GONE"  # neither squeue nor sacct knows the job any more: it ended long ago
 
 
@@ -35,8 +50,10 @@ def check_cluster(partition: str | None) -> None:
     """Slurm's commands are here, and so is `partition` (None: the cluster's default one)."""
     missing = [name for name in ("sbatch", "squeue", "sinfo", "srun") if shutil.which(name) is None]
     if missing:
-        raise SlurmError(f"--launcher slurm needs Slurm's commands, and this machine's PATH lacks "
-                         f"{', '.join(missing)}: run from a cluster's login node, or use --launcher local")
+        raise SlurmError(
+            f"--launcher slurm needs Slurm's commands, and this machine's PATH lacks "
+            f"{', '.join(missing)}: run from a cluster's login node, or use --launcher local"
+        )
     if partition is not None:
         names = partitions()
         if partition not in names:
@@ -45,8 +62,9 @@ def check_cluster(partition: str | None) -> None:
 
 def partitions() -> list[str]:
     """The cluster's partition names (sinfo marks the default one with `*`: removed)."""
-    return sorted({line.strip().rstrip("*") for line in _slurm("sinfo", "--noheader", "--format=%P").splitlines()
-                   if line.strip()})
+    return sorted(
+        {line.strip().rstrip("*") for line in _slurm("sinfo", "--noheader", "--format=%P").splitlines() if line.strip()}
+    )
 
 
 def job_states(job_ids: list[str]) -> dict[str, str]:
@@ -54,8 +72,7 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
     if not job_ids:
         return {}
     states = {}
-    queue = _slurm("squeue", "--noheader", "--states=all", f"--user={getpass.getuser()}",
-                   "--format=%i|%T")
+    queue = _slurm("squeue", "--noheader", "--states=all", f"--user={getpass.getuser()}", "--format=%i|%T")
     for line in queue.splitlines():
         job_id, _, state = line.strip().partition("|")
         if job_id in job_ids:
@@ -69,8 +86,9 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
 def _accounted_states(job_ids: list[str]) -> dict[str, str]:
     """sacct's states of jobs slurmctld no longer holds; none where accounting is off."""
     try:
-        text = _slurm("sacct", "--noheader", "--parsable2", "--allocations", "--format=JobID,State",
-                      f"--jobs={','.join(job_ids)}")
+        text = _slurm(
+            "sacct", "--noheader", "--parsable2", "--allocations", "--format=JobID,State", f"--jobs={','.join(job_ids)}"
+        )
     except SlurmError:
         return {}
     states = {}

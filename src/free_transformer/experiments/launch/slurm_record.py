@@ -57,8 +57,10 @@ class Record:
                 self.runs = {key: JobEntry(**entry) for key, entry in saved["runs"].items()}
                 self.report = JobEntry(**saved["report"]) if saved.get("report") else None
             except (ValueError, KeyError, TypeError) as error:
-                raise UserError(f"cannot read the Slurm record {self.path} ({error}): move it aside, then run the "
-                                "same command again (finished runs are found by their checkpoints)") from None
+                raise UserError(
+                    f"cannot read the Slurm record {self.path} ({error}): move it aside, then run the "
+                    "same command again (finished runs are found by their checkpoints)"
+                ) from None
 
     @property
     def jobs_dir(self) -> Path:
@@ -81,6 +83,8 @@ class Record:
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        saved = {"runs": {key: asdict(entry) for key, entry in self.runs.items()},
-                 "report": asdict(self.report) if self.report else None}
+        saved = {
+            "runs": {key: asdict(entry) for key, entry in self.runs.items()},
+            "report": asdict(self.report) if self.report else None,
+        }
         atomic_write_text(self.path, json.dumps(saved, indent=1))

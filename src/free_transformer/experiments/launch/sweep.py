@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from ...train.config import TrainConfig
@@ -52,8 +51,11 @@ FAST_POST_SAMPLER_STD, FAST_LATENT_LR_SCALE = 0.3, 3.0
 
 def fast_latent(config: TrainConfig) -> TrainConfig:
     """The larger post-sampler initialisation and learning rate on the latent path (FAST_*)."""
-    return dataclasses.replace(config, post_sampler_init_std=FAST_POST_SAMPLER_STD,
-                               optim=dataclasses.replace(config.optim, latent_lr_scale=FAST_LATENT_LR_SCALE))
+    return dataclasses.replace(
+        config,
+        post_sampler_init_std=FAST_POST_SAMPLER_STD,
+        optim=dataclasses.replace(config.optim, latent_lr_scale=FAST_LATENT_LR_SCALE),
+    )
 
 
 def kappa_fraction(kappa: float) -> str:
@@ -84,12 +86,13 @@ class Sweep:
     def train_config(self, variant: Variant, seed: int, threads: int = 0) -> TrainConfig:
         """The run's config: the variant's, with the seed, device and threads (0: torch's default) of
         this sweep, without a progress bar (the launcher shows one for all)."""
-        return dataclasses.replace(self.config(variant), seed=seed, device=self.device, threads=threads,
-                                   progress=False)
+        return dataclasses.replace(self.config(variant), seed=seed, device=self.device, threads=threads, progress=False)
 
     def train(self, launcher: Launcher) -> dict[str, float]:
         """Train every run through `launcher`; finished runs are reused, stopped ones resumed. The wall
         seconds of each run trained now, by run directory."""
-        jobs = [(self.train_config(variant, seed, launcher.threads), self.run_dir(seed, variant))
-                for seed, variant in self.runs()]
+        jobs = [
+            (self.train_config(variant, seed, launcher.threads), self.run_dir(seed, variant))
+            for seed, variant in self.runs()
+        ]
         return launcher.train(jobs, desc=f"training {len(jobs)} models")

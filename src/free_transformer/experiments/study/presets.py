@@ -39,34 +39,82 @@ def _shakespeare(tokenizer: str, seq_len: int) -> DataConfig:
 def text_cpu() -> TrainConfig:
     """Byte-level Shakespeare, the demo's model size with a context of 128, 500 steps of 32 x 128 tokens
     (2 M tokens, a fifth of an epoch)."""
-    return TrainConfig(model=named_config("cpu-small", max_seq_len=128, latent_units=8), data=_shakespeare("byte", 128),
-                       optim=OptimConfig(lr=2e-3, warmup_steps=50), batch_size=32, steps=500, log_every=25,
-                       validate_every=50, validation_batches=4, checkpoint_every=250, keep_checkpoints=1)
+    return TrainConfig(
+        model=named_config("cpu-small", max_seq_len=128, latent_units=8),
+        data=_shakespeare("byte", 128),
+        optim=OptimConfig(lr=2e-3, warmup_steps=50),
+        batch_size=32,
+        steps=500,
+        log_every=25,
+        validate_every=50,
+        validation_batches=4,
+        checkpoint_every=250,
+        keep_checkpoints=1,
+    )
 
 
 def text_gpu() -> TrainConfig:
     """GPT-2's BPE, 8 blocks of width 512, H = 16 as in the paper, bf16."""
-    model = named_config("cpu-small", vocab_size=50257, dim=512, n_layers=8, n_heads=8, n_kv_heads=4, ffn_hidden=1536,
-                         max_seq_len=512, tie_embeddings=True, latent_units=16)
-    return TrainConfig(model=model, data=_shakespeare("gpt2", 512), optim=OptimConfig(lr=1e-3, warmup_steps=200),
-                       batch_size=64, steps=5000, precision="bf16", log_every=50, validate_every=250,
-                       validation_batches=8, checkpoint_every=1000, keep_checkpoints=1)
+    model = named_config(
+        "cpu-small",
+        vocab_size=50257,
+        dim=512,
+        n_layers=8,
+        n_heads=8,
+        n_kv_heads=4,
+        ffn_hidden=1536,
+        max_seq_len=512,
+        tie_embeddings=True,
+        latent_units=16,
+    )
+    return TrainConfig(
+        model=model,
+        data=_shakespeare("gpt2", 512),
+        optim=OptimConfig(lr=1e-3, warmup_steps=200),
+        batch_size=64,
+        steps=5000,
+        precision="bf16",
+        log_every=50,
+        validate_every=250,
+        validation_batches=8,
+        checkpoint_every=1000,
+        keep_checkpoints=1,
+    )
 
 
 def text_smoke() -> TrainConfig:
-    return TrainConfig(model=named_config("debug", max_seq_len=32, latent_units=4),
-                       data=_shakespeare("byte", 32), optim=OptimConfig(warmup_steps=1), batch_size=4, steps=4,
-                       log_every=2, validate_every=2, validation_batches=1, keep_checkpoints=1)
+    return TrainConfig(
+        model=named_config("debug", max_seq_len=32, latent_units=4),
+        data=_shakespeare("byte", 32),
+        optim=OptimConfig(warmup_steps=1),
+        batch_size=4,
+        steps=4,
+        log_every=2,
+        validate_every=2,
+        validation_batches=1,
+        keep_checkpoints=1,
+    )
 
 
-PRESETS: Presets[StudyPreset] = Presets("study preset", {
-    "cpu": (StudyPreset("cpu", text_cpu),
-            "byte-level Shakespeare, 1.1 M-parameter models, 500 steps, 2 seeds (its time: docs/results.md)"),
-    "gpu": (StudyPreset("gpu", text_gpu, seeds=3, heldout_windows=1024),
-            "GPT-2 BPE Shakespeare, 8 x 512 models, H = 16, 5,000 steps, 3 seeds, bf16 (one GPU)"),
-    "smoke": (StudyPreset("smoke", text_smoke, fast_latent=False, kappas=(0.5, 4.0), seeds=2, heldout_windows=4,
-                          heldout_samples=2), "a tiny model, 4 steps: checks the wiring"),
-})
+PRESETS: Presets[StudyPreset] = Presets(
+    "study preset",
+    {
+        "cpu": (
+            StudyPreset("cpu", text_cpu),
+            "byte-level Shakespeare, 1.1 M-parameter models, 500 steps, 2 seeds (its time: docs/results.md)",
+        ),
+        "gpu": (
+            StudyPreset("gpu", text_gpu, seeds=3, heldout_windows=1024),
+            "GPT-2 BPE Shakespeare, 8 x 512 models, H = 16, 5,000 steps, 3 seeds, bf16 (one GPU)",
+        ),
+        "smoke": (
+            StudyPreset(
+                "smoke", text_smoke, fast_latent=False, kappas=(0.5, 4.0), seeds=2, heldout_windows=4, heldout_samples=2
+            ),
+            "a tiny model, 4 steps: checks the wiring",
+        ),
+    },
+)
 
 
 @dataclass(frozen=True)

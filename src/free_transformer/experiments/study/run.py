@@ -25,7 +25,9 @@ def heldout_text(plan: StudyPlan, heldout: str | None) -> str:
     if not is_named(data.text.path):
         if not Path(data.text.path).exists():
             raise UserError(f"the study's corpus {data.text.path} does not exist")
-        raise UserError(f"the study's corpus {data.text.path} has no held-out documents of its own: give --heldout FILE")
+        raise UserError(
+            f"the study's corpus {data.text.path} has no held-out documents of its own: give --heldout FILE"
+        )
     return read_heldout(data.text.path)
 
 
@@ -45,10 +47,22 @@ def measure_and_report(plan: StudyPlan, text: str, wall: dict[str, float], start
     records = []
     for seed, variant in tqdm(sweep.runs(), desc="held-out likelihoods", dynamic_ncols=True):
         run_dir = sweep.run_dir(seed, variant)
-        measures = measure_run(run_dir, text, kappa_bits=sweep.train_config(variant, seed).kappa_bits,
-                               samples=plan.preset.heldout_samples,
-                               windows=plan.preset.heldout_windows, device=device)
-        records.append({"seed": seed, "slug": variant.slug, "trained_now": str(run_dir) in wall,
-                        "train_seconds": wall.get(str(run_dir), 0.0),
-                        "curves": curves(run_dir), **measures})
+        measures = measure_run(
+            run_dir,
+            text,
+            kappa_bits=sweep.train_config(variant, seed).kappa_bits,
+            samples=plan.preset.heldout_samples,
+            windows=plan.preset.heldout_windows,
+            device=device,
+        )
+        records.append(
+            {
+                "seed": seed,
+                "slug": variant.slug,
+                "trained_now": str(run_dir) in wall,
+                "train_seconds": wall.get(str(run_dir), 0.0),
+                "curves": curves(run_dir),
+                **measures,
+            }
+        )
     return write_report(plan, records, time.time() - started)

@@ -12,16 +12,51 @@ from .bit_linear import BitLinear
 from .categorical import CategoricalLatent
 from .gaussian import GaussianLatent
 from .plan import LatentPlan
-from .sampling import (Generators, at_least_float32, bits_to_index, code_log_probabilities, fill_rows_, free_bits_kl,
-                       index_to_bits, kl_per_bit, kl_to_uniform, rand_rows, sample_bit_values, sample_bits)
+from .sampling import (
+    Generators,
+    at_least_float32,
+    bits_to_index,
+    code_log_probabilities,
+    fill_rows_,
+    free_bits_kl,
+    index_to_bits,
+    kl_per_bit,
+    kl_to_uniform,
+    rand_rows,
+    sample_bit_values,
+    sample_bits,
+)
 from .sources import ENCODER, PRIOR, LatentSource
 from .space import LATENT_KINDS, LatentSpace, LinearMap, build_latent_space, latent_kind, register_latent_kind
 
 __all__ = [
-    "ENCODER", "LATENT_KINDS", "PRIOR", "BinaryLatentSpace", "BinaryMapper", "BitLinear", "CategoricalLatent",
+    "ENCODER",
+    "LATENT_KINDS",
+    "PRIOR",
+    "BinaryLatentSpace",
+    "BinaryMapper",
+    "BitLinear",
+    "CategoricalLatent",
     "GaussianLatent",
-    "Generators", "LatentPlan", "LatentSource", "LatentSpace", "LinearMap", "at_least_float32", "binary_mapper_project",
-    "bits_to_index", "build_latent_space", "code_log_probabilities",
-    "fill_rows_", "free_bits_kl", "index_to_bits", "kl_per_bit", "kl_to_uniform", "latent_kind", "project_latents",
-    "rand_rows", "register_latent_kind", "sample_bit_values", "sample_bits",
+    "Generators",
+    "LatentPlan",
+    "LatentSource",
+    "LatentSpace",
+    "LinearMap",
+    "at_least_float32",
+    "binary_mapper_project",
+    "bits_to_index",
+    "build_latent_space",
+    "code_log_probabilities",
+    "fill_rows_",
+    "free_bits_kl",
+    "index_to_bits",
+    "kl_per_bit",
+    "kl_to_uniform",
+    "latent_kind",
+    "project_latents",
+    "rand_rows",
+    "register_latent_kind",
+    "sample_bit_values",
+    "sample_bits",
 ]

@@ -44,14 +44,16 @@ class BinaryLatentSpace(LatentSpace):
 
     def value_log_probs(self, posterior: Tensor) -> tuple[Tensor, Tensor]:
         """The 2^H codes, each of prior probability 2^-H."""
-        log_p = torch.full((2 ** posterior.shape[-1],), -posterior.shape[-1] * LN2, dtype=torch.float64,
-                           device=posterior.device)
+        log_p = torch.full(
+            (2 ** posterior.shape[-1],), -posterior.shape[-1] * LN2, dtype=torch.float64, device=posterior.device
+        )
         return code_log_probabilities(posterior), log_p
 
     def check_values(self, values: Tensor) -> Tensor:
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
             raise ValueError(f"latents of kind {self.kind} must be integer indices, got {values.dtype}")
         if values.numel() and (int(values.min()) < 0 or int(values.max()) >= 2**self.units):
-            raise ValueError(f"latent indices must lie in [0, 2^{self.units}), got min {int(values.min())} "
-                             f"max {int(values.max())}")
+            raise ValueError(
+                f"latent indices must lie in [0, 2^{self.units}), got min {int(values.min())} max {int(values.max())}"
+            )
         return values.to(torch.int64)

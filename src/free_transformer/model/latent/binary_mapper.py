@@ -70,8 +70,11 @@ class _BinaryMapperProject(torch.autograd.Function):
         ctx.compiled = compiled
         # Under autocast the backward's matmul dR @ W^T runs in the autocast dtype, as every other matmul.
         device_type = weight.device.type
-        autocast = (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
-                    and weight.dtype == torch.float32)
+        autocast = (
+            torch.amp.is_autocast_available(device_type)
+            and torch.is_autocast_enabled(device_type)
+            and weight.dtype == torch.float32
+        )
         ctx.matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
         return weight[index]  # (N, D)
 
@@ -87,8 +90,9 @@ class _BinaryMapperProject(torch.autograd.Function):
         return grad_logits, grad_weight, None, None
 
 
-def _bit_logit_grad(bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_dtype: torch.dtype | None = None,
-                    compiled: bool = False) -> Tensor:
+def _bit_logit_grad(
+    bit_logits: Tensor, weight: Tensor, grad_r: Tensor, matmul_dtype: torch.dtype | None = None, compiled: bool = False
+) -> Tensor:
     """dL_h = sum_d (dR . W_d) G_d (U_h(d) - p_h), chunked over d. bit_logits (N, H), weight (2^H, D).
     The matmul runs in matmul_dtype (default weight's; bf16 under autocast), everything after it in
     float32 (float64 for a float64 table); compiled fuses each chunk's product and reduction.

@@ -77,14 +77,17 @@ class CategoricalLatent(LatentSpace):
 
     def check_values(self, values: Tensor) -> Tensor:
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
-            raise ValueError(f"latents of kind categorical must be integer classes (..., {self.units}), "
-                             f"got {values.dtype}")
+            raise ValueError(
+                f"latents of kind categorical must be integer classes (..., {self.units}), got {values.dtype}"
+            )
         if values.shape[-1:] != (self.units,):
-            raise ValueError(f"latents of kind categorical must end in H = {self.units} classes, "
-                             f"got shape {tuple(values.shape)}")
+            raise ValueError(
+                f"latents of kind categorical must end in H = {self.units} classes, got shape {tuple(values.shape)}"
+            )
         if values.numel() and (int(values.min()) < 0 or int(values.max()) >= self.classes):
-            raise ValueError(f"latent classes must lie in [0, {self.classes}), got min {int(values.min())} "
-                             f"max {int(values.max())}")
+            raise ValueError(
+                f"latent classes must lie in [0, {self.classes}), got min {int(values.min())} max {int(values.max())}"
+            )
         return values.to(torch.int64)
 
     def reset_parameters(self, std: float) -> None:

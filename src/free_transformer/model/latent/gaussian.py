@@ -72,8 +72,9 @@ class GaussianLatent(LinearMap):
         if not values.is_floating_point():
             raise ValueError(f"latents of kind gaussian must be real vectors (..., {self.units}), got {values.dtype}")
         if values.shape[-1:] != (self.units,):
-            raise ValueError(f"latents of kind gaussian must end in H = {self.units} values, "
-                             f"got shape {tuple(values.shape)}")
+            raise ValueError(
+                f"latents of kind gaussian must end in H = {self.units} values, got shape {tuple(values.shape)}"
+            )
         if not bool(values.isfinite().all()):
             raise ValueError("latents of kind gaussian must be finite")
         return values.to(self.value_dtype)

@@ -27,8 +27,15 @@ class LatentPlan:
     baseline) it hands out PRIOR, which a baseline ignores, and records nothing.
     """
 
-    def __init__(self, batch_size: int, space: LatentSpace | None, *, explicit: Tensor | None = None,
-                 prompt_source: LatentSource = ENCODER, generators: Generators = None):
+    def __init__(
+        self,
+        batch_size: int,
+        space: LatentSpace | None,
+        *,
+        explicit: Tensor | None = None,
+        prompt_source: LatentSource = ENCODER,
+        generators: Generators = None,
+    ):
         self.batch_size = batch_size
         self.space = space
         self.explicit = explicit  # (B, N, *value_shape), resolved by resolve_latents
@@ -42,8 +49,9 @@ class LatentPlan:
         if self.space is None:
             return PRIOR
         if start > self.length:
-            raise RuntimeError(f"the latent plan has Z for positions [0, {self.length}) but the model is fed "
-                               f"position {start}")
+            raise RuntimeError(
+                f"the latent plan has Z for positions [0, {self.length}) but the model is fed position {start}"
+            )
         end, new = start + length, max(start, self.length)
         known = torch.cat(self.used, dim=1)[:, start:new] if new > start else None  # (B, new - start, ...)
         if new == end:
@@ -51,8 +59,10 @@ class LatentPlan:
         explicit = self.explicit
         if explicit is not None and new < explicit.shape[1]:
             if end > explicit.shape[1]:
-                raise ValueError(f"explicit latents cover positions [0, {explicit.shape[1]}) but the model is fed "
-                                 f"[{start}, {end}) in one call")
+                raise ValueError(
+                    f"explicit latents cover positions [0, {explicit.shape[1]}) but the model is fed "
+                    f"[{start}, {end}) in one call"
+                )
             fresh = explicit[:, new:end]
         elif new == 0 and self.prompt_source == ENCODER:
             return ENCODER  # the model samples it, and the caller records it
@@ -87,6 +97,9 @@ class LatentPlan:
         default); None for a baseline."""
         if self.space is None:
             return None
-        used = torch.cat(self.used, dim=1) if self.used else \
-            torch.zeros(self.batch_size, 0, *self.space.value_shape, dtype=self.space.value_dtype)
+        used = (
+            torch.cat(self.used, dim=1)
+            if self.used
+            else torch.zeros(self.batch_size, 0, *self.space.value_shape, dtype=self.space.value_dtype)
+        )
         return used if length is None else used[:, :length]
