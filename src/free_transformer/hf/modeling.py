@@ -26,8 +26,9 @@ from transformers.utils import logging as hf_logging
 from ..inference.generate import row_generators
 from ..inference.latents import LatentPlan, forward_source, plan_latents
 from ..inference.params import Sampling, spelt_fields
+from ..model.loss import IGNORE_INDEX
 from ..model.state_names import fused_name, legacy_latent_key_mapping, upgrade_state_dict
-from ..model.transformer import IGNORE_INDEX, FreeTransformer
+from ..model.transformer import FreeTransformer
 from .configuration import FreeTransformerConfig
 from .generation import RowSeededSampler
 
