@@ -84,7 +84,8 @@ from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
 from free_transformer.base.seeding import generators
 from free_transformer.inference import engine as engine_module
 from free_transformer.inference.engine import DecodeEngine, Row, decoding_engine
-from free_transformer.inference.generate import GenerationConfig, generate, shared_prior_latents
+from free_transformer.inference.generate import GenerationConfig, generate
+from free_transformer.inference.latents import shared_prior_latents
 from free_transformer.model.config import ModelConfig, named_config
 from free_transformer.model.transformer import FreeTransformer
 

@@ -133,10 +133,10 @@ def test_generation_stops_at_stop_strings(latent_units):
 
 
 def test_latent_settings_validation_and_description():
-    with pytest.raises(EvalSettingsError, match="latents must be one of 'encoder', 'prior'; got 'shared'"):
+    with pytest.raises(EvalSettingsError, match="latents must be one of 'encoder', 'prior', got 'shared'"):
         latent_settings(latents="shared")
-    with pytest.warns(DeprecationWarning, match="'posterior' is deprecated"):
-        assert latent_settings(latents="posterior").latents == "encoder"
+    with pytest.raises(EvalSettingsError, match=r"\('posterior' is now called 'encoder'\), got 'posterior'"):
+        latent_settings(latents="posterior")
     for name in ("latent_samples", "generation_samples"):
         with pytest.raises(EvalSettingsError, match=f"{name.replace('_', '-')} must be >= 1, got 0"):
             latent_settings(**{name: 0})

@@ -1,30 +1,26 @@
-"""Where Z comes from is one choice: each entry point (the `generate` command, the Python `generate`, the
-Hugging Face `generate`, evaluation's settings and policy) parses what the user wrote into the same value,
-refuses a bad one with one line naming the allowed values before any model work, and resolves it once."""
+"""Where Z comes from is one choice, a LatentChoice: each entry point (the `generate` command, its
+--interactive /latents, the Python `generate`, the Hugging Face `generate`, evaluation's settings) parses what
+the user wrote once into the same value, refuses a bad one with one line naming the allowed values before any
+model work, and resolves it once."""
 
 import importlib
-import warnings
 
 import pytest
 import torch
-from conftest import tiny_checkpoint, tiny_model
+from conftest import tiny_model
 
 from free_transformer import FreeTransformer, GenerationConfig, generate
+from free_transformer.base.latent_choice import LatentChoice
 from free_transformer.cli import build_parser, main
-from free_transformer.commands.generate import _latent_choice
+from free_transformer.commands.interactive import SPECIAL_SETTERS
+from free_transformer.commands.sampling import params_from
 from free_transformer.eval.settings import EvalConfig
 from free_transformer.inference import latents as latent_choice
+from free_transformer.inference.params import SamplingParams
 
 P = 4
-# Every spelling a user may write, and what it means.
-SPELLINGS = {
-    "encoder": "encoder",
-    "prior": "prior",
-    "shared": "shared",
-    "reference": "reference",
-    "posterior": "encoder",
-    "independent": "encoder",
-}
+SPELLINGS = ("encoder", "prior", "shared", "reference")  # every name a user may write
+RENAMED = {"posterior": "encoder", "independent": "encoder"}  # 0.1's names, refused since 0.3
 
 
 def _prompts():
@@ -46,14 +42,27 @@ def hf_model(model):
 
 @pytest.fixture
 def parsed(monkeypatch):
-    """The choices that resolution received, as parse_latents returned them."""
-    seen, real = [], latent_choice.parse_latents
-    monkeypatch.setattr(latent_choice, "parse_latents", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    """Every choice parsed (LatentChoice.parse, the one parse every entry point calls), as it returned it."""
+    seen, real = [], LatentChoice.parse.__func__
+
+    def spy(cls, *args, **kwargs):
+        seen.append(real(cls, *args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(LatentChoice, "parse", classmethod(spy))
     return seen
 
 
 def _cli(spelling, request):
-    return _latent_choice(build_parser().parse_args(["generate", "run", "--latents", spelling]))
+    args = build_parser().parse_args(["generate", "run", "--latents", spelling])
+    request.getfixturevalue("parsed").clear()
+    return params_from(args).latents
+
+
+def _interactive(spelling, request):
+    settings = SamplingParams(reference="K>")
+    request.getfixturevalue("parsed").clear()
+    return SPECIAL_SETTERS["latents"](settings, "latents", spelling, True).latents
 
 
 def _python(spelling, request):
@@ -71,24 +80,40 @@ def _hugging_face(spelling, request):
 
 
 def _eval_settings(spelling, request):
-    return EvalConfig(tasks="none", heldout="held.txt", latents=spelling).settings().latents
+    config = EvalConfig(tasks="none", heldout="held.txt", latents=spelling)
+    request.getfixturevalue("parsed").clear()
+    return config.settings().latents
 
 
-ENTRY_POINTS = {"cli": _cli, "python": _python, "hugging_face": _hugging_face, "eval_settings": _eval_settings}
+ENTRY_POINTS = {
+    "cli": _cli,
+    "interactive": _interactive,
+    "python": _python,
+    "hugging_face": _hugging_face,
+    "eval_settings": _eval_settings,
+}
 CONTEXT_ONLY = {"eval_settings"}  # a context's Z: encoder or prior
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
-def test_every_entry_point_parses_every_spelling_alike(entry, spelling, request):
-    meaning = SPELLINGS[spelling]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        if entry in CONTEXT_ONLY and meaning not in ("encoder", "prior"):
-            with pytest.raises(ValueError, match=f"must be one of 'encoder', 'prior'; got '{spelling}'"):
-                ENTRY_POINTS[entry](spelling, request)
-        else:
-            assert ENTRY_POINTS[entry](spelling, request) == meaning
+def test_every_entry_point_parses_every_name_once_into_the_same_choice(entry, spelling, request):
+    parsed = request.getfixturevalue("parsed")
+    if entry in CONTEXT_ONLY and spelling not in ("encoder", "prior"):
+        with pytest.raises(ValueError, match=f"must be one of 'encoder', 'prior', got '{spelling}'"):
+            ENTRY_POINTS[entry](spelling, request)
+        return
+    choice = ENTRY_POINTS[entry](spelling, request)
+    assert choice is LatentChoice(spelling) and parsed == [choice]  # parsed once, where it entered
+
+
+@pytest.mark.parametrize("old", RENAMED)
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_name_of_0_1_is_refused_with_todays_name(entry, old, request):
+    with pytest.raises(ValueError) as error:
+        ENTRY_POINTS[entry](old, request)
+    message = str(error.value)
+    assert "\n" not in message and f"({old!r} is now called {RENAMED[old]!r})" in message
 
 
 @pytest.fixture
@@ -122,49 +147,14 @@ def test_bad_indices_and_references_are_refused_before_any_model_work(model, no_
 def test_the_command_refuses_a_bad_choice_before_reading_the_checkpoint(tmp_path, capsys):
     assert main(["generate", str(tmp_path / "missing"), "--prompt", "K>", "--latents", "sharde"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "error: --latents must be one of 'encoder', 'prior', 'shared', 'reference'; got 'sharde'"
+        "error: --latents must be one of 'encoder', 'prior', 'shared', 'reference', got 'sharde'"
     ]
 
 
-def _deprecations(caught):
-    return [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-
-
-def test_the_old_spelling_warns_once_and_means_encoder(model, hf_model):
-    runs = {
-        "generate": lambda spelling: generate(
-            model, _prompts(), GenerationConfig(max_new_tokens=3), latents=spelling, seeds=[0, 1]
-        ).latents[0],
-        "hugging_face": lambda spelling: hf_model.generate(
-            _prompts(), max_new_tokens=3, seeds=[0, 1], latents=spelling, return_dict_in_generate=True
-        )["latents"],
-        "eval_settings": lambda spelling: EvalConfig(tasks="none", heldout="held.txt", latents=spelling).settings(),
-    }
-    for name, run in runs.items():
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            old = run("posterior")
-        assert _deprecations(caught) == [
-            "latents='posterior' is deprecated and will be removed in 0.3; use latents='encoder'"
-        ], name
-        new = run("encoder")
-        if name == "eval_settings":
-            assert old == new and old.key == new.key
-        else:
-            assert torch.equal(old, new), name
-
-
-def test_the_command_says_the_old_spelling_once_and_samples_as_encoder(tmp_path, capsys):
-    checkpoint = str(tiny_checkpoint(tmp_path, "run", 4))
-    common = ["generate", checkpoint, "--prompt", "K>", "-n", "2", "--max-new-tokens", "5"]
-    assert main([*common, "--latents", "encoder"]) == 0
-    new = capsys.readouterr()
-    assert main([*common, "--latents", "posterior"]) == 0
-    old = capsys.readouterr()
-    assert old.out == new.out and new.err == ""
-    assert old.err.splitlines() == [
-        "warning: --latents posterior is deprecated and will be removed in 0.3; use --latents encoder"
-    ]
+def test_the_old_option_is_gone(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", str(tmp_path / "missing"), "--prompt", "K>", "--prompt-latents", "prior"])
+    assert "unrecognized arguments: --prompt-latents prior" in capsys.readouterr().err
 
 
 def test_a_generation_resolves_its_choice_once_and_the_model_gets_resolved_sources(model, hf_model, monkeypatch):
@@ -193,21 +183,21 @@ def test_a_generation_resolves_its_choice_once_and_the_model_gets_resolved_sourc
         return forward(self, tokens, *args, latents=latents, **kwargs)
 
     monkeypatch.setattr(latent_choice, "parse_latents", parse)
+    monkeypatch.setattr(importlib.import_module("free_transformer.inference.generate"), "parse_latents", parse)
+    monkeypatch.setattr(importlib.import_module("free_transformer.hf.modeling"), "parse_latents", parse)
     monkeypatch.setattr(latent_choice, "resolve_latents", resolve)
     monkeypatch.setattr(importlib.import_module("free_transformer.inference.generate"), "resolve_latents", resolve)
     monkeypatch.setattr(latent_choice, "check_latent_values", check)
     monkeypatch.setattr(FreeTransformer, "forward", spy)
     explicit = torch.randint(0, 16, (1, P + 1))
     for steps in (2, 9):
-        for choice in ("posterior", "prior", "shared", explicit):
+        for choice in ("encoder", "prior", "shared", explicit):
             counts.update(parse=0, resolve=0, check=0)
             sources.clear()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                generate(model, _prompts(), GenerationConfig(max_new_tokens=steps), latents=choice, seeds=[0, 1])
+            generate(model, _prompts(), GenerationConfig(max_new_tokens=steps), latents=choice, seeds=[0, 1])
             assert counts == {"parse": 1, "resolve": 1, "check": int(isinstance(choice, torch.Tensor))}, (steps, choice)
             assert len(sources) == steps and set(sources) <= {"encoder", "prior", "indices"}
-            assert sources[0] == {"posterior": "encoder"}.get(choice, "indices")  # the plan draws a prior prompt's Z
+            assert sources[0] == {"encoder": "encoder"}.get(choice, "indices")  # the plan draws a prior prompt's Z
         counts.update(parse=0, resolve=0, check=0)
         hf_model.generate(_prompts(), max_new_tokens=steps, seeds=[0, 1], latents="shared", latent_seed=3)
         assert counts == {"parse": 1, "resolve": 1, "check": 0}
@@ -236,11 +226,13 @@ def test_named_choices_resolve_to_the_documented_indices(model):
 
 
 def test_the_models_prior_draws_are_a_plans_and_both_import_paths_name_it(model):
-    from free_transformer.model.latent import PRIOR, LatentPlan
+    from free_transformer.model.latent import LatentPlan
 
     assert latent_choice.LatentPlan is LatentPlan
     tokens = _prompts()
-    forward = model(tokens, latents=PRIOR, generator=torch.Generator().manual_seed(3)).latents  # (2, P)
-    plan = LatentPlan(2, model.latent_space, prompt_source=PRIOR, generators=torch.Generator().manual_seed(3))
+    forward = model(tokens, latents=LatentChoice.PRIOR, generator=torch.Generator().manual_seed(3)).latents  # (2, P)
+    plan = LatentPlan(
+        2, model.latent_space, prompt_source=LatentChoice.PRIOR, generators=torch.Generator().manual_seed(3)
+    )
     assert torch.equal(forward, plan.source(0, P))
     assert not torch.equal(forward, plan.draw(P))  # a plan draws anew for each new position

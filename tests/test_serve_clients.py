@@ -17,10 +17,11 @@ import torch
 from conftest import tiny_checkpoint
 from test_serve import NAME, start_server, texts
 
+from free_transformer.base.latent_choice import LatentChoice
+
 openai = pytest.importorskip("openai")
 
 from free_transformer.base.version import __version__  # noqa: E402
-from free_transformer.model.latent import ENCODER, PRIOR  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 
@@ -50,7 +51,7 @@ def direct_logprobs(model, ids: list[int], latents, seed: int) -> torch.Tensor:
     return torch.log_softmax(logits[:-1].float(), -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
 
 
-@pytest.mark.parametrize("latents", [ENCODER, PRIOR])
+@pytest.mark.parametrize("latents", [LatentChoice.ENCODER, LatentChoice.PRIOR])
 def test_echo_with_logprobs_scores_the_prompt_with_the_requests_z(client, served, latents):
     """logprobs=2, echo=True (the official client): the prompt comes back with its tokens' log-probabilities
     under the Z the request chose (the encoder's posterior draw or the prior's, seeded), then the completion's
@@ -73,7 +74,12 @@ def test_echo_with_logprobs_scores_the_prompt_with_the_requests_z(client, served
     assert choice.logprobs.text_offset[:3] == [0, 1, 2]
     expected = direct_logprobs(served[1].model, list(prompt.encode()), latents, seed=5)
     assert choice.logprobs.token_logprobs[1 : len(prompt)] == pytest.approx(expected.tolist(), abs=1e-5)
-    other = direct_logprobs(served[1].model, list(prompt.encode()), PRIOR if latents == ENCODER else ENCODER, 5)
+    other = direct_logprobs(
+        served[1].model,
+        list(prompt.encode()),
+        LatentChoice.PRIOR if latents == LatentChoice.ENCODER else LatentChoice.ENCODER,
+        5,
+    )
     assert not torch.allclose(expected, other, atol=1e-3)  # Z shapes the scores: the test can fail
     for value, top in zip(choice.logprobs.token_logprobs[len(prompt) :], choice.logprobs.top_logprobs[len(prompt) :]):
         assert 2 <= len(top) <= 3 and value == pytest.approx(max(top.values()))  # greedy: the chosen is the top

@@ -9,10 +9,10 @@ import pytest
 
 from free_transformer.base.checks import ConfigError
 from free_transformer.base.devices import DTYPE_NAMES
+from free_transformer.base.latent_choice import CONTEXT
 from free_transformer.base.settings import field_docs
 from free_transformer.cli import build_parser, main
 from free_transformer.commands.serve import API_KEY_VARIABLE, serve_config
-from free_transformer.inference.params import CONTEXT_LATENTS
 from free_transformer.serve.config import ServeConfig
 
 # the flags as docs/serving.md and scripts write them: a field renamed must not rename its flag unnoticed
@@ -53,9 +53,9 @@ def test_each_setting_is_one_flag_with_its_docstring_as_help(capsys):
 def test_the_closed_sets_are_the_dtypes_and_the_context_latents():
     hints = typing.get_type_hints(ServeConfig)
     assert typing.get_args(hints["dtype"]) == ("auto", *DTYPE_NAMES)
-    assert typing.get_args(hints["latents"]) == CONTEXT_LATENTS
+    assert typing.get_args(hints["latents"]) == CONTEXT
     choices = {action.dest: action.choices for action in serve_parser()._actions}
-    assert choices["dtype"] == ["auto", *DTYPE_NAMES] and choices["latents"] == list(CONTEXT_LATENTS)
+    assert choices["dtype"] == ["auto", *DTYPE_NAMES] and choices["latents"] == list(CONTEXT)
     with pytest.raises(ConfigError, match="^dtype must be one of auto, "):  # a value code set, checked too
         ServeConfig(dtype="fp16").check()
     assert choices["compile"] == ["auto", "on", "off"]

@@ -10,6 +10,7 @@ from .base.version import __version__
 # public name -> the module that defines it
 _EXPORTS = {
     "ConfigError": "base.checks",
+    "LatentChoice": "base.latent_choice",
     "bits_to_nats": "base.units",
     "nats_to_bits": "base.units",
     "GenerationConfig": "inference.params",

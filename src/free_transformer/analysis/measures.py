@@ -19,8 +19,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..base.latent_choice import LatentChoice
 from ..base.units import LN2
-from ..model.latent import ENCODER, PRIOR, Generators, LatentPlan, LatentSpace
+from ..model.latent import Generators, LatentPlan, LatentSpace
 
 # A unit of Z (a bit, a dimension, a group) whose KL to the prior is under this (bits per token) carries
 # nothing; meaningful where the units are independent (LatentSpace.independent_units).
@@ -45,16 +46,19 @@ def bits_saved(model, tokens: torch.Tensor, *, samples: int = 2, seed: int = 0) 
     `samples` draws of Z."""
     model.eval()
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    ce = {source: torch.zeros(targets.shape, dtype=torch.float64, device=tokens.device) for source in (PRIOR, ENCODER)}
+    ce = {
+        source: torch.zeros(targets.shape, dtype=torch.float64, device=tokens.device)
+        for source in (LatentChoice.PRIOR, LatentChoice.ENCODER)
+    }
     for k in range(samples):
         for source in ce:
             generator = torch.Generator(device=tokens.device).manual_seed(seed + k)
             plan = LatentPlan(inputs.shape[0], model.latent_space, prompt_source=source, generators=generator)
-            latents = plan.source(0, inputs.shape[1], tokens.device)  # ENCODER, or (B, T - 1, ...) prior Z
+            latents = plan.source(0, inputs.shape[1], tokens.device)  # LatentChoice.ENCODER, or (B, T - 1, ...) prior Z
             logits = model(inputs, latents=latents, generator=generator).logits  # (B, T - 1, V)
             nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, T - 1)
             ce[source] += nats.double() / (samples * LN2)
-    return saving(ce[PRIOR], ce[ENCODER])
+    return saving(ce[LatentChoice.PRIOR], ce[LatentChoice.ENCODER])
 
 
 def dead_units(kl_bits_per_unit: list[float]) -> int:

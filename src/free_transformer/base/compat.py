@@ -36,13 +36,6 @@ RENAMED = (
     Renamed("model.latent_bits", "model.latent_units", until=REMOVED_IN),
 )
 
-# Old names of the choice of Z, read with a DeprecationWarning wherever a user names it
-# (free_transformer.inference.latents.parse_latents).
-DEPRECATED_LATENT_CHOICES = {"posterior": "encoder", "independent": "encoder"}
-
-# Old options of `free-transformer generate`, read with a warning: the option and what replaces it.
-DEPRECATED_OPTIONS = {"--prompt-latents": "--latents encoder or --latents prior"}
-
 # Not shims, and removed by no release: a checkpoint once written stays loadable. Its older tensor names
 # and layouts are migrated where checkpoints are read (model/state_names.upgrade_state_dict, the Hugging Face
 # loader's key_mapping), and the numpy types of older RNG states are allowed by runs/checkpoint.py.

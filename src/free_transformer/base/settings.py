@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import enum
 import inspect
 import itertools
 import textwrap
@@ -28,6 +29,8 @@ from .fileio import atomic_write_text
 
 def coerce(value, annotation, where: str):
     """A YAML or command-line value converted to the declared type `annotation`, or a ConfigError."""
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):  # an enum's members, as a Literal
+        annotation = typing.Literal[tuple(annotation)]
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(annotation)
@@ -42,12 +45,13 @@ def coerce(value, annotation, where: str):
                 pass
         raise ConfigError(f"{where}: cannot read {value!r} as {type_name(annotation)}")
     if origin is typing.Literal:
-        if value not in typing.get_args(annotation):
-            choices = typing.get_args(annotation)
+        choices = typing.get_args(annotation)
+        if value not in choices:
             close = difflib.get_close_matches(str(value), list(map(str, choices)), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}{hint}")
-        return value
+        # a choice declared as an enum's member (a LatentChoice) is read as that member
+        return next((choice for choice in choices if isinstance(choice, enum.Enum) and choice == value), value)
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.strip("()[] ").split(",") if v]
@@ -200,6 +204,8 @@ def to_dict(settings) -> dict:
     """The nested mapping of a dataclass tree, tuples as lists (as YAML and JSON write them)."""
 
     def plain(value):
+        if isinstance(value, enum.Enum):  # a str enum's member (a LatentChoice) is written as its name
+            return value.value
         if isinstance(value, dict):
             return {key: plain(item) for key, item in value.items()}
         return [plain(item) for item in value] if isinstance(value, (list, tuple)) else value
@@ -278,6 +284,8 @@ def type_name(annotation) -> str:
         return " | ".join(type_name(a) for a in typing.get_args(annotation))
     if origin is typing.Literal:
         return " | ".join(map(str, typing.get_args(annotation)))
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return " | ".join(str(member.value) for member in annotation)
     if origin is tuple:
         return f"tuple[{', '.join(type_name(a) for a in typing.get_args(annotation))}]"
     return "null" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
@@ -356,9 +364,13 @@ def add_option(
     if typing.get_origin(hint) is tuple:  # tuple[X, ...]: a repeatable option of Xs
         hint, repeatable = typing.get_args(hint)[0], True
     kwargs: dict = {"metavar": metavar or ("N" if hint is int else None)}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):  # an enum's members, as a Literal of them
+        hint = typing.Literal[tuple(hint)]
     if typing.get_origin(hint) is typing.Literal:
         names = list(typing.get_args(hint))
-        kwargs = {"choices": names} if choices else {"metavar": "{" + ",".join(names) + "}"}
+        kwargs = {"choices": names} if choices else {"metavar": "{" + ",".join(map(str, names)) + "}"}
+        if choices and isinstance(names[0], enum.Enum):  # read as the member it names (argparse refuses others)
+            kwargs["type"] = lambda text: next((name for name in names if name == text), text)
     elif hint is not str:
         kwargs["type"] = hint
     shown = default_help or ("none" if default in (None, "", ()) else default)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import logging
 import sys
-import warnings
 from pathlib import Path
 
-from ..base.compat import DEPRECATED_OPTIONS, REMOVED_IN
 from ..base.devices import Placement
 from ..base.settings import add_option
 from ..inference.params import DEFAULT_BATCH_SIZE
@@ -61,11 +59,6 @@ def add_arguments(parser) -> None:
         "settings together (a sample depends on its prompt and seed, not on its batch)",
     )
     add_sampling_options(parser)
-    parser.add_argument(
-        "--prompt-latents",
-        metavar="{encoder,prior}",
-        help=f"deprecated, read until {REMOVED_IN}: use {DEPRECATED_OPTIONS['--prompt-latents']}",
-    )
     add_option(parser, Placement, "device")
     add_option(parser, Placement, "dtype")
     parser.add_argument(
@@ -96,8 +89,7 @@ def run(args) -> int:
 
     if args.compile:
         say_compile_times()
-    args.latents = _latent_choice(args)  # a misspelt --latents fails before the checkpoint is read
-    params = params_from(args)
+    params = params_from(args)  # the one parse of --latents: a misspelt one fails before the checkpoint is read
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.interactive and (args.prompt or args.prompts_file is not None):
@@ -134,25 +126,3 @@ def _prompts(args) -> list[tuple[str, str]]:
     if not labelled:
         raise ValueError("give a prompt: --prompt TEXT, --prompts-file FILE (- reads stdin) or --interactive")
     return labelled
-
-
-def _latent_choice(args):
-    """--latents parsed (free_transformer.inference.latents), with the deprecated --prompt-latents mapped onto it;
-    deprecations are said on stderr."""
-    from ..inference.latents import CONTEXT_CHOICES, parse_latents
-    from ..model.latent import ENCODER
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", DeprecationWarning)
-        choice = parse_latents(args.latents, where="--latents", indices=False)
-        if args.prompt_latents is not None:
-            if choice != ENCODER:
-                raise ValueError(f"--prompt-latents cannot be combined with --latents {choice}")
-            choice = parse_latents(
-                args.prompt_latents, where="--prompt-latents", allowed=CONTEXT_CHOICES, indices=False
-            )
-    if args.prompt_latents is not None:
-        print(f"warning: --prompt-latents is deprecated; use {DEPRECATED_OPTIONS['--prompt-latents']}", file=sys.stderr)
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
-    return choice

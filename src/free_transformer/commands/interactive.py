@@ -11,8 +11,9 @@ import types
 import typing
 
 from ..base.errors import UserError
+from ..base.latent_choice import LatentChoice
 from ..base.settings import field_docs
-from ..inference.latents import parse_latents, refuse_on_baseline
+from ..inference.latents import refuse_on_baseline
 from ..inference.params import SamplingError, SamplingParams, spelling, spelt_fields
 from .sampling import Sampler, options, unescape
 
@@ -128,7 +129,7 @@ def _command(
     else:
         try:
             setter = SPECIAL_SETTERS.get(field, _set)
-            changed = setter(settings, field, argument, sampler.model.config.latent_units)
+            changed = setter(settings, field, argument, sampler.model.config.is_free)
         except SamplingError as error:
             raise ValueError(error.spelt(f"/{name}")) from None
         pinned = pinned or name == "seed"
@@ -146,7 +147,7 @@ def _optional(name: str) -> bool:
     return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
 
 
-def _set(settings: SamplingParams, field: str, argument: str, bits: int) -> SamplingParams:
+def _set(settings: SamplingParams, field: str, argument: str, is_free: bool) -> SamplingParams:
     """The settings with `field` set from a command's argument: a number, or the field's unset word."""
     spelt, hint = spelling(SamplingParams, field), typing.get_type_hints(SamplingParams)[field]
     kind = int if int in (hint, *typing.get_args(hint)) else float
@@ -163,25 +164,25 @@ def _set(settings: SamplingParams, field: str, argument: str, bits: int) -> Samp
     return dataclasses.replace(settings, **{field: value})
 
 
-def _latents(settings: SamplingParams, field: str, argument: str, bits: int) -> SamplingParams:
-    choice = parse_latents(argument, where="/latents", indices=False)
-    refuse_on_baseline(choice, bits, "/latents")
-    if choice == "reference" and settings.reference is None:
+def _latents(settings: SamplingParams, field: str, argument: str, is_free: bool) -> SamplingParams:
+    is_reference = argument == LatentChoice.REFERENCE
+    if is_reference and settings.reference is None:
         raise ValueError("/latents reference needs a text: /reference TEXT")
-    return dataclasses.replace(
-        settings, latents=choice, reference=settings.reference if choice == "reference" else None
-    )
+    # the settings parse the choice (a SamplingError names /latents)
+    changed = dataclasses.replace(settings, latents=argument, reference=settings.reference if is_reference else None)
+    refuse_on_baseline(changed.latents, is_free, "/latents")
+    return changed
 
 
-def _reference(settings: SamplingParams, field: str, argument: str, bits: int) -> SamplingParams:
-    refuse_on_baseline("reference", bits, "/latents")  # /reference TEXT is /latents reference with its text
-    return dataclasses.replace(settings, latents="reference", reference=unescape(argument))
+def _reference(settings: SamplingParams, field: str, argument: str, is_free: bool) -> SamplingParams:
+    refuse_on_baseline(LatentChoice.REFERENCE, is_free, "/latents")  # /reference TEXT: /latents reference, its text
+    return dataclasses.replace(settings, latents=LatentChoice.REFERENCE, reference=unescape(argument))
 
 
-def _stop(settings: SamplingParams, field: str, argument: str, bits: int) -> SamplingParams:
+def _stop(settings: SamplingParams, field: str, argument: str, is_free: bool) -> SamplingParams:
     return dataclasses.replace(settings, stop=() if argument == "off" else (*settings.stop, unescape(argument)))
 
 
-# the commands that do more than set their field; the model's latent bits decide what a baseline refuses
+# the commands that do more than set their field; whether the model has a Z decides what a baseline refuses
 SPECIAL_SETTERS = {"latents": _latents, "reference": _reference, "stop": _stop}
 COMMANDS = {command: name for name, command in spelt_fields(SamplingParams, "command").items()}  # "/top-k": "top_k"

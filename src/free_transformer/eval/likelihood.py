@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..analysis.measures import iwae
+from ..base.latent_choice import LatentChoice
 from ..base.seeding import benchmark_seed, generators
 from ..base.units import LN2
 from ..inference.latents import LatentPlan
-from ..model.latent import ENCODER, PRIOR
 from ..model.transformer import FreeTransformer
 
 
@@ -84,15 +84,15 @@ def heldout_likelihood(
         n_bytes = len(tokenizer.decode(chunk[1:]).encode("utf-8"))
         record = {"tokens": T, "bytes": n_bytes}
         if not is_free:
-            logits = model(inputs[None], latents=PRIOR).logits
+            logits = model(inputs[None], latents=LatentChoice.PRIOR).logits
             record["exact"] = float(_nll_rows(logits, targets[None])[0])
         else:
             gens = generators([benchmark_seed(seed, "heldout", w, k) for k in range(K)], device)
             batch, target_rows = inputs.expand(K, -1), targets.expand(K, -1)
-            prior_plan = LatentPlan(K, model.latent_space, prompt_source=PRIOR, generators=gens)
+            prior_plan = LatentPlan(K, model.latent_space, prompt_source=LatentChoice.PRIOR, generators=gens)
             prior = model(batch, latents=prior_plan.source(0, T, device))
             record["prior_ce"] = float(_nll_rows(prior.logits, target_rows).mean())
-            post = model(batch, latents=ENCODER, generator=gens)
+            post = model(batch, latents=LatentChoice.ENCODER, generator=gens)
             nll = _nll_rows(post.logits, target_rows)  # (K,) -log p(x | z_k)
             kl = float(post.kl_per_token_nats[0].double().sum())
             record["posterior_ce"] = float(nll.mean())

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..base.latent_choice import LatentChoice
 from ..base.seeding import benchmark_seed, generators
 from ..inference.generate import GenerationConfig, generate
 from ..inference.latents import LatentPlan
 from ..inference.stops import cut_at_stop, stop_check
-from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
 from .settings import EvalSettings
 
@@ -144,9 +144,9 @@ def _document_rows(model, doc: int, windows, key: str, settings: EvalSettings) -
         plan = LatentPlan(
             K, model.latent_space, prompt_source=settings.latents, generators=_generators(settings.seed, key, K, device)
         )
-        if settings.latents == ENCODER:  # the encoder sees the context only, never a choice
+        if settings.latents == LatentChoice.ENCODER:  # the encoder sees the context only, never a choice
             context = torch.tensor(ctx, device=device).expand(K, -1)
-            plan.record(0, model(context, latents=ENCODER, generator=plan.generators).latents)
+            plan.record(0, model(context, latents=LatentChoice.ENCODER, generator=plan.generators).latents)
         latents[tuple(ctx)] = plan.source(0, longest, device).cpu()
     rows = []
     for c, (ctx, cont) in enumerate(windows):

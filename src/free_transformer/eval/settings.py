@@ -12,10 +12,10 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Literal
 
 from ..base.checks import ConfigError
 from ..base.errors import UserError
+from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice
 from ..data.corpora import is_named, named_corpus, read_heldout
 from .sandbox import SandboxLimits
 
@@ -99,7 +99,7 @@ class EvalConfig:
     generative (em and pass@1 tasks); none: only the held-out likelihoods (see `eval --list-tasks`)."""
     limit: int | None = None
     """Evaluate only the first N documents of each task (of each subject for mmlu); null: all."""
-    latents: Literal["prior", "encoder"] = "prior"
+    latents: ContextChoice = LatentChoice.PRIOR
     """Z for the context positions of a Free Transformer: the uniform prior (as the paper generates) or the
     encoder run on the context only (the paper's KV-cache prefill); continuation and generated positions
     always use the prior. Ignored for a baseline."""
@@ -170,8 +170,6 @@ class EvalSettings:
     heldout: tuple[str, ...]  # files or corpus:NAME
 
     def __post_init__(self) -> None:
-        from ..inference.latents import CONTEXT_CHOICES, parse_latents
-
         options = self.options
         if options.limit is not None and options.limit < 1:
             raise EvalSettingsError(f"the document limit must be >= 1, got {options.limit}")
@@ -190,7 +188,7 @@ class EvalSettings:
         for task, _ in self.data:
             _known_task(task, "data")
         try:
-            latents = parse_latents(options.latents, allowed=CONTEXT_CHOICES, indices=False)
+            latents = LatentChoice.parse(options.latents, allowed=CONTEXT)  # the eval entry point's one parse
         except ValueError as error:
             raise EvalSettingsError(str(error)) from None
         object.__setattr__(self, "options", replace(options, latents=latents))

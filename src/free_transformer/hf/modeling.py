@@ -23,8 +23,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
+from ..base.latent_choice import LatentChoice
 from ..inference.generate import row_generators
-from ..inference.latents import LatentPlan, forward_source, plan_latents
+from ..inference.latents import LatentPlan, forward_source, parse_latents, plan_latents
 from ..inference.params import Sampling, spelt_fields
 from ..model.loss import IGNORE_INDEX
 from ..model.state_names import fused_name, legacy_latent_key_mapping, upgrade_state_dict
@@ -387,17 +388,17 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
 
     def _latent_plan(self, B, P, latents, reference, latent_seed, generators) -> LatentPlan:
         """The plan of `free_transformer.inference.generate` for generate's latent arguments (latents parsed
-        and resolved by free_transformer.inference.latents); "shared" draws max_position_embeddings Z, as
+        here, once, and resolved by free_transformer.inference.latents); "shared" draws max_position_embeddings Z, as
         many as our `shared_prior_latents(model, max_seq_len)`, so that the same seed gives the same Z."""
         device = self.model.rope_cos.device
         one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
         if reference is not None:
             if latents is not None:
                 raise ValueError("pass either latents or latent_reference, not both")
-            latents = "reference"
+            latents = LatentChoice.REFERENCE
         return plan_latents(
             self.model,
-            latents,
+            None if latents is None else parse_latents(latents),
             B,
             P,
             length=self.config.max_position_embeddings,

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..base.latent_choice import LatentChoice
 from ..model.transformer import FreeTransformer
 from .engine import Row, decoding_engine, run_rows
 from .generate import GenerationConfig
-from .latents import LatentChoice, resolve_latents
+from .latents import resolve_latents
 from .params import DEFAULT_BATCH_SIZE
 
 

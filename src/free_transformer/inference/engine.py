@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..model.latent import ENCODER, PRIOR, LatentPlan, LatentSource
+from ..base.latent_choice import LatentChoice
+from ..model.latent import LatentPlan, LatentSource
 from ..model.transformer import FreeTransformer
 from .params import GenerationConfig
 from .sampling import NON_FINITE, RowSettings, SamplingVariant, exponential_race_, next_tokens
@@ -71,8 +72,8 @@ class Row:
     ids: list[int]  # the prompt's token ids, at least one
     config: GenerationConfig  # temperature, filters, stop tokens, and max_new_tokens (set)
     generator: torch.Generator | None  # every random draw of the row (None: the global RNG)
-    # ENCODER or PRIOR: the prompt's Z; or (1, N, *value_shape) explicit Z of positions [0, N), N >= len(ids)
-    latents: LatentSource | Tensor = ENCODER
+    # LatentChoice.ENCODER or LatentChoice.PRIOR: the prompt's Z; or (1, N, *value_shape) explicit Z of positions [0, N), N >= len(ids)
+    latents: LatentSource | Tensor = LatentChoice.ENCODER
     keep_logits: bool = False  # set `logits` at every token (the server's logprobs)
     keep_prompt_logits: bool = False  # set `prompt_logits` (the server's echo with logprobs)
     tag: object = None  # the caller's
@@ -163,7 +164,7 @@ class DecodeEngine:
                     self.space,
                     explicit=explicit,
                     generators=[row.generator],
-                    prompt_source=ENCODER if explicit is not None else row.latents,
+                    prompt_source=LatentChoice.ENCODER if explicit is not None else row.latents,
                 )
         groups: dict[tuple, list[Row]] = {}
         for row in rows:
@@ -216,9 +217,11 @@ class DecodeEngine:
     def _prompt_latents(self, rows: list[Row], P: int):
         """What the prefill of `rows` (one group of `add`: one kind of prompt Z) takes as latents."""
         if not self.is_free:
-            return PRIOR
+            return LatentChoice.PRIOR
         sources = [row.plan.source(0, P, self.device) for row in rows]
-        return ENCODER if isinstance(sources[0], str) else torch.cat(sources)  # ENCODER, or (k, P, ...) values
+        return (
+            LatentChoice.ENCODER if isinstance(sources[0], str) else torch.cat(sources)
+        )  # LatentChoice.ENCODER, or (k, P, ...) values
 
     # ---- one step ------------------------------------------------------------------------------
 

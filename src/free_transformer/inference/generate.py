@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..base.latent_choice import LatentChoice
 from ..base.seeding import generators
 from ..model.transformer import FreeTransformer
 from .engine import Row, decoding_engine, run_rows
-from .latents import LatentChoice, infer_latents, resolve_latents, shared_prior_latents  # noqa: F401 (also importable from this module)
+from .latents import parse_latents, resolve_latents
 from .params import GenerationConfig
 
 
@@ -54,7 +55,7 @@ def generate(
     config: GenerationConfig | None = None,
     *,
     seeds: Sequence[int] | None = None,
-    latents: LatentChoice | None = None,
+    latents: LatentChoice | str | Tensor | None = None,
     reference: Tensor | Sequence[Sequence[int]] | None = None,
     latent_seed: int | None = None,
     should_stop: Callable[[list[int]], bool] | None = None,
@@ -65,7 +66,8 @@ def generate(
 
     prompts: (B, P) token ids, or B lists of token ids of any lengths. seeds: one per row, so that each row's
     sample depends only on its prompt, the settings, its seed and its Z, never on the other rows. latents:
-    where Z comes from (free_transformer.inference.latents; None: "encoder"): "encoder" or "prior" for the
+    where Z comes from (a LatentChoice or its name, free_transformer.inference.latents; None: "encoder"):
+    "encoder" or "prior" for the
     prompt's Z; "shared", one prior sequence for every row (the paper's green groups); "reference", the
     encoder's posterior on `reference`, (B or 1, T >= P) token ids; or (B or 1, N, *value_shape) explicit
     values for positions [0, N), N >= P (indices (B or 1, N) for the binary kinds). Positions past the
@@ -98,7 +100,7 @@ def generate(
     one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
     resolved = resolve_latents(
         model,
-        latents,
+        None if latents is None else parse_latents(latents),  # the Python entry point's one parse
         length=fed,
         reference=reference,
         generator=one_off,

@@ -1,77 +1,49 @@
-"""Where Z comes from, as every entry point names it: parsed by `parse_latents`, resolved once by
-`resolve_latents`, and handed out position by position by a `LatentPlan` (free_transformer.model.latent.plan,
-imported here too).
+"""Where Z comes from, resolved: a user's choice (a `LatentChoice`, free_transformer.base.latent_choice, parsed
+once where it enters; explicit values parsed by `parse_latents`) becomes, in `resolve_latents`, what the
+model's forward takes, and a `LatentPlan` (free_transformer.model.latent.plan, imported here too) hands it out
+position by position.
 
-    "encoder"    the prompt's Z from the encoder's posterior (the paper's prefill), each new Z from the prior
-    "prior"      every Z from the prior
-    "shared"     one prior Z sequence for every row (the paper's green groups): `shared_prior_latents`
-    "reference"  Z sampled from the encoder's posterior on a reference text ("in the manner of" it): `infer_latents`
+    ENCODER      the prompt's Z from the encoder's posterior (the paper's prefill), each new Z from the prior
+    PRIOR        every Z from the prior
+    SHARED       one prior Z sequence for every row (the paper's green groups): `shared_prior_latents`
+    REFERENCE    Z sampled from the encoder's posterior on a reference text ("in the manner of" it): `infer_latents`
     values       a (B or 1, N, *value_shape) tensor of explicit Z: for the binary kinds (B or 1, N) integer
                  indices, each in [0, 2^H); for the gaussian kind (B or 1, N, H) real vectors
 
 What a value of Z is, how the prior draws it and how explicit values are checked is the model's latent
-space's (free_transformer.model.latent.space): nothing here knows its form.
-
-The entry points (`free-transformer generate --latents`, `generate(latents=...)`, `SamplingParams.latents`,
-the Hugging Face `forward` and `generate`, evaluation's `latents` setting) parse what the
-user wrote with `parse_latents`; what a context needs no model to resolve is CONTEXT_CHOICES. The model's
-forward receives a resolved source (free_transformer.model.latent: ENCODER, PRIOR or checked values)
-and checks it no further. Old spellings (DEPRECATED_LATENT_CHOICES, base/compat.py) work, with one
-DeprecationWarning per parse, until REMOVED_IN.
+space's (free_transformer.model.latent.space): nothing here knows its form. The model's forward receives a
+resolved source (LatentChoice.ENCODER, LatentChoice.PRIOR or checked values) and checks it no further.
 """
 
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-from ..base.compat import DEPRECATED_LATENT_CHOICES, REMOVED_IN
-from ..model.latent import ENCODER, PRIOR, Generators, LatentPlan, LatentSource
+from ..base.latent_choice import CONTEXT, LatentChoice, named
+from ..model.latent import Generators, LatentPlan, LatentSource
 from ..model.transformer import FreeTransformer
-from .params import CONTEXT_LATENTS
-
-LatentChoice = Literal["encoder", "prior", "shared", "reference"] | Tensor
-CHOICES: tuple[str, ...] = (ENCODER, PRIOR, "shared", "reference")
-CONTEXT_CHOICES = CONTEXT_LATENTS  # what needs no model to resolve: a prompt's or a context's Z
-
-
-def named(where: str, value) -> str:
-    """How an error names a setting and its value: `--latents shared` on the command line (`/latents shared`
-    in generate --interactive), `latents='shared'` elsewhere."""
-    if isinstance(value, Tensor):
-        return "explicit latents"
-    return f"{where} {value}" if where.startswith(("--", "/")) else f"{where}={value!r}"
 
 
 def parse_latents(
-    value, *, where: str = "latents", allowed: tuple[str, ...] = CHOICES, indices: bool = True
-) -> LatentChoice:
-    """The canonical form of a user's choice of Z: one of `allowed`, or (with `indices`) a tensor of values
-    (a nested list becomes one; its values are checked when resolved). An old spelling gives one
-    DeprecationWarning; anything else a one-line ValueError naming the allowed values."""
-    if indices and isinstance(value, Tensor):
+    value: object, *, where: str = "latents", allowed: tuple[LatentChoice, ...] = ()
+) -> LatentChoice | Tensor:
+    """What an entry point that also takes explicit values reads (`generate()`, the Hugging Face calls): a
+    tensor, or a nested list made one (its values are checked when resolved), or a named choice
+    (`LatentChoice.parse`: one of `allowed`, default every choice; else a one-line ValueError)."""
+    if isinstance(value, Tensor):
         return value
-    if indices and value is not None and not isinstance(value, str):  # nested lists, arrays
+    if value is not None and not isinstance(value, str):  # nested lists, arrays
         with contextlib.suppress(TypeError, ValueError, RuntimeError):  # not numbers: refused below
             return torch.as_tensor(value)
-    if isinstance(value, str) and value in DEPRECATED_LATENT_CHOICES and DEPRECATED_LATENT_CHOICES[value] in allowed:
-        new = DEPRECATED_LATENT_CHOICES[value]
-        warnings.warn(
-            f"{named(where, value)} is deprecated and will be removed in {REMOVED_IN}; use {named(where, new)}",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return new
-    if isinstance(value, str) and value in allowed:
-        return value
-    names = ", ".join(repr(name) for name in allowed) + (" or a tensor of values (B or 1, N, ...)" * indices)
-    raise ValueError(f"{where} must be one of {names}; got {value!r}")
+    if isinstance(value, str) and value in (allowed or tuple(LatentChoice)):
+        return LatentChoice.parse(value, allowed=allowed)
+    requirement = LatentChoice.requirement(value, allowed)
+    raise ValueError(f"{where} {requirement} or a tensor of values (B or 1, N, ...), got {value!r}")
 
 
 def check_latent_values(model: FreeTransformer, latents, batch_size: int, *, min_length: int = 0) -> Tensor:
@@ -95,10 +67,10 @@ def check_latent_values(model: FreeTransformer, latents, batch_size: int, *, min
     return space.check_values(latents).expand(batch_size, *latents.shape[1:])
 
 
-def refuse_on_baseline(choice: LatentChoice, is_free: bool, where: str = "latents") -> None:
-    """A one-line ValueError when a named choice that is not a context's Z ("shared", "reference") meets a
+def refuse_on_baseline(choice: LatentChoice | Tensor, is_free: bool, where: str = "latents") -> None:
+    """A one-line ValueError when a named choice that is not a context's Z (SHARED, REFERENCE) meets a
     baseline decoder (is_free false: ModelConfig.is_free), which has no Z to share or infer."""
-    if not is_free and isinstance(choice, str) and choice not in CONTEXT_CHOICES:
+    if not is_free and isinstance(choice, str) and choice not in CONTEXT:
         raise ValueError(
             f"{named(where, choice)} needs a Free Transformer (latent_units > 0); this is a baseline decoder"
         )
@@ -106,13 +78,15 @@ def refuse_on_baseline(choice: LatentChoice, is_free: bool, where: str = "latent
 
 @dataclass(frozen=True)
 class ResolvedLatents:
-    prompt_source: LatentSource  # ENCODER or PRIOR: the Z of the prompt when no explicit Z covers it
+    prompt_source: (
+        LatentSource  # LatentChoice.ENCODER or LatentChoice.PRIOR: the Z of the prompt when no explicit Z covers it
+    )
     explicit: Tensor | None = None  # (batch_size or 1, N, *value_shape) Z of positions [0, N), N >= prompt length
 
 
 def resolve_latents(
     model: FreeTransformer,
-    choice: LatentChoice | None,
+    choice: LatentChoice | Tensor | None,
     *,
     length: int = 0,
     reference=None,
@@ -123,21 +97,21 @@ def resolve_latents(
 ) -> ResolvedLatents:
     """`choice` (None: "encoder") for `batch_size` rows (default: as many as the indices or the reference
     have) whose first `prompt_length` positions are the prompt and whose fed positions number `length`.
-    `reference`, (B or 1, T >= prompt_length) token ids, goes with "reference"; `generator` makes the
-    one-off draws of "shared" and "reference". Every check of the choice is here, before any model work."""
-    choice = ENCODER if choice is None else parse_latents(choice, where=where)
-    is_reference = isinstance(choice, str) and choice == "reference"
+    `reference`, (B or 1, T >= prompt_length) token ids, goes with REFERENCE; `generator` makes the one-off
+    draws of SHARED and REFERENCE. Every check of the choice against the model is here, before any model work."""
+    choice = LatentChoice.ENCODER if choice is None else choice
+    is_reference = choice == LatentChoice.REFERENCE
     text = "--reference TEXT" if where.startswith("--") else "a reference text"  # as the command line names it
     if reference is not None and not is_reference:
         raise ValueError(f"{text} goes with {named(where, 'reference')}, not {named(where, choice)}")
-    if isinstance(choice, str) and choice in CONTEXT_CHOICES:
+    if isinstance(choice, str) and choice in CONTEXT:
         return ResolvedLatents(choice)
     if isinstance(choice, Tensor):
         rows = batch_size or (choice.shape[0] if choice.dim() >= 2 else 1)
-        return ResolvedLatents(ENCODER, check_latent_values(model, choice, rows, min_length=prompt_length))
+        return ResolvedLatents(LatentChoice.ENCODER, check_latent_values(model, choice, rows, min_length=prompt_length))
     refuse_on_baseline(choice, model.config.is_free, where)
-    if choice == "shared":
-        return ResolvedLatents(ENCODER, shared_prior_latents(model, length, generator))
+    if choice == LatentChoice.SHARED:
+        return ResolvedLatents(LatentChoice.ENCODER, shared_prior_latents(model, length, generator))
     if reference is None:
         raise ValueError(f"{named(where, 'reference')} needs {text}")
     reference = torch.as_tensor(reference, dtype=torch.int64, device=model.rope_cos.device)
@@ -150,12 +124,12 @@ def resolve_latents(
             f"the reference text must be at least as long as the prompt ({prompt_length} tokens), "
             f"got {reference.shape[1]}"
         )
-    return ResolvedLatents(ENCODER, infer_latents(model, reference, generator))
+    return ResolvedLatents(LatentChoice.ENCODER, infer_latents(model, reference, generator))
 
 
 def plan_latents(
     model: FreeTransformer,
-    choice: LatentChoice | None,
+    choice: LatentChoice | Tensor | None,
     batch_size: int,
     prompt_length: int,
     *,
@@ -185,16 +159,14 @@ def plan_latents(
     )
 
 
-def forward_source(
-    model: FreeTransformer, latents: LatentChoice | None, batch_size: int, length: int, start: int
-) -> LatentSource:
+def forward_source(model: FreeTransformer, latents: object, batch_size: int, length: int, start: int) -> LatentSource:
     """What one forward of `length` tokens from position `start` takes, for a caller that names Z per call
     (the Hugging Face forward): None is the encoder for a sequence from position 0 and the prior for a
     continuation; "encoder", "prior" or (batch_size or 1, length, *value_shape) values otherwise. A baseline
     ignores "encoder" and "prior" and refuses values."""
     if latents is None:
-        return ENCODER if start == 0 else PRIOR
-    choice = parse_latents(latents, allowed=CONTEXT_CHOICES)
+        return LatentChoice.ENCODER if start == 0 else LatentChoice.PRIOR
+    choice = parse_latents(latents, allowed=CONTEXT)
     if isinstance(choice, Tensor):
         return check_latent_values(model, choice, batch_size, min_length=length)
     return choice
@@ -217,4 +189,4 @@ def infer_latents(
         raise ValueError("latents exist only in a Free Transformer (latent_units > 0)")
     reference = torch.as_tensor(reference, dtype=torch.int64, device=model.rope_cos.device)
     model.check_tokens(reference)
-    return model(reference, latents=ENCODER, generator=generator).latents
+    return model(reference, latents=LatentChoice.ENCODER, generator=generator).latents

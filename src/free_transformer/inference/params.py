@@ -12,15 +12,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+
+from ..base.latent_choice import LatentChoice
 
 DEFAULT_BATCH_SIZE = 64  # rows decoded at once unless the caller says otherwise
 DEFAULT_NEW_TOKENS = 64  # max_new_tokens left unset: this many, or fewer where the model's context is shorter
-LatentName = Literal["encoder", "prior", "shared", "reference"]  # inference.latents.CHOICES
-# the choices of a prompt's Z that need no model to resolve (inference.latents.CONTEXT_CHOICES, here without torch);
-# a Literal, so that a setting of this set is typed by it and lists its choices in --help
-ContextLatent = Literal["encoder", "prior"]
-CONTEXT_LATENTS: tuple[str, ...] = get_args(ContextLatent)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes an int64
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (as vLLM does): logits / 1e-39 would overflow
 
@@ -161,7 +157,7 @@ class SamplingParams(Sampling):
     seed)."""
     stop: tuple[str, ...] = field(default=(), metadata=spelt("stop", hf=None, metavar="TEXT"))
     """Stop strings: a sample ends where one first appears, which is not part of it."""
-    latents: LatentName = field(default="encoder", metadata=spelt("latents"))
+    latents: LatentChoice = field(default=LatentChoice.ENCODER, metadata=spelt("latents"))
     """Free Transformer: where Z comes from. encoder: the prompt's Z from the encoder (the paper's prefill),
     each new token's from the prior, per sample; prior: every Z from the prior, per sample; shared: one prior
     Z sequence for all samples; reference: Z inferred by the encoder from the reference text."""
@@ -177,12 +173,11 @@ class SamplingParams(Sampling):
         for name in ("seed", "latent_seed"):
             value = getattr(self, name)
             _check(name, value, value is not None and 0 <= value <= MAX_SEED, "must be in [0, 2**63)")
-        _check(
-            "latents",
-            self.latents,
-            self.latents in LatentName.__args__,
-            f"must be one of {', '.join(LatentName.__args__)}",
-        )
+        # the one parse of a request's choice of Z: every entry point that samples builds these settings
+        try:
+            object.__setattr__(self, "latents", LatentChoice.parse(self.latents))
+        except ValueError:
+            raise SamplingError("latents", LatentChoice.requirement(self.latents), self.latents) from None
         object.__setattr__(self, "stop", tuple(stop for stop in self.stop if stop))
 
     def generation_config(self, max_new_tokens: int) -> GenerationConfig:

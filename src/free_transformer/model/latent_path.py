@@ -21,17 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..base.latent_choice import LatentChoice
 from .config import ModelConfig
-from .latent import (
-    ENCODER,
-    PRIOR,
-    Generators,
-    LatentPlan,
-    LatentSource,
-    LatentSpace,
-    at_least_float32,
-    build_latent_space,
-)
+from .latent import Generators, LatentPlan, LatentSource, LatentSpace, at_least_float32, build_latent_space
 from .layers import Block
 
 
@@ -99,12 +91,12 @@ class LatentPath(nn.Module):
                 )
             value = source.expand(B, *shape)
             return space.embed(value), LatentSample(value)
-        if source == PRIOR:
-            value = LatentPlan(B, space, prompt_source=PRIOR, generators=generator).draw(T, x_half.device)
+        if source == LatentChoice.PRIOR:
+            value = LatentPlan(B, space, prompt_source=LatentChoice.PRIOR, generators=generator).draw(T, x_half.device)
             return space.embed(value), LatentSample(value)
-        if source != ENCODER:  # not a source at all (a user's spelling is parsed by inference.latents.parse_latents)
+        if source != LatentChoice.ENCODER:  # not a source at all: a user's choice is parsed where it enters
             raise ValueError(
-                f"latents must be {ENCODER!r}, {PRIOR!r} or a tensor of values (B or 1, T, ...), got {source!r}"
+                f"latents must be 'encoder', 'prior' or a tensor of values (B or 1, T, ...), got {source!r}"
             )
         posterior = self.encode(x_half, cos, sin)  # (B, T, H * params_per_unit)
         kl = space.kl(posterior)  # before sampling: this graph order gives the gradient sums of tests/golden

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base.checks import ConfigError
+from ..base.latent_choice import LatentChoice
 from .config import ModelConfig
-from .latent import ENCODER, Generators, LatentSource, LatentSpace, free_bits_kl
+from .latent import Generators, LatentSource, LatentSpace, free_bits_kl
 from .latent_path import LatentPath, LatentSample
 from .layers import Block, KVCache, rope_tables
 from .loss import ReadoutLoss, cross_entropy
@@ -180,7 +181,7 @@ class FreeTransformer(nn.Module):
         tokens: Tensor,  # (B, T) int64
         targets: Tensor | None = None,  # (B, T) int64, IGNORE_INDEX for positions without a target
         *,
-        latents: LatentSource = ENCODER,
+        latents: LatentSource = LatentChoice.ENCODER,
         kappa_nats: float = 0.0,
         generator: Generators = None,
         cache: KVCache | None = None,
@@ -201,9 +202,9 @@ class FreeTransformer(nn.Module):
         keeps the positions; the cache's `length` is left as it is.
 
         latents: where Z comes from (Free Transformer only), resolved (free_transformer.model.latent.sources;
-        a user's choice is parsed and resolved by free_transformer.inference.latents): ENCODER samples it
+        a user's choice is parsed and resolved by free_transformer.inference.latents): LatentChoice.ENCODER samples it
         from the encoder's posterior (training, KV-cache prefill; needs the whole sequence, start = 0),
-        PRIOR draws every Z_t from the prior, independently, and a tensor (B or 1, T, *value_shape) gives
+        LatentChoice.PRIOR draws every Z_t from the prior, independently, and a tensor (B or 1, T, *value_shape) gives
         the values explicitly (int64 indices (B or 1, T) for the binary kinds). kappa_nats: the free-bits
         threshold of the KL term, in nats per token. generator: one generator, or one per row (each row then
         reproducible on its own).
@@ -224,8 +225,12 @@ class FreeTransformer(nn.Module):
         for i, block in enumerate(self.layers):
             kv_input = None
             if i == self.config.injection_layer and self.config.is_free:  # queries from X, keys/values from X + R
-                # ENCODER is the default: a direct call continuing a cache would otherwise encode a fragment.
-                if isinstance(latents, str) and latents == ENCODER and (isinstance(start, Tensor) or start):
+                # LatentChoice.ENCODER is the default: a direct call continuing a cache would otherwise encode a fragment.
+                if (
+                    isinstance(latents, str)
+                    and latents == LatentChoice.ENCODER
+                    and (isinstance(start, Tensor) or start)
+                ):
                     raise ValueError(
                         "encoder latents need the whole sequence: the encoder is non-causal (start must be 0)"
                     )

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..base.latent_choice import ContextChoice, LatentChoice
 from ..data.tokenizer import Tokenizer
 from ..inference.batches import prepare_prompts
-from ..inference.latents import CONTEXT_CHOICES, parse_latents
 from ..inference.params import SamplingError, SamplingParams, new_token_room
-from ..model.latent import ENCODER
 from ..model.transformer import FreeTransformer
 from .batcher import Batcher, RowSpec
 from .config import DEFAULT_MAX_BATCH
@@ -61,11 +60,11 @@ class Engine:
         name: str,
         *,
         max_batch: int = DEFAULT_MAX_BATCH,
-        latents: str = ENCODER,
+        latents: ContextChoice = LatentChoice.ENCODER,  # a request's Z when it names none: ServeConfig.latents
         compile: bool = False,
     ):
         self.model, self.tokenizer, self.name = model, tokenizer, name
-        self.latents = parse_latents(latents, where="--latents", allowed=CONTEXT_CHOICES, indices=False)
+        self.latents = latents
         self.batcher = Batcher(model, tokenizer, max_batch, compile=compile)
 
     @property
@@ -152,12 +151,7 @@ class Engine:
         """The request's sampling fields as the SamplingParams they stand for, with the server's defaults
         (max_tokens: DEFAULT_MAX_TOKENS or fewer, latents: serve --latents, seed: a fresh random one)."""
         values = {name: getattr(request, field) for name, field in SAMPLING_NAMES.items()}
-        try:
-            values["latents"] = (
-                self.latents if request.latents is None else parse_latents(request.latents, indices=False)
-            )
-        except ValueError as error:
-            raise RequestError(str(error), "latents") from None
+        values["latents"] = self.latents if request.latents is None else request.latents  # parsed by SamplingParams
         values["stop"] = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
         values["max_new_tokens"] = max_tokens
         values["seed"] = secrets.randbits(62) if request.seed is None else request.seed

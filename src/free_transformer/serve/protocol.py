@@ -25,8 +25,8 @@ from ..inference.params import SamplingError, SamplingParams, spelt_fields
 
 MAX_N = 128  # OpenAI's own limit on completions per prompt
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI allows 5, vLLM 20)
-# request fields whose JSON type is not their setting's: stop takes one string too; latents is read by
-# free_transformer.inference.latents.parse_latents (which also reads old spellings)
+# request fields whose JSON type is not their setting's: stop takes one string too; latents is a name, parsed
+# into a LatentChoice by SamplingParams
 REQUEST_TYPES = {"stop": str | list[str] | None, "latents": str | None}
 
 

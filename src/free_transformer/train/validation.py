@@ -12,11 +12,11 @@ import contextlib
 import torch
 
 from ..analysis.measures import dead_units, latent_verdict, saving
+from ..base.latent_choice import LatentChoice
 from ..base.seeding import generator
 from ..base.units import LN2
 from ..distributed import ParallelEnv
 from ..inference.latents import LatentPlan
-from ..model.latent import PRIOR
 from .config import TrainConfig
 from .noise import latent_generators
 
@@ -89,7 +89,10 @@ def validate(
 def _prior(model: torch.nn.Module, inputs: torch.Tensor, generator) -> torch.Tensor:
     """(B, T, *value_shape) prior Z for a validation batch, from the plan of a generation without a prompt."""
     plan = LatentPlan(
-        inputs.shape[0], getattr(model, "module", model).latent_space, prompt_source=PRIOR, generators=generator
+        inputs.shape[0],
+        getattr(model, "module", model).latent_space,
+        prompt_source=LatentChoice.PRIOR,
+        generators=generator,
     )
     return plan.source(0, inputs.shape[1], inputs.device)
 

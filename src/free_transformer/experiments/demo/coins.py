@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 
 from ...analysis.measures import bits_saved
+from ...base.latent_choice import LatentChoice
 from ...data.synthetic import COIN_START, coinflip_batch
 from ...inference.generate import GenerationConfig
 from ...inference.latents import resolve_latents
-from ...model.latent import PRIOR
 from ...model.transformer import FreeTransformer
 from .groups import Groups, blue_and_greens, generate_strings, mean_of_present, pair_mean
 
@@ -53,7 +53,7 @@ def coin_groups(
             green_groups=green_groups,
             green_size=green_size,
             seed=seed,
-            prompt_latents=PRIOR,
+            prompt_latents=LatentChoice.PRIOR,
         ),
     )
 
@@ -68,7 +68,10 @@ def posterior_coin_match(
     device = model.rope_cos.device
     reference = coinflip_batch(references, length, epsilon, torch.Generator().manual_seed(seed)).to(device)
     latents = resolve_latents(
-        model, "reference", reference=reference[:, :-1], generator=torch.Generator(device=device).manual_seed(seed)
+        model,
+        LatentChoice.REFERENCE,
+        reference=reference[:, :-1],
+        generator=torch.Generator(device=device).manual_seed(seed),
     ).explicit  # (R, T)
     config = GenerationConfig(max_new_tokens=length, temperature=1.0)
     shown = generate_strings(

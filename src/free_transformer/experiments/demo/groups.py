@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...base.latent_choice import LatentChoice
 from ...data.synthetic import BODY_LENGTH, N_POSITIONS, analyse_letters
 from ...inference.generate import GenerationConfig, generate
-from ...inference.latents import LatentChoice, resolve_latents
-from ...model.latent import ENCODER
+from ...inference.latents import resolve_latents
 from ...model.transformer import FreeTransformer
 
 
@@ -49,7 +49,7 @@ def blue_and_greens(
     green_groups: int,
     green_size: int,
     seed: int,
-    prompt_latents: str = ENCODER,
+    prompt_latents: str = LatentChoice.ENCODER,
 ) -> tuple[list[str], list[list[str]]]:
     """The new text of a blue group (row i samples its own latents with seed `seed + i`, those of the prompt
     from `prompt_latents`) and of green groups (one prior latent sequence per group, repeated over its rows)
@@ -59,7 +59,8 @@ def blue_and_greens(
         generator = torch.Generator(device=model.rope_cos.device).manual_seed(seed + 1)
         length = prompt.shape[1] + config.max_new_tokens - 1
         shared = [
-            resolve_latents(model, "shared", length=length, generator=generator).explicit for _ in range(green_groups)
+            resolve_latents(model, LatentChoice.SHARED, length=length, generator=generator).explicit
+            for _ in range(green_groups)
         ]
         latents = torch.cat(shared).repeat_interleave(green_size, dim=0)  # (groups * size, length)
     greens = generate_strings(model, prompt.expand(green_groups * green_size, -1), config, seed + blue_size, latents)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from ...analysis.measures import bits_saved, kl_split
+from ...base.latent_choice import LatentChoice
 from ...data.synthetic import TARGET_LENGTH, letters_batch
-from ...model.latent import ENCODER
 from ...model.transformer import FreeTransformer
 
 PROMPT_LENGTH = 2  # "<letter>>"
@@ -56,6 +56,6 @@ def latent_kl_split(model: FreeTransformer, *, sequences: int = 256, seed: int =
     model.eval()
     tokens = fresh_sequences(model, sequences, seed)  # (B, 66)
     generator = torch.Generator(device=tokens.device).manual_seed(seed)
-    posterior = model(tokens[:, :-1], latents=ENCODER, generator=generator).posterior  # (B, 65, P)
+    posterior = model(tokens[:, :-1], latents=LatentChoice.ENCODER, generator=generator).posterior  # (B, 65, P)
     split = kl_split(model.latent_space, posterior, generator=generator)
     return {"kl_information_bits": split["information"], "kl_prior_mismatch_bits": split["prior_mismatch"]}

@@ -26,13 +26,11 @@ from .sampling import (
     sample_bit_values,
     sample_bits,
 )
-from .sources import ENCODER, PRIOR, LatentSource
+from .sources import LatentSource
 from .space import LATENT_KINDS, LatentSpace, LinearMap, build_latent_space, latent_kind, register_latent_kind
 
 __all__ = [
-    "ENCODER",
     "LATENT_KINDS",
-    "PRIOR",
     "BinaryLatentSpace",
     "BinaryMapper",
     "BitLinear",

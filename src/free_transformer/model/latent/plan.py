@@ -7,24 +7,25 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ...base.latent_choice import LatentChoice
 from .sampling import Generators
-from .sources import ENCODER, PRIOR, LatentSource
+from .sources import LatentSource
 from .space import LatentSpace
 
 
 class LatentPlan:
     """Z for each position of a sequence, handed to the model's forward call by call: the one dispenser
-    of Z per position, used by the model's own prior draws (a forward with PRIOR), the decoding engine (a
+    of Z per position, used by the model's own prior draws (a forward with LatentChoice.PRIOR), the decoding engine (a
     plan per row: its prompt's Z, then `fill_` into the engine's buffer at every step), `FreeTransformerForCausalLM`,
     evaluation's scoring, the held-out likelihoods, validation and analysis.
 
     Positions [0, N) take the explicit (B, N, *value_shape) values when given. Otherwise the first call
-    (at position 0) takes the encoder when `prompt_source` is ENCODER, and every other position one prior
+    (at position 0) takes the encoder when `prompt_source` is LatentChoice.ENCODER, and every other position one prior
     draw of the latent space (`LatentSpace.prior`), made once when its token is fed (with `generators`,
     one per row, or the global RNG) and then kept: a forward that re-feeds positions already planned
     (Hugging Face without a cache) gets the same Z again.
     The plan records every Z the model used, so generate can return them. With no latent space (a
-    baseline) it hands out PRIOR, which a baseline ignores, and records nothing.
+    baseline) it hands out LatentChoice.PRIOR, which a baseline ignores, and records nothing.
     """
 
     def __init__(
@@ -33,13 +34,13 @@ class LatentPlan:
         space: LatentSpace | None,
         *,
         explicit: Tensor | None = None,
-        prompt_source: LatentSource = ENCODER,
+        prompt_source: LatentSource = LatentChoice.ENCODER,
         generators: Generators = None,
     ):
         self.batch_size = batch_size
         self.space = space
         self.explicit = explicit  # (B, N, *value_shape), resolved by resolve_latents
-        self.prompt_source = prompt_source  # ENCODER or PRIOR
+        self.prompt_source = prompt_source  # LatentChoice.ENCODER or LatentChoice.PRIOR
         self.generators = generators
         self.used: list[Tensor] = []  # (B, t, *value_shape) chunks, the Z of positions [0, length)
         self.length = 0
@@ -47,7 +48,7 @@ class LatentPlan:
     def source(self, start: int, length: int, device=None) -> LatentSource:
         """What the model's forward gets as `latents` for positions [start, start + length)."""
         if self.space is None:
-            return PRIOR
+            return LatentChoice.PRIOR
         if start > self.length:
             raise RuntimeError(
                 f"the latent plan has Z for positions [0, {self.length}) but the model is fed position {start}"
@@ -64,8 +65,8 @@ class LatentPlan:
                     f"[{start}, {end}) in one call"
                 )
             fresh = explicit[:, new:end]
-        elif new == 0 and self.prompt_source == ENCODER:
-            return ENCODER  # the model samples it, and the caller records it
+        elif new == 0 and self.prompt_source == LatentChoice.ENCODER:
+            return LatentChoice.ENCODER  # the model samples it, and the caller records it
         else:
             fresh = self.draw(end - new, device if known is None else known.device)
         return fresh if known is None else torch.cat([known, fresh], dim=1)

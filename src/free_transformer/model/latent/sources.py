@@ -1,19 +1,17 @@
-"""What the model's forward takes as `latents`, already resolved (a user's choice is parsed and resolved
-once, in free_transformer.inference.latents):
+"""What the model's forward takes as `latents`, already resolved (a user's choice is parsed where it enters and
+resolved once, in free_transformer.inference.latents):
 
-    ENCODER     Z_t sampled from the encoder's posterior Q(Z | S): training and KV-cache prefill.
-                Needs the whole sequence (the encoder is non-causal).
-    PRIOR       every Z_t drawn independently from the prior (LatentSpace.prior_).
-    values      a (B or 1, T, *value_shape) tensor of explicit Z_t, one per fed position, checked by
-                LatentSpace.check_values (an int64 index in [0, 2^H) for the binary kinds).
+    LatentChoice.ENCODER  Z_t sampled from the encoder's posterior Q(Z | S): training and KV-cache prefill.
+                          Needs the whole sequence (the encoder is non-causal).
+    LatentChoice.PRIOR    every Z_t drawn independently from the prior (LatentSpace.prior_).
+    values                a (B or 1, T, *value_shape) tensor of explicit Z_t, one per fed position, checked by
+                          LatentSpace.check_values (an int64 index in [0, 2^H) for the binary kinds).
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
 from torch import Tensor
 
-ENCODER: Literal["encoder"] = "encoder"
-PRIOR: Literal["prior"] = "prior"
-LatentSource = Literal["encoder", "prior"] | Tensor
+from ...base.latent_choice import ContextChoice
+
+LatentSource = ContextChoice | Tensor
