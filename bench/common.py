@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import math
 import multiprocessing as mp
@@ -150,7 +151,9 @@ def matmul_flops_per_second(
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     out = torch.empty(size, size, device=device, dtype=dtype)
-    times = interleaved_times({"matmul": lambda: torch.mm(a, b, out=out)}, rounds, device, min_sample_s=0.2)["matmul"]
+    matmul = functools.partial(torch.mm, a, b, out=out)
+    times = interleaved_times({"matmul": matmul}, rounds, device, min_sample_s=0.2)["matmul"]
+    del matmul
     del a, b, out
     release_cached_memory()
     return 2 * size**3 / statistics.median(times)
@@ -164,7 +167,7 @@ def copy_bandwidth_gbps(device: torch.device, nbytes: int | None = None, rounds:
     nbytes = nbytes or (2**30 if device.type == "cuda" else 2**28)
     src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-    times = interleaved_times({"copy": lambda: dst.copy_(src)}, rounds, device, min_sample_s=0.2)["copy"]
+    times = interleaved_times({"copy": functools.partial(dst.copy_, src)}, rounds, device, min_sample_s=0.2)["copy"]
     del src, dst
     release_cached_memory()
     return 2 * nbytes / statistics.median(times) / 1e9

@@ -25,8 +25,8 @@
     tuned reductions; free_transformer.inference.engine.INDUCTOR_OPTIONS), side by side in interleaved rounds on one
     model: steps/s and tokens/s of the step alone (no prefill), its roof (weights + visible KV-cache
     bytes of a step / copy bandwidth / step time), the compilation time, and the share of equal tokens
-    from the same seeds after the same prefill (1.0 unless rounding parts two near-equal choices). Printed beside the targets: at paper-1.5b
-    bf16 on an H100, B=1 roof >= 60% (about 600 tokens/s) and B=16 >= 8,000 tokens/s.
+    from the same seeds after the same prefill (1.0 unless rounding parts two near-equal choices). Printed
+    beside the targets: at paper-1.5b bf16 on an H100, B=1 roof >= 60% (about 600 tokens/s) and B=16 >= 8,000 tokens/s.
 
 Both parts time the variants in interleaved rounds in this one process (bench/common.py).
 

@@ -550,7 +550,8 @@ def header(python: str, budget: int, cache_files: int) -> str:
         [
             f"# GPU check, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
             "",
-            f"commit {commit.stdout.strip() or 'unknown (no git repository)'}{' (with uncommitted changes)' if dirty else ''}, host "
+            f"commit {commit.stdout.strip() or 'unknown (no git repository)'}"
+            f"{' (with uncommitted changes)' if dirty else ''}, host "
             f"{platform.node()}; {versions}; {smi}",
             "",
             f"Inductor cache {os.path.relpath(cache, ROOT)}: "

@@ -133,10 +133,8 @@ def build(impl: str, config: ModelConfig, batch: int, seq_len: int, device_name:
 def train_step(impl: str, model, optimizer, tokens, precision: str = "fp32") -> torch.Tensor:
     """Forward + backward + AdamW step; returns the loss."""
     with torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-        if impl == "ours":
-            loss = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS).loss
-        else:
-            loss = model(tokens)  # shifts tokens into inputs and targets itself
+        # x-transformers' model shifts the tokens into inputs and targets itself
+        loss = model(tokens[:, :-1], tokens[:, 1:], kappa_nats=KAPPA_NATS).loss if impl == "ours" else model(tokens)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

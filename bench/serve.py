@@ -75,7 +75,7 @@ def start(directory: Path, args) -> tuple[subprocess.Popen, str]:
             "on" if args.compile else "off",
         ],
         env=env,
-        stderr=open(directory / "server.log", "w"),
+        stderr=open(directory / "server.log", "w"),  # noqa: SIM115 (open for the server's whole life)
     )
     while True:
         try:
@@ -83,7 +83,7 @@ def start(directory: Path, args) -> tuple[subprocess.Popen, str]:
                 return server, f"http://127.0.0.1:{port}/v1/completions"
         except httpx.TransportError:
             if server.poll() is not None:
-                raise SystemExit("the server did not start")
+                raise SystemExit("the server did not start") from None
             time.sleep(0.2)
 
 
@@ -137,9 +137,12 @@ def offline_rate(directory: Path, args) -> float:
     model = model.to(decoding_dtype(args.dtype, device))
     prompts = [list(PROMPT.encode())] * args.clients
     config = GenerationConfig(max_new_tokens=args.tokens)
-    decode = lambda: generate(
-        model, prompts, config, seeds=range(args.clients), compile=args.compile, batch_size=args.max_batch
-    )
+
+    def decode():
+        return generate(
+            model, prompts, config, seeds=range(args.clients), compile=args.compile, batch_size=args.max_batch
+        )
+
     decode()  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -23,7 +23,8 @@ matmul limit of the dtype the step runs its matmuls in (bf16 with --dtype bf16, 
 
 Sizes (--size): `narrow` (default) is dim 256 at the paper's depths, L in {8, 28}, T=256, B=8;
 `paper-1.5b` is free_transformer.model.config's named size (L=28, D=1536, 12/2 heads, vocab 2^17, tied),
-H in {16, 8}, T=2048, B=4 by default: the GPU targets of docs/gpu.md, about 50 GiB at its eager peak in bf16 (bench/memory.py)
+H in {16, 8}, T=2048, B=4 by default: the GPU targets of docs/gpu.md, about 50 GiB at its eager peak in bf16
+(bench/memory.py)
 (a GPU with 80 GB; never on a CPU). At that size the two models of a pair share one decoder: the
 baseline is made of the Free Transformer's own embedding, blocks and read-out (no copy) and both
 steps use one optimizer (AdamW skips the latent path's parameters, which get no gradient in the
@@ -114,7 +115,8 @@ def saved_floats_per_token(cfg: ModelConfig) -> int:
     output (D, read by o_proj as a view), gate, up, silu(gate) and their product (4F). The read-out:
     the final norm (3D) and, the cross-entropy being fused with it (free_transformer.model.loss), the
     gradient with respect to its input (D) (and once per step, not per token, the read-out weight's
-    gradient: analytic_memory_bytes; the plain path kept the log-softmax, V per token). The Free path adds the encoder block (the same count:
+    gradient: analytic_memory_bytes; the plain path kept the log-softmax, V per token). The Free path adds the
+    encoder block (the same count:
     its input is the next block's, already counted, but its attention output is copied for o_proj
     because the broadcast query gives SDPA another layout), the encoder norm (3D), x + R with its
     norm for the injection block's keys and values (3D), and a few (B, T, H) bit-logit tensors (8H).
@@ -281,7 +283,8 @@ def compare_loss(n_bits, n_layers, device, rounds, args) -> None:
     )
     print(
         f"{n_bits:>2} {n_layers:>2} {cfg.vocab_size:>6} | {ms['fused']:>8.1f} {ms['plain']:>8.1f} "
-        f"{median_ratio(times['fused'], times['plain']):>6.3f} | {peak['fused'] / MIB:>9.1f} {peak['plain'] / MIB:>9.1f} "
+        f"{median_ratio(times['fused'], times['plain']):>6.3f} | "
+        f"{peak['fused'] / MIB:>9.1f} {peak['plain'] / MIB:>9.1f} "
         f"{(peak['plain'] - peak['fused']) / MIB:>9.1f} | {logits_mib:>15.1f}"
     )
     print(

@@ -38,8 +38,7 @@ def cases(limit: int | None) -> dict[str, list[tuple[dict, str]]]:
     return {
         "humaneval": [(get_benchmark("humaneval").test(r), r["canonical_solution"]) for r in humaneval],
         "mbpp": [(get_benchmark("mbpp").test(r), r["code"].replace("\r\n", "\n")) for r in mbpp],
-        "evalplus": [(plus.test({**r, "base_input": recorded_inputs(r)}), r["canonical_solution"])
-                     for r in humaneval],
+        "evalplus": [(plus.test({**r, "base_input": recorded_inputs(r)}), r["canonical_solution"]) for r in humaneval],
     }
 
 
@@ -52,8 +51,11 @@ def main() -> None:
         for name, items in cases(args.limit).items():
             results = list(pool.map(lambda item: check_completion(*item), items))
             failed = [i for i, r in enumerate(results) if not r.passed]
-            print(f"{name:10s} pass@1 {sum(r.passed for r in results) / len(results):.4f} "
-                  f"({len(results) - len(failed)}/{len(results)}); not passed: {failed}", flush=True)
+            print(
+                f"{name:10s} pass@1 {sum(r.passed for r in results) / len(results):.4f} "
+                f"({len(results) - len(failed)}/{len(results)}); not passed: {failed}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

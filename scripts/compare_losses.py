@@ -44,7 +44,7 @@ def compare(a: dict[int, dict], b: dict[int, dict], keys=("loss",), atol: float 
     """(ok, lines, max_abs_diff per key) comparing the steps of a and b."""
     if sorted(a) != sorted(b):
         return False, [f"steps differ: {sorted(a)} vs {sorted(b)}"], {}
-    worst = {key: 0.0 for key in keys}
+    worst = dict.fromkeys(keys, 0.0)
     lines, ok = [], True
     for step in sorted(a):
         cells = []

@@ -27,7 +27,8 @@ from free_transformer.runs.checkpoint import load_model
 
 SEQUENCES, SAMPLES = 512, 128
 NOISE_ENTROPY = -NOISE_PROBABILITY * math.log2(NOISE_PROBABILITY) - (1 - NOISE_PROBABILITY) * math.log2(
-    1 - NOISE_PROBABILITY)
+    1 - NOISE_PROBABILITY
+)
 DATA_ENTROPY = math.log2(N_POSITIONS) + BODY_LENGTH * NOISE_ENTROPY  # bits in a sequence of a given letter
 EIGHTHS = range(0, N_POSITIONS - 1, 8)  # the first body position of each eighth that can hold a start
 
@@ -65,20 +66,27 @@ def main(checkpoint: str, letter: str = "K") -> None:
         prior_logits = model(tokens[:, :-1], latents=PRIOR, generator=torch.Generator().manual_seed(2)).logits
     bit_logits = encoded.bit_logits
     split = kl_split(bit_logits)
-    print(f"KL {split['information'] + split['prior_mismatch']:.3f} bits/token = information "
-          f"{split['information']:.3f} + prior mismatch {split['prior_mismatch']:.3f}")
+    print(
+        f"KL {split['information'] + split['prior_mismatch']:.3f} bits/token = information "
+        f"{split['information']:.3f} + prior mismatch {split['prior_mismatch']:.3f}"
+    )
     # Per sequence: sum_t KL_t = I(Z; S) + KL(Qbar(Z) || prior), since Q(Z | S) is a product over t; and
     # sum_t I(Z_t; S) - I(Z; S) is the total correlation of Qbar(Z) across positions. I(Z; S) <= DATA_ENTROPY.
     per_sequence = {k: v * bit_logits.shape[1] for k, v in split.items()}
     correlations = max(0.0, per_sequence["information"] - DATA_ENTROPY)
-    print(f"per sequence: KL {sum(per_sequence.values()):.1f} bits, the data's entropy {DATA_ENTROPY:.1f}: the codes "
-          f"the decoder is trained on are at least {per_sequence['prior_mismatch'] + correlations:.1f} bits from the "
-          f"prior's, {per_sequence['prior_mismatch']:.1f} in each position's codes and at least {correlations:.1f} in "
-          "their correlations across positions")
+    print(
+        f"per sequence: KL {sum(per_sequence.values()):.1f} bits, the data's entropy {DATA_ENTROPY:.1f}: the codes "
+        f"the decoder is trained on are at least {per_sequence['prior_mismatch'] + correlations:.1f} bits from the "
+        f"prior's, {per_sequence['prior_mismatch']:.1f} in each position's codes and at least {correlations:.1f} in "
+        "their correlations across positions"
+    )
 
     data = [sum(1 / (N_POSITIONS - j) for j in range(lo, lo + 8)) / 8 for lo in EIGHTHS]
-    for name, hazards in (("Z from the encoder", start_hazards(encoded.logits, tokens)),
-                          ("Z from the prior", start_hazards(prior_logits, tokens)), ("in the data", data)):
+    for name, hazards in (
+        ("Z from the encoder", start_hazards(encoded.logits, tokens)),
+        ("Z from the prior", start_hazards(prior_logits, tokens)),
+        ("in the data", data),
+    ):
         print(f"hazard of starting the target per eighth, {name}: " + " ".join(f"{h:.3f}" for h in hazards))
 
     length = 2 + BODY_LENGTH - 1  # the latents a generation reads: prompt and body but the last token
@@ -86,12 +94,14 @@ def main(checkpoint: str, letter: str = "K") -> None:
     mean_q = code_log_probabilities(bit_logits[:, :length]).exp().mean(0)  # (length, 2^H)
     posterior = torch.multinomial(q.reshape(-1, q.shape[-1]).float(), 1, generator=torch.Generator().manual_seed(8))
     posterior = posterior.view(SAMPLES, length)
-    shuffle = torch.stack([torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(100 + t))
-                           for t in range(length)], 1)
+    shuffle = torch.stack(
+        [torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(100 + t)) for t in range(length)], 1
+    )
     latents = {
         "the prior": None,
         "the aggregate posterior, independently per token": torch.multinomial(
-            mean_q.float(), SAMPLES, replacement=True, generator=torch.Generator().manual_seed(7)).T,
+            mean_q.float(), SAMPLES, replacement=True, generator=torch.Generator().manual_seed(7)
+        ).T,
         "the encoder, of real sequences": posterior,
         "the encoder, tokens shuffled across sequences": posterior.gather(0, shuffle),
     }
@@ -104,8 +114,10 @@ def main(checkpoint: str, letter: str = "K") -> None:
         starts = collections.Counter(a.position // 8 for a in analyses if a.valid)
         invalid = collections.Counter(why_invalid(b, letter) for b, a in zip(bodies, analyses) if not a.valid)
         noise = sum(body.count("!") for body in bodies) / (SAMPLES * BODY_LENGTH)
-        print(f"Z from {name}: valid {sum(a.valid for a in analyses) / SAMPLES:.2f}; target starts per eighth "
-              f"{[starts.get(i, 0) for i in range(8)]}; invalid: {dict(invalid.most_common())}; '!' {noise:.3f}")
+        print(
+            f"Z from {name}: valid {sum(a.valid for a in analyses) / SAMPLES:.2f}; target starts per eighth "
+            f"{[starts.get(i, 0) for i in range(8)]}; invalid: {dict(invalid.most_common())}; '!' {noise:.3f}"
+        )
 
 
 if __name__ == "__main__":

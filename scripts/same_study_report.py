@@ -49,8 +49,10 @@ def main(argv: list[str]) -> int:
         return 2
     a, b = (Path(path) for path in argv)
     try:
-        reports = [re.sub(r"This invocation: [0-9.]+ min wall", "This invocation: N min wall",
-                          (out / "report.md").read_text()) for out in (a, b)]
+        reports = [
+            re.sub(r"This invocation: [0-9.]+ min wall", "This invocation: N min wall", (out / "report.md").read_text())
+            for out in (a, b)
+        ]
         results = [without_times(json.loads((out / "results.json").read_text())) for out in (a, b)]
     except (OSError, ValueError) as error:
         print(f"error: cannot read a report: {error}", file=sys.stderr)

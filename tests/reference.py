@@ -53,7 +53,10 @@ def naive_block(p, prefix, x_q, x_kv, cfg, causal):
     """One pre-norm block from a state dict `p`; explicit softmax attention, K/V heads repeated."""
     B, T, D = x_q.shape
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    w = lambda name: p[f"{prefix}.{name}"]
+
+    def w(name):
+        return p[f"{prefix}.{name}"]
+
     hq = _rms_norm(x_q, w("input_layernorm.weight"), cfg.norm_eps)
     hkv = _rms_norm(x_kv, w("input_layernorm.weight"), cfg.norm_eps)
     q = (hq @ w("self_attn.q_proj.weight").T).view(B, T, nh, hd).transpose(1, 2)

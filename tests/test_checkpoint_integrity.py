@@ -151,9 +151,9 @@ def test_consolidate_records_the_weights_it_writes_in_sha256sums(runs, tmp_path,
         assert listed["model.safetensors"] == sha256_file(written / "model.safetensors")
         assert verify_checkpoint(written) is None
         load_model(written)
-    assert {"config.json", "dcp/.metadata", "model.safetensors"} <= set(
+    assert {"config.json", "dcp/.metadata", "model.safetensors"} <= {
         line.split("  ")[1] for line in (newest / "SHA256SUMS").read_text().splitlines()
-    )
+    }
     capsys.readouterr()
     # a damaged sharded checkpoint is not consolidated: its damage would be recorded as intact
     damaged = shutil.copytree(runs / "sharded", tmp_path / "damaged")

@@ -44,7 +44,8 @@ def test_attention_runs_a_fast_sdpa_kernel(precision):
 
 def test_trainer_step_and_decoding_steps_never_synchronise(tmp_path):
     """`trainer.train_step` (batch upload, bf16 forward, backward, gradient norm, fused AdamW told about
-    a non-finite step on the device), a cached decoding step and a replayed step of the decoding engine (a CUDA graph) queue
+    a non-finite step on the device), a cached decoding step and a replayed step of the decoding engine (a CUDA
+    graph) queue
     their work without waiting for the GPU: any host synchronisation (.item(), a host-side comparison
     of a device value, a pageable host-to-device copy) raises under sync debug mode "error". That is
     what CUDA-graph capture and a launch-bound loop need."""

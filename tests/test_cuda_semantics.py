@@ -1,6 +1,7 @@
 """The CUDA code paths, checked on the CPU (cuda_semantics.py says how): the attention routes a GPU takes, on
 the kernels and output layouts CUDA's SDPA would pick, and every step a GPU runs in a loop (training forward
-and backward, the trainer's step, prefill, cached decoding steps, the decoding engine's step, the Binary Mapper, the Hugging
+and backward, the trainer's step, prefill, cached decoding steps, the decoding engine's step, the Binary Mapper, the
+Hugging
 Face wrapper) with no value read on the host and nothing copied from it."""
 
 import importlib

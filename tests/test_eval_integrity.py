@@ -77,7 +77,8 @@ FORGERIES = {  # each tries to make a wrong answer (inc(x) = x) pass, then exits
                                 held = cell.cell_contents
                             except ValueError:
                                 continue
-                            if type(held) is tuple and len(held) > 1 and type(held[0]) is int and type(held[1]) is bytes:
+                            if (type(held) is tuple and len(held) > 1
+                                    and type(held[0]) is int and type(held[1]) is bytes):
                                 os.write(held[0], held[1])
                                 os._exit(0)
                     tb = tb.tb_next
@@ -244,7 +245,8 @@ def test_a_stopped_eval_kills_its_sandboxed_program_and_removes_its_directory(tm
 CALLER = """
 import sys, threading
 from free_transformer.eval.sandbox import SandboxLimits, run_python
-program = "import os, time\\nopen('pid.tmp', 'w').write(str(os.getpid()))\\nos.rename('pid.tmp', 'pid')\\ntime.sleep(60)\\n"
+program = ("import os, time\\nopen('pid.tmp', 'w').write(str(os.getpid()))\\n"
+           "os.rename('pid.tmp', 'pid')\\ntime.sleep(60)\\n")
 limits = SandboxLimits(timeout_s=60, allow_hook_only={hook_only})
 if {in_thread}:
     threading.Thread(target=run_python, args=(program, limits)).start()

@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from free_transformer import FreeTransformer, GenerationConfig, generate  # noqa: E402
 from free_transformer.cli import main  # noqa: E402
-from free_transformer.hf.conversion import (
+from free_transformer.hf.conversion import (  # noqa: E402
     ConversionError,
     convert,
     detect_format,

@@ -110,7 +110,10 @@ def test_uniform_prior_is_uniform(device):
 
 def test_per_row_generators_make_rows_independent_of_batch():
     logits = torch.randn(3, 6)
-    gens = lambda: [torch.Generator().manual_seed(s) for s in (5, 6, 7)]
+
+    def gens():
+        return [torch.Generator().manual_seed(s) for s in (5, 6, 7)]
+
     both = sample_bits(logits, gens())
     alone = sample_bits(logits[1:2], [torch.Generator().manual_seed(6)])
     assert both[1] == alone[0]

@@ -771,7 +771,7 @@ def test_a_full_disk_while_logging_is_one_line_that_says_how_to_go_on(tmp_path):
 
     log = MetricsLog(tmp_path)
     log.handle.close()
-    log.handle = open("/dev/full", "a")  # every write: ENOSPC
+    log.handle = open("/dev/full", "a")  # noqa: SIM115 (the log owns and closes it); every write: ENOSPC
     with pytest.raises(UserError) as error:
         log.write({"step": 1, "loss": 1.0})
     assert str(error.value) == (

@@ -259,7 +259,7 @@ def test_valid_extreme_settings_are_sampled_and_fail_no_other_request(served):
     for extreme in ({"temperature": 1e-40}, {"top_p": 1e-300, "temperature": 1e-39}):
         answers: dict = {}
         threads = [
-            threading.Thread(target=lambda k=k, b=b: answers.__setitem__(k, post(served, b)))
+            threading.Thread(target=lambda k=k, b=b: answers.__setitem__(k, post(served, b)))  # noqa: B023 (joined below)
             for k, b in enumerate([{**base, **extreme}, {**base, "prompt": "Hello", "max_tokens": 12}])
         ]
         for thread in threads:

@@ -5,7 +5,7 @@ line's `--help` do not load torch."""
 
 import importlib
 
-from .base.version import __version__
+from .base.version import __version__  # noqa: F401 (free_transformer.__version__)
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -30,7 +30,7 @@ _EXPORTS = {
     "load_model": "runs.checkpoint",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the names below are imported on first use)
 
 
 def __getattr__(name: str):

@@ -13,7 +13,7 @@ _EXPORTS = {
     "build_dataset": "datasets",
     "register_data_kind": "datasets",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the names below are imported on first use)
 
 
 def __getattr__(name: str):

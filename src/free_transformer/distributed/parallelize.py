@@ -3,7 +3,8 @@ activation checkpointing and torch.compile per block, then FSDP2 or DDP.
 
 fsdp (FSDP2): `fully_shard` on every decoder block and on each encoder block, then on the root, which
 takes what is left (embeddings, final norm, read-out, and of the latent path zeta, its norm and
-read-out, and the mapper, e.g. the post-sampler table). Each block's parameters are all-gathered just before it runs and freed after; gradients are
+read-out, and the mapper, e.g. the post-sampler table). Each block's parameters are all-gathered just before it runs
+and freed after; gradients are
 reduce-scattered (averaged) as backward leaves each block. ddp: one full replica per rank, gradients
 all-reduced (averaged) in buckets during backward.
 

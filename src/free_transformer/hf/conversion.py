@@ -3,7 +3,8 @@ Llama checkpoints (`LlamaForCausalLM` names).
 
 A Llama decoder is our baseline: same blocks, same names (ours are HF Llama's without the "model."
 prefix, q/k/v and gate/up stacked into one projection each: `model.state_names.FUSED_PROJECTIONS`), same RoPE
-layout. `load_llama` reads its config.json and safetensors directly (no Llama model is instantiated) and refuses the Llama features we do not implement. `with_fresh_latent_path`
+layout. `load_llama` reads its config.json and safetensors directly (no Llama model is instantiated) and refuses the
+Llama features we do not implement. `with_fresh_latent_path`
 turns a baseline into a Free Transformer whose decoder weights are the baseline's and whose encoder,
 zeta, read-out and post-sampler are freshly initialised: the starting point for fine-tuning a
 pretrained Llama into a Free Transformer.

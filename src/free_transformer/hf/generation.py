@@ -16,7 +16,8 @@ from ..inference.sampling import sample_next
 
 
 class RowSeededSampler(LogitsProcessor):
-    """Samples the next token of row i with generators[i], as the decoding engine does, and returns scores that are 0 at the chosen token and -inf elsewhere, so that Hugging Face's greedy
+    """Samples the next token of row i with generators[i], as the decoding engine does, and returns scores that are 0
+    at the chosen token and -inf elsewhere, so that Hugging Face's greedy
     step (argmax) takes exactly that token. It must be the last processor and generate must run with
     do_sample=False (FreeTransformerForCausalLM.generate arranges both when `seeds` is given)."""
 

@@ -72,7 +72,7 @@ class Row:
     ids: list[int]  # the prompt's token ids, at least one
     config: GenerationConfig  # temperature, filters, stop tokens, and max_new_tokens (set)
     generator: torch.Generator | None  # every random draw of the row (None: the global RNG)
-    # LatentChoice.ENCODER or LatentChoice.PRIOR: the prompt's Z; or (1, N, *value_shape) explicit Z of positions [0, N), N >= len(ids)
+    # the prompt's Z (ENCODER or PRIOR), or (1, N, *value_shape) explicit Z of positions [0, N), N >= len(ids)
     latents: LatentSource | Tensor = LatentChoice.ENCODER
     keep_logits: bool = False  # set `logits` at every token (the server's logprobs)
     keep_prompt_logits: bool = False  # set `prompt_logits` (the server's echo with logprobs)

@@ -225,7 +225,7 @@ class FreeTransformer(nn.Module):
         for i, block in enumerate(self.layers):
             kv_input = None
             if i == self.config.injection_layer and self.config.is_free:  # queries from X, keys/values from X + R
-                # LatentChoice.ENCODER is the default: a direct call continuing a cache would otherwise encode a fragment.
+                # ENCODER is the default: a direct call continuing a cache would otherwise encode a fragment
                 if (
                     isinstance(latents, str)
                     and latents == LatentChoice.ENCODER
@@ -277,7 +277,8 @@ class FreeTransformer(nn.Module):
         """Token ids in [0, vocab_size), or a ValueError. Reads the values on the host: for entry points."""
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
             raise ValueError(
-                f"token ids must lie in [0, {self.config.vocab_size}), got min {int(tokens.min())} max {int(tokens.max())}"
+                f"token ids must lie in [0, {self.config.vocab_size}), "
+                f"got min {int(tokens.min())} max {int(tokens.max())}"
             )
 
     def new_cache(self, batch_size: int, dtype: torch.dtype | None = None, capacity: int | None = None) -> KVCache:

@@ -30,7 +30,8 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW's (beta1, beta2)."""
     weight_decay: float = 0.1
-    """Applied to matrices of the blocks and read-outs; never to norms, biases, embeddings, zeta or the post-sampler table."""
+    """Applied to matrices of the blocks and read-outs; never to norms, biases, embeddings, zeta or the post-sampler
+    table."""
     warmup_steps: int = 200
     """Steps of linear warmup from 0 to lr."""
     min_lr_ratio: float = 0.1

@@ -1,5 +1,6 @@
 """Benchmarks scored on the live model during training (config section `eval`): every `eval.every` steps
-and at the last step, one line appended to RUN/eval/curve.jsonl (eval/record.py, score_and_record: the same as `eval --checkpoints`).
+and at the last step, one line appended to RUN/eval/curve.jsonl (eval/record.py, score_and_record: the same as `eval
+--checkpoints`).
 
 Training does not see it: every RNG stream (torch, CUDA, Python, NumPy) is saved before and restored
 after, gradients are off, and the model goes back to train mode, so the losses are bit-identical to a

@@ -553,13 +553,16 @@ pre {{ font-size: 11px; line-height: 1.15; padding: 6px 8px; border-radius: 6px;
 pre.blue {{ background: {BLUE}; }} pre.green {{ background: {GREEN}; }}
 .panels {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 1em; }}
 table {{ border-collapse: collapse; margin: 1em 0; }} td, th {{ border: 1px solid #ccc; padding: 4px 8px; }}
-tr.yes td:first-child {{ color: #176917; font-weight: bold; }} tr.no td:first-child {{ color: #a11; font-weight: bold; }}
+tr.yes td:first-child {{ color: #176917; font-weight: bold; }}
+tr.no td:first-child {{ color: #a11; font-weight: bold; }}
 tr.some td:first-child {{ color: #a60; font-weight: bold; }}
-td.fails {{ color: #b00000; }} td.why {{ color: #a65f00; font-style: italic; }} p.heading {{ margin: 6px 0 0; font-size: 12px; }}
+td.fails {{ color: #b00000; }} td.why {{ color: #a65f00; font-style: italic; }}
+p.heading {{ margin: 6px 0 0; font-size: 12px; }}
 </style></head><body>
 <h1>The Free Transformer on the paper's synthetic letters</h1>
-<p>Each training sequence: a letter and “&gt;”, then 64 underscores holding one block of that letter repeated 8 times at a
-random position, every character replaced by “!” with probability 1/16. For each model and one random prompt letter,
+<p>Each training sequence: a letter and “&gt;”, then 64 underscores holding one block of that letter repeated 8 times
+at a random position, every character replaced by “!” with probability 1/16. For each model and one random prompt
+letter,
 the <b>blue</b> group's sequences each draw their own latents Z; each <b>green</b> group shares one Z sequence
 drawn from the uniform prior. Sequences of a green group agree on what Z encodes.</p>
 <p><b>Coin flips</b> (the paper's Motivation section): a start byte, then 32 values, each a hidden fair coin flipped
