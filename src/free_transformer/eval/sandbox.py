@@ -192,7 +192,8 @@ class Sandbox:
         self.names: dict = {}
         self.isolation: dict = {}  # the guard's report of the layers in force
         self.failure: tuple[str, str] | None = None  # (status, reason) of the first call that went wrong
-        self.proc = self.root = None
+        self.proc: subprocess.Popen[bytes] | None = None  # the guard's process, once started
+        self.root: Path | None = None  # the run's temporary directory, once made
         self._buffer = b""
         self._closed = False
 
@@ -373,6 +374,7 @@ class Sandbox:
 
     def wait(self) -> int | None:
         """The program's exit status once it ends by itself; None when it ran past the time limit."""
+        assert self.proc is not None, "wait() inside `with Sandbox(...)` only"
         try:
             return self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -380,6 +382,7 @@ class Sandbox:
 
     def result(self, status: str, reason: str = "") -> SandboxResult:
         """Stops the program; its output, the layers in force, and `status` (or the `failure` of a call)."""
+        assert self.proc is not None and self.root is not None, "result() inside `with Sandbox(...)` only"
         status, reason = self.failure or (status, reason)
         self._kill()
         return SandboxResult(

@@ -193,7 +193,8 @@ class EvalSettings:
             latents = parse_latents(options.latents, allowed=CONTEXT_CHOICES, indices=False)
         except ValueError as error:
             raise EvalSettingsError(str(error)) from None
-        object.__setattr__(self, "options", replace(options, latents=latents))
+        # parse_latents's type is any choice of Z; allowed=CONTEXT_CHOICES makes it one of EvalConfig.latents
+        object.__setattr__(self, "options", replace(options, latents=latents))  # type: ignore[arg-type]
 
     def __getattr__(self, name: str):
         """An option used as written, from the config (not called for the fields above)."""
@@ -205,7 +206,7 @@ class EvalSettings:
         """Equal when they score alike: the same resolved options and the same sandbox, however written."""
         return isinstance(other, EvalSettings) and (self.to_dict(), self.sandbox) == (other.to_dict(), other.sandbox)
 
-    __hash__ = None  # the options are a mutable EvalConfig
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as a list is: the options are a mutable EvalConfig
 
     def to_dict(self) -> dict:
         """The options a score depends on, the lists resolved: the record's "settings"."""
