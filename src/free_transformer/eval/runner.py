@@ -69,7 +69,7 @@ def _base_result(task: PreparedTask, value: float, per_doc: list[dict]) -> dict:
 
 
 def _multiple_choice(model, tokenizer, task: PreparedTask, settings: EvalSettings, progress: bool) -> dict:
-    docs: list[MultipleChoiceDoc] = task.docs  # type: ignore[assignment]
+    docs: list[MultipleChoiceDoc] = task.docs  # type: ignore[assignment]  # an mc task builds only these
     requests = [[(tokenizer.encode(c), tokenizer.encode(t)) for c, t in zip(d.contexts, d.continuations)] for d in docs]
     keys = [f"{task.benchmark.name}/{d.doc_id}" for d in docs]
     rows = sum(len(r) for r in requests) * settings.latent_draws(model)
@@ -112,7 +112,7 @@ def _multiple_choice(model, tokenizer, task: PreparedTask, settings: EvalSetting
 
 def _generative(model, tokenizer, task: PreparedTask, settings: EvalSettings, progress: bool) -> dict:
     bench = task.benchmark
-    docs: list[GenerationDoc] = task.docs  # type: ignore[assignment]
+    docs: list[GenerationDoc] = task.docs  # type: ignore[assignment]  # a generative task builds only these
     budget = settings.max_new_tokens or bench.max_new_tokens
     per_doc: list[dict] = []
     truncated = 0
