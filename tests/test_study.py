@@ -132,6 +132,15 @@ def test_the_study_takes_the_latent_kind(tmp_path):
     assert "Latent kind gaussian (model.latent.kind)" in (out / "report.md").read_text()
 
 
+def test_a_study_without_a_corpus_is_one_line_before_any_training(tmp_path, capsys):
+    out = tmp_path / "study"
+    args = ["study", "--preset", "smoke", "--out", str(out), "--seeds", "1", "--kappas", "4", "data.text.path=null"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "data.text.path" in err
+    assert not list(out.rglob("metrics.jsonl"))
+
+
 @pytest.mark.parametrize(
     "parse, text",
     [

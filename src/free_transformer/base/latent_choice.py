@@ -50,6 +50,16 @@ class LatentChoice(str, Enum):
 ContextChoice = Literal[LatentChoice.ENCODER, LatentChoice.PRIOR]
 CONTEXT: tuple[LatentChoice, ...] = get_args(ContextChoice)
 
+
+def as_context(choice: LatentChoice) -> ContextChoice:
+    """A choice that is a context's (one of CONTEXT), typed as one; a ValueError for any other."""
+    if choice == LatentChoice.ENCODER:
+        return LatentChoice.ENCODER
+    if choice == LatentChoice.PRIOR:
+        return LatentChoice.PRIOR
+    raise ValueError(f"{choice!r} is not a context's Z: {', '.join(map(repr, CONTEXT))}")
+
+
 # Spellings of 0.1, read with a warning until 0.3 and refused since: each one's error names today's choice.
 RENAMED = {"posterior": LatentChoice.ENCODER, "independent": LatentChoice.ENCODER}
 

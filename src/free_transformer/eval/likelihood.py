@@ -64,7 +64,7 @@ def heldout_likelihood(
     samples: int = 8,
     seed: int = 0,
     max_windows: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], object] | None = None,  # e.g. a tqdm bar's update: what it returns is ignored
 ) -> dict:
     """Bits per token and per byte of `text` under the model (see the module docstring)."""
     model.eval()
@@ -82,11 +82,12 @@ def heldout_likelihood(
         inputs, targets = ids[:-1], ids[1:]
         T = inputs.numel()
         n_bytes = len(tokenizer.decode(chunk[1:]).encode("utf-8"))
-        record = {"tokens": T, "bytes": n_bytes}
+        record: dict[str, float] = {"tokens": T, "bytes": n_bytes}
         if not is_free:
             logits = model(inputs[None], latents=LatentChoice.PRIOR).logits
             record["exact"] = float(_nll_rows(logits, targets[None])[0])
         else:
+            assert model.latent_space is not None  # is_free: the model has a latent path
             gens = generators([benchmark_seed(seed, "heldout", w, k) for k in range(K)], device)
             batch, target_rows = inputs.expand(K, -1), targets.expand(K, -1)
             prior_plan = LatentPlan(K, model.latent_space, prompt_source=LatentChoice.PRIOR, generators=gens)
@@ -105,7 +106,7 @@ def heldout_likelihood(
         if progress is not None:
             progress(1)
     measures = ["exact"] if not is_free else ["prior_ce", "elbo", "iwae", "posterior_ce", "kl"]
-    result = {
+    result: dict[str, object] = {
         "windows": len(chunks),
         "tokens": totals["tokens"],
         "bytes": totals["bytes"],

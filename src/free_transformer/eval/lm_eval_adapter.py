@@ -90,7 +90,10 @@ class FreeTransformerLM(LM):
         self.model, config = load_model(checkpoint, _pick_device(device, harness_device))
         self.tokenizer = get_tokenizer(config.get("tokenizer", "byte"))
         self.settings = EvalConfig(
-            tasks="none", latents=latents, latent_samples=int(samples), seed=int(seed)
+            tasks="none",
+            latents=latents,  # type: ignore[arg-type]  # the user's spelling: settings() parses and checks it
+            latent_samples=int(samples),
+            seed=int(seed),
         ).settings()
         self.max_new_tokens = int(max_new_tokens)
 

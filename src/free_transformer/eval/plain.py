@@ -55,11 +55,10 @@ def _encode(value, depth: int):
         return [_encode(v, depth + 1) for v in list.__iter__(value)]
     if isinstance(value, tuple):
         return {"tuple": [_encode(v, depth + 1) for v in tuple.__iter__(value)]}
-    if isinstance(value, (set, frozenset)):
-        tag = "frozenset" if isinstance(value, frozenset) else "set"
-        return {
-            tag: [_encode(v, depth + 1) for v in (frozenset.__iter__ if tag == "frozenset" else set.__iter__)(value)]
-        }
+    if isinstance(value, frozenset):
+        return {"frozenset": [_encode(v, depth + 1) for v in frozenset.__iter__(value)]}
+    if isinstance(value, set):
+        return {"set": [_encode(v, depth + 1) for v in set.__iter__(value)]}
     if isinstance(value, dict):
         return {"dict": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in dict.items(value)]}
     raise NotPlain(
@@ -117,8 +116,11 @@ def _decode(node, depth: int, deadline: float | None):
 def decode(line: str | bytes, deadline: float | None = None):
     """The plain value `encode` wrote; NotPlain (or ValueError for text that is not JSON) otherwise, and
     Overdue once `deadline` (a time.monotonic() value) has passed while sets and dicts are rebuilt."""
-    mark = (lambda c: c.encode()) if isinstance(line, bytes) else str
-    if sum(line.count(mark(c)) for c in "[,:") > MAX_VALUES:
+    if isinstance(line, bytes):
+        separators = sum(line.count(c.encode()) for c in "[,:")
+    else:
+        separators = sum(line.count(c) for c in "[,:")
+    if separators > MAX_VALUES:
         raise NotPlain(f"more than {MAX_VALUES:,} values")
     try:
         return _decode(json.loads(line), 0, deadline)

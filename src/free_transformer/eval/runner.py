@@ -69,13 +69,13 @@ def _base_result(task: PreparedTask, value: float, per_doc: list[dict]) -> dict:
 
 
 def _multiple_choice(model, tokenizer, task: PreparedTask, settings: EvalSettings, progress: bool) -> dict:
-    docs: list[MultipleChoiceDoc] = task.docs  # type: ignore[assignment]
+    docs: list[MultipleChoiceDoc] = task.docs  # type: ignore[assignment]  # an mc task builds only these
     requests = [[(tokenizer.encode(c), tokenizer.encode(t)) for c, t in zip(d.contexts, d.continuations)] for d in docs]
     keys = [f"{task.benchmark.name}/{d.doc_id}" for d in docs]
     rows = sum(len(r) for r in requests) * settings.latent_draws(model)
     with tqdm(total=rows, desc=task.benchmark.name, unit="seq", disable=not progress, leave=False) as bar:
         draws = continuation_logprobs(model, requests, keys, settings, progress=bar.update)
-    per_doc = []
+    per_doc: list[dict] = []
     for doc, request, scores in zip(docs, requests, draws):
         logprobs = log_mean_exp(scores).tolist()  # (choices,)
         by_token = task_metrics.choose(logprobs, [len(t) for _, t in request])
@@ -112,15 +112,17 @@ def _multiple_choice(model, tokenizer, task: PreparedTask, settings: EvalSetting
 
 def _generative(model, tokenizer, task: PreparedTask, settings: EvalSettings, progress: bool) -> dict:
     bench = task.benchmark
-    docs: list[GenerationDoc] = task.docs  # type: ignore[assignment]
+    docs: list[GenerationDoc] = task.docs  # type: ignore[assignment]  # a generative task builds only these
     budget = settings.max_new_tokens or bench.max_new_tokens
-    per_doc, truncated = [], 0
+    per_doc: list[dict] = []
+    truncated = 0
     for doc in tqdm(docs, desc=bench.name, unit="doc", disable=not progress, leave=False):
         texts, cut = generate_texts(
             model, tokenizer, doc.prompt, f"{bench.name}/{doc.doc_id}", settings, max_new_tokens=budget, stop=bench.stop
         )
         truncated += cut
         if bench.kind == "code":
+            assert doc.test is not None  # a code benchmark's `test` gives every row its test
             outcomes = [check_completion(doc.test, text, settings.sandbox) for text in texts]
             correct = [o.passed for o in outcomes]
             detail = {"status": [o.status for o in outcomes]}

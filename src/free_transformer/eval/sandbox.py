@@ -19,6 +19,7 @@ as plain values (`plain.py`), so whoever calls can judge them without running an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -192,7 +193,8 @@ class Sandbox:
         self.names: dict = {}
         self.isolation: dict = {}  # the guard's report of the layers in force
         self.failure: tuple[str, str] | None = None  # (status, reason) of the first call that went wrong
-        self.proc = self.root = None
+        self.proc: subprocess.Popen[bytes] | None = None  # the guard's process, once started
+        self.root: Path | None = None  # the run's temporary directory, once made
         self._buffer = b""
         self._closed = False
 
@@ -373,6 +375,7 @@ class Sandbox:
 
     def wait(self) -> int | None:
         """The program's exit status once it ends by itself; None when it ran past the time limit."""
+        assert self.proc is not None, "wait() inside `with Sandbox(...)` only"
         try:
             return self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -380,6 +383,7 @@ class Sandbox:
 
     def result(self, status: str, reason: str = "") -> SandboxResult:
         """Stops the program; its output, the layers in force, and `status` (or the `failure` of a call)."""
+        assert self.proc is not None and self.root is not None, "result() inside `with Sandbox(...)` only"
         status, reason = self.failure or (status, reason)
         self._kill()
         return SandboxResult(
@@ -395,10 +399,8 @@ class Sandbox:
     def _kill(self) -> None:
         if self.proc is None:
             return
-        try:  # the whole group: anything the program managed to start goes too
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the whole group: what it started goes too
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         self.proc.wait()
 
     def close(self) -> None:
@@ -409,10 +411,8 @@ class Sandbox:
         self._kill()
         for fd in (getattr(self, "_requests", None), getattr(self, "_replies", None)):
             if fd is not None:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         _track(self, False)

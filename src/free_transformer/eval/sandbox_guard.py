@@ -28,16 +28,12 @@ import stat
 import sys
 
 
-def _libc():
-    import ctypes
-
-    return ctypes, ctypes.CDLL(None, use_errno=True)
-
-
 def enter_namespaces(work: str) -> dict:
     """User + mount + network namespaces; everything read-only except `work`."""
-    ctypes, libc = _libc()
-    report = {"network_namespace": False, "read_only_fs": False}
+    import ctypes  # only here: the program gets no ready-made ctypes (main() unloads it)
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    report: dict[str, bool | str] = {"network_namespace": False, "read_only_fs": False}
     uid, gid = os.getuid(), os.getgid()
     CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET) != 0:
@@ -225,7 +221,9 @@ def install_seccomp() -> dict:
 def install_filter(prog: list[tuple[int, int, int, int]]) -> str | None:
     """Install the seccomp BPF program `prog` ((code, jt, jf, k) instructions) on this process, which its
     children and exec'd programs inherit, after no_new_privs; None, or why the kernel refused."""
-    ctypes, libc = _libc()
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
 
     class SockFilter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
@@ -338,7 +336,8 @@ def install_audit_hook(work: str) -> None:
     def resolve(path: str, base: str) -> str:
         """os.path.realpath(base/path), with built-in calls only."""
         todo = (path if path[:1] == "/" else base + "/" + path).split("/")[::-1]  # a stack of components
-        parts, links = [], 0
+        parts: list[str] = []
+        links = 0
         while todo:
             part = todo.pop()
             if part in ("", "."):
@@ -399,6 +398,7 @@ def install_audit_hook(work: str) -> None:
             # os.open's event does not say its dir_fd: no descriptor of a directory may exist, so that
             # a relative path is always relative to the working directory
             full = where(path)
+            assert full is not None  # a path, not a descriptor (returned above)
             try:
                 directory = is_dir(stat_(full).st_mode)
             except error:
@@ -419,7 +419,9 @@ def install_audit_hook(work: str) -> None:
 def die_with_parent(parent: int) -> dict:
     """SIGKILL when the process that started the guard dies (set after the namespaces: entering them
     clears it)."""
-    ctypes, libc = _libc()
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
     PR_SET_PDEATHSIG, SIGKILL = 1, 9
     if libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0:
         return {"dies_with_parent": False}
@@ -443,6 +445,7 @@ def load_codec(path: str):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("_sandbox_plain", path)
+    assert spec is not None and spec.loader is not None  # sandbox.py names plain.py, a Python source file
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -455,7 +458,7 @@ def serve(namespace: dict, plain, requests, replies, names: list) -> None:
         replies.write(plain.encode(value).encode() + b"\n")
         replies.flush()
 
-    described = {}
+    described: dict[str, tuple[object, ...]] = {}
     for name in names:
         value = namespace.get(name, serve)  # serve: a marker no program can name
         if value is serve:
@@ -491,11 +494,12 @@ def serve(namespace: dict, plain, requests, replies, names: list) -> None:
 def main() -> None:
     config = json.loads(sys.argv[1])
     work = config["work_dir"]
-    report = {"errors": {}}
+    errors: dict[str, str] = {}  # layer -> why the kernel refused it
+    report: dict[str, object] = {"errors": errors}
     if config.get("namespaces", True):
         layer = enter_namespaces(work)
         if "error" in layer:
-            report["errors"]["namespaces"] = layer.pop("error")
+            errors["namespaces"] = layer.pop("error")
         report.update(layer)
     os.chdir(work)
     report["limits"] = set_limits(config["limits"])
@@ -503,14 +507,14 @@ def main() -> None:
     if config.get("seccomp", True):
         layer = install_seccomp()
         if "error" in layer:
-            report["errors"]["seccomp"] = layer.pop("error")
+            errors["seccomp"] = layer.pop("error")
         report.update(layer)
     hooked = config.get("audit_hook", True)
     report["audit_hook"] = hooked
     missing = missing_layers(report, config.get("require", []))
     if missing:
         report["missing"] = missing
-    if not report["errors"]:
+    if not errors:
         del report["errors"]
     with os.fdopen(config["report_fd"], "w", encoding="utf-8") as channel:  # closed before the program runs
         channel.write(json.dumps(report))

@@ -78,7 +78,7 @@ def continuation_logprobs(
     settings: EvalSettings,
     *,
     batch_tokens: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], object] | None = None,  # e.g. a tqdm bar's update: what it returns is ignored
     greedy: list[Tensor] | None = None,
 ) -> list[Tensor]:
     """Per document a (choices, K) float64 tensor of log P(continuation | context, Z^(k)) in nats.
@@ -147,7 +147,9 @@ def _document_rows(model, doc: int, windows, key: str, settings: EvalSettings) -
         if settings.latents == LatentChoice.ENCODER:  # the encoder sees the context only, never a choice
             context = torch.tensor(ctx, device=device).expand(K, -1)
             plan.record(0, model(context, latents=LatentChoice.ENCODER, generator=plan.generators).latents)
-        latents[tuple(ctx)] = plan.source(0, longest, device).cpu()
+        drawn = plan.source(0, longest, device)
+        assert isinstance(drawn, Tensor)  # a Free Transformer's plan, its context's Z known: values, not a name
+        latents[tuple(ctx)] = drawn.cpu()
     rows = []
     for c, (ctx, cont) in enumerate(windows):
         tokens = ctx + cont[:-1]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..base.checks import ConfigError
 from ..base.errors import UserError
-from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice
+from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, as_context
 from ..data.corpora import is_named, named_corpus, read_heldout
 from .sandbox import SandboxLimits
 
@@ -188,7 +188,7 @@ class EvalSettings:
         for task, _ in self.data:
             _known_task(task, "data")
         try:
-            latents = LatentChoice.parse(options.latents, allowed=CONTEXT)  # the eval entry point's one parse
+            latents = as_context(LatentChoice.parse(options.latents, allowed=CONTEXT))  # the eval entry's one parse
         except ValueError as error:
             raise EvalSettingsError(str(error)) from None
         object.__setattr__(self, "options", replace(options, latents=latents))
@@ -203,7 +203,7 @@ class EvalSettings:
         """Equal when they score alike: the same resolved options and the same sandbox, however written."""
         return isinstance(other, EvalSettings) and (self.to_dict(), self.sandbox) == (other.to_dict(), other.sandbox)
 
-    __hash__ = None  # the options are a mutable EvalConfig
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as a list is: the options are a mutable EvalConfig
 
     def to_dict(self) -> dict:
         """The options a score depends on, the lists resolved: the record's "settings"."""

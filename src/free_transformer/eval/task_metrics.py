@@ -60,13 +60,13 @@ def choose(logprobs: Sequence[float], lengths: Sequence[int]) -> int:
 
 def aggregate(scores: Sequence[float], groups: Sequence[str | None] | None = None) -> float:
     """Mean of per-document scores, or the mean over groups of each group's mean (macro average)."""
-    scores = np.asarray(scores, dtype=float)
-    if scores.size == 0:
+    values = np.asarray(scores, dtype=float)
+    if values.size == 0:
         return float("nan")
     if groups is None or all(g is None for g in groups):
-        return float(scores.mean())
-    groups = np.asarray([str(g) for g in groups])
-    return float(np.mean([scores[groups == g].mean() for g in np.unique(groups)]))
+        return float(values.mean())
+    labels = np.asarray([str(g) for g in groups])
+    return float(np.mean([values[labels == g].mean() for g in np.unique(labels)]))
 
 
 def paired_bootstrap(
@@ -84,12 +84,12 @@ def paired_bootstrap(
     average keeps its sub-categories), the same resample for both models: the interval reflects
     how much the difference depends on which questions the benchmark happens to contain.
     """
-    base, other = np.asarray(base, dtype=float), np.asarray(other, dtype=float)
-    if base.shape != other.shape or base.size == 0:
+    a, b = np.asarray(base, dtype=float), np.asarray(other, dtype=float)
+    if a.shape != b.shape or a.size == 0:
         raise ValueError("paired bootstrap needs two equally long, non-empty score lists")
     rng = np.random.default_rng(seed)
     labels = (
-        np.asarray(["" if g is None else str(g) for g in groups]) if groups is not None else np.zeros(base.size, str)
+        np.asarray(["" if g is None else str(g) for g in groups]) if groups is not None else np.zeros(a.size, np.str_)
     )
     members = [np.flatnonzero(labels == g) for g in np.unique(labels)]
     diffs = np.empty(samples)
@@ -97,8 +97,8 @@ def paired_bootstrap(
         means_a, means_b = [], []
         for idx in members:
             pick = idx[rng.integers(0, idx.size, idx.size)]
-            means_a.append(base[pick].mean())
-            means_b.append(other[pick].mean())
+            means_a.append(a[pick].mean())
+            means_b.append(b[pick].mean())
         diffs[s] = np.mean(means_b) - np.mean(means_a)
     alpha = (1 - confidence) / 2
     low, high = np.quantile(diffs, [alpha, 1 - alpha])

@@ -84,6 +84,9 @@ def _memory_for(config: ModelConfig):
 
 
 class FreeTransformer(nn.Module):
+    rope_cos: Tensor  # (max_seq_len, head_dim), RoPE tables: buffers registered in __init__
+    rope_sin: Tensor
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config.check_latent_kind()

@@ -24,7 +24,7 @@ from ...analysis.measures import bits_saved
 from ...base.latent_choice import LatentChoice
 from ...data.synthetic import COIN_START, coinflip_batch
 from ...inference.generate import GenerationConfig
-from ...inference.latents import resolve_latents
+from ...inference.latents import infer_latents
 from ...model.transformer import FreeTransformer
 from .groups import Groups, blue_and_greens, generate_strings, mean_of_present, pair_mean
 
@@ -67,12 +67,7 @@ def posterior_coin_match(
         return None
     device = model.rope_cos.device
     reference = coinflip_batch(references, length, epsilon, torch.Generator().manual_seed(seed)).to(device)
-    latents = resolve_latents(
-        model,
-        LatentChoice.REFERENCE,
-        reference=reference[:, :-1],
-        generator=torch.Generator(device=device).manual_seed(seed),
-    ).explicit  # (R, T)
+    latents = infer_latents(model, reference[:, :-1], torch.Generator(device=device).manual_seed(seed))  # (R, T)
     config = GenerationConfig(max_new_tokens=length, temperature=1.0)
     shown = generate_strings(
         model, reference[:, :1].repeat_interleave(group_size, 0), config, seed, latents.repeat_interleave(group_size, 0)

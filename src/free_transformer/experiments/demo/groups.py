@@ -15,7 +15,7 @@ import torch
 from ...base.latent_choice import LatentChoice
 from ...data.synthetic import BODY_LENGTH, N_POSITIONS, analyse_letters
 from ...inference.generate import GenerationConfig, generate
-from ...inference.latents import resolve_latents
+from ...inference.latents import shared_prior_latents
 from ...model.transformer import FreeTransformer
 
 
@@ -49,19 +49,17 @@ def blue_and_greens(
     green_groups: int,
     green_size: int,
     seed: int,
-    prompt_latents: str = LatentChoice.ENCODER,
+    prompt_latents: LatentChoice = LatentChoice.ENCODER,
 ) -> tuple[list[str], list[list[str]]]:
     """The new text of a blue group (row i samples its own latents with seed `seed + i`, those of the prompt
     from `prompt_latents`) and of green groups (one prior latent sequence per group, repeated over its rows)
     continuing the (1, P) prompt."""
+    assert config.max_new_tokens is not None, "the groups' length is config.max_new_tokens"
     latents = None
     if model.config.is_free:
         generator = torch.Generator(device=model.rope_cos.device).manual_seed(seed + 1)
         length = prompt.shape[1] + config.max_new_tokens - 1
-        shared = [
-            resolve_latents(model, LatentChoice.SHARED, length=length, generator=generator).explicit
-            for _ in range(green_groups)
-        ]
+        shared = [shared_prior_latents(model, length, generator) for _ in range(green_groups)]  # (1, length) each
         latents = torch.cat(shared).repeat_interleave(green_size, dim=0)  # (groups * size, length)
     greens = generate_strings(model, prompt.expand(green_groups * green_size, -1), config, seed + blue_size, latents)
     blue = generate_strings(model, prompt.expand(blue_size, -1), config, seed, prompt_latents)
@@ -73,7 +71,7 @@ def generate_strings(
     prompts: torch.Tensor,
     config: GenerationConfig,
     base_seed: int,
-    latents: LatentChoice | None = None,
+    latents: LatentChoice | torch.Tensor | None = None,
 ) -> list[str]:
     """The new bytes of each row as text; row i samples with seed base_seed + i; latents as generate's."""
     result = generate(model, prompts, config, seeds=range(base_seed, base_seed + len(prompts)), latents=latents)
@@ -109,8 +107,8 @@ def _noise_jaccard(bodies: list[str], letter: str) -> float | None:
 
 def mean_of_present(values: list[float | None]) -> float | None:
     """Mean of the values that exist (None: nothing to measure, e.g. no valid sequence)."""
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
 
 
 def _valid_share(bodies: list[str], letter: str) -> float | None:

@@ -51,11 +51,12 @@ def latent_units(model: FreeTransformer, *, sequences: int = 256, samples: int =
 def latent_kl_split(model: FreeTransformer, *, sequences: int = 256, seed: int = 0) -> dict:
     """The encoder's KL on `sequences` fresh sequences, bits per token: information about the sequence and
     prior mismatch (measures.kl_split)."""
-    if not model.config.is_free:
+    space = model.latent_space
+    if space is None:  # a baseline
         return {}
     model.eval()
     tokens = fresh_sequences(model, sequences, seed)  # (B, 66)
     generator = torch.Generator(device=tokens.device).manual_seed(seed)
     posterior = model(tokens[:, :-1], latents=LatentChoice.ENCODER, generator=generator).posterior  # (B, 65, P)
-    split = kl_split(model.latent_space, posterior, generator=generator)
+    split = kl_split(space, posterior, generator=generator)
     return {"kl_information_bits": split["information"], "kl_prior_mismatch_bits": split["prior_mismatch"]}

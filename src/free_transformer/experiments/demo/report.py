@@ -12,6 +12,7 @@ import html
 import io
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from ...base.plotting import Line, Panel, draw
 from ...data.synthetic import analyse_letters
@@ -210,7 +211,9 @@ class _Sheet:
     """Text and boxes laid out top to bottom in inches, drawn once the height is known."""
 
     def __init__(self, width: float):
-        self.width, self.y, self.items = width, 0.3, []
+        self.width, self.y = width, 0.3
+        # (kind, x, y, the text or a box's (width, height), font size, style), kind "text" or "box"
+        self.items: list[tuple[str, float, float, Any, float, dict]] = []
 
     def text(self, x: float, text: str, size: float = 7.5, **style) -> None:
         self.items.append(("text", x, self.y, text, size, style))
@@ -478,7 +481,10 @@ def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
     (out_dir / "report.png").write_bytes(figure)
     curves = _curves_png(results)
     (out_dir / "training_curves.png").write_bytes(curves)
-    embed = lambda png: "data:image/png;base64," + base64.b64encode(png).decode()
+
+    def embed(png):
+        return "data:image/png;base64," + base64.b64encode(png).decode()
+
     esc = html.escape
     spread = ""
     if len(seeds) > 1:

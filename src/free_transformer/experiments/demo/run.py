@@ -130,7 +130,8 @@ def _letter_measures(model, preset: DemoPreset, config: TrainConfig, seed: int) 
     letters; the groups of the first (the figure's one random prompt)."""
     measures = {**latent_units(model, seed=seed), **latent_kl_split(model, seed=seed)}
     letters = [random.Random(seed + k).choice(string.ascii_uppercase) for k in range(2)]
-    shown, per_prompt = None, {}
+    shown: Groups | None = None
+    per_prompt: dict[str, list[float | None]] = {}
     for index, letter in enumerate(letters):
         groups = generate_groups(
             model,
@@ -144,6 +145,7 @@ def _letter_measures(model, preset: DemoPreset, config: TrainConfig, seed: int) 
         for key, value in group_measures(groups).items():
             per_prompt.setdefault(key, []).append(value)
     measures.update({key: mean_of_present(values) for key, values in per_prompt.items()})
+    assert shown is not None  # two prompt letters, each with its groups
     return measures, shown
 
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from ...train.config import TrainConfig
 from .pool import threads_per_run, train_runs
-
-Result = TypeVar("Result")
 
 
 class Launcher(Protocol):
@@ -21,7 +19,7 @@ class Launcher(Protocol):
     def train(self, jobs: list[tuple[TrainConfig, Path]], desc: str) -> dict[str, float]:
         """Train every (config, run directory); the wall seconds of each run trained now, by run directory."""
 
-    def finish(self, report: Callable[..., Result], *args, device: str) -> Result:
+    def finish(self, report: Callable[..., Path], *args, device: str) -> Path:
         """`report(*args, device=...)` once every run is done: the measures and the report of the sweep.
         `device`: the training runs' device."""
 
@@ -41,7 +39,7 @@ class LocalLauncher:
     def train(self, jobs: list[tuple[TrainConfig, Path]], desc: str) -> dict[str, float]:
         return train_runs(jobs, self.workers, desc)
 
-    def finish(self, report: Callable[..., Result], *args, device: str) -> Result:
+    def finish(self, report: Callable[..., Path], *args, device: str) -> Path:
         return report(*args, device=device)
 
     def side_by_side(self, runs: int) -> int:

@@ -10,7 +10,8 @@ import multiprocessing
 import os
 import signal
 import time
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnProcess
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -62,15 +63,15 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
     together); one worker trains in this process. Returns the wall seconds of each run trained now, by
     run directory (finished runs are not started again). SIGTERM / SIGINT stop the sweep: no run starts
     after it, the running ones save a checkpoint and stop, and Stopped says how to continue."""
-    jobs = [(config, str(run_dir)) for config, run_dir in jobs]
-    todo = sorted((job for job in jobs if not finished(*job)), key=lambda job: -job[0].steps)
-    runs = run_work([config for config, _ in jobs])  # datasets built here, before any worker starts
+    by_dir = [(config, str(run_dir)) for config, run_dir in jobs]  # run directories as str: the keys of wall
+    todo = sorted((job for job in by_dir if not finished(*job)), key=lambda job: -job[0].steps)
+    runs = run_work([config for config, _ in by_dir])  # datasets built here, before any worker starts
     wall: dict[str, float] = {}
     stopped: dict[str, int] = {}  # run directory -> the signal that stopped it
 
     def progress() -> tuple[float, int, dict[str, dict]]:
-        latest = latest_metrics(jobs)
-        return (*work_done(runs, [latest[run_dir].get("step", 0) for _, run_dir in jobs]), latest)
+        latest = latest_metrics(by_dir)
+        return (*work_done(runs, [latest[run_dir].get("step", 0) for _, run_dir in by_dir]), latest)
 
     before, _, _ = progress()  # the work of reused runs: not part of the rate
     total = sum(steps * step for steps, step in runs)
@@ -84,10 +85,10 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
             bar.n, runs_done, latest = progress()
             kl = (
                 " ".join(f"{Path(d).name}:{m['kl_bits']:.2f}b" for d, m in latest.items() if "kl_bits" in m)
-                if len(jobs) <= 6
+                if len(by_dir) <= 6
                 else ""
             )
-            bar.set_postfix_str(f"{runs_done} of {len(jobs)} runs done {kl}".rstrip(), refresh=False)
+            bar.set_postfix_str(f"{runs_done} of {len(by_dir)} runs done {kl}".rstrip(), refresh=False)
             bar.refresh()
 
         show()
@@ -105,7 +106,7 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
             signum = signals.received or next(iter(stopped.values()))
             raise Stopped(_stop_message(todo, wall, stopped, signum), signum)
         bar.n = total
-        bar.set_postfix_str(f"{len(jobs)} of {len(jobs)} runs done")
+        bar.set_postfix_str(f"{len(by_dir)} of {len(by_dir)} runs done")
     return wall
 
 
@@ -133,7 +134,8 @@ def _train_processes(todo, workers: int, signals: StopSignals, wall: dict, stopp
     already), which save a checkpoint and stop. After an error in one (or a second signal here) the others get a
     SIGTERM too, and this waits for them: no worker outlives the sweep."""
     context = multiprocessing.get_context("spawn")
-    waiting, running = list(todo), {}  # running: process -> (run directory, the end its answer arrives at)
+    waiting = list(todo)
+    running: dict[SpawnProcess, tuple[str, Connection]] = {}  # -> (run directory, the end its answer arrives at)
     forwarded, shown = False, time.monotonic()
     try:
         while running or (waiting and not (signals.received or stopped)):
@@ -146,6 +148,7 @@ def _train_processes(todo, workers: int, signals: StopSignals, wall: dict, stopp
                 running[process] = (job[1], receive)
             if signals.received == signal.SIGTERM and not forwarded:
                 for process in running:
+                    assert process.pid is not None  # started above
                     os.kill(process.pid, signal.SIGTERM)
                 forwarded = True
             ended = wait([process.sentinel for process in running], timeout=0.25)  # a signal is seen within 0.25 s

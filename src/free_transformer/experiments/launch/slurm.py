@@ -33,7 +33,7 @@ from .slurm_cluster import ACTIVE, SlurmError, check_cluster, job_states
 from .slurm_job import run_in_job, train_in_job
 from .slurm_record import FAILED, FINISHED, STOPPED, JobEntry, Record, jobs_dir, result_file
 
-Result = TypeVar("Result")
+Key = TypeVar("Key", bound=str | None)  # a run's key in the record, or None for the report
 LOG_LINES = 3  # of a failed job's log, in its one-line error
 AGAIN = (
     "run the same command again: finished runs are reused, jobs still queued or running waited for, failed and "
@@ -146,18 +146,18 @@ class SlurmLauncher:
             outcome = results[key]
             if outcome is not None and outcome[2] is None and finished(config, str(run_dir)):
                 wall[str(run_dir)] = outcome[1]
-            elif record.entry(key).state == STOPPED:
+            elif record.submitted(key).state == STOPPED:
                 stopped.append(key)
             else:
                 failed.append(key)
         if failed:
-            first = record.entry(failed[0])
+            first = record.submitted(failed[0])
             raise SlurmError(
                 f"{len(failed)} of {len(jobs)} runs failed: {failed[0]}, job {first.job}: {first.note}"
                 f"{f'; {len(stopped)} stopped' if stopped else ''}; fix the cause, then {AGAIN}"
             )
         if stopped:
-            notes = "; ".join(f"{key}: {record.entry(key).note}" for key in stopped)
+            notes = "; ".join(f"{key}: {record.submitted(key).note}" for key in stopped)
             raise Stopped(f"{len(stopped)} of {len(jobs)} runs stopped ({notes}); to continue, {AGAIN}", signal.SIGTERM)
         return wall
 
@@ -169,7 +169,7 @@ class SlurmLauncher:
 
     # ---- the report ---------------------------------------------------------------------------------------------
 
-    def finish(self, report: Callable[..., Result], *args, device: str) -> Result:
+    def finish(self, report: Callable[..., Path], *args, device: str) -> Path:
         """The report here, on this machine's own device, or as one job with one task (one GPU if the runs have
         GPUs), on the runs' device. `report` returns the report's path."""
         if self.options.report_on == "local":
@@ -188,7 +188,7 @@ class SlurmLauncher:
             )
         outcome = self._wait(record, [None], "measures and report", [])[None]
         if outcome is None:
-            raise SlurmError(f"the report's job {record.report.job} failed: {record.report.note}; {AGAIN}")
+            raise SlurmError(f"the report's job {record.job_id(None)} failed: {record.submitted(None).note}; {AGAIN}")
         return Path(outcome)  # the job's JSON holds it as text
 
     # ---- jobs ---------------------------------------------------------------------------------------------
@@ -241,7 +241,7 @@ class SlurmLauncher:
             for job_id in job_ids
         }
 
-    def _live(self, entries: dict[str | None, JobEntry | None]) -> list[str | None]:
+    def _live(self, entries: dict[Key, JobEntry | None]) -> list[Key]:
         """The keys whose job is still queued or running (a later invocation attaches to them)."""
         ids = {
             key: entry.job
@@ -266,24 +266,24 @@ class SlurmLauncher:
             StopSignals() as signals,
         ):
             while waiting:
-                states = self._states([record.entry(key).job for key in waiting])
+                states = self._states([record.job_id(key) for key in waiting])
                 for key in list(waiting):
-                    entry = record.entry(key)
-                    state = states[entry.job]
+                    entry = record.submitted(key)
+                    state = states[record.job_id(key)]
                     if state in ACTIVE:
                         if state != entry.state:
                             record.set(key, dataclasses.replace(entry, state=state))
                         continue
                     results[key] = self._ended(record, key, state)
                     waiting.remove(key)
-                    if record.entry(key).state != FINISHED:
+                    if record.submitted(key).state != FINISHED:
                         bar.write(
-                            f"{key or 'report'}: {record.entry(key).state.lower()}, {record.entry(key).note}",
+                            f"{key or 'report'}: {record.submitted(key).state.lower()}, {record.submitted(key).note}",
                             file=sys.stderr,
                         )
                 bar.update(done() - bar.n)
-                states = [record.entry(key).state.lower() for key in waiting]
-                bar.set_postfix_str(", ".join(f"{states.count(state)} {state}" for state in sorted(set(states))))
+                waited = [record.submitted(key).state.lower() for key in waiting]
+                bar.set_postfix_str(", ".join(f"{waited.count(state)} {state}" for state in sorted(set(waited))))
                 deadline = time.monotonic() + (self.poll_seconds if waiting else 0)
                 while time.monotonic() < deadline and not signals.received:
                     time.sleep(0.1)
@@ -293,10 +293,10 @@ class SlurmLauncher:
 
     def _ended(self, record: Record, key: str | None, state: str):
         """Record how the job of `key` ended; its result (None: it failed or left none)."""
-        entry = record.entry(key)
-        self.local_jobs.pop(entry.job, None)  # its process has ended
-        paths = self._paths(entry.job)
-        outcome = read_result(result_file(jobs_dir(self.out_dir), entry.job), training=key is not None)
+        entry, job = record.submitted(key), record.job_id(key)
+        self.local_jobs.pop(job, None)  # its process has ended
+        paths = self._paths(job)
+        outcome = read_result(result_file(jobs_dir(self.out_dir), job), training=key is not None)
         if outcome is not None and "value" in outcome:
             value = outcome["value"]
             if key is not None and value[2] is not None:  # a training run stopped by a signal, its checkpoint saved
@@ -323,7 +323,7 @@ class SlurmLauncher:
         return JobPaths(jobs_dir(self.out_dir), job_id, task_id=0)
 
     def _detach(self, record: Record, waiting: list, signum: int) -> None:
-        jobs = ", ".join(record.entry(key).job for key in waiting)
+        jobs = ", ".join(record.job_id(key) for key in waiting)
         raise Stopped(
             f"stopped waiting; the Slurm job(s) {jobs} go on (squeue --me), {record.path} says which "
             f"job trains which run; to attach again, {AGAIN}",

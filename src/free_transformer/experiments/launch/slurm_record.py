@@ -74,6 +74,18 @@ class Record:
         """The run's entry; key None: the report's."""
         return self.report if key is None else self.runs.get(key)
 
+    def submitted(self, key: str | None) -> JobEntry:
+        """The entry of a key whose job was submitted, by this invocation or an earlier one."""
+        entry = self.entry(key)
+        assert entry is not None and entry.job is not None, f"no job recorded for {key or 'the report'}"
+        return entry
+
+    def job_id(self, key: str | None) -> str:
+        """The id of the job submitted for `key` (Record.submitted)."""
+        job = self.submitted(key).job
+        assert job is not None  # checked by submitted
+        return job
+
     def set(self, key: str | None, entry: JobEntry) -> None:
         if key is None:
             self.report = entry

@@ -38,7 +38,7 @@ class Variant:
 def with_latent(config: TrainConfig, variant: Variant, *, fast: bool = True) -> TrainConfig:
     """The variant's latent: none for a baseline; kappa and, when `fast`, the larger post-sampler
     initialisation and 3x learning rate on the latent path with which Z is read several times sooner."""
-    if not variant.is_free:
+    if variant.kappa_bits is None:  # a baseline (not variant.is_free)
         return dataclasses.replace(config, model=config.model.replace(latent_units=0))
     config = dataclasses.replace(config, kappa_bits=variant.kappa_bits)
     return fast_latent(config) if fast else config

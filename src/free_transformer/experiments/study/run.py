@@ -21,14 +21,14 @@ def heldout_text(plan: StudyPlan, heldout: str | None) -> str:
     """The text the study scores: a file, or the named corpus's held-out documents (never trained on)."""
     if heldout is not None:
         return read_heldout(heldout)
-    data = plan.train_config(plan.variants()[0], plan.seeds[0], threads=1).data
-    if not is_named(data.text.path):
-        if not Path(data.text.path).exists():
-            raise UserError(f"the study's corpus {data.text.path} does not exist")
-        raise UserError(
-            f"the study's corpus {data.text.path} has no held-out documents of its own: give --heldout FILE"
-        )
-    return read_heldout(data.text.path)
+    path = plan.train_config(plan.variants()[0], plan.seeds[0], threads=1).data.text.path
+    if path is None:
+        raise UserError("the study has no corpus: give data.text.path=FILE or corpus:NAME")
+    if not is_named(path):
+        if not Path(path).exists():
+            raise UserError(f"the study's corpus {path} does not exist")
+        raise UserError(f"the study's corpus {path} has no held-out documents of its own: give --heldout FILE")
+    return read_heldout(path)
 
 
 def run_study(plan: StudyPlan, *, launcher: Launcher, heldout: str | None = None) -> Path:
