@@ -85,7 +85,9 @@ def kl_split(
         mean_q = torch.zeros(T, log_p.numel(), dtype=torch.float64, device=posterior.device)
         rows = max(1, max_entries // (T * log_p.numel()))
         for chunk in posterior.split(rows):
-            mean_q += space.value_log_probs(chunk)[0].exp().sum(0) / B  # (b, T, N) summed over the slice
+            chunk_listed = space.value_log_probs(chunk)
+            assert chunk_listed is not None  # the space listed its values above: it lists them for every slice
+            mean_q += chunk_listed[0].exp().sum(0) / B  # (b, T, N) summed over the slice
         mismatch = float((mean_q * (mean_q.clamp_min(1e-300).log() - log_p)).sum(-1).mean()) / LN2
     else:
         values = space.sample(posterior, generator)[1]  # (B, T, *value_shape), z_b ~ Q(Z_t | S_b)
