@@ -106,7 +106,7 @@ def with_model_fields(name: str, base: type[PretrainedConfig], source: type = Mo
 ModelFields = with_model_fields("ModelFields", PretrainedConfig)
 
 
-class FreeTransformerConfig(ModelFields):  # type: ignore[misc,valid-type]  # its fields are made from ModelConfig's
+class FreeTransformerConfig(ModelFields):  # type: ignore[misc,valid-type]  # a base made at import: mypy cannot follow it
     __doc__ = (
         "Defaults equal `ModelConfig()`'s. latent_units = 0 describes the plain baseline decoder. A saved config "
         "in earlier field names (latent_bits) is read in today's.\n\n" + str(ModelFields.__doc__)
