@@ -35,7 +35,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's default in its help, once: not for options without one (None, a flag's False, an
     empty value) nor where the help already says it."""
 
-    def _get_help_string(self, action) -> str:
+    def _get_help_string(self, action) -> str | None:
         if (
             action.default is None
             or action.default is False

@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..base.latent_choice import LatentChoice
+from ..base.latent_choice import ContextChoice, LatentChoice
 from ..base.units import LN2
 from ..model.latent import Generators, LatentPlan, LatentSpace
 
@@ -46,15 +46,13 @@ def bits_saved(model, tokens: torch.Tensor, *, samples: int = 2, seed: int = 0) 
     `samples` draws of Z."""
     model.eval()
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    ce = {
-        source: torch.zeros(targets.shape, dtype=torch.float64, device=tokens.device)
-        for source in (LatentChoice.PRIOR, LatentChoice.ENCODER)
-    }
+    sources: tuple[ContextChoice, ...] = (LatentChoice.PRIOR, LatentChoice.ENCODER)
+    ce = {source: torch.zeros(targets.shape, dtype=torch.float64, device=tokens.device) for source in sources}
     for k in range(samples):
         for source in ce:
             generator = torch.Generator(device=tokens.device).manual_seed(seed + k)
             plan = LatentPlan(inputs.shape[0], model.latent_space, prompt_source=source, generators=generator)
-            latents = plan.source(0, inputs.shape[1], tokens.device)  # LatentChoice.ENCODER, or (B, T - 1, ...) prior Z
+            latents = plan.source(0, inputs.shape[1], tokens.device)  # ENCODER, or (B, T - 1, ...) prior Z
             logits = model(inputs, latents=latents, generator=generator).logits  # (B, T - 1, V)
             nats = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # (B, T - 1)
             ce[source] += nats.double() / (samples * LN2)
@@ -89,7 +87,9 @@ def kl_split(
         mean_q = torch.zeros(T, log_p.numel(), dtype=torch.float64, device=posterior.device)
         rows = max(1, max_entries // (T * log_p.numel()))
         for chunk in posterior.split(rows):
-            mean_q += space.value_log_probs(chunk)[0].exp().sum(0) / B  # (b, T, N) summed over the slice
+            chunk_listed = space.value_log_probs(chunk)
+            assert chunk_listed is not None  # the space listed its values above: it lists them for every slice
+            mean_q += chunk_listed[0].exp().sum(0) / B  # (b, T, N) summed over the slice
         mismatch = float((mean_q * (mean_q.clamp_min(1e-300).log() - log_p)).sum(-1).mean()) / LN2
     else:
         values = space.sample(posterior, generator)[1]  # (B, T, *value_shape), z_b ~ Q(Z_t | S_b)

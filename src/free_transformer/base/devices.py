@@ -5,7 +5,7 @@ when a device or dtype is asked for, not by a command's --help."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from .errors import UserError
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 CHOICES = "auto, cpu, cuda, cuda:N or mps"
 Precision = Literal["fp32", "bf16"]  # the dtype names that options take (--dtype, param_dtype, precision)
-DTYPE_NAMES: tuple[str, ...] = Precision.__args__
+DTYPE_NAMES: tuple[str, ...] = get_args(Precision)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,8 +7,12 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .fileio import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
 
 COLOURS = [
     "black",
@@ -29,7 +33,7 @@ class Line:
     run: int  # its colour, an index into COLOURS: one per run (or per measure of one run)
     label: str
     xs: list[float]
-    ys: list[float]
+    ys: list[float | None]  # None: no value at that x (not drawn)
     dashed: bool = False
 
 
@@ -117,7 +121,7 @@ def draw(
     columns = min(columns, len(panels))
     rows = -(-len(panels) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.7 * rows + 0.6), squeeze=False)
-    handles = {}
+    handles: dict[str, Artist] = {}  # label -> its line (or patch), for the figure's legend
     for ax, panel in zip(axes.flat, panels):
         if panel.span is not None and panel.span[1] > panel.span[0]:
             ax.axvspan(*panel.span, color="0.92", zorder=0)

@@ -171,6 +171,7 @@ def upgrade_names(values: dict, renames: tuple[Renamed, ...], source: str) -> di
             continue
         value = node.pop(old_leaf)
         target = _node(values, new_parents, create=True)
+        assert target is not None  # create=True makes the missing parts (or raises)
         if new_leaf in target and target[new_leaf] != value:
             raise ConfigError(
                 f"{source}: {rename.old} ({value!r}) and {rename.new} ({target[new_leaf]!r}) "
@@ -254,7 +255,7 @@ def overrides_of(settings, defaults) -> list[str]:
 
 
 @cache
-def field_docs(cls) -> dict[str, str]:
+def field_docs(cls: type) -> dict[str, str]:
     """{field: the docstring under it} of a dataclass (and of its bases), read from its source."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
@@ -264,7 +265,9 @@ def field_docs(cls) -> dict[str, str]:
             tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         except (OSError, TypeError):  # no source (a class made at run time): no docstrings
             continue
-        body = tree.body[0].body
+        definition = tree.body[0]
+        assert isinstance(definition, ast.ClassDef)  # the source of a class: its definition
+        body = definition.body
         for node, after in itertools.pairwise(body):
             if (
                 isinstance(node, ast.AnnAssign)
@@ -303,7 +306,8 @@ def describe(settings, prefix: str = "") -> list[Setting]:
     """Every setting of a dataclass tree, in declaration order, with the instance `settings`'s values as
     the defaults."""
     out = []
-    hints, docs = typing.get_type_hints(type(settings)), field_docs(type(settings))
+    cls: type = type(settings)
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
     for item in dataclasses.fields(settings):
         value, path = getattr(settings, item.name), prefix + item.name
         if dataclasses.is_dataclass(value):
@@ -358,7 +362,7 @@ def add_option(
     hint = typing.get_type_hints(cls)[name]
     declared = next(f for f in dataclasses.fields(cls) if f.name == name)
     if default is dataclasses.MISSING:
-        default = declared.default if declared.default_factory is dataclasses.MISSING else declared.default_factory()
+        default = declared.default_factory() if callable(declared.default_factory) else declared.default
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: an X, or left out
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     if typing.get_origin(hint) is tuple:  # tuple[X, ...]: a repeatable option of Xs

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..base.checks import ConfigError, check_range
 
@@ -96,13 +97,16 @@ class DataConfig:
         none, so that the data a command defaults to fits the model it trains (and a printed config names
         the length)."""
         return dataclasses.replace(
-            self,
-            **{
-                name: dataclasses.replace(section, seq_len=max_seq_len)
-                for name, section in (("text", self.text), ("tokens", self.tokens))
-                if section.seq_len is None
-            },
+            self, text=_with_seq_len(self.text, max_seq_len), tokens=_with_seq_len(self.tokens, max_seq_len)
         )
+
+
+Section = TypeVar("Section", TextConfig, TokensConfig)
+
+
+def _with_seq_len(section: Section, seq_len: int) -> Section:
+    """`section` with `seq_len` where it names none."""
+    return section if section.seq_len is not None else dataclasses.replace(section, seq_len=seq_len)
 
 
 def data_kinds() -> list[str]:

@@ -11,6 +11,7 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from ..base.errors import UserError
 from ..base.install import pip_install
@@ -114,8 +115,8 @@ CORPORA = {
 }
 
 
-def is_named(path: str | None) -> bool:
-    return bool(path) and path.startswith(CORPUS_PREFIX)
+def is_named(path: str | None) -> TypeGuard[str]:
+    return path is not None and path.startswith(CORPUS_PREFIX)
 
 
 def named_corpus(path: str) -> NamedCorpus:

@@ -49,12 +49,13 @@ def register_data_kind(name: str):
     return register
 
 
-def check_sequence_length(name: str, seq_len: int | None) -> None:
-    """A text or token section's seq_len: set (a run's config gives it the model's max_seq_len) and >= 1."""
+def check_sequence_length(name: str, seq_len: int | None) -> int:
+    """A text or token section's seq_len, checked: set (a run's config gives it the model's max_seq_len) and >= 1."""
     if seq_len is None:
         raise DataError(f"{name} is not set: give it (a training config defaults it to model.max_seq_len)")
     if seq_len < 1:
         raise DataError(f"{name} must be >= 1, got {seq_len}")
+    return seq_len
 
 
 def build_dataset(config: DataConfig, seed: int) -> Dataset:

@@ -32,13 +32,17 @@ class HFTokenizer:
         return self._tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode([int(i) for i in ids])
+        text = self._tokenizer.decode([int(i) for i in ids])
+        assert isinstance(text, str)  # one sequence of ids: one text
+        return text
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         """The messages through the tokenizer's chat template, ending with the assistant's turn opened."""
         if self.chat_template is None:
             raise ValueError(f"the tokenizer {self.name} has no chat template")
         try:
-            return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            prompt = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except TemplateError as error:  # a template may refuse a conversation (roles that do not alternate, ...)
             raise ValueError(f"the chat template refused these messages: {error}") from None
+        assert isinstance(prompt, str)  # tokenize=False: the text
+        return prompt

@@ -28,7 +28,9 @@ Piece = tuple[str, bool, int]
 REPLACED = [0]  # bytes of invalid UTF-8 read as U+FFFD so far, by the "count_replaced" error handler
 
 
-def _replace_and_count(error: UnicodeDecodeError) -> tuple[str, int]:
+def _replace_and_count(error: UnicodeError) -> tuple[str, int]:
+    if not isinstance(error, UnicodeDecodeError):  # a handler for reading only: another error is not its to handle
+        raise error
     REPLACED[0] += error.end - error.start
     return "\ufffd", error.end
 

@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -24,7 +25,8 @@ from .tokenizer import get_tokenizer
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
-FORMATS = {(20240520, 1): np.dtype("<u2"), (20240801, 7): np.dtype("<u4")}  # (magic, version) -> token dtype
+# (magic, version) -> token dtype
+FORMATS: dict[tuple[int, int], np.dtype] = {(20240520, 1): np.dtype("<u2"), (20240801, 7): np.dtype("<u4")}
 MAX_SHARD_TOKENS = 2**31 - 1  # the count is an int32
 VALIDATION_WORDS = {"val", "valid", "validation"}
 
@@ -75,16 +77,16 @@ class ShardWriter:
         self.dtype = FORMATS[self.magic, self.version]
         self.paths: list[Path] = []
         self.tokens = 0  # written, all shards
-        self._handle, self._count = None, 0  # the open shard and its tokens so far
+        self._handle: BinaryIO | None = None  # the open shard
+        self._count = 0  # its tokens so far
         remove_stale_partials(folder, f"{prefix}_{split}_*.partial*")
 
     def write(self, ids: np.ndarray) -> None:
         ids = np.asarray(ids).astype(self.dtype, copy=False)
         while len(ids):
-            if self._handle is None:
-                self._open()
+            handle = self._handle if self._handle is not None else self._open()
             room = self.shard_tokens - self._count
-            self._handle.write(ids[:room].tobytes())
+            handle.write(ids[:room].tobytes())
             self._count += min(room, len(ids))
             ids = ids[room:]
             if self._count == self.shard_tokens:
@@ -99,19 +101,22 @@ class ShardWriter:
     def _path(self) -> Path:
         return self.folder / f"{self.prefix}_{self.split}_{len(self.paths):06d}.bin"
 
-    def _open(self) -> None:
-        self._handle = open(self._path().with_suffix(f".partial{os.getpid()}"), "wb")
-        self._handle.write(bytes(HEADER_BYTES))  # the header is written when the count is known
+    def _open(self) -> BinaryIO:
+        self._handle = handle = open(self._path().with_suffix(f".partial{os.getpid()}"), "wb")  # noqa: SIM115 (closed by _close)
+        handle.write(bytes(HEADER_BYTES))  # the header is written when the count is known
         self._count = 0
+        return handle
 
     def _close(self) -> None:
         header = np.zeros(HEADER_INTS, dtype="<i4")
         header[:3] = self.magic, self.version, self._count
-        self._handle.seek(0)
-        self._handle.write(header.tobytes())
-        self._handle.close()
+        handle = self._handle
+        assert handle is not None  # called on an open shard only
+        handle.seek(0)
+        handle.write(header.tobytes())
+        handle.close()
         path = self._path()
-        os.replace(self._handle.name, path)
+        os.replace(handle.name, path)
         self.paths.append(path)
         self.tokens += self._count
         self._handle = None
@@ -169,7 +174,7 @@ def build_tokens(config: TokensConfig, seed: int) -> TokenWindows:
             "data.tokens.path is required: token shards, e.g. 'data/fineweb_*.bin' "
             "(free-transformer tokenize writes them)"
         )
-    check_sequence_length("data.tokens.seq_len", config.seq_len)
+    seq_len = check_sequence_length("data.tokens.seq_len", config.seq_len)
     files = shard_files(config.path)
     train = [read_shard(f) for f in files if not is_validation(f)]
     val = [read_shard(f) for f in files if is_validation(f)]
@@ -180,7 +185,7 @@ def build_tokens(config: TokensConfig, seed: int) -> TokenWindows:
     vocab_size = get_tokenizer(config.tokenizer).vocab_size
     return TokenWindows(
         {"train": Split(train), "val": Split(val)},
-        config.seq_len,
+        seq_len,
         seed,
         config.tokenizer,
         config.path,

@@ -25,7 +25,8 @@ def corpus_splits(path: str | None) -> tuple[list[Path], list[Path] | None]:
 def build_text(config: TextConfig, seed: int) -> TokenWindows:
     tokenizer = get_tokenizer(config.tokenizer)
     train_files, val_files = corpus_splits(config.path)
-    check_sequence_length("data.text.seq_len", config.seq_len)
+    seq_len = check_sequence_length("data.text.seq_len", config.seq_len)
+    assert config.path is not None  # corpus_splits refused a missing path
     cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
 
     def tokenize(files):
@@ -39,7 +40,7 @@ def build_text(config: TextConfig, seed: int) -> TokenWindows:
         splits = {"train": Split([tokens[:split_at]]), "val": Split([tokens[split_at:]])}
     return TokenWindows(
         splits,
-        config.seq_len,
+        seq_len,
         seed,
         config.tokenizer,
         config.path,

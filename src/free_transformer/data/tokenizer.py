@@ -36,7 +36,7 @@ class WithoutChatTemplate:
     invented for them."""
 
     name: str
-    chat_template = None
+    chat_template: str | None = None
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         raise TokenizerError(f"the {self.name} tokenizer has no chat template")
@@ -80,7 +80,9 @@ class GPT2Tokenizer(WithoutChatTemplate):
         import tiktoken
         from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-        data = Path(importlib.util.find_spec(GPT2_PACKAGE).submodule_search_locations[0]) / "data"
+        spec = importlib.util.find_spec(GPT2_PACKAGE)
+        assert spec is not None and spec.submodule_search_locations  # found above, and a package
+        data = Path(spec.submodule_search_locations[0]) / "data"
         ranks = data_gym_to_mergeable_bpe_ranks(str(data / "vocab.bpe"), str(data / "encoder.json"))
         self._encoding = tiktoken.Encoding(
             name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={GPT2_EOT: len(ranks)}
@@ -96,7 +98,7 @@ class GPT2Tokenizer(WithoutChatTemplate):
         return self._encoding.decode([int(i) for i in ids], errors="replace")
 
 
-TOKENIZERS = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}
+TOKENIZERS: dict[str, type[Tokenizer]] = {"byte": ByteTokenizer, "gpt2": GPT2Tokenizer}
 HF_PREFIX = "hf:"  # "hf:<directory>": a Hugging Face tokenizer saved in a local directory
 
 

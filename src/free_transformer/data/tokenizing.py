@@ -16,7 +16,7 @@ import signal
 import sys
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +88,7 @@ def _start_worker(tokenizer_name: str, dtype: type, parent: int) -> None:
 
 
 def _encode_in_worker(pieces: list[tuple[str, bool]]) -> np.ndarray:
+    assert _WORKER is not None  # set by the pool's initializer, _start_worker
     return _encode(*_WORKER, pieces)
 
 
@@ -127,7 +128,8 @@ def encode_corpus(
         with ProcessPoolExecutor(
             workers, _pool_context(), initializer=_start_worker, initargs=(tokenizer.name, dtype, os.getpid())
         ) as pool:
-            pending = deque()  # at most 2 batches a worker in flight: the corpus is never all in memory
+            # (a batch's tokens, bytes read), at most 2 batches a worker in flight: the corpus is never all in memory
+            pending: deque[tuple[Future[np.ndarray], int]] = deque()
             try:
                 for pieces, read in _batches(files, field, batch_chars):
                     pending.append((pool.submit(_encode_in_worker, pieces), read))

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import inspect
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,7 +40,7 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 
 def blocks(model: FreeTransformer) -> list[nn.Module]:
     """The decoder blocks and, in a Free Transformer, the encoder blocks."""
-    return [*model.layers, *(model.latent.encoder if model.config.is_free else [])]
+    return [*model.layers, *(model.latent.encoder if model.latent is not None else [])]  # latent: None in a baseline
 
 
 def apply_activation_checkpointing(model: FreeTransformer) -> FreeTransformer:
@@ -63,7 +64,7 @@ def apply_compile(model: FreeTransformer) -> FreeTransformer:
     compiled by its owner's own hook, so the model needs no knowledge of this plan."""
     for block in blocks(model):
         block.compile()
-    if model.config.is_free:
+    if model.latent is not None:  # a Free Transformer
         model.latent.mapper.compile_backward()
     model.readout_loss.compile()
     return model
@@ -91,7 +92,7 @@ def parallelize(model: FreeTransformer, env: ParallelEnv, config) -> nn.Module:
         device_ids = [env.device.index] if env.device.type == "cuda" else None
         # RoPE tables are buffers computed from the config on every rank: nothing to sync at each forward
         # (the option was renamed in recent torch).
-        no_sync = (
+        no_sync: dict[str, Any] = (
             {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_OPTIONS else {"broadcast_buffers": False}
         )
         return DistributedDataParallel(model, device_ids=device_ids, **no_sync)

@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -68,7 +69,7 @@ def is_sharded(checkpoint: str | Path) -> bool:
 def save_sharded(
     run_dir: str | Path,
     step: int,
-    model: nn.Module,
+    model: FreeTransformer,
     optimizer: torch.optim.Optimizer,
     metadata: dict,
     env: ParallelEnv,
@@ -199,7 +200,7 @@ def load_sharded(checkpoint: str | Path, model: nn.Module, optimizer: torch.opti
         )
         return int(read_checkpoint_config(checkpoint)["step"])
     model_state, optim_state = get_state_dict(model, optimizer)  # this run's layout: what to read
-    state = {"model": model_state, "optim": optim_state}
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     _dcp_load(state, checkpoint)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return int(read_checkpoint_config(checkpoint)["step"])
@@ -215,7 +216,7 @@ def load_single_file(checkpoint: str | Path, model: nn.Module, optimizer: torch.
     group_names = optimizer_param_names(model, optimizer)
     order = [name for names in group_names for name in names]
     saved = upgrade_optimizer_state(state["optimizer"], group_names)
-    optim_state = {
+    optim_state: dict[str, Any] = {
         "state": {order[index]: value for index, value in saved["state"].items()},
         "param_groups": [
             {**group, "params": [order[index] for index in group["params"]]} for group in saved["param_groups"]

@@ -29,7 +29,7 @@ CATEGORY_ORDER = [
 ]
 
 
-def paper_colour(relative_percent: float, higher_is_better: bool = True) -> str:
+def paper_colour(relative_percent: float | None, higher_is_better: bool = True) -> str:
     if relative_percent is None or math.isnan(relative_percent):
         return "white"
     gain = relative_percent if higher_is_better else -relative_percent
@@ -176,13 +176,8 @@ def _likelihood_rows(runs: list[dict], samples: int, seed: int) -> list[Row]:
     base_measure = "exact" if "exact" in base else "iwae"
     rows = []
     for measure, title in (("iwae", "IWAE bound"), ("prior_ce", "prior cross-entropy")):
-        row = Row(
-            f"bpb_{measure}",
-            f"held-out bits/byte (Free: {title})",
-            "Held-out likelihood",
-            False,
-            Cell(base[base_measure]["bits_per_byte"], n=base["windows"]),
-        )
+        baseline = Cell(base[base_measure]["bits_per_byte"], n=base["windows"])
+        row = Row(f"bpb_{measure}", f"held-out bits/byte (Free: {title})", "Held-out likelihood", False, baseline)
         for run in runs[1:]:
             like = run.get("likelihood")
             if not like or measure not in like:
@@ -192,7 +187,7 @@ def _likelihood_rows(runs: list[dict], samples: int, seed: int) -> list[Row]:
             if heldout_mismatch(base, like):  # other text: the values stand, their difference means nothing
                 row.others.append(cell)
                 continue
-            cell.relative = _relative(row.baseline.value, cell.value)
+            cell.relative = _relative(baseline.value, cell.value)
             cell.colour = paper_colour(cell.relative, higher_is_better=False)
             a_windows, b_windows = base["per_window"], like["per_window"]
             if [w["bytes"] for w in a_windows] == [w["bytes"] for w in b_windows]:  # same windows: pair them
@@ -369,7 +364,7 @@ def to_text(rows: list[Row], labels: list[str], averaged: list[Row] | None = Non
     for title, _ in blocks:
         suffix = f" [{title}]" if title else ""
         head += f"  {(labels[0][:12] + suffix):>12}" + "".join(
-            f"  {(l[:12] + suffix):>12} {'change':>9}  {'95% CI':<34}" for l in labels[1:]
+            f"  {(label[:12] + suffix):>12} {'change':>9}  {'95% CI':<34}" for label in labels[1:]
         )
     lines = [head.rstrip()]
     for category, members in _grouped(rows):

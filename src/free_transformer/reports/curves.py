@@ -60,8 +60,8 @@ class Curve:
         for name in entries[-1]["tasks"]:
             if all(name in e["tasks"] for e in entries):
                 result["tasks"][name] = _average_task([e["tasks"][name] for e in entries])
-        likelihoods = [e.get("likelihood") for e in entries]
-        if all(likelihoods) and len({len(like["per_window"]) for like in likelihoods}) == 1:
+        likelihoods = [e["likelihood"] for e in entries if e.get("likelihood")]
+        if len(likelihoods) == len(entries) and len({len(like["per_window"]) for like in likelihoods}) == 1:
             result["likelihood"] = _average_likelihood(likelihoods)
         return result
 

@@ -67,7 +67,8 @@ def _likelihood_panel(runs: list[Curve | None], axis: str) -> Panel:
                 if measure in e["likelihood"]
             ]
             if points:
-                panel.lines.append(Line(run, curve.label, *map(list, zip(*points)), dashed=dashed))
+                xs, ys = [x for x, _ in points], [y for _, y in points]
+                panel.lines.append(Line(run, curve.label, xs, ys, dashed=dashed))
     return panel
 
 

@@ -30,7 +30,9 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,12 +54,12 @@ CHECKSUMS = "SHA256SUMS"
 READ_FILES = ("config.json", "model.safetensors", "state.pt")
 # What the numpy RNG state of an older state.pt needs to unpickle (an ndarray of uint32), under the names
 # numpy 2 and numpy 1 pickled it with; nothing else beyond tensors and plain values is ever unpickled.
-LEGACY_STATE_GLOBALS = [
+LEGACY_STATE_GLOBALS: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
     np.dtype,
     np.ndarray,
     type(np.dtype(np.uint32)),
-    (np._core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
-    (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+    (np._core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),  # type: ignore[attr-defined]  # private: not in numpy's stubs
+    (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),  # type: ignore[attr-defined]  # private: not in numpy's stubs
 ]
 
 
@@ -65,7 +67,7 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, incomplete or corrupt."""
 
 
-def check_step(step: int, error: type[Exception] = CheckpointError) -> None:
+def check_step(step: object, error: type[Exception] = CheckpointError) -> None:
     """A step that names a checkpoint directory loaders find (step_ and 8 digits), else `error` (a ValueError
     where a file's schema is checked: the checkpoint is then damaged)."""
     if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP):
@@ -259,7 +261,9 @@ def upgrade_named_optimizer_state(named: dict) -> dict:
             if fused in params:
                 continue
             params.append(fused)
-            parts = [state.pop(part) for part in part_names(fused) if part in state]
+            names = part_names(fused)
+            assert names is not None  # fused_name named a fused projection
+            parts = [state.pop(part) for part in names if part in state]
             if parts:
                 state[fused] = {
                     key: torch.cat([part[key] for part in parts], dim=0)
@@ -491,7 +495,7 @@ def _checkpoint_choice(spec: str):
 def chosen_checkpoints(run_dir: str | Path, spec: str) -> list[tuple[int, Path]]:
     """(step, directory) of the run's checkpoints that `spec` (all, every:K, last-third) chooses."""
     choose = _checkpoint_choice(spec)
-    found = [(int(STEP_DIR.match(c.name).group(1)), c) for c in checkpoint_dirs(run_dir)]
+    found = [(int(c.name.removeprefix("step_")), c) for c in checkpoint_dirs(run_dir)]  # STEP_DIR's names
     if not found:
         raise ValueError(f"{run_dir} holds no checkpoints/step_*: --checkpoints needs a run directory")
     return [(step, c) for step, c in found if choose(step, found[-1][0])]

@@ -61,6 +61,7 @@ class RunLock:
             now = os.stat(self.run_dir / LOCK_FILE, follow_symlinks=False)
         except FileNotFoundError:
             return False
+        assert self.fd is not None, "held() of a lock not acquired"
         mine = os.fstat(self.fd)
         return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
 

@@ -116,7 +116,7 @@ class MetricsLog:
             self.handle = open_append(self.path)  # open for the run's lifetime; closed by close()
         except OSError as error:
             raise self._cannot_write(error) from None
-        self.writers = []
+        self.writers: list[TensorBoardWriter | WandbWriter] = []  # dashboards beside metrics.jsonl
         if tensorboard:
             self.writers.append(TensorBoardWriter(run_dir, resume_step))
         if wandb_project is not None:

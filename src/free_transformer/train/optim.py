@@ -14,9 +14,9 @@ from .config import OptimConfig
 def parameter_groups(model: FreeTransformer, config: OptimConfig) -> list[dict]:
     """Weight decay on matrices of the blocks and read-outs only (never on norms, biases, zeta, the token
     embeddings or the latent mapper); the latent path (model.latent) may get its own lr."""
-    latent = {id(p) for p in model.latent.parameters()} if model.config.is_free else set()
+    latent = {id(p) for p in model.latent.parameters()} if model.latent is not None else set()
     never_decayed = {id(p) for p in model.embed_tokens.parameters()}
-    if model.config.is_free:
+    if model.latent is not None:  # a Free Transformer
         never_decayed |= {id(p) for p in model.latent.mapper.parameters()}
     groups: dict[tuple[bool, bool], list] = {}
     for param in model.parameters():
@@ -53,7 +53,8 @@ def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float
         return clip_grad_norm(parameters, max_norm)
     norm = grad_norm(parameters)
     # clip_grad_norm_'s factor, inverted (a non-finite norm gives a non-finite scale: the trainer skips that step)
-    optimizer.grad_scale = None if math.isinf(max_norm) else torch.clamp((norm + 1e-6) / max_norm, min=1).float()
+    scale = None if math.isinf(max_norm) else torch.clamp((norm + 1e-6) / max_norm, min=1).float()
+    optimizer.grad_scale = scale  # type: ignore[attr-defined]  # read by torch's fused step (GradScaler sets it so)
     return norm
 
 

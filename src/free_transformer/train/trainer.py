@@ -123,7 +123,9 @@ def init_from_checkpoint(model: FreeTransformer, path: str | Path) -> list[str]:
 
 def _rng_state(device: torch.device) -> dict:
     """Every RNG stream as tensors and plain Python values (state.pt is read with weights_only=True)."""
-    name, key, position, has_gauss, cached_gaussian = np.random.get_state()
+    legacy = np.random.get_state()
+    assert isinstance(legacy, tuple)  # legacy=True, the default: (name, key, position, has_gauss, cached_gaussian)
+    name, key, position, has_gauss, cached_gaussian = legacy
     numpy_state = (name, torch.from_numpy(key.astype(np.int64)), position, has_gauss, cached_gaussian)
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
     if device.type == "cuda":
@@ -406,7 +408,7 @@ def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
     grad_norm = clip_gradients(run.optimizer, run.model.parameters(), config.optim.grad_clip or math.inf)
     non_finite = ~(torch.isfinite(means[0]) & torch.isfinite(grad_norm))
     if run.optimizer.defaults.get("fused"):
-        run.optimizer.found_inf = non_finite.float()
+        run.optimizer.found_inf = non_finite.float()  # type: ignore[attr-defined]  # read by torch's fused step
     elif bool(non_finite):
         _stop_on_non_finite(step, run.run_dir)
     run.optimizer.step()

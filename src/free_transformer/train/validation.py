@@ -17,6 +17,8 @@ from ..base.seeding import generator
 from ..base.units import LN2
 from ..distributed import ParallelEnv
 from ..inference.latents import LatentPlan
+from ..model.latent import LatentSpace
+from ..model.transformer import FreeTransformer
 from .config import TrainConfig
 from .noise import latent_generators
 
@@ -43,8 +45,9 @@ def validate(
     free = config.model.is_free
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # CE encoder Z, KL, CE prior Z (nats)
-    space = getattr(model, "module", model).latent_space  # ddp wraps the model
-    per_unit = free and space.independent_units
+    space = _latent_space(model)
+    # the space whose units' KLs are logged one by one: where they are independent (each means something alone)
+    unit_space = space if space is not None and space.independent_units else None
     per_bit = torch.zeros(config.model.latent_units, dtype=torch.float64, device=env.device)  # (H,) KL nats
     rows = env.rows(config.batch_size)
     for index in range(config.validation_batches):
@@ -64,8 +67,8 @@ def validate(
         if free:
             totals[1] += out.kl_nats.double()
             totals[2] += prior.cross_entropy_nats.double()
-            if per_unit:
-                per_bit += space.kl_per_unit(out.posterior).double().mean(dim=(0, 1))
+            if unit_space is not None:
+                per_bit += unit_space.kl_per_unit(out.posterior).double().mean(dim=(0, 1))
     model.train()
     totals, per_bit = (
         env.mean(totals) / config.validation_batches / LN2,
@@ -80,21 +83,23 @@ def validate(
         "val_prior_cross_entropy_bits": prior_ce,
         "latent_bits_saved": saving(prior_ce, ce),
     }
-    if per_unit:
+    if unit_space is not None:
         kl_bits = per_bit.tolist()
         measures |= {"val_kl_bits_per_unit": kl_bits, "dead_units": dead_units(kl_bits)}
     return measures
 
 
+def _latent_space(model: torch.nn.Module) -> LatentSpace | None:
+    """The latent space of `model`, a FreeTransformer or one that ddp wraps (its .module); None for a baseline."""
+    inner = getattr(model, "module", model)
+    assert isinstance(inner, FreeTransformer)  # fsdp shards the model in place: still a FreeTransformer
+    return inner.latent_space
+
+
 def _prior(model: torch.nn.Module, inputs: torch.Tensor, generator) -> torch.Tensor:
     """(B, T, *value_shape) prior Z for a validation batch, from the plan of a generation without a prompt."""
-    plan = LatentPlan(
-        inputs.shape[0],
-        getattr(model, "module", model).latent_space,
-        prompt_source=LatentChoice.PRIOR,
-        generators=generator,
-    )
-    return plan.source(0, inputs.shape[1], inputs.device)
+    plan = LatentPlan(inputs.shape[0], _latent_space(model), prompt_source=LatentChoice.PRIOR, generators=generator)
+    return plan.draw(inputs.shape[1], inputs.device)  # what plan.source(0, T) gives: no prompt, all prior
 
 
 def _generator(config: TrainConfig, index: int, rows: range, env: ParallelEnv, split: str):
