@@ -27,8 +27,9 @@ from ..data.tokenizer import TokenizerError, check_tokenizer_name
 from ..model.config import ModelConfig, upgrade_saved_model_config
 from ..model.layers import rope_tables
 from ..model.state_names import split_state_dict, upgrade_state_dict
-from ..model.transformer import FreeTransformer, check_fits_memory
+from ..model.transformer import FreeTransformer
 from ..runs.checkpoint import CheckpointError, check_step, load_model, resolve_checkpoint, save_checkpoint
+from ..runs.memory import build_model, check_fits_memory
 from .configuration import FreeTransformerConfig
 from .modeling import FreeTransformerForCausalLM
 from .remote_code import write_remote_code, write_tokenizer
@@ -337,7 +338,7 @@ def with_fresh_latent_path(
     config = baseline.config.replace(latent_units=latent_units, latent_layer=latent_layer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = FreeTransformer(config)
+        model = build_model(config)
     model = model.to(device=baseline.rope_cos.device, dtype=baseline.embed_tokens.weight.dtype)
     missing, unexpected = model.load_state_dict(baseline.state_dict(), strict=False)
     latent = set(model.state_dict()) - set(baseline.state_dict())

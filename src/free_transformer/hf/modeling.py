@@ -29,6 +29,7 @@ from ..inference.params import Sampling, spelt_fields
 from ..model.loss import IGNORE_INDEX
 from ..model.state_names import fused_name, legacy_latent_key_mapping, upgrade_state_dict
 from ..model.transformer import FreeTransformer
+from ..runs.memory import build_model
 from .configuration import FreeTransformerConfig
 from .generation import RowSeededSampler
 
@@ -154,7 +155,7 @@ def _quiet_transformers():
 class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin):
     def __init__(self, config: FreeTransformerConfig):
         super().__init__(config)
-        self.model = FreeTransformer(config.to_model_config())
+        self.model = build_model(config.to_model_config())  # an export's sizes: one line if they cannot fit
         self.post_init()
 
     @classmethod

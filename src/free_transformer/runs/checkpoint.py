@@ -44,6 +44,7 @@ from ..base.fileio import refuse_links, sha256_file, share_like_umask
 from ..model.config import ModelConfig
 from ..model.state_names import fused_name, part_names, upgrade_state_dict
 from ..model.transformer import FreeTransformer
+from .memory import build_model
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 MAX_STEP = 10**8 - 1  # the largest step whose directory STEP_DIR matches
@@ -193,7 +194,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Fr
     if not (ckpt / "model.safetensors").exists() and (ckpt / "dcp").is_dir():
         raise CheckpointError(f"{ckpt} is a sharded checkpoint: run `free-transformer consolidate {ckpt}` first")
     try:  # sizes too large for the machine (max_seq_len 2**40: RoPE tables of 4 TiB) refused before allocating
-        model = FreeTransformer(ModelConfig.from_dict(config["model"]))
+        model = build_model(ModelConfig.from_dict(config["model"]))
     except ConfigError as error:
         raise ConfigError(f"{ckpt / 'config.json'}: {error}") from None
     weights = load_verified_weights(ckpt)

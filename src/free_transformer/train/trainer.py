@@ -51,6 +51,7 @@ from ..runs.checkpoint import (
     save_checkpoint,
     upgrade_optimizer_state,
 )
+from ..runs.memory import build_model
 from ..runs.runlock import RunLock
 from .config import TrainConfig, changed_settings, load_train_config, renamed_names_in, save_train_config
 from .metrics import MetricsLog, read_metrics, tokens_per_step
@@ -274,7 +275,7 @@ def build(config: TrainConfig, run_dir: Path, env: ParallelEnv, *, resume: bool,
         for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
             shutil.rmtree(refuse_links(stale, run_dir), ignore_errors=True)  # a planted link is refused, not followed
 
-    model = FreeTransformer(config.model).to(env.device)
+    model = build_model(config.model).to(env.device)
     model.init_weights(post_sampler_std=config.post_sampler_init_std)
     if init_from is not None and not resume:
         fresh = init_from_checkpoint(model, init_from)
