@@ -42,12 +42,3 @@ DEPRECATED_LATENT_CHOICES = {"posterior": "encoder", "independent": "encoder"}
 
 # Old options of `free-transformer generate`, read with a warning: the option and what replaces it.
 DEPRECATED_OPTIONS = {"--prompt-latents": "--latents encoder or --latents prior"}
-
-# Not shims, and removed by no release: a checkpoint once written stays loadable. Its older tensor names
-# and layouts are migrated where checkpoints are read (model/state_names.upgrade_state_dict, the Hugging Face
-# loader's key_mapping), and the numpy types of older RNG states are allowed by runs/checkpoint.py.
-# Its saved model config's older field names (a checkpoint's or a Hugging Face export's config.json), old ->
-# today's, are read by model/config.upgrade_saved_model_config: RENAMED's model entries, kept for good.
-SAVED_MODEL_RENAMED = {"latent_bits": "latent_units"}
-# A run's metrics.jsonl in older metric names, old -> today's, read by train/metrics.read_metrics.
-METRIC_RENAMED = {"val_kl_bits_per_bit": "val_kl_bits_per_unit", "dead_bits": "dead_units"}

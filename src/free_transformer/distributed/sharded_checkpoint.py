@@ -38,7 +38,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from ..base.fileio import refuse_links, share_like_umask
 from ..model.config import ModelConfig
-from ..model.state_names import fused_name, upgrade_state_dict
 from ..runs.checkpoint import (
     CHECKSUMS,
     CheckpointError,
@@ -51,11 +50,10 @@ from ..runs.checkpoint import (
     optimizer_param_names,
     read_checkpoint_config,
     remove_checkpoint,
-    upgrade_named_optimizer_state,
-    upgrade_optimizer_state,
     verify_checkpoint,
 )
 from ..runs.memory import build_model
+from ..runs.migrations import fused_name, upgrade_named_optimizer_state, upgrade_optimizer_state, upgrade_state_dict
 from .env import ParallelEnv
 
 DCP_DIR = "dcp"

@@ -12,7 +12,8 @@ import dataclasses
 
 from transformers import PretrainedConfig
 
-from ..model.config import ModelConfig, upgrade_saved_model_config
+from ..model.config import ModelConfig
+from ..runs.migrations import upgrade_saved_model_config
 
 # HF field name -> ModelConfig field name
 FIELD_MAP = {

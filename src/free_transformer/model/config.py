@@ -8,7 +8,7 @@ import warnings
 from dataclasses import InitVar, dataclass, field
 
 from ..base.checks import ConfigError, check_range
-from ..base.compat import RENAMED, SAVED_MODEL_RENAMED
+from ..base.compat import RENAMED
 from ..base.presets import Presets
 from ..base.settings import build
 
@@ -193,7 +193,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> ModelConfig:
-        values = upgrade_saved_model_config(values)
+        """The config `to_dict` wrote; a saved one in older field names goes through
+        runs/migrations.py first."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -257,17 +258,6 @@ class ModelConfig:
             flops += 6 * self.dim * space.posterior_size  # encoder read-out
             flops += space.training_flops_per_token()
         return float(flops)
-
-
-def upgrade_saved_model_config(values: dict) -> dict:
-    """A saved model config (a checkpoint's, a Hugging Face export's) in today's field names: a checkpoint
-    once written stays loadable (base/compat.SAVED_MODEL_RENAMED)."""
-    values = dict(values)
-    for old, new in SAVED_MODEL_RENAMED.items():
-        if old in values:
-            value = values.pop(old)
-            values.setdefault(new, value)
-    return values
 
 
 # Named sizes (`model.size=NAME`, `free-transformer info NAME`), from a model for tests to the paper's two.

@@ -17,9 +17,8 @@ from torch import Tensor, nn
 from .config import ModelConfig
 from .latent import ENCODER, Generators, LatentSource, LatentSpace, free_bits_kl
 from .latent_path import LatentPath, LatentSample
-from .layers import Block, KVCache, rope_tables
+from .layers import FUSED_PROJECTIONS, Block, KVCache, part_rows, rope_tables
 from .loss import ReadoutLoss, cross_entropy
-from .state_names import FUSED_PROJECTIONS, part_rows
 
 
 @dataclass

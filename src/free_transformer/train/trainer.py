@@ -49,9 +49,9 @@ from ..runs.checkpoint import (
     read_checkpoint_config,
     resolve_checkpoint,
     save_checkpoint,
-    upgrade_optimizer_state,
 )
 from ..runs.memory import build_model
+from ..runs.migrations import upgrade_optimizer_state
 from ..runs.runlock import RunLock
 from .config import TrainConfig, changed_settings, load_train_config, renamed_names_in, save_train_config
 from .metrics import MetricsLog, read_metrics, tokens_per_step
