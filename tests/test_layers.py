@@ -143,6 +143,13 @@ def test_the_model_folder_holds_only_the_model():
     user's sizes against the machine in runs/memory.py (called by the entry points)."""
     model = PACKAGE / "model"
     assert not [p.name for p in model.rglob("*.py") if "migration" in p.stem or "state_names" in p.stem]
+    compat = [  # the package's compatibility shims: read at the entry points, never by the model
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in sorted(model.rglob("*.py"))
+        for line, target in imports(path)
+        if target.startswith("base.compat")
+    ]
+    assert compat == []
     found = [  # a migration (upgrade_*, LEGACY_* names) or a look at the machine's memory
         f"{path.relative_to(PACKAGE)}: {word}"
         for path in sorted(model.rglob("*.py"))

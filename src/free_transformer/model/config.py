@@ -4,11 +4,9 @@ named sizes from a tiny debug model to the paper's 8B."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 
 from ..base.checks import ConfigError, check_range
-from ..base.compat import RENAMED
 from ..base.presets import Presets
 from ..base.settings import build
 
@@ -86,22 +84,8 @@ class ModelConfig:
     """Number of decoder blocks before Z is injected; None means L // 2 (the paper's middle)."""
     latent: LatentConfig = field(default_factory=LatentConfig)
     """The latent path's mechanism: model.latent.kind, model.latent.encoder_layers, a kind's own section."""
-    latent_bits: InitVar[int | None] = None  # latent_units's old name (base/compat.RENAMED), read with a warning
 
-    def __post_init__(self, latent_bits: int | None) -> None:
-        if latent_bits is not None:
-            rename = next(r for r in RENAMED if r.old == "model.latent_bits")
-            if self.latent_units not in (0, latent_bits):
-                raise ConfigError(
-                    f"latent_bits ({latent_bits!r}) and latent_units ({self.latent_units!r}) disagree: "
-                    "give latent_units only"
-                )
-            warnings.warn(
-                f"ModelConfig: latent_bits is now latent_units; the old name is read until version {rename.until}",
-                FutureWarning,
-                stacklevel=3,
-            )
-            object.__setattr__(self, "latent_units", latent_bits)
+    def __post_init__(self) -> None:
         if isinstance(self.latent, dict):  # from a saved config.json or a YAML section
             object.__setattr__(self, "latent", build(LatentConfig, self.latent, "model.latent"))
         if not isinstance(self.latent, LatentConfig):

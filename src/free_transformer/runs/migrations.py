@@ -92,9 +92,9 @@ def upgrade_state_dict(state: dict, prefix: str = "") -> dict:
             if local.startswith(old):
                 state[prefix + new + local[len(old) :]] = state.pop(name)
                 break
-    for fused in {fused_name(n) for n in state if n.startswith(prefix)} - {None}:
-        parts = part_names(fused)
-        if all(part in state for part in parts):
+    for fused in {f for f in (fused_name(n) for n in state if n.startswith(prefix)) if f is not None}:
+        parts = part_names(fused) or []
+        if parts and all(part in state for part in parts):
             state[fused] = torch.cat([state.pop(part) for part in parts], dim=0)
     return state
 
@@ -106,10 +106,11 @@ def split_state_dict(state: dict, config: ModelConfig) -> dict:
     out = {}
     for name, tensor in state.items():
         fused = next((f for f in FUSED_PROJECTIONS if _stem(name, f) is not None), None)
-        if fused is None:
+        parts = part_names(name)
+        if fused is None or parts is None:
             out[name] = tensor
             continue
-        for part, piece in zip(part_names(name), tensor.split(sizes[fused], dim=0), strict=True):
+        for part, piece in zip(parts, tensor.split(sizes[fused], dim=0), strict=True):
             out[part] = piece
     return out
 
@@ -132,7 +133,7 @@ def upgrade_named_optimizer_state(named: dict) -> dict:
             if fused in params:
                 continue
             params.append(fused)
-            parts = [state.pop(part) for part in part_names(fused) if part in state]
+            parts = [state.pop(part) for part in part_names(fused) or [] if part in state]
             if parts:
                 state[fused] = {
                     key: torch.cat([part[key] for part in parts], dim=0)
