@@ -37,7 +37,7 @@ from .generation import RowSeededSampler
 # forward and as the output's field. Forward accepts either name; the output fills the installed release's.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
-# The latent path's older tensor names (runs.migrations.LEGACY_LATENT_NAMES) as from_pretrained's key_mapping takes them.
+# The latent path's older tensor names (runs.migrations.LEGACY_LATENT_NAMES) as from_pretrained's key_mapping.
 LEGACY_KEY_MAPPING = legacy_latent_key_mapping("model.")
 
 # Hugging Face's library defaults for the generation settings read here (GenerationConfig leaves them
