@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from free_transformer.model.state_names import split_state_dict
+from free_transformer.runs.migrations import split_state_dict
 
 
 def all_bit_patterns(n_bits: int, dtype=torch.float64) -> torch.Tensor:

@@ -1,25 +1,25 @@
 """The one config system: every setting in `--help` with its type, default and docstring; `--print-config`
-gives a file that loads back to the same config and trains to the same losses; renamed fields still read
-(with a warning) from old files, old command lines and old runs; `eval`'s flags are the config's `eval`
-section."""
+gives a file that loads back to the same config and trains to the same losses; the names of settings
+renamed before 0.3 are refused with today's; `eval`'s flags are the config's `eval` section."""
 
 import dataclasses
-import shutil
+import json
 import warnings
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY
+from conftest import RENAMED_BEFORE_0_3, TINY, legacy_run_in_todays_names
 from conftest import run_losses as _losses
 
+from free_transformer import ModelConfig
 from free_transformer.base import settings
 from free_transformer.base.checks import ConfigError
 from free_transformer.cli import build_parser, main
 from free_transformer.commands.eval import _settings as eval_flags_settings
 from free_transformer.distributed.env import is_main_process
 from free_transformer.eval.settings import EvalConfig
-from free_transformer.train.config import RENAMED, TrainConfig, load_train_config
+from free_transformer.train.config import TrainConfig, load_train_config
 
 ROOT = Path(__file__).parent.parent
 LEGACY_RUN = Path(__file__).parent / "data" / "legacy-run"  # written by 0.1, with eval_every and eval_batches
@@ -65,7 +65,7 @@ def test_train_help_shows_every_setting_that_print_config_prints(capsys):
     assert "  optim.lr=0.001  (float)\n      Peak learning rate (AdamW)." in text
     assert "  eval.latents=prior  (encoder | prior)" in text
     assert "  model.size=cpu-small  (debug | cpu-small" in text  # the named sizes, besides the fields
-    assert "eval_every: now validate_every (the old name is read until 0.3)" in text
+    assert "eval_every" not in text and "old names" not in text  # settings renamed before 0.3 are gone
 
 
 @pytest.mark.parametrize("command", ["demo", "study"])
@@ -89,34 +89,10 @@ def test_print_config_loads_back_to_the_same_config(capsys, tmp_path):
 
 
 def test_print_config_of_a_resume_is_the_runs_config_with_the_overrides(capsys, tmp_path):
-    run = tmp_path / "run"
-    shutil.copytree(LEGACY_RUN, run)
-    with pytest.warns(FutureWarning, match="eval_every is now validate_every"):
-        text = _printed(capsys, "train", "--out", str(run), "--resume", "--print-config", "steps=6")
+    run = legacy_run_in_todays_names(tmp_path)
+    text = _printed(capsys, "train", "--out", str(run), "--resume", "--print-config", "steps=6")
     assert yaml.safe_load(text)["steps"] == 6 and yaml.safe_load(text)["model"]["latent_units"] == 3
     assert not (run / "config-changes.jsonl").exists()  # printing trains nothing and records nothing
-
-
-def test_a_resumed_run_rewrites_its_config_yaml_in_todays_names(capsys, tmp_path):
-    """A run written before the renames, resumed with the same settings: its config.yaml is rewritten in the
-    new names (read without a warning from then on), no change is recorded and its checkpoints stay."""
-    run = tmp_path / "run"
-    shutil.copytree(LEGACY_RUN, run)
-    checkpoints = {path: path.read_bytes() for path in (run / "checkpoints").rglob("*") if path.is_file()}
-    with pytest.warns(FutureWarning, match="eval_every is now validate_every"):
-        legacy = load_train_config(LEGACY_RUN / "config.yaml")
-        assert main(["train", "--out", str(run), "--resume"]) == 0
-    assert (
-        "rewritten in today's names (it used eval_every, eval_batches, data.path, data.tokenizer, data.seq_len, "
-        "data.val_fraction, data.cache_dir, data.coinflip_length, data.coinflip_epsilon, model.latent_bits)"
-    ) in capsys.readouterr().err
-    saved = yaml.safe_load((run / "config.yaml").read_text())
-    assert "eval_every" not in saved and (saved["validate_every"], saved["validation_batches"]) == (0, 4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)
-        assert load_train_config(run / "config.yaml") == legacy
-    assert not (run / "config-changes.jsonl").exists()
-    assert {path: path.read_bytes() for path in checkpoints} == checkpoints
 
 
 def test_a_printed_config_trains_to_the_same_first_losses(capsys, tmp_path):
@@ -144,63 +120,53 @@ def test_demo_and_study_print_every_runs_config(capsys, tmp_path, command):
     assert not (tmp_path / "out").exists()
 
 
-def test_old_field_names_warn_and_give_the_same_config(tmp_path):
-    new = load_train_config(None, ["validate_every=5", "validation_batches=2"])
-    for old in RENAMED:  # the one table of old names: each with the release that stops reading it
-        assert old.until == "0.3" and (
-            old.old in {"eval_every", "eval_batches", "model.latent_bits"} or old.old.startswith("data.")
-        )
-    with pytest.warns(FutureWarning, match="eval_batches is now validation_batches"):
-        assert load_train_config(None, ["eval_every=5", "eval_batches=2"]) == new
+@pytest.mark.parametrize("old", list(RENAMED_BEFORE_0_3))
+def test_a_setting_renamed_before_0_3_is_refused_in_one_line(tmp_path, capsys, old):
+    """0.3.0 reads today's names only: an old name fails before anything runs (exit 2, one line naming the new
+    one), from a file as from the command line."""
+    *section, leaf = old.split(".")
     path = tmp_path / "old.yaml"
-    path.write_text("eval_every: 5\neval_batches: 2\n")
-    with pytest.warns(FutureWarning, match="the old name is read until version 0.3"):
-        assert load_train_config(path) == new
-    with pytest.warns(FutureWarning):  # a later layer wins, whatever name each gives
-        assert load_train_config(path, ["validate_every=6"]).validate_every == 6
-    path.write_text("eval_every: 5\nvalidate_every: 6\n")
-    with pytest.raises(ConfigError, match=r"eval_every \(5\) and validate_every \(6\) disagree"):
-        load_train_config(path)
-    path.write_text("eval_every: 5\nvalidate_every: 5\nvalidation_batches: 2\n")
-    with pytest.warns(FutureWarning):  # equal values under both names are one setting
-        assert load_train_config(path) == new
+    path.write_text(yaml.safe_dump({section[0]: {leaf: 1}} if section else {leaf: 1}))
+    for argv in (["-c", str(path)], [f"{old}=1"]):
+        assert main(["train", "--print-config", *argv]) == 2
+        error = capsys.readouterr().err
+        assert error == f"error: unknown setting {old}: it is {RENAMED_BEFORE_0_3[old]} since 0.3\n", error
+    with pytest.raises(TypeError, match="latent_bits"):
+        ModelConfig(latent_bits=3)  # the keyword too
 
 
-def test_latent_bits_is_read_as_latent_units_everywhere_it_was_written(tmp_path):
-    """The command line and a YAML file (until 0.3, with a warning), ModelConfig's keyword (likewise), and a
-    saved model config: a checkpoint's config.json and a Hugging Face export's, for good."""
-    from free_transformer import ModelConfig
+def test_the_saved_model_configs_older_field_names_are_read_for_good():
+    """What a checkpoint or an export wrote is no setting: its config.json's latent_bits (written by 0.1) is
+    read as latent_units, without a warning, by the checkpoint and the Hugging Face loaders."""
+    pytest.importorskip("transformers")
+    from free_transformer.hf.configuration import FreeTransformerConfig
     from free_transformer.runs.checkpoint import read_checkpoint_config
 
-    with pytest.warns(FutureWarning, match="model.latent_bits is now model.latent_units"):
-        assert load_train_config(None, ["model.latent_bits=3"]).model.latent_units == 3
-    with pytest.warns(FutureWarning, match="latent_bits is now latent_units; the old name is read until version 0.3"):
-        assert ModelConfig(latent_bits=3) == ModelConfig(latent_units=3)
-    with pytest.raises(ConfigError, match="disagree"):
-        ModelConfig(latent_bits=3, latent_units=4)
+    exported = json.loads((LEGACY_RUN.parent / "legacy-hf" / "config.json").read_text())
+    assert "latent_bits" in exported
     with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error")
         saved = read_checkpoint_config(LEGACY_RUN / "checkpoints" / "step_00000004")["model"]
-        assert "latent_bits" in saved and ModelConfig.from_dict(saved).latent_units == saved["latent_bits"]
+        assert ModelConfig.from_dict(saved).latent_units == 3 and "latent_bits" not in saved
+        assert FreeTransformerConfig.from_dict(exported).to_model_config().latent_units == 3
 
 
-def test_every_shipped_config_loads_with_and_without_the_old_names(tmp_path):
+def test_every_shipped_config_loads_without_a_warning():
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # today's names: no warning
-            config = load_train_config(path)
-        old = tmp_path / path.name
-        old.write_text(path.read_text().replace("validate_every:", "eval_every:"))
-        with warnings.catch_warnings(record=True):
-            warnings.simplefilter("always")
-            assert load_train_config(old) == config, path.name
+            load_train_config(path)
 
 
-def test_the_legacy_runs_config_reads_its_old_names():
-    with pytest.warns(FutureWarning):
-        config = load_train_config(LEGACY_RUN / "config.yaml")
+def test_the_legacy_runs_config_is_refused_until_renamed(tmp_path):
+    """A run's config.yaml written by 0.1 names each setting renamed since: one line names them, and the
+    run in today's names loads (its checkpoints as 0.1 wrote them: runs/migrations.py reads those)."""
+    with pytest.raises(ConfigError, match="^unknown setting eval_batches: it is validation_batches since 0.3; unknown setting eval_every: "):
+        load_train_config(LEGACY_RUN / "config.yaml")
     saved = yaml.safe_load((LEGACY_RUN / "config.yaml").read_text())
+    config = load_train_config(legacy_run_in_todays_names(tmp_path) / "config.yaml")
     assert (config.validate_every, config.validation_batches) == (saved["eval_every"], saved["eval_batches"])
+    assert config.model.latent_units == saved["model"]["latent_bits"]
 
 
 def test_eval_flags_are_the_config_eval_section(capsys):
@@ -292,16 +258,3 @@ def test_a_training_config_sets_the_sandbox_limits_of_its_evaluations(tmp_path):
     assert (config.eval.sandbox.timeout_s, config.eval.sandbox.memory_mb) == (3.0, 512)
     with pytest.raises(ConfigError, match=r"^eval.sandbox.memory_mb must be >= 1, got 0$"):
         load_train_config(None, ["eval.sandbox.memory_mb=0"])
-
-
-def test_no_compatibility_shim_outlives_its_release():
-    """Every old spelling the package still reads is in base/compat.py with the release that drops it; this
-    fails when the package reaches that release with the shim still there."""
-    from free_transformer.base import compat
-    from free_transformer.base.version import __version__
-
-    def release(text: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in text.split(".")[:2])
-
-    assert release(__version__) < release(compat.REMOVED_IN)
-    assert all(release(rename.until) == release(compat.REMOVED_IN) for rename in compat.RENAMED)

@@ -18,18 +18,14 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from free_transformer import FreeTransformer
 from free_transformer.distributed.sharded_checkpoint import consolidate, load_sharded, load_single_file
 from free_transformer.model.config import LatentConfig
-from free_transformer.model.state_names import (
-    FUSED_PROJECTIONS,
+from free_transformer.model.layers import FUSED_PROJECTIONS
+from free_transformer.runs.checkpoint import load_model, load_training_state, optimizer_param_names
+from free_transformer.runs.migrations import (
     legacy_latent_key_mapping,
     part_names,
     split_state_dict,
-    upgrade_state_dict,
-)
-from free_transformer.runs.checkpoint import (
-    load_model,
-    load_training_state,
-    optimizer_param_names,
     upgrade_optimizer_state,
+    upgrade_state_dict,
 )
 from free_transformer.train.config import OptimConfig
 from free_transformer.train.optim import build_optimizer

@@ -23,8 +23,8 @@ from free_transformer.hf.conversion import (  # noqa: E402
     save_llama,
     with_fresh_latent_path,
 )
-from free_transformer.model.state_names import split_state_dict  # noqa: E402
 from free_transformer.runs.checkpoint import load_model, save_checkpoint  # noqa: E402
+from free_transformer.runs.migrations import split_state_dict  # noqa: E402
 
 
 def tiny_llama(tmp_path, tie: bool, seed=0, **overrides) -> tuple[LlamaForCausalLM, str]:

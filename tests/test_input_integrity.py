@@ -256,6 +256,23 @@ def test_a_checkpoint_whose_sizes_exceed_memory_is_refused_before_any_allocation
         assert "RoPE tables for max_seq_len 1,099,511,627,776" in error, error
 
 
+def test_a_hugging_face_config_too_large_for_memory_is_refused_before_any_allocation():
+    """FreeTransformerForCausalLM builds its model through runs.memory.build_model (the model itself checks
+    nothing of the machine): RoPE tables of 4 TiB are one ConfigError with the size, not the allocator's."""
+    pytest.importorskip("transformers")
+    from free_transformer.base.checks import ConfigError
+    from free_transformer.hf.configuration import FreeTransformerConfig
+    from free_transformer.hf.modeling import FreeTransformerForCausalLM
+
+    config = FreeTransformerConfig(
+        vocab_size=16, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=16, max_position_embeddings=2**40,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="RoPE tables for max_seq_len 1,099,511,627,776") as error:
+        FreeTransformerForCausalLM(config)
+    assert "does not fit in this machine's memory" in str(error.value) and "\n" not in str(error.value)
+
+
 def test_convert_of_an_hf_directory_with_a_pickled_bin_is_one_line(tmp_path, capsys):
     import torch
 

@@ -135,3 +135,25 @@ def test_an_import_up_is_found(tmp_path, line):
     (copy / "model" / "__init__.py").write_text("")
     (copy / "model" / "extra.py").write_text(line)
     assert len(up_imports(copy)) == 1
+
+
+def test_the_model_folder_holds_only_the_model():
+    """model/ holds the model: its modules, its config, its loss and its latent spaces. What reads what
+    earlier code wrote lives in runs/migrations.py (one adapter for every loader), and what measures a
+    user's sizes against the machine in runs/memory.py (called by the entry points)."""
+    model = PACKAGE / "model"
+    assert not [p.name for p in model.rglob("*.py") if "migration" in p.stem or "state_names" in p.stem]
+    compat = [  # the package's compatibility shims: read at the entry points, never by the model
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in sorted(model.rglob("*.py"))
+        for line, target in imports(path)
+        if target.startswith("base.compat")
+    ]
+    assert compat == []
+    found = [  # a migration (upgrade_*, LEGACY_* names) or a look at the machine's memory
+        f"{path.relative_to(PACKAGE)}: {word}"
+        for path in sorted(model.rglob("*.py"))
+        for word in ("upgrade_", "LEGACY_", "sysconf")
+        if word in path.read_text(encoding="utf-8")
+    ]
+    assert found == []

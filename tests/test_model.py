@@ -8,7 +8,7 @@ from free_transformer.inference.latents import check_latent_values
 from free_transformer.model.config import LatentConfig
 from free_transformer.model.latent import free_bits_kl
 from free_transformer.model.layers import apply_rope, rope_tables
-from free_transformer.model.state_names import split_state_dict, upgrade_state_dict
+from free_transformer.runs.migrations import split_state_dict, upgrade_state_dict
 
 
 def _tokens(B=2, T=12, vocab=50, seed=0, device="cpu"):

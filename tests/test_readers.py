@@ -324,32 +324,14 @@ def test_every_kind_has_a_section_and_a_builder():
         build_dataset(config, seed=0)
 
 
-LEGACY_TEXT = """\
-data:
-  kind: text
-  path: {path}
-  tokenizer: byte
-  seq_len: 8
-  val_fraction: 0.25
-  cache_dir: null
-  coinflip_length: 64
-  coinflip_epsilon: 0.1
-"""
-
-
-def test_old_flat_configs_load_to_the_same_dataset(tmp_path):
+def test_a_text_config_saves_in_sections_and_loads_back(tmp_path):
+    """The data's fields live in their kind's section (the flat fields of 0.1 are refused since 0.3.0:
+    tests/test_config.py)."""
     from free_transformer.base.checks import ConfigError
     from free_transformer.train.config import load_train_config, save_train_config
 
-    legacy_run = load_train_config(Path(__file__).parent / "data" / "legacy-run" / "config.yaml")
-    assert legacy_run.data == DataConfig(kind="letters", text=TextConfig(seq_len=256)).fitted_to(
-        legacy_run.model.max_seq_len
-    )  # the tokens section, absent then, takes the model's length
     (tmp_path / "a.txt").write_text("an old corpus\n" * 20)
-    (tmp_path / "old.yaml").write_text(LEGACY_TEXT.format(path=tmp_path / "a.txt"))
-    old = load_train_config(tmp_path / "old.yaml")
-    assert old.data.text == TextConfig(path=str(tmp_path / "a.txt"), seq_len=8, val_fraction=0.25)
-    new = load_train_config(
+    config = load_train_config(
         None,
         [
             "data.kind=text",
@@ -358,15 +340,9 @@ def test_old_flat_configs_load_to_the_same_dataset(tmp_path):
             "data.text.val_fraction=0.25",
         ],
     )
-    assert old.data == new.data
-    for split in ("train", "val"):
-        assert torch.equal(build_dataset(old.data, 0).batch(2, 4, split), build_dataset(new.data, 0).batch(2, 4, split))
-    save_train_config(old, tmp_path / "saved.yaml")  # saved with sections, and read back the same
-    assert load_train_config(tmp_path / "saved.yaml").data == old.data
-    assert load_train_config(tmp_path / "old.yaml", ["data.seq_len=16"]).data.text.seq_len == 16  # flat overrides
-    assert load_train_config(tmp_path / "old.yaml", ["data.text.seq_len=16"]).data.text.seq_len == 16
-    assert load_train_config(None, ["data.kind=coinflip", "data.coinflip_length=8"]).data.coinflip.length == 8
-    with pytest.raises(ConfigError, match="data.seq_len .* and data.text.seq_len .* disagree"):
-        load_train_config(None, ["data.seq_len=8", "data.text.seq_len=16"])
+    assert config.data.text == TextConfig(path=str(tmp_path / "a.txt"), seq_len=8, val_fraction=0.25)
+    save_train_config(config, tmp_path / "saved.yaml")  # saved with sections, and read back the same
+    assert load_train_config(tmp_path / "saved.yaml").data == config.data
+    assert load_train_config(tmp_path / "saved.yaml", ["data.text.seq_len=16"]).data.text.seq_len == 16
     with pytest.raises(ConfigError, match="'images' is not one of letters, coinflip, text, tokens"):
         load_train_config(None, ["data.kind=images"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, tiny_model
+from conftest import TINY, legacy_run_in_todays_names, tiny_model
 from conftest import run_losses as _losses
 from conftest import tiny_run_config as _config
 from conftest import wait_for_step as _wait_for_step
@@ -306,10 +306,11 @@ LEGACY_RUN = Path(__file__).parent / "data" / "legacy-run"  # written by 0.1: th
 
 
 def test_a_run_written_before_the_latent_path_module_loads_and_resumes_to_the_same_losses(tmp_path):
+    """Its checkpoints as 0.1 wrote them (tensor names, separate projections, optimizer state, numpy RNG
+    state); its config.yaml renamed as 0.3.0 asks of a user (settings are read in today's names only)."""
     model, _ = load_model(LEGACY_RUN)
     assert model.latent.mapper.weight.shape == (8, 16) and model.latent.zeta.abs().sum() > 0
-    run = tmp_path / "run"
-    shutil.copytree(LEGACY_RUN, run)
+    run = legacy_run_in_todays_names(tmp_path)
     shutil.rmtree(run / "checkpoints" / "step_00000004")
     train(load_train_config(run / "config.yaml", ["progress=false"]), run, resume=True)
     # Steps 3 and 4 as 0.1 computed them. 0.1 ran on another CPU, so equal up to float32 summation order

@@ -11,7 +11,6 @@ import argparse
 import importlib
 import os
 import sys
-import warnings
 
 from .base.errors import Stopped, UserError
 
@@ -85,19 +84,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None):
     return args
 
 
-def _one_line_warning(message, category, filename, lineno, line=None) -> str:
-    """A warning meant for the user (a FutureWarning: an old setting's name) as one line; others as Python
-    writes them."""
-    if issubclass(category, FutureWarning):
-        return f"warning: {' '.join(str(message).split())}\n"
-    return PYTHON_WARNING_FORMAT(message, category, filename, lineno, line)
-
-
-PYTHON_WARNING_FORMAT = warnings.formatwarning
-
-
 def main(argv: list[str] | None = None) -> int:
-    warnings.formatwarning = _one_line_warning
     args = parse_args(build_parser(sys.argv[1:] if argv is None else argv), argv)
     try:
         code = int(args.run(args) or 0)

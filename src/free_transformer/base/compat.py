@@ -1,46 +1,25 @@
-"""Every compatibility shim of the package, each with the release that removes it: the one place to read
-(and to empty) when a release drops them. What reads each one is named beside it; tests/test_config.py
-fails once the package's version reaches a shim's release."""
+"""What 0.3 stopped reading, kept only so that an error names today's spelling: a release reads today's names
+alone, and an old one is refused in one line that gives its replacement. Not here: what lets a checkpoint, an
+export or a run's metrics written by earlier code load (runs/migrations.py), which no release removes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Renamed:
-    """A setting's old name, still read (with a FutureWarning) until the release `until`; the new name may be
-    in another section (a flat field moved into its section: data.path -> data.text.path)."""
-
-    old: str  # dotted path, e.g. "eval_every"
-    new: str
-    until: str
-
-
-REMOVED_IN = "0.3"  # the release that stops reading every old spelling below
-
-# Settings renamed or moved (train/config.py reads them, with a FutureWarning): a run's config.yaml written
-# by 0.1 (tests/data/legacy-run), and command lines that still use the old names.
-RENAMED = (
-    Renamed("eval_every", "validate_every", until=REMOVED_IN),
-    Renamed("eval_batches", "validation_batches", until=REMOVED_IN),
+# Settings renamed or moved before 0.3 (a YAML config, a command line's section.field=value, a run's
+# config.yaml): base/settings.unknown_setting names the new one.
+SETTINGS_RENAMED = {
+    "eval_every": "validate_every",
+    "eval_batches": "validation_batches",
     # data's flat fields, from before each kind of data had its section
-    Renamed("data.path", "data.text.path", until=REMOVED_IN),
-    Renamed("data.tokenizer", "data.text.tokenizer", until=REMOVED_IN),
-    Renamed("data.seq_len", "data.text.seq_len", until=REMOVED_IN),
-    Renamed("data.val_fraction", "data.text.val_fraction", until=REMOVED_IN),
-    Renamed("data.cache_dir", "data.text.cache_dir", until=REMOVED_IN),
-    Renamed("data.coinflip_length", "data.coinflip.length", until=REMOVED_IN),
-    Renamed("data.coinflip_epsilon", "data.coinflip.epsilon", until=REMOVED_IN),
-    # H counts bits, dimensions or groups, whatever the kind's unit (also ModelConfig(latent_bits=...))
-    Renamed("model.latent_bits", "model.latent_units", until=REMOVED_IN),
-)
+    "data.path": "data.text.path",
+    "data.tokenizer": "data.text.tokenizer",
+    "data.seq_len": "data.text.seq_len",
+    "data.val_fraction": "data.text.val_fraction",
+    "data.cache_dir": "data.text.cache_dir",
+    "data.coinflip_length": "data.coinflip.length",
+    "data.coinflip_epsilon": "data.coinflip.epsilon",
+    # H counts bits, dimensions or groups, whatever the kind's unit
+    "model.latent_bits": "model.latent_units",
+}
 
-# Not shims, and removed by no release: a checkpoint once written stays loadable. Its older tensor names
-# and layouts are migrated where checkpoints are read (model/state_names.upgrade_state_dict, the Hugging Face
-# loader's key_mapping), and the numpy types of older RNG states are allowed by runs/checkpoint.py.
-# Its saved model config's older field names (a checkpoint's or a Hugging Face export's config.json), old ->
-# today's, are read by model/config.upgrade_saved_model_config: RENAMED's model entries, kept for good.
-SAVED_MODEL_RENAMED = {"latent_bits": "latent_units"}
-# A run's metrics.jsonl in older metric names, old -> today's, read by train/metrics.read_metrics.
-METRIC_RENAMED = {"val_kl_bits_per_bit": "val_kl_bits_per_unit", "dead_bits": "dead_units"}
+# Names of the choice of Z read until 0.3 (base/latent_choice.LatentChoice.parse names the new one).
+LATENT_CHOICES_RENAMED = {"posterior": "encoder", "independent": "encoder"}

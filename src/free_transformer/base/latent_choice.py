@@ -9,6 +9,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal, get_args
 
+from .compat import LATENT_CHOICES_RENAMED
+
 
 class LatentChoice(str, Enum):
     """A named choice of Z. A str, so that it compares, hashes, prints and reprs (JSON, messages, --help) as its
@@ -40,7 +42,7 @@ class LatentChoice(str, Enum):
         stopped reading."""
         allowed = allowed or tuple(cls)
         names = ", ".join(repr(str(choice)) for choice in allowed)
-        renamed = RENAMED.get(value) if isinstance(value, str) else None
+        renamed = LATENT_CHOICES_RENAMED.get(value) if isinstance(value, str) else None
         hint = f" ({value!r} is now called {str(renamed)!r})" if renamed in allowed else ""
         return f"must be one of {names}{hint}"
 
@@ -58,10 +60,6 @@ def as_context(choice: LatentChoice) -> ContextChoice:
     if choice == LatentChoice.PRIOR:
         return LatentChoice.PRIOR
     raise ValueError(f"{choice!r} is not a context's Z: {', '.join(map(repr, CONTEXT))}")
-
-
-# Spellings of 0.1, read with a warning until 0.3 and refused since: each one's error names today's choice.
-RENAMED = {"posterior": LatentChoice.ENCODER, "independent": LatentChoice.ENCODER}
 
 
 def named(where: str, value: object) -> str:

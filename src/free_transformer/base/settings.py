@@ -14,7 +14,6 @@ import itertools
 import textwrap
 import types
 import typing
-import warnings
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -23,7 +22,7 @@ import yaml
 
 from .bounded import load_yaml
 from .checks import ConfigError
-from .compat import Renamed
+from .compat import SETTINGS_RENAMED
 from .fileio import atomic_write_text
 
 
@@ -96,9 +95,11 @@ def build(cls, values: dict, where: str = ""):
 
 
 def unknown_setting(name: str, names: list[str], where: str = "") -> str:
-    """'unknown setting optim.lrr: did you mean optim.lr?': the closest real field by difflib's ratio, or the
-    section's fields when none is close."""
+    """'unknown setting optim.lrr: did you mean optim.lr?': the new name of a setting renamed before 0.3, else
+    the closest real field by difflib's ratio, or the section's fields when none is close."""
     prefix = f"{where}." if where else ""
+    if f"{prefix}{name}" in SETTINGS_RENAMED:
+        return f"unknown setting {prefix}{name}: it is {SETTINGS_RENAMED[prefix + name]} since 0.3"
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     hint = f"did you mean {prefix}{close[0]}?" if close else f"{where or 'the config'} has {', '.join(names)}"
     return f"unknown setting {prefix}{name}: {hint}"
@@ -142,48 +143,6 @@ def parse_overrides(overrides: list[str]) -> dict:
         except yaml.YAMLError as error:
             raise ConfigError(f"override {key}: cannot read its value: {' '.join(str(error).split())}") from None
     return result
-
-
-def _node(values: dict, parents: list[str], create: bool) -> dict | None:
-    """The mapping at `parents` in a nested mapping, copied on the way so that `values` can change; None where
-    a part is missing (or made, with create) or is not a mapping."""
-    node = values
-    for part in parents:
-        if part not in node and create:
-            node[part] = {}
-        if not isinstance(node.get(part), dict):
-            if part in node and create:
-                raise ConfigError(f"{'.'.join(parents)}: expected a mapping, got {node[part]!r}")
-            return None
-        node[part] = node = dict(node[part])
-    return node
-
-
-def upgrade_names(values: dict, renames: tuple[Renamed, ...], source: str) -> dict:
-    """`values` (a nested mapping) with each old name moved to its new one, warning once per name; an old
-    and a new name given together with different values is a ConfigError."""
-    values = dict(values)
-    for rename in renames:
-        *parents, old_leaf = rename.old.split(".")
-        *new_parents, new_leaf = rename.new.split(".")
-        node = _node(values, parents, create=False)
-        if node is None or old_leaf not in node:
-            continue
-        value = node.pop(old_leaf)
-        target = _node(values, new_parents, create=True)
-        assert target is not None  # create=True makes the missing parts (or raises)
-        if new_leaf in target and target[new_leaf] != value:
-            raise ConfigError(
-                f"{source}: {rename.old} ({value!r}) and {rename.new} ({target[new_leaf]!r}) "
-                f"disagree: give {rename.new} only"
-            )
-        target[new_leaf] = value
-        warnings.warn(
-            f"{source}: {rename.old} is now {rename.new}; the old name is read until version {rename.until}",
-            FutureWarning,
-            stacklevel=2,
-        )
-    return values
 
 
 def read_yaml(path: str | Path) -> dict:

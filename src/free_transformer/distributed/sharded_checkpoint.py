@@ -39,7 +39,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from ..base.fileio import refuse_links, share_like_umask
 from ..model.config import ModelConfig
-from ..model.state_names import fused_name, upgrade_state_dict
 from ..model.transformer import FreeTransformer
 from ..runs.checkpoint import (
     CHECKSUMS,
@@ -53,10 +52,10 @@ from ..runs.checkpoint import (
     optimizer_param_names,
     read_checkpoint_config,
     remove_checkpoint,
-    upgrade_named_optimizer_state,
-    upgrade_optimizer_state,
     verify_checkpoint,
 )
+from ..runs.memory import build_model
+from ..runs.migrations import fused_name, upgrade_named_optimizer_state, upgrade_optimizer_state, upgrade_state_dict
 from .env import ParallelEnv
 
 DCP_DIR = "dcp"
@@ -254,7 +253,7 @@ def consolidate(path: str | Path, out: str | Path | None = None) -> Path:
     behind. Returns the directory written."""
     checkpoint = sharded_checkpoint_dir(path)
     config = read_checkpoint_config(checkpoint)
-    model = FreeTransformer(ModelConfig.from_dict(config["model"]))
+    model = build_model(ModelConfig.from_dict(config["model"]))
     if _has_separate_projections(checkpoint):  # written before the projections were fused: read as stored
         weights = upgrade_state_dict(_dcp_load_as_stored(checkpoint, ("model",))["model"])
     else:

@@ -20,7 +20,8 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from ..base.settings import field_docs, type_name
-from ..model.config import ModelConfig, upgrade_saved_model_config
+from ..model.config import ModelConfig
+from ..runs.migrations import upgrade_saved_model_config
 
 # ModelConfig field -> its Hugging Face name, where Hugging Face's Llama spells it otherwise; every other
 # field keeps its name (a field of a section, `latent.kind`, is `latent_kind`).

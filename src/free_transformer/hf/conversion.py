@@ -2,7 +2,7 @@
 Llama checkpoints (`LlamaForCausalLM` names).
 
 A Llama decoder is our baseline: same blocks, same names (ours are HF Llama's without the "model."
-prefix, q/k/v and gate/up stacked into one projection each: `model.state_names.FUSED_PROJECTIONS`), same RoPE
+prefix, q/k/v and gate/up stacked into one projection each: `model.layers.FUSED_PROJECTIONS`), same RoPE
 layout. `load_llama` reads its config.json and safetensors directly (no Llama model is instantiated) and refuses the
 Llama features we do not implement. `with_fresh_latent_path`
 turns a baseline into a Free Transformer whose decoder weights are the baseline's and whose encoder,
@@ -25,11 +25,12 @@ from transformers import LlamaConfig
 from ..base.bounded import loads_json
 from ..base.checks import ConfigError
 from ..data.tokenizer import TokenizerError, check_tokenizer_name
-from ..model.config import ModelConfig, upgrade_saved_model_config
+from ..model.config import ModelConfig
 from ..model.layers import rope_tables
-from ..model.state_names import split_state_dict, upgrade_state_dict
-from ..model.transformer import FreeTransformer, check_fits_memory
+from ..model.transformer import FreeTransformer
 from ..runs.checkpoint import CheckpointError, check_step, load_model, resolve_checkpoint, save_checkpoint
+from ..runs.memory import build_model, check_fits_memory
+from ..runs.migrations import split_state_dict, upgrade_saved_model_config, upgrade_state_dict
 from .configuration import FreeTransformerConfig
 from .modeling import FreeTransformerForCausalLM
 from .remote_code import write_remote_code, write_tokenizer
@@ -338,7 +339,7 @@ def with_fresh_latent_path(
     config = baseline.config.replace(latent_units=latent_units, latent_layer=latent_layer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = FreeTransformer(config)
+        model = build_model(config)
     model = model.to(device=baseline.rope_cos.device, dtype=baseline.embed_tokens.weight.dtype)
     missing, unexpected = model.load_state_dict(baseline.state_dict(), strict=False)
     latent = set(model.state_dict()) - set(baseline.state_dict())

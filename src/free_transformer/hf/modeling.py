@@ -28,8 +28,9 @@ from ..inference.generate import row_generators
 from ..inference.latents import LatentPlan, forward_source, parse_latents, plan_latents
 from ..inference.params import Sampling, spelt_fields
 from ..model.loss import IGNORE_INDEX
-from ..model.state_names import fused_name, legacy_latent_key_mapping, upgrade_state_dict
 from ..model.transformer import FreeTransformer
+from ..runs.memory import build_model
+from ..runs.migrations import fused_name, legacy_latent_key_mapping, upgrade_state_dict
 from .configuration import FreeTransformerConfig
 from .generation import RowSeededSampler
 
@@ -37,7 +38,7 @@ from .generation import RowSeededSampler
 # forward and as the output's field. Forward accepts either name; the output fills the installed release's.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
-# The latent path's older tensor names (state_names.LEGACY_LATENT_NAMES) as from_pretrained's key_mapping takes them.
+# The latent path's older tensor names (runs.migrations.LEGACY_LATENT_NAMES) as from_pretrained's key_mapping.
 LEGACY_KEY_MAPPING = legacy_latent_key_mapping("model.")
 
 # Hugging Face's library defaults for the generation settings read here (GenerationConfig leaves them
@@ -155,7 +156,7 @@ def _quiet_transformers():
 class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin):
     def __init__(self, config: FreeTransformerConfig):
         super().__init__(config)
-        self.model = FreeTransformer(config.to_model_config())
+        self.model = build_model(config.to_model_config())  # an export's sizes: one line if they cannot fit
         self.post_init()
 
     @classmethod

@@ -4,11 +4,9 @@ named sizes from a tiny debug model to the paper's 8B."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 
 from ..base.checks import ConfigError, check_range
-from ..base.compat import RENAMED, SAVED_MODEL_RENAMED
 from ..base.presets import Presets
 from ..base.settings import build
 
@@ -86,22 +84,8 @@ class ModelConfig:
     """Number of decoder blocks before Z is injected; None means L // 2 (the paper's middle)."""
     latent: LatentConfig = field(default_factory=LatentConfig)
     """The latent path's mechanism: model.latent.kind, model.latent.encoder_layers, a kind's own section."""
-    latent_bits: InitVar[int | None] = None  # latent_units's old name (base/compat.RENAMED), read with a warning
 
-    def __post_init__(self, latent_bits: int | None) -> None:
-        if latent_bits is not None:
-            rename = next(r for r in RENAMED if r.old == "model.latent_bits")
-            if self.latent_units not in (0, latent_bits):
-                raise ConfigError(
-                    f"latent_bits ({latent_bits!r}) and latent_units ({self.latent_units!r}) disagree: "
-                    "give latent_units only"
-                )
-            warnings.warn(
-                f"ModelConfig: latent_bits is now latent_units; the old name is read until version {rename.until}",
-                FutureWarning,
-                stacklevel=3,
-            )
-            object.__setattr__(self, "latent_units", latent_bits)
+    def __post_init__(self) -> None:
         if isinstance(self.latent, dict):  # from a saved config.json or a YAML section
             object.__setattr__(self, "latent", build(LatentConfig, self.latent, "model.latent"))
         if not isinstance(self.latent, LatentConfig):
@@ -193,7 +177,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> ModelConfig:
-        values = upgrade_saved_model_config(values)
+        """The config `to_dict` wrote; a saved one in older field names goes through
+        runs/migrations.py first."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -257,17 +242,6 @@ class ModelConfig:
             flops += 6 * self.dim * space.posterior_size  # encoder read-out
             flops += space.training_flops_per_token()
         return float(flops)
-
-
-def upgrade_saved_model_config(values: dict) -> dict:
-    """A saved model config (a checkpoint's, a Hugging Face export's) in today's field names: a checkpoint
-    once written stays loadable (base/compat.SAVED_MODEL_RENAMED)."""
-    values = dict(values)
-    for old, new in SAVED_MODEL_RENAMED.items():
-        if old in values:
-            value = values.pop(old)
-            values.setdefault(new, value)
-    return values
 
 
 # Named sizes (`model.size=NAME`, `free-transformer info NAME`), from a model for tests to the paper's two.

@@ -1,7 +1,7 @@
 """Building blocks of the Llama-style decoder: RoPE, grouped-query attention with a KV cache, SwiGLU,
 and the pre-norm transformer block. Module names follow Hugging Face's Llama, except that q/k/v and
 gate/up are each one projection (`qkv_proj`, `gate_up_proj`: Llama's matrices stacked by rows;
-model.state_names.FUSED_PROJECTIONS says which)."""
+FUSED_PROJECTIONS says which)."""
 
 from __future__ import annotations
 
@@ -114,10 +114,26 @@ def gqa_route(device_type: str, dtype: torch.dtype, query_len: int, masked: bool
     return "expand" if dtype == torch.float32 else "native"
 
 
+# Each block's fused input projections and the separate ones they stack by rows, in order (Llama's
+# weights, and older checkpoints, hold the parts).
+FUSED_PROJECTIONS = {
+    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
+
+
 def qkv_rows(config: ModelConfig) -> tuple[int, int, int]:
     """The rows of q, k and v in the fused qkv_proj weight: q_dim, kv_dim, kv_dim."""
     kv_dim = config.n_kv_heads * config.head_dim
     return config.n_heads * config.head_dim, kv_dim, kv_dim
+
+
+def part_rows(config: ModelConfig) -> dict[str, list[int]]:
+    """The rows of each part of a fused projection, keyed and ordered as FUSED_PROJECTIONS."""
+    return {
+        "self_attn.qkv_proj.weight": list(qkv_rows(config)),
+        "mlp.gate_up_proj.weight": [config.ffn_hidden, config.ffn_hidden],
+    }
 
 
 class Attention(nn.Module):

@@ -6,9 +6,7 @@ block `injection_layer`."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,14 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base.checks import ConfigError
 from ..base.latent_choice import LatentChoice
 from .config import ModelConfig
 from .latent import Generators, LatentSource, LatentSpace, free_bits_kl
 from .latent_path import LatentPath, LatentSample
-from .layers import Block, KVCache, rope_tables
+from .layers import FUSED_PROJECTIONS, Block, KVCache, part_rows, rope_tables
 from .loss import ReadoutLoss, cross_entropy
-from .state_names import FUSED_PROJECTIONS, part_rows
 
 
 @dataclass
@@ -50,39 +46,6 @@ class ModelOutput:
         )
 
 
-def _too_large(config: ModelConfig, what: str) -> ConfigError:
-    params = config.num_params()
-    return ConfigError(
-        f"a model of {params:,} parameters ({what}) does not fit in this machine's memory: choose a smaller model"
-    )
-
-
-def check_fits_memory(config: ModelConfig) -> None:
-    """Refuse, before anything is allocated, a model whose parameters and RoPE tables (with the
-    temporaries that compute them) exceed this machine's physical memory, in the default dtype."""
-    elements = config.num_params() + 4 * config.max_seq_len * config.head_dim  # RoPE: cos, sin and two temporaries
-    size = elements * torch.get_default_dtype().itemsize
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if size > memory:
-        dtype = str(torch.get_default_dtype()).removeprefix("torch.")
-        raise _too_large(
-            config,
-            f"{size / 2**30:,.1f} GiB in {dtype} with RoPE tables for max_seq_len "
-            f"{config.max_seq_len:,}, of {memory / 2**30:,.1f} GiB",
-        )
-
-
-@contextlib.contextmanager
-def _memory_for(config: ModelConfig):
-    """A model too large for the machine is one line that says its size, not the allocator's trace."""
-    try:
-        yield
-    except RuntimeError as error:  # DefaultCPUAllocator: can't allocate memory; CUDA out of memory
-        if "allocate" not in str(error):
-            raise
-        raise _too_large(config, f"{4 * config.num_params() / 2**30:,.1f} GiB of parameters in float32") from None
-
-
 class FreeTransformer(nn.Module):
     rope_cos: Tensor  # (max_seq_len, head_dim), RoPE tables: buffers registered in __init__
     rope_sin: Tensor
@@ -90,16 +53,13 @@ class FreeTransformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config.check_latent_kind()
-        if torch.get_default_device().type == "cpu":  # under the meta device nothing is allocated
-            check_fits_memory(config)
-        with _memory_for(config):
-            self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
-            self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-            self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
-            self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
-            self.latent = LatentPath(config) if config.is_free else None  # None: the baseline decoder
-            # RoPE tables are derived from the config, never checkpointed.
-            cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.latent = LatentPath(config) if config.is_free else None  # None: the baseline decoder
+        # RoPE tables are derived from the config, never checkpointed.
+        cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         # The fused read-out cross-entropy; its `compile()` fuses each chunk's softmax and gradient.

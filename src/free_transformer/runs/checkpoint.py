@@ -44,8 +44,9 @@ from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..base.fileio import refuse_links, sha256_file, share_like_umask
 from ..model.config import ModelConfig
-from ..model.state_names import fused_name, part_names, upgrade_state_dict
 from ..model.transformer import FreeTransformer
+from .memory import build_model
+from .migrations import upgrade_saved_model_config, upgrade_state_dict
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 MAX_STEP = 10**8 - 1  # the largest step whose directory STEP_DIR matches
@@ -164,12 +165,14 @@ def save_checkpoint(
 
 
 def read_checkpoint_config(path: str | Path) -> dict:
-    """config.json of a checkpoint, checked against its schema: a file that matches its digest may still
-    hold values of the wrong type, which would fail far from here."""
+    """config.json of a checkpoint, its model config in today's field names (runs.migrations), checked
+    against its schema: a file that matches its digest may still hold values of the wrong type, which would
+    fail far from here."""
     ckpt = resolve_checkpoint(path)
     try:
         config = loads_json((ckpt / "config.json").read_text())
         _check_config_schema(config)
+        config["model"] = upgrade_saved_model_config(config["model"])  # older field names: today's
         ModelConfig.from_dict(config["model"])
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, ConfigError) as error:
         raise CheckpointError(f"corrupt checkpoint config {ckpt / 'config.json'}: {error}") from error
@@ -195,7 +198,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Fr
     if not (ckpt / "model.safetensors").exists() and (ckpt / "dcp").is_dir():
         raise CheckpointError(f"{ckpt} is a sharded checkpoint: run `free-transformer consolidate {ckpt}` first")
     try:  # sizes too large for the machine (max_seq_len 2**40: RoPE tables of 4 TiB) refused before allocating
-        model = FreeTransformer(ModelConfig.from_dict(config["model"]))
+        model = build_model(ModelConfig.from_dict(config["model"]))
     except ConfigError as error:
         raise ConfigError(f"{ckpt / 'config.json'}: {error}") from None
     weights = load_verified_weights(ckpt)
@@ -208,8 +211,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Fr
 
 def load_weights(ckpt: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
     """model.safetensors of a checkpoint directory, in this version's tensor names and layout (older
-    checkpoints are migrated on the way in: model.state_names.upgrade_state_dict, outside the model as a
-    state-dict adapter); a missing or unreadable file is a CheckpointError."""
+    checkpoints are migrated on the way in: runs.migrations.upgrade_state_dict, outside the model); a
+    missing or unreadable file is a CheckpointError."""
     try:
         return upgrade_state_dict(load_file(ckpt / "model.safetensors", device=device))
     except (OSError, SafetensorError) as error:
@@ -243,74 +246,10 @@ def load_training_state(path: str | Path) -> dict:
     return state
 
 
-def upgrade_named_optimizer_state(named: dict) -> dict:
-    """An optimizer state keyed by parameter name ({"state": {name: ...}, "param_groups": [{"params":
-    [names], ...}]}) written before the input projections were fused (separate q/k/v and gate/up
-    parameters), for the fused model: each fused parameter's state is its parts' (exp_avg, exp_avg_sq
-    concatenated by rows as the weights are; the step, equal in every part, once), in the place of the
-    first part. A current state is returned unchanged."""
-    state = dict(named["state"])
-    groups = []
-    for group in named["param_groups"]:
-        params = []
-        for name in group["params"]:
-            fused = fused_name(name)
-            if fused is None:
-                params.append(name)
-                continue
-            if fused in params:
-                continue
-            params.append(fused)
-            names = part_names(fused)
-            assert names is not None  # fused_name named a fused projection
-            parts = [state.pop(part) for part in names if part in state]
-            if parts:
-                state[fused] = {
-                    key: torch.cat([part[key] for part in parts], dim=0)
-                    if isinstance(value, torch.Tensor) and value.dim()
-                    else value
-                    for key, value in parts[0].items()
-                }
-        groups.append({**group, "params": params})
-    return {"state": state, "param_groups": groups}
-
-
 def optimizer_param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
     """Each parameter group's parameter names, in optimizer order."""
     names = {id(param): name for name, param in model.named_parameters()}
     return [[names[id(param)] for param in group["params"]] for group in optimizer.param_groups]
-
-
-def upgrade_optimizer_state(saved: dict, group_names: list[list[str]]) -> dict:
-    """`upgrade_named_optimizer_state` of an optimizer state_dict numbered by optimizer order (state.pt),
-    for the optimizer whose groups hold the parameters named `group_names` (`optimizer_param_names`).
-    The saved numbering is read as this optimizer's order with each fused parameter's parts in its
-    place (the order the parameters had before). A state that does not fit that layout is returned
-    unchanged (the optimizer's load_state_dict then says what differs)."""
-    old_groups = [[part for name in names for part in (part_names(name) or [name])] for names in group_names]
-    saved_groups = saved["param_groups"]
-    if (
-        old_groups == group_names
-        or len(saved_groups) != len(old_groups)
-        or any(len(group["params"]) != len(names) for group, names in zip(saved_groups, old_groups))
-    ):
-        return saved
-    old_name = {
-        index: name for group, names in zip(saved_groups, old_groups) for index, name in zip(group["params"], names)
-    }
-    named = upgrade_named_optimizer_state(
-        {
-            "state": {old_name[index]: value for index, value in saved["state"].items()},
-            "param_groups": [{**group, "params": names} for group, names in zip(saved_groups, old_groups)],
-        }
-    )
-    index = {name: i for i, name in enumerate(name for names in group_names for name in names)}
-    return {
-        "state": {index[name]: value for name, value in named["state"].items()},
-        "param_groups": [
-            {**group, "params": [index[name] for name in group["params"]]} for group in named["param_groups"]
-        ],
-    }
 
 
 def _check_training_state(state) -> None:

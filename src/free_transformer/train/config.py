@@ -1,7 +1,7 @@
 """The run configuration: nested dataclasses, loaded from dataclass defaults, then a YAML file, then
 `section.field=value` overrides from the command line (base/settings.py reads and writes them). The
 resolved config is saved with the run. Besides the fields: `model.size=NAME` (a named model size, its
-fields under the other model fields given) and the old names of renamed fields (base/compat.RENAMED)."""
+fields under the other model fields given)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Literal
 
 from ..base import settings
 from ..base.checks import ConfigError, check_range
-from ..base.compat import RENAMED
 from ..base.devices import Precision
 from ..base.units import bits_to_nats
 from ..data.config import DataConfig
@@ -183,11 +182,6 @@ class TrainConfig:
         return settings.to_dict(self)
 
 
-def _layer(values: dict, source: str) -> dict:
-    """One layer of settings (a file's, the overrides') in today's names (RENAMED)."""
-    return settings.upgrade_names(values, RENAMED, source)
-
-
 def _sized(model: dict, base: dict) -> dict:
     """The model section with `size` resolved: the named size's fields, then the section's other fields;
     without a size, `base`'s fields, then the section's."""
@@ -207,10 +201,7 @@ def load_train_config(
 ) -> TrainConfig:
     """Defaults, then the YAML file, then the overrides. periodic_eval=False turns the `eval` section off
     (eval.every = 0), for a reader of a run that does not train it."""
-    layers = [
-        _layer(read_config_file(path), str(path)) if path is not None else {},
-        _layer(settings.parse_overrides(overrides or []), "command line"),
-    ]
+    layers = [read_config_file(path) if path is not None else {}, settings.parse_overrides(overrides or [])]
     values = settings.merge(*layers)
     model = values.get("model", {})
     if isinstance(model, dict):  # the fields given override the default size's
@@ -227,7 +218,7 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     other model fields."""
     if not overrides:
         return config
-    update = _layer(settings.parse_overrides(overrides), "overrides")
+    update = settings.parse_overrides(overrides)
     values = settings.merge(config.to_dict(), update)
     model = update.get("model")
     if isinstance(model, dict) and "size" in model:
@@ -243,22 +234,6 @@ def overrides_of(config: TrainConfig) -> list[str]:
 
 def save_train_config(config: TrainConfig, path: str | Path) -> None:
     settings.write_yaml(config, path)
-
-
-def renamed_names_in(path: str | Path) -> list[str]:
-    """The old names of renamed fields (RENAMED) that a config file still uses, such as a run's config.yaml
-    written before the rename."""
-    values = read_config_file(path)
-
-    def given(dotted: str) -> bool:
-        node = values
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return False
-            node = node[part]
-        return True
-
-    return [rename.old for rename in RENAMED if given(rename.old)]
 
 
 def config_yaml(config: TrainConfig) -> str:
@@ -285,8 +260,7 @@ def settings_help() -> str:
     sections = [item for item in described if "." in item.path]
     first_model = next(i for i, item in enumerate(sections) if item.path.startswith("model."))
     sections.insert(first_model, size)
-    renamed = "".join(f"\n  {r.old}: now {r.new} (the old name is read until {r.until})" for r in RENAMED)
     return (
         "settings (section.field=value, after the config file; the defaults below):\n"
-        f"{settings.help_text(top + sections)}\n\nold names, still read with a warning:{renamed}"
+        f"{settings.help_text(top + sections)}"
     )

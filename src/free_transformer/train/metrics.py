@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 from ..base.bounded import loads_json
-from ..base.compat import METRIC_RENAMED
 from ..base.errors import UserError
 from ..base.fileio import atomic_write_text, open_append
 from ..base.install import install_hint
 from ..base.plotting import draw, training_panels
+from ..runs.migrations import METRIC_RENAMED
 from .config import TrainConfig
 
 
@@ -24,7 +24,7 @@ def tokens_per_step(config: TrainConfig, sequence_length: int) -> int:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The logged metrics, in today's names (a run written before: base/compat.METRIC_RENAMED); a last line
+    """The logged metrics, in today's names (a run written before: runs.migrations.METRIC_RENAMED); a last line
     cut short by a killed process is ignored, and so is a line that is not a JSON object (every reader takes
     each line as a dict). A line that is JSON this package never writes (an integer of more than 4,300
     digits, which Python refuses to read) is a UserError naming the file and the line."""

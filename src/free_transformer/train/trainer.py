@@ -49,10 +49,11 @@ from ..runs.checkpoint import (
     read_checkpoint_config,
     resolve_checkpoint,
     save_checkpoint,
-    upgrade_optimizer_state,
 )
+from ..runs.memory import build_model
+from ..runs.migrations import upgrade_optimizer_state
 from ..runs.runlock import RunLock
-from .config import TrainConfig, changed_settings, load_train_config, renamed_names_in, save_train_config
+from .config import TrainConfig, changed_settings, load_train_config, save_train_config
 from .metrics import MetricsLog, read_metrics, tokens_per_step
 from .noise import latent_generators
 from .optim import build_optimizer, clip_gradients, lr_factor, set_lr
@@ -276,7 +277,7 @@ def build(config: TrainConfig, run_dir: Path, env: ParallelEnv, *, resume: bool,
         for stale in (run_dir / "checkpoints").glob(".tmp_step_*"):  # left by a process killed mid-write
             shutil.rmtree(refuse_links(stale, run_dir), ignore_errors=True)  # a planted link is refused, not followed
 
-    model = FreeTransformer(config.model).to(env.device)
+    model = build_model(config.model).to(env.device)
     model.init_weights(post_sampler_std=config.post_sampler_init_std)
     if init_from is not None and not resume:
         fresh = init_from_checkpoint(model, init_from)
@@ -343,8 +344,7 @@ def _record_settings(run: Run, step: int) -> None:
     """The settings a run resumed at `step` (0: it holds no intact checkpoint) goes on with are its record:
     config.yaml is rewritten with them and RUN/config-changes.jsonl gets {"step": N, "changes": {"field":
     [before, after]}}, so that a plain `--resume` (a scheduler's requeue) continues with them. The data is
-    fixed for a run. A config.yaml that still uses renamed fields' old names is rewritten in the new ones
-    (the same settings: nothing recorded), so that it is read without warnings and after the old names go."""
+    fixed for a run."""
     saved_path = run.run_dir / "config.yaml"
     if not saved_path.is_file():
         return
@@ -364,9 +364,6 @@ def _record_settings(run: Run, step: int) -> None:
             + ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changes.items()),
             file=sys.stderr,
         )
-    elif run.env.is_main and (old_names := renamed_names_in(saved_path)):  # the same settings, in today's names
-        save_train_config(run.config, saved_path)
-        print(f"{saved_path} rewritten in today's names (it used {', '.join(old_names)})", file=sys.stderr)
 
 
 def train_step(run: Run, step: int, signals: StopSignals) -> StepResult:
