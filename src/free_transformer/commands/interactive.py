@@ -90,7 +90,8 @@ def interact(sampler: Sampler, settings: SamplingParams) -> int:
                 continue
             index += 1
             if not pinned:
-                settings = dataclasses.replace(settings, seed=settings.seed + settings.n)
+                seed, _ = settings.seeds()
+                settings = dataclasses.replace(settings, seed=seed + settings.n)
     except KeyboardInterrupt:
         print(file=sys.stderr)
     return 0
