@@ -85,6 +85,7 @@ def prepare_prompts(
 
 
 def _new_tokens(prompt: Prompt) -> int:
+    """The prompt's max_new_tokens, which every Prompt has set."""
     new = prompt.config.max_new_tokens
     assert new is not None, "prepare_prompts refuses a prompt without max_new_tokens"
     return new
