@@ -161,7 +161,10 @@ def test_every_shipped_config_loads_without_a_warning():
 def test_the_legacy_runs_config_is_refused_until_renamed(tmp_path):
     """A run's config.yaml written by 0.1 names each setting renamed since: one line names them, and the
     run in today's names loads (its checkpoints as 0.1 wrote them: runs/migrations.py reads those)."""
-    with pytest.raises(ConfigError, match="^unknown setting eval_batches: it is validation_batches since 0.3; unknown setting eval_every: "):
+    with pytest.raises(
+        ConfigError,
+        match="^unknown setting eval_batches: it is validation_batches since 0.3; unknown setting eval_every: ",
+    ):
         load_train_config(LEGACY_RUN / "config.yaml")
     saved = yaml.safe_load((LEGACY_RUN / "config.yaml").read_text())
     config = load_train_config(legacy_run_in_todays_names(tmp_path) / "config.yaml")

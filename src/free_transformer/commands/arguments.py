@@ -19,14 +19,14 @@ MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64
 def parse_seeds(text: str | None, default: int) -> tuple[int, ...]:
     if text is None:
         return tuple(range(default))
+    listed = "," in text  # else a count
     try:
-        count = int(text) if "," not in text else None
-        listed = None if count is not None else [int(s) for s in text.split(",")]
+        numbers = [int(s) for s in text.split(",")]
     except ValueError:
         raise ValueError(f"--seeds takes a count or a comma-separated list of integers, got {text!r}") from None
-    if count is not None and not 1 <= count <= MAX_SEEDS:
+    if not listed and not 1 <= numbers[0] <= MAX_SEEDS:
         raise ValueError(f"--seeds takes a count from 1 to {MAX_SEEDS}, got {text!r}")
-    seeds = tuple(range(count)) if count is not None else tuple(listed)
+    seeds = tuple(numbers) if listed else tuple(range(numbers[0]))
     if len(seeds) > MAX_SEEDS or any(not 0 <= seed <= MAX_SEED for seed in seeds):
         raise ValueError(f"--seeds lists at most {MAX_SEEDS} seeds, each from 0 to 2**63 - 1, got {text[:60]!r}")
     if len(set(seeds)) != len(seeds):
@@ -34,7 +34,7 @@ def parse_seeds(text: str | None, default: int) -> tuple[int, ...]:
     return seeds
 
 
-SLURM_DEFAULTS = {
+SLURM_DEFAULTS: dict[str, object] = {
     "slurm_partition": None,
     "gpus_per_run": 0,
     "nodes_per_run": 1,

@@ -90,7 +90,8 @@ def interact(sampler: Sampler, settings: SamplingParams) -> int:
                 continue
             index += 1
             if not pinned:
-                settings = dataclasses.replace(settings, seed=settings.seed + settings.n)
+                seed, _ = settings.seeds()
+                settings = dataclasses.replace(settings, seed=seed + settings.n)
     except KeyboardInterrupt:
         print(file=sys.stderr)
     return 0
@@ -152,8 +153,9 @@ def _set(settings: SamplingParams, field: str, argument: str, is_free: bool) -> 
     spelt, hint = spelling(SamplingParams, field), typing.get_type_hints(SamplingParams)[field]
     kind = int if int in (hint, *typing.get_args(hint)) else float
     unset = spelt.unset if _optional(field) else None
+    # below, the field is chosen at run time: SamplingParams checks its value, which the type checker cannot
     if argument == unset:
-        return dataclasses.replace(settings, **{field: None})
+        return dataclasses.replace(settings, **{field: None})  # type: ignore[arg-type]
     try:
         value = kind(argument)
     except ValueError:
@@ -161,15 +163,16 @@ def _set(settings: SamplingParams, field: str, argument: str, is_free: bool) -> 
         raise ValueError(
             f"{spelt.command} takes {'an integer' if kind is int else 'a number'}{extra}, got {argument!r}"
         ) from None
-    return dataclasses.replace(settings, **{field: value})
+    return dataclasses.replace(settings, **{field: value})  # type: ignore[arg-type]
 
 
 def _latents(settings: SamplingParams, field: str, argument: str, is_free: bool) -> SamplingParams:
     is_reference = argument == LatentChoice.REFERENCE
     if is_reference and settings.reference is None:
         raise ValueError("/latents reference needs a text: /reference TEXT")
-    # the settings parse the choice (a SamplingError names /latents)
-    changed = dataclasses.replace(settings, latents=argument, reference=settings.reference if is_reference else None)
+    reference = settings.reference if is_reference else None
+    # a name: the settings parse it into a LatentChoice, this entry's one parse (a SamplingError names /latents)
+    changed = dataclasses.replace(settings, latents=argument, reference=reference)  # type: ignore[arg-type]
     refuse_on_baseline(changed.latents, is_free, "/latents")
     return changed
 

@@ -96,13 +96,14 @@ class Sampler:
         from ..inference.stops import cut_at_stop, stop_check
 
         prompts = self.prepare(texts, params, labels)
+        seed, _ = params.seeds()
         decode, stops = self.tokenizer.decode, list(params.stop)
         prompt_chars = [len(decode(prompt.ids)) for prompt in prompts]
         rows = sample_prompts(
             self.model,
             prompts,
             params.n,
-            params.seed,
+            seed,
             batch_size=self.batch_size,
             should_stop=stop_check(decode, stops),
             compile=self.compile,
@@ -154,7 +155,7 @@ class Sampler:
             ids.append(prompt)
             configs.append(params.generation_config(new))
         reference = None if params.reference is None else torch.tensor([self.tokenizer.encode(params.reference)])
-        latent_seed = params.seed if params.latent_seed is None else params.latent_seed
+        _, latent_seed = params.seeds()
         return prepare_prompts(
             self.model, ids, configs, params.latents, reference=reference, latent_seed=latent_seed, where="--latents"
         )

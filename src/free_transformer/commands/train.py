@@ -89,6 +89,7 @@ def run(args) -> int:
     if args.dry_run:
         print(f"dry run, nothing trained: {check_run(config, out, resume=args.resume)}")
         return 0
+    assert out is not None  # refused above unless --print-config or --dry-run, which have returned
     result = train(config, out, resume=args.resume, init_from=args.init_from)
     m = result.metrics
     if not is_main_process():  # under torchrun, rank 0 reports for all

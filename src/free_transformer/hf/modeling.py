@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -119,13 +120,16 @@ def _separate_projections(name_or_path, kwargs) -> dict[str, list[str]]:
     if name_or_path is None or kwargs.get("gguf_file") or kwargs.get("state_dict") is not None:
         return {}
     hub = {key: kwargs[key] for key in HUB_KWARGS if kwargs.get(key) is not None}
-    found = lambda file: cached_file(
-        name_or_path,
-        file,
-        _raise_exceptions_for_missing_entries=False,
-        _raise_exceptions_for_connection_errors=False,
-        **hub,
-    )
+
+    def found(file):
+        return cached_file(
+            name_or_path,
+            file,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+            **hub,
+        )
+
     index = found("model.safetensors.index.json")
     if index is not None:
         with open(index) as handle:
@@ -137,7 +141,7 @@ def _separate_projections(name_or_path, kwargs) -> dict[str, list[str]]:
         if path is None:
             continue
         with safe_open(path, framework="pt") as handle:
-            names = [name for name in handle.keys() if fused_name(name) is not None]
+            names = [name for name in handle.keys() if fused_name(name) is not None]  # noqa: SIM118  # not iterable
         if names:
             separate[path] = names
     return separate
@@ -171,9 +175,9 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         wants_info = kwargs.pop("output_loading_info", False)
         with _quiet_transformers():  # its unused / newly initialised weights are the ones fused below
-            model, info = super().from_pretrained(
-                pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs
-            )
+            # with output_loading_info=True it returns (model, info), which its type (the model) leaves out
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+            model, info = typing.cast(tuple[FreeTransformerForCausalLM, dict], loaded)
         weights = {}
         for path, names in separate.items():
             with safe_open(path, framework="pt") as handle:
@@ -183,7 +187,10 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             for name, tensor in fused.items():
                 model.model.get_parameter(name).copy_(tensor)
         if wants_info:  # every separate weight was used, and every fused one loaded
-            handled = lambda name: fused_name(name) is not None or name.removeprefix("model.") in fused
+
+            def handled(name):
+                return fused_name(name) is not None or name.removeprefix("model.") in fused
+
             for key in ("missing_keys", "unexpected_keys"):
                 info[key] = type(info[key])(name for name in info[key] if not handled(name))
             return model, info
@@ -193,7 +200,8 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
     def from_free_transformer(cls, model: FreeTransformer, **config_kwargs) -> FreeTransformerForCausalLM:
         """Wrap a copy of the weights of one of our models (same dtype and device)."""
         config = FreeTransformerConfig.from_model_config(model.config, **config_kwargs)
-        hf_model = cls(config).to(device=model.rope_cos.device, dtype=model.embed_tokens.weight.dtype)
+        # transformers wraps its .to with functools.wraps, which typeshed types as an unbound function
+        hf_model = cls(config).to(device=model.rope_cos.device, dtype=model.embed_tokens.weight.dtype)  # type: ignore[call-arg]
         hf_model.model.load_state_dict(model.state_dict())
         return hf_model.eval()
 
@@ -289,7 +297,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             cross_entropy_nats=out.cross_entropy_nats,
             kl_nats=out.kl_nats,
             latents=out.latents,
-            **{CACHE_FIELD: past_key_values if use_cache else None},
+            **{CACHE_FIELD: past_key_values if use_cache else None},  # type: ignore[arg-type]  # named by the release
         )
         return output if return_dict is not False else output.to_tuple()
 
@@ -376,7 +384,7 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         plan = self._latent_plan(B, P, latents, latent_reference, latent_seed, generators) if is_free else None
         if plan is not None:
             kwargs["latent_plan"] = plan
-        if seeds is not None and setting("do_sample"):  # our sampling rule, read from Hugging Face's settings
+        if generators is not None and setting("do_sample"):  # seeds: our sampling rule, from Hugging Face's settings
             rule = {name: setting(hf) for name, hf in SAMPLING_RULE.items()}
             sampling = Sampling(**{**rule, "top_k": rule["top_k"] or None})  # Hugging Face's top_k=0: no filter
             processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])

@@ -21,8 +21,9 @@ import importlib.util
 import json
 from pathlib import Path
 
+from ..base.install import install_hint
 from ..base.version import __version__
-from ..data.tokenizer import GPT2_EOT, GPT2_PACKAGE
+from ..data.tokenizer import GPT2_EOT, GPT2_PACKAGE, TokenizerError
 
 PACKAGE = "free_transformer"
 ENTRY = {
@@ -64,7 +65,9 @@ def _rewrite(module: str, source: str, is_package: bool = False) -> tuple[str, s
             target = _resolve(module, node, is_package)
             needed.add(target)
             text = ast.unparse(ast.ImportFrom(module=_file_name(target), names=node.names, level=1))
-            edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, text))
+            end, end_col = node.end_lineno, node.end_col_offset
+            assert end is not None and end_col is not None, "ast.parse gives every statement its end"
+            edits.append((node.lineno, node.col_offset, end, end_col, text))
     for start, col, end, end_col, text in sorted(edits, reverse=True):  # bottom up: positions stay valid
         head, tail = lines[start - 1][:col], lines[end - 1][end_col:]
         lines[start - 1 : end] = [head + text + tail]
@@ -73,7 +76,8 @@ def _rewrite(module: str, source: str, is_package: bool = False) -> tuple[str, s
 
 def _closure(module: str, needs: dict[str, set[str]]) -> set[str]:
     """Every module `module` imports, directly or not."""
-    found, todo = set(), [module]
+    found: set[str] = set()
+    todo = [module]
     while todo:
         for target in needs[todo.pop()] - found:
             found.add(target)
@@ -144,13 +148,13 @@ def build_tokenizer(name: str):
         vocab = {char: byte for byte, char in _bytes_to_unicode().items()}
         return PreTrainedTokenizerFast(tokenizer_object=_byte_level(vocab, [], use_regex=False))
     if name == "gpt2":
-        data = Path(importlib.util.find_spec(GPT2_PACKAGE).submodule_search_locations[0]) / "data"
+        spec = importlib.util.find_spec(GPT2_PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            raise TokenizerError(f"the gpt2 tokenizer's export needs {GPT2_PACKAGE}: {install_hint('text')}")
+        data = Path(spec.submodule_search_locations[0]) / "data"
         vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
-        merges = [
-            tuple(line.split())
-            for line in (data / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
-            if line.strip()
-        ]
+        lines = (data / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
+        merges = [(first, second) for first, second in (line.split() for line in lines if line.strip())]
         tokenizer = _byte_level(vocab, merges, use_regex=True)  # GPT-2's pre-tokenization pattern
         return PreTrainedTokenizerFast(
             tokenizer_object=tokenizer, bos_token=GPT2_EOT, eos_token=GPT2_EOT, unk_token=GPT2_EOT

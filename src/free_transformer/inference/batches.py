@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
 from ..base.latent_choice import LatentChoice
+from ..model.latent import LatentSource
 from ..model.transformer import FreeTransformer
 from .engine import Row, decoding_engine, run_rows
 from .generate import GenerationConfig
@@ -32,7 +32,7 @@ class Prompt:
 
     ids: list[int]
     config: GenerationConfig  # its max_new_tokens is set
-    latents: str | Tensor  # resolved: "encoder" or "prior", or (1, N) explicit Z ("shared", "reference")
+    latents: LatentSource  # resolved: ENCODER or PRIOR, or (1, N, ...) explicit Z ("shared", "reference")
     device: torch.device  # the model's: where the rows' generators draw
 
 
@@ -60,16 +60,19 @@ def prepare_prompts(
     Every refusal (a one-line ValueError) comes here, before any sampling."""
     if len(configs) != len(prompts):
         raise ValueError(f"got {len(configs)} generation settings for {len(prompts)} prompts")
-    resolved: dict[tuple[int, int], str | Tensor] = {}
+    resolved: dict[tuple[int, int], LatentSource] = {}
     ready = []
     for ids, config in zip(prompts, configs):
-        key = (len(ids), config.max_new_tokens)
+        new = config.max_new_tokens
+        if new is None:
+            raise ValueError("prepare_prompts needs each prompt's max_new_tokens set (Sampling.new_tokens)")
+        key = (len(ids), new)
         if key not in resolved:
             generator = torch.Generator(device=model.rope_cos.device).manual_seed(latent_seed)
             found = resolve_latents(
                 model,
                 choice,
-                length=len(ids) + config.max_new_tokens - 1,
+                length=len(ids) + new - 1,
                 reference=reference,
                 generator=generator,
                 batch_size=1,
@@ -79,6 +82,13 @@ def prepare_prompts(
             resolved[key] = found.prompt_source if found.explicit is None else found.explicit
         ready.append(Prompt(list(ids), config, resolved[key], model.rope_cos.device))
     return ready
+
+
+def _new_tokens(prompt: Prompt) -> int:
+    """The prompt's max_new_tokens, which every Prompt has set."""
+    new = prompt.config.max_new_tokens
+    assert new is not None, "prepare_prompts refuses a prompt without max_new_tokens"
+    return new
 
 
 def prompt_row(prompt: Prompt, seed: int, **options) -> Row:
@@ -106,16 +116,16 @@ def sample_prompts(
         raise ValueError(f"the number of samples and the batch size must be >= 1, got {n} and {batch_size}")
     if not prompts:
         return
-    fed = max(len(prompt.ids) + prompt.config.max_new_tokens - 1 for prompt in prompts)
+    fed = max(len(prompt.ids) + _new_tokens(prompt) - 1 for prompt in prompts)
     engine = decoding_engine(model, min(batch_size, len(prompts) * n), fed, compile=compile)
     rows = (prompt_row(prompts[p], seed + i, tag=(p, i)) for p in range(len(prompts)) for i in range(n))
-    done: dict[tuple[int, int], list[int]] = {}
+    done: dict[object, list[int]] = {}  # by the rows' tags, (p, i)
     order = ((p, i) for p in range(len(prompts)) for i in range(n))
     wanted = next(order, None)
     for row in run_rows(engine, rows, should_stop):
         if row.error is not None:
             raise row.error
         done[row.tag] = row.tokens
-        while wanted in done:
+        while wanted is not None and wanted in done:
             yield PromptSample(wanted[0], wanted[1], seed + wanted[1], done.pop(wanted))
             wanted = next(order, None)

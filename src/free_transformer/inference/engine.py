@@ -55,7 +55,7 @@ COMPILE_BACKEND = "inductor"
 # Inductor's options. coordinate_descent_tuning: on a GPU, Inductor then writes a few-row step's matrix-vector
 # products as reductions of its own and tunes their launch configurations, which is how its decompositions say
 # a GEMV reaches the memory bandwidth (without it they stay cuBLAS GEMVs, well below it: docs/gpu.md).
-INDUCTOR_OPTIONS = {"coordinate_descent_tuning": True}
+INDUCTOR_OPTIONS: dict[str, str | int | bool | Callable] = {"coordinate_descent_tuning": True}
 # The batch sizes a compiled step is captured for: the rows in flight are padded up to the next one.
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 # A compiled engine's cache holds the positions asked for rounded up to this many (so that calls of similar
@@ -73,7 +73,7 @@ class Row:
     config: GenerationConfig  # temperature, filters, stop tokens, and max_new_tokens (set)
     generator: torch.Generator | None  # every random draw of the row (None: the global RNG)
     # the prompt's Z (ENCODER or PRIOR), or (1, N, *value_shape) explicit Z of positions [0, N), N >= len(ids)
-    latents: LatentSource | Tensor = LatentChoice.ENCODER
+    latents: LatentSource = LatentChoice.ENCODER
     keep_logits: bool = False  # set `logits` at every token (the server's logprobs)
     keep_prompt_logits: bool = False  # set `prompt_logits` (the server's echo with logprobs)
     tag: object = None  # the caller's
@@ -137,12 +137,15 @@ class DecodeEngine:
         self.compile_seconds: dict[tuple[int, SamplingVariant], float] = {}  # first (compiling) run per bucket
         self.graphs: dict[tuple[int, SamplingVariant], tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self.warm: set[tuple[int, SamplingVariant]] = set()
-        self.pool = None  # one memory pool shared by every graph
+        self.pool: torch.cuda._POOL_HANDLE | None = None  # one memory pool shared by every graph (the first's)
         self.views: dict[int, object] = {}  # bucket -> the cache view of its rows
 
     @property
     def model(self) -> FreeTransformer:
-        return self._model()
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the decoding engine's model no longer exists")
+        return model
 
     @property
     def free(self) -> int:
@@ -163,7 +166,8 @@ class DecodeEngine:
                     1,
                     self.space,
                     explicit=explicit,
-                    generators=[row.generator],
+                    # a row's None is the global RNG, which the plan's row-by-row draws take (fill_rows_)
+                    generators=[row.generator],  # type: ignore[list-item]  # Generators leaves None per row out
                     prompt_source=LatentChoice.ENCODER if explicit is not None else row.latents,
                 )
         groups: dict[tuple, list[Row]] = {}
@@ -218,10 +222,9 @@ class DecodeEngine:
         """What the prefill of `rows` (one group of `add`: one kind of prompt Z) takes as latents."""
         if not self.is_free:
             return LatentChoice.PRIOR
-        sources = [row.plan.source(0, P, self.device) for row in rows]
-        return (
-            LatentChoice.ENCODER if isinstance(sources[0], str) else torch.cat(sources)
-        )  # LatentChoice.ENCODER, or (k, P, ...) values
+        sources = [_plan(row).source(0, P, self.device) for row in rows]
+        values = [source for source in sources if isinstance(source, Tensor)]  # every row's, or none
+        return torch.cat(values) if values else LatentChoice.ENCODER  # (k, P, ...) values, or LatentChoice.ENCODER
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -253,7 +256,7 @@ class DecodeEngine:
         if not self.is_free:
             return
         for i, row in enumerate(rows):
-            row.plan.fill_(self.latent[i : i + 1], row.position)
+            _plan(row).fill_(self.latent[i : i + 1], row.position)
 
     def _draw_noise(self, rows: list[Row], slots: slice, variant: SamplingVariant) -> Tensor | None:
         """The sampling noise of the rows that sample, into their rows of `race`; None when none samples."""
@@ -355,9 +358,11 @@ class DecodeEngine:
             row.tokens.append(token)
             if row.keep_logits:
                 row.logits = logits[i]
+            limit = row.config.max_new_tokens
+            assert limit is not None, "add refuses a row without max_new_tokens (check)"
             if token in row.config.stop_tokens:
                 row.finish_reason = "stop"
-            elif len(row.tokens) >= row.config.max_new_tokens:
+            elif len(row.tokens) >= limit:
                 row.finish_reason = "length"
 
     def finish(self, row: Row, reason: str = "stop") -> None:
@@ -371,26 +376,28 @@ class DecodeEngine:
     def _release(self) -> None:
         """Rows that are done leave: each hole is filled by the last row in flight (its cache, token, position,
         Z and settings moved), so that the rows in flight keep slots [0, n)."""
-        if not any(row.done for row in self.rows):
+        rows = self.rows  # row i in slot i
+        if not any(row.done for row in rows):
             return
-        for row in self.rows:
+        for slot, row in enumerate(rows):
             if row.done:
-                row.fed = self.fed[row.slot, : row.position].clone() if self.is_free else None
-        keep = [row for row in self.rows if not row.done]
-        for row in self.rows:
-            if row.done:
+                row.fed = self.fed[slot, : row.position].clone() if self.is_free else None
                 row.slot = None
-        holes = iter(sorted(set(range(len(keep))) - {row.slot for row in keep}))
-        for row in sorted(keep, key=lambda r: -r.slot):
-            if row.slot >= len(keep):
-                self._move(row, next(holes))
-        self.rows = sorted(keep, key=lambda r: r.slot)
-        freed = slice(len(keep), self.slots)
+        n = sum(not row.done for row in rows)  # the rows that stay, in slots [0, n) once moved
+        holes = (slot for slot in range(n) if rows[slot].done)  # ascending
+        kept = rows[:n]
+        for source in range(len(rows) - 1, n - 1, -1):  # the rows of slots [n, len(rows)), the last first
+            if not rows[source].done:
+                slot = next(holes)
+                self._move(rows[source], source, slot)
+                kept[slot] = rows[source]
+        self.rows = kept
+        freed = slice(n, self.slots)
         self.active[freed] = 0
         self.position[freed] = 0
 
-    def _move(self, row: Row, slot: int) -> None:
-        source, length = row.slot, row.position
+    def _move(self, row: Row, source: int, slot: int) -> None:
+        length = row.position
         self.cache.keys[:, slot, :, :length] = self.cache.keys[:, source, :, :length]
         self.cache.values[:, slot, :, :length] = self.cache.values[:, source, :, :length]
         for buffer in (self.token, self.position, self.active, self.latent):
@@ -398,6 +405,12 @@ class DecodeEngine:
         self.fed[slot, :length] = self.fed[source, :length]
         self.settings.move(source, slot)
         row.slot = slot
+
+
+def _plan(row: Row) -> LatentPlan:
+    """A row's plan, which `add` makes for every row of a Free Transformer (the only rows whose plan is read)."""
+    assert row.plan is not None, "add plans the Z of every row of a Free Transformer"
+    return row.plan
 
 
 def _step_core(

@@ -86,8 +86,8 @@ def generate(
     device = model.rope_cos.device
     ids = prompt_lists(prompts)
     B, context = len(ids), model.config.max_seq_len
-    for row in ids:
-        model.check_tokens(torch.tensor(row))
+    for prompt in ids:
+        model.check_tokens(torch.tensor(prompt))
     new = [config.new_tokens(len(row), context) for row in ids]
     fed, longest = max((len(row) + n - 1, k) for k, (row, n) in enumerate(zip(ids, new)))
     if fed > context:
@@ -124,5 +124,10 @@ def generate(
             raise row.error
     # the latents are copied outside inference mode, so that the caller gets ordinary tensors (usable in a
     # later training forward)
-    latents_fed = [row.fed.clone() for row in rows] if model.config.is_free else None
+    latents_fed = None
+    if model.config.is_free:
+        latents_fed = []
+        for row in rows:  # every row has ended
+            assert row.fed is not None, "the engine keeps the Z fed to each row of a Free Transformer as it ends"
+            latents_fed.append(row.fed.clone())
     return GenerationResult([row.tokens for row in rows], latents_fed)

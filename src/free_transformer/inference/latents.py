@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..base.latent_choice import CONTEXT, LatentChoice, named
+from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, named
 from ..model.latent import Generators, LatentPlan, LatentSource
 from ..model.transformer import FreeTransformer
 
@@ -76,11 +76,19 @@ def refuse_on_baseline(choice: LatentChoice | Tensor, is_free: bool, where: str 
         )
 
 
+def context_source(choice: LatentChoice) -> ContextChoice:
+    """A context's choice (one of CONTEXT: ENCODER or PRIOR) as the model's forward takes it; a ValueError for
+    a choice that is drawn before decoding (SHARED, REFERENCE)."""
+    if choice == LatentChoice.ENCODER:
+        return LatentChoice.ENCODER
+    if choice == LatentChoice.PRIOR:
+        return LatentChoice.PRIOR
+    raise ValueError(f"{named('latents', choice)} is not a context's Z; resolve it first (resolve_latents)")
+
+
 @dataclass(frozen=True)
 class ResolvedLatents:
-    prompt_source: (
-        LatentSource  # LatentChoice.ENCODER or LatentChoice.PRIOR: the Z of the prompt when no explicit Z covers it
-    )
+    prompt_source: ContextChoice  # ENCODER or PRIOR: the Z of the prompt when no explicit Z covers it
     explicit: Tensor | None = None  # (batch_size or 1, N, *value_shape) Z of positions [0, N), N >= prompt length
 
 
@@ -105,7 +113,7 @@ def resolve_latents(
     if reference is not None and not is_reference:
         raise ValueError(f"{text} goes with {named(where, 'reference')}, not {named(where, choice)}")
     if isinstance(choice, str) and choice in CONTEXT:
-        return ResolvedLatents(choice)
+        return ResolvedLatents(context_source(choice))
     if isinstance(choice, Tensor):
         rows = batch_size or (choice.shape[0] if choice.dim() >= 2 else 1)
         return ResolvedLatents(LatentChoice.ENCODER, check_latent_values(model, choice, rows, min_length=prompt_length))
@@ -169,7 +177,7 @@ def forward_source(model: FreeTransformer, latents: object, batch_size: int, len
     choice = parse_latents(latents, allowed=CONTEXT)
     if isinstance(choice, Tensor):
         return check_latent_values(model, choice, batch_size, min_length=length)
-    return choice
+    return context_source(choice)  # one of CONTEXT, as parsed
 
 
 @torch.no_grad()

@@ -180,6 +180,13 @@ class SamplingParams(Sampling):
             raise SamplingError("latents", LatentChoice.requirement(self.latents), self.latents) from None
         object.__setattr__(self, "stop", tuple(stop for stop in self.stop if stop))
 
+    def seeds(self) -> tuple[int, int]:
+        """(seed, latent_seed), once the entry point has set the seed (generate's --seed, the server's fresh one
+        for a request without one): latent_seed unset is seed. A ValueError while the seed is unset."""
+        if self.seed is None:
+            raise ValueError("the sampling settings have no seed yet: the entry point sets one before sampling")
+        return self.seed, self.seed if self.latent_seed is None else self.latent_seed
+
     def generation_config(self, max_new_tokens: int) -> GenerationConfig:
         """What `generate()` takes for one prompt: this rule with `max_new_tokens` (see `Sampling.new_tokens`);
         stop strings are checked by the caller (free_transformer.inference.stops)."""

@@ -90,6 +90,7 @@ def next_tokens(
     nan = logits.isnan().any(-1)
     if not variant.sampled:
         return best, nan
+    assert race is not None, "a sampled variant draws its noise (None only when no row samples)"
     is_greedy = temperature < GREEDY_BELOW
     scaled = logits / temperature.masked_fill(is_greedy, 1.0)[:, None]
     if variant.filtered:

@@ -18,6 +18,7 @@ connection) has its rows dropped from the batch at the next step."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -32,7 +33,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from ..base.version import __version__
-from .batcher import Delta, Job
+from .batcher import Delta, Job, TokenLogprob
 from .config import DEFAULT_MAX_REQUEST_MB
 from .engine import Engine, Plan, RequestError
 from .protocol import (
@@ -104,7 +105,7 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+        if self.api_key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope, self.api_key):
             return await self._refuse(
                 send, 401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'", "invalid_api_key"
             )
@@ -134,11 +135,12 @@ class Guard:
 
         await self.app(scope, replay, send)
 
-    def _authorized(self, scope) -> bool:
+    @staticmethod
+    def _authorized(scope, api_key: str) -> bool:
         """The header's bytes against the key's UTF-8 (a non-ASCII key, sent as UTF-8, used never to match)."""
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
-        return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self.api_key.encode())
+        return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), api_key.encode())
 
     def _too_large(self, size: int, at_least: bool = False) -> str:
         return (
@@ -167,10 +169,8 @@ class Channel:
         self.queue: asyncio.Queue = asyncio.Queue()
 
     def put(self, item) -> None:  # on any thread
-        try:
+        with contextlib.suppress(RuntimeError):  # the event loop has closed (the server is stopping): no one listens
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the event loop has closed (the server is stopping): no one is listening
-            pass
 
     async def get(self):
         return await self.queue.get()
@@ -307,14 +307,14 @@ def _choice(delta: Delta, offset: int) -> CompletionChoice:
         index=delta.index,
         text=delta.text,
         finish_reason=delta.finish_reason,
-        logprobs=None if delta.logprobs is None else _logprobs(delta, offset),
+        logprobs=None if delta.logprobs is None else _logprobs(delta.logprobs, offset),
     )
 
 
-def _logprobs(delta: Delta, offset: int) -> Logprobs:
+def _logprobs(logprobs: list[TokenLogprob], offset: int) -> Logprobs:
     """OpenAI's logprobs of a piece whose text starts at `offset` of its choice's text."""
     out = Logprobs()
-    for item in delta.logprobs:
+    for item in logprobs:
         out.tokens.append(item.token)
         out.token_logprobs.append(item.logprob)
         out.top_logprobs.append(item.top)

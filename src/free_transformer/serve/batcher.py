@@ -20,6 +20,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -79,7 +80,7 @@ class Delta:
     index: int
     text: str
     logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None
+    finish_reason: Literal["stop", "length"] | None = None
     tokens: int = 0
 
 
@@ -145,7 +146,7 @@ class Served:
     spec: RowSpec
     job: Job
     text: RowText
-    row: Row | None = None
+    row: Row
     shown: int = 0  # characters of the text already sent (stream)
     head: str = ""  # the echoed prompt, sent before the first piece
     pending: list[TokenLogprob] = field(default_factory=list)  # logprobs not yet sent
@@ -157,6 +158,12 @@ class Served:
     @property
     def ended(self) -> bool:
         return self.row.done or self.text.stop_end is not None
+
+
+def _served(row: Row) -> Served:
+    """What a row of the scheduler's engine serves: its tag (`Batcher._serve`)."""
+    assert isinstance(row.tag, Served), "every row of the server's engine is tagged with its Served"
+    return row.tag
 
 
 class Batcher:
@@ -210,7 +217,7 @@ class Batcher:
             work()
         except Exception as error:  # a server must outlive a failed step: each request gets its 500
             logger.error("decoding step failed", exc_info=error)
-            jobs = {id(row.tag.job): row.tag.job for row in self.engine.rows}
+            jobs = {id(served.job): served.job for served in map(_served, self.engine.rows)}
             for row in list(self.engine.rows):
                 self.engine.finish(row, "error")
             for job in jobs.values():
@@ -232,7 +239,7 @@ class Batcher:
         with self.wakeup:
             self.waiting = [job for job in self.waiting if not job.cancelled]
         for row in list(self.engine.rows):
-            if row.tag.job.cancelled:
+            if _served(row).job.cancelled:
                 self.engine.finish(row, "cancelled")
 
     # ---- admission: the fewest rows in flight, then the fewest to start -----------------------------
@@ -251,7 +258,7 @@ class Batcher:
                 if job.admitted == len(job.rows):
                     self.waiting.remove(job)
             job.in_flight += 1
-            joining.append(self._served(job, spec))
+            joining.append(self._serve(job, spec))
         for served in joining:
             try:
                 self.engine.check(served.row)
@@ -269,18 +276,18 @@ class Batcher:
                 self._end(served.job, error)
             return
         for row in added:
-            self._take(row.tag)
+            self._take(_served(row))
 
-    def _served(self, job: Job, spec: RowSpec) -> Served:
-        served = Served(spec, job, RowText(self.tokenizer.decode, job.stops))
-        served.head = self.tokenizer.decode(spec.prompt.ids) if job.echo else ""
-        served.row = prompt_row(
+    def _serve(self, job: Job, spec: RowSpec) -> Served:
+        row = prompt_row(
             spec.prompt,
             spec.seed,
             keep_logits=job.logprobs is not None,
             keep_prompt_logits=job.echo and job.logprobs is not None,
-            tag=served,
         )
+        served = Served(spec, job, RowText(self.tokenizer.decode, job.stops), row)
+        served.head = self.tokenizer.decode(spec.prompt.ids) if job.echo else ""
+        row.tag = served
         return served
 
     def _prompt_logprobs(self, ids: list[int], logits: Tensor, k: int) -> list[TokenLogprob]:
@@ -310,7 +317,7 @@ class Batcher:
 
     def _step(self) -> None:
         for row in self.engine.step():
-            self._take(row.tag)
+            self._take(_served(row))
 
     def _take(self, served: Served) -> None:
         """The row's new token (or its failure): its text, its log-probability, and the piece or the end it makes."""
@@ -319,15 +326,15 @@ class Batcher:
             job.in_flight -= 1
             self._end(job, row.error)
             return
-        if row.prompt_logits is not None:
+        if row.prompt_logits is not None and job.logprobs is not None:  # kept with echo and logprobs
             served.pending = self._prompt_logprobs(served.spec.prompt.ids, row.prompt_logits[:-1], job.logprobs)
             row.prompt_logits = None
         token = row.tokens[-1]
         served.text.push(token)
         if job.logprobs is not None:
-            values, tops = self._logprobs(
-                row.logits[None], torch.tensor([token], device=row.logits.device), job.logprobs
-            )
+            logits = row.logits
+            assert logits is not None, "a row of a request with logprobs keeps its logits (_serve)"
+            values, tops = self._logprobs(logits[None], torch.tensor([token], device=logits.device), job.logprobs)
             served.pending.append(TokenLogprob(self.tokenizer.decode([token]), values[0], tops[0]))
         if served.text.stop_end is not None and not row.done:
             self.engine.finish(row, "stop")
@@ -347,7 +354,7 @@ class Batcher:
             return
         logprobs = served.pending if job.logprobs is not None else None
         served.shown, served.head, served.pending = len(text), "", []
-        finish_reason = (
+        finish_reason: Literal["stop", "length"] | None = (
             ("stop" if served.text.stop_end is not None or served.row.finish_reason == "stop" else "length")
             if ending
             else None

@@ -100,7 +100,7 @@ class Engine:
                 "stop",
             )
         config = params.generation_config(max_tokens)
-        latent_seed = params.seed if params.latent_seed is None else params.latent_seed
+        seed, latent_seed = params.seeds()
         reference = self._reference(params.reference)
         try:  # each prompt's Z as `free-transformer generate --seed latent_seed` resolves it
             prompts = prepare_prompts(
@@ -109,9 +109,7 @@ class Engine:
         except ValueError as error:
             raise RequestError(str(error), "reference" if reference is not None else "latents") from None
         rows = [
-            RowSpec(p * request.n + i, prompt, params.seed + i)
-            for p, prompt in enumerate(prompts)
-            for i in range(request.n)
+            RowSpec(p * request.n + i, prompt, seed + i) for p, prompt in enumerate(prompts) for i in range(request.n)
         ]
         return Plan(rows, [stop for stop in stops if stop], sum(map(len, ids)))
 

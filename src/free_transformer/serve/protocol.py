@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 from pydantic_core import PydanticCustomError
@@ -46,7 +46,9 @@ def _sampling_request() -> type[BaseModel]:
     name (`max_tokens`), with its type, default and docstring; checked as SamplingParams checks them."""
     hints, docs = typing.get_type_hints(SamplingParams), field_docs(SamplingParams)
     defaults = {item.name: item.default for item in dataclasses.fields(SamplingParams)}
-    fields = {
+    # (type, FieldInfo) per request name, as create_model's **field_definitions take them; Any, since a checker
+    # matches unpacked values against create_model's named parameters too
+    fields: dict[str, Any] = {
         request: (
             REQUEST_TYPES.get(name, hints[name]),
             Field(None if name in REQUEST_TYPES else defaults[name], description=docs.get(name)),
@@ -72,7 +74,7 @@ class StreamOptions(BaseModel):
     """A last chunk, with no choices, carries the request's usage."""
 
 
-class CompletionRequest(_sampling_request()):
+class CompletionRequest(_sampling_request()):  # type: ignore[misc]  # built at import: a checker cannot follow it
     """The sampling fields (max_tokens, temperature, top_p, n, stop, seed, latents, ...: SamplingParams), then
     what a completions request adds. `latents`, `reference` and `latent_seed` are the Free Transformer's own."""
 
@@ -184,14 +186,14 @@ class ChatCompletionRequest(BaseModel):
         """The completion request that continues `prompt` (the messages through the chat template) with this
         request's other fields; a ValueError naming a field that chat does not take, pydantic's ValidationError
         for a field CompletionRequest refuses."""
-        fields = dict(self.model_extra)
+        fields = dict(self.model_extra or {})  # extra="allow": a dict, never None
         if refused := [name for name in NOT_IN_CHAT if name in fields]:
             raise ValueError(
                 f"unknown or unsupported field {refused[0]!r} in a chat request (/v1/completions takes it)"
             )
-        if self.max_completion_tokens is not None:
-            if fields.setdefault("max_tokens", self.max_completion_tokens) != self.max_completion_tokens:
-                raise ValueError("max_tokens and max_completion_tokens disagree; give one of them")
+        given = self.max_completion_tokens
+        if given is not None and fields.setdefault("max_tokens", given) != given:
+            raise ValueError("max_tokens and max_completion_tokens disagree; give one of them")
         return CompletionRequest.model_validate({**fields, "prompt": prompt})
 
 
