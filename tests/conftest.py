@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from free_transformer import FreeTransformer, ModelConfig
+from free_transformer.base.compat import SETTINGS_RENAMED
 
 
 @functools.cache
@@ -205,30 +206,17 @@ def run_losses(run_dir):
 
 
 LEGACY_RUN = Path(__file__).parent / "data" / "legacy-run"  # written by 0.1: settings and tensors in old names
-# Each setting renamed before 0.3, old name -> today's: what CHANGELOG's 0.3.0 list tells a 0.2 user to change.
-RENAMED_BEFORE_0_3 = {
-    "eval_every": "validate_every",
-    "eval_batches": "validation_batches",
-    "data.path": "data.text.path",
-    "data.tokenizer": "data.text.tokenizer",
-    "data.seq_len": "data.text.seq_len",
-    "data.val_fraction": "data.text.val_fraction",
-    "data.cache_dir": "data.text.cache_dir",
-    "data.coinflip_length": "data.coinflip.length",
-    "data.coinflip_epsilon": "data.coinflip.epsilon",
-    "model.latent_bits": "model.latent_units",
-}
 
 
 def legacy_run_in_todays_names(tmp_path) -> Path:
-    """A copy of tests/data/legacy-run whose config.yaml a user renamed as RENAMED_BEFORE_0_3 says (0.3.0
+    """A copy of tests/data/legacy-run whose config.yaml a user renamed as SETTINGS_RENAMED says (0.3.0
     reads today's names only); its checkpoints stay as 0.1 wrote them."""
     import yaml
 
     run = tmp_path / "legacy-run"
     shutil.copytree(LEGACY_RUN, run)
     config = yaml.safe_load((run / "config.yaml").read_text())
-    for old, new in RENAMED_BEFORE_0_3.items():
+    for old, new in SETTINGS_RENAMED.items():
         *parents, leaf = old.split(".")
         node = config
         for part in parents:

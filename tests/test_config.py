@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import RENAMED_BEFORE_0_3, TINY, legacy_run_in_todays_names
+from conftest import TINY, legacy_run_in_todays_names
 from conftest import run_losses as _losses
 
 from free_transformer import ModelConfig
 from free_transformer.base import settings
 from free_transformer.base.checks import ConfigError
+from free_transformer.base.compat import SETTINGS_RENAMED
 from free_transformer.cli import build_parser, main
 from free_transformer.commands.eval import _settings as eval_flags_settings
 from free_transformer.distributed.env import is_main_process
@@ -120,7 +121,7 @@ def test_demo_and_study_print_every_runs_config(capsys, tmp_path, command):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("old", list(RENAMED_BEFORE_0_3))
+@pytest.mark.parametrize("old", list(SETTINGS_RENAMED))
 def test_a_setting_renamed_before_0_3_is_refused_in_one_line(tmp_path, capsys, old):
     """0.3.0 reads today's names only: an old name fails before anything runs (exit 2, one line naming the new
     one), from a file as from the command line."""
@@ -130,7 +131,7 @@ def test_a_setting_renamed_before_0_3_is_refused_in_one_line(tmp_path, capsys, o
     for argv in (["-c", str(path)], [f"{old}=1"]):
         assert main(["train", "--print-config", *argv]) == 2
         error = capsys.readouterr().err
-        assert error == f"error: unknown setting {old}: it is {RENAMED_BEFORE_0_3[old]} since 0.3\n", error
+        assert error == f"error: unknown setting {old}: it is {SETTINGS_RENAMED[old]} since 0.3\n", error
     with pytest.raises(TypeError, match="latent_bits"):
         ModelConfig(latent_bits=3)  # the keyword too
 
