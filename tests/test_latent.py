@@ -7,14 +7,18 @@ import torch.utils._pytree as pytree
 from reference import naive_kl_to_uniform, naive_mapper_project
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from free_transformer.base.latent_choice import LatentChoice
 from free_transformer.model.latent import (
+    LATENT_KINDS,
     BinaryMapper,
     BitLinear,
+    LatentPlan,
     binary_mapper,
     binary_mapper_project,
     free_bits_kl,
     index_to_bits,
     kl_to_uniform,
+    latent_kind,
     project_latents,
     sample_bits,
 )
@@ -268,3 +272,31 @@ def test_mapper_backward_stays_within_its_chunk_budget(matmul_dtype, monkeypatch
     # the rest, tensors of (N, H), (N, 2^(H-c)) or (2^c, c), is under a third of the budget at these sizes; an
     # uncounted chunk buffer would let c grow by one and double the chunk buffers
     assert budget / 2 < live.peak <= budget + table_copy + budget // 3
+
+
+@pytest.mark.parametrize("kind", sorted(LATENT_KINDS))
+def test_a_plan_hands_out_values_for_a_call_of_no_positions(kind):
+    """A call for no new positions gets (B, 0, *value_shape) values (it got None, which is no source), and
+    draws nothing from the rows' generators."""
+    space = latent_kind(kind)(4, 8)
+
+    def plan(seed=1):
+        generators = [torch.Generator().manual_seed(seed + row) for row in range(2)]
+        return LatentPlan(2, space, prompt_source=LatentChoice.PRIOR, generators=generators)
+
+    planned = plan()
+    empty = planned.source(0, 0)
+    assert isinstance(empty, torch.Tensor) and empty.shape == (2, 0, *space.value_shape)
+    planned.record(0, planned.source(0, 3))
+    assert torch.equal(planned.latents(), plan().draw(3))  # the empty call drew nothing
+    empty = planned.source(3, 0)
+    assert isinstance(empty, torch.Tensor) and empty.shape == (2, 0, *space.value_shape)
+
+
+def test_a_baselines_plan_hands_out_prior_and_refuses_to_draw():
+    plan = LatentPlan(2, None)
+    assert plan.source(0, 5) == LatentChoice.PRIOR and plan.latents() is None
+    with pytest.raises(RuntimeError, match="a baseline decoder has no latent space"):
+        plan.draw(3)
+    with pytest.raises(RuntimeError, match="a baseline decoder has no latent space"):
+        plan.fill_(torch.zeros(2, 1, dtype=torch.int64), 0)

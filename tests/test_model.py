@@ -194,6 +194,9 @@ def test_bad_inputs_raise_clear_errors():
         model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(1), start=2)
     with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or a tensor of values"):
         model(torch.zeros(1, 3, dtype=torch.long), latents="posteriour")
+    x, position = torch.zeros(1, 1, model.config.dim, dtype=torch.float64), torch.zeros(1, dtype=torch.long)
+    with pytest.raises(ValueError, match="a decoding step .* needs a cache"):  # an attention layer called alone
+        model.layers[0].self_attn(x, x, model.rope_cos[:1], model.rope_sin[:1], causal=True, start=position)
 
 
 def test_forward_takes_resolved_sources_only():

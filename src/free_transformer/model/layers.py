@@ -179,6 +179,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         mask, is_causal = None, False
         if isinstance(start, Tensor):  # decoding step: the whole cache, keys after each row's position masked
+            if cache is None:
+                raise ValueError("a decoding step (start given as a tensor) needs a cache")
             k, v, mask = cache.write_at(layer, start, k.to(cache.keys.dtype), v.to(cache.values.dtype))
             k, v = k.to(q.dtype), v.to(q.dtype)
         else:

@@ -143,9 +143,9 @@ class _ReadoutCrossEntropy(torch.autograd.Function):
                 h_chunk = hm[first : first + rows]  # (C, D)
                 chunk_nll, grad = step(h_chunk @ w.T, targets[first : first + rows], scale, grad_dtype)
                 nll = nll + chunk_nll
-                if want_h:
+                if grad_h is not None:  # want_h: allocated only then
                     grad_h[first : first + rows] = grad @ w  # (C, D)
-                if want_w:
+                if grad_w is not None:  # want_w: allocated only then
                     _add_product(grad_w, grad.T, h_chunk, first=first == 0)  # (V, D)
         ctx.save_for_backward(grad_h, None if grad_w is None else grad_w.to(weight.dtype))
         return nll / count.to(nll.dtype)

@@ -91,7 +91,7 @@ class FreeTransformer(nn.Module):
             self.rope_sin.copy_(sin)
         out_std = std / math.sqrt(2 * self.config.n_layers)
 
-        def init_block(block: Block) -> None:
+        def init_block(block: nn.Module) -> None:  # a decoder or encoder Block
             for name, param in block.named_parameters():
                 if param.device.type == "meta":
                     continue
@@ -109,7 +109,7 @@ class FreeTransformer(nn.Module):
 
         # The draws come in a fixed order (zeta, embeddings, blocks, head, rest of the latent path): a
         # seed's weights, and so the golden losses (tests/golden), depend on it.
-        latent = self.latent if self.config.is_free and self.latent.zeta.device.type != "meta" else None
+        latent = self.latent if self.latent is not None and self.latent.zeta.device.type != "meta" else None
         if latent is not None:
             nn.init.normal_(latent.zeta, std=1.0)  # normalised before use
         if self.embed_tokens.weight.device.type != "meta":
@@ -128,7 +128,7 @@ class FreeTransformer(nn.Module):
     @property
     def latent_space(self) -> LatentSpace | None:
         """The form of Z (free_transformer.model.latent.space); None for the baseline decoder."""
-        return self.latent.mapper if self.config.is_free else None
+        return self.latent.mapper if self.latent is not None else None
 
     @property
     def readout_weight(self) -> Tensor:
@@ -197,16 +197,18 @@ class FreeTransformer(nn.Module):
                     raise ValueError(
                         "encoder latents need the whole sequence: the encoder is non-causal (start must be 0)"
                     )
+                assert self.latent is not None  # built when config.is_free
                 r, sample = self.latent(x, latents, cos, sin, generator)  # (B, T, D)
                 kv_input = x + r.to(x.dtype)
             x = block(x, cos, sin, kv_input=kv_input, cache=cache, layer=i, start=start)
         if return_logits is None:
             return_logits = targets is None
-        out = ModelOutput.from_parts(self.readout(x) if return_logits else None, sample)
+        logits = self.readout(x) if return_logits else None  # (B, T, V)
+        out = ModelOutput.from_parts(logits, sample)
         if targets is not None:
             out.cross_entropy_nats = (
-                cross_entropy(out.logits, targets)
-                if return_logits
+                cross_entropy(logits, targets)
+                if logits is not None
                 else self.readout_loss(self.norm(x), self.readout_weight, targets)
             )
             out.loss = out.cross_entropy_nats
@@ -221,20 +223,19 @@ class FreeTransformer(nn.Module):
             raise ValueError(
                 f"tokens must be an integer tensor of shape (B, T), got {tuple(tokens.shape)} {tokens.dtype}"
             )
+        B, T = tokens.shape
         if isinstance(start, Tensor):  # its value stays on the device: the caller keeps it below the capacity
-            if tokens.shape[1] != 1 or cache is None or start.shape != (len(tokens),):
+            if T != 1 or cache is None or start.shape != (B,):
                 raise ValueError(
                     "a decoding step (start given as a tensor) takes one token per row, a cache and "
                     "one position per row"
                 )
-            return tokens.shape
-        if start + tokens.shape[1] > self.config.max_seq_len:
-            raise ValueError(f"sequence length {start + tokens.shape[1]} exceeds max_seq_len {self.config.max_seq_len}")
-        if cache is not None and start + tokens.shape[1] > cache.capacity:
-            raise ValueError(
-                f"sequence length {start + tokens.shape[1]} exceeds the cache's {cache.capacity} positions"
-            )
-        return tokens.shape
+            return B, T
+        if start + T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {start + T} exceeds max_seq_len {self.config.max_seq_len}")
+        if cache is not None and start + T > cache.capacity:
+            raise ValueError(f"sequence length {start + T} exceeds the cache's {cache.capacity} positions")
+        return B, T
 
     def check_tokens(self, tokens: Tensor) -> None:
         """Token ids in [0, vocab_size), or a ValueError. Reads the values on the host: for entry points."""

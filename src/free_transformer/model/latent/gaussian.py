@@ -25,7 +25,7 @@ class GaussianLatent(LinearMap):
     """R = W z with W (D, H): LinearMap's weight, initialisation and costs."""
 
     max_units: ClassVar[int] = 4096
-    params_per_unit: ClassVar[int] = 2  # mean, log-variance
+    params_per_unit: int = 2  # mean, log-variance
     value_dtype: ClassVar[torch.dtype] = torch.float32
     unit: ClassVar[str] = "dimension"
 

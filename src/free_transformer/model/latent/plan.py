@@ -55,7 +55,7 @@ class LatentPlan:
             )
         end, new = start + length, max(start, self.length)
         known = torch.cat(self.used, dim=1)[:, start:new] if new > start else None  # (B, new - start, ...)
-        if new == end:
+        if known is not None and new == end:  # every position already planned
             return known
         explicit = self.explicit
         if explicit is not None and new < explicit.shape[1]:
@@ -77,11 +77,17 @@ class LatentPlan:
         Nothing is recorded: the caller keeps what it fed."""
         if self.explicit is not None and position < self.explicit.shape[1]:
             return out.copy_(self.explicit[:, position : position + 1])
-        return self.space.prior_(out, self.generators)
+        return self._space().prior_(out, self.generators)
 
     def draw(self, length: int, device=None) -> Tensor:
         """(B, length, *value_shape) prior Z for new positions, row i from generators[i]."""
-        return self.space.prior((self.batch_size, length), self.generators, device)
+        return self._space().prior((self.batch_size, length), self.generators, device)
+
+    def _space(self) -> LatentSpace:
+        """The latent space that draws Z, or a RuntimeError for a baseline's plan, which draws none."""
+        if self.space is None:
+            raise RuntimeError("a baseline decoder has no latent space: its plan draws no Z")
+        return self.space
 
     def record(self, start: int, latents: Tensor | None) -> None:
         """Keep the Z the model used for positions [start, ...) that the plan had not recorded yet."""
