@@ -21,7 +21,7 @@ LN2 = math.log(2.0)
 
 
 def _model_and_data(*overrides):
-    config = tiny_run_config("eval_batches=2", *overrides)
+    config = tiny_run_config("validation_batches=2", *overrides)
     torch.manual_seed(0)
     model = FreeTransformer(config.model)
     model.init_weights(post_sampler_std=1.0)  # a large R: the decoder's output depends on Z from the start
@@ -108,7 +108,7 @@ def test_evaluation_leaves_the_rng_streams_and_a_baseline_alone():
 
 def test_training_losses_do_not_depend_on_evaluations(tmp_path):
     train(tiny_run_config("steps=4"), tmp_path / "plain")
-    train(tiny_run_config("steps=4", "eval_every=1"), tmp_path / "evaluated")
+    train(tiny_run_config("steps=4", "validate_every=1"), tmp_path / "evaluated")
     assert run_losses(tmp_path / "plain") == run_losses(tmp_path / "evaluated")
     assert "latent_bits_saved" in read_metrics(tmp_path / "evaluated" / "metrics.jsonl")[-1]
 
@@ -132,7 +132,7 @@ def test_latent_warnings(measures, kappa, settled, expected):
 
 def test_a_run_warns_once_records_every_warning_and_inspect_summarises(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", "--out", str(out), *TINY, "steps=8", "eval_every=2", "optim.warmup_steps=1"]) == 0
+    assert main(["train", "--out", str(out), *TINY, "steps=8", "validate_every=2", "optim.warmup_steps=1"]) == 0
     err = capsys.readouterr().err
     evaluated = [m for m in read_metrics(out / "metrics.jsonl") if "val_cross_entropy_bits" in m]
     warned = [m["step"] for m in evaluated if "latent_warning" in m]
@@ -168,7 +168,7 @@ def test_tensorboard_and_wandb_offline_get_every_measure(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
-    train(tiny_run_config("steps=2", "eval_every=2", "tensorboard=true", "wandb=true"), out)
+    train(tiny_run_config("steps=2", "validate_every=2", "tensorboard=true", "wandb=true"), out)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(out / "tensorboard")).Reload()

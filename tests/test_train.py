@@ -253,7 +253,7 @@ def test_sigkill_at_random_moments_never_corrupts_and_resume_continues(tmp_path)
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("configs/*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_load(path):
-    config = load_train_config(path, ["data.path=/corpus"])
+    config = load_train_config(path, ["data.text.path=/corpus"])
     assert config.steps >= 1
 
 
