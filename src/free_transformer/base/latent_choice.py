@@ -54,7 +54,8 @@ CONTEXT: tuple[LatentChoice, ...] = get_args(ContextChoice)
 
 
 def as_context(choice: LatentChoice) -> ContextChoice:
-    """A choice that is a context's (one of CONTEXT), typed as one; a ValueError for any other."""
+    """A choice that is a context's (one of CONTEXT), typed as one (what the model's forward takes); a ValueError
+    for a choice drawn before decoding (SHARED, REFERENCE: resolve_latents draws them)."""
     if choice == LatentChoice.ENCODER:
         return LatentChoice.ENCODER
     if choice == LatentChoice.PRIOR:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, named
+from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, as_context, named
 from ..model.latent import Generators, LatentPlan, LatentSource
 from ..model.transformer import FreeTransformer
 
@@ -40,10 +40,11 @@ def parse_latents(
     if value is not None and not isinstance(value, str):  # nested lists, arrays
         with contextlib.suppress(TypeError, ValueError, RuntimeError):  # not numbers: refused below
             return torch.as_tensor(value)
-    if isinstance(value, str) and value in (allowed or tuple(LatentChoice)):
-        return LatentChoice.parse(value, allowed=allowed)
-    requirement = LatentChoice.requirement(value, allowed)
-    raise ValueError(f"{where} {requirement} or a tensor of values (B or 1, N, ...), got {value!r}")
+    try:
+        return LatentChoice.parse(value, where=where, allowed=allowed)
+    except ValueError:
+        requirement = LatentChoice.requirement(value, allowed)
+        raise ValueError(f"{where} {requirement} or a tensor of values (B or 1, N, ...), got {value!r}") from None
 
 
 def check_latent_values(model: FreeTransformer, latents, batch_size: int, *, min_length: int = 0) -> Tensor:
@@ -76,16 +77,6 @@ def refuse_on_baseline(choice: LatentChoice | Tensor, is_free: bool, where: str 
         )
 
 
-def context_source(choice: LatentChoice) -> ContextChoice:
-    """A context's choice (one of CONTEXT: ENCODER or PRIOR) as the model's forward takes it; a ValueError for
-    a choice that is drawn before decoding (SHARED, REFERENCE)."""
-    if choice == LatentChoice.ENCODER:
-        return LatentChoice.ENCODER
-    if choice == LatentChoice.PRIOR:
-        return LatentChoice.PRIOR
-    raise ValueError(f"{named('latents', choice)} is not a context's Z; resolve it first (resolve_latents)")
-
-
 @dataclass(frozen=True)
 class ResolvedLatents:
     prompt_source: ContextChoice  # ENCODER or PRIOR: the Z of the prompt when no explicit Z covers it
@@ -113,7 +104,7 @@ def resolve_latents(
     if reference is not None and not is_reference:
         raise ValueError(f"{text} goes with {named(where, 'reference')}, not {named(where, choice)}")
     if isinstance(choice, str) and choice in CONTEXT:
-        return ResolvedLatents(context_source(choice))
+        return ResolvedLatents(as_context(choice))
     if isinstance(choice, Tensor):
         rows = batch_size or (choice.shape[0] if choice.dim() >= 2 else 1)
         return ResolvedLatents(LatentChoice.ENCODER, check_latent_values(model, choice, rows, min_length=prompt_length))
@@ -177,7 +168,7 @@ def forward_source(model: FreeTransformer, latents: object, batch_size: int, len
     choice = parse_latents(latents, allowed=CONTEXT)
     if isinstance(choice, Tensor):
         return check_latent_values(model, choice, batch_size, min_length=length)
-    return context_source(choice)  # one of CONTEXT, as parsed
+    return as_context(choice)  # one of CONTEXT, as parsed
 
 
 @torch.no_grad()
