@@ -26,10 +26,21 @@ from .compat import SETTINGS_RENAMED
 from .fileio import atomic_write_text
 
 
+def field_default(item: dataclasses.Field):
+    """A dataclass field's default value: its default, or a new one from its default_factory."""
+    return item.default_factory() if callable(item.default_factory) else item.default
+
+
+def _closed_set(annotation):
+    """An enum (a LatentChoice) as the Literal of its members, which every reader here handles; else as it is."""
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return typing.Literal[tuple(annotation)]
+    return annotation
+
+
 def coerce(value, annotation, where: str):
     """A YAML or command-line value converted to the declared type `annotation`, or a ConfigError."""
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):  # an enum's members, as a Literal
-        annotation = typing.Literal[tuple(annotation)]
+    annotation = _closed_set(annotation)
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(annotation)
@@ -241,13 +252,12 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def type_name(annotation) -> str:
     """'int', 'int | None', 'prior | encoder', 'tuple[float, float]': a type as a user writes the value."""
+    annotation = _closed_set(annotation)
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return " | ".join(type_name(a) for a in typing.get_args(annotation))
     if origin is typing.Literal:
         return " | ".join(map(str, typing.get_args(annotation)))
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return " | ".join(str(member.value) for member in annotation)
     if origin is tuple:
         return f"tuple[{', '.join(type_name(a) for a in typing.get_args(annotation))}]"
     return "null" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
@@ -321,14 +331,13 @@ def add_option(
     hint = typing.get_type_hints(cls)[name]
     declared = next(f for f in dataclasses.fields(cls) if f.name == name)
     if default is dataclasses.MISSING:
-        default = declared.default_factory() if callable(declared.default_factory) else declared.default
+        default = field_default(declared)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: an X, or left out
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     if typing.get_origin(hint) is tuple:  # tuple[X, ...]: a repeatable option of Xs
         hint, repeatable = typing.get_args(hint)[0], True
     kwargs: dict = {"metavar": metavar or ("N" if hint is int else None)}
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):  # an enum's members, as a Literal of them
-        hint = typing.Literal[tuple(hint)]
+    hint = _closed_set(hint)
     if typing.get_origin(hint) is typing.Literal:
         names = list(typing.get_args(hint))
         kwargs = {"choices": names} if choices else {"metavar": "{" + ",".join(map(str, names)) + "}"}

@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from ..base.settings import field_docs, type_name
+from ..base.settings import field_default, field_docs, type_name
 from ..model.config import ModelConfig
 from ..runs.migrations import upgrade_saved_model_config
 
@@ -51,17 +51,13 @@ class HFField:
     doc: str
 
 
-def _default(item: dataclasses.Field) -> Any:
-    return item.default_factory() if callable(item.default_factory) else item.default
-
-
 def hf_fields(source: type = ModelConfig) -> tuple[HFField, ...]:
     """The fields of `source` (ModelConfig or a dataclass like it) as the Hugging Face config holds them. A field
     whose default is a dataclass (a section, `latent`) is flattened one level under its name; the sections within
     it (a latent kind's own settings) are not fields here: the config carries the chosen one as a mapping."""
     out, docs = [], field_docs(source)
     for item in dataclasses.fields(source):
-        default = _default(item)
+        default = field_default(item)
         if not dataclasses.is_dataclass(default):
             name = HF_NAMES.get(item.name, item.name)
             out.append(HFField(name, (item.name,), item.type, default, docs.get(item.name, "")))
@@ -69,7 +65,7 @@ def hf_fields(source: type = ModelConfig) -> tuple[HFField, ...]:
         section: type = type(default)
         section_docs = field_docs(section)
         for inner in dataclasses.fields(default):
-            inner_default = _default(inner)
+            inner_default = field_default(inner)
             if not dataclasses.is_dataclass(inner_default):
                 doc = section_docs.get(inner.name, "")
                 out.append(
