@@ -32,6 +32,7 @@ class Prompt:
 
     ids: list[int]
     config: GenerationConfig  # its max_new_tokens is set
+    fed: int  # positions its rows feed: len(ids) + max_new_tokens - 1
     latents: LatentSource  # resolved: ENCODER or PRIOR, or (1, N, ...) explicit Z ("shared", "reference")
     device: torch.device  # the model's: where the rows' generators draw
 
@@ -66,13 +67,13 @@ def prepare_prompts(
         new = config.max_new_tokens
         if new is None:
             raise ValueError("prepare_prompts needs each prompt's max_new_tokens set (Sampling.new_tokens)")
-        key = (len(ids), new)
+        key, fed = (len(ids), new), len(ids) + new - 1
         if key not in resolved:
             generator = torch.Generator(device=model.rope_cos.device).manual_seed(latent_seed)
             found = resolve_latents(
                 model,
                 choice,
-                length=len(ids) + new - 1,
+                length=fed,
                 reference=reference,
                 generator=generator,
                 batch_size=1,
@@ -80,15 +81,8 @@ def prepare_prompts(
                 where=where,
             )
             resolved[key] = found.prompt_source if found.explicit is None else found.explicit
-        ready.append(Prompt(list(ids), config, resolved[key], model.rope_cos.device))
+        ready.append(Prompt(list(ids), config, fed, resolved[key], model.rope_cos.device))
     return ready
-
-
-def _new_tokens(prompt: Prompt) -> int:
-    """The prompt's max_new_tokens, which every Prompt has set."""
-    new = prompt.config.max_new_tokens
-    assert new is not None, "prepare_prompts refuses a prompt without max_new_tokens"
-    return new
 
 
 def prompt_row(prompt: Prompt, seed: int, **options) -> Row:
@@ -116,7 +110,7 @@ def sample_prompts(
         raise ValueError(f"the number of samples and the batch size must be >= 1, got {n} and {batch_size}")
     if not prompts:
         return
-    fed = max(len(prompt.ids) + _new_tokens(prompt) - 1 for prompt in prompts)
+    fed = max(prompt.fed for prompt in prompts)
     engine = decoding_engine(model, min(batch_size, len(prompts) * n), fed, compile=compile)
     rows = (prompt_row(prompts[p], seed + i, tag=(p, i)) for p in range(len(prompts)) for i in range(n))
     done: dict[object, list[int]] = {}  # by the rows' tags, (p, i)
