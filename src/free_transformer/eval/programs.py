@@ -53,7 +53,7 @@ def _verdict(box: Sandbox, tests) -> tuple[str, str, object]:
     program's deadline."""
     verdict_r, verdict_w = os.pipe()
     judge = os.fork()
-    if judge == 0:  # pragma: no cover (a forked process; its outcome is what the tests check)
+    if judge == 0:  # the judge: it never returns
         _judge_in_child(box, tests, verdict_w)
     os.close(verdict_w)
     text = b""
