@@ -124,7 +124,7 @@ def island(passed: list) -> dict:
             os.close(fd)
         os.waitpid(init, 0)
         text = os.read(status_r, 64)
-        end_as(int(text) if text.strip().isdigit() else 1 << 8)
+        end_as(int(text) if text.strip().isdigit() else 1 << 8)  # init killed before it said: exit code 1
     os.close(status_r)
     os.close(alive_w)
     import ctypes
