@@ -10,6 +10,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from conftest import hook_only_args, kernel_sandbox, tiny_checkpoint
@@ -200,7 +201,23 @@ def test_directory_descriptors_are_refused_and_ordinary_file_work_still_runs():
     assert refused.status == "failed" and "opening a directory is not allowed" in refused.stderr
 
 
-# A program that records its process id, then sleeps far past the moment eval is stopped
+def sandbox_processes(temp) -> list[int]:
+    """The processes, not yet ended, of the sandboxes under the temporary directory `temp`: the guard,
+    its PID namespace's init and the program share its command line, which names the work directory.
+    (A program's own os.getpid() is its id inside its PID namespace.)"""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(temp).encode() in command and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+# A program that says it started, then sleeps far past the moment eval is stopped
 SLEEPER = (
     "    pass\nimport os, time\nopen('pid.tmp', 'w').write(str(os.getpid()))\nos.rename('pid.tmp', 'pid')\n"
     "time.sleep(60)\n"
@@ -229,16 +246,15 @@ def test_a_stopped_eval_kills_its_sandboxed_program_and_removes_its_directory(tm
         text=True,
     )
     deadline = time.monotonic() + 120
-    while not (pids := list(temp.glob("ft-sandbox-*/work/pid"))):
+    while not list(temp.glob("ft-sandbox-*/work/pid")):
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
         time.sleep(0.05)
-    pid = int(pids[0].read_text())
+    assert sandbox_processes(temp)
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == code
     assert stderr.strip().splitlines()[-1] == f"eval stopped by {signal.Signals(signum).name}", stderr
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    assert sandbox_processes(temp) == []
     assert list(temp.iterdir()) == []
 
 
@@ -269,18 +285,14 @@ def test_sigterm_to_any_caller_of_run_python_kills_its_program_and_removes_its_d
         [sys.executable, "-c", source], env={**os.environ, "TMPDIR": str(temp)}, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 60
-    while not (pids := list(temp.glob("ft-sandbox-*/work/pid"))):
+    while not list(temp.glob("ft-sandbox-*/work/pid")):
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
         time.sleep(0.05)
-    pid = int(pids[0].read_text())
+    assert sandbox_processes(temp)
     process.terminate()
     assert process.wait(timeout=30) == -signal.SIGTERM
     deadline = time.monotonic() + 10
-    while True:  # the program's death (PR_SET_PDEATHSIG) is asynchronous
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
+    while sandbox_processes(temp):  # the program's death (PR_SET_PDEATHSIG) is asynchronous
         assert time.monotonic() < deadline, "the sandboxed program outlived its caller"
         time.sleep(0.05)
     if in_thread:
@@ -446,3 +458,65 @@ def test_eval_goes_on_past_a_program_that_forges_a_refusal(tmp_path, monkeypatch
     )
     per_doc = json.loads(output.read_text())["tasks"]["humaneval"]["per_doc"]
     assert [doc["status"] for doc in per_doc] == [["failed"], ["failed"]]
+
+
+SLOW_TO_COMPARE = {  # an answer, and a trusted test whose own work on it takes minutes (2-core CPU)
+    "colliding-set": (
+        "    return [k * (2**61 - 1) for k in range(60000)]\n",  # set(): quadratic, about 70 s
+        "def check(f):\n    assert set(f(1)) == {0}\n",
+    ),
+    "huge-int": (
+        "    return (1 << 2**25) - 1\n",  # a 2**25-bit square: about 55 s
+        "def check(f):\n    assert f(1) * f(1) == 1 << 2**26\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SLOW_TO_COMPARE))
+def test_a_trusted_comparison_runs_under_the_programs_deadline(case):
+    """The benchmark's own test ran in the evaluator with no time bound: `set(f(1))` of 60,000 colliding
+    ints took 268-313 s against a 10 s limit, a 2**25-bit answer squared 146 s. A C call cannot be
+    interrupted in the evaluator: the tests run in a process forked from it, killed at the deadline."""
+    answer, check = SLOW_TO_COMPARE[case]
+    test = {"style": "humaneval", "prompt": "def f(n):\n", "test": check, "entry_point": "f"}
+    limits = SandboxLimits(timeout_s=2, memory_mb=512, allow_hook_only=not kernel_sandbox())
+    started = time.monotonic()
+    outcome = check_completion(test, answer, limits)
+    assert outcome.status == "timeout", outcome
+    assert time.monotonic() - started < 30  # the deadline, and the sandbox's start and end, not minutes
+    assert check_completion(test, "    return 1\n", limits).status == "failed"  # a quick wrong answer
+
+
+def test_the_candidate_is_only_the_function_the_task_names():
+    """For `round(sum(xs), 1)`, where the task's function has a builtin's name, the program's own `round`
+    became the candidate (the first call of the assert), and a wrong `sum` passed beside a `round` that
+    answered the test. The task names its function (MBPP's reference code defines it); where it names
+    none, the candidate is the call nested deepest."""
+    from free_transformer.eval.catalog import get_benchmark
+
+    asserts = ["assert round(sum([1.25, 2.5]), 1) == 3.8"]
+    row = {"text": "Add the numbers.", "test_list": asserts, "code": "def sum(xs):\r\n    return 3.75\r\n"}
+    named = get_benchmark("mbpp").test(row)
+    assert named["entry_point"] == "sum"
+    wrong = "def sum(xs):\n    return 0\ndef round(*args):\n    return 3.8\n"
+    for test in (named, {"style": "asserts", "setup": "", "asserts": asserts}):
+        assert check_completion(test, "def sum(xs):\n    return 3.75\n", FAST).passed
+        assert check_completion(test, wrong, FAST).status == "failed"
+
+
+def test_evalplus_compares_int_answers_exactly():
+    """EvalPlus compares an int answer with `==` (3.0 is 3) and only a float answer within its tolerance;
+    3.0000002 used to pass for 3."""
+    plus = {
+        "style": "evalplus",
+        "prompt": "def f(x):\n",
+        "entry_point": "f",
+        "atol": 0,
+        "inputs": [[2], [5]],
+        "canonical_solution": "    return x + 1\n",
+    }
+    assert check_completion(plus, "    return float(x + 1)\n", FAST).passed
+    assert check_completion(plus, "    return x + 1.0000002\n", FAST).status == "failed"
+    floats = {**plus, "canonical_solution": "    return x / 3\n"}
+    assert check_completion(floats, "    return x * (1 / 3)\n", FAST).passed  # within the tolerance
+    assert check_completion(floats, "    return x / 3 + 1e-3\n", FAST).status == "failed"

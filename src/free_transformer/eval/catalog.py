@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .programs import named_function
 from .task_data import (
     HUMAN_EVAL,
     DataUnavailable,
@@ -456,7 +457,9 @@ class MBPP(Benchmark):
         return self.query(row) + row["code"].replace("\r\n", "\n").strip() + "\n[DONE]"
 
     def test(self, row):
-        return {"style": "asserts", "setup": row.get("test_setup_code", ""), "asserts": list(row["test_list"])}
+        asserts = list(row["test_list"])
+        named = named_function(row.get("code", "").replace("\r\n", "\n"), asserts)
+        return {"style": "asserts", "setup": row.get("test_setup_code", ""), "asserts": asserts, "entry_point": named}
 
     def doc_id(self, row, index):
         return str(row.get("task_id", index))

@@ -4,10 +4,12 @@ Every program runs as `python -I -S -B` (isolated mode: no user site, no PYTHON*
 site-packages) in a new session, with stdin closed, a minimal environment (PATH=/usr/bin:/bin and
 nothing else of the user's), and a fresh temporary working directory that is deleted afterwards.
 A wall-clock timeout kills the whole process group. Inside the child, `sandbox_guard.py` adds a
-read-only file tree except the work directory and no network (user, mount and network namespaces),
-resource limits (CPU, memory, file size, open files, processes), a seccomp filter (no fork, exec,
-sockets, mounts, ptrace, signals to others), and a Python audit hook (no sockets, subprocesses,
-ctypes, tracing, or writes outside the work directory). Where the kernel gives no namespaces or
+read-only file tree except the work directory, no network, and no other process in sight (user,
+mount, network and PID namespaces, as an ordinary user without capabilities), resource limits (CPU,
+memory, file size, open files, processes), a seccomp filter (no fork, exec, sockets, mounts, ptrace;
+signals, rlimits, priorities, affinity and scheduling for the program's own process only), and a
+Python audit hook (no sockets, subprocesses, ctypes, tracing, other processes' limits, or writes
+outside the work directory). Where the kernel gives no namespaces or
 seccomp, nothing runs (SandboxUnavailable) unless `allow_hook_only` says so.
 `SandboxResult.isolation` says which layers were in force, as the guard reported them on a pipe of its
 own that it closes before the program runs (so no program's output or exit status can forge a report
@@ -70,7 +72,7 @@ class SandboxLimits:
     output_chars: int = 4000
     """How much of stdout / stderr is kept in the result."""
     namespaces: bool = True
-    """Try user + mount + network namespaces (read-only files, no network)."""
+    """Try user + mount + network + PID namespaces (read-only files, no network, no other process)."""
     seccomp: bool = True
     """Try the seccomp filter."""
 
@@ -335,6 +337,12 @@ class Sandbox:
         ):
             raise Broken("an answer of another shape")
         return reply
+
+    @property
+    def channel(self) -> tuple[int, ...]:
+        """The descriptors of the calls (requests written, replies read), which a process forked to go on
+        calling keeps."""
+        return tuple(fd for fd in (getattr(self, "_requests", None), getattr(self, "_replies", None)) if fd is not None)
 
     def call(self, name: str, *args):
         """The program's `name(*args)` as a plain value. Raises the program's exception (candidate_error),

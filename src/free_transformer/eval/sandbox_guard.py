@@ -4,14 +4,20 @@ executes the untrusted program. Started by sandbox.py as `python -I -S -B sandbo
 Layers, each applied when the kernel allows it and reported as one JSON object on the report
 descriptor (CONFIG's `report_fd`), which the guard closes before the program runs: no program can
 write a report, whatever it prints or however it exits:
-1. namespaces: a new user + mount + network namespace; the whole file tree is remounted read-only
-   except the work directory, and the network namespace has no usable interface (loopback down);
+1. namespaces: a new user + mount + network + PID namespace; inside, the program is an ordinary user
+   (uid and gid SANDBOX_ID, no capabilities), the whole file tree is remounted read-only except the
+   work directory, /proc shows the namespace's processes only, and the network namespace has no
+   usable interface (loopback down). In its PID namespace the program sees, and so can signal, limit
+   or renice, no process but its own: the guard forks the namespace's init, which forks the program
+   and hands its exit status back (as bubblewrap and nsjail do);
 2. resource limits: CPU seconds, address space, file size, open files, no core dumps, processes;
 3. seccomp: no new processes (threads allowed), no exec, no sockets, no mount / namespace / ptrace
-   / io_uring calls, signals only to itself;
-4. a Python audit hook: refuses sockets, subprocesses, ctypes, tracing, directory descriptors, and
-   writes outside the work directory (paths resolved against their dir_fd); calls without an audit
-   event (mkfifo, mknod, fork_exec, pidfd_send_signal) are replaced by a refusal.
+   / io_uring calls, and no call that names another process: signals, rlimits, priorities, CPU
+   affinity, scheduling, I/O priority and page moves only for itself (so without namespaces too);
+4. a Python audit hook: refuses sockets, subprocesses, ctypes, tracing, directory descriptors,
+   rlimits of other processes, and writes outside the work directory (paths resolved against their
+   dir_fd); calls without an audit event (mkfifo, mknod, fork_exec, pidfd_send_signal, pidfd_open,
+   setpriority, sched_setaffinity, sched_setscheduler, sched_setparam) are replaced by a refusal.
 The layers CONFIG requires (namespaces, seccomp) must be in force, or the program never runs (exit
 REFUSED). The guard also dies with the process that started it (PR_SET_PDEATHSIG).
 
@@ -24,28 +30,37 @@ program is right: the evaluating process does, from the plain values it gets bac
 import json
 import os
 import resource
+import select
+import signal
 import stat
 import sys
 
+SANDBOX_ID = 1000
+"""The program's uid and gid inside its user namespace: an ordinary user, not the caller's identity."""
+
 
 def enter_namespaces(work: str) -> dict:
-    """User + mount + network namespaces; everything read-only except `work`."""
+    """User + mount + network + PID namespaces (PID only where the kernel allows it); everything
+    read-only except `work`. The PID namespace applies to the children forked after (island())."""
     import ctypes  # only here: the program gets no ready-made ctypes (main() unloads it)
 
     libc = ctypes.CDLL(None, use_errno=True)
-    report: dict[str, bool | str] = {"network_namespace": False, "read_only_fs": False}
+    report: dict[str, bool | str] = {"network_namespace": False, "read_only_fs": False, "pid_namespace": False}
     uid, gid = os.getuid(), os.getgid()
-    CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET) != 0:
+    CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x00020000, 0x10000000, 0x40000000, 0x20000000
+    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET
+    if libc.unshare(flags | CLONE_NEWPID) == 0:
+        report["pid_namespace"] = True
+    elif libc.unshare(flags) != 0:
         report["error"] = f"unshare: {os.strerror(ctypes.get_errno())}"
         return report
-    try:  # identity mapping: files keep their owners
+    try:  # the caller's ids seen as SANDBOX_ID inside: files keep their owners outside
         with open("/proc/self/setgroups", "w") as f:
             f.write("deny")
         with open("/proc/self/uid_map", "w") as f:
-            f.write(f"{uid} {uid} 1")
+            f.write(f"{SANDBOX_ID} {uid} 1")
         with open("/proc/self/gid_map", "w") as f:
-            f.write(f"{gid} {gid} 1")
+            f.write(f"{SANDBOX_ID} {gid} 1")
     except OSError as error:
         report["error"] = f"id maps: {error}"
     report["network_namespace"] = True
@@ -96,6 +111,72 @@ def set_limits(limits: dict) -> dict:
     return applied
 
 
+def island(passed: list) -> dict:
+    """In a new PID namespace (after enter_namespaces): fork the namespace's init, which forks the
+    program's process; returns only there. The guard (outside the namespace) and init hold none of the
+    `passed` descriptors, wait, and end as the program ended (its exit status or its signal); when init
+    ends, the kernel kills whatever is left in the namespace."""
+    status_r, status_w = os.pipe()  # init -> guard: the program's wait status
+    alive_r, alive_w = os.pipe()  # EOF in init once the guard is gone
+    init = os.fork()
+    if init:
+        for fd in [*passed, status_w, alive_r]:
+            os.close(fd)
+        os.waitpid(init, 0)
+        text = os.read(status_r, 64)
+        end_as(int(text) if text.strip().isdigit() else 1 << 8)  # init killed before it said: exit code 1
+    os.close(status_r)
+    os.close(alive_w)
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if select.select([alive_r], [], [], 0)[0]:  # the guard died before the setting
+        os._exit(REFUSED)
+    os.close(alive_r)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the user reads or writes init's memory
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+    proc = libc.mount(b"proc", b"/proc", b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0
+    report: dict = {"own_proc": proc}
+    if not proc:  # (a container may forbid it) the host's /proc stays, read-only
+        report["proc_error"] = os.strerror(ctypes.get_errno())
+    program = os.fork()
+    if program == 0:
+        os.close(status_w)
+        return report
+    for fd in passed:
+        os.close(fd)
+    while True:  # init reaps every child; the program is the one that counts
+        pid, status = os.wait()
+        if pid == program:
+            break
+    os.write(status_w, str(status).encode())
+    os._exit(0)
+
+
+def end_as(status: int) -> None:
+    """Exit as a child with wait status `status` did: with its exit code, or killed by its signal."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+        os._exit(128 + number)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def drop_capabilities() -> bool:
+    """Empty effective, permitted and inheritable capability sets (the creator of a user namespace has
+    them all inside it)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    return libc.capset(header, data) == 0
+
+
 # Denied system calls per architecture: (audit arch, {name: number}).
 _ARCHES = {
     "x86_64": (
@@ -126,6 +207,7 @@ _ARCHES = {
             kexec_load=246,
             open_by_handle_at=304,
             name_to_handle_at=303,
+            kcmp=312,
         ),
     ),
     "aarch64": (
@@ -154,10 +236,45 @@ _ARCHES = {
             kexec_load=104,
             open_by_handle_at=265,
             name_to_handle_at=264,
+            kcmp=272,
         ),
     ),
 }
-_ARCH_CALLS = {"x86_64": dict(clone=56, kill=62, tgkill=234), "aarch64": dict(clone=220, kill=129, tgkill=131)}
+# Calls that name a process (its id in their first argument), allowed for this process only.
+_ARCH_CALLS = {
+    "x86_64": dict(
+        clone=56,
+        kill=62,
+        tgkill=234,
+        rt_sigqueueinfo=129,
+        rt_tgsigqueueinfo=297,
+        prlimit64=302,
+        setpriority=141,
+        sched_setaffinity=203,
+        sched_setscheduler=144,
+        sched_setparam=142,
+        sched_setattr=314,
+        ioprio_set=251,
+        migrate_pages=256,
+        move_pages=279,
+    ),
+    "aarch64": dict(
+        clone=220,
+        kill=129,
+        tgkill=131,
+        rt_sigqueueinfo=138,
+        rt_tgsigqueueinfo=240,
+        prlimit64=261,
+        setpriority=140,
+        sched_setaffinity=122,
+        sched_setscheduler=119,
+        sched_setparam=118,
+        sched_setattr=274,
+        ioprio_set=30,
+        migrate_pages=238,
+        move_pages=239,
+    ),
+}
 # Numbers shared by every architecture since Linux 5.1.
 _COMMON_DENIED = dict(
     pidfd_send_signal=424,
@@ -170,10 +287,27 @@ _COMMON_DENIED = dict(
     fsconfig=431,
     fsmount=432,
     fspick=433,
+    pidfd_open=434,
     pidfd_getfd=438,
+    process_madvise=440,
+    process_mrelease=448,
     mount_setattr=442,
 )
 CLONE3 = 435
+
+
+def own_process_rules(pid: int) -> dict:
+    """For each call of _ARCH_CALLS but clone: the (argument index, allowed values) pairs that keep it
+    to process `pid` itself (its id, or 0 where 0 means the caller). Signals go to `pid` only: 0 would
+    reach its process group, which the guard outside the PID namespace shares."""
+    itself, own = {pid}, {0, pid}
+    PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+    rules = {name: [(0, own)] for name in ("prlimit64", "sched_setaffinity", "sched_setscheduler")}
+    rules.update({name: [(0, own)] for name in ("sched_setparam", "sched_setattr", "migrate_pages", "move_pages")})
+    rules.update({name: [(0, itself)] for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")})
+    rules["setpriority"] = [(0, {PRIO_PROCESS}), (1, own)]  # not a process group, not a user
+    rules["ioprio_set"] = [(0, {IOPRIO_WHO_PROCESS}), (1, own)]
+    return rules
 
 
 def install_seccomp() -> dict:
@@ -188,8 +322,6 @@ def install_seccomp() -> dict:
     ERRNO = 0x00050000
     EPERM, EAGAIN, ENOSYS = 1, 11, 38
     CLONE_THREAD = 0x00010000
-    pid = os.getpid()
-    own = {0, pid, (-pid) & 0xFFFFFFFF}  # kill(2) targets: own process group, self
     prog = [(LD, 0, 0, 4), (JEQ, 1, 0, audit_arch), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
     if machine == "x86_64":  # the x32 ABI's numbers alias ours with bit 30 set
         prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, ERRNO | EPERM)]
@@ -204,15 +336,16 @@ def install_seccomp() -> dict:
         (RET, 0, 0, ALLOW),
         (RET, 0, 0, ERRNO | EAGAIN),
     ]
-    # kill / tgkill: only to itself or its own process group
-    for name, targets in (("kill", own), ("tgkill", {pid})):
-        checks = [(JEQ, 0, 0, t) for t in sorted(targets)]
-        block = [(LD, 0, 0, 16)]
-        for i, (code, _, _, k) in enumerate(checks):
-            block.append((code, len(checks) - i, 0, k))  # jump to ALLOW
-        block += [(RET, 0, 0, ERRNO | EPERM), (RET, 0, 0, ALLOW)]
-        prog += [(JEQ, 0, len(block), calls[name])] + block
-        prog += [(LD, 0, 0, 0)]  # reload the number for the next test
+    for name, conditions in own_process_rules(os.getpid()).items():
+        # each condition: load the argument's low 32 bits (args[i] at 16 + 8 i; the kernel reads these
+        # ids as 32-bit ints), a match among its values skips to the next condition, no match refuses
+        block = []
+        for arg, values in conditions:
+            block.append((LD, 0, 0, 16 + 8 * arg))
+            block += [(JEQ, len(values) - i, 0, value) for i, value in enumerate(sorted(values))]
+            block.append((RET, 0, 0, ERRNO | EPERM))
+        block.append((RET, 0, 0, ALLOW))
+        prog += [(JEQ, 0, len(block), calls[name])] + block  # other calls skip it, their number still loaded
     prog += [(RET, 0, 0, ALLOW)]
     error = install_filter(prog)
     return {"seccomp": False, "error": error} if error else {"seccomp": True}
@@ -291,9 +424,10 @@ _PATH_EVENTS = {
     "sqlite3.connect": ((0, None),),
 }
 # Calls that raise no audit event, replaced by _refused before the program runs (module -> names)
+_OTHER_PROCESSES = ("pidfd_open", "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam")
 _UNAUDITED = {
-    "os": ("mkfifo", "mknod"),
-    "posix": ("mkfifo", "mknod"),
+    "os": ("mkfifo", "mknod", *_OTHER_PROCESSES),
+    "posix": ("mkfifo", "mknod", *_OTHER_PROCESSES),
     "signal": ("pidfd_send_signal",),
     "_posixsubprocess": ("fork_exec",),
 }
@@ -380,6 +514,7 @@ def install_audit_hook(work: str) -> None:
         return resolve(path, base)
 
     root = resolve(work, "/")
+    own = (0, os.getpid())
 
     def check(path, dir_fd, event) -> None:
         full = where(path, dir_fd)
@@ -391,6 +526,8 @@ def install_audit_hook(work: str) -> None:
             raise denied(f"sandbox: {event} is not allowed")
         if event == "sys.addaudithook":  # a hook of the program's would run inside this one
             raise halt("sandbox: sys.addaudithook is not allowed")
+        if event == "resource.prlimit" and args[0] not in own:  # (pid, resource, limits)
+            raise denied("sandbox: the limits of another process are out of reach")
         if event == "open":
             path, mode, flags = args
             if path is None or type_(path) is int_:  # a descriptor, opened under these rules
@@ -501,9 +638,13 @@ def main() -> None:
         if "error" in layer:
             errors["namespaces"] = layer.pop("error")
         report.update(layer)
+    report.update(die_with_parent(config["parent"]))
+    if report.get("pid_namespace"):  # from here on, in the program's process inside the namespace
+        passed = [config[key] for key in ("report_fd", "requests_fd", "replies_fd") if key in config]
+        report.update(island(passed))
     os.chdir(work)
     report["limits"] = set_limits(config["limits"])
-    report.update(die_with_parent(config["parent"]))
+    report["capabilities_dropped"] = drop_capabilities()
     if config.get("seccomp", True):
         layer = install_seccomp()
         if "error" in layer:
