@@ -39,6 +39,7 @@ from ..base.latent_choice import LatentChoice
 from ..base.seeding import benchmark_seed, generators
 from ..inference.generate import GenerationConfig, generate
 from ..inference.latents import LatentPlan
+from ..inference.search import candidate_sources
 from ..inference.stops import cut_at_stop, stop_check
 from ..model.transformer import FreeTransformer
 from .settings import EvalSettings
@@ -201,29 +202,12 @@ def sample_sources(
     model: FreeTransformer, ids: list[int], steps: int, key: str, settings: EvalSettings
 ) -> tuple[list[int], LatentChoice | Tensor]:
     """What each generation of the prompt `ids` (document `key`) draws from, as `generate` takes it: its seed,
-    one per generation, and where its Z comes from, settings.vary deciding what they share (generate_texts).
-    A greedy baseline generates once; a baseline has no Z, so its generations differ by their seeds only."""
+    one per generation, and where its Z comes from, settings.vary deciding what they share (generate_texts;
+    free_transformer.inference.search draws the streams). A greedy baseline generates once; a baseline has no
+    Z, so its generations differ by their seeds only."""
     n = settings.generation_samples if model.config.is_free or settings.temperature > 0 else 1
-    seeds = [benchmark_seed(settings.seed, key, "generate", k) for k in range(n)]
-    if settings.vary == "both" or not model.config.is_free:
-        return seeds, settings.latents
+    if settings.vary == "both":  # each its own stream, as the records before `vary` were scored
+        return [benchmark_seed(settings.seed, key, "generate", k) for k in range(n)], settings.latents
     fed = len(ids) + steps - 1
-    if settings.vary == "tokens":
-        return seeds, _prompt_and_prior_latents(model, ids, fed, _generators(settings.seed, key, 1), settings)
-    shared_noise = [benchmark_seed(settings.seed, key, "tokens")] * n
-    return shared_noise, _prompt_and_prior_latents(model, ids, fed, _generators(settings.seed, key, n), settings)
-
-
-def _prompt_and_prior_latents(
-    model: FreeTransformer, ids: list[int], length: int, draws: list[torch.Generator], settings: EvalSettings
-) -> Tensor:
-    """(len(draws), length, *value_shape) Z of every position a generation feeds, one row per generator: the
-    prompt's from settings.latents (the encoder on the prompt, or the prior), the rest from the prior."""
-    device = model.rope_cos.device
-    plan = LatentPlan(len(draws), model.latent_space, prompt_source=settings.latents, generators=draws)
-    if settings.latents == LatentChoice.ENCODER:
-        context = torch.tensor(ids, device=device).expand(len(draws), -1)
-        plan.record(0, model(context, latents=LatentChoice.ENCODER, generator=plan.generators).latents)
-    drawn = plan.source(0, length, device)
-    assert isinstance(drawn, Tensor)  # a Free Transformer's plan, its context's Z known: values, not a name
-    return drawn
+    seed = benchmark_seed(settings.seed, key, "generate")
+    return candidate_sources(model, [ids], n, fed, seed=seed, vary=settings.vary, context=settings.latents)
