@@ -113,3 +113,27 @@ def test_bad_requests_are_one_line():
 def test_an_empty_continuation_scores_minus_infinity():
     model = tiny_model(latent_units=0)
     assert mean_logprobs(model, [[1, 2]], [[]]) == [float("-inf")]
+
+
+def test_the_synthetic_search_script_measures_both_tasks(tmp_path):
+    """scripts/search_synthetic.py, which docs/results.md's figures come from, at a tiny size on random runs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import tiny_checkpoint
+
+    from free_transformer.runs.checkpoint import save_checkpoint
+
+    letters = tiny_checkpoint(tmp_path, "letters", 4, max_seq_len=72)
+    coins = tiny_checkpoint(tmp_path, "coins", 4)
+    model, _ = __import__("free_transformer").load_model(coins)
+    save_checkpoint(coins, 1, model, {"tokenizer": "byte", "data": {"coinflip": {"length": 8, "epsilon": 0.3}}})
+    script = Path(__file__).parents[1] / "scripts" / "search_synthetic.py"
+    for args, expected in (
+        (["letters", str(letters), "--prompts", "3", "--sizes", "1,2"], "N=2: "),
+        (["coins", str(coins), "--prompts", "4", "--samples", "4", "--prefix", "2"], "maj@4: "),
+    ):
+        out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, check=True).stdout
+        lines = out.strip().splitlines()
+        assert [line.split()[1] for line in lines] == ["both", "latent", "tokens"] and all(expected in x for x in lines)
