@@ -20,9 +20,10 @@ import sys
 import torch
 
 from free_transformer.analysis.measures import kl_split
+from free_transformer.base.latent_choice import LatentChoice
 from free_transformer.data.synthetic import BODY_LENGTH, N_POSITIONS, NOISE_PROBABILITY, analyse_letters, letters_batch
 from free_transformer.inference.generate import GenerationConfig, generate
-from free_transformer.model.latent import ENCODER, PRIOR, code_log_probabilities
+from free_transformer.model.latent import code_log_probabilities
 from free_transformer.runs.checkpoint import load_model
 
 SEQUENCES, SAMPLES = 512, 128
@@ -62,8 +63,10 @@ def main(checkpoint: str, letter: str = "K") -> None:
     tokens = letters_batch(SEQUENCES, torch.Generator().manual_seed(123))
     tokens = torch.where(tokens == tokens[:, :1], ord(letter), tokens)  # every sequence about the prompt's letter
     with torch.no_grad():
-        encoded = model(tokens[:, :-1], latents=ENCODER, generator=torch.Generator().manual_seed(1))
-        prior_logits = model(tokens[:, :-1], latents=PRIOR, generator=torch.Generator().manual_seed(2)).logits
+        encoded = model(tokens[:, :-1], latents=LatentChoice.ENCODER, generator=torch.Generator().manual_seed(1))
+        prior_logits = model(
+            tokens[:, :-1], latents=LatentChoice.PRIOR, generator=torch.Generator().manual_seed(2)
+        ).logits
     bit_logits = encoded.bit_logits
     split = kl_split(bit_logits)
     print(

@@ -60,6 +60,9 @@ def test_eval_writes_results_with_the_paper_measures(evaluated, capsys):
     assert set(results["unavailable"]) == {"humaneval_plus", "race_middle"}
     assert "context Z: prior" in results["latents"]["latents"] and results["latents"]["samples"] == 2
     assert tasks["humaneval"]["sandbox"]["audit_hook"] is True
+    for name in ("gsm8k", "humaneval"):  # one generation per prompt: pass@1 is the paper's value
+        assert tasks[name]["pass@k"]["1"]["value"] == pytest.approx(tasks[name]["value"])
+    assert "maj@k" in tasks["gsm8k"] and "maj@k" not in tasks["humaneval"]  # votes count answers, not programs
     assert len(tasks["arc_easy"]["per_doc"][0]["logprobs"]) == 4
     like = results["likelihood"]
     assert {"prior_ce", "elbo", "iwae", "kl"} <= set(like) and like["bytes"] > 0

@@ -1,3 +1,6 @@
+import itertools
+import math
+
 import numpy as np
 import pytest
 
@@ -91,3 +94,101 @@ def test_comparison_rows_stars_only_intervals_on_enough_documents():
     assert " * |" in to_markdown(many, ["base", "free"])
     few = build_rows([_run([0, 1, 0], "base"), _run([1, 1, 1], "free")], samples=300)
     assert "too few" in to_markdown(few, ["base", "free"]) and " * |" not in to_markdown(few, ["base", "free"])
+
+
+def _pass_at_k_by_subsets(n: int, correct: int, k: int) -> float:
+    """pass@k by its definition: the share of the k-subsets of n samples that hold at least one pass."""
+    outcomes = [True] * correct + [False] * (n - correct)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(outcomes[i] for i in subset) for subset in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_pass_at_k_equals_the_share_of_k_subsets_holding_a_pass(n):
+    for correct in range(n + 1):
+        for k in range(1, n + 1):
+            assert metrics.pass_at_k(n, correct, k) == pytest.approx(_pass_at_k_by_subsets(n, correct, k))
+    # and the closed form of Chen et al. at a size where enumeration is out of reach
+    assert metrics.pass_at_k(200, 13, 10) == pytest.approx(1 - math.comb(187, 10) / math.comb(200, 10))
+
+
+def test_pass_at_k_refuses_counts_it_cannot_estimate():
+    for n, correct, k in [(4, 5, 1), (4, -1, 1), (4, 2, 0), (4, 2, 5)]:
+        with pytest.raises(ValueError, match="pass@k needs"):
+            metrics.pass_at_k(n, correct, k)
+
+
+def test_majority_vote_ties_go_to_the_answer_given_first_and_no_answer_does_not_vote():
+    assert metrics.majority_vote(["b", "a", "a", "b"]) == 0  # 2-2: "b" came first
+    assert metrics.majority_vote(["a", "b", "b", "a"]) == 0
+    assert metrics.majority_vote([None, None, "c"]) == 2  # two non-answers do not outvote one answer
+    assert metrics.majority_vote([None, None]) is None
+
+
+def test_majority_at_k_averages_the_vote_over_k_subsets():
+    answers, correct = ["7", "7", "3", None], [True, True, False, False]
+    assert metrics.majority_at_k(answers, correct, 1) == pytest.approx(2 / 4)  # pass@1: each sample alone
+    # k=2: {7,7} 7; {7,3} tie to the first (7) twice: 7,3 -> "7"; {3, 7} never (order kept); {x, None} the answer
+    # subsets: (0,1) 7 ok, (0,2) 7 ok, (0,3) 7 ok, (1,2) 7 ok, (1,3) 7 ok, (2,3) 3 wrong
+    assert metrics.majority_at_k(answers, correct, 2) == pytest.approx(5 / 6)
+    assert metrics.majority_at_k(answers, correct, 4) == 1.0
+    assert metrics.majority_at_k(["3", "7", "7"], [False, True, True], 2) == pytest.approx(1 / 3)
+
+
+def test_majority_at_k_past_the_exact_limit_is_a_seeded_estimate_near_the_exact_one():
+    answers = ["1"] * 12 + ["2"] * 8  # C(20, 10) = 184,756 subsets: estimated from random ones
+    correct = [True] * 12 + [False] * 8
+    estimate = metrics.majority_at_k(answers, correct, 10, seed=3)
+    assert estimate == metrics.majority_at_k(answers, correct, 10, seed=3)
+    # exact: "1" wins with >= 6 of 10, and every 5-5 tie too, since every "1" was given before every "2"
+    exact = sum(math.comb(12, a) * math.comb(8, 10 - a) for a in range(5, 11)) / math.comb(20, 10)
+    assert estimate == pytest.approx(exact, abs=0.03)
+
+
+def test_bootstrap_interval_brackets_the_mean_and_narrows_with_documents():
+    small = metrics.bootstrap_interval([0, 1] * 10)
+    large = metrics.bootstrap_interval([0, 1] * 1000)
+    for interval in (small, large):
+        assert interval["low"] < interval["value"] == 0.5 < interval["high"]
+    assert large["high"] - large["low"] < (small["high"] - small["low"]) / 5
+
+
+def test_sample_measures_give_every_k_with_intervals_and_per_document_estimates():
+    from free_transformer.eval.runner import sample_measures
+
+    per_doc = [
+        {"correct": [True, False, False, False], "answers": ["4", "5", "5", None]},
+        {"correct": [False, False, False, False], "answers": ["1", "2", "3", "1"]},
+        {"correct": [True, True, True, False], "answers": ["9", "9", "9.0", "8"]},
+    ]
+    measures = sample_measures(per_doc, vote=True)
+    assert set(measures) == {"pass@k", "maj@k"} and set(measures["pass@k"]) == {"1", "2", "3", "4"}
+    expected = [(metrics.pass_at_k(4, 1, 2) + 0 + metrics.pass_at_k(4, 3, 2)) / 3]
+    assert measures["pass@k"]["2"]["value"] == pytest.approx(expected[0])
+    assert measures["pass@k"]["1"]["value"] == pytest.approx((1 / 4 + 0 + 3 / 4) / 3)
+    assert measures["maj@k"]["4"]["value"] == pytest.approx((0 + 0 + 1) / 3)  # "5" outvotes "4"; three "9"s win
+    for interval in measures["pass@k"].values():
+        assert interval["low"] <= interval["value"] <= interval["high"]
+    assert per_doc[0]["pass@k"]["4"] == 1.0 and per_doc[0]["maj@k"]["4"] == 0.0
+    assert "maj@k" not in sample_measures([dict(d) for d in per_doc], vote=False)
+
+
+def test_compare_shows_pass_at_k_and_maj_at_k_after_their_task_with_paired_intervals():
+    from free_transformer.eval.runner import sample_measures
+    from free_transformer.reports.comparison import build_rows
+
+    def run(correct_rate: float, seed: int) -> dict:
+        rng = np.random.default_rng(seed)
+        per_doc = []
+        for doc in range(30):
+            correct = [bool(c) for c in rng.random(4) < correct_rate]
+            answers = ["right" if c else f"wrong{rng.integers(3)}" for c in correct]
+            per_doc.append({"id": str(doc), "score": float(np.mean(correct)), "correct": correct, "answers": answers})
+        task = {"metric": "em", "value": float(np.mean([d["score"] for d in per_doc])), "n": 30, "per_doc": per_doc}
+        task.update(sample_measures(per_doc, vote=True))
+        return {"tasks": {"gsm8k": task}}
+
+    rows = build_rows([run(0.2, 0), run(0.6, 1)], samples=200)
+    assert [r.name for r in rows] == ["gsm8k", "gsm8k maj@2", "gsm8k maj@4", "gsm8k pass@2", "gsm8k pass@4"]
+    pass4 = rows[-1]
+    assert pass4.label.endswith("(pass@4)") and pass4.others[0].ci["low"] > 0  # 0.6 per sample beats 0.2

@@ -13,8 +13,10 @@ from free_transformer.eval.scoring import (
     fit_window,
     generate_texts,
     log_mean_exp,
+    sample_sources,
 )
 from free_transformer.eval.settings import EvalConfig, EvalSettingsError
+from free_transformer.inference.generate import GenerationConfig, generate
 
 REQUESTS = [
     [([1, 2, 3, 4], [5, 6]), ([1, 2, 3, 4], [7]), ([1, 2, 3, 4], [8, 9, 10])],
@@ -145,3 +147,51 @@ def test_latent_settings_validation_and_description():
     assert described["latent_kind"] == "binary_mapper"
     assert latent_settings().describe_latents(tiny_model(latent_units=0))["model"] == "baseline"
     assert math.isclose(float(log_mean_exp(torch.tensor([0.0, 0.0]))), 0.0)
+
+
+def _recorded(model, settings, ids=(1, 2, 3), steps=6):
+    """The sources sample_sources gives one prompt's generations, and the Z the engine recorded for each."""
+    seeds, latents = sample_sources(model, list(ids), steps, "doc/v", settings)
+    config = GenerationConfig(max_new_tokens=steps, temperature=settings.temperature)
+    result = generate(model, torch.tensor([list(ids)] * len(seeds)), config, seeds=seeds, latents=latents)
+    return seeds, result
+
+
+@pytest.mark.parametrize("context", ["prior", "encoder"])
+def test_what_varies_between_a_prompts_generations_is_what_vary_says(context):
+    model = tiny_model(latent_units=4)
+    for vary, own_z, own_noise in (("both", True, True), ("latent", True, False), ("tokens", False, True)):
+        settings = latent_settings(generation_samples=4, vary=vary, temperature=1.0, latents=context)
+        seeds, result = _recorded(model, settings)
+        z = torch.stack(result.latents)  # (4, positions fed, *value_shape): what the engine fed each row
+        assert len(seeds) == 4
+        assert (len(set(seeds)) == 4) == own_noise and (len(set(seeds)) == 1) == (not own_noise), vary
+        different_z = [not torch.equal(z[0], z[k]) for k in range(1, 4)]
+        assert all(different_z) if own_z else not any(different_z), vary
+
+
+def test_latent_mode_shares_token_noise_so_only_z_can_tell_samples_apart():
+    """With a decoder that ignores Z, vary=latent's generations are one sample (their token noise is shared)
+    and vary=tokens's are as many as its seeds."""
+    model = tiny_model(latent_units=4)
+    with torch.no_grad():
+        for parameter in model.latent.mapper.parameters():
+            parameter.zero_()  # R = 0: Z reaches nothing
+    latent = _recorded(model, latent_settings(generation_samples=4, vary="latent", temperature=1.0))[1]
+    tokens = _recorded(model, latent_settings(generation_samples=4, vary="tokens", temperature=1.0))[1]
+    assert len({tuple(t) for t in latent.tokens}) == 1
+    assert len({tuple(t) for t in tokens.tokens}) > 1
+
+
+def test_vary_tokens_at_temperature_zero_is_refused_in_one_line():
+    with pytest.raises(EvalSettingsError, match="vary=tokens shares one Z .* give a temperature above 0"):
+        latent_settings(vary="tokens")
+    with pytest.raises(EvalSettingsError, match="temperature must be a finite number >= 0, got -1"):
+        latent_settings(temperature=-1.0)
+
+
+def test_the_record_key_of_the_default_sampling_is_the_key_records_had_before_it_was_a_setting():
+    settings = latent_settings(generation_samples=2)
+    assert "vary" not in settings.to_dict() and "temperature" not in settings.to_dict()
+    assert settings.key != latent_settings(generation_samples=2, temperature=0.5).key
+    assert settings.key != latent_settings(generation_samples=2, vary="latent").key

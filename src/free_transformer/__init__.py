@@ -18,6 +18,8 @@ _EXPORTS = {
     "SamplingParams": "inference.params",
     "GenerationResult": "inference.generate",
     "generate": "inference.generate",
+    "Candidates": "inference.search",
+    "best_of": "inference.search",
     "infer_latents": "inference.latents",
     "shared_prior_latents": "inference.latents",
     "NAMED_CONFIGS": "model.config",

@@ -49,8 +49,11 @@ def add_arguments(parser) -> None:
     add_option(parser, EvalConfig, "limit")
     add_option(parser, EvalConfig, "data", metavar="TASK=PATH", repeatable=True)
     latents = parser.add_argument_group("Free Transformer latents (ignored for a baseline)")
-    for name in ("latents", "latent_samples", "generation_samples", "seed"):
+    for name in ("latents", "latent_samples", "seed"):
         add_option(latents, EvalConfig, name)
+    samples = parser.add_argument_group("samples per prompt (generative tasks: pass@k, maj@k)")
+    for name in ("generation_samples", "vary", "temperature"):
+        add_option(samples, EvalConfig, name)
     like = parser.add_argument_group("held-out likelihood")
     add_option(like, EvalConfig, "heldout", metavar="FILE", repeatable=True)
     add_option(like, EvalConfig, "heldout_samples")

@@ -25,7 +25,7 @@ from .task_data import (
     read_jsonl,
     read_records,
 )
-from .task_metrics import gsm8k_answer, numbers_equal
+from .task_metrics import gsm8k_answer, number_key, numbers_equal
 from .tasks import REGISTRY, BadAnswer, Benchmark, register, whole_number
 
 MC_GENERAL = "Multi-choice general knowledge / common sense"
@@ -328,6 +328,9 @@ class GSM8K(Benchmark):
 
     def is_correct(self, generation, doc):
         return numbers_equal(gsm8k_answer(generation), doc.answers[0])
+
+    def answer(self, generation):
+        return number_key(gsm8k_answer(generation))
 
     def answers(self, row):
         if "short_answer" in row:

@@ -125,25 +125,48 @@ def _generative(model, tokenizer, task: PreparedTask, settings: EvalSettings, pr
             assert doc.test is not None  # a code benchmark's `test` gives every row its test
             outcomes = [check_completion(doc.test, text, settings.sandbox) for text in texts]
             correct = [o.passed for o in outcomes]
-            detail = {"status": [o.status for o in outcomes]}
+            detail: dict[str, list] = {"status": [o.status for o in outcomes]}
         else:
             correct = [bench.is_correct(t, doc) for t in texts]
-            detail = {}
+            detail = {"answers": [bench.answer(t) for t in texts]}
         per_doc.append(
             {
                 "id": doc.doc_id,
                 "group": doc.group,
                 "score": statistics.fmean(map(float, correct)),
+                "correct": correct,
                 "generations": texts,
                 **detail,
             }
         )
     result = _base_result(task, task_metrics.aggregate([d["score"] for d in per_doc]), per_doc)
+    result.update(sample_measures(per_doc, vote=bench.kind != "code", seed=settings.seed))
     result["max_new_tokens"] = min(budget, model.config.max_seq_len // 2)
     result["truncated_prompts"] = truncated
     if bench.kind == "code":
         result["sandbox"] = isolation_report(settings.sandbox)
     return result
+
+
+def sample_measures(per_doc: list[dict], *, vote: bool, seed: int = 0) -> dict:
+    """pass@k for every k up to the samples per prompt n, and (`vote`: em tasks) maj@k, each the mean over
+    documents of its per-document estimate, with a bootstrap interval over documents: {"pass@k": {k: {value,
+    low, high, confidence}}, "maj@k": ...}. Each per-document record gains its estimates too."""
+    n = min(len(doc["correct"]) for doc in per_doc) if per_doc else 0
+    measures: dict[str, dict[str, dict[str, float]]] = {"pass@k": {}}
+    if vote:
+        measures["maj@k"] = {}
+    for doc in per_doc:
+        doc["pass@k"] = {str(k): task_metrics.pass_at_k(n, sum(doc["correct"][:n]), k) for k in range(1, n + 1)}
+        if vote:
+            doc["maj@k"] = {
+                str(k): task_metrics.majority_at_k(doc["answers"][:n], doc["correct"][:n], k, seed=seed)
+                for k in range(1, n + 1)
+            }
+    for name, by_k in measures.items():
+        for k in range(1, n + 1):
+            by_k[str(k)] = task_metrics.bootstrap_interval([doc[name][str(k)] for doc in per_doc], seed=seed)
+    return measures
 
 
 def score(

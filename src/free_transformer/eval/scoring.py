@@ -39,6 +39,7 @@ from ..base.latent_choice import LatentChoice
 from ..base.seeding import benchmark_seed, generators
 from ..inference.generate import GenerationConfig, generate
 from ..inference.latents import LatentPlan
+from ..inference.search import candidate_sources
 from ..inference.stops import cut_at_stop, stop_check
 from ..model.transformer import FreeTransformer
 from .settings import EvalSettings
@@ -174,21 +175,39 @@ def generate_texts(
     max_new_tokens: int,
     stop: Sequence[str] = (),
 ) -> tuple[list[str], bool]:
-    """Greedy continuations of a prompt, one per latent draw (one for a baseline), each cut at the
-    first stop string. Returns (texts, prompt_truncated): a prompt longer than the model's context
-    window loses its beginning."""
+    """The continuations of a prompt, one per generation (settings.generation_samples; one for a greedy
+    baseline), each cut at the first stop string, sampled at settings.temperature (0: greedy) with what
+    settings.vary says differs between them. Returns (texts, prompt_truncated): a prompt longer than the model's
+    context window loses its beginning.
+
+    vary: "both", each generation its own stream for Z and tokens (Z drawn as it decodes); "latent", each
+    its own Z, drawn beforehand for every position, and one token-noise stream shared by all; "tokens", one Z
+    drawn beforehand and shared, each its own token noise."""
     max_len = model.config.max_seq_len
     steps = max(1, min(max_new_tokens, max_len // 2))
     ids = tokenizer.encode(prompt)
     keep = max_len - steps + 1
     truncated = len(ids) > keep
     ids = ids[-keep:] if truncated else ids
-    n = settings.latent_draws(model, generation=True)
-    config = GenerationConfig(max_new_tokens=steps, temperature=0.0)
-
-    prompts = torch.tensor([ids] * n, dtype=torch.int64)
-    seeds = [benchmark_seed(settings.seed, key, "generate", k) for k in range(n)]
+    config = GenerationConfig(max_new_tokens=steps, temperature=settings.temperature)
+    seeds, latents = sample_sources(model, ids, steps, key, settings)
+    prompts = torch.tensor([ids] * len(seeds), dtype=torch.int64)
     result = generate(
-        model, prompts, config, seeds=seeds, latents=settings.latents, should_stop=stop_check(tokenizer.decode, stop)
+        model, prompts, config, seeds=seeds, latents=latents, should_stop=stop_check(tokenizer.decode, stop)
     )
     return [cut_at_stop(tokenizer.decode(t), stop) for t in result.tokens], truncated
+
+
+def sample_sources(
+    model: FreeTransformer, ids: list[int], steps: int, key: str, settings: EvalSettings
+) -> tuple[list[int], LatentChoice | Tensor]:
+    """What each generation of the prompt `ids` (document `key`) draws from, as `generate` takes it: its seed,
+    one per generation, and where its Z comes from, settings.vary deciding what they share (generate_texts;
+    free_transformer.inference.search draws the streams). A greedy baseline generates once; a baseline has no
+    Z, so its generations differ by their seeds only."""
+    n = settings.generation_samples if model.config.is_free or settings.temperature > 0 else 1
+    if settings.vary == "both":  # each its own stream, as the records before `vary` were scored
+        return [benchmark_seed(settings.seed, key, "generate", k) for k in range(n)], settings.latents
+    fed = len(ids) + steps - 1
+    seed = benchmark_seed(settings.seed, key, "generate")
+    return candidate_sources(model, [ids], n, fed, seed=seed, vary=settings.vary, context=settings.latents)

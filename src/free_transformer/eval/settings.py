@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Literal
 
 from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, as_context
 from ..data.corpora import is_named, named_corpus, read_heldout
 from .sandbox import SandboxLimits
+
+# What differs between the generations of one prompt (EvalConfig.vary).
+SampleVariation = Literal["both", "latent", "tokens"]
 
 
 class EvalSettingsError(UserError, ValueError):
@@ -106,7 +111,13 @@ class EvalConfig:
     latent_samples: int = 4
     """K latent draws per multiple-choice question, combined as log mean_k P(choice | Z_k)."""
     generation_samples: int = 1
-    """Generations per prompt, each with its own latent draw (em / pass@1 averaged)."""
+    """Generations per prompt n: em / pass@1 is their mean, and pass@k and maj@k are given for every k <= n."""
+    vary: SampleVariation = "both"
+    """What differs between a prompt's generations (docs/test-time-search.md): both (each its own Z and its own
+    token noise), latent (each its own Z, one token-noise stream: the spread Z alone gives) or tokens (one Z
+    for all, each its own token noise; needs a temperature above 0)."""
+    temperature: float = 0.0
+    """Sampling temperature of the generations (0: greedy, the paper's setting)."""
     seed: int = 0
     """Seed of the latent draws (not training's)."""
     num_fewshot: str = ""
@@ -154,6 +165,9 @@ class EvalConfig:
 # The options that do not change a score, left out of the record's key: when training scores, and the
 # sandbox's limits (checked to fail no honest program: eval/sandbox.py).
 UNSCORED = ("every", "sandbox")
+# Options added after records were written, with their defaults: in the record's key only when set otherwise,
+# so that the records scored before them keep their key (their scores are what the default gives).
+KEYED_WHEN_SET = {"vary": "both", "temperature": 0.0}
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,6 +190,13 @@ class EvalSettings:
         for name in ("latent_samples", "generation_samples", "heldout_samples"):
             if getattr(options, name) < 1:
                 raise EvalSettingsError(f"{name.replace('_', '-')} must be >= 1, got {getattr(options, name)}")
+        if not 0 <= options.temperature < math.inf:
+            raise EvalSettingsError(f"temperature must be a finite number >= 0, got {options.temperature}")
+        if options.vary == "tokens" and options.temperature == 0:
+            raise EvalSettingsError(
+                "vary=tokens shares one Z between a prompt's generations, so at temperature 0 they are all alike: "
+                "give a temperature above 0"
+            )
         for name in ("max_new_tokens", "heldout_windows"):
             value = getattr(options, name)
             if value is not None and value < 1:
@@ -208,7 +229,9 @@ class EvalSettings:
     def to_dict(self) -> dict:
         """The options a score depends on, the lists resolved: the record's "settings"."""
         values = {
-            item.name: getattr(self.options, item.name) for item in fields(EvalConfig) if item.name not in UNSCORED
+            item.name: getattr(self.options, item.name)
+            for item in fields(EvalConfig)
+            if item.name not in UNSCORED and KEYED_WHEN_SET.get(item.name, ...) != getattr(self.options, item.name)
         }
         values.update(
             tasks=list(self.tasks), num_fewshot=dict(self.num_fewshot), data=dict(self.data), heldout=list(self.heldout)
@@ -240,6 +263,8 @@ class EvalSettings:
             "mc_estimator": f"log mean_k P(continuation | context, Z^k) over K={self.latent_samples} draws",
             "samples": self.latent_samples,
             "generation_samples": self.generation_samples,
+            "vary": self.vary,
+            "temperature": self.temperature,
             "seed": self.seed,
         }
 

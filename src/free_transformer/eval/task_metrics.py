@@ -3,11 +3,14 @@
 acc_completion: the choice with the highest sum of log-probabilities divided by its token count.
 acc_char: the same, divided by its character count. macro_avg/acc_char: acc_char averaged over
 sub-categories (MMLU subjects). em: the generated answer equals a reference after normalisation.
-pass@1: the proportion of generated programs that pass their tests.
+pass@1: the proportion of generated programs that pass their tests; pass@k and maj@k from n samples per
+prompt: `pass_at_k`, `majority_at_k`.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import string
 from collections.abc import Sequence
@@ -51,6 +54,16 @@ def numbers_equal(predicted: str | None, reference: str) -> bool:
         return float(predicted) == float(reference.replace(",", ""))
     except ValueError:
         return predicted.strip() == reference.strip()
+
+
+def number_key(predicted: str | None) -> str | None:
+    """A number's vote in maj@k: numbers equal as numbers_equal has them vote together ("18", "18.0")."""
+    if predicted is None:
+        return None
+    try:
+        return repr(float(predicted))
+    except ValueError:
+        return predicted.strip() or None
 
 
 def choose(logprobs: Sequence[float], lengths: Sequence[int]) -> int:
@@ -103,3 +116,70 @@ def paired_bootstrap(
     alpha = (1 - confidence) / 2
     low, high = np.quantile(diffs, [alpha, 1 - alpha])
     return {"low": float(low), "high": float(high), "confidence": confidence, "samples": samples}
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """The unbiased estimator of pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"):
+    the probability that at least one of k samples drawn without replacement from n, `correct` of which pass,
+    passes: 1 - C(n - c, k) / C(n, k), computed as a product so that large n does not overflow."""
+    if not 0 <= correct <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= correct <= n and 1 <= k <= n, got n={n}, correct={correct}, k={k}")
+    if n - correct < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - correct + 1, n + 1)))
+
+
+# Above this many k-subsets of n samples, maj@k is estimated from this many random subsets instead.
+MAJORITY_EXACT_SUBSETS = 5000
+MAJORITY_RANDOM_SUBSETS = 2000
+
+
+def majority_vote(answers: Sequence[str | None]) -> int | None:
+    """The index of the sample whose answer wins the vote: the most frequent answer among those that give one
+    (None: no answer extracted, which does not vote), a tie going to the answer given first. None when no
+    sample gives an answer."""
+    counts: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for index, answer in enumerate(answers):
+        if answer is not None:
+            counts[answer] = counts.get(answer, 0) + 1
+            first.setdefault(answer, index)
+    if not counts:
+        return None
+    winner = max(counts, key=lambda answer: (counts[answer], -first[answer]))
+    return first[winner]
+
+
+def majority_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int, seed: int = 0) -> float:
+    """maj@k (Lewkowycz et al. 2022, Minerva): the chance that the majority answer of k samples is correct,
+    averaged over the k-subsets of the n samples (keeping their order, so a tie goes to the answer the earlier
+    sample gave): exactly when there are at most MAJORITY_EXACT_SUBSETS subsets, else over
+    MAJORITY_RANDOM_SUBSETS random ones drawn with `seed`. A vote with no answer counts as wrong."""
+    n = len(answers)
+    if len(correct) != n or not 1 <= k <= n:
+        raise ValueError(f"maj@k needs one verdict per answer and 1 <= k <= n, got {len(correct)}, n={n}, k={k}")
+
+    def won(subset: Sequence[int]) -> float:
+        winner = majority_vote([answers[i] for i in subset])
+        return float(winner is not None and correct[subset[winner]])
+
+    if math.comb(n, k) <= MAJORITY_EXACT_SUBSETS:
+        return float(np.mean([won(subset) for subset in itertools.combinations(range(n), k)]))
+    rng = np.random.default_rng(seed)
+    return float(
+        np.mean([won(sorted(rng.choice(n, k, replace=False).tolist())) for _ in range(MAJORITY_RANDOM_SUBSETS)])
+    )
+
+
+def bootstrap_interval(
+    scores: Sequence[float], *, samples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> dict[str, float]:
+    """The mean of per-document scores with a bootstrap confidence interval over documents."""
+    values = np.asarray(scores, dtype=float)
+    if values.size == 0:
+        raise ValueError("a bootstrap interval needs at least one score")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, (samples, values.size))].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return {"value": float(values.mean()), "low": float(low), "high": float(high), "confidence": confidence}

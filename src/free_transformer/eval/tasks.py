@@ -118,6 +118,13 @@ class Benchmark:
 
         return exact_match(generation, doc.answers)
 
+    def answer(self, generation: str) -> str | None:
+        """The answer a generation gives, as maj@k's vote counts it: two generations vote together when their
+        answers are equal (em tasks: the normalised text; None, no vote, when it is empty)."""
+        from .task_metrics import normalize_answer
+
+        return normalize_answer(generation) or None
+
     # ---- assembly -----------------------------------------------------------------------------------
     def doc_id(self, row: dict, index: int) -> str:
         return str(index)

@@ -126,11 +126,47 @@ def _interval(a, b, groups, samples, seed, ratio=True) -> dict | None:
     return ci
 
 
+def sample_ks(n: int) -> list[int]:
+    """The k of pass@k and maj@k a comparison shows beside a task's own value: powers of 2 from 2, and n."""
+    return sorted({2**e for e in range(1, n.bit_length()) if 2**e < n} | ({n} if n > 1 else set()))
+
+
+def with_sample_tasks(results: dict) -> dict:
+    """The results with a task of their own for each pass@k and maj@k (k > 1, sample_ks) of a generative task
+    scored from several samples per prompt, its per-document scores the per-document estimates: `TASK pass@k`."""
+    tasks = dict(results["tasks"])
+    for name, task in results["tasks"].items():
+        for measure in ("pass@k", "maj@k"):
+            by_k = task.get(measure) or {}
+            for k in sample_ks(max(map(int, by_k), default=0)):
+                label = measure.replace("k", str(k))
+                tasks[f"{name} {label}"] = {
+                    **{key: task[key] for key in ("paper_name", "category") if key in task},
+                    "metric": label,
+                    "value": by_k[str(k)]["value"],
+                    "n": task["n"],
+                    "per_doc": [
+                        {"id": d["id"], "group": d.get("group"), "score": d[measure][str(k)]} for d in task["per_doc"]
+                    ],
+                }
+    return {**results, "tasks": tasks}
+
+
 def build_rows(runs: list[dict], *, samples: int = 2000, seed: int = 0) -> list[Row]:
-    """Rows comparing runs[1:] to runs[0] (the baseline), task by task in the paper's order."""
+    """Rows comparing runs[1:] to runs[0] (the baseline), task by task in the paper's order (a generative
+    task scored from several samples per prompt also by its pass@k and maj@k: with_sample_tasks)."""
+    runs = [with_sample_tasks(run) for run in runs]
     base_run, others = runs[0], runs[1:]
-    names = [t for t in DEFAULT_TASKS if any(t in r["tasks"] for r in runs)]
-    names += sorted({t for r in runs for t in r["tasks"]} - set(names))
+    every = {t for r in runs for t in r["tasks"]}
+    derived = {t for t in every if " " in t}  # `TASK pass@k`: after its task, by k
+    names = [t for t in DEFAULT_TASKS if t in every]
+    names += sorted(every - derived - set(names))
+    names = [
+        row
+        for t in names
+        for row in [t]
+        + sorted((d for d in derived if d.split(" ")[0] == t), key=lambda d: (d.split("@")[0], int(d.split("@")[1])))
+    ]
     rows = []
     for name in names:
         ref = next(r["tasks"][name] for r in runs if name in r["tasks"])
