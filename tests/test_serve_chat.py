@@ -132,7 +132,7 @@ def test_chat_takes_the_completion_fields_and_streams(client):
             dict(messages=MESSAGES, max_tokens=4, max_completion_tokens=5),
             "max_tokens and max_completion_tokens disagree",
         ),
-        (dict(messages=MESSAGES, max_tokens=500), "max_tokens 500 does not fit"),
+        (dict(messages=MESSAGES, max_tokens=500), "max_tokens (500) - 1 exceeds max_seq_len"),
     ],
 )
 def test_a_chat_request_it_cannot_serve_is_one_400_line(client, options, refused):
