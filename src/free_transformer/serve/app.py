@@ -266,11 +266,11 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
             return error_response(500, failure(error))
         channel = Channel()
         job = Job(
-            plan.rows,
-            plan.stops,
-            request.logprobs,
-            request.echo,
-            request.stream,
+            rows=plan.rows,
+            stops=plan.stops,
+            logprobs=request.logprobs,
+            echo=request.echo,
+            stream=request.stream,
             emit=channel.put,
             finish=lambda error: channel.put(END if error is None else error),
         )
