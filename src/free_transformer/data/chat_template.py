@@ -73,7 +73,7 @@ class ChatRenderer:
             "max_chars": self.max_chars,
             "seconds": self.seconds,
         }
-        line = json.dumps(request, ensure_ascii=False).encode() + b"\n"
+        line = json.dumps(request).encode() + b"\n"  # ASCII: a lone surrogate travels escaped
         with self.slots:
             try:
                 worker = self.idle.get_nowait()
@@ -200,7 +200,8 @@ def _serve(megabytes: int) -> None:
     from transformers.utils.chat_template_utils import render_jinja_template  # noqa: F401 (imported before the limit)
 
     _limit_memory(megabytes)
-    out = sys.stdout.buffer
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")  # the replies' pipe; anything printed goes to stderr
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     out.write(b'{"ready": true}\n')
     out.flush()
     for line in sys.stdin.buffer:
@@ -209,7 +210,7 @@ def _serve(megabytes: int) -> None:
         signal.setitimer(signal.ITIMER_REAL, request["seconds"] + 1.0)
         reply = _render(request, megabytes)
         signal.setitimer(signal.ITIMER_REAL, 0)
-        out.write(json.dumps(reply, ensure_ascii=False).encode() + b"\n")
+        out.write(json.dumps(reply).encode() + b"\n")
         out.flush()
 
 
