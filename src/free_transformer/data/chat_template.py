@@ -10,9 +10,7 @@ hours or building a string of gigabytes. A render therefore runs in a worker pro
 - its text is at most MAX_PROMPT_CHARS characters.
 The caller's thread waits for the reply (a server renders on a thread of its pool, never on its event loop).
 A worker renders one conversation at a time; `ChatRenderer` keeps up to `workers` of them and starts a new one
-for each it had to kill. A worker reads its requests on stdin and ends when its parent closes it (exits).
-
-Run as `python -m free_transformer.data.chat_template`: a worker."""
+for each it had to kill. A worker reads its requests on stdin and ends when its parent closes it (exits)."""
 
 from __future__ import annotations
 
@@ -101,13 +99,12 @@ class _Worker:
     """One worker process and its pipes."""
 
     def __init__(self, memory_mb: int):
-        package = str(Path(__file__).resolve().parents[2])  # where `free_transformer` is, for the worker's import
-        path = os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))
+        package = str(Path(__file__).resolve().parents[2])  # where this `free_transformer` is: the worker's
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "free_transformer.data.chat_template", str(memory_mb)],
+            [sys.executable, "-c", _START, package, str(memory_mb)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+            env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
         )
         self.pending = b""  # bytes read past the last reply
         self.ready = False
@@ -154,6 +151,16 @@ def _stop(workers: set[_Worker]) -> None:
 
 
 # ---- the worker ---------------------------------------------------------------------------------------------
+
+# A worker's start: its parent's `free_transformer` found first (in place of the working directory, which
+# `python -c` puts first on the path), then `_serve`.
+_START = """
+import sys
+package = sys.argv[1]
+sys.path[:1] = [] if package in sys.path[1:] else [package]
+from free_transformer.data.chat_template import _serve
+_serve(int(sys.argv[2]))
+"""
 
 
 def _limit_memory(megabytes: int) -> None:
@@ -212,7 +219,3 @@ def _serve(megabytes: int) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         out.write(json.dumps(reply).encode() + b"\n")
         out.flush()
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
