@@ -156,7 +156,8 @@ def test_a_prompt_that_does_not_fit_is_refused_before_any_sample(checkpoint, cap
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [
         "error: --prompt 2: the prompt has 70 tokens; this model reads at most 64",
-        "error: --prompt 2: prompt (40) + max_new_tokens (30) - 1 exceeds max_seq_len 64",
+        "error: --prompt 2: prompt (40) + max_new_tokens (30) - 1 exceeds max_seq_len 64: "
+        "max_new_tokens can be at most 25",
     ]
 
 

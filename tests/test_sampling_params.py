@@ -6,6 +6,7 @@ same check and the same samples everywhere."""
 import dataclasses
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -70,12 +71,16 @@ def test_the_seeds_of_a_sample_are_read_once_the_entry_point_has_set_the_seed():
         ("top_k", 0, "must be >= 1, got 0"),
         ("temperature", -1.0, "must be a finite number >= 0, got -1.0"),
         ("n", 0, "must be >= 1, got 0"),
+        # an int64 on the device: 2**63 overflowed there, a 500 that failed the server's other requests
+        ("top_k", 2**63, f"must be at most 2**63 - 1 (any value above the vocabulary keeps every token), got {2**63}"),
+        ("n", 2**63, f"must be at most 2**63 - 1, got {2**63}"),
+        ("max_new_tokens", 2**63, f"must be at most 2**63 - 1, got {2**63}"),
     ],
 )
 def test_a_bad_setting_is_refused_in_each_entry_points_own_words(
     checkpoint, capsys, monkeypatch, setting, value, words
 ):
-    with pytest.raises(ValueError, match=rf"^{setting} {words.replace('(', '.').replace(']', '.')}$"):
+    with pytest.raises(ValueError, match=rf"^{setting} {re.escape(words)}$"):
         SamplingParams(**{setting: value})
     flag = "--num-samples" if setting == "n" else f"--{setting.replace('_', '-')}"
     assert main(["generate", checkpoint, "--prompt", "K>", flag, str(value)]) == 2
@@ -85,6 +90,44 @@ def test_a_bad_setting_is_refused_in_each_entry_points_own_words(
     assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")] == [
         f"error: /{setting.replace('_', '-')} {words}"
     ]
+
+
+def test_a_top_k_above_the_vocabulary_keeps_every_token(checkpoint):
+    """top_k 2**63 - 1 (the largest allowed) and the vocabulary's size sample what no top_k samples."""
+    model, _ = load_model(checkpoint)
+    ids = torch.tensor([[ord("K"), ord(">")]] * 3)
+
+    def tokens(top_k):
+        config = GenerationConfig(max_new_tokens=8, temperature=1.5, top_k=top_k)
+        return generate(model, ids, config, seeds=[4, 5, 6]).tokens
+
+    everything = tokens(None)
+    assert tokens(2**63 - 1) == tokens(model.config.vocab_size) == everything != tokens(3)
+
+
+def test_every_entry_point_checks_a_rows_room_with_one_rule(checkpoint, capsys):
+    """generate(), `free-transformer generate` and the server refuse a prompt and max_new_tokens that overflow the
+    context in the same words (inference.params.check_room), the server naming the field max_tokens."""
+    pytest.importorskip("fastapi")
+    from free_transformer.data.tokenizer import get_tokenizer
+    from free_transformer.serve.engine import Engine, RequestError
+    from free_transformer.serve.protocol import CompletionRequest
+
+    model, config = load_model(checkpoint)
+    context = model.config.max_seq_len
+    words = (
+        f"prompt (2) + max_new_tokens ({context}) - 1 exceeds max_seq_len {context}: "
+        f"max_new_tokens can be at most {context - 1}"
+    )
+    with pytest.raises(ValueError) as library:
+        generate(model, [[ord("K"), ord(">")]], GenerationConfig(max_new_tokens=context))
+    assert str(library.value) == words
+    assert main(["generate", checkpoint, "--prompt", "K>", "--max-new-tokens", str(context)]) == 2
+    assert capsys.readouterr().err == f"error: {words}\n"
+    engine = Engine(model, get_tokenizer(config["tokenizer"]), "run", max_batch=1)
+    with pytest.raises(RequestError) as served:
+        engine.plan(CompletionRequest(model="run", prompt="K>", max_tokens=context))
+    assert (str(served.value), served.value.param) == (words.replace("max_new_tokens", "max_tokens"), "max_tokens")
 
 
 def _samples(capsys, argv) -> list[str]:

@@ -269,6 +269,15 @@ def error_of(server, body: dict, path="/completions", status=400) -> dict:
         ({"latents": "reference"}, "latents", "needs a reference text"),
         ({"latents": "reference", "reference": "Hi"}, "reference", "prompt"),
         ({"latents": "shared", "reference": "Hello there"}, "reference", "goes with latents='reference'"),
+        # every integer field within int64: top_k 2**63 overflowed in sampling, a 500 for every request in flight
+        ({"top_k": 2**63}, "top_k", "at most 2**63 - 1 (any value above the vocabulary keeps every token)"),
+        ({"max_tokens": 2**63}, "max_tokens", "at most 2**63 - 1"),
+        ({"n": 2**63}, "n", "at most"),
+        ({"seed": 2**63}, "seed", "must be in [0, 2**63)"),
+        ({"latent_seed": -1}, "latent_seed", "must be in [0, 2**63)"),
+        ({"logprobs": 2**63}, "logprobs", "less than or equal to 20"),
+        ({"best_of": 2**64}, "best_of", "less than or equal to 128"),
+        ({"prompt": [[2**64]]}, "prompt", "token ids must lie in [0, 256)"),
     ],
 )
 def test_a_bad_request_is_a_400_with_one_line(server, client, body, param, words):
@@ -278,6 +287,13 @@ def test_a_bad_request_is_a_400_with_one_line(server, client, body, param, words
     if param in ("latents", "reference", "top_k", "min_p"):  # the fields a client sends as extra_body
         with pytest.raises(openai.BadRequestError):  # what a client sees of the extra fields
             client.completions.create(model=NAME, prompt="Hello", max_tokens=5, extra_body=dict(body))
+
+
+def test_a_top_k_above_the_vocabulary_samples_every_token(client):
+    """top_k 2**63 - 1, the largest an int64 holds, keeps every token: the text of no top_k (it used to be a 500)."""
+    everything = texts(complete(client, temperature=1.5))
+    assert texts(complete(client, temperature=1.5, extra_body={"top_k": 2**63 - 1})) == everything
+    assert texts(complete(client, temperature=1.5, extra_body={"top_k": 256})) == everything
 
 
 def test_chat_completions_say_there_is_no_chat_template(server, client):

@@ -2,6 +2,8 @@
 invalid text a 4xx, a departed client's rows dropped, one decoding loop shared by the requests in
 flight, stop strings looked for in the new text only, and a bad address refused in one line."""
 
+import dataclasses
+import queue
 import socket
 import threading
 import time
@@ -15,7 +17,9 @@ pytest.importorskip("openai")
 
 from free_transformer.cli import main
 from free_transformer.serve import batcher as loop
-from free_transformer.serve.batcher import RowText
+from free_transformer.serve.batcher import Batcher, Delta, Job, RowText, TokenLogprob
+from free_transformer.serve.engine import Plan
+from free_transformer.serve.protocol import CompletionRequest
 
 
 @pytest.fixture(scope="module")
@@ -298,3 +302,120 @@ def test_a_short_request_starts_within_a_few_steps_behind_a_queue(served, monkey
         thread.join(600)
     assert waited <= 20 + 4 + 4, waited  # at most one row's length to free a slot, then its own 4 tokens
     assert engine.batcher.steps - before >= 6 * 4 * 20 // 4 - 6  # the queue itself took every slot for that long
+
+
+def test_a_short_request_passes_the_one_row_requests_queued_before_it(served, monkeypatch):
+    """8 one-row requests of 60 tokens fill the 4 slots and queue 4 more; a 4-token request sent then starts at the
+    first free slot, since it is due first (it used to wait for every one-row request queued before it: two
+    rounds of 60 steps). Steps are slowed, so that the queue is still whole when it comes, however fast the
+    machine."""
+    engine = served[1]
+    slow_steps(monkeypatch, 0.05, [])  # the short request is due first unless it takes 56 steps to arrive
+    queued = [
+        threading.Thread(
+            target=post,
+            args=(served, {"model": NAME, "prompt": "Once", "max_tokens": 60, "seed": s}),
+            kwargs={"timeout": 600},
+        )
+        for s in range(8)
+    ]
+    for thread in queued:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(engine.batcher.waiting) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    before = engine.batcher.steps
+    assert post(served, {"model": NAME, "prompt": "Hi", "max_tokens": 4, "seed": 1}, timeout=600).status_code == 200
+    waited = engine.batcher.steps - before
+    for thread in queued:
+        thread.join(600)
+    assert waited <= 60 + 4, waited  # a slot freed by the first 4 requests' end, then its own 4 tokens
+    assert engine.batcher.steps - before >= 100  # the queue itself took two rounds of 60 steps
+
+
+def run_jobs(engine, jobs: list[dict]) -> list[tuple[list[Delta], Exception | None]]:
+    """Each job (Job's fields but emit and finish) submitted to a new scheduler over the server's model before it
+    starts, so that all join at its first admission: each one's pieces and the error that ended it."""
+    batcher = Batcher(engine.model, engine.tokenizer, max_batch=4)
+    results = [([], queue.Queue()) for _ in jobs]
+    for fields, (pieces, ended) in zip(jobs, results):
+        batcher.submit(Job(**fields, emit=pieces.append, finish=ended.put))
+    batcher.start()
+    return [(pieces, ended.get(timeout=60)) for pieces, ended in results]
+
+
+def plan(engine, **fields) -> Plan:
+    return engine.plan(CompletionRequest(model=NAME, **{"max_tokens": 12, "seed": 3, "temperature": 0.5, **fields}))
+
+
+def job(plan: Plan, logprobs: int | None = None) -> dict:
+    return dict(rows=plan.rows, stops=plan.stops, logprobs=logprobs, echo=False, stream=False)
+
+
+@pytest.mark.parametrize("failure", ["prefill", "logprobs"])
+def test_a_row_that_fails_ends_its_own_request_only(served, failure):
+    """A request whose row fails, admitted with good ones: it ends with its error, and every good one gives the
+    tokens it gives alone. The door refuses both causes now; they stand for any failure of a row's prefill or of
+    its logprobs: a prefill that raised (top_k 2**63 overflowed int64) used to end every request prefilled with
+    it, and logprobs over the vocabulary (topk failing) every request in flight."""
+    engine = served[1]
+    good = [job(plan(engine, prompt=prompt, n=2)) for prompt in ("Hello", "Hi there", "Hello")]
+    bad = job(plan(engine, prompt="Hello"))
+    if failure == "prefill":  # a row whose prefill raises: its settings' top_k overflows the device's int64
+        spec = bad["rows"][0]
+        config = dataclasses.replace(spec.prompt.config)
+        object.__setattr__(config, "top_k", 2**63)
+        bad["rows"] = [dataclasses.replace(spec, prompt=dataclasses.replace(spec.prompt, config=config))]
+    else:  # more alternatives per token than the vocabulary holds: torch.topk raises
+        bad["logprobs"] = engine.model.config.vocab_size + 1
+    alone = [run_jobs(engine, [fields])[0] for fields in good]
+    together = run_jobs(engine, [good[0], bad, *good[1:]])
+    assert together[1][1] is not None  # the bad request's error
+    assert [error for _, error in alone] == [error for k, (_, error) in enumerate(together) if k != 1] == [None] * 3
+    assert [pieces for pieces, _ in alone] == [pieces for k, (pieces, _) in enumerate(together) if k != 1]
+    assert all(len(pieces) == 2 and pieces[0].tokens == 12 for pieces, _ in alone)
+
+
+def test_the_request_path_is_built_by_field_name():
+    """A request's job, its rows, its plan and the pieces it answers with take their fields by name only, so that
+    a field added or reordered cannot shift the others' meaning."""
+    for cls in (loop.RowSpec, Job, Delta, TokenLogprob, Plan, loop.Served):
+        assert all(field.kw_only for field in dataclasses.fields(cls)), cls.__name__
+
+
+@pytest.fixture(scope="module")
+def small_vocabulary(tmp_path_factory):
+    """A server of a model of 16 tokens (token-id prompts; the byte tokenizer decodes them)."""
+    url, engine, uv = start_server(
+        tiny_checkpoint(tmp_path_factory.mktemp("vocab16"), NAME, latent_units=4, vocab_size=16),
+        engine={"max_batch": 4},
+    )
+    yield url, engine
+    uv.should_exit = True
+
+
+def test_logprobs_over_the_vocabulary_are_refused_at_the_door_and_fail_no_other_request(small_vocabulary):
+    """logprobs 20 on a model of 16 tokens is a 400 naming the field, and the requests sent with it get what they
+    get alone (it used to fail every request in flight with a 500)."""
+    good = [{"model": NAME, "prompt": [[1, 2, 3]], "max_tokens": 8, "seed": s, "logprobs": 2} for s in range(3)]
+
+    def tokens(response) -> list[list[str]]:  # each choice's tokens (their log-probabilities: up to float rounding)
+        return [choice["logprobs"]["tokens"] for choice in response.json()["choices"]]
+
+    alone = [tokens(post(small_vocabulary, body)) for body in good]
+    bodies = [*good, {"model": NAME, "prompt": [[1, 2, 3]], "max_tokens": 8, "logprobs": 20}]
+    answers: dict = {}
+    threads = [
+        threading.Thread(target=lambda k=k, b=b: answers.__setitem__(k, post(small_vocabulary, b)))
+        for k, b in enumerate(bodies)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert [tokens(answers[k]) for k in range(3)] == alone
+    refused = answers[3]
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "logprobs"
+    assert "this model has 16 tokens" in refused.json()["error"]["message"]
+    assert post(small_vocabulary, {**good[0], "logprobs": 16}).status_code == 200

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..base import settings
-from ..inference.params import DEFAULT_BATCH_SIZE, SamplingError, SamplingParams, new_token_room, spelling, spelt_fields
+from ..inference.params import DEFAULT_BATCH_SIZE, SamplingError, SamplingParams, check_room, spelling, spelt_fields
 
 if TYPE_CHECKING:  # torch is imported when a command runs, not for its --help
     from ..data.tokenizer import Tokenizer
@@ -144,14 +144,10 @@ class Sampler:
             if not prompt:
                 raise ValueError(f"{label if where else '--prompt'} must not be empty (give at least one character)")
             try:
-                room = new_token_room(len(prompt), context)
+                new = params.new_tokens(len(prompt), context)
+                check_room(len(prompt), new, context)
             except ValueError as error:
                 raise ValueError(f"{where}{error}") from None
-            new = params.new_tokens(len(prompt), context)
-            if new > room:
-                raise ValueError(
-                    f"{where}prompt ({len(prompt)}) + max_new_tokens ({new}) - 1 exceeds max_seq_len {context}"
-                )
             ids.append(prompt)
             configs.append(params.generation_config(new))
         reference = None if params.reference is None else torch.tensor([self.tokenizer.encode(params.reference)])

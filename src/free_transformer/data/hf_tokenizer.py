@@ -8,10 +8,12 @@ downloaded: the directory must exist.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
-from jinja2 import TemplateError  # transformers renders chat templates with jinja2
 from transformers import AutoTokenizer
+
+from .chat_template import ChatRenderer
 
 
 class HFTokenizer:
@@ -27,6 +29,8 @@ class HFTokenizer:
         self.vocab_size = len(self._tokenizer)
         self.document_separator = self.encode("\n")  # what the text dataset writes between documents
         self.chat_template = self._tokenizer.chat_template  # None when the directory ships none
+        self._renderer: ChatRenderer | None = None  # made at the first chat_prompt, for this chat_template
+        self._renderer_lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False)
@@ -37,12 +41,20 @@ class HFTokenizer:
         return text
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """The messages through the tokenizer's chat template, ending with the assistant's turn opened."""
+        """The messages through the tokenizer's chat template, ending with the assistant's turn opened, as
+        transformers' apply_chat_template renders them, but bounded in time, memory and length (chat_template.py):
+        a one-line ChatTemplateRefused (a ValueError: the template refused the messages, or they took it past a
+        bound) or ChatTemplateFailed (the template's code failed) otherwise."""
         if self.chat_template is None:
             raise ValueError(f"the tokenizer {self.name} has no chat template")
-        try:
-            prompt = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except TemplateError as error:  # a template may refuse a conversation (roles that do not alternate, ...)
-            raise ValueError(f"the chat template refused these messages: {error}") from None
-        assert isinstance(prompt, str)  # tokenize=False: the text
-        return prompt
+        with self._renderer_lock:
+            if self._renderer is None or self._renderer.template != self.chat_template:
+                variables = {name: _plain(value) for name, value in self._tokenizer.special_tokens_map.items()}
+                self._renderer = ChatRenderer(self.chat_template, variables)
+            renderer = self._renderer
+        return renderer.render(messages)
+
+
+def _plain(value):
+    """A special token (a string, an AddedToken or a list of them) as the text a template sees."""
+    return [_plain(item) for item in value] if isinstance(value, list | tuple) else str(value)

@@ -27,7 +27,8 @@ class Tokenizer(Protocol):
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         """The text the model continues for these messages ({"role", "content"} each), up to where the
-        assistant's reply starts; a ValueError with one line when the template refuses them or there is none."""
+        assistant's reply starts; a ValueError with one line when the template refuses them, takes its render
+        past a bound, or there is none, a RuntimeError with one line when the template's code fails."""
         ...
 
 

@@ -17,7 +17,7 @@ from ..base.seeding import generators
 from ..model.transformer import FreeTransformer
 from .engine import Row, decoding_engine, run_rows
 from .latents import parse_latents, resolve_latents
-from .params import GenerationConfig
+from .params import GenerationConfig, check_room
 
 
 @dataclass
@@ -89,11 +89,9 @@ def generate(
     for prompt in ids:
         model.check_tokens(torch.tensor(prompt))
     new = [config.new_tokens(len(row), context) for row in ids]
-    fed, longest = max((len(row) + n - 1, k) for k, (row, n) in enumerate(zip(ids, new)))
-    if fed > context:
-        raise ValueError(
-            f"prompt ({len(ids[longest])}) + max_new_tokens ({new[longest]}) - 1 exceeds max_seq_len {context}"
-        )
+    for prompt, n in zip(ids, new):
+        check_room(len(prompt), n, context)
+    fed = max(len(prompt) + n - 1 for prompt, n in zip(ids, new))  # positions the longest row feeds
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"the batch size must be >= 1, got {batch_size}")
     row_gens = row_generators(seeds, B, device)

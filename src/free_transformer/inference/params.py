@@ -17,7 +17,8 @@ from ..base.latent_choice import LatentChoice
 
 DEFAULT_BATCH_SIZE = 64  # rows decoded at once unless the caller says otherwise
 DEFAULT_NEW_TOKENS = 64  # max_new_tokens left unset: this many, or fewer where the model's context is shorter
-MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes an int64
+MAX_INT = 2**63 - 1  # every integer setting is an int64 on the device (top_k) or in torch.Generator (seeds)
+MAX_SEED = MAX_INT
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (as vLLM does): logits / 1e-39 would overflow
 
 
@@ -28,6 +29,19 @@ def new_token_room(prompt_length: int, context: int) -> int:
     if room < 1:
         raise ValueError(f"the prompt has {prompt_length} tokens; this model reads at most {context}")
     return room
+
+
+def check_room(prompt_length: int, new_tokens: int, context: int, name: str = "max_new_tokens") -> None:
+    """The one check of a row's context room, at every entry point that decodes: a prompt of `prompt_length`
+    tokens and `new_tokens` new ones feed prompt_length + new_tokens - 1 positions (the last new token is never
+    fed back), at most `context`. A one-line ValueError otherwise, the new tokens named `name` (the entry
+    point's word for max_new_tokens)."""
+    room = new_token_room(prompt_length, context)
+    if new_tokens > room:
+        raise ValueError(
+            f"prompt ({prompt_length}) + {name} ({new_tokens}) - 1 exceeds max_seq_len {context}: "
+            f"{name} can be at most {room}"
+        )
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,12 @@ def _check(name: str, value, ok: bool, requirement: str) -> None:
         raise SamplingError(name, requirement, value)
 
 
+def _check_count(name: str, value: int | None, note: str = "") -> None:
+    """An integer setting from 1 to MAX_INT (an int64)."""
+    _check(name, value, value is not None and value >= 1, "must be >= 1")
+    _check(name, value, value is not None and value <= MAX_INT, f"must be at most 2**63 - 1{note}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Sampling:
     """How many tokens follow a prompt and how each is chosen from the model's logits: the logits divided
@@ -97,7 +117,7 @@ class Sampling:
     temperature: float = field(default=1.0, metadata=spelt("temperature", metavar="T"))
     """Softmax temperature; 0 for greedy decoding."""
     top_k: int | None = field(default=None, metadata=spelt("top_k", metavar="K"))
-    """Sample among the k likeliest tokens (unset: all)."""
+    """Sample among the k likeliest tokens (unset, or above the vocabulary: all)."""
     top_p: float | None = field(default=None, metadata=spelt("top_p", metavar="P"))
     """Nucleus sampling: keep the smallest set of likeliest tokens whose probability reaches top_p, in (0, 1]
     (unset: all)."""
@@ -106,14 +126,10 @@ class Sampling:
     (0, 1] (unset: all)."""
 
     def __post_init__(self) -> None:
-        _check(
-            "max_new_tokens",
-            self.max_new_tokens,
-            isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
-            "must be >= 1",
-        )
+        _check("max_new_tokens", self.max_new_tokens, isinstance(self.max_new_tokens, int), "must be an integer")
+        _check_count("max_new_tokens", self.max_new_tokens)
         _check("temperature", self.temperature, 0 <= self.temperature < math.inf, "must be a finite number >= 0")
-        _check("top_k", self.top_k, self.top_k is not None and self.top_k >= 1, "must be >= 1")
+        _check_count("top_k", self.top_k, " (any value above the vocabulary keeps every token)")
         _check("top_p", self.top_p, self.top_p is not None and 0 < self.top_p <= 1, "must be in (0, 1]")
         _check("min_p", self.min_p, self.min_p is not None and 0 < self.min_p <= 1, "must be in (0, 1]")
 
@@ -169,7 +185,7 @@ class SamplingParams(Sampling):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check("n", self.n, self.n >= 1, "must be >= 1")
+        _check_count("n", self.n)
         for name in ("seed", "latent_seed"):
             value = getattr(self, name)
             _check(name, value, value is not None and 0 <= value <= MAX_SEED, "must be in [0, 2**63)")

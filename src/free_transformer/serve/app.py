@@ -237,10 +237,17 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
                 f"this model's tokenizer ({engine.tokenizer.name}) has no chat template; send text to /v1/completions",
                 code="no_chat_template",
             )
+
+        def render() -> str:  # on a thread of the pool: a render takes up to its bound (data/chat_template.py)
+            return engine.tokenizer.chat_prompt([message.model_dump() for message in request.messages])
+
         try:
-            prompt = engine.tokenizer.chat_prompt([message.model_dump() for message in request.messages])
-        except ValueError as error:  # the template refused the conversation
+            prompt = await run_in_threadpool(render)
+        except ValueError as error:  # the template refused the conversation, or it took the render past a bound
             return error_response(400, str(error), "messages")
+        except Exception as error:  # the template's code failed
+            logger.error("chat template failed", exc_info=error)
+            return error_response(500, failure(error))
         try:
             completion = request.completion(prompt)
         except ValidationError as error:  # a field that CompletionRequest refuses, as /v1/completions says it
@@ -266,11 +273,11 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
             return error_response(500, failure(error))
         channel = Channel()
         job = Job(
-            plan.rows,
-            plan.stops,
-            request.logprobs,
-            request.echo,
-            request.stream,
+            rows=plan.rows,
+            stops=plan.stops,
+            logprobs=request.logprobs,
+            echo=request.echo,
+            stream=request.stream,
             emit=channel.put,
             finish=lambda error: channel.put(END if error is None else error),
         )

@@ -6,12 +6,14 @@ each step's cost. A completion therefore equals `free-transformer generate --see
 whatever else is in flight.
 
 One request cannot harm another:
-- admission is fair: the next free slot goes to the request with the fewest rows in flight, then the fewest
-  rows still to start, then the oldest, so a short request starts at the next free slot whatever was queued
-  before it, and a request's rows take at most all but one slot, so that a newcomer finds one unless others
-  fill the engine;
-- a row whose logits are not finite ends alone, as its own request's error; only an exception of the step
-  itself ends every request in flight."""
+- admission is fair: the next free slot goes to the request with the fewest rows in flight, then the one due
+  first, then the oldest. A request is due at the step it arrived plus the tokens it asks for (every row's
+  max_tokens), so a short request starts at the next free slot unless one queued before it is due sooner,
+  and a long one is passed by newcomers only until its due step. A request's rows take at most all but one
+  slot, so that a newcomer finds one unless others fill the engine;
+- a row that fails (logits not finite, a prefill or a logprob that raises) ends alone, as its own request's
+  error: rows prefilled together that fail are prefilled again one by one, afresh, so that only the failing
+  one's request ends; only an exception of the step itself ends every request in flight."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ logger = logging.getLogger(__name__)
 REPLACEMENT = "\ufffd"  # what decoding shows for the bytes of a character not yet complete
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RowSpec:
     """One completion to decode: nothing about it can still be refused."""
 
@@ -45,7 +47,7 @@ class RowSpec:
     seed: int  # the row's generator
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Job:
     """A request's rows and where their results go. `emit` is called on the loop's thread with each
     `Delta`, then `finish` once with None or the exception that ended the request; `cancelled`, set
@@ -63,16 +65,17 @@ class Job:
     in_flight: int = 0
     done: int = 0
     order: int = 0  # its place in the arrival order (set by `Batcher.submit`)
+    due: int = 0  # the step it arrived at plus the tokens it asks for (set by `Batcher.submit`)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenLogprob:
     token: str
     logprob: float | None  # None: the first token of a prompt
     top: dict[str, float] | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Delta:
     """A piece of a completion: text now final, the log-probabilities of the tokens sampled since the
     last piece (with logprobs), and at its end the finish reason and the number of tokens sampled."""
@@ -139,7 +142,7 @@ def settled(text: str, stops: list[str]) -> str:
     return text[: len(text) - held]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Served:
     """A completion in flight: the engine's row (its tag is this) and what its client has been sent."""
 
@@ -197,6 +200,8 @@ class Batcher:
     def submit(self, job: Job) -> None:
         with self.wakeup:
             job.order = next(self.arrivals)
+            # fed - len(ids) + 1: the row's max_tokens
+            job.due = self.steps + sum(spec.prompt.fed - len(spec.prompt.ids) + 1 for spec in job.rows)
             self.waiting.append(job)
             self.wakeup.notify()
 
@@ -242,7 +247,7 @@ class Batcher:
             if _served(row).job.cancelled:
                 self.engine.finish(row, "cancelled")
 
-    # ---- admission: the fewest rows in flight, then the fewest to start -----------------------------
+    # ---- admission: the fewest rows in flight, then the one due first ------------------------------
 
     def _admit(self) -> None:
         joining: list[Served] = []
@@ -252,7 +257,7 @@ class Batcher:
                 ready = [job for job in self.waiting if job.in_flight < limit]
                 if not ready:
                     break
-                job = min(ready, key=lambda j: (j.in_flight, len(j.rows) - j.admitted, j.order))
+                job = min(ready, key=lambda j: (j.in_flight, j.due, j.order))
                 spec = job.rows[job.admitted]
                 job.admitted += 1
                 if job.admitted == len(job.rows):
@@ -264,19 +269,29 @@ class Batcher:
                 self.engine.check(served.row)
             except ValueError as error:  # this request only: its row never joins
                 self._end(served.job, error)
-        joining = [served for served in joining if not served.job.cancelled]
+        self._join([served for served in joining if not served.job.cancelled])
+
+    def _join(self, joining: list[Served]) -> None:
+        """Prefill `joining` together and take their first tokens. A prefill that fails is tried again row by
+        row, each afresh from its spec (its generator unused), so that it fails the requests of the rows that
+        fail alone, and the others' tokens are those they get alone."""
         if not joining:
             return
         try:
             added = self.engine.add([served.row for served in joining])
-        except Exception as error:  # these requests only: their prefill failed
-            logger.error("prefill failed", exc_info=error)
+        except Exception as error:
             for served in joining:
                 self.engine.finish(served.row, "error")
-                self._end(served.job, error)
+            if len(joining) == 1:  # this request only: its prefill failed
+                logger.error("prefill failed", exc_info=error)
+                self._end(joining[0].job, error)
+                return
+            for served in joining:
+                if not served.job.cancelled:
+                    self._join([self._serve(served.job, served.spec)])
             return
         for row in added:
-            self._take(_served(row))
+            self._take_alone(_served(row))
 
     def _serve(self, job: Job, spec: RowSpec) -> Served:
         row = prompt_row(
@@ -285,7 +300,7 @@ class Batcher:
             keep_logits=job.logprobs is not None,
             keep_prompt_logits=job.echo and job.logprobs is not None,
         )
-        served = Served(spec, job, RowText(self.tokenizer.decode, job.stops), row)
+        served = Served(spec=spec, job=job, text=RowText(self.tokenizer.decode, job.stops), row=row)
         served.head = self.tokenizer.decode(spec.prompt.ids) if job.echo else ""
         row.tag = served
         return served
@@ -293,10 +308,11 @@ class Batcher:
     def _prompt_logprobs(self, ids: list[int], logits: Tensor, k: int) -> list[TokenLogprob]:
         """The prompt's tokens with log P(token | the tokens before it), the first with None."""
         chosen, tops = self._logprobs(logits, torch.tensor(ids[1:], device=logits.device), k)
-        first = TokenLogprob(self.tokenizer.decode(ids[:1]), None, None)
+        decode = self.tokenizer.decode
+        first = TokenLogprob(token=decode(ids[:1]), logprob=None, top=None)
         return [
             first,
-            *(TokenLogprob(self.tokenizer.decode([t]), lp, top) for t, lp, top in zip(ids[1:], chosen, tops)),
+            *(TokenLogprob(token=decode([t]), logprob=lp, top=top) for t, lp, top in zip(ids[1:], chosen, tops)),
         ]
 
     def _logprobs(self, logits: Tensor, chosen: Tensor, k: int) -> tuple[list[float], list[dict[str, float]]]:
@@ -317,7 +333,16 @@ class Batcher:
 
     def _step(self) -> None:
         for row in self.engine.step():
-            self._take(_served(row))
+            self._take_alone(_served(row))
+
+    def _take_alone(self, served: Served) -> None:
+        """`_take`; an exception there (its text, its logprobs) ends the row and its request only."""
+        try:
+            self._take(served)
+        except Exception as error:
+            logger.error("a row failed", exc_info=error)
+            self.engine.finish(served.row, "error")
+            self._end(served.job, error)
 
     def _take(self, served: Served) -> None:
         """The row's new token (or its failure): its text, its log-probability, and the piece or the end it makes."""
@@ -335,7 +360,7 @@ class Batcher:
             logits = row.logits
             assert logits is not None, "a row of a request with logprobs keeps its logits (_serve)"
             values, tops = self._logprobs(logits[None], torch.tensor([token], device=logits.device), job.logprobs)
-            served.pending.append(TokenLogprob(self.tokenizer.decode([token]), values[0], tops[0]))
+            served.pending.append(TokenLogprob(token=self.tokenizer.decode([token]), logprob=values[0], top=tops[0]))
         if served.text.stop_end is not None and not row.done:
             self.engine.finish(row, "stop")
         if served.ended:
@@ -359,7 +384,15 @@ class Batcher:
             if ending
             else None
         )
-        job.emit(Delta(served.spec.index, piece, logprobs, finish_reason, served.sampled))
+        job.emit(
+            Delta(
+                index=served.spec.index,
+                text=piece,
+                logprobs=logprobs,
+                finish_reason=finish_reason,
+                tokens=served.sampled,
+            )
+        )
         if ending:
             job.in_flight -= 1
             job.done += 1

@@ -16,7 +16,7 @@ import torch
 from ..base.latent_choice import ContextChoice, LatentChoice
 from ..data.tokenizer import Tokenizer
 from ..inference.batches import prepare_prompts
-from ..inference.params import SamplingError, SamplingParams, new_token_room
+from ..inference.params import SamplingError, SamplingParams, check_room, new_token_room
 from ..model.transformer import FreeTransformer
 from .batcher import Batcher, RowSpec
 from .config import DEFAULT_MAX_BATCH
@@ -38,7 +38,7 @@ class RequestError(ValueError):
         self.param, self.status, self.code = param, status, code
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """A checked request: its rows (prompt p's completion i is choice p * n + i) and what the
     response holds."""
@@ -83,6 +83,11 @@ class Engine:
                 "model_not_found",
             )
         ids = self._prompt_ids(request.prompt)
+        vocab = self.model.config.vocab_size
+        if request.logprobs is not None and request.logprobs > vocab:
+            raise RequestError(
+                f"logprobs {request.logprobs} exceeds the vocabulary: this model has {vocab} tokens", "logprobs"
+            )
         if len(ids) * request.n > MAX_COMPLETIONS:
             raise RequestError(
                 f"{len(ids)} prompts x n = {request.n} asks for {len(ids) * request.n} completions; "
@@ -109,9 +114,11 @@ class Engine:
         except ValueError as error:
             raise RequestError(str(error), "reference" if reference is not None else "latents") from None
         rows = [
-            RowSpec(p * request.n + i, prompt, seed + i) for p, prompt in enumerate(prompts) for i in range(request.n)
+            RowSpec(index=p * request.n + i, prompt=prompt, seed=seed + i)
+            for p, prompt in enumerate(prompts)
+            for i in range(request.n)
         ]
-        return Plan(rows, [stop for stop in stops if stop], sum(map(len, ids)))
+        return Plan(rows=rows, stops=[stop for stop in stops if stop], prompt_tokens=sum(map(len, ids)))
 
     def _prompt_ids(self, prompt: str | list) -> list[list[int]]:
         """Each prompt's token ids: text encoded, token ids checked against the vocabulary."""
@@ -136,13 +143,10 @@ class Engine:
         except ValueError as error:
             raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
         max_tokens = min(DEFAULT_MAX_TOKENS, room) if request.max_tokens is None else request.max_tokens
-        if max_tokens > room:
-            raise RequestError(
-                f"max_tokens {max_tokens} does not fit: the prompt has {longest} tokens and this "
-                f"model reads at most {self.context}, so max_tokens can be at most {room}",
-                "max_tokens",
-                code="context_length_exceeded",
-            )
+        try:
+            check_room(longest, max_tokens, self.context, "max_tokens")
+        except ValueError as error:
+            raise RequestError(str(error), "max_tokens", code="context_length_exceeded") from None
         return max_tokens
 
     def _params(self, request: CompletionRequest, max_tokens: int) -> SamplingParams:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model,
 from pydantic_core import PydanticCustomError
 
 from ..base.settings import field_docs
-from ..inference.params import SamplingError, SamplingParams, spelt_fields
+from ..inference.params import MAX_INT, SamplingError, SamplingParams, spelt_fields
 
 MAX_N = 128  # OpenAI's own limit on completions per prompt
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI allows 5, vLLM 20)
@@ -180,7 +180,7 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT)
 
     def completion(self, prompt: str) -> CompletionRequest:
         """The completion request that continues `prompt` (the messages through the chat template) with this
