@@ -75,7 +75,7 @@ def start_server(checkpoint):
 def serving(tmp_path_factory, template: str | None):
     directory = tmp_path_factory.mktemp("llama")
     llama = llama_with_tokenizer(directory / "llama", template)
-    assert main(["convert", llama, str(directory / "run"), "--to", "checkpoint", "--latent-bits", "4"]) == 0
+    assert main(["convert", llama, str(directory / "run"), "--to", "checkpoint", "--latent-units", "4"]) == 0
     url, server = start_server(directory / "run")
     return openai.OpenAI(base_url=url, api_key="none", max_retries=0), server
 
