@@ -4,6 +4,7 @@ are measured (blue and green groups, what Z holds), the claims judged, and a rep
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import string
@@ -16,7 +17,7 @@ from tqdm.auto import tqdm
 
 from ...data import build_dataset
 from ...runs.checkpoint import load_model
-from ...train.config import TrainConfig, load_train_config, overrides_of
+from ...train.config import TrainConfig, apply_overrides, load_train_config, overrides_of
 from ...train.metrics import read_metrics
 from ...train.validation import validate
 from ..launch.launchers import Launcher
@@ -28,11 +29,42 @@ from .groups import Groups, generate_groups, group_measures, mean_of_present
 from .letters import latent_kl_split, latent_units
 from .presets import DemoPreset
 from .report import write_report
-from .sweep import VARIANTS, demo_sweep
 
+VARIANTS = (
+    Variant("baseline", "baseline", None),
+    Variant("kappa-1-64", "κ = 1/64 bit", 1 / 64),
+    Variant("kappa-1-8", "κ = 1/8 bit", 1 / 8),
+    Variant("kappa-1", "κ = 1 bit", 1.0),
+    Variant("kappa-8", "κ = 8 bits", 8.0),
+    Variant("coins", "coin flips, κ = 1/8 bit", 1 / 8, task="coins"),
+)
 # Coin sequences are short and their model tiny: COIN_GROUPS times as many groups as for the letters keep the
 # green-blue difference's sampling noise well under the claim's margin (claims.COIN_OVER_BLUE).
 COIN_GROUPS = 4
+
+
+def demo_sweep(
+    preset: DemoPreset,
+    out_dir: Path,
+    *,
+    seeds: tuple[int, ...] = (0,),
+    extra: tuple[str, ...] = (),
+    device: str = "cpu",
+    models: tuple[str, ...] | None = None,
+) -> Sweep:
+    """The demo's runs: the preset's configs, the user's overrides (`extra`) on top, a few checkpoints each.
+    models: the slugs of the variants to run (default: all of VARIANTS); the claims of the others are not judged."""
+    unknown = sorted(set(models or ()) - {v.slug for v in VARIANTS})
+    if unknown:
+        known = ", ".join(v.slug for v in VARIANTS)
+        raise ValueError(f"unknown demo model(s) {', '.join(unknown)}; choose among {known}")
+    variants = VARIANTS if models is None else tuple(v for v in VARIANTS if v.slug in models)
+
+    def config(variant: Variant) -> TrainConfig:
+        config = apply_overrides(preset.config(variant), list(extra))
+        return dataclasses.replace(config, log_every=25, keep_checkpoints=1, checkpoint_every=max(1, config.steps // 4))
+
+    return Sweep(out_dir, variants, seeds, config, device)
 
 
 def move_one_seed_runs(out_dir: Path) -> list[str]:
