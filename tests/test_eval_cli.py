@@ -98,6 +98,27 @@ def test_compare_writes_the_paper_table_with_intervals(evaluated, capsys):
     assert "95% CI" in md and "<table>" in page and "background:" in page
     assert "[" in md.split("arc_easy")[1].split("\n")[0]  # an interval on the arc_easy row
     assert "held-out bits/byte" in printed
+    files = [next((runs[name] / "eval").glob("*.json")) for name in ("baseline", "free")]
+    assert f"Compared: Baseline: {files[0]}; Free H=4: {files[1]}." in printed  # the records read, named
+    assert f"Compared: Baseline: {files[0]}" in md
+
+
+def test_compare_of_results_that_share_no_task_says_so(tmp_path, capsys):
+    """A run whose newest results scored other tasks than the baseline's is refused in one line that names
+    both files and their tasks, instead of a table of empty rows; nothing is written."""
+    outputs = {}
+    for name, bits, task in (("base", 0, "arc_easy"), ("free", 4, "boolq")):
+        run = tiny_checkpoint(tmp_path, name, bits)
+        code = main(["eval", str(run), "--tasks", task, "--limit", "2", "--latent-samples", "1", "--no-progress"])
+        assert code == 0
+        outputs[name] = next((run / "eval").glob("*.json"))
+    capsys.readouterr()
+    table = tmp_path / "table"
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "free"), "--output", str(table)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "shares no task" in error, error
+    assert f"free ({outputs['free']}: boolq)" in error and f"base ({outputs['base']}: arc_easy)" in error
+    assert not table.with_suffix(".md").exists()
 
 
 def test_eval_errors_are_one_line(tmp_path, capsys):

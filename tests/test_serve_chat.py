@@ -79,7 +79,7 @@ def serving(tmp_path_factory, template: str | None):
     """(openai client, uvicorn server, engine) of a converted Llama whose tokenizer ships `template`."""
     directory = tmp_path_factory.mktemp("llama")
     llama = llama_with_tokenizer(directory / "llama", template)
-    assert main(["convert", llama, str(directory / "run"), "--to", "checkpoint", "--latent-bits", "4"]) == 0
+    assert main(["convert", llama, str(directory / "run"), "--to", "checkpoint", "--latent-units", "4"]) == 0
     url, server, engine = start_server(directory / "run")
     return openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60), server, engine
 

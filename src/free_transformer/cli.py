@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 
+from .base.compat import OPTIONS_RENAMED
 from .base.errors import Stopped, UserError
 
 COMMAND_MODULES = [
@@ -75,11 +76,28 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None):
     """parse_args, except that section.field=value overrides may also come after options (`train a=1 --out
-    D b=2`): argparse takes one run of positionals and rejects the rest as unrecognized."""
+    D b=2`): argparse takes one run of positionals and rejects the rest as unrecognized. An option renamed
+    since 0.3, and a setting written as an option (`--optim.lr=3e-4`), are refused in one line that gives
+    the spelling to use."""
+    words = sys.argv[1:] if argv is None else argv
+    for word in words:
+        flag = word.partition("=")[0]
+        if flag in OPTIONS_RENAMED:
+            parser.exit(2, f"error: {flag} is {OPTIONS_RENAMED[flag]} since 0.4\n")
     args, extra = parser.parse_known_args(argv)
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]  # later ones win, as on the command line
     elif extra:
+        dashed = next((k for k, word in enumerate(extra) if word.startswith("--") and "." in word.split("=")[0]), None)
+        if dashed is not None and hasattr(args, "overrides"):
+            name, equals, value = extra[dashed].removeprefix("--").partition("=")
+            after = extra[dashed + 1 : dashed + 2]  # `--optim.lr 3e-4`: its value is the next word
+            value = value if equals else (after[0] if after and not after[0].startswith("-") else "VALUE")
+            parser.exit(
+                2,
+                f"error: unrecognized argument {extra[dashed]}: settings are written without dashes, "
+                f"as section.field=value: {name}={value}\n",
+            )
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 

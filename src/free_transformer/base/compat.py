@@ -21,5 +21,8 @@ SETTINGS_RENAMED = {
     "model.latent_bits": "model.latent_units",
 }
 
+# Command-line options renamed in 0.4 (cli.parse_args names the new one).
+OPTIONS_RENAMED = {"--latent-bits": "--latent-units"}
+
 # Names of the choice of Z read until 0.3 (base/latent_choice.LatentChoice.parse names the new one).
 LATENT_CHOICES_RENAMED = {"posterior": "encoder", "independent": "encoder"}

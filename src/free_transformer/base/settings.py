@@ -88,9 +88,9 @@ def coerce(value, annotation, where: str):
     raise ConfigError(f"{where}: unsupported type {annotation}")
 
 
-def build(cls, values: dict, where: str = ""):
-    """An instance of the dataclass `cls` from a mapping of its fields (nested mappings for nested
-    dataclasses); a field left out keeps its default."""
+def _read(cls, values: dict, where: str, section) -> dict:
+    """The fields of the dataclass `cls` that `values` gives, each converted to its declared type, a nested
+    dataclass by `section`; a ConfigError for a name that is not a field or a value of the wrong type."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {values!r}")
     hints = typing.get_type_hints(cls)
@@ -101,8 +101,21 @@ def build(cls, values: dict, where: str = ""):
     kwargs = {}
     for name, value in values.items():
         hint, path = hints[name], f"{where}.{name}" if where else name
-        kwargs[name] = build(hint, value, path) if dataclasses.is_dataclass(hint) else coerce(value, hint, path)
-    return cls(**kwargs)
+        kwargs[name] = section(hint, value, path) if dataclasses.is_dataclass(hint) else coerce(value, hint, path)
+    return kwargs
+
+
+def build(cls, values: dict, where: str = ""):
+    """An instance of the dataclass `cls` from a mapping of its fields (nested mappings for nested
+    dataclasses); a field left out keeps its default."""
+    return cls(**_read(cls, values, where, build))
+
+
+def check_names_and_types(cls, values: dict, where: str = "") -> None:
+    """What `build` refuses in `values` setting by setting (an unknown name, a value of the wrong type or out
+    of a closed set), without building `cls`: no check across fields, for settings whose base is not known
+    yet (the overrides of a sweep, before its presets are chosen)."""
+    _read(cls, values, where, check_names_and_types)
 
 
 def unknown_setting(name: str, names: list[str], where: str = "") -> str:

@@ -53,7 +53,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..reports.comparison import build_rows, load_results, to_html, to_markdown, to_text
+    from ..reports.comparison import build_rows, load_results, shares_nothing, to_html, to_markdown, to_text
     from ..reports.curves import has_curve, load_curve
 
     if len(args.runs) < 2:
@@ -74,12 +74,21 @@ def run(args) -> int:
     for curve, label in zip(curves, labels):
         if curve is not None:
             curve.label = label
+    sources = [_source(run, curve) for run, curve in zip(runs, curves)]
+    for label, run, source in zip(labels[1:], runs[1:], sources[1:]):
+        if shares_nothing(runs[0], run):
+            raise ValueError(
+                f"{label} ({source}: {_tasks(run)}) shares no task with {labels[0]} ({sources[0]}: "
+                f"{_tasks(runs[0])}): give results of the same tasks (a results file as RUN, or "
+                "`eval --tasks` on both)"
+            )
     rows = build_rows(runs, samples=args.bootstrap, seed=args.seed)
     averaged = None
     if any(curves):
         averages = [c.last_third_average() if c is not None else {"tasks": {}} for c in curves]
         averaged = build_rows(averages, samples=args.bootstrap, seed=args.seed)
-    note = _note(labels, runs, curves)
+    note = "Compared: " + "; ".join(f"{label}: {source}" for label, source in zip(labels, sources))
+    note += ". " + _note(labels, runs, curves)
     output = Path(args.output)
     md, page, figure = output.with_suffix(".md"), output.with_suffix(".html"), None
     existing = [path for path in (md, page, output.with_suffix(".png")) if path.exists()]
@@ -100,6 +109,21 @@ def run(args) -> int:
     print(note)
     print(f"wrote {md}, {page}" + (f" and {figure}" if figure else ""))
     return 0
+
+
+def _source(run: dict, curve) -> str:
+    """Where a column's scores come from: a results file, or an evaluation of a run's record."""
+    if curve is None:
+        return run["results_file"]
+    from ..eval.record import record_path
+
+    return f"{record_path(curve.run_dir)} step {run['step']}, settings {curve.settings_key}"
+
+
+def _tasks(run: dict) -> str:
+    """A results' tasks, and its held-out likelihood, as a short list."""
+    names = [*sorted(run["tasks"]), *(["held-out likelihood"] if run.get("likelihood") else [])]
+    return ", ".join(names) or "nothing scored"
 
 
 def _note(labels: list[str], runs: list[dict], curves: list) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..base.devices import Placement
 from ..base.settings import add_option
 from ..experiments.demo.presets import PRESETS
-from ..train.config import settings_help
+from ..train.config import check_overrides, settings_help
 from .arguments import (
     add_launcher_arguments,
     add_sweep_check_arguments,
@@ -72,6 +72,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     extra = (*args.overrides, *([f"steps={args.steps}"] if args.steps is not None else []))
+    check_overrides(list(extra))  # before the device is resolved, which imports torch
     device = training_device(args)
     if args.seed is not None and args.seeds is not None:
         raise ValueError("give --seed or --seeds, not both")

@@ -110,7 +110,8 @@ def _list_tasks() -> int:
 
 
 def _settings(args):
-    """The flags as the EvalConfig they stand for, resolved."""
+    """The flags as the EvalConfig they stand for, resolved: a sandbox limit that fails every program (pass@1
+    = 0) is refused here."""
     options = {
         f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if f.name not in ("every", "sandbox")
     }  # training's only; the sandbox's options: _sandbox
@@ -175,6 +176,7 @@ def run(args) -> int:
 def _run(args) -> int:
     if not args.checkpoint:
         raise ValueError("give a CHECKPOINT (or --list-tasks)")
+    settings = _settings(args)  # first, before torch is imported: a mistyped setting is a quick line
     from ..base.devices import parse_device
     from ..base.fileio import refuse_links
     from ..eval.catalog import get_benchmark
@@ -188,7 +190,6 @@ def _run(args) -> int:
         raise ValueError("--checkpoints appends to RUN/eval/curve.jsonl: leave --output out")
     if args.output and Path(args.output).exists():  # before hours of evaluation, not after
         raise FileExistsError(f"--output {args.output} already exists: it is kept; choose another name")
-    settings = _settings(args)  # a sandbox limit that fails every program (pass@1 = 0) is refused here
     if any(get_benchmark(name).kind == "code" for name in settings.tasks):
         isolation_report(settings.sandbox)  # SandboxUnavailable before any scoring where the kernel layers are missing
     if args.checkpoints:

@@ -82,11 +82,7 @@ def say_compile_times() -> None:
 
 
 def run(args) -> int:
-    from ..base.devices import decoding_dtype, parse_device
-    from ..data.tokenizer import get_tokenizer
-    from ..runs.checkpoint import load_model
-    from .interactive import interact
-
+    """The settings are checked first, before torch is imported: a mistyped one is a quick line."""
     if args.compile:
         say_compile_times()
     params = params_from(args)  # the one parse of --latents: a misspelt one fails before the checkpoint is read
@@ -95,6 +91,11 @@ def run(args) -> int:
     if args.interactive and (args.prompt or args.prompts_file is not None):
         raise ValueError("--interactive reads its prompts as you type them: drop --prompt and --prompts-file")
     labelled = [] if args.interactive else _prompts(args)  # a missing file fails before the checkpoint is read
+    from ..base.devices import decoding_dtype, parse_device
+    from ..data.tokenizer import get_tokenizer
+    from ..runs.checkpoint import load_model
+    from .interactive import interact
+
     device = parse_device(args.device)
     model, config = load_model(args.checkpoint, device)
     model = model.to(decoding_dtype(args.dtype, device))

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..base.devices import Placement
 from ..base.settings import add_option
 from ..experiments.study.presets import PRESETS, StudyPlan
-from ..train.config import settings_help
+from ..train.config import check_overrides, settings_help
 from .arguments import (
     add_launcher_arguments,
     add_sweep_check_arguments,
@@ -69,6 +69,7 @@ def parse_kappas(text: str | None, default: tuple[float, ...]) -> tuple[float, .
 
 def run(args) -> int:
     preset = PRESETS[args.preset]
+    check_overrides(args.overrides)  # before the device is resolved, which imports torch
     device = training_device(args)
     plan = StudyPlan(
         preset,

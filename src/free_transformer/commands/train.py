@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..train.config import config_yaml, load_train_config, settings_help
+from ..train.errors import TrainingError
 
 NAME = "train"
 HELP = "train a model (YAML config, then section.field=value overrides); --resume continues a run"
@@ -51,11 +52,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..distributed.env import is_main_process
-    from ..train.trainer import TrainingError, check_run, train
-
-    if args.out is None and not (args.print_config or args.dry_run):
-        raise TrainingError("give the run directory with --out (or --print-config to only print the config)")
+    """The settings are read and checked first, before torch is imported: a mistyped one is a quick line."""
     out = Path(args.out) if args.out is not None else None
     if args.resume and args.init_from:  # a resumed run goes on from its own checkpoint, never another's weights
         raise TrainingError(
@@ -70,6 +67,8 @@ def run(args) -> int:
         if not config_path.exists():
             raise TrainingError(f"nothing to resume: {config_path} not found")
     config = load_train_config(config_path, args.overrides)
+    if out is None and not (args.print_config or args.dry_run):
+        raise TrainingError("give the run directory with --out (or --print-config to only print the config)")
     sizes = [override for override in args.overrides if override.startswith("model.size=")]
     # the saved config names every dimension, which would silently win over a size: the size (with the
     # other model overrides) must describe the run's own model
@@ -86,6 +85,9 @@ def run(args) -> int:
     if args.print_config:
         print(config_yaml(config), end="")
         return 0
+    from ..distributed.env import is_main_process
+    from ..train.trainer import check_run, train
+
     if args.dry_run:
         print(f"dry run, nothing trained: {check_run(config, out, resume=args.resume)}")
         return 0

@@ -32,13 +32,19 @@ from ..runs.checkpoint import CheckpointError, check_step, load_model, resolve_c
 from ..runs.memory import build_model, check_fits_memory
 from ..runs.migrations import split_state_dict, upgrade_saved_model_config, upgrade_state_dict
 from .configuration import FreeTransformerConfig
+from .export_defaults import CHAT_TEMPLATE_FILE, TOKEN_ID_KEYS, write_export_defaults
 from .modeling import FreeTransformerForCausalLM
 from .remote_code import write_remote_code, write_tokenizer
 
 FORMATS = ("checkpoint", "hf", "llama")
 # Files of a Hugging Face tokenizer, copied along when a Llama is converted to the HF format.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
-TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    CHAT_TEMPLATE_FILE,
+)
 LLAMA_NEEDS_BASELINE = (
     "only a baseline (latent_units = 0) converts to Llama: a Free Transformer's encoder and "
     "latent injection have no Llama equivalent"
@@ -402,9 +408,16 @@ def load_any(
 
 
 def save_hf(
-    model: FreeTransformer, out_dir: str | Path, *, tokenizer: str | None = None, token_ids: dict | None = None
+    model: FreeTransformer,
+    out_dir: str | Path,
+    *,
+    tokenizer: str | None = None,
+    token_ids: dict | None = None,
+    chat_template: str | None = None,
 ) -> Path:
-    """Write `model` as a FreeTransformerForCausalLM directory (save_pretrained, safetensors)."""
+    """Write `model` as a FreeTransformerForCausalLM directory (save_pretrained, safetensors), with the
+    defaults that let Hugging Face's pipeline generate from it (export_defaults.py) and `chat_template`, if
+    given, as its tokenizer's."""
     hf_model = FreeTransformerForCausalLM.from_free_transformer(model, tokenizer_name=tokenizer, **(token_ids or {}))
     hf_model.save_pretrained(out_dir)
     if tokenizer and tokenizer.startswith("hf:"):  # make AutoTokenizer.from_pretrained(out_dir) work too
@@ -414,6 +427,10 @@ def save_hf(
                 shutil.copy(source, Path(out_dir) / name)
     write_remote_code(out_dir)  # self-contained: trust_remote_code=True needs no free_transformer package
     write_tokenizer(out_dir, tokenizer)  # byte / gpt2 as tokenizer.json
+    try:
+        write_export_defaults(out_dir, model.config.max_seq_len, token_ids, chat_template)
+    except ValueError as error:
+        raise ConversionError(str(error)) from None
     return Path(out_dir)
 
 
@@ -428,11 +445,13 @@ def convert(
     step: int = 0,
     max_seq_len: int | None = None,
     dtype: torch.dtype | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Convert `source` (any FORMATS, detected) to format `to` at `destination`; return the written path.
 
     With latent_units, the source must be a baseline (ours or a Llama): the result is a Free
     Transformer with that decoder and a fresh latent path (`with_fresh_latent_path`, seed `seed`).
+    chat_template (a Jinja text, --to hf only) becomes the export's tokenizer's.
     A "checkpoint" destination is a run directory: the checkpoint goes to
     destination/checkpoints/step_{step:08d}. Everything is written in a temporary directory and renamed
     into place: a failure (a full disk) leaves nothing, and the same command can then be run again.
@@ -450,6 +469,8 @@ def convert(
     if to == "checkpoint" and ((destination / "checkpoints").exists() or (destination / "config.yaml").exists()):
         # a step without state.pt inside a training run would stop its --resume
         raise ConversionError(f"{destination} already holds a run: convert into a new directory")
+    if chat_template is not None and to != "hf":
+        raise ConversionError("a chat template is written into a Hugging Face export's tokenizer: use --to hf")
     if latent_layer is not None and latent_units is None:
         raise ConversionError("latent_layer needs latent_units (it places the fresh latent path)")
     try:
@@ -478,7 +499,9 @@ def convert(
             os.replace(staging / "checkpoints", destination / "checkpoints")
             return destination / "checkpoints" / written.name
         if to == "hf":
-            save_hf(model, staging, tokenizer=meta["tokenizer"], token_ids=meta["token_ids"])
+            save_hf(
+                model, staging, tokenizer=meta["tokenizer"], token_ids=meta["token_ids"], chat_template=chat_template
+            )
         else:
             save_llama(model, staging, token_ids=meta["token_ids"])
         os.replace(staging, destination)  # destination is absent or an empty directory

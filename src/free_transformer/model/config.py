@@ -27,6 +27,11 @@ class CategoricalSettings:
         check_range("model.latent.categorical.temperature", self.temperature, low_open=True)
 
 
+# The package's latent kinds (model/latent registers them), named here torch-free for --help; a kind
+# registered by other code is accepted too (check_latent_kind reads the registry).
+LATENT_KIND_NAMES = ("binary_mapper", "bit_linear", "categorical", "gaussian")
+
+
 @dataclass(frozen=True)
 class LatentConfig:
     """How the latent path works (its size, latent_units, and place, latent_layer, are ModelConfig fields).

@@ -40,7 +40,7 @@ def paper_colour(relative_percent: float | None, higher_is_better: bool = True) 
 
 
 def load_results(path: str | Path) -> dict:
-    """An eval JSON file, or a run directory (its newest eval/*.json)."""
+    """An eval JSON file, or a run directory (its newest eval/*.json); the file read is its `results_file`."""
     path = Path(path)
     if path.is_dir():
         found = sorted((path / "eval").glob("*.json"), key=lambda p: p.stat().st_mtime)
@@ -59,7 +59,14 @@ def load_results(path: str | Path) -> dict:
             "value, n and per_doc scores)"
         )
     results.setdefault("label", path.parent.parent.name if path.parent.name == "eval" else path.stem)
+    results["results_file"] = str(path)
     return results
+
+
+def shares_nothing(base: dict, other: dict) -> bool:
+    """Two results with no task and no held-out likelihood in common: no row of the table compares them."""
+    both_likelihoods = bool(base.get("likelihood")) and bool(other.get("likelihood"))
+    return not set(base["tasks"]) & set(other["tasks"]) and not both_likelihoods
 
 
 def _is_results(results) -> bool:

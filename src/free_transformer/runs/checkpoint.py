@@ -27,7 +27,6 @@ import json
 import os
 import pickle
 import random
-import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -47,9 +46,8 @@ from ..model.config import ModelConfig
 from ..model.transformer import FreeTransformer
 from .memory import build_model
 from .migrations import upgrade_saved_model_config, upgrade_state_dict
+from .steps import MAX_STEP, STEP_DIR
 
-STEP_DIR = re.compile(r"^step_(\d{8})$")
-MAX_STEP = 10**8 - 1  # the largest step whose directory STEP_DIR matches
 CHECKSUMS = "SHA256SUMS"
 # The files of a checkpoint that loaders read (besides every file under dcp/): each must be in SHA256SUMS.
 READ_FILES = ("config.json", "model.safetensors", "state.pt")

@@ -5,6 +5,7 @@ fields under the other model fields given)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -15,7 +16,8 @@ from ..base.devices import Precision
 from ..base.units import bits_to_nats
 from ..data.config import DataConfig
 from ..eval.settings import EvalConfig
-from ..model.config import NAMED_CONFIGS, ModelConfig, named_config
+from ..model.config import LATENT_KIND_NAMES, NAMED_CONFIGS, ModelConfig, named_config
+from ..runs.steps import MAX_STEP
 
 DEFAULT_SIZE = "cpu-small"  # the model of a config that names no size
 
@@ -144,8 +146,6 @@ class TrainConfig:
         return bits_to_nats(self.kappa_start_bits + progress * (self.kappa_bits - self.kappa_start_bits))
 
     def validate(self) -> TrainConfig:
-        from ..runs.checkpoint import MAX_STEP
-
         self.data = self.data.fitted_to(self.model.max_seq_len)
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
             raise ConfigError("steps, batch_size and grad_accum must be >= 1")
@@ -161,7 +161,6 @@ class TrainConfig:
         if self.kappa_start_bits is not None and self.kappa_anneal_steps < 1:
             raise ConfigError("kappa_start_bits needs kappa_anneal_steps >= 1")
         settings.check_choices(self)  # the closed sets (Literal): build() checks what is read, this what code set
-        self.model.check_latent_kind()
         self.optim.validate()
         dist = self.distributed
         for name in ("param_dtype", "reduce_dtype"):
@@ -176,6 +175,7 @@ class TrainConfig:
                 "score the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`"
             )
         self.eval.validate()
+        self.model.check_latent_kind()  # last: the kinds' registry imports torch, the checks above do not
         return self
 
     def to_dict(self) -> dict:
@@ -210,6 +210,16 @@ def load_train_config(
     if not periodic_eval:
         config.eval.every = 0
     return config.validate()
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """The names and values of `overrides` checked one by one, before the configs they apply to are known (a
+    sweep's, whose presets may need torch to choose): a mistyped setting is refused without building a config."""
+    values = settings.parse_overrides(overrides)
+    model = values.get("model")
+    if isinstance(model, dict) and "size" in model:
+        named_config(str(model.pop("size")))  # a named size, or its ConfigError
+    settings.check_names_and_types(TrainConfig, values)
 
 
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
@@ -249,7 +259,10 @@ def changed_settings(before: TrainConfig, after: TrainConfig) -> dict[str, list]
 def settings_help() -> str:
     """Every setting with its default, type and docstring, by section, the top-level ones (the most used)
     first (`train --help`)."""
-    described = settings.describe(TrainConfig())
+    described = [  # the latent kind, a name of the kinds' registry: its choices, as a closed set shows them
+        dataclasses.replace(item, type=" | ".join(LATENT_KIND_NAMES)) if item.path == "model.latent.kind" else item
+        for item in settings.describe(TrainConfig())
+    ]
     size = settings.Setting(
         "model.size",
         " | ".join(NAMED_CONFIGS),

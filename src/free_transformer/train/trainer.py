@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from ..base.checks import ConfigError
 from ..base.devices import parse_device
-from ..base.errors import Stopped, UserError
+from ..base.errors import Stopped
 from ..base.fileio import open_append, refuse_links
 from ..base.units import LN2
 from ..data import build_dataset
@@ -54,15 +54,12 @@ from ..runs.memory import build_model
 from ..runs.migrations import upgrade_optimizer_state
 from ..runs.runlock import RunLock
 from .config import TrainConfig, changed_settings, load_train_config, save_train_config
+from .errors import TrainingError
 from .metrics import MetricsLog, read_metrics, tokens_per_step
 from .noise import latent_generators
 from .optim import build_optimizer, clip_gradients, lr_factor, set_lr
 from .periodic import periodic_evaluation
 from .validation import autocast_context, latent_warning, settled, validate
-
-
-class TrainingError(UserError, RuntimeError):
-    """Training cannot start or cannot go on (existing run, diverged loss)."""
 
 
 @dataclass
