@@ -121,19 +121,24 @@ def test_convert_checks_the_latent_range_before_counting_memory(hf_export, tmp_p
 # ---- readers --------------------------------------------------------------------------------------------
 
 
-def _fifo_as_a_shard(directory: Path) -> Path:
-    """The export's weights as two shards, the second a FIFO that no process writes."""
+def _fifo_in_the_weights(directory: Path, which: str) -> Path:
+    """The export's weights as two shards, the second (or the index that lists them) a FIFO no process writes."""
     (directory / "model.safetensors").rename(directory / "model-1.safetensors")
     os.mkfifo(directory / "model-2.safetensors")
     weight_map = {"model.embed_tokens.weight": "model-1.safetensors", "model.norm.weight": "model-2.safetensors"}
-    index = {"metadata": {}, "weight_map": weight_map}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    index = directory / "model.safetensors.index.json"
+    if which == "index":
+        os.mkfifo(index)
+        return index
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return directory / "model-2.safetensors"
 
 
-def test_a_fifo_named_as_a_shard_is_refused_not_waited_for(hf_export, tmp_path):
-    """An index naming a FIFO as a shard made `convert` (and Python's from_pretrained) wait forever on it."""
-    fifo = _fifo_as_a_shard(hf_export)
+@pytest.mark.parametrize("which", ["shard", "index"])
+def test_a_fifo_in_the_weights_is_refused_not_waited_for(hf_export, tmp_path, which):
+    """An index naming a FIFO as a shard made `convert` (and Python's from_pretrained) wait forever on it; a
+    FIFO as the index was said to be no weights at all."""
+    fifo = _fifo_in_the_weights(hf_export, which)
     done = _command("convert", str(hf_export), str(tmp_path / "out"), "--to", "checkpoint")
     said = f"{fifo} is a FIFO, not a regular file: only regular files are read"
     assert done.returncode == 2 and done.stderr.strip() == f"error: {said}", done.stderr

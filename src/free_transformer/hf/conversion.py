@@ -74,9 +74,11 @@ def _regular(path: Path) -> Path:
 def read_json(path: Path) -> dict:
     """A JSON object (a config, an index of shards), each key given once; ConversionError naming the file."""
     try:
-        value = loads_json(_regular(path).read_text(), object_pairs_hook=_unique_keys)
+        regular = _regular(path)
     except FileNotFoundError:
         raise ConversionError(f"missing {path}") from None
+    try:
+        value = loads_json(regular.read_text(), object_pairs_hook=_unique_keys)
     except ValueError as error:  # not JSON, not UTF-8, a key given twice
         raise ConversionError(f"corrupt {path}: {error}") from None
     if not isinstance(value, dict):

@@ -43,11 +43,11 @@ def _shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def mistyped(logged: dict) -> str | None:
+def _mistyped(logged: dict) -> str | None:
     """What makes a logged line one this package did not write (a field it always writes, missing; a field of
     another type), in words; None for a line it could have written."""
     for name, value in logged.items():
-        if name in COUNTS and not (_number(value) and isinstance(value, int) and value >= 0):
+        if name in COUNTS and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
             return f"{name} is {_shown(value)}, not an integer >= 0"
         if name in NUMBERS and not _number(value):
             return f"{name} is {_shown(value)}, not a number"
@@ -62,7 +62,7 @@ def read_metrics(path: str | Path) -> list[dict]:
     """The logged metrics, in today's names (a run written before: runs.migrations.METRIC_RENAMED); a last line
     cut short by a killed process is ignored, and so is a line that is not a JSON object (every reader takes
     each line as a dict). A line that is JSON this package never writes (an integer of more than 4,300
-    digits, which Python refuses to read; an object whose fields are `mistyped`) is a UserError naming the
+    digits, which Python refuses to read; an object whose fields are `_mistyped`) is a UserError naming the
     file, the line and the field."""
     path = Path(path)
     if not path.exists():
@@ -81,7 +81,7 @@ def read_metrics(path: str | Path) -> list[dict]:
         if not isinstance(logged, dict):
             continue
         logged = {METRIC_RENAMED.get(name, name): value for name, value in logged.items()}
-        problem = mistyped(logged)
+        problem = _mistyped(logged)
         if problem is not None:
             raise UserError(
                 f"{path} holds a line this package did not write (line {number}: {problem}): remove that line, "
