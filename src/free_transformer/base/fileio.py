@@ -1,11 +1,13 @@
-"""Small file helpers that survive a process killed at any moment, and never write through a symbolic
-link: a link planted in a run directory must not make a run write (or replace) a file outside it."""
+"""Small file helpers that survive a process killed at any moment, never write through a symbolic
+link (a link planted in a run directory must not make a run write, or replace, a file outside it), and read
+only regular files (a FIFO in the place of a file would block its reader forever)."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 from .errors import UserError
@@ -13,6 +15,20 @@ from .errors import UserError
 
 class SymlinkRefused(UserError, RuntimeError):
     """A file to be written is a symbolic link."""
+
+
+class NotARegularFile(UserError, ValueError):
+    """A file to be read is a FIFO, a device, a socket or a directory."""
+
+
+def regular_file(path: str | Path) -> Path:
+    """`path`, once os.stat (through links) says it is a regular file, before anything opens it: a FIFO would
+    block its reader until another process writes, a device never end. FileNotFoundError when it is absent."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a device or socket"
+        raise NotARegularFile(f"{path} is {kind}, not a regular file: only regular files are read")
+    return Path(path)
 
 
 def open_no_follow(path: str | Path, flags: int, mode: int = 0o666) -> int:

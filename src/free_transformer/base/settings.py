@@ -80,7 +80,7 @@ def coerce(value, annotation, where: str):
             raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}")
         try:
             number = annotation(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf), float(10**400)
             raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}") from None
         if annotation is int and isinstance(value, float) and value != number:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")

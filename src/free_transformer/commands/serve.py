@@ -65,6 +65,7 @@ def run(args) -> int:
     from ..base.devices import decoding_dtype, parse_device
     from ..data.tokenizer import get_tokenizer
     from ..runs.checkpoint import load_model
+    from ..runs.memory import check_cache_fits
 
     try:
         import uvicorn
@@ -79,6 +80,9 @@ def run(args) -> int:
     device = parse_device(config.device)
     model, recorded = load_model(args.checkpoint, device)  # recorded: the checkpoint's config.json
     model = model.to(decoding_dtype(config.dtype, device))
+    # the batcher allocates a KV cache of max_batch rows of the model's whole context
+    cache_dtype, context = model.embed_tokens.weight.dtype, model.config.max_seq_len
+    check_cache_fits(model.config, config.max_batch, context, cache_dtype, device, hint="lower --max-batch")
     name = config.model_name or Path(args.checkpoint).resolve().name
     compile = config.compiles(device.type)
     engine = Engine(

@@ -24,6 +24,7 @@ from transformers import LlamaConfig
 
 from ..base.bounded import loads_json
 from ..base.checks import ConfigError
+from ..base.fileio import NotARegularFile, regular_file
 from ..data.tokenizer import TokenizerError, check_tokenizer_name
 from ..model.config import ModelConfig
 from ..model.layers import rope_tables
@@ -67,12 +68,23 @@ def _unique_keys(pairs: list) -> dict:
     return dict(pairs)
 
 
+def _regular(path: Path) -> Path:
+    """`path`, a regular file (base.fileio.regular_file), else a ConversionError: a FIFO named as a shard or a
+    config would block the conversion forever."""
+    try:
+        return regular_file(path)
+    except NotARegularFile as error:
+        raise ConversionError(str(error)) from None
+
+
 def read_json(path: Path) -> dict:
     """A JSON object (a config, an index of shards), each key given once; ConversionError naming the file."""
     try:
-        value = loads_json(path.read_text(), object_pairs_hook=_unique_keys)
+        regular = _regular(path)
     except FileNotFoundError:
         raise ConversionError(f"missing {path}") from None
+    try:
+        value = loads_json(regular.read_text(), object_pairs_hook=_unique_keys)
     except ValueError as error:  # not JSON, not UTF-8, a key given twice
         raise ConversionError(f"corrupt {path}: {error}") from None
     if not isinstance(value, dict):
@@ -109,20 +121,20 @@ def source_latent_units(path: str | Path) -> int:
     """H of the model in a directory of any FORMATS, read from its config alone (0 for a Llama), under its
     name of today or of before (SAVED_MODEL_RENAMED)."""
     path, fmt = Path(path), detect_format(path)
-    config = (
-        read_json(resolve_checkpoint(path) / "config.json")["model"]
-        if fmt == "checkpoint"
-        else read_json(path / "config.json")
-    )
-    return int(upgrade_saved_model_config(config).get("latent_units", 0))
+    config_file = resolve_checkpoint(path) / "config.json" if fmt == "checkpoint" else path / "config.json"
+    config = read_json(config_file)["model"] if fmt == "checkpoint" else read_json(config_file)
+    try:
+        return int(upgrade_saved_model_config(config).get("latent_units", 0))
+    except ValueError as error:  # latent_bits and latent_units with two values
+        raise ConversionError(f"{config_file}: {error}") from None
 
 
 def safetensors_weights(path: Path) -> Path:
     """The directory's model.safetensors or model.safetensors.index.json: the only weights read (a .bin is a
     pickle, which can run code when loaded)."""
     for name in ("model.safetensors", "model.safetensors.index.json"):
-        if (path / name).is_file():
-            return path / name
+        if (path / name).exists():
+            return _regular(path / name)
     raise ConversionError(
         f"{path}: no model.safetensors or model.safetensors.index.json "
         "(only safetensors weights are read; re-save .bin checkpoints with safe_serialization)"
@@ -137,7 +149,10 @@ def safetensors_files(path: Path) -> list[Path]:
     weight_map = read_json(found).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) and "/" not in v for v in weight_map.values()):
         raise ConversionError(f"corrupt {found}: its weight_map must map tensor names to shard files beside it")
-    return [path / shard for shard in sorted(set(weight_map.values()))]
+    try:
+        return [_regular(path / shard) for shard in sorted(set(weight_map.values()))]
+    except FileNotFoundError as error:
+        raise ConversionError(f"{found} names a shard that is missing: {error.filename}") from None
 
 
 def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
+from ..base.fileio import regular_file
 from ..base.latent_choice import LatentChoice
 from ..inference.generate import row_generators
 from ..inference.latents import LatentPlan, forward_source, parse_latents, plan_latents
@@ -122,6 +124,9 @@ def _separate_projections(name_or_path, kwargs) -> dict[str, list[str]]:
     hub = {key: kwargs[key] for key in HUB_KWARGS if kwargs.get(key) is not None}
 
     def found(file):
+        local = os.path.join(name_or_path, hub.get("subfolder", ""), file)
+        if os.path.lexists(local):  # a FIFO there, which cached_file passes over, would block the loading forever
+            regular_file(local)
         return cached_file(
             name_or_path,
             file,
@@ -147,6 +152,21 @@ def _separate_projections(name_or_path, kwargs) -> dict[str, list[str]]:
     return separate
 
 
+def _check_weights_described(source, config: FreeTransformerConfig, info: dict) -> None:
+    """A one-line ValueError when from_pretrained's config names tensors that the weights lack, or the weights
+    hold tensors it has no place for (Hugging Face would initialise the first at random, drop the others)."""
+    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+    if not missing and not unexpected:
+        return
+    problems = [f"the weights lack {name}" for name in missing[:2]]
+    problems += [f"the weights hold {name}, which the config has no place for" for name in unexpected[:2]]
+    more = len(missing) + len(unexpected) - len(problems)
+    raise ValueError(
+        f"{source}: config.json does not describe the weights (num_hidden_layers {config.num_hidden_layers}, "
+        f"latent_units {config.latent_units}): {'; '.join(problems)}" + (f" (and {more} more)" if more else "")
+    )
+
+
 @contextlib.contextmanager
 def _quiet_transformers():
     level = hf_logging.get_verbosity()
@@ -168,13 +188,14 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         """Hugging Face's from_pretrained; exports with the latent path's older tensor names
         (LEGACY_KEY_MAPPING) load too, renamed on the way in, and so do exports with separate q/k/v and gate/up
         weights: Hugging Face's loading leaves those aside (and initialises the fused projections),
-        then they are read from the export's files and concatenated into the fused weights."""
+        then they are read from the export's files and concatenated into the fused weights. A config that does
+        not describe the weights (a layer more or less than they hold) is a one-line ValueError, where Hugging
+        Face would initialise the missing tensors at random and drop the unexpected ones."""
         kwargs.setdefault("key_mapping", LEGACY_KEY_MAPPING)
         separate = _separate_projections(pretrained_model_name_or_path, kwargs)
-        if not separate:
-            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         wants_info = kwargs.pop("output_loading_info", False)
-        with _quiet_transformers():  # its unused / newly initialised weights are the ones fused below
+        # its unused / newly initialised weights are the separate ones, fused below
+        with _quiet_transformers() if separate else contextlib.nullcontext():
             # with output_loading_info=True it returns (model, info), which its type (the model) leaves out
             loaded = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
             model, info = typing.cast(tuple[FreeTransformerForCausalLM, dict], loaded)
@@ -182,19 +203,19 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         for path, names in separate.items():
             with safe_open(path, framework="pt") as handle:
                 weights.update({name.removeprefix("model."): handle.get_tensor(name) for name in names})
-        fused = upgrade_state_dict(weights)
+        params = dict(model.model.named_parameters())
+        fused = {name: tensor for name, tensor in upgrade_state_dict(weights).items() if name in params}
         with torch.no_grad():
             for name, tensor in fused.items():
-                model.model.get_parameter(name).copy_(tensor)
-        if wants_info:  # every separate weight was used, and every fused one loaded
+                params[name].copy_(tensor)
 
-            def handled(name):
-                return fused_name(name) is not None or name.removeprefix("model.") in fused
+        def handled(name):  # a fused weight made of separate ones, or one of those
+            return any(n is not None and n.removeprefix("model.") in fused for n in (name, fused_name(name)))
 
-            for key in ("missing_keys", "unexpected_keys"):
-                info[key] = type(info[key])(name for name in info[key] if not handled(name))
-            return model, info
-        return model
+        for key in ("missing_keys", "unexpected_keys"):
+            info[key] = type(info[key])(name for name in info[key] if not handled(name))
+        _check_weights_described(pretrained_model_name_or_path, model.config, info)
+        return (model, info) if wants_info else model
 
     @classmethod
     def from_free_transformer(cls, model: FreeTransformer, **config_kwargs) -> FreeTransformerForCausalLM:

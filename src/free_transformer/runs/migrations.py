@@ -41,11 +41,17 @@ LEGACY_LATENT_NAMES = {
 
 def upgrade_saved_model_config(values: dict) -> dict:
     """A copy of a saved model config (a checkpoint's, a Hugging Face export's) in today's field names,
-    for ModelConfig.from_dict; a field given under both names keeps today's."""
+    for ModelConfig.from_dict. A field given under both names with two values is a one-line ValueError:
+    neither can be chosen in silence."""
     values = dict(values)
     for old, new in SAVED_MODEL_RENAMED.items():
         if old in values:
             value = values.pop(old)
+            if new in values and values[new] != value:
+                raise ValueError(
+                    f"{old} {value!r} and {new} {values[new]!r} are one field under its old and its new name, "
+                    f"with two values: keep {new} alone"
+                )
             values.setdefault(new, value)
     return values
 

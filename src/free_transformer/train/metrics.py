@@ -23,11 +23,47 @@ def tokens_per_step(config: TrainConfig, sequence_length: int) -> int:
     return config.batch_size * sequence_length
 
 
+# What each field of a logged line holds (train.trainer.step_metrics, train.validation.validate); a line lacks
+# none of LOGGED_EVERY_STEP, which every reader of the file reads. A field not named here is not checked.
+LOGGED_EVERY_STEP = ("step", "loss", "cross_entropy_bits", "kl_bits", "kappa_bits")
+NUMBERS = (
+    "loss", "cross_entropy_bits", "kl_bits", "kappa_bits", "lr", "grad_norm", "tokens_per_s",
+    "val_cross_entropy_bits", "val_kl_bits", "val_prior_cross_entropy_bits", "latent_bits_saved",
+)  # fmt: skip
+COUNTS = ("step", "dead_units")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(value) -> str:
+    """A value as the file holds it (JSON), cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _mistyped(logged: dict) -> str | None:
+    """What makes a logged line one this package did not write (a field it always writes, missing; a field of
+    another type), in words; None for a line it could have written."""
+    for name, value in logged.items():
+        if name in COUNTS and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return f"{name} is {_shown(value)}, not an integer >= 0"
+        if name in NUMBERS and not _number(value):
+            return f"{name} is {_shown(value)}, not a number"
+        if name == "val_kl_bits_per_unit" and not (isinstance(value, list) and all(map(_number, value))):
+            return f"{name} is {_shown(value)}, not a list of numbers"
+        if name == "latent_warning" and not isinstance(value, str):
+            return f"{name} is {_shown(value)}, not a text"
+    return next((f"it has no {name}" for name in LOGGED_EVERY_STEP if name not in logged), None)
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """The logged metrics, in today's names (a run written before: runs.migrations.METRIC_RENAMED); a last line
     cut short by a killed process is ignored, and so is a line that is not a JSON object (every reader takes
     each line as a dict). A line that is JSON this package never writes (an integer of more than 4,300
-    digits, which Python refuses to read) is a UserError naming the file and the line."""
+    digits, which Python refuses to read; an object whose fields are `_mistyped`) is a UserError naming the
+    file, the line and the field."""
     path = Path(path)
     if not path.exists():
         return []
@@ -42,8 +78,16 @@ def read_metrics(path: str | Path) -> list[dict]:
                 f"{path} line {number} holds a line this package did not write (a number too long to "
                 f"read: {str(error).partition(':')[0]}): remove that line, then run again"
             ) from None
-        if isinstance(logged, dict):
-            metrics.append({METRIC_RENAMED.get(name, name): value for name, value in logged.items()})
+        if not isinstance(logged, dict):
+            continue
+        logged = {METRIC_RENAMED.get(name, name): value for name, value in logged.items()}
+        problem = _mistyped(logged)
+        if problem is not None:
+            raise UserError(
+                f"{path} holds a line this package did not write (line {number}: {problem}): remove that line, "
+                "then run again"
+            )
+        metrics.append(logged)
     return metrics
 
 

@@ -227,6 +227,8 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
         _check_fresh_run_dir(run_dir)
     elif not checkpoint_dirs(run_dir) and not (run_dir / "config.yaml").is_file():
         raise TrainingError(f"nothing to resume: no run in {run_dir} (no config.yaml, no checkpoint)")
+    else:  # a line this package did not write, refused before the resumed run changes anything
+        read_metrics(run_dir / "metrics.jsonl")
 
 
 def check_run(config: TrainConfig, run_dir: str | Path | None = None, *, resume: bool = False) -> str:
