@@ -46,7 +46,8 @@ from ..base.fileio import refuse_links, sha256_file, share_like_umask
 from ..model.config import ModelConfig
 from ..model.transformer import FreeTransformer
 from .memory import build_model
-from .migrations import upgrade_saved_model_config, upgrade_state_dict
+from .migrations import upgrade_state_dict
+from .saved_config import upgrade_saved_model_config
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 MAX_STEP = 10**8 - 1  # the largest step whose directory STEP_DIR matches

@@ -15,7 +15,8 @@ from ..base.devices import Precision
 from ..base.units import bits_to_nats
 from ..data.config import DataConfig
 from ..eval.settings import EvalConfig
-from ..model.config import NAMED_CONFIGS, ModelConfig, named_config
+from ..model.config import NAMED_CONFIGS, LatentConfig, ModelConfig, named_config
+from ..runs.saved_config import upgrade_saved_train_config
 
 DEFAULT_SIZE = "cpu-small"  # the model of a config that names no size
 
@@ -161,7 +162,7 @@ class TrainConfig:
         if self.kappa_start_bits is not None and self.kappa_anneal_steps < 1:
             raise ConfigError("kappa_start_bits needs kappa_anneal_steps >= 1")
         settings.check_choices(self)  # the closed sets (Literal): build() checks what is read, this what code set
-        self.model.check_latent_kind()
+        self.model = self.model.check_latent_kind()  # with the kind's settings filled in
         self.optim.validate()
         dist = self.distributed
         for name in ("param_dtype", "reduce_dtype"):
@@ -201,7 +202,8 @@ def load_train_config(
 ) -> TrainConfig:
     """Defaults, then the YAML file, then the overrides. periodic_eval=False turns the `eval` section off
     (eval.every = 0), for a reader of a run that does not train it."""
-    layers = [read_config_file(path) if path is not None else {}, settings.parse_overrides(overrides or [])]
+    saved = upgrade_saved_train_config(read_config_file(path)) if path is not None else {}  # 0.3's layout: today's
+    layers = [saved, settings.parse_overrides(overrides or [])]
     values = settings.merge(*layers)
     model = values.get("model", {})
     if isinstance(model, dict):  # the fields given override the default size's
@@ -219,11 +221,21 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     if not overrides:
         return config
     update = settings.parse_overrides(overrides)
-    values = settings.merge(config.to_dict(), update)
+    base = config.to_dict()
+    if _latent_kind_named(update) not in (None, config.model.latent.kind):  # the replaced kind's settings go too
+        base["model"]["latent"].pop(config.model.latent.kind, None)
+    values = settings.merge(base, update)
     model = update.get("model")
     if isinstance(model, dict) and "size" in model:
         values["model"] = _sized({"latent_units": config.model.latent_units, **model}, {})
     return settings.build(TrainConfig, values).validate()
+
+
+def _latent_kind_named(values: dict):
+    """The latent kind a mapping of settings names (model.latent.kind), or None."""
+    model = values.get("model")
+    latent = model.get("latent") if isinstance(model, dict) else None
+    return latent.get("kind") if isinstance(latent, dict) else None
 
 
 def overrides_of(config: TrainConfig) -> list[str]:
@@ -246,10 +258,19 @@ def changed_settings(before: TrainConfig, after: TrainConfig) -> dict[str, list]
     return settings.changed(before, after)
 
 
-def settings_help() -> str:
+def settings_help(latent_kind: str | None = None) -> str:
     """Every setting with its default, type and docstring, by section, the top-level ones (the most used)
-    first (`train --help`)."""
-    described = settings.describe(TrainConfig())
+    first (`train --help`). The latent kind's own settings are those of `latent_kind` (`train
+    model.latent.kind=NAME --help`): that asks the kinds' registry, which loads the kinds (and torch), so the
+    plain help, of the default kind, leaves them and the kinds' names to that."""
+    config, kinds = TrainConfig(), "model.latent.kind=NAME --help: the latent kinds registered, and NAME's own settings"
+    if latent_kind is not None:
+        from ..model.latent import LATENT_KINDS
+
+        latent = settings.resolve_kind_sections(LatentConfig(latent_kind))  # an unknown kind: a ConfigError
+        config.model = config.model.replace(latent=latent)
+        kinds = f"latent kinds registered: {', '.join(sorted(LATENT_KINDS))}"
+    described = settings.describe(config)
     size = settings.Setting(
         "model.size",
         " | ".join(NAMED_CONFIGS),
@@ -262,5 +283,5 @@ def settings_help() -> str:
     sections.insert(first_model, size)
     return (
         "settings (section.field=value, after the config file; the defaults below):\n"
-        f"{settings.help_text(top + sections)}"
+        f"{settings.help_text(top + sections)}\n\n{kinds}"
     )
