@@ -462,26 +462,6 @@ class MBPP(Benchmark):
         return str(row.get("task_id", index))
 
 
-DEFAULT_TASKS = [
-    "humaneval_plus",
-    "humaneval",
-    "mbpp",
-    "gsm8k",
-    "mmlu",
-    "csqa",
-    "hellaswag",
-    "winogrande",
-    "obqa",
-    "arc_challenge",
-    "arc_easy",
-    "piqa",
-    "race_high",
-    "race_middle",
-    "boolq",
-    "nq",
-    "tqa",
-]
-"""The paper's rows plus `humaneval`, which stands in for HumanEval+ when its extra tests are absent."""
 PAPER_TASKS = [
     "humaneval_plus",
     "mbpp",
@@ -500,7 +480,14 @@ PAPER_TASKS = [
     "nq",
     "tqa",
 ]
-"""The rows of the paper's Tables 1-3, in order."""
+"""The rows of the paper's Tables 1-3, in order: a fact of the paper, which `--tasks paper` names."""
+
+
+def all_tasks() -> list[str]:
+    """Every registered benchmark (`--tasks all`, `--list-tasks`, the reports' order): the paper's rows in its
+    tables' order, then the others in the order they registered (`humaneval`, which stands in for HumanEval+
+    when its extra tests are absent, and any registered from outside the package)."""
+    return [name for name in PAPER_TASKS if name in REGISTRY] + [name for name in REGISTRY if name not in PAPER_TASKS]
 
 
 def get_benchmark(name: str) -> Benchmark:

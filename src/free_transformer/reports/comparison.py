@@ -14,7 +14,7 @@ from pathlib import Path
 from ..base.bounded import loads_json
 from ..base.units import LN2
 from ..eval import task_metrics
-from ..eval.catalog import DEFAULT_TASKS
+from ..eval.catalog import all_tasks
 
 # The paper's colours: |change| < 1% none, 1-10% light, >= 10% strong (LaTeX xcolor names).
 COLOURS = {"up": ("green!25", "green"), "down": ("red!10", "red!80")}
@@ -129,7 +129,7 @@ def _interval(a, b, groups, samples, seed, ratio=True) -> dict | None:
 def build_rows(runs: list[dict], *, samples: int = 2000, seed: int = 0) -> list[Row]:
     """Rows comparing runs[1:] to runs[0] (the baseline), task by task in the paper's order."""
     base_run, others = runs[0], runs[1:]
-    names = [t for t in DEFAULT_TASKS if any(t in r["tasks"] for r in runs)]
+    names = [t for t in all_tasks() if any(t in r["tasks"] for r in runs)]
     names += sorted({t for r in runs for t in r["tasks"]} - set(names))
     rows = []
     for name in names:
