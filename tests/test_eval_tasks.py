@@ -31,8 +31,9 @@ SHIPPED = [
 
 
 def test_every_paper_row_is_a_task():
-    assert len(PAPER_TASKS) == 16 and all_tasks()[:16] == PAPER_TASKS
-    assert all_tasks() == [*PAPER_TASKS, "humaneval"] and sorted(all_tasks()) == sorted(REGISTRY)
+    assert len(PAPER_TASKS) == 16
+    assert all_tasks() == [PAPER_TASKS[0], "humaneval", *PAPER_TASKS[1:]]  # humaneval stands in for humaneval_plus
+    assert sorted(all_tasks()) == sorted(REGISTRY)
 
 
 class Colours(Benchmark):

@@ -155,7 +155,8 @@ def build(cls, values: dict, where: str = ""):
     unknown = sorted(set(values) - set(names), key=str)
     if unknown:
         message = "; ".join(unknown_setting(str(name), names, where) for name in unknown)
-        chosen = f" (and the settings of the chosen kind only: {', '.join(kinds)})" if kinds else ""
+        section = kinds and any(isinstance(values[name], dict) for name in unknown)  # another kind's settings
+        chosen = f" (and the settings of the chosen kind only: {', '.join(kinds)})" if section else ""
         raise ConfigError(message + chosen)
     for name, value in values.items():
         hint, path = hints[name], f"{where}.{name}" if where else name

@@ -385,6 +385,7 @@ class HumanEval(Benchmark):
     extra tests no package ships; `humaneval_plus` runs them from a local EvalPlus file."""
 
     name, paper_name, category, kind, metric = "humaneval", "human_eval (base tests)", GENERATIVE, "code", "pass@1"
+    stands_in_for = "humaneval_plus"
     default_shots = 0
     max_new_tokens = 384
     stop = CODE_STOP
@@ -414,6 +415,7 @@ class HumanEval(Benchmark):
 @register
 class HumanEvalPlus(HumanEval):
     name, paper_name = "humaneval_plus", "human_eval_plus"
+    stands_in_for = None
     source = "local EvalPlus file"
     needs_file = (
         "HumanEval+'s extra tests are shipped by no installed package (evalplus downloads them at "
@@ -485,9 +487,13 @@ PAPER_TASKS = [
 
 def all_tasks() -> list[str]:
     """Every registered benchmark (`--tasks all`, `--list-tasks`, the reports' order): the paper's rows in its
-    tables' order, then the others in the order they registered (`humaneval`, which stands in for HumanEval+
-    when its extra tests are absent, and any registered from outside the package)."""
-    return [name for name in PAPER_TASKS if name in REGISTRY] + [name for name in REGISTRY if name not in PAPER_TASKS]
+    tables' order, each followed by the benchmarks that stand in for it (`humaneval` after `humaneval_plus`),
+    then the others in the order they registered (those from outside the package)."""
+    names: list[str] = []
+    for row in PAPER_TASKS:
+        names += [row] if row in REGISTRY else []
+        names += [name for name, bench in REGISTRY.items() if bench.stands_in_for == row]
+    return names + [name for name in REGISTRY if name not in names]
 
 
 def get_benchmark(name: str) -> Benchmark:

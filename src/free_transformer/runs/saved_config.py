@@ -11,7 +11,6 @@ from __future__ import annotations
 
 # A saved model config's older field names, old -> today's.
 SAVED_MODEL_RENAMED = {"latent_bits": "latent_units"}
-
 # The latent kinds' sections that 0.3 wrote into every model config (`latent.categorical`), the kind chosen or
 # not; since 0.4 `latent` holds the chosen kind's section only.
 LATENT_SECTIONS_0_3 = ("categorical",)
@@ -26,15 +25,23 @@ def upgrade_saved_model_config(values: dict) -> dict:
         if old in values:
             value = values.pop(old)
             values.setdefault(new, value)
-    latent = values.get("latent")
-    if isinstance(latent, dict):
-        kind = latent.get("kind", "binary_mapper")  # 0.3's default kind
-        values["latent"] = {key: item for key, item in latent.items() if key == kind or key not in LATENT_SECTIONS_0_3}
-    return values
+    return _with_todays_latent_section(values)
 
 
 def upgrade_saved_train_config(values: dict) -> dict:
-    """A copy of a run's saved config (config.yaml, a checkpoint's `train`) whose model section is in today's
-    names and layout (`upgrade_saved_model_config`)."""
+    """A copy of a run's config (config.yaml, a `-c` file) whose model's latent section is in today's layout.
+    Its settings' names are not upgraded: a setting renamed before 0.3 is refused, by name (base/compat.py)."""
     model = values.get("model")
-    return {**values, "model": upgrade_saved_model_config(model)} if isinstance(model, dict) else dict(values)
+    return {**values, "model": _with_todays_latent_section(model)} if isinstance(model, dict) else dict(values)
+
+
+def _with_todays_latent_section(model: dict) -> dict:
+    """`model` with, of the latent kinds' sections that 0.3 wrote, only the chosen kind's."""
+    latent = model.get("latent")
+    if not isinstance(latent, dict):
+        return model
+    kind = latent.get("kind", "binary_mapper")  # 0.3's default kind
+    return {
+        **model,
+        "latent": {key: item for key, item in latent.items() if key == kind or key not in LATENT_SECTIONS_0_3},
+    }
