@@ -1,5 +1,6 @@
 """What users have must not change: every preset resolves to the training config it resolved to before
-presets were code (recorded in 0.3's layout, every latent kind's section: read as runs/saved_config.py reads it), and the smoke demo and study give the measures and generations recorded then
+presets were code (recorded in 0.3's layout, every latent kind's section: read as runs/saved_config.py
+reads it), and the smoke demo and study give the measures and generations recorded then
 (tests/data/smoke-outputs.json, compared by test_demo.py and test_study.py)."""
 
 import json
