@@ -385,7 +385,7 @@ class HumanEval(Benchmark):
     extra tests no package ships; `humaneval_plus` runs them from a local EvalPlus file."""
 
     name, paper_name, category, kind, metric = "humaneval", "human_eval (base tests)", GENERATIVE, "code", "pass@1"
-    stands_in_for = "humaneval_plus"
+    stands_in_for: str | None = "humaneval_plus"
     default_shots = 0
     max_new_tokens = 384
     stop = CODE_STOP
