@@ -82,6 +82,31 @@ def test_the_settings_size_the_read_out_and_the_table():
     assert model.num_params() == config.num_params()
 
 
+def test_the_config_holds_the_chosen_kinds_settings_only():
+    """model.latent.<kind> is read for the chosen kind alone; changing the kind drops the one it replaces."""
+    from free_transformer.base.checks import ConfigError
+    from free_transformer.train.config import apply_overrides, load_train_config
+
+    config = load_train_config(None, ["model.latent.kind=categorical", "model.latent.categorical.classes=3"])
+    assert config.to_dict()["model"]["latent"] == {
+        "kind": "categorical",
+        "encoder_layers": 1,
+        "categorical": {"classes": 3, "temperature": 1.0},
+    }
+    assert apply_overrides(config, ["model.latent.categorical.temperature=0.5"]).model.latent.settings == (
+        CategoricalSettings(3, 0.5)
+    )
+    gaussian = apply_overrides(config, ["model.latent.kind=gaussian"]).model.latent
+    assert gaussian == LatentConfig("gaussian") and gaussian.section() is None
+    with pytest.raises(ConfigError, match=r"unknown setting model.latent.categorical: .* model.latent.kind=gaussian"):
+        load_train_config(None, ["model.latent.kind=gaussian", "model.latent.categorical.classes=3"])
+    with pytest.raises(ConfigError, match="model.latent.gaussian: kind gaussian has no settings"):
+        load_train_config(None, ["model.latent.kind=gaussian", "model.latent.gaussian.classes=3"])
+    defaults = LatentConfig("categorical")  # the kind's defaults, filled in when the config is checked
+    assert defaults.settings is None and defaults.section() == CategoricalSettings()
+    assert ModelConfig(latent=defaults).check_latent_kind().latent.settings == CategoricalSettings()
+
+
 @pytest.mark.parametrize(
     "override, line",
     [
