@@ -1,8 +1,8 @@
-"""What earlier code wrote, read in today's names and layouts: the one adapter between a saved run and
-today's model. The checkpoint loaders (runs/checkpoint.py, distributed/sharded_checkpoint.py) and the
-Hugging Face loaders (hf/: from_pretrained's key_mapping, convert, the export's config) all call it; the
-model knows only its own names. Nothing here is removed by a release: a checkpoint once written stays
-loadable.
+"""What earlier code wrote, read in today's names and layouts: with runs/saved_config.py, its half for
+configs, the one adapter between a saved run and today's model. The checkpoint loaders (runs/checkpoint.py,
+distributed/sharded_checkpoint.py) and the Hugging Face loaders (hf/: from_pretrained's key_mapping, convert,
+the export's config) all call it; the model knows only its own names. Nothing here is removed by a release: a
+checkpoint once written stays loadable.
 
 - A saved config (a checkpoint's config.json, an export's, a run's config.yaml) in older field names and
   layouts: runs/saved_config.py, which imports no torch (a config is read before any model work).
