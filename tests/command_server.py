@@ -45,6 +45,8 @@ def _child(connection: socket.socket, request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # the caller's PYTHONPATH, as a new process would put it on sys.path (a plugin module beside the caller)
+    sys.path[:0] = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
     from free_transformer.cli import main
 
     try:

@@ -77,9 +77,11 @@ def test_convert_refuses_latent_bits_with_its_new_name(word, capsys, tmp_path):
 
 
 def test_the_latent_kind_s_help_lists_the_registered_kinds():
-    from free_transformer.model.config import LATENT_KIND_NAMES
+    """`train model.latent.kind=NAME --help` lists the registry's kinds as the setting's choices; the plain help
+    (torch-free) says how to ask for them."""
     from free_transformer.model.latent import LATENT_KINDS
     from free_transformer.train.config import settings_help
 
-    assert sorted(LATENT_KINDS) == list(LATENT_KIND_NAMES)  # the names --help shows (torch-free) are the registry's
-    assert f"model.latent.kind=binary_mapper  ({' | '.join(sorted(LATENT_KINDS))})" in settings_help()
+    choices = f"model.latent.kind=binary_mapper  ({' | '.join(sorted(LATENT_KINDS))})"
+    assert choices in settings_help("binary_mapper")
+    assert "model.latent.kind=NAME --help" in settings_help()

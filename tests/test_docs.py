@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from documented_kind import documented_kind_source
 
 ROOT = Path(__file__).parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -126,6 +127,7 @@ FILES = {
     "heldout.txt": "ROMEO: But soft, what light through yonder window breaks?\n" * 40,
     "prompts.txt": "K>\nOnce upon a time\n",
     "race_tiny.jsonl": (Path(__file__).parent / "data" / "race_tiny.jsonl").read_text(),  # docs/serving.md's
+    "ternary_kind.py": documented_kind_source(),  # docs/latent-variants.md's kind, saved as the page says
 }
 
 

@@ -4,10 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from free_transformer.eval.catalog import DEFAULT_TASKS, PAPER_TASKS, get_benchmark
+from free_transformer.cli import main
+from free_transformer.eval.catalog import PAPER_TASKS, all_tasks, get_benchmark
 from free_transformer.eval.prepare import prepare
+from free_transformer.eval.settings import task_names
 from free_transformer.eval.task_data import DataUnavailable
-from free_transformer.eval.tasks import GenerationDoc, MultipleChoiceDoc, choose_shots
+from free_transformer.eval.tasks import REGISTRY, Benchmark, GenerationDoc, MultipleChoiceDoc, choose_shots, register
 
 DATA = Path(__file__).parent / "data"
 SHIPPED = [
@@ -29,7 +31,48 @@ SHIPPED = [
 
 
 def test_every_paper_row_is_a_task():
-    assert len(PAPER_TASKS) == 16 and set(PAPER_TASKS) <= set(DEFAULT_TASKS)
+    assert len(PAPER_TASKS) == 16
+    assert all_tasks() == [PAPER_TASKS[0], "humaneval", *PAPER_TASKS[1:]]  # humaneval stands in for humaneval_plus
+    assert sorted(all_tasks()) == sorted(REGISTRY)
+
+
+class Colours(Benchmark):
+    """A benchmark of a user's, registered from outside the catalog."""
+
+    name, paper_name, category, kind, metric = "colours", "colours", "tests", "mc", "acc_char"
+    source = "two rows written in tests/test_eval_tasks.py"
+
+    def rows(self, data_file):
+        return [{"thing": "sky", "gold": 0}, {"thing": "grass", "gold": 1}], None
+
+    def query(self, row):
+        return f"The {row['thing']} is"
+
+    def choices(self, row):
+        return [" blue", " green"]
+
+    def gold(self, row):
+        return row["gold"]
+
+
+@pytest.fixture
+def colours():
+    """Colours registered for one test (the registry is the process's)."""
+    register(Colours)
+    yield
+    REGISTRY.pop("colours")
+
+
+def test_a_registered_benchmark_is_listed_and_in_all_and_its_kind(colours, capsys):
+    assert main(["eval", "--list-tasks"]) == 0
+    out = capsys.readouterr().out
+    assert any(
+        line.split()[:2] == ["colours", "acc_char"] and "available: two rows" in line for line in out.splitlines()
+    )
+    assert f"of {len(PAPER_TASKS) + 2} available." in out  # the paper's rows, humaneval and colours
+    assert task_names("all")[-1] == "colours" and "colours" in task_names("mc")
+    assert "colours" not in task_names("generative") and "colours" not in task_names("paper")
+    assert task_names("colours") == ["colours"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -30,7 +30,7 @@ def test_a_field_added_to_model_config_is_in_the_hf_config(tmp_path):
     assert "sliding_window (`int`, *optional*, defaults to `64`)" in Wider.__doc__
     assert "Keys each query attends to" in Wider.__doc__
 
-    config = WiderModelConfig(**dataclasses.asdict(tiny_config(latent_units=2)), sliding_window=8)
+    config = WiderModelConfig(**tiny_config(latent_units=2).to_dict(), sliding_window=8)
     hf_config = Wider.from_model_config(config)
     assert hf_config.sliding_window == 8 and hf_config.to_model_config() == config
     hf_config.save_pretrained(tmp_path)

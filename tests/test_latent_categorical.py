@@ -10,8 +10,8 @@ import torch
 
 from free_transformer import ModelConfig
 from free_transformer.cli import main
-from free_transformer.model.config import CategoricalSettings, LatentConfig
-from free_transformer.model.latent import BitLinear, CategoricalLatent
+from free_transformer.model.config import LatentConfig
+from free_transformer.model.latent import BitLinear, CategoricalLatent, CategoricalSettings
 from free_transformer.model.latent.sampling import bits_to_index, rand_rows
 
 H, D = 3, 5
@@ -74,12 +74,37 @@ def test_the_settings_size_the_read_out_and_the_table():
         latent_units=3,
         latent={"kind": "categorical", "categorical": {"classes": 5}},
     )
-    assert config.latent == LatentConfig("categorical", categorical=CategoricalSettings(classes=5))
+    assert config.latent == LatentConfig("categorical", settings=CategoricalSettings(classes=5))
     from free_transformer import FreeTransformer
 
     model = FreeTransformer(config)
     assert model.latent.readout.out_features == 15 and model.latent.mapper.weight.shape == (15, 32)
     assert model.num_params() == config.num_params()
+
+
+def test_the_config_holds_the_chosen_kinds_settings_only():
+    """model.latent.<kind> is read for the chosen kind alone; changing the kind drops the one it replaces."""
+    from free_transformer.base.checks import ConfigError
+    from free_transformer.train.config import apply_overrides, load_train_config
+
+    config = load_train_config(None, ["model.latent.kind=categorical", "model.latent.categorical.classes=3"])
+    assert config.to_dict()["model"]["latent"] == {
+        "kind": "categorical",
+        "encoder_layers": 1,
+        "categorical": {"classes": 3, "temperature": 1.0},
+    }
+    assert apply_overrides(config, ["model.latent.categorical.temperature=0.5"]).model.latent.settings == (
+        CategoricalSettings(3, 0.5)
+    )
+    gaussian = apply_overrides(config, ["model.latent.kind=gaussian"]).model.latent
+    assert gaussian == LatentConfig("gaussian") and gaussian.section() is None
+    with pytest.raises(ConfigError, match=r"unknown setting model.latent.categorical: .* model.latent.kind=gaussian"):
+        load_train_config(None, ["model.latent.kind=gaussian", "model.latent.categorical.classes=3"])
+    with pytest.raises(ConfigError, match="model.latent.gaussian: kind gaussian has no settings"):
+        load_train_config(None, ["model.latent.kind=gaussian", "model.latent.gaussian.classes=3"])
+    defaults = LatentConfig("categorical")  # the kind's defaults, filled in when the config is checked
+    assert defaults.settings is None and defaults.section() == CategoricalSettings()
+    assert ModelConfig(latent=defaults).check_latent_kind().latent.settings == CategoricalSettings()
 
 
 @pytest.mark.parametrize(
@@ -104,12 +129,18 @@ def test_a_bad_setting_is_one_line(tmp_path, capsys, override, line):
     assert capsys.readouterr().err.splitlines() == [line]
 
 
-def test_train_help_lists_the_settings_with_their_docstrings(capsys):
+def test_train_help_lists_the_settings_of_the_chosen_kind_with_their_docstrings(capsys):
     with pytest.raises(SystemExit):
-        main(["train", "--help"])
+        main(["train", "model.latent.kind=categorical", "--help"])
     text = capsys.readouterr().out
+    assert "  model.latent.kind=categorical  (str)" in text
     assert "  model.latent.categorical.classes=4  (int)\n      K, the classes of each of the H groups" in text
     assert "  model.latent.categorical.temperature=1.0  (float)\n      The Gumbel-softmax temperature" in text
+    assert "latent kinds registered: binary_mapper, bit_linear, categorical, gaussian" in text
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])  # the default kind, binary_mapper, has no settings of its own
+    text = capsys.readouterr().out
+    assert "model.latent.categorical" not in text and "model.latent.kind=NAME --help" in text
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +185,7 @@ def test_the_settings_are_saved_with_the_run_and_in_the_hf_config(run, tmp_path)
     from free_transformer.runs.checkpoint import load_model
 
     back, _ = load_model(tmp_path / "back")
-    assert back.config.latent.categorical == CategoricalSettings(3, 0.5)
+    assert back.config.latent.settings == CategoricalSettings(3, 0.5)
 
 
 def test_inspect_names_the_groups(run, capsys):

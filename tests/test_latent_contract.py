@@ -1,5 +1,6 @@
-"""The contract of a latent kind, checked for every kind in the registry: the package's and one that this
-module registers itself, as a user's plugin would. A kind registered anywhere is checked here with no
+"""The contract of a latent kind, checked for every kind in the registry: the package's, one that this
+module registers itself, as a user's plugin would, and the documented plugin with a setting of its own
+(docs/latent-variants.md's ternary kind, units in {-1, 0, +1}). A kind registered anywhere is checked here with no
 other edit; the per-kind test files keep only what is specific to one kind.
 
 What a kind must satisfy, from the definition of each of its methods (docs/latent-variants.md):
@@ -22,6 +23,7 @@ import math
 import pytest
 import torch
 from conftest import tiny_checkpoint, tiny_model
+from documented_kind import import_documented_kind
 from torch import Tensor
 
 from free_transformer import GenerationConfig, generate
@@ -48,7 +50,8 @@ class WideGaussian(GaussianLatent):
         return (0.5 * (z.square() / 4 + math.log(4) - (z - mean).square() / log_var.exp() - log_var)).sum(-1)
 
 
-KINDS = sorted(LATENT_KINDS)  # at collection: the package's kinds and the plugin above
+import_documented_kind()  # docs/latent-variants.md's ternary kind, whose values include -1, with a setting
+KINDS = sorted(LATENT_KINDS)  # at collection: the package's kinds and the plugins above
 H, D = 4, 8  # tiny_model's latent_units and a read-out's width
 
 
@@ -143,17 +146,13 @@ def test_prior_draws_follow_the_prior(kind):
 
 
 def test_check_values_takes_prior_draws_and_refuses_values_outside_the_space(kind):
+    """The values outside the space are the kind's own (`outside_values`): -1 is a value of some integer spaces."""
     space = _space(kind)
     z = space.prior((2, 3), torch.Generator().manual_seed(0))
     assert torch.equal(space.check_values(z), z)
-    bad = z.clone()
-    if space.value_dtype.is_floating_point:
-        bad.view(-1)[0] = math.nan
-        outside = [bad, z.long()]
-    else:
-        low, high = z.clone(), z.clone()
-        low.view(-1)[0], high.view(-1)[0] = -1, 2**62
-        outside = [low, high, z.double()]
+    outside = space.outside_values(z)
+    assert outside and all(v.shape == z.shape and v.dtype == z.dtype and not torch.equal(v, z) for v in outside)
+    outside.append(z.long() if space.value_dtype.is_floating_point else z.double())  # the other kind of number
     if space.value_shape:
         outside.append(torch.cat([z, z[..., :1]], dim=-1))  # one unit too many
     for values in outside:
@@ -164,14 +163,20 @@ def test_check_values_takes_prior_draws_and_refuses_values_outside_the_space(kin
 
 def test_a_kinds_settings_are_the_latent_config_section_named_after_it(kind):
     """So that they are model.latent.<kind>.* in --help, config.yaml, the HF config and the checks."""
+    from free_transformer.base.settings import describe, to_dict
     from free_transformer.model.config import LatentConfig
 
     settings_type = LATENT_KINDS[kind].settings_type
+    latent = LatentConfig(kind)
     if settings_type is None:
-        assert LatentConfig(kind).section() is None
+        assert latent.section() is None and set(to_dict(latent)) == {"kind", "encoder_layers"}
         return
-    assert isinstance(LatentConfig(kind).section(), settings_type)
+    assert isinstance(latent.section(), settings_type)
     assert _space(kind).settings == settings_type()  # built without settings: the defaults
+    resolved = LatentConfig(kind, settings=latent.section())
+    assert set(to_dict(resolved)) == {"kind", "encoder_layers", kind}  # the chosen kind's section only
+    paths = [item.path for item in describe(resolved)]
+    assert paths[2:] and all(path.startswith(f"{kind}.") for path in paths[2:])
 
 
 # ---- in the model -----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ imports only from its own layer and the layers that layer is declared to build o
 across to a layer not below, fails here with the file, the line and the layer it reached."""
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,42 @@ def up_imports(root: Path = PACKAGE) -> list[str]:
 
 def test_every_module_imports_only_from_its_own_layer_or_the_layers_below():
     assert up_imports() == []
+
+
+def import_circle(root: Path = PACKAGE) -> list[str] | None:
+    """A circle of imports between the package's modules, or None. Every import counts, at module level or
+    inside a function (a deferred import that closes a circle still runs a module half made, as soon as the
+    function is called). An import names a module, or a package whose `__init__` it runs; `from pkg import
+    name` counts as an import of `pkg.name` where that is a module."""
+    modules = {module_name(path, root): path for path in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for _, target in imports(path, root):
+            while target not in modules and "." in target:  # a name imported from a module: the module
+                target = target.rpartition(".")[0]
+            if target in modules and target != name:
+                graph[name].add(target)
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        return list(error.args[1])
+    return None
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_circle() is None
+
+
+def test_an_import_circle_is_found(tmp_path):
+    copy = tmp_path / "free_transformer"
+    (copy / "model" / "latent").mkdir(parents=True)
+    (copy / "model" / "__init__.py").write_text("")
+    (copy / "model" / "config.py").write_text("def kinds():\n    from .latent import KINDS\n")  # deferred
+    (copy / "model" / "latent" / "__init__.py").write_text("from .ternary import Ternary\n")
+    (copy / "model" / "latent" / "ternary.py").write_text("from ..config import kinds\n")
+    assert set(import_circle(copy) or ()) == {"model.config", "model.latent", "model.latent.ternary"}
+    (copy / "model" / "config.py").write_text("")
+    assert import_circle(copy) is None
 
 
 def test_every_folder_is_a_declared_layer():

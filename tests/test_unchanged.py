@@ -1,5 +1,6 @@
 """What users have must not change: every preset resolves to the training config it resolved to before
-presets were code, and the smoke demo and study give the measures and generations recorded then
+presets were code (recorded in 0.3's layout, every latent kind's section: read as runs/saved_config.py
+reads it), and the smoke demo and study give the measures and generations recorded then
 (tests/data/smoke-outputs.json, compared by test_demo.py and test_study.py)."""
 
 import json
@@ -12,6 +13,7 @@ from free_transformer.experiments.demo.presets import PRESETS as DEMO_PRESETS
 from free_transformer.experiments.demo.run import VARIANTS, demo_sweep
 from free_transformer.experiments.study.presets import PRESETS as STUDY_PRESETS
 from free_transformer.experiments.study.presets import StudyPlan
+from free_transformer.runs.saved_config import upgrade_saved_train_config
 from free_transformer.train.config import load_train_config, overrides_of
 
 DATA = Path(__file__).parent / "data"
@@ -39,13 +41,13 @@ def _jsonable(values):
 @pytest.mark.parametrize("key", sorted(RECORDED["demo"]))
 def test_every_demo_preset_resolves_to_its_recorded_config(key):
     preset, slug, seed = key.split("/")
-    assert _jsonable(_demo_config(preset, slug, int(seed))) == RECORDED["demo"][key]
+    assert _jsonable(_demo_config(preset, slug, int(seed))) == upgrade_saved_train_config(RECORDED["demo"][key])
 
 
 @pytest.mark.parametrize("key", sorted(RECORDED["study"]))
 def test_every_study_preset_resolves_to_its_recorded_config(key):
     preset, slug, seed = key.split("/")
-    assert _jsonable(_study_config(preset, slug, int(seed))) == RECORDED["study"][key]
+    assert _jsonable(_study_config(preset, slug, int(seed))) == upgrade_saved_train_config(RECORDED["study"][key])
 
 
 # The recorded floats are float32 results of training and measuring. Another CPU, thread count or BLAS build

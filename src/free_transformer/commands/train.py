@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..base.checks import ConfigError
 from ..train.config import config_yaml, load_train_config, settings_help
 from ..train.errors import TrainingError
 
@@ -14,7 +15,17 @@ EPILOG = """example (the paper's synthetic letters, a debug-size model, about a 
 
 SIGTERM or Ctrl-C saves a checkpoint at the next step and exits (143 / 130); --resume continues.
 
-""" + settings_help()
+"""
+
+
+def epilog(argv: list[str]) -> str:
+    """The help's end: the example and every setting, with the latent kind's own settings where the command
+    line names the kind (model.latent.kind=NAME)."""
+    kind = next((word.partition("=")[2] for word in reversed(argv) if word.startswith("model.latent.kind=")), None)
+    try:
+        return EPILOG + settings_help(kind)
+    except ConfigError as error:
+        return EPILOG + settings_help() + f" ({error})"
 
 
 def add_arguments(parser) -> None:

@@ -389,6 +389,7 @@ class HumanEval(Benchmark):
     extra tests no package ships; `humaneval_plus` runs them from a local EvalPlus file."""
 
     name, paper_name, category, kind, metric = "humaneval", "human_eval (base tests)", GENERATIVE, "code", "pass@1"
+    stands_in_for: str | None = "humaneval_plus"
     default_shots = 0
     max_new_tokens = 384
     stop = CODE_STOP
@@ -418,6 +419,7 @@ class HumanEval(Benchmark):
 @register
 class HumanEvalPlus(HumanEval):
     name, paper_name = "humaneval_plus", "human_eval_plus"
+    stands_in_for = None
     source = "local EvalPlus file"
     needs_file = (
         "HumanEval+'s extra tests are shipped by no installed package (evalplus downloads them at "
@@ -468,26 +470,6 @@ class MBPP(Benchmark):
         return str(row.get("task_id", index))
 
 
-DEFAULT_TASKS = [
-    "humaneval_plus",
-    "humaneval",
-    "mbpp",
-    "gsm8k",
-    "mmlu",
-    "csqa",
-    "hellaswag",
-    "winogrande",
-    "obqa",
-    "arc_challenge",
-    "arc_easy",
-    "piqa",
-    "race_high",
-    "race_middle",
-    "boolq",
-    "nq",
-    "tqa",
-]
-"""The paper's rows plus `humaneval`, which stands in for HumanEval+ when its extra tests are absent."""
 PAPER_TASKS = [
     "humaneval_plus",
     "mbpp",
@@ -506,7 +488,18 @@ PAPER_TASKS = [
     "nq",
     "tqa",
 ]
-"""The rows of the paper's Tables 1-3, in order."""
+"""The rows of the paper's Tables 1-3, in order: a fact of the paper, which `--tasks paper` names."""
+
+
+def all_tasks() -> list[str]:
+    """Every registered benchmark (`--tasks all`, `--list-tasks`, the reports' order): the paper's rows in its
+    tables' order, each followed by the benchmarks that stand in for it (`humaneval` after `humaneval_plus`),
+    then the others in the order they registered (those from outside the package)."""
+    names: list[str] = []
+    for row in PAPER_TASKS:
+        names += [row] if row in REGISTRY else []
+        names += [name for name, bench in REGISTRY.items() if bench.stands_in_for == row]
+    return names + [name for name in REGISTRY if name not in names]
 
 
 def get_benchmark(name: str) -> Benchmark:

@@ -31,18 +31,18 @@ class EvalSettingsError(UserError, ValueError):
 
 def task_names(spec: str) -> list[str]:
     """'arc_easy,boolq', 'all', 'paper', 'mc', 'generative' or 'none' -> task names, in order, once each."""
-    from .catalog import DEFAULT_TASKS, PAPER_TASKS, get_benchmark
+    from .catalog import PAPER_TASKS, all_tasks, get_benchmark
 
     if spec.strip() == "none":
         return []
     names: list[str] = []
     for part in [p.strip() for p in spec.split(",") if p.strip()]:
         if part == "all":
-            names += DEFAULT_TASKS
+            names += all_tasks()
         elif part == "paper":
             names += PAPER_TASKS
         elif part in ("mc", "generative"):
-            names += [t for t in DEFAULT_TASKS if (get_benchmark(t).kind == "mc") == (part == "mc")]
+            names += [t for t in all_tasks() if (get_benchmark(t).kind == "mc") == (part == "mc")]
         else:
             try:
                 get_benchmark(part)

@@ -67,6 +67,7 @@ class Benchmark:
     stop: tuple[str, ...] = ()  # generation stops at the first of these strings
     source: str = ""  # human-readable origin of the data and split
     needs_file: str | None = None  # not shipped by any package: why, and the expected format
+    stands_in_for: str | None = None  # the paper's row it replaces where that row's data are missing (listed after it)
 
     # ---- data ---------------------------------------------------------------------------------------
     def rows(self, data_file: Path | None) -> tuple[list[dict], list[dict] | None]:

@@ -19,9 +19,9 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from ..base.settings import field_default, field_docs, type_name
+from ..base.settings import field_default, field_docs, section_named_by, type_name
 from ..model.config import ModelConfig
-from ..runs.migrations import upgrade_saved_model_config
+from ..runs.saved_config import upgrade_saved_model_config
 
 # ModelConfig field -> its Hugging Face name, where Hugging Face's Llama spells it otherwise; every other
 # field keeps its name (a field of a section, `latent.kind`, is `latent_kind`).
@@ -53,8 +53,8 @@ class HFField:
 
 def hf_fields(source: type = ModelConfig) -> tuple[HFField, ...]:
     """The fields of `source` (ModelConfig or a dataclass like it) as the Hugging Face config holds them. A field
-    whose default is a dataclass (a section, `latent`) is flattened one level under its name; the sections within
-    it (a latent kind's own settings) are not fields here: the config carries the chosen one as a mapping."""
+    whose default is a dataclass (a section, `latent`) is flattened one level under its name; the chosen kind's
+    own settings within it are not fields here: the config carries them as one mapping, `latent_settings`."""
     out, docs = [], field_docs(source)
     for item in dataclasses.fields(source):
         default = field_default(item)
@@ -66,7 +66,7 @@ def hf_fields(source: type = ModelConfig) -> tuple[HFField, ...]:
         section_docs = field_docs(section)
         for inner in dataclasses.fields(default):
             inner_default = field_default(inner)
-            if not dataclasses.is_dataclass(inner_default):
+            if section_named_by(inner) is None and not dataclasses.is_dataclass(inner_default):
                 doc = section_docs.get(inner.name, "")
                 out.append(
                     HFField(f"{item.name}_{inner.name}", (item.name, inner.name), inner.type, inner_default, doc)

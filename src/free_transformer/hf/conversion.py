@@ -31,7 +31,8 @@ from ..model.layers import rope_tables
 from ..model.transformer import FreeTransformer
 from ..runs.checkpoint import CheckpointError, check_step, load_model, resolve_checkpoint, save_checkpoint
 from ..runs.memory import build_model, check_fits_memory
-from ..runs.migrations import split_state_dict, upgrade_saved_model_config, upgrade_state_dict
+from ..runs.migrations import split_state_dict, upgrade_state_dict
+from ..runs.saved_config import upgrade_saved_model_config
 from .configuration import FreeTransformerConfig
 from .export_defaults import CHAT_TEMPLATE_FILE, TOKEN_ID_KEYS, write_export_defaults
 from .modeling import FreeTransformerForCausalLM

@@ -5,38 +5,30 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..base.checks import ConfigError, check_range
 from ..base.presets import Presets
-from ..base.settings import build
+from ..base.settings import build, kind_section, resolve_kind_sections, to_dict
 
 
-@dataclass(frozen=True)
-class CategoricalSettings:
-    """The categorical kind's own settings (model.latent.kind=categorical)."""
+def latent_settings_type(kind: str) -> type | None:
+    """The settings dataclass that the latent kind `kind` declares beside its class (None for a kind without),
+    from the kinds' registry: a lookup when a config names the kind's settings or is checked, which loads
+    the kinds' modules (and torch); nothing here imports a kind."""
+    from .latent import latent_kind
 
-    classes: int = 4
-    """K, the classes of each of the H groups of Z_t (K^H values per token; K = 2 holds H bits)."""
-    temperature: float = 1.0
-    """The Gumbel-softmax temperature of the straight-through gradient (the sample itself is a Gumbel-max
-    draw, whatever the temperature): lower is closer to the one-hot, with a noisier gradient."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.classes, int) or isinstance(self.classes, bool) or self.classes < 2:
-            raise ConfigError(f"model.latent.categorical.classes must be an integer >= 2, got {self.classes!r}")
-        check_range("model.latent.categorical.temperature", self.temperature, low_open=True)
-
-
-# The package's latent kinds (model/latent registers them), named here torch-free for --help; a kind
-# registered by other code is accepted too (check_latent_kind reads the registry).
-LATENT_KIND_NAMES = ("binary_mapper", "bit_linear", "categorical", "gaussian")
+    try:
+        return latent_kind(kind).settings_type
+    except KeyError as error:
+        raise ConfigError(error.args[0]) from None
 
 
 @dataclass(frozen=True)
 class LatentConfig:
-    """How the latent path works (its size, latent_units, and place, latent_layer, are ModelConfig fields).
-    A kind with settings of its own reads them from the section named after it (`model.latent.<kind>.*`,
-    its space's `settings_type`); a new kind with settings is a new section here."""
+    """How the latent path works (its size, latent_units, and place, latent_layer, are ModelConfig fields): the
+    kind, and the settings of that kind only, `model.latent.<kind>.*`, typed by the settings dataclass the kind
+    registers with its class (docs/latent-variants.md)."""
 
     kind: str = "binary_mapper"
     """The form of Z_t and its map to the residual R: a kind registered with register_latent_kind (the
@@ -45,18 +37,14 @@ class LatentConfig:
     encoder_layers: int = 1
     """Non-causal encoder blocks (the paper: 1). The first takes its queries from zeta and its
     keys/values from the first half; each further one attends over the encoder's own stream."""
-    categorical: CategoricalSettings = field(default_factory=CategoricalSettings)
-    """The categorical kind's settings (read when model.latent.kind=categorical)."""
+    settings: Any = kind_section(latent_settings_type)
+    """The chosen kind's own settings (its settings dataclass), model.latent.<kind>.*; None for a kind without,
+    and for the kind's defaults until the config is checked (ModelConfig.check_latent_kind fills them in)."""
 
-    def section(self, kind: str | None = None):
-        """The settings of `kind` (by default the chosen one): its section, or None for a kind without."""
-        kind = kind or self.kind
-        return getattr(self, kind) if kind in latent_sections() else None
-
-
-def latent_sections() -> list[str]:
-    """The kinds with settings of their own: one section of LatentConfig each."""
-    return [f.name for f in dataclasses.fields(LatentConfig) if f.name not in ("kind", "encoder_layers")]
+    def section(self):
+        """The chosen kind's settings: those given, else its defaults (asks the registry); None for a kind
+        without."""
+        return resolve_kind_sections(self).settings
 
 
 @dataclass(frozen=True)
@@ -123,19 +111,22 @@ class ModelConfig:
             raise ConfigError(f"latent.encoder_layers must be a positive integer, got {layers!r}")
 
     def check_latent_kind(self) -> ModelConfig:
-        """The latent kind named and its limit on latent_units, from the kinds' registry. Not run when a config
-        is made: the registry holds the kinds' modules, which import torch, and a config is also made to be
-        described (`train --help`). TrainConfig.validate and FreeTransformer run it, before any model work."""
+        """This config with the latent kind's settings filled in (its defaults where none were given), once the
+        kind named, its settings and its limit on latent_units are checked against the kinds' registry. Not run
+        when a config is made: the registry holds the kinds' modules, which import torch, and a config is also
+        made to be described (`train --help`). TrainConfig.validate and FreeTransformer run it, before any
+        model work."""
         from .latent import LATENT_KINDS
 
         kind = self.latent.kind
         if kind not in LATENT_KINDS:
             raise ConfigError(f"unknown latent kind {kind!r}; choose one of {', '.join(sorted(LATENT_KINDS))}")
-        space, section = LATENT_KINDS[kind], self.latent.section()
-        if space.settings_type is not None and not isinstance(section, space.settings_type):
+        space, latent = LATENT_KINDS[kind], resolve_kind_sections(self.latent)
+        expected = space.settings_type
+        if (expected is None) != (latent.settings is None) or (expected and not isinstance(latent.settings, expected)):
+            given = type(latent.settings).__name__
             raise ConfigError(
-                f"latent kind {kind} has settings {space.settings_type.__name__}, but model.latent has "
-                f"no section {kind} of that type"
+                f"latent kind {kind} has settings {getattr(expected, '__name__', None)}, but model.latent holds {given}"
             )
         max_units = space.max_units
         if self.latent_units > max_units:
@@ -143,7 +134,7 @@ class ModelConfig:
                 f"latent_units must be an integer in [0, {max_units}] for latent kind {kind} (H "
                 f"{space.plural()}), got {self.latent_units!r}"
             )
-        return self
+        return self if latent is self.latent else self.replace(latent=latent)
 
     @property
     def head_dim(self) -> int:
@@ -178,7 +169,8 @@ class ModelConfig:
         )
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as a mapping, the latent kind's settings under its name (`latent.<kind>`)."""
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> ModelConfig:

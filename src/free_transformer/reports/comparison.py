@@ -14,7 +14,7 @@ from pathlib import Path
 from ..base.bounded import loads_json
 from ..base.units import LN2
 from ..eval import task_metrics
-from ..eval.catalog import DEFAULT_TASKS
+from ..eval.catalog import all_tasks
 
 # The paper's colours: |change| < 1% none, 1-10% light, >= 10% strong (LaTeX xcolor names).
 COLOURS = {"up": ("green!25", "green"), "down": ("red!10", "red!80")}
@@ -166,7 +166,7 @@ def build_rows(runs: list[dict], *, samples: int = 2000, seed: int = 0) -> list[
     base_run, others = runs[0], runs[1:]
     every = {t for r in runs for t in r["tasks"]}
     derived = {t for t in every if " " in t}  # `TASK pass@k`: after its task, by k
-    names = [t for t in DEFAULT_TASKS if t in every]
+    names = [t for t in all_tasks() if t in every]
     names += sorted(every - derived - set(names))
     names = [
         row

@@ -7,7 +7,7 @@ cross-entropy and the KL against kappa (the exploratory section: the KL goes und
 from __future__ import annotations
 
 from ..base.plotting import Line, Panel
-from ..eval.catalog import DEFAULT_TASKS
+from ..eval.catalog import all_tasks
 from ..train.metrics import read_metrics
 from .curves import Curve
 
@@ -17,7 +17,7 @@ def curve_panels(runs: list[Curve | None], axis: str = "step") -> list[Panel]:
     when measured, and the training cross-entropy and KL when the runs logged them. runs[0] is the
     baseline (black, its last third shaded); a run without a curve (None) keeps its colour unused."""
     curves = [c for c in runs if c is not None]
-    names = [t for t in DEFAULT_TASKS if any(t in e["tasks"] for c in curves for e in c.entries)]
+    names = [t for t in all_tasks() if any(t in e["tasks"] for c in curves for e in c.entries)]
     names += sorted({t for c in curves for e in c.entries for t in e["tasks"]} - set(names))
     panels = []
     for name in names:

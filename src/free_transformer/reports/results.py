@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 from ..base.fileio import atomic_write_text
-from ..eval.catalog import DEFAULT_TASKS
+from ..eval.catalog import all_tasks
 
 
 def _order(names) -> list[str]:
-    known = [t for t in DEFAULT_TASKS if t in names]
+    known = [t for t in all_tasks() if t in names]
     return known + sorted(n for n in names if n not in known)
 
 

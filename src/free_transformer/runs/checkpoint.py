@@ -45,7 +45,8 @@ from ..base.fileio import refuse_links, sha256_file, share_like_umask
 from ..model.config import ModelConfig
 from ..model.transformer import FreeTransformer
 from .memory import build_model
-from .migrations import upgrade_saved_model_config, upgrade_state_dict
+from .migrations import upgrade_state_dict
+from .saved_config import upgrade_saved_model_config
 from .steps import MAX_STEP, STEP_DIR
 
 CHECKSUMS = "SHA256SUMS"

@@ -1,11 +1,11 @@
-"""What earlier code wrote, read in today's names and layouts: the one adapter between a saved run and
-today's model. The checkpoint loaders (runs/checkpoint.py, distributed/sharded_checkpoint.py) and the
-Hugging Face loaders (hf/: from_pretrained's key_mapping, convert, the export's config) all call it; the
-model knows only its own names. Nothing here is removed by a release: a checkpoint once written stays
-loadable.
+"""What earlier code wrote, read in today's names and layouts: with runs/saved_config.py, its half for
+configs, the one adapter between a saved run and today's model. The checkpoint loaders (runs/checkpoint.py,
+distributed/sharded_checkpoint.py) and the Hugging Face loaders (hf/: from_pretrained's key_mapping, convert,
+the export's config) all call it; the model knows only its own names. Nothing here is removed by a release: a
+checkpoint once written stays loadable.
 
-- A saved model config (a checkpoint's config.json, an export's) in older field names:
-  `upgrade_saved_model_config` (SAVED_MODEL_RENAMED).
+- A saved config (a checkpoint's config.json, an export's, a run's config.yaml) in older field names and
+  layouts: runs/saved_config.py, which imports no torch (a config is read before any model work).
 - Tensors in two older layouts: the latent path as loose attributes (`encoder.*`, `zeta`, ...: renamed by
   LEGACY_LATENT_NAMES; tests/data/legacy-run holds such a run), and separate q/k/v and gate/up projections
   (checkpoints of that run, and Llama's weights: stacked by rows into the fused `qkv_proj` and
@@ -24,8 +24,6 @@ import torch
 from ..model.config import ModelConfig
 from ..model.layers import FUSED_PROJECTIONS, part_rows
 
-# A saved model config's older field names, old -> today's.
-SAVED_MODEL_RENAMED = {"latent_bits": "latent_units"}
 # A run's metrics.jsonl in older metric names, old -> today's.
 METRIC_RENAMED = {"val_kl_bits_per_bit": "val_kl_bits_per_unit", "dead_bits": "dead_units"}
 
@@ -37,23 +35,6 @@ LEGACY_LATENT_NAMES = {
     "encoder_readout.": "latent.readout.",
     "post_sampler.weight": "latent.mapper.weight",
 }
-
-
-def upgrade_saved_model_config(values: dict) -> dict:
-    """A copy of a saved model config (a checkpoint's, a Hugging Face export's) in today's field names,
-    for ModelConfig.from_dict. A field given under both names with two values is a one-line ValueError:
-    neither can be chosen in silence."""
-    values = dict(values)
-    for old, new in SAVED_MODEL_RENAMED.items():
-        if old in values:
-            value = values.pop(old)
-            if new in values and values[new] != value:
-                raise ValueError(
-                    f"{old} {value!r} and {new} {values[new]!r} are one field under its old and its new name, "
-                    f"with two values: keep {new} alone"
-                )
-            values.setdefault(new, value)
-    return values
 
 
 def _stem(name: str, suffix: str) -> str | None:

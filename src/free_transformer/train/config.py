@@ -16,7 +16,8 @@ from ..base.devices import Precision
 from ..base.units import bits_to_nats
 from ..data.config import DataConfig
 from ..eval.settings import EvalConfig
-from ..model.config import LATENT_KIND_NAMES, NAMED_CONFIGS, ModelConfig, named_config
+from ..model.config import NAMED_CONFIGS, LatentConfig, ModelConfig, named_config
+from ..runs.saved_config import upgrade_saved_train_config
 from ..runs.steps import MAX_STEP
 
 DEFAULT_SIZE = "cpu-small"  # the model of a config that names no size
@@ -175,7 +176,8 @@ class TrainConfig:
                 "score the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`"
             )
         self.eval.validate()
-        self.model.check_latent_kind()  # last: the kinds' registry imports torch, the checks above do not
+        # last: the kinds' registry imports torch, the checks above do not; the kind's settings filled in
+        self.model = self.model.check_latent_kind()
         return self
 
     def to_dict(self) -> dict:
@@ -201,7 +203,8 @@ def load_train_config(
 ) -> TrainConfig:
     """Defaults, then the YAML file, then the overrides. periodic_eval=False turns the `eval` section off
     (eval.every = 0), for a reader of a run that does not train it."""
-    layers = [read_config_file(path) if path is not None else {}, settings.parse_overrides(overrides or [])]
+    saved = upgrade_saved_train_config(read_config_file(path)) if path is not None else {}  # 0.3's layout: today's
+    layers = [saved, settings.parse_overrides(overrides or [])]
     values = settings.merge(*layers)
     model = values.get("model", {})
     if isinstance(model, dict):  # the fields given override the default size's
@@ -229,11 +232,21 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     if not overrides:
         return config
     update = settings.parse_overrides(overrides)
-    values = settings.merge(config.to_dict(), update)
+    base = config.to_dict()
+    if _latent_kind_named(update) not in (None, config.model.latent.kind):  # the replaced kind's settings go too
+        base["model"]["latent"].pop(config.model.latent.kind, None)
+    values = settings.merge(base, update)
     model = update.get("model")
     if isinstance(model, dict) and "size" in model:
         values["model"] = _sized({"latent_units": config.model.latent_units, **model}, {})
     return settings.build(TrainConfig, values).validate()
+
+
+def _latent_kind_named(values: dict):
+    """The latent kind a mapping of settings names (model.latent.kind), or None."""
+    model = values.get("model")
+    latent = model.get("latent") if isinstance(model, dict) else None
+    return latent.get("kind") if isinstance(latent, dict) else None
 
 
 def overrides_of(config: TrainConfig) -> list[str]:
@@ -256,13 +269,25 @@ def changed_settings(before: TrainConfig, after: TrainConfig) -> dict[str, list]
     return settings.changed(before, after)
 
 
-def settings_help() -> str:
+def settings_help(latent_kind: str | None = None) -> str:
     """Every setting with its default, type and docstring, by section, the top-level ones (the most used)
-    first (`train --help`)."""
-    described = [  # the latent kind, a name of the kinds' registry: its choices, as a closed set shows them
-        dataclasses.replace(item, type=" | ".join(LATENT_KIND_NAMES)) if item.path == "model.latent.kind" else item
-        for item in settings.describe(TrainConfig())
-    ]
+    first (`train --help`). The latent kind's own settings are those of `latent_kind` (`train
+    model.latent.kind=NAME --help`): that asks the kinds' registry, which loads the kinds (and torch), so the
+    plain help, of the default kind, leaves them and the kinds' names to that."""
+    config, kinds = TrainConfig(), "model.latent.kind=NAME --help: the latent kinds registered, and NAME's own settings"
+    described = settings.describe(config)
+    if latent_kind is not None:
+        from ..model.latent import LATENT_KINDS
+
+        latent = settings.resolve_kind_sections(LatentConfig(latent_kind))  # an unknown kind: a ConfigError
+        config.model = config.model.replace(latent=latent)
+        kinds = f"latent kinds registered: {', '.join(sorted(LATENT_KINDS))}"
+        described = [  # the kind, a name of the registry: its choices, as a closed set shows them
+            dataclasses.replace(item, type=" | ".join(sorted(LATENT_KINDS)))
+            if item.path == "model.latent.kind"
+            else item
+            for item in settings.describe(config)
+        ]
     size = settings.Setting(
         "model.size",
         " | ".join(NAMED_CONFIGS),
@@ -275,5 +300,5 @@ def settings_help() -> str:
     sections.insert(first_model, size)
     return (
         "settings (section.field=value, after the config file; the defaults below):\n"
-        f"{settings.help_text(top + sections)}"
+        f"{settings.help_text(top + sections)}\n\n{kinds}"
     )

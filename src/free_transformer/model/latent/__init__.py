@@ -2,14 +2,15 @@
 posterior sample with its KL, map to the residual R); the kinds registered by name: the binary ones
 (`binary.BinaryLatentSpace`: `binary_mapper`, the paper's, and `bit_linear`), `gaussian` and
 `categorical`. `sampling` holds the draws and the closed-form KL of bits; `sources` the resolved sources
-the model's forward takes; `plan.LatentPlan` the Z of each position, handed out call by call. It imports
-nothing of the package but `units` and the kinds' settings (`model.config`, torch-free); the module that
-holds them together in a model, `LatentPath`, is `free_transformer.model.latent_path`."""
+the model's forward takes; `plan.LatentPlan` the Z of each position, handed out call by call. Each kind's
+module declares its settings beside its class (`settings_type`); nothing here imports `model.config`, which
+asks this registry for a kind's settings. The module that holds them together in a model, `LatentPath`, is
+`free_transformer.model.latent_path`."""
 
 from .binary import BinaryLatentSpace
 from .binary_mapper import BinaryMapper, binary_mapper_project, project_latents
 from .bit_linear import BitLinear
-from .categorical import CategoricalLatent
+from .categorical import CategoricalLatent, CategoricalSettings
 from .gaussian import GaussianLatent
 from .plan import LatentPlan
 from .sampling import (
@@ -27,7 +28,15 @@ from .sampling import (
     sample_bits,
 )
 from .sources import LatentSource
-from .space import LATENT_KINDS, LatentSpace, LinearMap, build_latent_space, latent_kind, register_latent_kind
+from .space import (
+    LATENT_KINDS,
+    LatentSpace,
+    LinearMap,
+    build_latent_space,
+    latent_kind,
+    register_latent_kind,
+    with_first_entry,
+)
 
 __all__ = [
     "LATENT_KINDS",
@@ -35,6 +44,7 @@ __all__ = [
     "BinaryMapper",
     "BitLinear",
     "CategoricalLatent",
+    "CategoricalSettings",
     "GaussianLatent",
     "Generators",
     "LatentPlan",
@@ -57,4 +67,5 @@ __all__ = [
     "register_latent_kind",
     "sample_bit_values",
     "sample_bits",
+    "with_first_entry",
 ]

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ...base.units import LN2
 from .sampling import Generators, at_least_float32, code_log_probabilities, fill_rows_, index_to_bits, kl_per_bit
-from .space import LatentSpace
+from .space import LatentSpace, with_first_entry
 
 
 class BinaryLatentSpace(LatentSpace):
@@ -57,3 +57,6 @@ class BinaryLatentSpace(LatentSpace):
                 f"latent indices must lie in [0, 2^{self.units}), got min {int(values.min())} max {int(values.max())}"
             )
         return values.to(torch.int64)
+
+    def outside_values(self, values: Tensor) -> list[Tensor]:
+        return with_first_entry(values, -1, 2**self.units)

@@ -14,15 +14,32 @@ gradient (Jang et al. 2017), tau in `model.latent.categorical.temperature`. At K
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import CategoricalSettings
+from ...base.checks import ConfigError, check_range
 from .sampling import Generators, at_least_float32, fill_rows_, rand_rows
-from .space import LatentSpace, register_latent_kind
+from .space import LatentSpace, register_latent_kind, with_first_entry
+
+
+@dataclass(frozen=True)
+class CategoricalSettings:
+    """The categorical kind's own settings, model.latent.categorical.* (read when model.latent.kind=categorical)."""
+
+    classes: int = 4
+    """K, the classes of each of the H groups of Z_t (K^H values per token; K = 2 holds H bits)."""
+    temperature: float = 1.0
+    """The Gumbel-softmax temperature of the straight-through gradient (the sample itself is a Gumbel-max
+    draw, whatever the temperature): lower is closer to the one-hot, with a noisier gradient."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.classes, int) or isinstance(self.classes, bool) or self.classes < 2:
+            raise ConfigError(f"model.latent.categorical.classes must be an integer >= 2, got {self.classes!r}")
+        check_range("model.latent.categorical.temperature", self.temperature, low_open=True)
 
 
 @register_latent_kind("categorical")
@@ -89,6 +106,9 @@ class CategoricalLatent(LatentSpace):
                 f"latent classes must lie in [0, {self.classes}), got min {int(values.min())} max {int(values.max())}"
             )
         return values.to(torch.int64)
+
+    def outside_values(self, values: Tensor) -> list[Tensor]:
+        return with_first_entry(values, -1, self.classes)
 
     def reset_parameters(self, std: float) -> None:
         nn.init.normal_(self.weight, std=std / math.sqrt(self.units))  # R sums H embeddings of unit scale

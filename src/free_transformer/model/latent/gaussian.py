@@ -11,13 +11,14 @@ The free-bits hinge applies to the token's KL exactly as for the binary kinds. H
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from .sampling import Generators, at_least_float32, fill_rows_
-from .space import LinearMap, register_latent_kind
+from .space import LinearMap, register_latent_kind, with_first_entry
 
 
 @register_latent_kind("gaussian")
@@ -78,3 +79,6 @@ class GaussianLatent(LinearMap):
         if not bool(values.isfinite().all()):
             raise ValueError("latents of kind gaussian must be finite")
         return values.to(self.value_dtype)
+
+    def outside_values(self, values: Tensor) -> list[Tensor]:
+        return with_first_entry(values, math.nan, math.inf, -math.inf)

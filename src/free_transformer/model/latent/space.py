@@ -16,6 +16,7 @@ R is (..., D). KLs are in nats, per token.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import ClassVar
 
@@ -26,14 +27,21 @@ from torch import Tensor, nn
 from .sampling import Generators
 
 LATENT_KINDS: dict[str, type[LatentSpace]] = {}
+RESERVED_NAMES = ("kind", "encoder_layers", "settings")  # model.latent's own fields: not a kind's section name
 
 
 def register_latent_kind(name: str):
-    """Class decorator: make a LatentSpace available as `model.latent.kind=name`."""
+    """Class decorator: make a LatentSpace available as `model.latent.kind=name`, with the settings dataclass
+    its class declares (`settings_type`) as `model.latent.<name>.*`. A kind outside the package registers when
+    its module is imported (for the command line: FREE_TRANSFORMER_PLUGINS, base/plugins.py)."""
+    if not name.isidentifier() or name in RESERVED_NAMES:
+        raise ValueError(f"a latent kind's name must be an identifier other than {', '.join(RESERVED_NAMES)}: {name!r}")
 
     def register(cls: type[LatentSpace]) -> type[LatentSpace]:
         if name in LATENT_KINDS:
             raise ValueError(f"latent kind {name!r} is already registered ({LATENT_KINDS[name].__name__})")
+        if cls.settings_type is not None and not dataclasses.is_dataclass(cls.settings_type):
+            raise ValueError(f"latent kind {name!r}: settings_type must be a dataclass, got {cls.settings_type!r}")
         cls.kind = name
         LATENT_KINDS[name] = cls
         return cls
@@ -43,13 +51,16 @@ def register_latent_kind(name: str):
 
 def latent_kind(name: str) -> type[LatentSpace]:
     if name not in LATENT_KINDS:
-        raise KeyError(f"unknown latent kind {name!r}; registered: {', '.join(sorted(LATENT_KINDS))}")
+        raise KeyError(
+            f"unknown latent kind {name!r}; registered: {', '.join(sorted(LATENT_KINDS))} (a kind of your own "
+            "registers when its module is imported: FREE_TRANSFORMER_PLUGINS=MODULE for the command line)"
+        )
     return LATENT_KINDS[name]
 
 
 class LatentSpace(nn.Module):
     """Base of the latent kinds: Z_t of H units (`units`, the config's latent_units) mapped to R of size
-    `dim`, with the kind's own settings (`settings_type`, a section of LatentConfig named after the kind).
+    `dim`, with the kind's own settings (`settings_type`, `model.latent.<kind>.*`).
     Subclasses set the class attributes and implement the methods that raise here; `compile_backward`
     only where their backward runs an eager chunk loop."""
 
@@ -70,8 +81,8 @@ class LatentSpace(nn.Module):
     of kl_per_unit and each unit's KL means something on its own (the per-unit KL and dead-unit reports).
     A kind with dependent units sets False, overrides `kl`, and gets no per-unit report."""
     settings_type: ClassVar[type | None] = None
-    """The dataclass of the kind's own settings, `model.latent.<kind>.<field>` (free_transformer.model.config
-    declares it torch-free, as a LatentConfig section named after the kind), or None for a kind without."""
+    """The dataclass of the kind's own settings, declared beside the class: `model.latent.<kind>.<field>` in
+    the config (ModelConfig's latent section holds the chosen kind's), or None for a kind without."""
 
     def __init__(self, units: int, dim: int, settings=None):
         super().__init__()
@@ -151,6 +162,12 @@ class LatentSpace(nn.Module):
         value_shape, and each value lies in the space. Reads them on the host: for entry points."""
         raise NotImplementedError
 
+    def outside_values(self, values: Tensor) -> list[Tensor]:
+        """Copies of `values` (of the space, (..., *value_shape)) each with one entry of the right dtype moved
+        outside the space, at each of its ends: what `check_values` must refuse (the contract test asks each
+        kind, whose space only it knows)."""
+        raise NotImplementedError
+
     # ---- parameters ---------------------------------------------------------------------------
 
     def reset_parameters(self, std: float) -> None:
@@ -167,9 +184,19 @@ class LatentSpace(nn.Module):
         raise NotImplementedError
 
 
+def with_first_entry(values: Tensor, *entries: float) -> list[Tensor]:
+    """Copies of `values`, each with its first entry replaced by one of `entries` (for `outside_values`)."""
+    out = []
+    for entry in entries:
+        copy = values.clone()
+        copy.view(-1)[0] = entry
+        out.append(copy)
+    return out
+
+
 def build_latent_space(kind: str, units: int, dim: int, settings=None) -> LatentSpace:
-    """The registered kind's space: with its settings (the LatentConfig section named after it) when it has
-    any; a kind without settings is built from (units, dim) alone."""
+    """The registered kind's space: with its settings (`model.latent.<kind>`) when it has any; a kind without
+    settings is built from (units, dim) alone."""
     space = latent_kind(kind)
     return space(units, dim) if space.settings_type is None else space(units, dim, settings)
 
