@@ -56,7 +56,7 @@ def letters(run: str, prompts: int, sizes: list[int], seed: int) -> list[str]:
 
 def coins(run: str, prompts: int, samples: int, prefix: int, seed: int) -> list[str]:
     model, saved = load_model(run)
-    coin = saved["data"]["coinflip"]
+    coin = saved["train"]["data"]["coinflip"]  # the run's training config, as the checkpoint keeps it
     sequences = coinflip_batch(prompts, coin["length"], coin["epsilon"], torch.Generator().manual_seed(seed))
     # the hidden coins: coinflip_batch's first draw, made again from the same seed
     hidden = torch.randint(0, 2, (prompts, 1), generator=torch.Generator().manual_seed(seed))[:, 0].tolist()

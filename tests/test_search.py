@@ -128,7 +128,9 @@ def test_the_synthetic_search_script_measures_both_tasks(tmp_path):
     letters = tiny_checkpoint(tmp_path, "letters", 4, max_seq_len=72)
     coins = tiny_checkpoint(tmp_path, "coins", 4)
     model, _ = __import__("free_transformer").load_model(coins)
-    save_checkpoint(coins, 1, model, {"tokenizer": "byte", "data": {"coinflip": {"length": 8, "epsilon": 0.3}}})
+    save_checkpoint(
+        coins, 1, model, {"tokenizer": "byte", "train": {"data": {"coinflip": {"length": 8, "epsilon": 0.3}}}}
+    )
     script = Path(__file__).parents[1] / "scripts" / "search_synthetic.py"
     for args, expected in (
         (["letters", str(letters), "--prompts", "3", "--sizes", "1,2"], "N=2: "),
