@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from common import add_machine_arguments, describe_machine, setup_machine, sync
+from common import add_machine_arguments, describe_machine, median_ratio, setup_machine, sync
+from targets import TARGETS, write_figure
 
 import free_transformer
 from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
@@ -48,6 +49,8 @@ VARIANTS = ("engine", "bare")
 # The prior's name as every version of the model's forward takes it (LatentChoice.PRIOR's value), so that the
 # bare loop runs unchanged on an older checkout (--baseline-src).
 PRIOR = "prior"
+# The size whose ratios --figures writes (bench/targets.py: engine-b1-vs-bare, engine-b16-vs-bare).
+FIGURES_PRESET = "paper-1.5b"
 
 
 @dataclass
@@ -118,7 +121,8 @@ class Bench:
         self.models: dict[str, tuple[FreeTransformer, ForwardTimer]] = {}
         for preset in args.presets:
             torch.manual_seed(0)
-            model = FreeTransformer(named_config(preset)).to(device=device, dtype=torch_dtype(args.dtype)).eval()
+            with torch.device(device):  # initialised where it runs (a paper-size model on the host takes minutes)
+                model = FreeTransformer(named_config(preset)).to(torch_dtype(args.dtype)).eval()
             self.models[preset] = (model, ForwardTimer(model, device))
         self.generator = torch.Generator(device=device)
 
@@ -193,6 +197,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp32", help="weights and KV cache dtype")
     parser.add_argument("--baseline-src", type=Path, help="another checkout's src folder, measured beside this one")
+    parser.add_argument(
+        "--figures",
+        metavar="PATH",
+        help=f"append the ratios at {FIGURES_PRESET}, B=1 and 16 (bench/targets.py) to PATH",
+    )
     parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works (tests)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -247,37 +256,42 @@ def main() -> None:
     report(args, cases, {key: values[1:] for key, values in samples.items()}, list(sides))
 
 
+def ms_per_step(samples: list[Sample], steps: int, part: str = "wall") -> float:
+    """The median ms per step of `samples`: of the whole call ("wall"), inside the model, or outside it."""
+    values = [{"wall": s.wall, "model": s.model, "outside": s.wall - s.model}[part] for s in samples]
+    return 1000 * statistics.median(values) / steps
+
+
+def wall_ratio(numerator: list[Sample], denominator: list[Sample]) -> float:
+    return median_ratio([s.wall for s in numerator], [s.wall for s in denominator])
+
+
 def report(args: argparse.Namespace, cases: list[tuple], samples: dict[tuple, list[Sample]], sides: list[str]) -> None:
     steps = args.new_tokens
     print(f"ms per step, medians of {args.rounds} interleaved rounds (ratio: median of the per-round ratios)")
-    header = (
-        f"{'preset':>9} {'B':>3} | {'engine':>7} {'bare':>7} {'ratio':>6} | in the model: {'engine':>7} {'bare':>7}"
-    )
-    header += f" | outside: {'engine':>7} {'bare':>7}"
+    header = f"{'preset':>10} {'B':>3} | {'engine':>7} {'bare':>7} {'ratio':>6} | in the model: {'engine':>7} "
+    header += f"{'bare':>7} | outside: {'engine':>7} {'bare':>7}"
     if len(sides) > 1:
         header += f" | other code: {'engine':>7} {'bare':>7} {'engine/other':>12}"
     print(header)
     for preset, batch in cases:
-
-        def ms(variant: str, part: str = "wall", key: tuple = (preset, batch)) -> str:
-            values = [
-                {"wall": s.wall, "model": s.model, "outside": s.wall - s.model}[part] for s in samples[(*key, variant)]
-            ]
-            return f"{1000 * statistics.median(values) / steps:7.3f}"
-
-        def ratio(numerator: str, denominator: str, key: tuple = (preset, batch)) -> str:
-            pairs = zip(samples[(*key, numerator)], samples[(*key, denominator)])
-            return f"{statistics.median(n.wall / d.wall for n, d in pairs):5.2f}x"
-
-        line = f"{preset:>9} {batch:>3} | {ms('engine')} {ms('bare')} {ratio('engine', 'bare')} |"
-        line += f"{'':>14} {ms('engine', 'model')} {ms('bare', 'model')} |{'':>9} {ms('engine', 'outside')}"
-        line += f" {ms('bare', 'outside')}"
+        of = {variant: samples[(preset, batch, variant)] for variant in (side + v for side in sides for v in VARIANTS)}
+        engine_vs_bare = wall_ratio(of["engine"], of["bare"])
+        line = (
+            f"{preset:>10} {batch:>3} | {ms_per_step(of['engine'], steps):7.3f} {ms_per_step(of['bare'], steps):7.3f}"
+        )
+        line += f" {engine_vs_bare:5.2f}x | {'':>13} "
+        line += " ".join(f"{ms_per_step(of[v], steps, 'model'):7.3f}" for v in VARIANTS) + f" | {'':>8} "
+        line += " ".join(f"{ms_per_step(of[v], steps, 'outside'):7.3f}" for v in VARIANTS)
         if len(sides) > 1:
-            line += f" |{'':>12} {ms('other engine')} {ms('other bare')} {ratio('engine', 'other engine'):>12}"
+            line += f" | {'':>11} " + " ".join(f"{ms_per_step(of['other ' + v], steps):7.3f}" for v in VARIANTS)
+            line += f" {wall_ratio(of['engine'], of['other engine']):11.2f}x"
         print(line)
-        calls = {samples[(preset, batch, side + variant)][0].calls for side in sides for variant in VARIANTS}
+        calls = {values[0].calls for values in of.values()}
         if calls != {steps}:  # a forward the timer did not see (inside a compiled graph): "in the model" is not valid
-            print(f"{'':>14}note: the model's forward was timed {sorted(calls)} times a call, not {steps}")
+            print(f"{'':>15}note: the model's forward was timed {sorted(calls)} times a call, not {steps}")
+        if preset == FIGURES_PRESET and f"engine-b{batch}-vs-bare" in TARGETS:
+            write_figure(args.figures, f"engine-b{batch}-vs-bare", engine_vs_bare, f"{preset} {args.dtype}, eager")
 
 
 if __name__ == "__main__":
