@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from common import add_machine_arguments, describe_machine, median_ratio, setup_machine, sync
+from common import add_machine_arguments, add_smoke_argument, describe_machine, median_ratio, setup_machine, sync
 from targets import TARGETS, write_figure
 
 import free_transformer
@@ -202,7 +202,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="PATH",
         help=f"append the ratios at {FIGURES_PRESET}, B=1 and 16 (bench/targets.py) to PATH",
     )
-    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works (tests)")
+    add_smoke_argument(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
