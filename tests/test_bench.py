@@ -62,3 +62,14 @@ def test_every_bench_script_runs_at_a_tiny_size(script: str, smoke_runs: dict[st
 @pytest.mark.parametrize(("script", "options", "why"), EXTRA, ids=[f"{s}{' '.join(o)}" for s, o, _ in EXTRA])
 def test_the_slow_parts_of_a_bench_script_run_at_a_tiny_size(script: str, options: tuple[str, ...], why: str):
     check(smoke(script, *options), script)
+
+
+def test_the_engine_bench_measures_another_checkout_beside_this_one(tmp_path):
+    run = smoke("engine.py", "--baseline-src", str(ROOT / "src"))  # this checkout against itself, in two workers
+    check(run, "engine.py")
+    assert f"other code: {ROOT / 'src' / 'free_transformer'}" in run.stdout
+    rows = [line for line in run.stdout.splitlines() if line.split()[:1] == ["debug"]]
+    assert len(rows) == 2 and all(line.endswith("x") and line.count("|") == 4 for line in rows), run.stdout
+    missing = smoke("engine.py", "--baseline-src", str(tmp_path))
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines() == [f"--baseline-src {tmp_path}: no free_transformer package there"]
