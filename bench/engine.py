@@ -114,7 +114,8 @@ def bare_loop(model: FreeTransformer, prompts: torch.Tensor, new_tokens: int, ge
 
 
 class Bench:
-    """The models, prompts and timers of one package, and one timed call of a variant."""
+    """The models and forward timers of one package, and one timed call of a variant (its B prompts drawn from a
+    generator seeded with B: the same rows in every call, in this package and another's)."""
 
     def __init__(self, args: argparse.Namespace, device: torch.device):
         self.device, self.new_tokens, self.prompt_len = device, args.new_tokens, args.prompt_len
@@ -187,7 +188,7 @@ def serve_requests(bench: Bench) -> None:
         print(json.dumps(asdict(bench.call(preset, batch, variant))), flush=True)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_machine_arguments(parser)
     parser.add_argument("--presets", nargs="+", default=["debug", "cpu-small"], help="named model sizes")
@@ -204,7 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_smoke_argument(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     if args.smoke:
         args.presets, args.batch, args.prompt_len, args.new_tokens, args.rounds = ["debug"], [1, 2], 4, 3, 1
     return args
