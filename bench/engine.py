@@ -121,9 +121,11 @@ class Bench:
         self.device, self.new_tokens, self.prompt_len = device, args.new_tokens, args.prompt_len
         self.models: dict[str, tuple[FreeTransformer, ForwardTimer]] = {}
         for preset in args.presets:
+            config = named_config(preset)  # its context stretched to the positions asked for (RoPE tables only)
+            config = config.replace(max_seq_len=max(config.max_seq_len, args.prompt_len + args.new_tokens - 1))
             torch.manual_seed(0)
             with torch.device(device):  # initialised where it runs (a paper-size model on the host takes minutes)
-                model = FreeTransformer(named_config(preset)).to(torch_dtype(args.dtype)).eval()
+                model = FreeTransformer(config).to(torch_dtype(args.dtype)).eval()
             self.models[preset] = (model, ForwardTimer(model, device))
         self.generator = torch.Generator(device=device)
 
