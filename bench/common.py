@@ -26,6 +26,7 @@ from free_transformer.model.config import ModelConfig
 MIN_SAMPLE_S = 0.05  # a timing sample repeats the step until it lasts at least this long
 MIB = 2**20
 M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's malloc.h
+SMOKE_MATMUL, SMOKE_COPY_BYTES = 256, 2**24  # the machine's limits measured small under --smoke
 
 
 def sync(device: torch.device) -> None:
@@ -187,16 +188,22 @@ def describe_machine(device: torch.device) -> str:
 
 
 def matmul_limits_gflops(
-    device: torch.device, *, bandwidth: bool = False, precisions: tuple[str, ...] = ("fp32", "bf16")
+    device: torch.device,
+    *,
+    bandwidth: bool = False,
+    precisions: tuple[str, ...] = ("fp32", "bf16"),
+    smoke: bool = False,
 ) -> dict[str, float]:
     """The machine's matmul GFLOP/s in each of `precisions`, measured now (see matmul_flops_per_second), and
     with bandwidth=True its copy bandwidth in GB/s under "copy_gbps" (see copy_bandwidth_gbps). "size"
     records the matmul's side. (A CPU without bf16 instructions takes minutes over one bf16 2048^3 matmul:
-    a benchmark of fp32 steps asks for fp32 alone.)"""
-    limits = {name: matmul_flops_per_second(device, torch_dtype(name)) / 1e9 for name in precisions}
-    limits["size"] = matmul_size(device)
+    a benchmark of fp32 steps asks for fp32 alone.) smoke: a 256^3 matmul and a 16 MiB copy, one round each
+    (a --smoke run's figures, which nothing reads)."""
+    size, rounds = (SMOKE_MATMUL, 1) if smoke else (matmul_size(device), 5)
+    limits = {name: matmul_flops_per_second(device, torch_dtype(name), size, rounds) / 1e9 for name in precisions}
+    limits["size"] = size
     if bandwidth:
-        limits["copy_gbps"] = copy_bandwidth_gbps(device)
+        limits["copy_gbps"] = copy_bandwidth_gbps(device, SMOKE_COPY_BYTES if smoke else None, rounds)
     return limits
 
 
@@ -229,6 +236,13 @@ def add_machine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=torch.get_num_threads(),
         help="CPU threads; on a loaded machine 1 avoids stalls at the threads' barriers",
+    )
+
+
+def add_smoke_argument(parser: argparse.ArgumentParser) -> None:
+    """--smoke, as every script of bench/ takes it: tests/test_bench.py runs each one so, to see that it still runs."""
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny size and one round, seconds long: checks that the script runs"
     )
 
 

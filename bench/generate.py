@@ -68,6 +68,7 @@ import torch
 from common import (
     add_machine_arguments,
     add_model_arguments,
+    add_smoke_argument,
     describe_limits,
     describe_machine,
     describe_size,
@@ -387,7 +388,13 @@ def main():
         "--figures", metavar="PATH", help="append the GPU targets' figures (bench/targets.py) to PATH as JSON lines"
     )
     add_machine_arguments(parser)
+    add_smoke_argument(parser)
     args = parser.parse_args()
+    if args.smoke:  # parts a, b and c unless --parts says (d compiles with Inductor: a minute on a CPU)
+        args.dim, args.layers, args.heads, args.kv_heads, args.ffn, args.vocab, args.bits = 32, 2, 2, 1, 64, 64, 4
+        args.prompt_len, args.batch, args.new_tokens, args.recompute_tokens = 4, [1], 4, 4
+        args.rounds = args.recompute_rounds = args.step_rounds = args.instances = 1
+        args.parts = args.parts or ["a", "b", "c"]
     if args.instances < 1:
         parser.error("--instances must be at least 1")
     if args.untuned and "d" in (args.parts or ()):
@@ -411,7 +418,7 @@ def main():
     element_bytes = torch_dtype(args.dtype).itemsize
 
     print(describe_machine(device))
-    limits = matmul_limits_gflops(device, bandwidth=True)
+    limits = matmul_limits_gflops(device, bandwidth=True, smoke=args.smoke)
     print(describe_limits(limits))
     print(
         f"{describe_size(args)}{' (' + args.size + ')' if args.size else ''} "

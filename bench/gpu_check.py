@@ -185,6 +185,32 @@ STEPS: tuple[Step, ...] = (
         "offline generate(compile=True) at B=16, 64 tokens each",
     ),
     Step(
+        "engine",
+        90,
+        45,
+        (
+            "{python}",
+            "bench/engine.py",
+            "--device",
+            "cuda",
+            "--presets",
+            "cpu-small",
+            "paper-1.5b",
+            "--dtype",
+            "bf16",
+            "--batch",
+            "1",
+            "16",
+            "--rounds",
+            "3",
+            "--figures",
+            "{figures}",
+        ),
+        reads=("engine-b1-vs-bare", "engine-b16-vs-bare"),
+        what="eager generate() against a bare loop of the model's forwards, B=1 and 16, 96 new tokens: the host "
+        "time a decoding step spends outside the model",
+    ),
+    Step(
         "decode-tuned",
         300,
         120,
@@ -564,6 +590,11 @@ def _has(command: str) -> bool:
     return any(os.access(os.path.join(d, command), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep))
 
 
+def scripts_here() -> list[str]:
+    """The scripts of bench/, as a step's command names them."""
+    return [f"bench/{name}" for name in os.listdir(os.path.join(ROOT, "bench")) if name.endswith(".py")]
+
+
 def count_files(directory: str) -> int:
     return sum(len(files) for _, _, files in os.walk(directory))
 
@@ -583,6 +614,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="print the steps the budget allows, with their limits, and exit (any machine)",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="--plan, then exit 1 unless every script a step runs is in the checkout (any machine)",
+    )
     args = parser.parse_args(argv)
     if args.budget <= 0:
         parser.error("--budget must be a positive number of seconds")
@@ -591,8 +627,12 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown step {', '.join(unknown)} (steps: {' '.join(s.name for s in STEPS)})")
     steps = tuple(s for s in STEPS if args.only is None or s.name in args.only)
-    if args.plan:
+    if args.plan or args.smoke:
         print_plan(steps, args.budget)
+        missing = sorted({part for s in steps for part in s.command if part.endswith(".py")} - set(scripts_here()))
+        if args.smoke and missing:
+            print(f"gpu-check: steps run scripts that are not in the checkout: {', '.join(missing)}", file=sys.stderr)
+            return 1
         return 0
     python = os.environ.get("PYTHON") or sys.executable
     probe = subprocess.run(

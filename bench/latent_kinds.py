@@ -24,6 +24,7 @@ import statistics
 from common import (
     add_machine_arguments,
     add_model_arguments,
+    add_smoke_argument,
     describe_limits,
     describe_machine,
     describe_size,
@@ -50,10 +51,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    add_smoke_argument(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.dim, args.layers, args.heads, args.kv_heads, args.ffn, args.vocab = 32, 2, 2, 1, 64, 64
+        args.bits, args.seq_len, args.batch, args.rounds = [4], 8, 2, 1
     device = setup_machine(args)
     print(describe_machine(device))
-    limits = matmul_limits_gflops(device)
+    limits = matmul_limits_gflops(device, smoke=args.smoke)
     print(describe_limits(limits))
     print(describe_size(args) + f"; T={args.seq_len} B={args.batch} {args.dtype}")
 

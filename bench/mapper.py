@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from common import (
     MIB,
     add_machine_arguments,
+    add_smoke_argument,
     describe_limits,
     describe_machine,
     interleaved_times,
@@ -186,9 +187,12 @@ def main():
         "--figures", metavar="PATH", help="append the GPU target's figure (bench/targets.py) to PATH as a JSON line"
     )
     add_machine_arguments(parser)
+    add_smoke_argument(parser)
     args = parser.parse_args()
     device = setup_machine(args)
-    if args.quick:
+    if args.smoke:
+        grid, args.repeats = [(4, 64, 16)], 1
+    elif args.quick:
         grid = GPU_GRID if device.type == "cuda" else QUICK_GRID
     else:
         grid = FULL_GRID + (GPU_GRID if device.type == "cuda" else [])
@@ -199,7 +203,7 @@ def main():
         f"{describe_machine(device)}, rounds: {rounds}, precision {args.precision}"
         f"{', compiled chunks' if args.compile else ''}"
     )
-    limits = matmul_limits_gflops(device)
+    limits = matmul_limits_gflops(device, smoke=args.smoke)
     print(describe_limits(limits))
     print(
         f"target at H={TARGET_BITS}, N={TARGET_TOKENS}: fused >= {TARGET_SPEEDUP:g}x faster, "

@@ -28,6 +28,7 @@ import contextlib
 import weakref
 
 import torch
+from common import add_smoke_argument
 from step import (
     BATCH,
     DEMO,
@@ -133,7 +134,10 @@ def main():
         help="also the plain cross-entropy over the logits of every token (return_logits=True)",
     )
     parser.add_argument("--check", action="store_true", help="first compare the count on real and fake tensors")
+    add_smoke_argument(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.size, args.layers, args.bits, args.batch, args.seq_len, args.check = "narrow", 2, [4, 0], 2, 16, True
     batch = args.batch or (PAPER_BATCH if args.size == PAPER else BATCH)
     seq_len = args.seq_len or (PAPER_SEQ_LEN if args.size == PAPER else SEQ_LEN)
     if args.check:

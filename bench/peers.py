@@ -19,7 +19,7 @@ Built to match (x-transformers keywords in brackets):
                [enc_depth = 1, only_cross: a cross-attention + feed-forward block], then a final norm
                and a linear read-out to H bit-logits
   latent       H bits, one Z_t per token, R = post-sampler(Z) added to the keys/values input of block
-               L/2 + 1 only                          [latent_units, self_attn_kv_residuals]
+               L/2 + 1 only                          [latent_bits, self_attn_kv_residuals]
 Parameter counts then agree to 0.2% (x-transformers has a bias on the GLU input projection).
 
 What differs and cannot be matched by its options:
@@ -63,6 +63,7 @@ from common import (
     MIB,
     add_machine_arguments,
     add_model_arguments,
+    add_smoke_argument,
     describe_limits,
     describe_machine,
     describe_size,
@@ -113,7 +114,7 @@ def build_x_transformers(config: ModelConfig):
         ff_mult=config.ffn_hidden / config.dim,
         ff_no_bias=True,
         rotary_emb_dim=config.head_dim,
-        latent_units=config.latent_units,
+        latent_bits=config.latent_units,
         kl_loss_threshold=KAPPA_NATS,
         verbose=False,
     )
@@ -210,11 +211,15 @@ def main():
         help="on CUDA, append the GPU targets' figures (bench/targets.py) to PATH as JSON lines",
     )
     add_machine_arguments(parser)
+    add_smoke_argument(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.dim, args.layers, args.heads, args.kv_heads, args.ffn, args.vocab = 32, 2, 2, 1, 64, 64
+        args.bits, args.seq_len, args.batch, args.rounds = [4], 16, 2, 1
     device = setup_machine(args)
 
     print(describe_machine(device))
-    limits = matmul_limits_gflops(device)
+    limits = matmul_limits_gflops(device, smoke=args.smoke)
     print(describe_limits(limits))
     print(f"{describe_size(args)} T={args.seq_len} B={args.batch}, {args.precision}, {args.rounds} rounds")
     targets = TARGETS["cuda" if device.type == "cuda" else "cpu"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import add_machine_arguments, describe_machine, setup_machine, sync
+from common import add_machine_arguments, add_smoke_argument, describe_machine, setup_machine, sync
 from generate import PROMPT_LEN, build_model, compile_untuned
 from step import BATCH, PAPER, PAPER_BATCH, PAPER_SEQ_LEN, SEQ_LEN, build, make_batch, model_config, train_step
 from torch.autograd import DeviceType
@@ -122,7 +122,10 @@ def main() -> None:
     )
     parser.add_argument("--top", type=int, default=20, help="operators listed per table")
     parser.add_argument("--parts", default="train,decode", help="train, decode or both (comma-separated)")
+    add_smoke_argument(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.bits, args.batch, args.seq_len, args.decode_batch, args.new_tokens = 4, 2, 16, [1], 4
     paper = args.size == PAPER
     args.batch = args.batch or (PAPER_BATCH if paper else BATCH)
     args.seq_len = args.seq_len or (PAPER_SEQ_LEN if paper else SEQ_LEN)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import add_smoke_argument
 
 from free_transformer.model.config import named_config
 from free_transformer.model.transformer import FreeTransformer
@@ -33,10 +34,10 @@ TARGET = 0.75
 PROMPTS, NEW_TOKENS = 96, 48
 
 
-def prompt_files(directory: Path) -> dict[str, Path]:
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    mixed = [(letters * 4)[: 2 * (k // 2 + 1)] for k in range(PROMPTS)]  # 48 lengths, 2..96, each twice
-    same = [(letters * 2)[:49]] * PROMPTS
+def prompt_files(directory: Path, prompts: int) -> dict[str, Path]:
+    letters = "abcdefghijklmnopqrstuvwxyz" * (prompts // 26 + 1)
+    mixed = [letters[: 2 * (k // 2 + 1)] for k in range(prompts)]  # prompts / 2 lengths, 2..prompts, each twice
+    same = [letters[: prompts // 2 + 1]] * prompts  # their mean
     files = {"mixed": directory / "mixed.txt", "same": directory / "same.txt", "start-up": directory / "one.txt"}
     for name, lines in (("mixed", mixed), ("same", same), ("start-up", ["ab"])):
         files[name].write_text("\n".join(lines) + "\n")
@@ -47,7 +48,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the commands (default: torch's)")
+    add_smoke_argument(parser)
     args = parser.parse_args()
+    prompts, new_tokens = (8, 4) if args.smoke else (PROMPTS, NEW_TOKENS)
+    args.rounds = 1 if args.smoke else args.rounds
     env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
     with tempfile.TemporaryDirectory() as folder:
         directory = Path(folder)
@@ -55,11 +59,11 @@ def main() -> None:
         save_checkpoint(
             directory / "model", 1, FreeTransformer(named_config("cpu-small", max_seq_len=256)), {"tokenizer": "byte"}
         )
-        files = prompt_files(directory)
+        files = prompt_files(directory, prompts)
         times: dict[str, list[float]] = {name: [] for name in files}
         for _ in range(args.rounds):
             for name, path in files.items():
-                new = 1 if name == "start-up" else NEW_TOKENS
+                new = 1 if name == "start-up" else new_tokens
                 command = [
                     sys.executable,
                     "-m",

@@ -28,6 +28,7 @@ import functools
 import math
 import os
 import statistics
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -39,6 +40,7 @@ from common import (
     MIB,
     add_machine_arguments,
     add_model_arguments,
+    add_smoke_argument,
     describe_limits,
     describe_machine,
     describe_size,
@@ -67,7 +69,7 @@ class NaiveBinaryMapper(BinaryMapper):
 
     def sample(self, bit_logits, generator=None):
         lead = bit_logits.shape[:-1]
-        r, index = naive_mapper_project(bit_logits.reshape(-1, self.bits), self.weight, generator)
+        r, index = naive_mapper_project(bit_logits.reshape(-1, self.units), self.weight, generator)
         return r.reshape(*lead, -1), index.reshape(lead)  # (B, T, D), (B, T)
 
 
@@ -219,12 +221,18 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per point")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("scaling.png"))
     add_machine_arguments(parser)
+    add_smoke_argument(parser)
     args = parser.parse_args()
+    if args.smoke:  # the plot goes to a folder removed when main returns, not over the committed one
+        args.dim, args.layers, args.heads, args.kv_heads, args.ffn, args.vocab = 32, 2, 2, 1, 64, 64
+        args.seq_lens, args.seq_bits, args.bits, args.bits_seq_len, args.rounds = [16], 4, [4], 16, 1
+        scratch = tempfile.TemporaryDirectory()
+        args.out = Path(scratch.name) / "scaling.png"
     device = setup_machine(args)
     base = model_config(args)
 
     print(describe_machine(device))
-    limits = matmul_limits_gflops(device)
+    limits = matmul_limits_gflops(device, smoke=args.smoke)
     print(describe_limits(limits))
     print(f"{describe_size(args)} B={args.batch}, float32, {args.rounds} rounds")
     seq_rows = sweep("T", args.seq_lens, lambda t: base.replace(max_seq_len=t, latent_units=args.seq_bits), args)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import torch
+from common import add_smoke_argument
 
 from free_transformer.model.config import named_config
 from free_transformer.model.transformer import FreeTransformer
@@ -205,7 +206,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--compile", action="store_true", help="serve --compile on, and generate(compile=True)")
     parser.add_argument("--figures", metavar="PATH", help="append serve-b16-vs-offline to PATH (bench/targets.py)")
+    add_smoke_argument(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.clients, args.tokens, args.rounds, args.long_tokens, args.queued, args.context = 2, 4, 1, 16, (2, 2), 128
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as directory:

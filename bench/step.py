@@ -54,6 +54,7 @@ import torch
 from common import (
     MIB,
     add_machine_arguments,
+    add_smoke_argument,
     describe_limits,
     describe_machine,
     interleaved_times,
@@ -327,6 +328,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="L=8 only (H in {8, 16}), 3 rounds")
     parser.add_argument("--repeats", type=int, help="timing rounds per config (default 5, 3 with --quick)")
     add_machine_arguments(parser)
+    add_smoke_argument(parser)
     parser.add_argument(
         "--dtype",
         dest="precision",
@@ -401,6 +403,8 @@ def main():
         if args.bits:
             grid = [(h, n_layers) for n_layers in sorted({n for _, n in grid}) for h in args.bits]
     rounds = args.repeats or (3 if args.quick else 5)
+    if args.smoke:  # the narrow width at L=2, H=4
+        grid, rounds, args.seq_len, args.batch = [(4, 2)], 1, 16, 2
     device = setup_machine(args)
     tokens_per_step = args.seq_len * args.batch
 
@@ -422,7 +426,7 @@ def main():
         )
     if args.shared_decoder:
         print("the baseline shares the Free Transformer's decoder weights and optimizer (see the docstring)")
-    limits = matmul_limits_gflops(device, precisions=(args.precision,))
+    limits = matmul_limits_gflops(device, precisions=(args.precision,), smoke=args.smoke)
     print(describe_limits(limits))
     if args.compare_loss:
         for n_bits, n_layers in grid:

@@ -81,6 +81,9 @@ TARGETS: dict[str, Target] = {
     "decode-compile-warm": Target("decoding: the same for a second model of the same shapes", "s"),
     "decode-step-b1-roof-tuned": Target("decoding step alone B=1, coordinate-descent tuned: roofline share", "%"),
     "decode-step-b1-roof-untuned": Target("decoding step alone B=1, untuned: roofline share", "%"),
+    # bench/engine.py --presets paper-1.5b --dtype bf16: eager generate() / a bare loop of the model's forwards
+    "engine-b1-vs-bare": Target("eager decoding B=1: the engine / a bare loop of forwards, time", "x"),
+    "engine-b16-vs-bare": Target("eager decoding B=16: the engine / a bare loop of forwards, time", "x"),
 }
 
 

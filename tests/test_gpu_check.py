@@ -77,6 +77,16 @@ def test_plan_from_the_script_on_a_machine_without_a_gpu():
     assert re.search(r"^\s+(\d+) s in all", lines[-1]) and int(lines[-1].split()[0]) <= 480
 
 
+def test_smoke_finds_every_steps_script_and_fails_on_a_renamed_one(monkeypatch, capsys):
+    assert gpu_check.main(["--smoke"]) == 0
+    renamed = gpu_check.Step("renamed", 60, 30, ("{python}", "bench/renamed.py"))
+    monkeypatch.setattr(gpu_check, "STEPS", (*gpu_check.STEPS, renamed))
+    assert gpu_check.main(["--smoke"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gpu-check: steps run scripts that are not in the checkout: bench/renamed.py"
+    )
+
+
 def test_a_budget_that_is_not_positive_or_an_unknown_step_is_one_line_and_exit_2(capsys):
     for argv in (["--budget", "0", "--plan"], ["--only", "nope", "--plan"]):
         with pytest.raises(SystemExit) as stop:

@@ -1,0 +1,301 @@
+"""The decoding engine against a bare loop of its model's forwards: what a step costs beyond the model.
+
+Two ways to sample the same rows and tokens from one random model (`--presets`, named sizes), B rows of a
+`--prompt-len`-token prompt, `--new-tokens` new tokens each, temperature 1, no filter, no stop token:
+- **engine**: `free_transformer.generate()` (the decoding engine, eager), one seed per row;
+- **bare**: the model's own forwards and nothing else: a prefill of the prompts into a KV cache (Z from the
+  encoder, as generate's default), then one token a step from the cache (Z from the prior), each next token
+  `torch.multinomial` of the softmax of the last logits, one generator for the batch, nothing read back.
+
+A step is one call of the model (the prefill is the first): a call of either variant takes `--new-tokens` of
+them. Every call of the model's forward is timed (its `forward` wrapped: on a CPU with the host's clock, on
+CUDA by events recorded around it, read after the call), so each variant's wall time splits into the model's
+time and the rest, the host time a step spends outside the model's call (on CUDA: the wall time in which the
+device is not running the model). Both variants are timed in interleaved rounds in one process after one
+warm-up call each; printed: each median ms per step, the median of the per-round ratios engine / bare, and
+each variant's ms per step outside the model.
+
+--baseline-src PATH runs the same measurement on another checkout's package (a `src` folder, e.g. a
+`git worktree` of an older commit) beside this one's: two worker processes, one per package, take turns
+call by call, and the table adds the other code's engine and the ratio engine / other engine.
+
+    PYTHONPATH=src python bench/engine.py [--presets debug cpu-small] [--batch 1 16 64] [--prompt-len 32]
+                                          [--new-tokens 96] [--rounds 5] [--threads T] [--device cpu|cuda]
+                                          [--dtype fp32|bf16] [--baseline-src PATH] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from common import add_machine_arguments, add_smoke_argument, describe_machine, median_ratio, setup_machine, sync
+from targets import TARGETS, write_figure
+
+import free_transformer
+from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
+from free_transformer.model.config import named_config
+from free_transformer.model.transformer import FreeTransformer
+
+VARIANTS = ("engine", "bare")
+# The prior's name as every version of the model's forward takes it (LatentChoice.PRIOR's value), so that the
+# bare loop runs unchanged on an older checkout (--baseline-src).
+PRIOR = "prior"
+# The size whose ratios --figures writes (bench/targets.py: engine-b1-vs-bare, engine-b16-vs-bare).
+FIGURES_PRESET = "paper-1.5b"
+
+
+@dataclass
+class Sample:
+    """One timed call: its wall time, the time inside the model's forward, and the forward's calls."""
+
+    wall: float
+    model: float
+    calls: int
+
+
+class ForwardTimer:
+    """Times every call of one model's forward (the instance's `forward` wrapped, so that `model(...)` and
+    `model.forward(...)` are both seen, whatever calls them). On CUDA a pair of events is recorded around
+    each call and read after the timed call (no synchronisation inside it)."""
+
+    def __init__(self, model: FreeTransformer, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.spans: list[tuple] = []
+        forward = model.forward
+
+        def timed(*args, **kwargs):
+            start = self._mark()
+            out = forward(*args, **kwargs)
+            self.spans.append((start, self._mark()))
+            return out
+
+        model.forward = timed  # type: ignore[method-assign]
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self) -> float:
+        """The time inside the forward since the last call of `seconds` (read after the device synchronised)."""
+        spans, self.spans = self.spans, []
+        if self.cuda:
+            return sum(start.elapsed_time(end) for start, end in spans) / 1000
+        return sum(end - start for start, end in spans)
+
+    def calls(self) -> int:
+        return len(self.spans)
+
+
+@torch.no_grad()
+def bare_loop(model: FreeTransformer, prompts: torch.Tensor, new_tokens: int, generator: torch.Generator):
+    """(B, new_tokens) tokens sampled with the model's forwards alone: prefill, then one token a step."""
+    B, P = prompts.shape
+    cache = model.new_cache(B, capacity=P + new_tokens - 1)
+    logits = model(prompts, cache=cache, generator=generator).logits[:, -1]  # (B, V), Z from the encoder
+    tokens = []
+    for step in range(new_tokens):
+        token = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=generator)  # (B, 1)
+        tokens.append(token)
+        if step + 1 < new_tokens:
+            logits = model(token, latents=PRIOR, cache=cache, generator=generator).logits[:, -1]
+    return torch.cat(tokens, 1)
+
+
+class Bench:
+    """The models and forward timers of one package, and one timed call of a variant (its B prompts drawn from a
+    generator seeded with B: the same rows in every call, in this package and another's)."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device):
+        self.device, self.new_tokens, self.prompt_len = device, args.new_tokens, args.prompt_len
+        self.models: dict[str, tuple[FreeTransformer, ForwardTimer]] = {}
+        for preset in args.presets:
+            config = named_config(preset)  # its context stretched to the positions asked for (RoPE tables only)
+            config = config.replace(max_seq_len=max(config.max_seq_len, args.prompt_len + args.new_tokens - 1))
+            torch.manual_seed(0)
+            with torch.device(device):  # initialised where it runs (a paper-size model on the host takes minutes)
+                model = FreeTransformer(config).to(torch_dtype(args.dtype)).eval()
+            self.models[preset] = (model, ForwardTimer(model, device))
+        self.generator = torch.Generator(device=device)
+
+    def call(self, preset: str, batch: int, variant: str) -> Sample:
+        model, timer = self.models[preset]
+        generator = torch.Generator().manual_seed(batch)
+        prompts = torch.randint(0, model.config.vocab_size, (batch, self.prompt_len), generator=generator)
+        prompts = prompts.to(self.device)
+        sync(self.device)
+        timer.seconds()
+        started = time.perf_counter()
+        if variant == "engine":
+            config = free_transformer.GenerationConfig(max_new_tokens=self.new_tokens)
+            tokens = free_transformer.generate(model, prompts, config, seeds=list(range(batch))).tokens
+        else:
+            tokens = bare_loop(model, prompts, self.new_tokens, self.generator.manual_seed(0)).tolist()
+        sync(self.device)
+        wall = time.perf_counter() - started
+        calls = timer.calls()
+        assert [len(row) for row in tokens] == [self.new_tokens] * batch, "every row decodes every new token"
+        return Sample(wall, timer.seconds(), calls)
+
+
+class Worker:
+    """This script run as `--worker` on another package: one JSON request a line in, one Sample a line out."""
+
+    def __init__(self, src: Path, argv: list[str]):
+        env = {**os.environ, "PYTHONPATH": str(src)}
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.package = self._read()["package"]
+
+    def _read(self) -> dict:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"the worker on {self.process.args} ended (exit status {self.process.wait()})")
+        return json.loads(line)
+
+    def call(self, preset: str, batch: int, variant: str) -> Sample:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps([preset, batch, variant]) + "\n")
+        self.process.stdin.flush()
+        return Sample(**self._read())
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def serve_requests(bench: Bench) -> None:
+    """The worker's loop: announce the package, then answer each request until stdin closes."""
+    print(json.dumps({"package": str(Path(free_transformer.__file__).parent)}), flush=True)
+    for line in sys.stdin:
+        preset, batch, variant = json.loads(line)
+        print(json.dumps(asdict(bench.call(preset, batch, variant))), flush=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_machine_arguments(parser)
+    parser.add_argument("--presets", nargs="+", default=["debug", "cpu-small"], help="named model sizes")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64], help="rows decoded together")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp32", help="weights and KV cache dtype")
+    parser.add_argument("--baseline-src", type=Path, help="another checkout's src folder, measured beside this one")
+    parser.add_argument(
+        "--figures",
+        metavar="PATH",
+        help=f"append the ratios at {FIGURES_PRESET}, B=1 and 16 (bench/targets.py) to PATH",
+    )
+    add_smoke_argument(parser)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.smoke:
+        args.presets, args.batch, args.prompt_len, args.new_tokens, args.rounds = ["debug"], [1, 2], 4, 3, 1
+    return args
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The options a worker needs to build the same models and prompts."""
+    return [
+        *("--device", args.device, "--threads", str(args.threads), "--dtype", args.dtype),
+        *("--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--presets", *args.presets),
+    ]
+
+
+def main() -> None:
+    args = parse_args()
+    device = setup_machine(args)
+    if args.worker:
+        serve_requests(Bench(args, device))
+        return
+    print(describe_machine(device))
+    print(
+        f"presets {', '.join(args.presets)}; B in {args.batch}; prompts of {args.prompt_len} tokens, "
+        f"{args.new_tokens} new tokens (steps: the prefill and {args.new_tokens - 1} one-token steps); {args.dtype}"
+    )
+    sides: dict[str, Bench | Worker]
+    if args.baseline_src is None:
+        sides = {"": Bench(args, device)}
+    else:
+        if not (args.baseline_src / "free_transformer" / "__init__.py").is_file():
+            raise SystemExit(f"--baseline-src {args.baseline_src}: no free_transformer package there")
+        here = Path(free_transformer.__file__).parent.parent
+        sides = {"": Worker(here, worker_argv(args)), "other ": Worker(args.baseline_src, worker_argv(args))}
+        for name, side in sides.items():
+            print(f"{name or 'this '}code: {side.package}")  # type: ignore[union-attr]
+    cases = [(preset, batch) for preset in args.presets for batch in args.batch]
+    samples: dict[tuple, list[Sample]] = {}
+    try:
+        for _ in range(args.rounds + 1):  # the first round warms up
+            for preset, batch in cases:
+                for name, side in sides.items():
+                    for variant in VARIANTS:
+                        samples.setdefault((preset, batch, name + variant), []).append(
+                            side.call(preset, batch, variant)
+                        )
+    finally:
+        for side in sides.values():
+            if isinstance(side, Worker):
+                side.close()
+    report(args, cases, {key: values[1:] for key, values in samples.items()}, list(sides))
+
+
+def ms_per_step(samples: list[Sample], steps: int, part: str = "wall") -> float:
+    """The median ms per step of `samples`: of the whole call ("wall"), inside the model, or outside it."""
+    values = [{"wall": s.wall, "model": s.model, "outside": s.wall - s.model}[part] for s in samples]
+    return 1000 * statistics.median(values) / steps
+
+
+def wall_ratio(numerator: list[Sample], denominator: list[Sample]) -> float:
+    return median_ratio([s.wall for s in numerator], [s.wall for s in denominator])
+
+
+def report(args: argparse.Namespace, cases: list[tuple], samples: dict[tuple, list[Sample]], sides: list[str]) -> None:
+    steps = args.new_tokens
+    print(f"ms per step, medians of {args.rounds} interleaved rounds (ratio: median of the per-round ratios)")
+    header = f"{'preset':>10} {'B':>3} | {'engine':>7} {'bare':>7} {'ratio':>6} | in the model: {'engine':>7} "
+    header += f"{'bare':>7} | outside: {'engine':>7} {'bare':>7}"
+    if len(sides) > 1:
+        header += f" | other code: {'engine':>7} {'bare':>7} {'engine/other':>12}"
+    print(header)
+    for preset, batch in cases:
+        of = {variant: samples[(preset, batch, variant)] for variant in (side + v for side in sides for v in VARIANTS)}
+        engine_vs_bare = wall_ratio(of["engine"], of["bare"])
+        line = (
+            f"{preset:>10} {batch:>3} | {ms_per_step(of['engine'], steps):7.3f} {ms_per_step(of['bare'], steps):7.3f}"
+        )
+        line += f" {engine_vs_bare:5.2f}x | {'':>13} "
+        line += " ".join(f"{ms_per_step(of[v], steps, 'model'):7.3f}" for v in VARIANTS) + f" | {'':>8} "
+        line += " ".join(f"{ms_per_step(of[v], steps, 'outside'):7.3f}" for v in VARIANTS)
+        if len(sides) > 1:
+            line += f" | {'':>11} " + " ".join(f"{ms_per_step(of['other ' + v], steps):7.3f}" for v in VARIANTS)
+            line += f" {wall_ratio(of['engine'], of['other engine']):11.2f}x"
+        print(line)
+        calls = {values[0].calls for values in of.values()}
+        if calls != {steps}:  # a forward the timer did not see (inside a compiled graph): "in the model" is not valid
+            print(f"{'':>15}note: the model's forward was timed {sorted(calls)} times a call, not {steps}")
+        if preset == FIGURES_PRESET and f"engine-b{batch}-vs-bare" in TARGETS:
+            write_figure(args.figures, f"engine-b{batch}-vs-bare", engine_vs_bare, f"{preset} {args.dtype}, eager")
+
+
+if __name__ == "__main__":
+    main()

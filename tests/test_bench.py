@@ -1,0 +1,81 @@
+"""Every script of bench/ runs: each one found there (a file with a `__main__` block) is run with --smoke, a tiny
+size and one round, so that a renamed setting or module breaks a test rather than the next person's
+measurement. A new script is run by default; one without --smoke fails here.
+
+The runs are slow to start (torch, and some spawn processes or a server), so they run side by side, as many at
+once as the machine has cores, started when the first of these tests asks; each test reads its own script's."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(path.name for path in (ROOT / "bench").glob("*.py") if "__main__" in path.read_text(encoding="utf-8"))
+# (script, extra options, why): smoke runs beyond each script's plain --smoke
+EXTRA = [("generate.py", ("--parts", "d"), "part (d) compiles the decoding step with Inductor: 10-60 s on a CPU")]
+TIMEOUT_S = 600
+
+
+def smoke(script: str, *options: str) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [sys.executable, str(ROOT / "bench" / script), "--smoke", *options]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request):
+    """{script: its --smoke run}, the scripts of the selected tests started at once on a pool of the machine's
+    cores."""
+    selected = [
+        item.callspec.params["script"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_every_bench_script_runs_at_a_tiny_size"
+    ]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        yield {script: pool.submit(smoke, script) for script in selected}
+
+
+def check(run: subprocess.CompletedProcess, script: str) -> None:
+    missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", run.stderr)
+    if run.returncode and missing and missing.group(1).partition(".")[0] not in ("free_transformer", "common"):
+        pytest.skip(f"bench/{script} needs {missing.group(1)} (pip install -e '.[bench]')")
+    output = f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, f"bench/{script} --smoke exited {run.returncode}:\n{output}"
+
+
+def test_bench_holds_scripts_and_each_script_is_found():
+    assert {"engine.py", "generate.py", "peers.py", "serve.py"} <= set(SCRIPTS)
+    assert "common.py" not in SCRIPTS  # a module the scripts import, run through them
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_bench_script_runs_at_a_tiny_size(script: str, smoke_runs: dict[str, Future]):
+    check(smoke_runs[script].result(), script)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "options", "why"), EXTRA, ids=[f"{s}{' '.join(o)}" for s, o, _ in EXTRA])
+def test_the_slow_parts_of_a_bench_script_run_at_a_tiny_size(script: str, options: tuple[str, ...], why: str):
+    check(smoke(script, *options), script)
+
+
+def test_the_engine_bench_measures_another_checkout_beside_this_one(tmp_path):
+    run = smoke("engine.py", "--baseline-src", str(ROOT / "src"))  # this checkout against itself, in two workers
+    check(run, "engine.py")
+    assert f"other code: {ROOT / 'src' / 'free_transformer'}" in run.stdout
+    rows = [line for line in run.stdout.splitlines() if line.split()[:1] == ["debug"]]
+    assert len(rows) == 2 and all(line.endswith("x") and line.count("|") == 4 for line in rows), run.stdout
+    missing = smoke("engine.py", "--baseline-src", str(tmp_path))
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines() == [f"--baseline-src {tmp_path}: no free_transformer package there"]
