@@ -23,6 +23,7 @@ import torch
 
 from ..model.config import ModelConfig
 from ..model.layers import FUSED_PROJECTIONS, part_rows
+from .saved_config import SAVED_MODEL_RENAMED, upgrade_saved_model_config  # noqa: F401 (0.3's import path)
 
 # A run's metrics.jsonl in older metric names, old -> today's.
 METRIC_RENAMED = {"val_kl_bits_per_bit": "val_kl_bits_per_unit", "dead_bits": "dead_units"}
