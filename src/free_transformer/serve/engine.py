@@ -53,8 +53,8 @@ class Plan:
     rows: list[RowSpec]
     stops: list[str]
     prompt_tokens: int  # every prompt's tokens, each counted once
-    n: int = 1  # completions returned per prompt
-    best_of: int = 1  # rows decoded per prompt, at least n
+    n: int  # completions returned per prompt
+    best_of: int  # rows decoded per prompt, at least n
 
     @property
     def completions(self) -> int:
