@@ -227,6 +227,34 @@ def test_interactive_samples_equal_the_command_with_the_same_settings(checkpoint
     ]
 
 
+def test_interactive_best_of_and_vary_print_what_the_command_prints(checkpoint, capsys, monkeypatch):
+    """/best-of and /vary set what --best-of and --vary set; a best_of below n is refused in /best-of's words."""
+    script = "\n".join(["/n 1", "/seed 4", "/best-of 3", "/vary latent", "K>", "/best-of 0", "/vary z", "/quit"])
+    out, errors = _interact(monkeypatch, capsys, checkpoint, script, "--max-new-tokens", "6", "--format", "jsonl")
+    expected = _alone(
+        capsys,
+        checkpoint,
+        ["K>"],
+        "--max-new-tokens",
+        "6",
+        "--format",
+        "jsonl",
+        "-n",
+        "1",
+        "--seed",
+        "4",
+        "--best-of",
+        "3",
+        "--vary",
+        "latent",
+    )
+    assert out == expected and json.loads(out[0])["scores"] and len(json.loads(out[0])["scores"]) == 3
+    assert errors == [
+        "error: /best-of must be >= 1, got 0",
+        "error: /vary must be one of both, latent, tokens, got 'z'",
+    ]
+
+
 def test_interactive_starts_from_the_options_and_leaves_cleanly(checkpoint, capsys, monkeypatch):
     """Without commands the first prompt is `generate --prompt` with the same options; the end of stdin
     (Ctrl-D) and Ctrl-C leave with status 0; a prompt the model refuses is one line, not the end."""

@@ -7,7 +7,7 @@ from conftest import tiny_model
 
 from free_transformer import GenerationConfig, best_of
 from free_transformer.inference import engine as engine_module
-from free_transformer.inference.search import highest, mean_logprobs
+from free_transformer.inference.search import highest, mean_logprobs, ranking
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8]]
 SAMPLED = GenerationConfig(max_new_tokens=6, temperature=1.0)
@@ -55,6 +55,7 @@ def test_a_custom_scorer_is_called_once_per_candidate_and_decides():
 
 def test_ties_go_to_the_earlier_candidate():
     assert highest([1.0, 3.0, 3.0, 2.0]) == 1 and highest([0.0, 0.0]) == 0
+    assert ranking([1.0, 3.0, 3.0, 2.0]) == [1, 2, 3, 0]
 
 
 def test_candidates_run_as_rows_of_one_engine_batch(monkeypatch):

@@ -48,7 +48,9 @@ def add_arguments(parser) -> None:
         help="text: one sample per line, the prompt and its continuation, with the escapes of --stop "
         "written (\\n \\t \\r \\0, and a backslash as \\\\), a prompt's samples together, prompts "
         "in order; jsonl (the format to parse): one JSON object per sample with "
-        "the keys prompt, sample (the continuation alone), index (the prompt's), seed and latents",
+        "the keys prompt, sample (the continuation alone), index (the prompt's), seed and latents; with "
+        "best-of candidates (--best-of above -n, or --vary other than both) also vary, candidate (its index), "
+        "score (its mean token log-probability) and scores (every candidate's)",
     )
     parser.add_argument(
         "--batch-size",

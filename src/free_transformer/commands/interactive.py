@@ -186,6 +186,10 @@ def _stop(settings: SamplingParams, field: str, argument: str, is_free: bool) ->
     return dataclasses.replace(settings, stop=() if argument == "off" else (*settings.stop, unescape(argument)))
 
 
+def _vary(settings: SamplingParams, field: str, argument: str, is_free: bool) -> SamplingParams:
+    return dataclasses.replace(settings, vary=argument)  # type: ignore[arg-type]  # a name: SamplingParams checks it
+
+
 # the commands that do more than set their field; whether the model has a Z decides what a baseline refuses
-SPECIAL_SETTERS = {"latents": _latents, "reference": _reference, "stop": _stop}
+SPECIAL_SETTERS = {"latents": _latents, "reference": _reference, "stop": _stop, "vary": _vary}
 COMMANDS = {command: name for name, command in spelt_fields(SamplingParams, "command").items()}  # "/top-k": "top_k"

@@ -99,6 +99,9 @@ class Sampler:
         seed, _ = params.seeds()
         decode, stops = self.tokenizer.decode, list(params.stop)
         prompt_chars = [len(decode(prompt.ids)) for prompt in prompts]
+        if params.searched:
+            self._best_of(texts, [prompt.ids for prompt in prompts], params, first_index)
+            return
         rows = sample_prompts(
             self.model,
             prompts,
@@ -127,6 +130,48 @@ class Sampler:
                     ),
                     flush=True,
                 )
+
+    def _best_of(self, texts: list[str], ids: list[list[int]], params: SamplingParams, first_index: int) -> None:
+        """Every prompt's best_of candidates, decoded as rows of one engine batch (inference.search.best_of), and
+        the n printed: with best_of above n those of the highest mean token log-probability, best first; else
+        every candidate in order. JSON lines add the candidate's index, its score and every candidate's."""
+        from ..inference.search import best_of, ranking
+        from ..inference.stops import cut_at_stop, stop_check
+
+        seed, _ = params.seeds()
+        decode, stops = self.tokenizer.decode, list(params.stop)
+        found = best_of(
+            self.model,
+            ids,
+            params.candidates,
+            params.generation_config(params.max_new_tokens),
+            vary=params.vary,
+            seed=seed,
+            latents=params.latents,
+            should_stop=stop_check(decode, stops),
+            compile=self.compile,
+            batch_size=self.batch_size,
+        )
+        for p, scores in enumerate(found.scores):
+            shown = ranking(scores)[: params.n] if params.candidates > params.n else range(params.candidates)
+            start = len(decode(ids[p]))
+            for k in shown:
+                text = cut_at_stop(decode(ids[p] + found.tokens[p][k]), stops, start)
+                if self.format == "text":
+                    print(escape(text), flush=True)
+                    continue
+                line = {
+                    "prompt": texts[p],
+                    "sample": text[start:],
+                    "index": first_index + p,
+                    "seed": found.seeds[p][k],
+                    "latents": params.latents,
+                    "vary": params.vary,
+                    "candidate": k,
+                    "score": scores[k],
+                    "scores": scores,
+                }
+                print(json.dumps(line, ensure_ascii=False), flush=True)
 
     def prepare(self, texts: list[str], params: SamplingParams, labels: list[str] | None = None) -> list[Prompt]:
         """The prompts tokenized, checked against the model's context and given their Z (`prepare_prompts`);

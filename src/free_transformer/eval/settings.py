@@ -13,16 +13,13 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Literal
 
 from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, as_context
 from ..data.corpora import is_named, named_corpus, read_heldout
+from ..inference.params import Variation
 from .sandbox import SandboxLimits
-
-# What differs between the generations of one prompt (EvalConfig.vary).
-SampleVariation = Literal["both", "latent", "tokens"]
 
 
 class EvalSettingsError(UserError, ValueError):
@@ -112,7 +109,7 @@ class EvalConfig:
     """K latent draws per multiple-choice question, combined as log mean_k P(choice | Z_k)."""
     generation_samples: int = 1
     """Generations per prompt n: em / pass@1 is their mean, and pass@k and maj@k are given for every k <= n."""
-    vary: SampleVariation = "both"
+    vary: Variation = "both"
     """What differs between a prompt's generations (docs/test-time-search.md): both (each its own Z and its own
     token noise), latent (each its own Z, one token-noise stream: the spread Z alone gives) or tokens (one Z
     for all, each its own token noise; needs a temperature above 0)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from ..base.latent_choice import LatentChoice
 
@@ -20,6 +21,11 @@ DEFAULT_NEW_TOKENS = 64  # max_new_tokens left unset: this many, or fewer where 
 MAX_INT = 2**63 - 1  # every integer setting is an int64 on the device (top_k) or in torch.Generator (seeds)
 MAX_SEED = MAX_INT
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (as vLLM does): logits / 1e-39 would overflow
+
+
+# What differs between the samples (or best-of candidates) of one prompt (free_transformer.inference.search).
+Variation = Literal["both", "latent", "tokens"]
+VARIATIONS: tuple[str, ...] = get_args(Variation)
 
 
 def new_token_room(prompt_length: int, context: int) -> int:
@@ -182,6 +188,14 @@ class SamplingParams(Sampling):
     latents reference)."""
     latent_seed: int | None = field(default=None, metadata=spelt("latent_seed", flag=None, command=None))
     """The seed of the one draw of latents shared and reference (unset: seed)."""
+    best_of: int | None = field(default=None, metadata=spelt("best_of", hf=None, metavar="N"))
+    """Candidates of each prompt, at least n: with more than n, the n of the highest mean token log-probability
+    under their own Z are returned, best first (OpenAI's best_of; docs/test-time-search.md) (unset: n, every
+    sample returned)."""
+    vary: Variation = field(default="both", metadata=spelt("vary", hf=None))
+    """Free Transformer: what differs between the samples of one prompt. both: Z and token noise; latent: Z
+    only (one token-noise stream); tokens: token noise only (one Z). Other than both, or with best_of above n,
+    the samples are best-of candidates (free_transformer.inference.search), whose Z is encoder or prior."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -195,6 +209,28 @@ class SamplingParams(Sampling):
         except ValueError:
             raise SamplingError("latents", LatentChoice.requirement(self.latents), self.latents) from None
         object.__setattr__(self, "stop", tuple(stop for stop in self.stop if stop))
+        _check_count("best_of", self.best_of)
+        _check("best_of", self.best_of, self.best_of is not None and self.best_of >= self.n, f"must be >= n ({self.n})")
+        _check("vary", self.vary, self.vary in VARIATIONS, f"must be one of {', '.join(VARIATIONS)}")
+        if self.searched and self.latents not in (LatentChoice.ENCODER, LatentChoice.PRIOR):
+            raise SamplingError(
+                "latents", "must be 'encoder' or 'prior' with best_of above n or vary other than both", self.latents
+            )
+        if self.vary == "tokens" and self.greedy:
+            raise SamplingError(
+                "vary", "must not be tokens at temperature 0 (one shared Z: greedy samples alike)", self.vary
+            )
+
+    @property
+    def candidates(self) -> int:
+        """Samples decoded per prompt: best_of, or n when unset."""
+        return self.n if self.best_of is None else self.best_of
+
+    @property
+    def searched(self) -> bool:
+        """Whether the samples are best-of candidates (free_transformer.inference.search's seeds and Z): with
+        best_of above n, or vary other than both. Otherwise sample i of a prompt samples with seed + i."""
+        return self.candidates > self.n or self.vary != "both"
 
     def seeds(self) -> tuple[int, int]:
         """(seed, latent_seed), once the entry point has set the seed (generate's --seed, the server's fresh one
@@ -203,7 +239,7 @@ class SamplingParams(Sampling):
             raise ValueError("the sampling settings have no seed yet: the entry point sets one before sampling")
         return self.seed, self.seed if self.latent_seed is None else self.latent_seed
 
-    def generation_config(self, max_new_tokens: int) -> GenerationConfig:
+    def generation_config(self, max_new_tokens: int | None) -> GenerationConfig:
         """What `generate()` takes for one prompt: this rule with `max_new_tokens` (see `Sampling.new_tokens`);
         stop strings are checked by the caller (free_transformer.inference.stops)."""
         values = {item.name: getattr(self, item.name) for item in dataclasses.fields(Sampling)}

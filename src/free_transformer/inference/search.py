@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -26,10 +25,8 @@ from ..base.seeding import generators, seed_of
 from ..model.latent import LatentPlan
 from ..model.transformer import FreeTransformer
 from .generate import GenerationConfig, generate, prompt_lists
+from .params import VARIATIONS, Variation
 
-# What differs between the candidates (or samples) of one prompt.
-Variation = Literal["both", "latent", "tokens"]
-VARIATIONS: tuple[str, ...] = get_args(Variation)
 # A scorer: (prompt ids, candidate's new tokens) -> score, higher is better.
 Scorer = Callable[[list[int], list[int]], float]
 
@@ -41,6 +38,7 @@ class Candidates:
     tokens: list[list[list[int]]]  # [prompt][candidate] the new tokens, stop token included
     scores: list[list[float]]  # [prompt][candidate]
     chosen: list[int]  # [prompt] the index of the candidate of the highest score (the earlier on a tie)
+    seeds: list[list[int]]  # [prompt][candidate] the seed of the candidate's generator
     latents: list[list[Tensor]] | None  # [prompt][candidate] (positions fed, *value_shape); None for a baseline
 
     @property
@@ -65,6 +63,7 @@ def prompt_and_prior_latents(
     return drawn
 
 
+@torch.no_grad()
 def candidate_sources(
     model: FreeTransformer,
     prompts: Sequence[Sequence[int]],
@@ -128,9 +127,14 @@ def mean_logprobs(
     return scores
 
 
+def ranking(scores: Sequence[float]) -> list[int]:
+    """The indices of the scores, highest first, the earlier first on a tie."""
+    return sorted(range(len(scores)), key=lambda k: (-scores[k], k))
+
+
 def highest(scores: Sequence[float]) -> int:
     """The index of the highest score, the earliest on a tie."""
-    return max(range(len(scores)), key=lambda k: (scores[k], -k))
+    return ranking(scores)[0]
 
 
 @torch.no_grad()
@@ -146,12 +150,14 @@ def best_of(
     scorer: Scorer | None = None,
     should_stop: Callable[[list[int]], bool] | None = None,
     compile: bool = False,
+    batch_size: int | None = None,
 ) -> Candidates:
     """Best-of-n: n candidates of every prompt, decoded as rows of one engine batch, and the one of the highest
     score: `scorer(prompt, tokens)` once per candidate, or by default the mean log-probability of its tokens
     under the Z it was decoded with (OpenAI's best_of). `vary` says what differs between a prompt's candidates
     (both, latent or tokens: this module's docstring); `latents` where the prompt's Z comes from (encoder or
-    prior; a continuation's Z is always the prior's). The same seed gives the same candidates."""
+    prior; a continuation's Z is always the prior's). The same seed gives the same candidates. should_stop,
+    compile and batch_size: `generate`'s (every candidate is a row of its one engine)."""
     if n < 1:
         raise ValueError(f"best-of needs n >= 1 candidates, got {n}")
     if vary not in VARIATIONS:
@@ -167,7 +173,16 @@ def best_of(
     length = max(len(p) + config.new_tokens(len(p), room) - 1 for p in ids)
     seeds, sources = candidate_sources(model, ids, n, length, seed=seed, vary=vary, context=context)
     rows = [p for p in ids for _ in range(n)]
-    result = generate(model, rows, config, seeds=seeds, latents=sources, should_stop=should_stop, compile=compile)
+    result = generate(
+        model,
+        rows,
+        config,
+        seeds=seeds,
+        latents=sources,
+        should_stop=should_stop,
+        compile=compile,
+        batch_size=batch_size,
+    )
     if scorer is None:
         flat = mean_logprobs(model, rows, result.tokens, result.latents)
     else:
@@ -177,5 +192,6 @@ def best_of(
         tokens=[result.tokens[i * n : (i + 1) * n] for i in range(len(ids))],
         scores=per_prompt,
         chosen=[highest(scores) for scores in per_prompt],
+        seeds=[seeds[i * n : (i + 1) * n] for i in range(len(ids))],
         latents=None if result.latents is None else [result.latents[i * n : (i + 1) * n] for i in range(len(ids))],
     )

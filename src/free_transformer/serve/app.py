@@ -278,6 +278,7 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
             logprobs=request.logprobs,
             echo=request.echo,
             stream=request.stream,
+            scored=plan.ranked,
             emit=channel.put,
             finish=lambda error: channel.put(END if error is None else error),
         )
@@ -346,7 +347,7 @@ async def _collect(channel: Channel, plan: Plan, head: dict):
         if isinstance(item, Exception):
             return error_response(500, failure(item))
         pieces[item.index] = item
-    choices = [_choice(pieces[index], 0) for index in range(plan.completions)]
+    choices = [_choice(piece, 0) for piece in plan.returned(pieces)]  # every candidate's tokens are billed
     return Completion(**head, choices=choices, usage=_usage(plan, sum(p.tokens for p in pieces.values())))
 
 

@@ -4,21 +4,28 @@ hands to the decoding engine, batched with every other request's.
 
 Completion i of a prompt samples with seed + i, so a prompt's completions do not depend on the other
 prompts of its request, on n, on streaming or on the batch, and equal `free-transformer generate
---seed SEED`'s (up to float rounding)."""
+--seed SEED`'s (up to float rounding).
+
+With best_of above n, or vary other than both, a prompt's rows are best-of candidates: their seeds and Z are
+free_transformer.inference.search's (`candidate_sources`), so that they equal `free-transformer generate
+--best-of`'s and `best_of()`'s for the same prompts and seed; every candidate is a row of the one engine,
+scored by its tokens' mean log-probability as it decodes, and the response holds the n best (`Plan.returned`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass
 
 import torch
 
-from ..base.latent_choice import ContextChoice, LatentChoice
+from ..base.latent_choice import ContextChoice, LatentChoice, as_context
 from ..data.tokenizer import Tokenizer
-from ..inference.batches import prepare_prompts
+from ..inference.batches import Prompt, prepare_prompts
 from ..inference.params import SamplingError, SamplingParams, check_room, new_token_room
+from ..inference.search import candidate_sources, ranking
 from ..model.transformer import FreeTransformer
-from .batcher import Batcher, RowSpec
+from .batcher import Batcher, Delta, RowSpec
 from .config import DEFAULT_MAX_BATCH
 from .protocol import SAMPLING_NAMES, CompletionRequest
 
@@ -40,16 +47,38 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """A checked request: its rows (prompt p's completion i is choice p * n + i) and what the
-    response holds."""
+    """A checked request: its rows (prompt p's candidate j is row p * best_of + j) and what the response
+    holds (prompt p's completion i is choice p * n + i)."""
 
     rows: list[RowSpec]
     stops: list[str]
     prompt_tokens: int  # every prompt's tokens, each counted once
+    n: int  # completions returned per prompt
+    best_of: int  # rows decoded per prompt, at least n
 
     @property
     def completions(self) -> int:
+        """Rows decoded: every prompt's best_of candidates."""
         return len(self.rows)
+
+    @property
+    def ranked(self) -> bool:
+        """Whether the response holds the n best of more candidates (so each row is scored as it decodes)."""
+        return self.best_of > self.n
+
+    def returned(self, pieces: dict[int, Delta]) -> list[Delta]:
+        """The choices of the response from every row's whole completion (by row index): with best_of above n,
+        each prompt's n candidates of the highest mean token log-probability (`Delta.score`), best first, the
+        earlier on a tie (OpenAI's best_of), numbered as choices; otherwise every row, in order."""
+        if not self.ranked:
+            return [pieces[index] for index in range(self.completions)]
+        chosen = []
+        for p in range(self.completions // self.best_of):
+            group = [pieces[p * self.best_of + j] for j in range(self.best_of)]
+            scores = [float("-inf") if piece.score is None else piece.score for piece in group]
+            for i, k in enumerate(ranking(scores)[: self.n]):
+                chosen.append(dataclasses.replace(group[k], index=p * self.n + i))
+        return chosen
 
 
 class Engine:
@@ -88,15 +117,22 @@ class Engine:
             raise RequestError(
                 f"logprobs {request.logprobs} exceeds the vocabulary: this model has {vocab} tokens", "logprobs"
             )
-        if len(ids) * request.n > MAX_COMPLETIONS:
-            raise RequestError(
-                f"{len(ids)} prompts x n = {request.n} asks for {len(ids) * request.n} completions; "
-                f"one request may ask for at most {MAX_COMPLETIONS}",
-                "n",
-                code="too_many_completions",
-            )
         max_tokens = self._max_tokens(request, max(map(len, ids)))
         params = self._params(request, max_tokens)
+        count, name = params.candidates, "n" if params.best_of is None else "best_of"
+        if len(ids) * count > MAX_COMPLETIONS:
+            raise RequestError(
+                f"{len(ids)} prompts x {name} = {count} asks for {len(ids) * count} completions; "
+                f"one request may ask for at most {MAX_COMPLETIONS}",
+                name,
+                code="too_many_completions",
+            )
+        if request.stream and count > params.n:
+            raise RequestError(
+                f"best_of ({count}) above n ({params.n}) cannot be streamed: the best are known once every "
+                "candidate has ended; leave stream out or give best_of equal to n",
+                "best_of",
+            )
         stops = params.stop
         if len(stops) > MAX_STOPS or any(len(stop) > MAX_STOP_CHARS for stop in stops):
             raise RequestError(
@@ -113,12 +149,43 @@ class Engine:
             )
         except ValueError as error:
             raise RequestError(str(error), "reference" if reference is not None else "latents") from None
-        rows = [
-            RowSpec(index=p * request.n + i, prompt=prompt, seed=seed + i)
-            for p, prompt in enumerate(prompts)
-            for i in range(request.n)
-        ]
-        return Plan(rows=rows, stops=[stop for stop in stops if stop], prompt_tokens=sum(map(len, ids)))
+        if params.searched:
+            rows = self._candidates(prompts, params)
+        else:
+            rows = [
+                RowSpec(index=p * request.n + i, prompt=prompt, seed=seed + i)
+                for p, prompt in enumerate(prompts)
+                for i in range(request.n)
+            ]
+        return Plan(
+            rows=rows,
+            stops=[stop for stop in stops if stop],
+            prompt_tokens=sum(map(len, ids)),
+            n=params.n,
+            best_of=count,
+        )
+
+    def _candidates(self, prompts: list[Prompt], params: SamplingParams) -> list[RowSpec]:
+        """Every prompt's best-of candidates (row p * best_of + j), with the seeds and Z of
+        `search.candidate_sources`: what `best_of()` decodes for the same prompts, settings and seed."""
+        seed, _ = params.seeds()
+        count = params.candidates
+        seeds, sources = candidate_sources(
+            self.model,
+            [prompt.ids for prompt in prompts],
+            count,
+            max(prompt.fed for prompt in prompts),
+            seed=seed,
+            vary=params.vary,
+            context=as_context(params.latents),  # encoder or prior: SamplingParams refuses the others here
+        )
+        rows = []
+        for k, row_seed in enumerate(seeds):
+            prompt = prompts[k // count]
+            if isinstance(sources, torch.Tensor):  # (rows, positions, *value_shape): this row's own Z
+                prompt = dataclasses.replace(prompt, latents=sources[k][None])
+            rows.append(RowSpec(index=k, prompt=prompt, seed=row_seed))
+        return rows
 
     def _prompt_ids(self, prompt: str | list) -> list[list[int]]:
         """Each prompt's token ids: text encoded, token ids checked against the vocabulary."""

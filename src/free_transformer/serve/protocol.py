@@ -5,9 +5,10 @@ tokenizer's chat template: its other fields are read by CompletionRequest, so bo
 
 Requests are strict (a number must be a JSON number, a flag true or false) and closed: every field of
 OpenAI's completions API is accepted at its default, a value this server cannot honour (a non-null
-`suffix`, `best_of` other than n, a `logit_bias`, non-zero penalties) is a 400, and an unknown or
-misspelt field is a 400, never silently ignored. The Free Transformer's own fields (`latents`,
-`reference`, `latent_seed`) are what OpenAI clients send with `extra_body`. The sampling fields are
+`suffix`, a `logit_bias`, non-zero penalties) is a 400, and an unknown or misspelt field is a 400, never
+silently ignored. `best_of` above n has OpenAI's meaning (the n candidates of the highest mean token
+log-probability). The Free Transformer's own fields (`latents`, `reference`, `latent_seed`, `vary`) are
+what OpenAI clients send with `extra_body`. The sampling fields are
 derived from SamplingParams (free_transformer.inference.params), the one definition of sampling.
 """
 
@@ -75,8 +76,9 @@ class StreamOptions(BaseModel):
 
 
 class CompletionRequest(_sampling_request()):  # type: ignore[misc]  # built at import: a checker cannot follow it
-    """The sampling fields (max_tokens, temperature, top_p, n, stop, seed, latents, ...: SamplingParams), then
-    what a completions request adds. `latents`, `reference` and `latent_seed` are the Free Transformer's own."""
+    """The sampling fields (max_tokens, temperature, top_p, n, stop, seed, latents, best_of, ...: SamplingParams),
+    then what a completions request adds. `latents`, `reference`, `latent_seed` and `vary` are the Free
+    Transformer's own."""
 
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -87,10 +89,10 @@ class CompletionRequest(_sampling_request()):  # type: ignore[misc]  # built at 
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
 
-    @field_validator("n")
+    @field_validator("n", "best_of")
     @classmethod
-    def _at_most_max_n(cls, value: int) -> int:
-        if value > MAX_N:
+    def _at_most_max_n(cls, value: int | None) -> int | None:
+        if value is not None and value > MAX_N:
             raise ValueError(f"at most {MAX_N} completions per prompt")
         return value
 
@@ -108,8 +110,6 @@ class CompletionRequest(_sampling_request()):  # type: ignore[misc]  # built at 
     """Each token's log-probability and those of the `logprobs` most likely tokens at its position."""
     echo: bool = False
     """The prompt comes back before the completion, with its tokens' log-probabilities (given logprobs)."""
-    best_of: int | None = Field(None, ge=1, le=MAX_N)
-    """Accepted when it equals n: every completion sampled is returned."""
     suffix: str | None = None
     """Text after the completion (insertion): not supported, only null."""
     logit_bias: dict[str, float] | None = None
@@ -127,16 +127,6 @@ class CompletionRequest(_sampling_request()):  # type: ignore[misc]  # built at 
     def _no_bias(cls, value: dict | None) -> dict | None:
         if value:
             raise ValueError("this server does not bias logits; leave logit_bias out, null or {}")
-        return value
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
-        n = info.data.get("n", 1)
-        if value is not None and value != n:
-            raise ValueError(
-                f"this server returns every completion it samples, so best_of must equal n ({n}), got {value}"
-            )
         return value
 
     @field_validator("stream_options")
