@@ -193,7 +193,8 @@ def to_yaml(settings, explained: bool = False) -> str:
     if not explained:
         return text
     meanings = {item.path: meaning for item in describe(settings) if (meaning := value_meaning(item))}
-    lines, path = [], []  # path: the keys of the mapping a line is in, by indentation (PyYAML's 2 spaces)
+    lines: list[str] = []
+    path: list[str] = []  # the keys of the mapping a line is in, by indentation (PyYAML's 2 spaces)
     for line in text.splitlines():
         match = re.match(r"( *)([\w-]+):( .*)?$", line)
         if match:
