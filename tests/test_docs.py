@@ -31,7 +31,8 @@ SKIPPED = [
         r"python3 -m venv|\.venv/bin/pip|pip install",
         "installs packages from the network (tests/test_install.py checks what the install hints say)",
     ),
-    (r"\.venv/bin/python -m pytest", "the tests themselves (test_readme_names_ci_and_test_files_that_exist)"),
+    (r"\.venv/bin/(python -m pytest|ruff|mypy)", "the checks and tests themselves (test_readme_names_ci_and_...)"),
+    (r"source \.venv/bin/activate", "the environment the tests run in is set up"),
     (r"pip wheel", "builds the checkout's wheel (tests/test_install.py builds it)"),
     (r"torchrun --nnodes", "several machines"),
     (r"torchrun", "many processes training a real corpus (tests/test_distributed.py runs torchrun on a CPU)"),
@@ -229,7 +230,8 @@ BLOCKS = {}  # the docs' blocks, each run on its own; README's run in order (tes
 for _command in every_command():
     if _command.page != "README.md":
         BLOCKS.setdefault((_command.page, _command.line), []).append(_command.text)
-README = [command.text for command in every_command() if command.page == "README.md"]
+# README's commands, each part of an `a && b` line on its own: the demo after its setup runs, as a dry run
+README = [part for command in every_command() if command.page == "README.md" for part in command.text.split(" && ")]
 
 
 @pytest.fixture(scope="session")
