@@ -202,6 +202,7 @@ def test_latent_bits_read_the_target_start_and_the_noise():
     assert latent_units(tiny_model(vocab_size=256, max_seq_len=72, latent_units=0)) == {}  # the baseline has no Z
 
 
+@pytest.mark.slow  # 12 runs trained and measured (fast case: ..._takes_the_latent_kind_and_runs_some_of_its_models)
 def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
     out = tmp_path / "demo"
     args = ["demo", "--preset", "smoke", "--workers", "1", "--out", str(out), "--seeds", "2", "--device", "cpu"]
@@ -278,6 +279,7 @@ def test_bits_z_saves_on_coin_sequences():
     assert coin_bits_saved(tiny_model(vocab_size=256, max_seq_len=16, latent_units=0), 12, 0.1) is None
 
 
+@pytest.mark.slow  # six processes, each importing torch
 def test_demo_trains_every_model_at_once_as_on_a_gpu(tmp_path, monkeypatch):
     """What the demo does on a GPU (one process per model, all side by side), on the CPU: every run
     trained to its last step, one report; on a fresh machine too (an empty cache). tests/test_cuda.py runs
