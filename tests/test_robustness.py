@@ -867,6 +867,7 @@ def _lock_pid(run) -> int:
     return int((run / ".lock").read_text().split()[1].rstrip(","))
 
 
+@pytest.mark.slow  # a sweep's spawned workers, each importing torch; its runs trained twice
 def test_sigterm_to_a_sweep_stops_its_workers_with_their_checkpoints(tmp_path):
     """SIGTERM to `study` (or `demo`): no run starts after it, the running workers save a checkpoint and stop,
     and the parent exits 143 with one line saying how to continue; nothing keeps writing to a run, and the
@@ -895,6 +896,7 @@ def test_sigterm_to_a_sweep_stops_its_workers_with_their_checkpoints(tmp_path):
     assert len(json.loads((out / "results.json").read_text())["runs"]) == 3
 
 
+@pytest.mark.slow  # a sweep's spawned workers, each importing torch; its runs trained twice
 def test_a_sweep_worker_killed_is_one_line_and_stops_the_others(tmp_path):
     """A worker SIGKILLed (by the out-of-memory killer, say) ends the sweep with one line, exit 2, and the
     other workers save a checkpoint and stop (a multiprocessing Pool waited for the dead one forever)."""
