@@ -439,3 +439,16 @@ def test_every_link_of_readme_and_the_docs_leads_somewhere():
             elif anchor and path.suffix == ".md" and anchor not in slugs(path):
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert broken == []
+
+
+def test_the_python_api_pages_blocks_run(workspace, tmp_path, monkeypatch):
+    """docs/python-api.md's blocks, as pasted, beside the run they name."""
+    _, _, run = workspace
+    shutil.copytree(run, tmp_path / "runs" / "demo" / "seed-0" / "kappa-1")
+    monkeypatch.chdir(tmp_path)
+    blocks = python_blocks(ROOT / "docs" / "python-api.md")
+    assert len(blocks) == 2
+    for block in blocks:
+        names: dict = {}
+        exec(compile(block, "docs/python-api.md", "exec"), names)
+    assert names["out"].loss.grad_fn is not None and names["fresh"].embed_tokens.weight.grad is not None
