@@ -63,7 +63,11 @@ def _every_checkpoint_loads(run_dir):
 # -- preemption ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "signum, code",
+    [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)],  # one signal by default
+    ids=["SIGTERM", "SIGINT"],
+)
 def test_a_signal_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, signum, code, _one_thread):
     """No checkpoint is due before step 1000: everything saved comes from the signal."""
     args = [*TINY, "steps=14", "checkpoint_every=1000"]
@@ -121,11 +125,11 @@ def _flip_a_byte(path):
 
 @pytest.mark.parametrize(
     "name, damage",
-    [
-        ("model.safetensors", _truncate),
+    [  # one damage in the default suite (the one safetensors cannot tell), the others slow (a resume each)
+        pytest.param("model.safetensors", _truncate, marks=pytest.mark.slow),
         ("model.safetensors", _flip_a_byte),
-        ("state.pt", _flip_a_byte),
-        ("config.json", _truncate),
+        pytest.param("state.pt", _flip_a_byte, marks=pytest.mark.slow),
+        pytest.param("config.json", _truncate, marks=pytest.mark.slow),
     ],
     ids=["truncated-weights", "flipped-weights", "flipped-state", "truncated-config"],
 )
@@ -375,6 +379,7 @@ def _file_size_limit(limit):
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
+@pytest.mark.slow  # three faults in a row, each a process importing torch; each has its own fast test
 def test_faults_never_lose_what_was_saved_and_resume_reproduces_the_losses(tmp_path, _one_thread):
     """In the style of test_sigkill_at_random_moments: one run meets SIGTERM, a disk that fills up
     during a checkpoint, and a damaged newest checkpoint; every checkpoint on disk loads after each
