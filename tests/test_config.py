@@ -89,6 +89,16 @@ def test_print_config_loads_back_to_the_same_config(capsys, tmp_path):
     assert _printed(capsys, "train", "--print-config", "-c", str(path)) == text  # and prints the same again
 
 
+def test_print_config_says_what_a_special_value_means(capsys):
+    """`threads: 0` alone says nothing: the printed config carries the meaning its docstring gives, as a comment
+    that loading ignores; a saved config.yaml carries none."""
+    text = _printed(capsys, "train", "--print-config", *TINY)
+    assert "\nthreads: 0  # torch's default\n" in text and "\nvalidate_every: 0  # never\n" in text
+    assert "    workers: 0  # min(CPU count, 8)\n" in text  # data.text.workers: to the matching parenthesis
+    assert "\nsteps: 1000\n" in text  # nothing where the docstring gives no meaning of the value
+    assert "#" not in settings.to_yaml(TrainConfig())
+
+
 def test_print_config_of_a_resume_is_the_runs_config_with_the_overrides(capsys, tmp_path):
     run = legacy_run_in_todays_names(tmp_path)
     text = _printed(capsys, "train", "--out", str(run), "--resume", "--print-config", "steps=6")

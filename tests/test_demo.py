@@ -202,6 +202,7 @@ def test_latent_bits_read_the_target_start_and_the_noise():
     assert latent_units(tiny_model(vocab_size=256, max_seq_len=72, latent_units=0)) == {}  # the baseline has no Z
 
 
+@pytest.mark.slow  # 12 runs trained and measured (fast case: ..._takes_the_latent_kind_and_runs_some_of_its_models)
 def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
     out = tmp_path / "demo"
     args = ["demo", "--preset", "smoke", "--workers", "1", "--out", str(out), "--seeds", "2", "--device", "cpu"]
@@ -278,6 +279,7 @@ def test_bits_z_saves_on_coin_sequences():
     assert coin_bits_saved(tiny_model(vocab_size=256, max_seq_len=16, latent_units=0), 12, 0.1) is None
 
 
+@pytest.mark.slow  # six processes, each importing torch
 def test_demo_trains_every_model_at_once_as_on_a_gpu(tmp_path, monkeypatch):
     """What the demo does on a GPU (one process per model, all side by side), on the CPU: every run
     trained to its last step, one report; on a fresh machine too (an empty cache). tests/test_cuda.py runs
@@ -488,3 +490,34 @@ def test_the_demo_takes_the_latent_kind_and_runs_some_of_its_models(tmp_path):
     assert "kind: gaussian" in (out / "seed-0" / "kappa-1-8" / "config.yaml").read_text()
     assert "latent kind <code>gaussian</code>" in (out / "report.html").read_text()
     assert main(["demo", "--preset", "smoke", "--out", str(out), "--models", "kappa-2"]) == 2
+
+
+def test_the_report_of_one_reused_run_says_what_ran_and_what_this_command_did(tmp_path):
+    """`demo --models coins` over a finished run: a coin-flip report (no letters title, no letters
+    intro), no empty table beside the paper's figure (which has no coin panel), and a wall time that says the run
+    was reused rather than passing the measuring time off as the experiment's."""
+    coins = next(r for r in _paper_like_seed(0.8) if r.variant.slug == "coins")
+    coins.wall_seconds = None  # trained by an earlier command
+    results = {0: [coins]}
+    summary = {
+        "preset": {"name": "fake"},
+        "per_seed": {0: {"models": []}},
+        "workers": 1,
+        "total_seconds": 6.0,
+        "claims": claims_over_seeds({0: judge_claims(results[0])}),
+    }
+    write_report(tmp_path, results, summary)
+    page = (tmp_path / "report.html").read_text()
+    assert "<h1>The Free Transformer on the paper&#x27;s synthetic coin flips</h1>" in page
+    assert "Beside the paper" not in page and "Each training sequence: a letter" not in page
+    assert "this command took 0.1 min of wall time to measure and report: every run was trained by an earlier" in page
+    assert "total wall time" not in page and "<td>reused</td></tr>" in page
+    letters = _paper_like_seed(0.8)[:2]  # the baseline, reused, and kappa 1/64, trained now
+    letters[0].wall_seconds = None
+    results = {0: letters}
+    summary["claims"] = claims_over_seeds({0: judge_claims(letters)})
+    summary["total_seconds"] = 90.0
+    write_report(tmp_path, results, summary)
+    page = (tmp_path / "report.html").read_text()
+    assert "synthetic letters</h1>" in page and "Coin flips</b>" not in page and "Beside the paper" in page
+    assert "took 1.5 min of wall time: it trained 1 of the 2 runs; the other 1 was trained by an earlier" in page

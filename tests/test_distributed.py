@@ -118,11 +118,19 @@ def test_golden_files_are_current():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The runs the claims compare: one process in this process, 2 processes with torchrun."""
+def single(tmp_path_factory):
+    """The one-process runs, trained in this process: the golden losses' (seconds)."""
     root = tmp_path_factory.mktemp("dist")
     train(load_train_config(None, ARGS), root / "one")
     train(load_train_config(None, ARGS + BASELINE), root / "one-baseline")
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs(single):
+    """The runs the claims compare: the one-process runs, and 2 processes with torchrun (minutes: each torchrun
+    starts processes that import torch, so the tests that read these are marked slow)."""
+    root = single
     _torchrun(2, "--out", str(root / "fsdp"), *ARGS, "distributed.strategy=fsdp")
     _torchrun(2, "--out", str(_interrupted_copy(root / "fsdp", root / "fsdp-resumed", 3)), "--resume")
     # the baseline's one-process checkpoint of step 3, continued by 2 processes with ddp
@@ -136,25 +144,29 @@ def runs(tmp_path_factory):
     return root
 
 
-def test_one_process_reproduces_the_golden_losses(runs):
-    assert _compare(runs / "one", GOLDEN / "debug-free.json", ATOL) == 0
-    assert _compare(runs / "one-baseline", GOLDEN / "debug-baseline.json", ATOL) == 0
+def test_one_process_reproduces_the_golden_losses(single):
+    assert _compare(single / "one", GOLDEN / "debug-free.json", ATOL) == 0
+    assert _compare(single / "one-baseline", GOLDEN / "debug-baseline.json", ATOL) == 0
 
 
+@pytest.mark.slow  # torchrun: processes that import torch
 def test_two_processes_match_one_process(runs):
     assert is_sharded(checkpoint_dirs(runs / "fsdp")[-1])
     assert _compare(runs / "fsdp", GOLDEN / "debug-free.json", ATOL) == 0
 
 
+@pytest.mark.slow  # torchrun: processes that import torch
 def test_resumed_two_process_run_continues_exactly(runs):
     assert _compare(runs / "fsdp-resumed", runs / "fsdp", 0) == 0
 
 
+@pytest.mark.slow  # torchrun: processes that import torch
 def test_one_process_checkpoint_continues_on_two_with_ddp(runs):
     assert not is_sharded(checkpoint_dirs(runs / "one-baseline")[-1])
     assert _compare(runs / "ddp-resumed", GOLDEN / "debug-baseline.json", ATOL) == 0
 
 
+@pytest.mark.slow  # torchrun: processes that import torch
 @pytest.mark.parametrize("strategy", ["fsdp", "none"])
 def test_two_process_checkpoint_resumes_on_one(runs, tmp_path, strategy):
     """Resharding: the 2-shard checkpoint of step 3 is read by one process (no torchrun): fsdp in a
@@ -166,6 +178,7 @@ def test_two_process_checkpoint_resumes_on_one(runs, tmp_path, strategy):
     assert _compare(run, runs / "fsdp", ATOL) == 0
 
 
+@pytest.mark.slow  # torchrun: processes that import torch
 def test_consolidate_gives_an_ordinary_checkpoint(runs, tmp_path, capsys):
     run = shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
     with pytest.raises(CheckpointError, match="consolidate"):
@@ -278,6 +291,7 @@ def test_compare_script_fails_beyond_tolerance(tmp_path):
     assert _compare(tmp_path / "short.json", GOLDEN / "debug-free.json", 1.0) == 1
 
 
+@pytest.mark.slow  # torchrun: processes that import torch
 def test_sigterm_to_torchrun_saves_a_sharded_checkpoint_that_resumes(tmp_path):
     """torchrun passes SIGTERM on to its workers: every rank stops after the same step (the signal
     travels in the loss all-reduce), the sharded checkpoint of that step is written, and one process
@@ -331,6 +345,7 @@ def test_sigterm_to_torchrun_saves_a_sharded_checkpoint_that_resumes(tmp_path):
     assert _compare(out, tmp_path / "one", ATOL) == 0
 
 
+@pytest.mark.slow  # torchrun: processes that import torch
 def test_a_damaged_sharded_checkpoint_is_found_and_passed_over(runs, tmp_path, capsys):
     """Sharded checkpoints carry SHA256SUMS of config.json and every DCP file, as single-file ones do: a
     damaged shard fails verification, and --resume's search goes on to the previous intact checkpoint."""
@@ -350,6 +365,7 @@ def test_a_damaged_sharded_checkpoint_is_found_and_passed_over(runs, tmp_path, c
     assert "is damaged" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # torchrun: processes that import torch
 def test_a_crafted_sharded_checkpoint_metadata_never_runs(runs, tmp_path, capsys):
     """DCP reads dcp/.metadata with pickle.load: it is unpickled first with DCP's own records allowed only,
     so a payload (with SHA256SUMS rewritten to match) is refused by verification and by consolidate."""

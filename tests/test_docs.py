@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from documented_kind import documented_kind_source
 
 ROOT = Path(__file__).parents[1]
@@ -31,6 +32,8 @@ SKIPPED = [
         r"python3 -m venv|\.venv/bin/pip|pip install",
         "installs packages from the network (tests/test_install.py checks what the install hints say)",
     ),
+    (r"\.venv/bin/(python -m pytest|ruff|mypy)", "the checks and tests themselves (test_readme_names_ci_and_...)"),
+    (r"source \.venv/bin/activate", "the environment the tests run in is set up"),
     (r"pip wheel", "builds the checkout's wheel (tests/test_install.py builds it)"),
     (r"torchrun --nnodes", "several machines"),
     (r"torchrun", "many processes training a real corpus (tests/test_distributed.py runs torchrun on a CPU)"),
@@ -73,7 +76,6 @@ DRY_RUN = [
     (r"free-transformer demo", "the demo trains for 12 minutes and more"),
     (r"free-transformer study", "the study trains for 49 minutes and more"),
     (r"free-transformer train --config configs/(?!shakespeare-short)", "trains a real corpus to convergence"),
-    (r"free-transformer train --out runs/notes --resume steps=5000", "5,000 steps"),
     (r"free-transformer train --out runs/try data\.kind=letters .*steps=2000", "2,000 steps"),
     (r"free-transformer train -c configs/letters-free\.yaml", "the letters to convergence"),
 ]
@@ -85,12 +87,13 @@ SMALLER = [
         "2 of the short recipe's 100 steps: GPT-2's tokenizer and the plays, installed, train",
     ),
     (
-        r"(free-transformer train --out runs/notes model\.size=cpu-small data\.kind=text .*)$",
+        r"(free-transformer train --out runs/notes model\.size=cpu-small data\.kind=text .*) steps=200$",
         r"\1 steps=2",
-        "2 of its 1,000 steps: the default data of the named size trains",
+        "2 of its 200 steps: the user's text trains",
     ),
     (r"(free-transformer train --out runs/gauss .*)$", r"\1 steps=2", "2 of its 1,000 steps: a Gaussian Z trains"),
     (r"(free-transformer train --out runs/cat .*)$", r"\1 steps=2", "2 of its 1,000 steps: a categorical Z trains"),
+    (r"(free-transformer train --out runs/notes --resume) steps=300", r"\1 steps=4", "2 more steps, not 100"),
     (
         r"(free-transformer train --config x\.yaml --out runs/x)$",
         r"\1 steps=2",
@@ -207,24 +210,30 @@ def every_command() -> list[Command]:
 
 
 def plan(text: str) -> tuple[str | None, str]:
-    """(the command to run, or None; why it differs from the text, or '')."""
+    """(the command to run, or None; why it differs from the text, or ''). The rules read the command after its
+    environment settings (`OMP_NUM_THREADS=1 free-transformer ...`), which it keeps."""
+    settings = re.match(r"(?:[A-Z_]+=\S* )*", text).group(0)
+    text = text[len(settings) :]
     for pattern, why in SKIPPED:
         if re.match(pattern, text):
             return None, f"skipped: {why}"
     for pattern, why in DRY_RUN:
         if re.match(pattern, text):
             background = text.endswith("&")
-            return text.rstrip("& ") + " --dry-run" + (" &" if background else ""), f"dry run: {why}"
+            return settings + text.rstrip("& ") + " --dry-run" + (" &" if background else ""), f"dry run: {why}"
     command, reasons = text, []
     for pattern, replacement, why in SMALLER:
         if re.search(pattern, command):
             command, reasons = re.sub(pattern, replacement, command), reasons + [why]
-    return command, "; ".join(reasons)
+    return settings + command, "; ".join(reasons)
 
 
-BLOCKS = {}
+BLOCKS = {}  # the docs' blocks, each run on its own; README's run in order (test_readme_runs_in_order)
 for _command in every_command():
-    BLOCKS.setdefault((_command.page, _command.line), []).append(_command.text)
+    if _command.page != "README.md":
+        BLOCKS.setdefault((_command.page, _command.line), []).append(_command.text)
+# README's commands, each part of an `a && b` line on its own: the demo after its setup runs, as a dry run
+README = [part for command in every_command() if command.page == "README.md" for part in command.text.split(" && ")]
 
 
 @pytest.fixture(scope="session")
@@ -279,15 +288,16 @@ def workspace(tmp_path_factory):
         server.wait()
 
 
-def block_dir(workspace, name: str) -> Path:
+def block_dir(workspace, name: str, files: bool = True) -> Path:
+    """A checkout's folders, and (files) the files the docs' blocks read that a reader brings."""
     root, _, run = workspace
     where = root / "blocks" / re.sub(r"\W+", "-", name)
     where.mkdir(parents=True)
-    for folder in ("configs", "scripts"):
+    for folder in ("configs", "scripts", "docs"):
         (where / folder).symlink_to(ROOT / folder)
     (where / "tests").mkdir()
     (where / "tests" / "golden").symlink_to(ROOT / "tests" / "golden")
-    for name, text in FILES.items():
+    for name, text in FILES.items() if files else ():
         (where / name).write_text(text)
     return where
 
@@ -301,11 +311,13 @@ def place_runs(where: Path, run: Path, block: list[str]) -> None:
 
 
 def stand_in(command: str, why: str) -> str:
-    """A dry run of a training that a later command reads is followed by a copy of the tiny run in its --out."""
+    """A dry run of a training that a later command reads is followed by a copy of the tiny run in its --out (the
+    demo's: one of the runs it trains)."""
     out = re.search(r"--out (\S+)", command)
-    if not why.startswith("dry run") or out is None or out.group(1) not in RUNS:
+    trained = out.group(1) if out else "runs/demo/seed-0/kappa-1" if "free-transformer demo" in command else None
+    if not why.startswith("dry run") or trained not in RUNS:
         return command
-    return f'{command}\nmkdir -p "$(dirname {out.group(1)})" && cp -R "$TINY_RUN" {out.group(1)}'
+    return f'{command}\nmkdir -p "$(dirname {trained})" && cp -R "$TINY_RUN" {trained}'
 
 
 def test_untagged_blocks_hold_no_commands():
@@ -342,3 +354,103 @@ def test_the_block_runs(workspace, where):
         + "\n".join(script)
         + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
     )
+
+
+@pytest.mark.slow
+def test_readme_runs_in_order(workspace):
+    """README's commands as a reader pastes them: in order, in one directory that holds only the checkout's
+    folders, each using what the ones before it made (a file that no block makes fails here). Long ones run up to
+    their validation or on fewer steps (DRY_RUN, SMALLER); a dry-run training leaves the tiny run where a later
+    command reads it."""
+    _, env, run = workspace
+    script = [stand_in(command, why) for command, why in map(plan, README) if command is not None]
+    directory = block_dir(workspace, "README-in-order", files=False)
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", "\n".join(script)],
+        cwd=directory,
+        env={**env, "TINY_RUN": str(run)},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert result.returncode == 0, (
+        f"README.md failed ({result.returncode}):\n"
+        + "\n".join(script)
+        + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
+    )
+
+
+def test_readme_names_ci_and_test_files_that_exist():
+    """README's test command is the first line of .ci/run, which runs the slow tests after it; the quick subset
+    names test files that exist; README stays a guide (at most 220 lines)."""
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    first = next(line for line in ci if line.startswith("python3 -m venv .venv "))
+    assert f"```bash\n{first}\n```" in readme
+    assert any(re.fullmatch(r"\.venv/bin/python -m pytest -m slow\b.*", line) for line in ci)
+    quick = next(c for c in README if c.startswith(".venv/bin/python -m pytest tests/"))
+    files = [word for word in quick.split() if word.startswith("tests/")]
+    assert len(files) >= 3 and all((ROOT / f).is_file() for f in files)
+    assert len(readme.splitlines()) <= 220
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", path.read_text(), re.S | re.M)
+
+
+def test_readmes_python_api_block_samples_the_model_it_loads(workspace, tmp_path, monkeypatch):
+    """The block runs as pasted, beside the run it names, and its samples are the loaded model's: the same
+    weights, and the tokens that model draws with the block's seeds and shared Z."""
+    from free_transformer import GenerationConfig, generate, load_model
+
+    _, _, run = workspace
+    block = next(b for b in python_blocks(ROOT / "README.md") if "load_model(" in b)
+    shutil.copytree(run, tmp_path / "runs" / "demo" / "seed-0" / "kappa-1")
+    monkeypatch.chdir(tmp_path)
+    names: dict = {}
+    exec(compile(block, "README.md", "exec"), names)
+    loaded, _ = load_model(tmp_path / "runs" / "demo" / "seed-0" / "kappa-1")
+    weights = names["model"].state_dict()
+    assert all(torch.equal(weights[key], value) for key, value in loaded.state_dict().items())
+    again = generate(
+        loaded,
+        names["prompts"],
+        GenerationConfig(max_new_tokens=64, temperature=1.0),
+        seeds=range(8),
+        latents=names["shared"],
+    )
+    assert names["green"].tokens == again.tokens and len(again.tokens) == 8
+
+
+def test_every_link_of_readme_and_the_docs_leads_somewhere():
+    """A relative link names a file of the checkout, and its #anchor a heading of that file (GitHub's slugs)."""
+
+    def slugs(path: Path) -> set[str]:
+        headings = re.findall(r"^#+ (.*)$", path.read_text(), re.M)
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+    broken = []
+    for page in [*PAGES, ROOT / "CHANGELOG.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"\w+:", target):  # http:, https:, mailto:
+                continue
+            file, _, anchor = target.partition("#")
+            path = (page.parent / file).resolve() if file else page
+            if not path.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in slugs(path):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_the_python_api_pages_blocks_run(workspace, tmp_path, monkeypatch):
+    """docs/python-api.md's blocks, as pasted, beside the run they name."""
+    _, _, run = workspace
+    shutil.copytree(run, tmp_path / "runs" / "demo" / "seed-0" / "kappa-1")
+    monkeypatch.chdir(tmp_path)
+    blocks = python_blocks(ROOT / "docs" / "python-api.md")
+    assert len(blocks) == 2
+    for block in blocks:
+        names: dict = {}
+        exec(compile(block, "docs/python-api.md", "exec"), names)
+    assert names["out"].loss.grad_fn is not None and names["fresh"].embed_tokens.weight.grad is not None

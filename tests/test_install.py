@@ -67,12 +67,17 @@ def test_no_file_tells_users_to_install_from_the_index():
     assert [str(f) for f in files if other.search(f.read_text(encoding="utf-8"))] == []
 
 
-def test_readmes_wheel_command_builds_the_wheel_it_installs(tmp_path):
-    """README's `pip wheel --no-deps -w dist .`, on a copy of the checkout (without build isolation: offline),
-    gives the wheel README then installs, with the package and the command in it."""
-    readme = (ROOT / "README.md").read_text()
-    command = re.search(r"^pip wheel (.*?) && pip install '(dist/\S+\.whl)\[", readme, re.M)
+def test_the_wheel_command_builds_the_wheel_it_installs_elsewhere(tmp_path):
+    """docs/install.md's `pip wheel --no-deps -w dist .`, on a copy of the checkout (without build isolation:
+    offline), gives the wheel the page then installs, with the package and the command in it; it installs it with
+    another environment's pip, never the checkout's (whose editable install it would replace)."""
+    page = (ROOT / "docs" / "install.md").read_text()
+    command = re.search(r"^pip wheel (.*?)\s+#.*\n(.*)$", page, re.M)
     assert command is not None and command.group(1) == "--no-deps -w dist ."
+    installs = re.findall(r"(\S*pip) install '(dist/\S+\.whl)\[", command.group(2))
+    assert len(installs) == 1 and installs[0][0] == "../wheel-env/bin/pip"
+    assert "python3 -m venv ../wheel-env" in command.group(2)
+    wheel = installs[0][1]
     for part in ("pyproject.toml", "README.md", "src"):
         (shutil.copytree if (ROOT / part).is_dir() else shutil.copy)(ROOT / part, tmp_path / part)
     shutil.rmtree(tmp_path / "src" / "free_transformer.egg-info", ignore_errors=True)
@@ -84,11 +89,11 @@ def test_readmes_wheel_command_builds_the_wheel_it_installs(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert command.group(2) == f"dist/free_transformer_reference-{__version__}-py3-none-any.whl"
-    with zipfile.ZipFile(tmp_path / command.group(2)) as wheel:
-        names = wheel.namelist()
+    assert wheel == f"dist/free_transformer_reference-{__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(tmp_path / wheel) as archive:
+        names = archive.namelist()
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-        assert "free-transformer = free_transformer.cli:main" in wheel.read(entry_points).decode()
+        assert "free-transformer = free_transformer.cli:main" in archive.read(entry_points).decode()
     assert "free_transformer/cli.py" in names and "free_transformer/model/transformer.py" in names
 
 

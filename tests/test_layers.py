@@ -1,4 +1,4 @@
-"""The package's layers (README's Layout): each folder of src/free_transformer is a layer, and a module
+"""The package's layers (docs/design.md's Layout): each folder of src/free_transformer is a layer, and a module
 imports only from its own layer and the layers that layer is declared to build on. A new import up, or
 across to a layer not below, fails here with the file, the line and the layer it reached."""
 
@@ -50,7 +50,7 @@ def layer_of(module: str) -> str:
             return ".".join(parts[:depth])
     if module in TOP or module == "":
         return "__top__"
-    raise AssertionError(f"{module}: in no layer; add its folder to LAYERS and to README's Layout")
+    raise AssertionError(f"{module}: in no layer; add its folder to LAYERS and to docs/design.md's Layout")
 
 
 def imports(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:

@@ -63,7 +63,11 @@ def _every_checkpoint_loads(run_dir):
 # -- preemption ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "signum, code",
+    [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)],  # one signal by default
+    ids=["SIGTERM", "SIGINT"],
+)
 def test_a_signal_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, signum, code, _one_thread):
     """No checkpoint is due before step 1000: everything saved comes from the signal."""
     args = [*TINY, "steps=14", "checkpoint_every=1000"]
@@ -121,11 +125,11 @@ def _flip_a_byte(path):
 
 @pytest.mark.parametrize(
     "name, damage",
-    [
-        ("model.safetensors", _truncate),
+    [  # one damage in the default suite (the one safetensors cannot tell), the others slow (a resume each)
+        pytest.param("model.safetensors", _truncate, marks=pytest.mark.slow),
         ("model.safetensors", _flip_a_byte),
-        ("state.pt", _flip_a_byte),
-        ("config.json", _truncate),
+        pytest.param("state.pt", _flip_a_byte, marks=pytest.mark.slow),
+        pytest.param("config.json", _truncate, marks=pytest.mark.slow),
     ],
     ids=["truncated-weights", "flipped-weights", "flipped-state", "truncated-config"],
 )
@@ -375,6 +379,7 @@ def _file_size_limit(limit):
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
+@pytest.mark.slow  # three faults in a row, each a process importing torch; each has its own fast test
 def test_faults_never_lose_what_was_saved_and_resume_reproduces_the_losses(tmp_path, _one_thread):
     """In the style of test_sigkill_at_random_moments: one run meets SIGTERM, a disk that fills up
     during a checkpoint, and a damaged newest checkpoint; every checkpoint on disk loads after each
@@ -867,6 +872,7 @@ def _lock_pid(run) -> int:
     return int((run / ".lock").read_text().split()[1].rstrip(","))
 
 
+@pytest.mark.slow  # a sweep's spawned workers, each importing torch; its runs trained twice
 def test_sigterm_to_a_sweep_stops_its_workers_with_their_checkpoints(tmp_path):
     """SIGTERM to `study` (or `demo`): no run starts after it, the running workers save a checkpoint and stop,
     and the parent exits 143 with one line saying how to continue; nothing keeps writing to a run, and the
@@ -895,6 +901,7 @@ def test_sigterm_to_a_sweep_stops_its_workers_with_their_checkpoints(tmp_path):
     assert len(json.loads((out / "results.json").read_text())["runs"]) == 3
 
 
+@pytest.mark.slow  # a sweep's spawned workers, each importing torch; its runs trained twice
 def test_a_sweep_worker_killed_is_one_line_and_stops_the_others(tmp_path):
     """A worker SIGKILLed (by the out-of-memory killer, say) ends the sweep with one line, exit 2, and the
     other workers save a checkpoint and stop (a multiprocessing Pool waited for the dead one forever)."""

@@ -104,6 +104,7 @@ def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in out.rglob("study-measures.json")} == stamps
 
 
+@pytest.mark.slow  # a third smoke study; the demo's latent-kind test stays in the default suite
 def test_the_study_takes_the_latent_kind(tmp_path):
     out = tmp_path / "study"
     assert (

@@ -225,6 +225,7 @@ def _run_cli(out, *extra):
     )
 
 
+@pytest.mark.slow  # 6 processes importing torch; fast case: test_kill_while_pruning_never_leaves_a_partial_checkpoint
 def test_sigkill_at_random_moments_never_corrupts_and_resume_continues(tmp_path):
     args = [*TINY, "steps=30", "checkpoint_every=1", "keep_checkpoints=2", "model.latent_units=12"]
     reference = tmp_path / "reference"

@@ -64,6 +64,7 @@ def test_activation_checkpointing_gives_the_same_gradients_and_keeps_less():
     assert _saved_bytes(checkpointed, tokens) < 0.5 * _saved_bytes(plain, tokens)
 
 
+@pytest.mark.slow  # Inductor compiles every block on a CPU; fast case: test_trainer_applies_the_options[compile]
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own
 def test_compiled_blocks_give_eager_losses_and_gradients():
     """Inductor on the debug size: three graphs (plain block, injection block, encoder block). Measured on

@@ -62,7 +62,7 @@ def install_hint(extra: str) -> str:
         return pip_install(*requirements)
     if (checkout := _checkout()) is not None:
         return pip_install("-e", f"{checkout}[{extra}]")
-    return f"install {DISTRIBUTION}'s extra {extra} (README.md, Install)"
+    return f"install {DISTRIBUTION}'s extra {extra} (docs/install.md)"
 
 
 def eval_install() -> str:

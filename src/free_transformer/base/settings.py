@@ -11,6 +11,7 @@ import difflib
 import enum
 import inspect
 import itertools
+import re
 import textwrap
 import types
 import typing
@@ -259,8 +260,39 @@ def to_dict(settings) -> dict:
     return plain(settings)
 
 
-def to_yaml(settings) -> str:
-    return yaml.safe_dump(to_dict(settings), sort_keys=False)
+def to_yaml(settings, explained: bool = False) -> str:
+    """The settings as YAML. explained: a value whose meaning its docstring gives in parentheses, as `threads: 0`
+    in `CPU threads for torch (0: torch's default).`, is followed by that meaning as a comment (what
+    `--print-config` shows; a file written to be read back carries none)."""
+    text = yaml.safe_dump(to_dict(settings), sort_keys=False)
+    if not explained:
+        return text
+    meanings = {item.path: meaning for item in describe(settings) if (meaning := value_meaning(item))}
+    lines: list[str] = []
+    path: list[str] = []  # the keys of the mapping a line is in, by indentation (PyYAML's 2 spaces)
+    for line in text.splitlines():
+        match = re.match(r"( *)([\w-]+):( .*)?$", line)
+        if match:
+            path[len(match.group(1)) // 2 :] = [match.group(2)]
+            if match.group(3) and ".".join(path) in meanings:
+                line += f"  # {meanings['.'.join(path)]}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def value_meaning(setting: Setting) -> str | None:
+    """What the setting's value means where its docstring says, as "(0: never)" or "(null: ...)"; else None."""
+    value = setting.default
+    for spelt in ("null", "None", "none") if value is None else (format_value(value),):
+        start = setting.doc.find(f"({spelt}: ")
+        if start < 0:
+            continue
+        depth = 0
+        for index in range(start, len(setting.doc)):  # to the matching parenthesis: "(0: min(CPU count, 8))"
+            depth += {"(": 1, ")": -1}.get(setting.doc[index], 0)
+            if depth == 0:
+                return setting.doc[start + len(spelt) + 3 : index]
+    return None
 
 
 def write_yaml(settings, path: str | Path) -> None:

@@ -159,7 +159,7 @@ def print_configs(configs: list[tuple[str, object]]) -> None:
     """Each run's resolved training config as one YAML document, headed by a comment naming the run: one
     document is a file that `free-transformer train -c FILE` reads."""
     for index, (run, config) in enumerate(configs):
-        print(("---\n" if index else "") + f"# {run}\n" + settings.to_yaml(config), end="")
+        print(("---\n" if index else "") + f"# {run}\n" + settings.to_yaml(config, explained=True), end="")
 
 
 def add_sweep_check_arguments(parser) -> None:

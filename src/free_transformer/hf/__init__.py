@@ -1,4 +1,4 @@
-"""Hugging Face integration (needs the `hf` extra: README.md, Install).
+"""Hugging Face integration (needs the `hf` extra: docs/install.md).
 
 Importing this package registers `FreeTransformerConfig` and `FreeTransformerForCausalLM` with
 `AutoConfig` and `AutoModelForCausalLM` (model_type "free_transformer"), so that

@@ -260,8 +260,9 @@ def save_train_config(config: TrainConfig, path: str | Path) -> None:
 
 
 def config_yaml(config: TrainConfig) -> str:
-    """The config as `save_train_config` writes it (`train -c` reads it back)."""
-    return settings.to_yaml(config)
+    """The config as `save_train_config` writes it (`train -c` reads it back), with the meaning of values such as
+    `threads: 0` as comments."""
+    return settings.to_yaml(config, explained=True)
 
 
 def changed_settings(before: TrainConfig, after: TrainConfig) -> dict[str, list]:

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ..base.checks import ConfigError
 from ..base.devices import parse_device
 from ..base.errors import Stopped
 from ..base.fileio import open_append, refuse_links
+from ..base.progress import Bar
 from ..base.units import LN2
 from ..data import build_dataset
 from ..data.datasets import Dataset
@@ -473,7 +473,7 @@ def _train(
         if env.is_main
         else None
     )
-    progress = tqdm(
+    progress = Bar(  # its time left: from the last minute's steps, after the first (compiled) one
         total=config.steps,
         initial=start_step,
         desc=run_dir.name,

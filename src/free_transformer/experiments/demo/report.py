@@ -202,6 +202,44 @@ def comparison_rows(results) -> list[tuple[str, list[str]]]:
     return rows
 
 
+TASKS = {"letters": "letters", "coins": "coin flips"}
+
+
+def report_title(results) -> str:
+    """What ran: the paper's letters, its coin flips, or both."""
+    ran = [name for task, name in TASKS.items() if any(r.variant.task == task for r in results)]
+    return f"The Free Transformer on the paper's synthetic {' and '.join(ran)}"
+
+
+def wall_time(results_by_seed: dict, total_seconds: float) -> str:
+    """The time this command took, and which runs it trained: a run trained by an earlier command is reused, and
+    its training time is not part of this command's."""
+    models = [r for results in results_by_seed.values() for r in results]
+    reused = sum(r.wall_seconds is None for r in models)
+    took = f"this command took {total_seconds / 60:.1f} min of wall time"
+    if not reused:
+        return f"{took}, training included"
+    if reused == len(models):
+        return f"{took} to measure and report: every run was trained by an earlier command and reused"
+    return (
+        f"{took}: it trained {len(models) - reused} of the {len(models)} runs; the other {reused} "
+        f"{'was' if reused == 1 else 'were'} trained by an earlier command and reused, and not counted here"
+    )
+
+
+# What each task is, said only when a model of it ran.
+LETTERS_INTRO = """<p>Each training sequence: a letter and “&gt;”, then 64 underscores holding one block of that
+letter repeated 8 times at a random position, every character replaced by “!” with probability 1/16. For each model
+and one random prompt letter, the <b>blue</b> group's sequences each draw their own latents Z; each <b>green</b> group
+shares one Z sequence drawn from the uniform prior. Sequences of a green group agree on what Z encodes.</p>"""
+COINS_INTRO = """<p><b>Coin flips</b> (the paper's Motivation section): a start byte, then 32 values, each a hidden
+fair coin flipped with some probability. A decoder without latents must infer the coin from the values it has
+generated; a Free Transformer can draw it in Z. Its groups draw every Z from the prior (blue: per sequence, green: one
+Z sequence per group); the coin a sequence shows is its majority value, and two independent sequences show the same
+coin half of the time. “Coin of the Z's source”: generations given the encoder's Z of a fresh sequence, and how often
+they show that sequence's coin.</p>"""
+
+
 def _verdict(claim: dict) -> str:
     marks = "".join("✔" if ok else "✘" for ok in claim["per_seed"].values())
     return f"{marks} {claim['reproduced']} of {claim['seeds']} seed{'s' if claim['seeds'] > 1 else ''}"
@@ -274,7 +312,7 @@ def _figure_png(results, claims, seeds: list, preset: str, latent_kind: str | No
     kind = f", latent kind {latent_kind}" if latent_kind else ""
     sheet.text(
         0.3,
-        f"Free Transformer on the paper's synthetic letters and coin flips: preset {preset}{kind}, seed"
+        f"{report_title(results)}: preset {preset}{kind}, seed"
         f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}",
         13,
         mono=False,
@@ -324,21 +362,23 @@ def _figure_png(results, claims, seeds: list, preset: str, latent_kind: str | No
                 sheet.down(LINE)
         sheet.down(0.12)
     sheet.down(0.15)
-    sheet.text(0.3, f"Beside the paper's figure (ours: seed {seeds[0]})", 11, mono=False, weight="bold")
-    sheet.down(0.3)
-    column = 1.5
-    for index, (_, title, _) in enumerate(COMPARED):
-        sheet.text(2.6 + index * column, title, 7.5, color="#555")
-    sheet.down(LINE)
-    for label, values in comparison_rows(results):
-        sheet.text(0.5, label, 7.5, weight="bold" if label.endswith("paper") else "normal")
-        for index, value in enumerate(values):
-            sheet.text(2.6 + index * column, value, 7.5)
+    compared = comparison_rows(results)
+    if compared:  # none of the figure's models ran: nothing to set beside it
+        sheet.text(0.3, f"Beside the paper's figure (ours: seed {seeds[0]})", 11, mono=False, weight="bold")
+        sheet.down(0.3)
+        column = 1.5
+        for index, (_, title, _) in enumerate(COMPARED):
+            sheet.text(2.6 + index * column, title, 7.5, color="#555")
         sheet.down(LINE)
-    for line in textwrap.wrap(COMPARED_NOTE, 170):
-        sheet.text(0.5, line, 7.5, color="#555")
-        sheet.down(LINE)
-    sheet.down(0.25)
+        for label, values in compared:
+            sheet.text(0.5, label, 7.5, weight="bold" if label.endswith("paper") else "normal")
+            for index, value in enumerate(values):
+                sheet.text(2.6 + index * column, value, 7.5)
+            sheet.down(LINE)
+        for line in textwrap.wrap(COMPARED_NOTE, 170):
+            sheet.text(0.5, line, 7.5, color="#555")
+            sheet.down(LINE)
+        sheet.down(0.25)
     sheet.text(0.3, f"The generations of seed {seeds[0]} (one prompt letter per model)", 11, mono=False, weight="bold")
     sheet.down(0.35)
     row, half = 0.118, 7.3  # inches per generated row at 6.5 points; a panel's width
@@ -467,7 +507,7 @@ def _measure_rows(results, seed: int | None) -> str:
     return "".join(
         f"<tr><td>{html.escape(r.variant.label + label)}</td>"
         + "".join(f"<td>{_measure_cell(r, key, pattern)}</td>" for key, _, pattern in MEASURES)
-        + f"<td>{r.wall_seconds / 60:.1f}</td></tr>"
+        + f"<td>{'reused' if r.wall_seconds is None else f'{r.wall_seconds / 60:.1f}'}</td></tr>"
         for r in results
     )
 
@@ -531,6 +571,14 @@ def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
         f"<tr><td>{esc(label)}</td>" + "".join(f"<td>{v}</td>" for v in values) + "</tr>"
         for label, values in comparison_rows(results)
     )
+    beside = (  # only where one of the figure's models (kappa 1/64 to 8 bits) ran
+        f"<h2>Beside the paper's figure (ours: seed {seeds[0]})</h2>\n<p>{esc(COMPARED_NOTE)}</p>\n"
+        f"<table><tr><th>model</th>{compared_header}</tr>{compared_rows}</table>"
+        if compared_rows
+        else ""
+    )
+    letters_intro = LETTERS_INTRO if any(r.variant.task == "letters" for r in results) else ""
+    coins_intro = COINS_INTRO if any(r.variant.task == "coins" for r in results) else ""
     panels = ""
     for r in results:
         boxes = "".join(
@@ -552,7 +600,7 @@ def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
             "decreases linearly to its final value (<code>kappa_start_bits</code>, <code>kappa_anneal_steps</code>); "
             "the paper keeps κ fixed. Measures are taken at the end, with the final κ.</li>"
         )
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Free Transformer: synthetic experiment</title>
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{esc(report_title(results))}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1300px; }}
 pre {{ font-size: 11px; line-height: 1.15; padding: 6px 8px; border-radius: 6px; margin: 4px 0; }}
@@ -565,25 +613,13 @@ tr.some td:first-child {{ color: #a60; font-weight: bold; }}
 td.fails {{ color: #b00000; }} td.why {{ color: #a65f00; font-style: italic; }}
 p.heading {{ margin: 6px 0 0; font-size: 12px; }}
 </style></head><body>
-<h1>The Free Transformer on the paper's synthetic letters</h1>
-<p>Each training sequence: a letter and “&gt;”, then 64 underscores holding one block of that letter repeated 8 times
-at a random position, every character replaced by “!” with probability 1/16. For each model and one random prompt
-letter,
-the <b>blue</b> group's sequences each draw their own latents Z; each <b>green</b> group shares one Z sequence
-drawn from the uniform prior. Sequences of a green group agree on what Z encodes.</p>
-<p><b>Coin flips</b> (the paper's Motivation section): a start byte, then 32 values, each a hidden fair coin flipped
-with some probability. A decoder without latents must infer the coin from the values it has generated; a Free
-Transformer can draw it in Z. Its groups draw every Z from the prior (blue: per sequence, green: one Z sequence per
-group); the coin a sequence shows is its majority value, and two independent sequences show the same coin half of
-the time. “Coin of the Z's source”: generations given the encoder's Z of a fresh sequence, and how often they show
-that sequence's coin.</p>
+<h1>{esc(report_title(results))}</h1>
+{letters_intro}{coins_intro}
 <h2>The paper's claims, seed by seed</h2>
 <p>Each claim's test is a list of conditions; each cell is what a seed measured, ✔ where the condition holds;
 {esc(NOT_MEASURED)}.</p>
 <table><tr><th>reproduced</th><th>claim, and its test's conditions</th>{seed_header}</tr>{claim_rows}</table>
-<h2>Beside the paper's figure (ours: seed {seeds[0]})</h2>
-<p>{esc(COMPARED_NOTE)}</p>
-<table><tr><th>model</th>{compared_header}</tr>{compared_rows}</table>
+{beside}
 {spread}
 <h2>Measures</h2>
 <p>Generation measures average two prompt letters; chance level for two independent valid samples: position
@@ -599,7 +635,7 @@ sequence: the coin is worth 1 bit, and more means Z also copies individual flips
 {notes}
 <p>Preset <code>{esc(preset["name"])}</code>, latent kind <code>{esc(summary.get("latent_kind") or "none")}</code>
 (<code>model.latent.kind</code>), seeds {", ".join(map(str, seeds))}, {summary["workers"]} training processes
-side by side, total wall time {summary["total_seconds"] / 60:.1f} min. Training settings of seed {seeds[0]} (the
+side by side; {esc(wall_time(results_by_seed, summary["total_seconds"]))}. Training settings of seed {seeds[0]} (the
 <code>free-transformer train</code> overrides that give each model's config):</p>
 <ul>{settings}</ul>
 <h2>Generations (seed {seeds[0]})</h2><div class="panels">{panels}</div>

@@ -90,7 +90,7 @@ class ModelResult:
     variant: Variant
     measures: dict
     groups: dict  # letter, blue, greens
-    wall_seconds: float
+    wall_seconds: float | None  # its training's, when this command trained it; None: reused, trained earlier
     curves: list[dict] = field(default_factory=list)
 
 
@@ -113,7 +113,7 @@ def evaluate_all(
                 variant,
                 {**measures, **more},
                 asdict(groups),
-                wall.get(str(run_dir), 0.0),
+                wall.get(str(run_dir)),
                 read_metrics(run_dir / "metrics.jsonl"),
             )
         )

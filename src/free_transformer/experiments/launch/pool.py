@@ -1,8 +1,8 @@
 """Several training runs side by side, one process each (on CPU each with its share of the cores; on a
 GPU they share the device), followed by one progress bar over their metrics.jsonl files. The bar counts
 training FLOPs, not steps: a sweep's runs may differ widely in the cost of a step, and its rate and time left
-must hold from the start. Finished runs are reused and partial ones resumed, so a sweep that was stopped
-continues where it was."""
+must hold from the start; the rate is the last minute's (base/progress.py), so start-up is not counted.
+Finished runs are reused and partial ones resumed, so a sweep that was stopped continues where it was."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnProcess
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from ...base.errors import Stopped, UserError
+from ...base.progress import Bar
 from ...data import build_dataset
 from ...runs.checkpoint import checkpoint_dirs
 from ...train.config import TrainConfig
@@ -77,7 +76,7 @@ def train_runs(jobs: list[tuple[TrainConfig, Path]], workers: int, desc: str) ->
     total = sum(steps * step for steps, step in runs)
     bar_format = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]"
     with (
-        tqdm(total=total, initial=before, desc=desc, bar_format=bar_format, dynamic_ncols=True) as bar,
+        Bar(total=total, initial=before, desc=desc, bar_format=bar_format, dynamic_ncols=True) as bar,
         StopSignals() as signals,
     ):
 
