@@ -132,6 +132,35 @@ def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
         generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3])
 
 
+POISON = 49  # a token whose embedding is NaN in `_poisoned_model`
+
+
+def _poisoned_model(latent_units: int):
+    """A tiny model whose token POISON embeds to NaN: a row fed it gets non-finite keys, values and logits."""
+    model = tiny_model(latent_units=latent_units, dtype=torch.float32)
+    with torch.no_grad():
+        model.embed_tokens.weight[POISON] = float("nan")
+    return model
+
+
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_a_failed_row_leaves_nothing_in_its_slot(latent_units, compile):
+    """A row whose keys and values are NaN ends with an error; the next row in its slot, with a shorter prompt (so
+    that it attends, under its mask, positions the failed row filled), decodes as it does alone."""
+    model = _poisoned_model(latent_units)
+    short, poisoned, long = [5, 6, 7], [1, 2, 3, 4, 5, 6, 7, POISON, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    expected = generate(model, [short], SAMPLED, seeds=[4]).tokens[0]
+    engine = decoding_engine(model, 2, 18, compile=compile)
+    failed = Row(poisoned, SAMPLED, torch.Generator().manual_seed(3))
+    list(run_rows(engine, [failed]))
+    assert failed.finish_reason == "error" and "NaN" in str(failed.error)
+    # the short row takes the failed row's slot; the long one makes an eager step read its stale positions too
+    after = Row(short, SAMPLED, torch.Generator().manual_seed(4))
+    list(run_rows(engine, [after, Row(long, SAMPLED, torch.Generator().manual_seed(5))]))
+    assert after.finish_reason == "length" and after.tokens == expected
+
+
 def test_tiny_temperatures_and_top_p_sample_the_likeliest_token():
     """Valid settings never give NaN: a temperature below 1e-5 is greedy, top_p 1e-300 keeps the likeliest."""
     logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.2, 0.1], [2.0, 2.5, 9.0]])

@@ -9,7 +9,8 @@ tensor: the row's Z for that position (explicit, or one prior draw with the row'
 the next token, each row sampled with its own settings given as tensors (free_transformer.inference.sampling).
 A row ends at a stop token, at its max_new_tokens, when the caller ends it (`finish`), or alone, with an
 error, when its logits are not finite. Rows join and leave between steps; a row that leaves is replaced in
-its slot by the last one, so that the rows in flight always fill slots [0, n).
+its slot by the last one, so that the rows in flight always fill slots [0, n), and the keys and values it
+leaves are zeroed, so that nothing of it (a failed row's NaN) reaches the next row there.
 
 Random streams: a row draws, with its own generator and in this order, the prompt's Z (encoder or prior),
 the noise of its first token, then for each fed position its prior Z (unless explicit Z covers it) and the
@@ -383,6 +384,7 @@ class DecodeEngine:
             if row.done:
                 row.fed = self.fed[slot, : row.position].clone() if self.is_free else None
                 row.slot = None
+                self._clear(slot, row.position)
         n = sum(not row.done for row in rows)  # the rows that stay, in slots [0, n) once moved
         holes = (slot for slot in range(n) if rows[slot].done)  # ascending
         kept = rows[:n]
@@ -390,11 +392,19 @@ class DecodeEngine:
             if not rows[source].done:
                 slot = next(holes)
                 self._move(rows[source], source, slot)
+                self._clear(source, rows[source].position)
                 kept[slot] = rows[source]
         self.rows = kept
         freed = slice(n, self.slots)
         self.active[freed] = 0
         self.position[freed] = 0
+
+    def _clear(self, slot: int, length: int) -> None:
+        """Zero the keys and values a row left in `slot`, positions [0, length): a later row there attends the
+        positions past its own under a mask, and a masked NaN or inf (a failed row's) would still reach it
+        (0 x NaN is NaN). Once per row, the cost of writing its cache once."""
+        self.cache.keys[:, slot, :, :length] = 0
+        self.cache.values[:, slot, :, :length] = 0
 
     def _move(self, row: Row, source: int, slot: int) -> None:
         length = row.position
