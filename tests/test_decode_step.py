@@ -92,8 +92,7 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
     configs[1] = dataclasses.replace(SAMPLED, stop_tokens=(stop,))
     engine = decoding_engine(model, 3, 16, compile=compile)
     rows = [
-        Row(prompt, config, torch.Generator().manual_seed(k), latents)
-        for k, (prompt, config, (_, latents)) in enumerate(zip(ids, configs, alone))
+        Row(prompt, config, k, latents) for k, (prompt, config, (_, latents)) in enumerate(zip(ids, configs, alone))
     ]
     ended = list(run_rows(engine, rows))
     assert sorted(map(id, ended)) == sorted(map(id, rows)) and not engine.rows
@@ -120,10 +119,7 @@ def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
     expected = generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3]).tokens
     monkeypatch.setattr(engine_module, "next_tokens", poisoned)
     engine = decoding_engine(model, 3, 16)
-    rows = [
-        Row(prompt, SAMPLED, torch.Generator().manual_seed(seed))
-        for prompt, seed in zip(_prompts(3).tolist(), [1, 2, 3])
-    ]
+    rows = [Row(prompt, SAMPLED, seed) for prompt, seed in zip(_prompts(3).tolist(), [1, 2, 3])]
     list(run_rows(engine, rows))
     assert rows[1].finish_reason == "error" and "NaN" in str(rows[1].error) and len(rows[1].tokens) == 1
     assert [rows[0].tokens, rows[2].tokens] == [expected[0], expected[2]]
@@ -132,14 +128,19 @@ def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
         generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3])
 
 
-POISON = 49  # a token whose embedding is NaN in `_poisoned_model`
+POISON = 49  # a token that embeds to NaN in a prompt of `_poisoned_model`
 
 
 def _poisoned_model(latent_units: int):
-    """A tiny model whose token POISON embeds to NaN: a row fed it gets non-finite keys, values and logits."""
+    """A tiny model whose token POISON embeds to NaN in a prompt (a call of more than one token): a row whose
+    prompt holds it gets non-finite keys, values and logits; a sampled POISON is harmless."""
     model = tiny_model(latent_units=latent_units, dtype=torch.float32)
-    with torch.no_grad():
-        model.embed_tokens.weight[POISON] = float("nan")
+
+    def poison(module, inputs, out):
+        (tokens,) = inputs
+        return out.masked_fill((tokens == POISON)[..., None], float("nan")) if tokens.shape[1] > 1 else out
+
+    model.embed_tokens.register_forward_hook(poison)
     return model
 
 
@@ -152,12 +153,12 @@ def test_a_failed_row_leaves_nothing_in_its_slot(latent_units, compile):
     short, poisoned, long = [5, 6, 7], [1, 2, 3, 4, 5, 6, 7, POISON, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     expected = generate(model, [short], SAMPLED, seeds=[4]).tokens[0]
     engine = decoding_engine(model, 2, 18, compile=compile)
-    failed = Row(poisoned, SAMPLED, torch.Generator().manual_seed(3))
+    failed = Row(poisoned, SAMPLED, 3)
     list(run_rows(engine, [failed]))
     assert failed.finish_reason == "error" and "NaN" in str(failed.error)
     # the short row takes the failed row's slot; the long one makes an eager step read its stale positions too
-    after = Row(short, SAMPLED, torch.Generator().manual_seed(4))
-    list(run_rows(engine, [after, Row(long, SAMPLED, torch.Generator().manual_seed(5))]))
+    after = Row(short, SAMPLED, 4)
+    list(run_rows(engine, [after, Row(long, SAMPLED, 5)]))
     assert after.finish_reason == "length" and after.tokens == expected
 
 
@@ -183,7 +184,7 @@ def test_buckets_and_the_step_padded_up_to_its_bucket():
     assert bucket_sizes(1) == (1,) and bucket_sizes(16) == (1, 2, 4, 8, 16) and bucket_sizes(20)[-2:] == (16, 20)
     model = tiny_model(latent_units=4, dtype=torch.float32)
     engine = DecodeEngine(model, 8, capacity=32, compile=True)
-    engine.add([Row(prompt, SAMPLED, torch.Generator().manual_seed(0)) for prompt in _prompts(3).tolist()])
+    engine.add([Row(prompt, SAMPLED, 0) for prompt in _prompts(3).tolist()])
     engine.step()
     assert {size for size, _ in engine.warm} == {4}  # 3 rows run in the bucket of 4
 

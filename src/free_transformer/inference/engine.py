@@ -1,28 +1,29 @@
 """The decoding engine: the one loop that decodes every sequence, for `generate()`, `free-transformer generate`
 (with --interactive) and the server (free_transformer.serve).
 
-The engine has `slots` rows of one KV cache. A `Row` (a prompt, its sampling settings, its generator and where
+The engine has `slots` rows of one KV cache. A `Row` (a prompt, its sampling settings, its seed and where
 its Z comes from) is prefilled into a free slot (`add`: rows of one prompt length are prefilled together, the
 prompt's Z from the encoder's posterior, the prior or explicit values), its first token sampled from the
 prefill's logits. Each `step` then feeds every row its last token at its own position, a (rows,) position
-tensor: the row's Z for that position (explicit, or one prior draw with the row's generator), the model, and
-the next token, each row sampled with its own settings given as tensors (free_transformer.inference.sampling).
+tensor: the row's Z for that position (explicit, or a prior draw), the model, and the next token, each row
+sampled with its own settings given as tensors (free_transformer.inference.sampling).
 A row ends at a stop token, at its max_new_tokens, when the caller ends it (`finish`), or alone, with an
 error, when its logits are not finite. Rows join and leave between steps; a row that leaves is replaced in
 its slot by the last one, so that the rows in flight always fill slots [0, n), and the keys and values it
 leaves are zeroed, so that nothing of it (a failed row's NaN) reaches the next row there.
 
-Random streams: a row draws, with its own generator and in this order, the prompt's Z (encoder or prior),
-the noise of its first token, then for each fed position its prior Z (unless explicit Z covers it) and the
-noise of the next token (unless it samples greedily). A sample therefore depends only on its prompt, settings,
-seed and Z, never on the other rows in flight.
+Random streams: a row's draws are counter-based (free_transformer.base.counter_random), functions of its key
+(of its seed) and a position: the prior Z fed at position t is the row's LATENT stream at t, the noise of the
+token sampled from position t's logits its TOKEN stream at t, every row's drawn in one operation on the batch
+(`counter_prior`, `token_race`). Only the encoder's posterior sample of the prompt's Z, once at admission,
+takes a torch.Generator seeded with the row's seed. A sample therefore depends only on its prompt, settings,
+seed and Z, never on the other rows in flight nor on the order of the draws.
 
 Compiled (`compile=True`): the step (model and sampling) is compiled by Inductor on the device types of
 INDUCTOR_DEVICES and, on CUDA, captured as a CUDA graph per batch-size bucket (BUCKETS; the rows in flight are
-padded up to their bucket) and sampling variant, once for the engine's life: a step is then its draws and one
-replay. The random draws stay outside the graph, row by row with each row's generator, so that a row draws
-exactly what it would draw alone. A compiled step attends the whole cache under a mask; an eager one the
-positions up to the longest row's."""
+padded up to their bucket) and sampling variant, once for the engine's life: a step is then one replay. The random
+draws are inside the graph: functions of the key and position buffers. A compiled step attends the whole cache
+under a mask; an eager one the positions up to the longest row's."""
 
 from __future__ import annotations
 
@@ -39,11 +40,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..base.counter_random import row_keys
 from ..base.latent_choice import LatentChoice
-from ..model.latent import LatentPlan, LatentSource
+from ..base.seeding import generators
+from ..model.latent import LatentSource
+from ..model.latent.sampling import counter_prior
 from ..model.transformer import FreeTransformer
-from .params import GenerationConfig
-from .sampling import NON_FINITE, RowSettings, SamplingVariant, exponential_race_, next_tokens
+from .params import MAX_SEED, GenerationConfig
+from .sampling import NON_FINITE, RowSettings, SamplingVariant, next_tokens, token_race
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ class Row:
 
     ids: list[int]  # the prompt's token ids, at least one
     config: GenerationConfig  # temperature, filters, stop tokens, and max_new_tokens (set)
-    generator: torch.Generator | None  # every random draw of the row (None: the global RNG)
+    seed: int | None  # keys every random draw of the row, in [0, 2^63) (None: one drawn from torch's global RNG)
     # the prompt's Z (ENCODER or PRIOR), or (1, N, *value_shape) explicit Z of positions [0, N), N >= len(ids)
     latents: LatentSource = LatentChoice.ENCODER
     keep_logits: bool = False  # set `logits` at every token (the server's logprobs)
@@ -86,7 +90,6 @@ class Row:
     fed: Tensor | None = None  # (positions fed, *value_shape) the Z it was fed, once ended (Free Transformer)
     position: int = 0  # the next position to feed: tokens in the cache
     slot: int | None = None  # its row of the engine's cache while in flight
-    plan: LatentPlan | None = None  # which Z each of its positions takes, made by `add` (a Free Transformer)
 
     @property
     def done(self) -> bool:
@@ -124,10 +127,11 @@ class DecodeEngine:
             self.token = torch.zeros(slots, 1, dtype=torch.int64, device=device)  # (S, 1) the token to feed
             self.position = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) where it goes
             self.active = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) 1 for a slot in flight
-            self.latent = torch.zeros(slots, 1, *shape, dtype=dtype, device=device)  # (S, 1, ...) its Z
-            self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)  # every Z fed
+            self.key = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) its counter-based key
+            # (S, capacity, ...) every Z fed, and the explicit Z given ahead, positions [0, explicit_end)
+            self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)
+            self.explicit_end = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,)
             self.settings = RowSettings(slots, device)
-            self.race = torch.ones(slots, self.vocab_size, device=device)  # (S, V) sampling noise, float32
         self.rows: list[Row] = []  # in flight, row i in slot i
         self.steps = 0  # steps taken (tests and logs)
         self.compile = compile
@@ -161,16 +165,8 @@ class DecodeEngine:
             raise ValueError(f"{len(rows)} rows do not fit: {self.free} of {self.slots} slots are free")
         for row in rows:
             self.check(row)
-            if self.is_free:
-                explicit = row.latents if isinstance(row.latents, Tensor) else None
-                row.plan = LatentPlan(
-                    1,
-                    self.space,
-                    explicit=explicit,
-                    # a row's None is the global RNG, which the plan's row-by-row draws take (fill_rows_)
-                    generators=[row.generator],  # type: ignore[list-item]  # Generators leaves None per row out
-                    prompt_source=LatentChoice.ENCODER if explicit is not None else row.latents,
-                )
+            if row.seed is None:  # follows torch.manual_seed
+                row.seed = int(torch.randint(0, MAX_SEED, ()))
         groups: dict[tuple, list[Row]] = {}
         for row in rows:
             kind = "explicit" if isinstance(row.latents, Tensor) else row.latents
@@ -186,6 +182,8 @@ class DecodeEngine:
         P, new = len(row.ids), row.config.max_new_tokens
         if P < 1 or new is None:
             raise ValueError(f"a row needs a prompt and its max_new_tokens, got {P} tokens and {new}")
+        if row.seed is not None and not 0 <= row.seed <= MAX_SEED:
+            raise ValueError(f"a row's seed must be in [0, 2**63), got {row.seed}")
         if P + new - 1 > self.capacity:
             raise ValueError(
                 f"prompt ({P}) + max_new_tokens ({new}) - 1 exceeds the {self.capacity} positions of the decoding cache"
@@ -195,10 +193,22 @@ class DecodeEngine:
         model, start, k, P = self.model, len(self.rows), len(rows), len(rows[0].ids)
         slots = slice(start, start + k)
         ids = torch.tensor([row.ids for row in rows], dtype=torch.int64, device=self.device)  # (k, P)
+        seeds = [_seed(row) for row in rows]
+        self.key[slots] = row_keys(torch.tensor(seeds, dtype=torch.int64, device=self.device))
+        if self.is_free:
+            self.explicit_end[slots] = 0
+            for j, row in enumerate(rows):
+                if isinstance(row.latents, Tensor):
+                    end = self._explicit_length(row)
+                    self.fed[start + j, :end] = row.latents[0, :end]
+                    self.explicit_end[start + j] = end
+        latents = self._prompt_latents(rows, slots, P)
+        # the encoder's posterior sample of the prompt's Z: the one draw with a generator, once per row
+        encoder = self.is_free and isinstance(latents, str) and latents == LatentChoice.ENCODER
         out = model(
             ids,
-            latents=self._prompt_latents(rows, P),
-            generator=[row.generator for row in rows],
+            latents=latents,
+            generator=generators(seeds, self.device) if encoder else None,
             cache=self.cache.view(slots, P),
         )
         if self.is_free:
@@ -213,19 +223,26 @@ class DecodeEngine:
         self.settings.set(slots, [row.config for row in rows])
         logits = out.logits[:, -1]  # (k, V)
         variant = SamplingVariant.of([row.config for row in rows])
-        tokens, non_finite = next_tokens(
-            logits, self.settings.view(slots), self._draw_noise(rows, slots, variant), variant
-        )
+        race = token_race(self.key[slots], self.position[slots] - 1, self.vocab_size) if variant.sampled else None
+        tokens, non_finite = next_tokens(logits, self.settings.view(slots), race, variant)
         self.token[slots, 0] = tokens
         self._take(rows, tokens, non_finite, logits)
 
-    def _prompt_latents(self, rows: list[Row], P: int):
-        """What the prefill of `rows` (one group of `add`: one kind of prompt Z) takes as latents."""
+    def _prompt_latents(self, rows: list[Row], slots: slice, P: int) -> LatentSource:
+        """What the prefill of `rows` in `slots` (one group of `add`: one kind of prompt Z) takes as latents:
+        the explicit values, the rows' prior streams at positions [0, P), or LatentChoice.ENCODER."""
         if not self.is_free:
             return LatentChoice.PRIOR
-        sources = [_plan(row).source(0, P, self.device) for row in rows]
-        values = [source for source in sources if isinstance(source, Tensor)]  # every row's, or none
-        return torch.cat(values) if values else LatentChoice.ENCODER  # (k, P, ...) values, or LatentChoice.ENCODER
+        if isinstance(rows[0].latents, Tensor):
+            return self.fed[slots, :P]  # (k, P, ...) the explicit values, written by _prefill
+        if rows[0].latents == LatentChoice.PRIOR:
+            positions = torch.arange(P, device=self.device)
+            return counter_prior(self.space, self.key[slots, None], positions[None, :])  # (k, P, ...)
+        return LatentChoice.ENCODER
+
+    def _explicit_length(self, row: Row) -> int:
+        """The positions of a row's explicit Z that its cache holds (0 without explicit Z)."""
+        return min(row.latents.shape[1], self.capacity) if isinstance(row.latents, Tensor) else 0
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -236,8 +253,6 @@ class DecodeEngine:
             return []
         with torch.inference_mode():
             variant = SamplingVariant.of([row.config for row in rows])
-            self._draw_latents(rows)
-            self._draw_noise(rows, slice(0, len(rows)), variant)
             if self.compile:
                 size = self.buckets[bisect.bisect_left(self.buckets, len(rows))]
                 tokens, non_finite, logits = self._replay(size, variant)
@@ -252,30 +267,19 @@ class DecodeEngine:
             self._release()
         return rows
 
-    def _draw_latents(self, rows: list[Row]) -> None:
-        """Each row's Z for the position it feeds, into `latent`: its explicit Z, else one prior draw."""
-        if not self.is_free:
-            return
-        for i, row in enumerate(rows):
-            _plan(row).fill_(self.latent[i : i + 1], row.position)
-
-    def _draw_noise(self, rows: list[Row], slots: slice, variant: SamplingVariant) -> Tensor | None:
-        """The sampling noise of the rows that sample, into their rows of `race`; None when none samples."""
-        if not variant.sampled:
-            return None
-        race = self.race[slots]
-        drawing = [(noise, row.generator) for noise, row in zip(race, rows) if not row.config.greedy]
-        exponential_race_([noise for noise, _ in drawing], [generator for _, generator in drawing])
-        return race
-
     def _body(self, size: int, cache, variant: SamplingVariant, core: Callable) -> tuple[Tensor, ...]:
         """The step of slots [0, size) over `cache`, a view of their rows: everything a captured graph replays.
         Returns the next tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
         rows = slice(0, size)
-        position, latent = self.position[rows], self.latent[rows]
-        if self.is_free:
-            self.fed[torch.arange(size, device=self.device), position] = latent[:, 0]
-        race = self.race[rows] if variant.sampled else None
+        position, key = self.position[rows], self.key[rows]
+        latent: LatentSource = LatentChoice.PRIOR  # a baseline's: it has no Z
+        if self.space is not None:  # each row's Z at its position: explicit where given, else its prior stream's
+            index = torch.arange(size, device=self.device)
+            given = (position < self.explicit_end[rows]).view(size, *[1] * len(self.space.value_shape))
+            latent = torch.where(given, self.fed[index, position], counter_prior(self.space, key, position))
+            self.fed[index, position] = latent
+            latent = latent[:, None]  # (size, 1, ...)
+        race = token_race(key, position, self.vocab_size) if variant.sampled else None  # (size, V)
         tokens, non_finite, logits = core(
             self.model, self.token[rows], latent, position, cache, self.settings.view(rows), race, variant
         )
@@ -398,6 +402,7 @@ class DecodeEngine:
         freed = slice(n, self.slots)
         self.active[freed] = 0
         self.position[freed] = 0
+        self.explicit_end[freed] = 0
 
     def _clear(self, slot: int, length: int) -> None:
         """Zero the keys and values a row left in `slot`, positions [0, length): a later row there attends the
@@ -410,23 +415,24 @@ class DecodeEngine:
         length = row.position
         self.cache.keys[:, slot, :, :length] = self.cache.keys[:, source, :, :length]
         self.cache.values[:, slot, :, :length] = self.cache.values[:, source, :, :length]
-        for buffer in (self.token, self.position, self.active, self.latent):
+        for buffer in (self.token, self.position, self.active, self.key, self.explicit_end):
             buffer[slot] = buffer[source]
-        self.fed[slot, :length] = self.fed[source, :length]
+        known = max(length, self._explicit_length(row))  # the Z fed, and the explicit Z still ahead
+        self.fed[slot, :known] = self.fed[source, :known]
         self.settings.move(source, slot)
         row.slot = slot
 
 
-def _plan(row: Row) -> LatentPlan:
-    """A row's plan, which `add` makes for every row of a Free Transformer (the only rows whose plan is read)."""
-    assert row.plan is not None, "add plans the Z of every row of a Free Transformer"
-    return row.plan
+def _seed(row: Row) -> int:
+    """A row's seed, which `add` sets when the caller left it None."""
+    assert row.seed is not None, "add draws a seed for every row without one"
+    return row.seed
 
 
 def _step_core(
     model: FreeTransformer,
     token: Tensor,
-    latent: Tensor,
+    latent: LatentSource,
     position: Tensor,
     cache,
     settings,

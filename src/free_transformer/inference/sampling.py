@@ -2,10 +2,11 @@
 sampler of every decoding path (the decoding engine's step, free_transformer.inference.engine, and the Hugging
 Face loop's `RowSeededSampler`).
 
-A row's token is drawn as torch.multinomial(probs, 1, generator=g) draws one sample, argmax(probs / q) with
-q ~ Exp(1) drawn from the row's generator (the exponential race), where probs is the softmax of the logits
-divided by the temperature and filtered by top-k, then top-p, then min-p (Hugging Face's order). Three rules
-keep every valid setting finite, so that no row's settings can fail another row or the request:
+A row's token is drawn as argmax(probs / q) with q ~ Exp(1) (the exponential race: exactly a draw from probs), q =
+-log u for the uniforms u of the row's counter-based TOKEN stream at the position whose logits these are
+(`token_race`, free_transformer.base.counter_random: every row's noise in one operation), where probs is the
+softmax of the logits divided by the temperature and filtered by top-k, then top-p, then min-p (Hugging Face's
+order). Three rules keep every valid setting finite, so that no row's settings can fail another row or the request:
 - a temperature below GREEDY_BELOW picks the likeliest token (as vLLM does): logits / 1e-39 would overflow;
 - top-p and min-p always keep the likeliest token (a top-p of 1e-300 is 0 in float32);
 - a row whose logits or probabilities hold a NaN is flagged in `non_finite`, for that row alone."""
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..base import counter_random
 from .params import GREEDY_BELOW, Sampling
 
 NON_FINITE = "the next-token probabilities contain NaN (non-finite logits)"
@@ -118,26 +120,23 @@ def filtered(scaled: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Ten
     return scaled.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), float("-inf"))
 
 
-def exponential_race_(race: Tensor | Sequence[Tensor], generators: Sequence[torch.Generator | None]):
-    """Fill the rows of `race` ((B, V), or B rows of V) in place with Exp(1) draws, row i from generators[i]: a
-    sampled row's noise."""
-    for row, generator in zip(race, generators):
-        row.exponential_(generator=generator)
-    return race
+def token_race(keys: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
+    """(B, V) float32 Exp(1) noise of each row's TOKEN stream: keys (B,) its counter-based key
+    (counter_random.row_keys), positions (B,) the position whose logits it samples."""
+    uniforms = counter_random.uniform(counter_random.words(keys, positions, counter_random.TOKEN, vocab_size))
+    return -uniforms.log()
 
 
-def sample_next(logits: Tensor, rule: Sampling, generators: Sequence[torch.Generator | None]) -> Tensor:
-    """(B, V) logits -> (B,) tokens, every row with `rule` and row i's noise from generators[i]; a ValueError
-    when a row's probabilities hold a NaN. For a loop that is not the engine's (Hugging Face's)."""
+def sample_next(logits: Tensor, rule: Sampling, keys: Tensor, position: int) -> Tensor:
+    """(B, V) logits of position `position` -> (B,) tokens, every row with `rule` and row i's noise from its
+    key keys[i] (B,), as the decoding engine draws it; a ValueError when a row's probabilities hold a NaN. For a
+    loop that is not the engine's (Hugging Face's)."""
     B = logits.shape[0]
     settings = RowSettings(B, logits.device)
     settings.set(slice(0, B), [rule] * B)
     variant = SamplingVariant.of([rule])
-    race = (
-        exponential_race_(torch.empty(B, logits.shape[-1], device=logits.device), generators)
-        if variant.sampled
-        else None
-    )
+    positions = torch.full((B,), position, dtype=torch.int64, device=logits.device)
+    race = token_race(keys.to(logits.device), positions, logits.shape[-1]) if variant.sampled else None
     tokens, non_finite = next_tokens(logits, settings.view(slice(0, B)), race, variant)
     if bool(non_finite.any()):
         raise ValueError(NON_FINITE)

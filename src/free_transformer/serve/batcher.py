@@ -42,7 +42,7 @@ class RowSpec:
 
     index: int  # the choice's index in the response
     prompt: Prompt  # its ids, settings and Z
-    seed: int  # the row's generator
+    seed: int  # the row's seed: sample_seed(the request's seed, prompt, sample)
 
 
 @dataclass

@@ -2,9 +2,10 @@
 `RequestError` with one line, before any sampling), whose rows the scheduler (free_transformer.serve.batcher)
 hands to the decoding engine, batched with every other request's.
 
-Completion i of a prompt samples with seed + i, so a prompt's completions do not depend on the other
-prompts of its request, on n, on streaming or on the batch, and equal `free-transformer generate
---seed SEED`'s (up to float rounding)."""
+Completion i of prompt p samples with its own seed, sample_seed(seed, p, i) (free_transformer.base.seeding): a
+request with a seed gives the same completions again (OpenAI's meaning of the seed), each of its prompts and
+samples its own random stream, none depending on streaming or on the batch, and equal to `free-transformer
+generate --seed SEED`'s with the same prompts (up to float rounding)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..base.latent_choice import ContextChoice, LatentChoice
+from ..base.seeding import sample_seed
 from ..data.tokenizer import Tokenizer
 from ..inference.batches import prepare_prompts
 from ..inference.params import SamplingError, SamplingParams, new_token_room
@@ -109,7 +111,9 @@ class Engine:
         except ValueError as error:
             raise RequestError(str(error), "reference" if reference is not None else "latents") from None
         rows = [
-            RowSpec(p * request.n + i, prompt, seed + i) for p, prompt in enumerate(prompts) for i in range(request.n)
+            RowSpec(p * request.n + i, prompt, sample_seed(seed, p, i))
+            for p, prompt in enumerate(prompts)
+            for i in range(request.n)
         ]
         return Plan(rows, [stop for stop in stops if stop], sum(map(len, ids)))
 
