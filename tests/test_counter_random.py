@@ -17,8 +17,8 @@ CHI2_63, CHI2_255, CHI2_49 = 131.37, 377.08, 111.14  # chi2.ppf(1 - 1e-6, df) fo
 def _reference_words(seed: int, position: int, stream: int, n: int) -> list[int]:
     """What `words(row_keys(seed), position, stream, n)` computes, on Python integers modulo 2^64."""
     key = cr.mix_int(seed)
-    state = cr.mix_int(key ^ cr.mix_int(position * cr.STREAMS + stream))
-    return [cr.mix_int(state + (j + 1) * cr.GAMMA) for j in range(n)]
+    state = cr.mix_int(key + (position + 1) * cr.POSITION_GAMMA)
+    return [cr.mix_int(state + (stream * cr.STREAM_STRIDE + j + 1) * cr.GAMMA) for j in range(n)]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**62 + 17, 2**63 - 1])

@@ -2,15 +2,21 @@
 so that every row's draws at its own position come out of one tensor operation on the batch, with no generator
 object per row and no state to advance, inside or outside a captured graph alike.
 
-The hash is SplitMix64's (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014):
-word j of a stream whose state is s is mix(s + (j + 1) * GAMMA), the sequence SplitMix64 itself outputs from s,
-which passes BigCrush. A stream's state is mix(key ^ mix(counter)), the counter numbering (position, stream);
-a row's key is mix(seed). All of it is int64 tensor arithmetic, whose products wrap modulo 2^64 on every
-device torch runs on (the tests check the words against `mix_int`, the same hash on Python integers).
+The hash is SplitMix64's (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014),
+used twice as SplitMix64 splits: a row's key is mix(seed); its state at position t is mix(key + (t + 1) *
+POSITION_GAMMA), the t-th output of SplitMix64 seeded with the key; word j of stream s there is
+mix(state + (s * STREAM_STRIDE + j + 1) * GAMMA), the sequence SplitMix64 outputs from that state (which passes
+BigCrush). All of it is int64 tensor arithmetic, whose products wrap modulo 2^64 on every device torch runs on
+(the tests check the words against `mix_int`, the same hash on Python integers).
 
     row_keys(seeds)                      (...,) keys of 63-bit seeds
-    words(keys, positions, stream, n)    (..., n) random words of each row's stream at its position
+    states(keys, positions)              (...,) each row's state at its position
+    offsets(stream, n)                   (n,) the counters of a stream's first n words, times GAMMA
+    words(keys, positions, stream, n)    (..., n) those words: mix(states[..., None] + offsets)
     uniform(words)                       floats in (0, 1) from a word's top 24 bits
+
+A caller drawing several streams at once (the decoding engine: prior Z and token noise) concatenates their
+offsets and mixes once.
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ def _signed(value: int) -> int:
 
 
 GAMMA = 0x9E3779B97F4A7C15  # the golden ratio's 64-bit fraction: SplitMix64's increment
+POSITION_GAMMA = 0xD1B54A32D192ED03  # another odd increment, for the positions' states
 M1, M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's multipliers
-STREAMS = 2  # the streams at each position: TOKEN (the next token's noise) and LATENT (the prior Z fed there)
-TOKEN, LATENT = 0, 1
+STREAM_STRIDE = 1 << 32  # words per stream at a position
+TOKEN, LATENT = 0, 1  # the streams: the noise of the token sampled from a position's logits, the prior Z fed there
 
 
 def mix_int(x: int) -> int:
@@ -61,11 +68,20 @@ def row_keys(seeds: Tensor) -> Tensor:
     return mix(seeds)
 
 
+def states(keys: Tensor, positions: Tensor) -> Tensor:
+    """(...,) int64 state of each key (...,) at its position (...,)."""
+    return mix(keys + (positions + 1) * _signed(POSITION_GAMMA))
+
+
+def offsets(stream: int, n: int, device=None) -> Tensor:
+    """(n,) int64: the counters of words [0, n) of `stream` (TOKEN or LATENT), times GAMMA (wrapping)."""
+    counters = torch.arange(stream * STREAM_STRIDE + 1, stream * STREAM_STRIDE + n + 1, device=device)
+    return counters * _signed(GAMMA)
+
+
 def words(keys: Tensor, positions: Tensor, stream: int, n: int) -> Tensor:
-    """(..., n) int64 random words: n of the `stream` (TOKEN or LATENT) of each key (...,) at its position (...,)."""
-    state = mix(keys ^ mix(positions * STREAMS + stream))  # (...,)
-    steps = torch.arange(1, n + 1, dtype=torch.int64, device=keys.device) * _signed(GAMMA)  # (n,) wraps
-    return mix(state[..., None] + steps)
+    """(..., n) int64 random words: n of the `stream` of each key (...,) at its position (...,)."""
+    return mix(states(keys, positions)[..., None] + offsets(stream, n, keys.device))
 
 
 def uniform(word: Tensor) -> Tensor:

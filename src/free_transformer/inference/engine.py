@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..base import counter_random
 from ..base.counter_random import row_keys
 from ..base.latent_choice import LatentChoice
 from ..base.seeding import generators
@@ -47,7 +48,7 @@ from ..model.latent import LatentSource
 from ..model.latent.sampling import counter_prior
 from ..model.transformer import FreeTransformer
 from .params import MAX_SEED, GenerationConfig
-from .sampling import NON_FINITE, RowSettings, SamplingVariant, next_tokens, token_race
+from .sampling import NON_FINITE, RowSettings, SamplingVariant, next_tokens, race_of, token_race
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,11 @@ class DecodeEngine:
             self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)
             self.explicit_end = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,)
             self.settings = RowSettings(slots, device)
+            # the counters of a step's words: a prior draw's (LATENT), then the token noise's (TOKEN)
+            self.latent_words = space.prior_words if space is not None else 0
+            self.latent_offsets = counter_random.offsets(counter_random.LATENT, self.latent_words, device)
+            token_offsets = counter_random.offsets(counter_random.TOKEN, self.vocab_size, device)
+            self.step_offsets = torch.cat([self.latent_offsets, token_offsets])  # (latent_words + V,)
         self.rows: list[Row] = []  # in flight, row i in slot i
         self.steps = 0  # steps taken (tests and logs)
         self.compile = compile
@@ -272,14 +278,18 @@ class DecodeEngine:
         Returns the next tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
         rows = slice(0, size)
         position, key = self.position[rows], self.key[rows]
+        # every row's words at its position, its prior Z's and its token noise's, in one mix
+        offsets = self.step_offsets if variant.sampled else self.latent_offsets
+        words = counter_random.mix(counter_random.states(key, position)[:, None] + offsets)  # (size, offsets)
         latent: LatentSource = LatentChoice.PRIOR  # a baseline's: it has no Z
         if self.space is not None:  # each row's Z at its position: explicit where given, else its prior stream's
             index = torch.arange(size, device=self.device)
             given = (position < self.explicit_end[rows]).view(size, *[1] * len(self.space.value_shape))
-            latent = torch.where(given, self.fed[index, position], counter_prior(self.space, key, position))
+            prior = self.space.prior_from_words(words[:, : self.latent_words])
+            latent = torch.where(given, self.fed[index, position], prior)
             self.fed[index, position] = latent
             latent = latent[:, None]  # (size, 1, ...)
-        race = token_race(key, position, self.vocab_size) if variant.sampled else None  # (size, V)
+        race = race_of(words[:, self.latent_words :]) if variant.sampled else None  # (size, V)
         tokens, non_finite, logits = core(
             self.model, self.token[rows], latent, position, cache, self.settings.view(rows), race, variant
         )

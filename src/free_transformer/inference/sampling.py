@@ -123,8 +123,12 @@ def filtered(scaled: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Ten
 def token_race(keys: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
     """(B, V) float32 Exp(1) noise of each row's TOKEN stream: keys (B,) its counter-based key
     (counter_random.row_keys), positions (B,) the position whose logits it samples."""
-    uniforms = counter_random.uniform(counter_random.words(keys, positions, counter_random.TOKEN, vocab_size))
-    return -uniforms.log()
+    return race_of(counter_random.words(keys, positions, counter_random.TOKEN, vocab_size))
+
+
+def race_of(words: Tensor) -> Tensor:
+    """(..., V) Exp(1) noise of (..., V) random words of a TOKEN stream: -log of their uniforms."""
+    return -counter_random.uniform(words).log()
 
 
 def sample_next(logits: Tensor, rule: Sampling, keys: Tensor, position: int) -> Tensor:
