@@ -9,7 +9,8 @@ softmax of the logits divided by the temperature and filtered by top-k, then top
 order). Three rules keep every valid setting finite, so that no row's settings can fail another row or the request:
 - a temperature below GREEDY_BELOW picks the likeliest token (as vLLM does): logits / 1e-39 would overflow;
 - top-p and min-p always keep the likeliest token (a top-p of 1e-300 is 0 in float32);
-- a row whose logits or probabilities hold a NaN is flagged in `non_finite`, for that row alone."""
+- a row whose probabilities would hold a NaN (a NaN or +inf among its logits, or only -inf) is flagged in
+  `non_finite`, for that row alone."""
 
 from __future__ import annotations
 
@@ -83,15 +84,17 @@ class RowSettings:
 def next_tokens(
     logits: Tensor, settings: tuple[Tensor, ...], race: Tensor | None, variant: SamplingVariant
 ) -> tuple[Tensor, Tensor]:
-    """(B, V) logits -> the next tokens (B,) and whether each row's logits or probabilities hold a NaN (B,).
+    """(B, V) logits -> the next tokens (B,) and whether each row's probabilities would hold a NaN (B,).
     settings: `RowSettings.view` (temperature, top_k, top_p, min_p), (B,) each; race: (B, V) Exp(1) noise,
     read in the rows that sample (None when no row does). Pure device work: nothing read on the host."""
     temperature, top_k, top_p, min_p = settings
     logits = logits.float()
-    best = logits.argmax(-1)
-    nan = logits.isnan().any(-1)
+    top, best = logits.max(-1)  # (B,) each; max propagates a NaN
+    # a NaN, a +inf or only -inf in a row's logits (its largest not finite): what makes its probabilities NaN, the
+    # filters keeping the likeliest token
+    non_finite = ~top.isfinite()
     if not variant.sampled:
-        return best, nan
+        return best, non_finite
     assert race is not None, "a sampled variant draws its noise (None only when no row samples)"
     is_greedy = temperature < GREEDY_BELOW
     scaled = logits / temperature.masked_fill(is_greedy, 1.0)[:, None]
@@ -99,7 +102,7 @@ def next_tokens(
         scaled = filtered(scaled, top_k, top_p, min_p)
     probs = torch.softmax(scaled, -1)
     drawn = (probs / race).argmax(-1)
-    return torch.where(is_greedy, best, drawn), nan | (~is_greedy & probs.isnan().any(-1))
+    return torch.where(is_greedy, best, drawn), non_finite
 
 
 def filtered(scaled: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
