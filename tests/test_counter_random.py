@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from free_transformer.base import counter_random as cr
-from free_transformer.inference.sampling import token_race
+from free_transformer.inference.sampling import RowSettings, SamplingVariant, next_tokens, token_uniforms
 
-CHI2_63, CHI2_255, CHI2_49 = 131.37, 377.08, 111.14  # chi2.ppf(1 - 1e-6, df) for df 63, 255, 49
+CHI2_63, CHI2_255, CHI2_48 = 131.37, 377.08, 109.66  # chi2.ppf(1 - 1e-6, df) for df 63, 255, 48
 
 
 def _reference_words(seed: int, position: int, stream: int, n: int) -> list[int]:
@@ -75,12 +75,21 @@ def test_every_bit_of_a_word_is_a_fair_coin():
     assert float((ones - 0.5).abs().max()) < 5 * 0.5 / math.sqrt(w.numel())
 
 
-def test_the_exponential_race_draws_the_categorical_distribution():
-    """argmax(p / race) over 40,000 rows (distinct seeds, one position) draws token k with probability p_k:
-    chi-square of the 50 counts under its 1e-6 quantile."""
+def test_the_cdf_inversion_draws_the_categorical_distribution():
+    """`next_tokens` at temperature 1 over 40,000 rows (distinct seeds, one position, a token of probability 0
+    among them) draws token k with probability p_k: chi-square of the 49 other counts (48 degrees of freedom) under
+    its 1e-6 quantile,
+    and the impossible token never."""
     n, V = 40000, 50
-    probs = torch.softmax(torch.randn(V, generator=torch.Generator().manual_seed(0)), -1)
-    race = token_race(cr.row_keys(torch.arange(n)), torch.full((n,), 5), V)  # (n, V)
-    counts = torch.bincount((probs / race).argmax(-1), minlength=V).double()
-    expected = n * probs.double()
-    assert float(((counts - expected) ** 2 / expected).sum()) < CHI2_49
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(0))
+    logits[7] = float("-inf")
+    probs = torch.softmax(logits, -1).double()
+    uniforms = token_uniforms(cr.row_keys(torch.arange(n)), torch.full((n,), 5))  # (n,)
+    settings = RowSettings(n, "cpu")
+    variant = SamplingVariant(sampled=True, filtered=False)
+    tokens, non_finite = next_tokens(logits.expand(n, V), settings.view(slice(0, n)), uniforms, variant)
+    counts = torch.bincount(tokens, minlength=V).double()
+    assert counts[7] == 0 and not non_finite.any()
+    kept = probs > 0
+    expected = n * probs[kept]
+    assert float(((counts[kept] - expected) ** 2 / expected).sum()) < CHI2_48

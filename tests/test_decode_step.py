@@ -109,12 +109,12 @@ def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
     model = tiny_model(latent_units=4, dtype=torch.float32)
     real, calls = engine_module.next_tokens, []
 
-    def poisoned(logits, settings, race, variant):
+    def poisoned(logits, settings, uniforms, variant):
         calls.append(1)
         if len(calls) == 2:  # the first step after the prefill: row 1's logits are NaN
             logits = logits.clone()
             logits[1] = float("nan")
-        return real(logits, settings, race, variant)
+        return real(logits, settings, uniforms, variant)
 
     expected = generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3]).tokens
     monkeypatch.setattr(engine_module, "next_tokens", poisoned)
@@ -168,8 +168,8 @@ def test_tiny_temperatures_and_top_p_sample_the_likeliest_token():
     settings = RowSettings(3, "cpu")
     rules = [GenerationConfig(temperature=1e-40), GenerationConfig(top_p=1e-300), GenerationConfig(min_p=1.0)]
     settings.set(slice(0, 3), rules)
-    race = torch.ones(3, 3)
-    tokens, non_finite = next_tokens(logits, settings.view(slice(0, 3)), race, SamplingVariant.of(rules))
+    uniforms = torch.tensor([0.999999, 0.999999, 0.999999], dtype=torch.float64)  # the far end of every CDF
+    tokens, non_finite = next_tokens(logits, settings.view(slice(0, 3)), uniforms, SamplingVariant.of(rules))
     assert tokens.tolist() == [1, 0, 2] and not non_finite.any()
     model = tiny_model(latent_units=0, dtype=torch.float32)  # a baseline: no Z draws for the noise to shift
     greedy = generate(model, _prompts(2), GREEDY, seeds=[1, 2]).tokens

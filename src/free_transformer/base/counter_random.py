@@ -14,6 +14,7 @@ BigCrush). All of it is int64 tensor arithmetic, whose products wrap modulo 2^64
     offsets(stream, n)                   (n,) the counters of a stream's first n words, times GAMMA
     words(keys, positions, stream, n)    (..., n) those words: mix(states[..., None] + offsets)
     uniform(words)                       floats in (0, 1) from a word's top 24 bits
+    uniform64(words)                     doubles in (0, 1) from a word's top 53 bits
 
 A caller drawing several streams at once (the decoding engine: prior Z and token noise) concatenates their
 offsets and mixes once.
@@ -87,3 +88,8 @@ def words(keys: Tensor, positions: Tensor, stream: int, n: int) -> Tensor:
 def uniform(word: Tensor) -> Tensor:
     """Float32 in (0, 1) from each word's top 24 bits: (k + 1/2) / 2^24, never 0 nor 1."""
     return (shift_right(word, 40).float() + 0.5) * 2.0**-24
+
+
+def uniform64(word: Tensor) -> Tensor:
+    """Float64 in (0, 1) from each word's top 53 bits: (k + 1/2) / 2^53, never 0 nor 1."""
+    return (shift_right(word, 11).double() + 0.5) * 2.0**-53

@@ -15,7 +15,7 @@ leaves are zeroed, so that nothing of it (a failed row's NaN) reaches the next r
 Random streams: a row's draws are counter-based (free_transformer.base.counter_random), functions of its key
 (of its seed) and a position: the prior Z fed at position t is the row's LATENT stream at t, the noise of the
 token sampled from position t's logits its TOKEN stream at t, every row's drawn in one operation on the batch
-(`counter_prior`, `token_race`). Only the encoder's posterior sample of the prompt's Z, once at admission,
+(`counter_prior`, `token_uniforms`). Only the encoder's posterior sample of the prompt's Z, once at admission,
 takes a torch.Generator seeded with the row's seed. A sample therefore depends only on its prompt, settings,
 seed and Z, never on the other rows in flight nor on the order of the draws.
 
@@ -48,7 +48,7 @@ from ..model.latent import LatentSource
 from ..model.latent.sampling import counter_prior
 from ..model.transformer import FreeTransformer
 from .params import MAX_SEED, GenerationConfig
-from .sampling import NON_FINITE, RowSettings, SamplingVariant, next_tokens, race_of, token_race
+from .sampling import NON_FINITE, RowSettings, SamplingVariant, next_tokens, token_uniforms
 
 logger = logging.getLogger(__name__)
 
@@ -89,12 +89,17 @@ class Row:
     logits: Tensor | None = None  # (V,) what its last token was sampled from; valid until the next step
     prompt_logits: Tensor | None = None  # (P, V) the prefill's logits
     fed: Tensor | None = None  # (positions fed, *value_shape) the Z it was fed, once ended (Free Transformer)
-    position: int = 0  # the next position to feed: tokens in the cache
     slot: int | None = None  # its row of the engine's cache while in flight
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def position(self) -> int:
+        """The next position to feed, the tokens in the cache: the prompt and every new token but the last (and
+        the last too when the step that fed it failed)."""
+        return len(self.ids) + len(self.tokens) - (0 if self.error is not None else 1)
 
 
 def bucket_sizes(slots: int) -> tuple[int, ...]:
@@ -133,12 +138,14 @@ class DecodeEngine:
             self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)
             self.explicit_end = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,)
             self.settings = RowSettings(slots, device)
-            # the counters of a step's words: a prior draw's (LATENT), then the token noise's (TOKEN)
+            # the counters of a step's words: a prior draw's (LATENT), then the token's uniform (TOKEN, word 0)
             self.latent_words = space.prior_words if space is not None else 0
             self.latent_offsets = counter_random.offsets(counter_random.LATENT, self.latent_words, device)
-            token_offsets = counter_random.offsets(counter_random.TOKEN, self.vocab_size, device)
-            self.step_offsets = torch.cat([self.latent_offsets, token_offsets])  # (latent_words + V,)
+            token_offsets = counter_random.offsets(counter_random.TOKEN, 1, device)
+            self.step_offsets = torch.cat([self.latent_offsets, token_offsets])  # (latent_words + 1,)
         self.rows: list[Row] = []  # in flight, row i in slot i
+        # of the rows in flight, set as rows join and leave: what their step samples, and the furthest position fed
+        self.variant, self.longest = SamplingVariant(sampled=False, filtered=False), 0
         self.steps = 0  # steps taken (tests and logs)
         self.compile = compile
         self.use_graph = compile and device.type == "cuda"
@@ -181,6 +188,7 @@ class DecodeEngine:
             for group in groups.values():
                 self._prefill(group)
             self._release()
+            self._in_flight()
         return list(rows)
 
     def check(self, row: Row) -> None:
@@ -220,17 +228,17 @@ class DecodeEngine:
         if self.is_free:
             self.fed[slots, :P] = out.latents
         for j, row in enumerate(rows):
-            row.slot, row.position = start + j, P
+            row.slot = start + j
             if row.keep_prompt_logits:
                 row.prompt_logits = out.logits[j]
-        self.rows += rows
+        self.rows = self.rows + rows  # a new list: a step's list stays what it fed
         self.position[slots] = P
         self.active[slots] = 1
         self.settings.set(slots, [row.config for row in rows])
         logits = out.logits[:, -1]  # (k, V)
         variant = SamplingVariant.of([row.config for row in rows])
-        race = token_race(self.key[slots], self.position[slots] - 1, self.vocab_size) if variant.sampled else None
-        tokens, non_finite = next_tokens(logits, self.settings.view(slots), race, variant)
+        uniforms = token_uniforms(self.key[slots], self.position[slots] - 1) if variant.sampled else None
+        tokens, non_finite = next_tokens(logits, self.settings.view(slots), uniforms, variant)
         self.token[slots, 0] = tokens
         self._take(rows, tokens, non_finite, logits)
 
@@ -254,20 +262,17 @@ class DecodeEngine:
 
     def step(self) -> list[Row]:
         """Feed every row in flight its last token and sample its next one. Returns the rows that got one."""
-        rows = list(self.rows)
+        rows = self.rows  # `_release` makes a new list: this one stays what the step fed
         if not rows:
             return []
         with torch.inference_mode():
-            variant = SamplingVariant.of([row.config for row in rows])
             if self.compile:
                 size = self.buckets[bisect.bisect_left(self.buckets, len(rows))]
-                tokens, non_finite, logits = self._replay(size, variant)
+                tokens, non_finite, logits = self._replay(size, self.variant)
             else:
-                length = max(row.position for row in rows) + 1
-                cache = self.cache.view(slice(0, len(rows)), length)
-                tokens, non_finite, logits = self._body(len(rows), cache, variant, _step_core)
-            for row in rows:
-                row.position += 1
+                cache = self.cache.view(slice(0, len(rows)), self.longest + 1)
+                tokens, non_finite, logits = self._body(len(rows), cache, self.variant, _step_core)
+            self.longest += 1  # every row fed one position
             self.steps += 1
             self._take(rows, tokens[: len(rows)], non_finite[: len(rows)], logits)
             self._release()
@@ -289,9 +294,9 @@ class DecodeEngine:
             latent = torch.where(given, self.fed[index, position], prior)
             self.fed[index, position] = latent
             latent = latent[:, None]  # (size, 1, ...)
-        race = race_of(words[:, self.latent_words :]) if variant.sampled else None  # (size, V)
+        uniforms = counter_random.uniform64(words[:, -1]) if variant.sampled else None  # (size,)
         tokens, non_finite, logits = core(
-            self.model, self.token[rows], latent, position, cache, self.settings.view(rows), race, variant
+            self.model, self.token[rows], latent, position, cache, self.settings.view(rows), uniforms, variant
         )
         self.token[rows, 0] = tokens
         self.position[rows] += self.active[rows]
@@ -409,10 +414,16 @@ class DecodeEngine:
                 self._clear(source, rows[source].position)
                 kept[slot] = rows[source]
         self.rows = kept
+        self._in_flight()
         freed = slice(n, self.slots)
         self.active[freed] = 0
         self.position[freed] = 0
         self.explicit_end[freed] = 0
+
+    def _in_flight(self) -> None:
+        """What the rows in flight set for their steps, once they have joined or left."""
+        self.variant = SamplingVariant.of([row.config for row in self.rows])
+        self.longest = max((row.position for row in self.rows), default=0)
 
     def _clear(self, slot: int, length: int) -> None:
         """Zero the keys and values a row left in `slot`, positions [0, length): a later row there attends the
@@ -446,14 +457,14 @@ def _step_core(
     position: Tensor,
     cache,
     settings,
-    race,
+    uniforms,
     variant: SamplingVariant,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One step after its random draws: the model on token (B, 1) with latent (B, 1, ...) at each row's
     position (B,), then each row's next token (B,), its non-finite flag (B,) and the logits (B, V). The function
     Inductor compiles."""
     logits = model(token, latents=latent, cache=cache, start=position).logits[:, -1]  # (B, V)
-    tokens, non_finite = next_tokens(logits, settings, race, variant)
+    tokens, non_finite = next_tokens(logits, settings, uniforms, variant)
     return tokens, non_finite, logits
 
 

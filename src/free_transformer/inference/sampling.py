@@ -2,11 +2,13 @@
 sampler of every decoding path (the decoding engine's step, free_transformer.inference.engine, and the Hugging
 Face loop's `RowSeededSampler`).
 
-A row's token is drawn as argmax(probs / q) with q ~ Exp(1) (the exponential race: exactly a draw from probs), q =
--log u for the uniforms u of the row's counter-based TOKEN stream at the position whose logits these are
-(`token_race`, free_transformer.base.counter_random: every row's noise in one operation), where probs is the
-softmax of the logits divided by the temperature and filtered by top-k, then top-p, then min-p (Hugging Face's
-order). Three rules keep every valid setting finite, so that no row's settings can fail another row or the request:
+A row's token is drawn by inverting the CDF of its probabilities (probs) at one uniform u: the first token whose
+cumulative probability (summed in float64) exceeds u, as torch.multinomial draws one sample; u is word 0 of the
+row's counter- based TOKEN stream at the position whose logits these are (`token_uniforms`,
+free_transformer.base.counter_random: every row's in one operation, one word a row whatever the vocabulary), where
+probs is the softmax of the logits divided by the temperature and filtered by top-k, then top-p, then min-p
+(Hugging Face's order). Three rules keep every valid setting finite, so that no row's settings can fail another row
+or the request:
 - a temperature below GREEDY_BELOW picks the likeliest token (as vLLM does): logits / 1e-39 would overflow;
 - top-p and min-p always keep the likeliest token (a top-p of 1e-300 is 0 in float32);
 - a row whose probabilities would hold a NaN (a NaN or +inf among its logits, or only -inf) is flagged in
@@ -82,10 +84,10 @@ class RowSettings:
 
 
 def next_tokens(
-    logits: Tensor, settings: tuple[Tensor, ...], race: Tensor | None, variant: SamplingVariant
+    logits: Tensor, settings: tuple[Tensor, ...], uniforms: Tensor | None, variant: SamplingVariant
 ) -> tuple[Tensor, Tensor]:
     """(B, V) logits -> the next tokens (B,) and whether each row's probabilities would hold a NaN (B,).
-    settings: `RowSettings.view` (temperature, top_k, top_p, min_p), (B,) each; race: (B, V) Exp(1) noise,
+    settings: `RowSettings.view` (temperature, top_k, top_p, min_p), (B,) each; uniforms: (B,) float64 in (0, 1),
     read in the rows that sample (None when no row does). Pure device work: nothing read on the host."""
     temperature, top_k, top_p, min_p = settings
     logits = logits.float()
@@ -95,14 +97,16 @@ def next_tokens(
     non_finite = ~top.isfinite()
     if not variant.sampled:
         return best, non_finite
-    assert race is not None, "a sampled variant draws its noise (None only when no row samples)"
+    assert uniforms is not None, "a sampled variant draws its noise (None only when no row samples)"
     is_greedy = temperature < GREEDY_BELOW
     scaled = logits / temperature.masked_fill(is_greedy, 1.0)[:, None]
     if variant.filtered:
         scaled = filtered(scaled, top_k, top_p, min_p)
-    probs = torch.softmax(scaled, -1)
-    drawn = (probs / race).argmax(-1)
-    return torch.where(is_greedy, best, drawn), non_finite
+    cdf = torch.softmax(scaled, -1).double().cumsum(-1)  # (B, V)
+    # the first token whose cumulative probability exceeds u (times the total, 1 up to rounding): a token of
+    # probability 0 adds nothing to the sum and is never drawn
+    drawn = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
+    return torch.where(is_greedy, best, drawn.clamp(max=logits.shape[-1] - 1)), non_finite
 
 
 def filtered(scaled: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
@@ -123,15 +127,10 @@ def filtered(scaled: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Ten
     return scaled.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), float("-inf"))
 
 
-def token_race(keys: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
-    """(B, V) float32 Exp(1) noise of each row's TOKEN stream: keys (B,) its counter-based key
+def token_uniforms(keys: Tensor, positions: Tensor) -> Tensor:
+    """(B,) float64 uniforms of each row's TOKEN stream, its word 0: keys (B,) its counter-based key
     (counter_random.row_keys), positions (B,) the position whose logits it samples."""
-    return race_of(counter_random.words(keys, positions, counter_random.TOKEN, vocab_size))
-
-
-def race_of(words: Tensor) -> Tensor:
-    """(..., V) Exp(1) noise of (..., V) random words of a TOKEN stream: -log of their uniforms."""
-    return -counter_random.uniform(words).log()
+    return counter_random.uniform64(counter_random.words(keys, positions, counter_random.TOKEN, 1)[:, 0])
 
 
 def sample_next(logits: Tensor, rule: Sampling, keys: Tensor, position: int) -> Tensor:
@@ -143,8 +142,8 @@ def sample_next(logits: Tensor, rule: Sampling, keys: Tensor, position: int) -> 
     settings.set(slice(0, B), [rule] * B)
     variant = SamplingVariant.of([rule])
     positions = torch.full((B,), position, dtype=torch.int64, device=logits.device)
-    race = token_race(keys.to(logits.device), positions, logits.shape[-1]) if variant.sampled else None
-    tokens, non_finite = next_tokens(logits, settings.view(slice(0, B)), race, variant)
+    uniforms = token_uniforms(keys.to(logits.device), positions) if variant.sampled else None
+    tokens, non_finite = next_tokens(logits, settings.view(slice(0, B)), uniforms, variant)
     if bool(non_finite.any()):
         raise ValueError(NON_FINITE)
     return tokens
