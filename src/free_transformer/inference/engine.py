@@ -15,14 +15,15 @@ leaves are zeroed, so that nothing of it (a failed row's NaN) reaches the next r
 Random streams: a row's draws are counter-based (free_transformer.base.counter_random), functions of its key
 (of its seed) and a position: the prior Z fed at position t is the row's LATENT stream at t, the noise of the
 token sampled from position t's logits its TOKEN stream at t, every row's drawn in one operation on the batch
-(`counter_prior`, `token_uniforms`). Only the encoder's posterior sample of the prompt's Z, once at admission,
+(`counter_prior`, `token_uniforms`), all of a row's as it joins (`_draw`), so that a step only reads them at its
+rows' positions. Only the encoder's posterior sample of the prompt's Z, once at admission,
 takes a torch.Generator seeded with the row's seed. A sample therefore depends only on its prompt, settings,
 seed and Z, never on the other rows in flight nor on the order of the draws.
 
 Compiled (`compile=True`): the step (model and sampling) is compiled by Inductor on the device types of
 INDUCTOR_DEVICES and, on CUDA, captured as a CUDA graph per batch-size bucket (BUCKETS; the rows in flight are
-padded up to their bucket) and sampling variant, once for the engine's life: a step is then one replay. The random
-draws are inside the graph: functions of the key and position buffers. A compiled step attends the whole cache
+padded up to their bucket) and sampling variant, once for the engine's life: a step is then one replay, which
+reads its rows' draws from the engine's buffers at their positions. A compiled step attends the whole cache
 under a mask; an eager one the positions up to the longest row's."""
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..base import counter_random
 from ..base.counter_random import row_keys
 from ..base.latent_choice import LatentChoice
 from ..base.seeding import generators
@@ -134,15 +134,11 @@ class DecodeEngine:
             self.position = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) where it goes
             self.active = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) 1 for a slot in flight
             self.key = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) its counter-based key
-            # (S, capacity, ...) every Z fed, and the explicit Z given ahead, positions [0, explicit_end)
+            # (S, capacity, ...) the Z of every position a row feeds (`_draw`); (S, capacity) the uniform of the
+            # token sampled from each position's logits, float64
             self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)
-            self.explicit_end = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,)
+            self.uniforms = torch.full((slots, self.capacity), 0.5, dtype=torch.float64, device=device)
             self.settings = RowSettings(slots, device)
-            # the counters of a step's words: a prior draw's (LATENT), then the token's uniform (TOKEN, word 0)
-            self.latent_words = space.prior_words if space is not None else 0
-            self.latent_offsets = counter_random.offsets(counter_random.LATENT, self.latent_words, device)
-            token_offsets = counter_random.offsets(counter_random.TOKEN, 1, device)
-            self.step_offsets = torch.cat([self.latent_offsets, token_offsets])  # (latent_words + 1,)
         self.rows: list[Row] = []  # in flight, row i in slot i
         # of the rows in flight, set as rows join and leave: what their step samples, and the furthest position fed
         self.variant, self.longest = SamplingVariant(sampled=False, filtered=False), 0
@@ -209,13 +205,7 @@ class DecodeEngine:
         ids = torch.tensor([row.ids for row in rows], dtype=torch.int64, device=self.device)  # (k, P)
         seeds = [_seed(row) for row in rows]
         self.key[slots] = row_keys(torch.tensor(seeds, dtype=torch.int64, device=self.device))
-        if self.is_free:
-            self.explicit_end[slots] = 0
-            for j, row in enumerate(rows):
-                if isinstance(row.latents, Tensor):
-                    end = self._explicit_length(row)
-                    self.fed[start + j, :end] = row.latents[0, :end]
-                    self.explicit_end[start + j] = end
+        self._draw(rows, slots)
         latents = self._prompt_latents(rows, slots, P)
         # the encoder's posterior sample of the prompt's Z: the one draw with a generator, once per row
         encoder = self.is_free and isinstance(latents, str) and latents == LatentChoice.ENCODER
@@ -237,7 +227,7 @@ class DecodeEngine:
         self.settings.set(slots, [row.config for row in rows])
         logits = out.logits[:, -1]  # (k, V)
         variant = SamplingVariant.of([row.config for row in rows])
-        uniforms = token_uniforms(self.key[slots], self.position[slots] - 1) if variant.sampled else None
+        uniforms = self.uniforms[slots, P - 1] if variant.sampled else None
         tokens, non_finite = next_tokens(logits, self.settings.view(slots), uniforms, variant)
         self.token[slots, 0] = tokens
         self._take(rows, tokens, non_finite, logits)
@@ -247,16 +237,26 @@ class DecodeEngine:
         the explicit values, the rows' prior streams at positions [0, P), or LatentChoice.ENCODER."""
         if not self.is_free:
             return LatentChoice.PRIOR
-        if isinstance(rows[0].latents, Tensor):
-            return self.fed[slots, :P]  # (k, P, ...) the explicit values, written by _prefill
-        if rows[0].latents == LatentChoice.PRIOR:
-            positions = torch.arange(P, device=self.device)
-            return counter_prior(self.space, self.key[slots, None], positions[None, :])  # (k, P, ...)
+        if isinstance(rows[0].latents, Tensor) or rows[0].latents == LatentChoice.PRIOR:
+            return self.fed[slots, :P]  # (k, P, ...) the explicit values, or the prior's, written by `_draw`
         return LatentChoice.ENCODER
 
-    def _explicit_length(self, row: Row) -> int:
-        """The positions of a row's explicit Z that its cache holds (0 without explicit Z)."""
-        return min(row.latents.shape[1], self.capacity) if isinstance(row.latents, Tensor) else 0
+    def _draw(self, rows: list[Row], slots: slice) -> None:
+        """Every draw the rows joining `slots` will read, made now in one operation for the group: at each
+        position t they will feed, their prior Z (LATENT stream at t, into `fed`, under explicit Z where given)
+        and the uniform of the token sampled from t's logits (TOKEN stream at t, into `uniforms`). A step then
+        reads its rows' draws at their positions: no random number is made in it."""
+        end = max(_end(row) for row in rows)
+        positions = torch.arange(end, device=self.device)[None, :]  # (1, end)
+        keys = self.key[slots, None]  # (k, 1)
+        self.uniforms[slots, :end] = token_uniforms(keys, positions)
+        if self.space is None:
+            return
+        self.fed[slots, :end] = counter_prior(self.space, keys, positions)  # (k, end, ...)
+        for slot, row in zip(range(slots.start, slots.stop), rows):
+            if isinstance(row.latents, Tensor):
+                given = min(row.latents.shape[1], end)
+                self.fed[slot, :given] = row.latents[0, :given]
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -282,19 +282,11 @@ class DecodeEngine:
         """The step of slots [0, size) over `cache`, a view of their rows: everything a captured graph replays.
         Returns the next tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
         rows = slice(0, size)
-        position, key = self.position[rows], self.key[rows]
-        # every row's words at its position, its prior Z's and its token noise's, in one mix
-        offsets = self.step_offsets if variant.sampled else self.latent_offsets
-        words = counter_random.mix(counter_random.states(key, position)[:, None] + offsets)  # (size, offsets)
-        latent: LatentSource = LatentChoice.PRIOR  # a baseline's: it has no Z
-        if self.space is not None:  # each row's Z at its position: explicit where given, else its prior stream's
-            index = torch.arange(size, device=self.device)
-            given = (position < self.explicit_end[rows]).view(size, *[1] * len(self.space.value_shape))
-            prior = self.space.prior_from_words(words[:, : self.latent_words])
-            latent = torch.where(given, self.fed[index, position], prior)
-            self.fed[index, position] = latent
-            latent = latent[:, None]  # (size, 1, ...)
-        uniforms = counter_random.uniform64(words[:, -1]) if variant.sampled else None  # (size,)
+        position, index = self.position[rows], torch.arange(size, device=self.device)
+        # each row's draws at its position (`_draw`): its Z (explicit where given, else its prior stream's) and
+        # its token's uniform
+        latent: LatentSource = self.fed[index, position][:, None] if self.is_free else LatentChoice.PRIOR
+        uniforms = self.uniforms[index, position] if variant.sampled else None  # (size,)
         tokens, non_finite, logits = core(
             self.model, self.token[rows], latent, position, cache, self.settings.view(rows), uniforms, variant
         )
@@ -418,7 +410,6 @@ class DecodeEngine:
         freed = slice(n, self.slots)
         self.active[freed] = 0
         self.position[freed] = 0
-        self.explicit_end[freed] = 0
 
     def _in_flight(self) -> None:
         """What the rows in flight set for their steps, once they have joined or left."""
@@ -436,12 +427,19 @@ class DecodeEngine:
         length = row.position
         self.cache.keys[:, slot, :, :length] = self.cache.keys[:, source, :, :length]
         self.cache.values[:, slot, :, :length] = self.cache.values[:, source, :, :length]
-        for buffer in (self.token, self.position, self.active, self.key, self.explicit_end):
+        for buffer in (self.token, self.position, self.active, self.key):
             buffer[slot] = buffer[source]
-        known = max(length, self._explicit_length(row))  # the Z fed, and the explicit Z still ahead
-        self.fed[slot, :known] = self.fed[source, :known]
+        end = _end(row)  # the draws of every position it feeds
+        self.fed[slot, :end] = self.fed[source, :end]
+        self.uniforms[slot, :end] = self.uniforms[source, :end]
         self.settings.move(source, slot)
         row.slot = slot
+
+
+def _end(row: Row) -> int:
+    """The positions a row feeds, [0, end): its prompt and every new token but the last."""
+    assert row.config.max_new_tokens is not None, "add refuses a row without max_new_tokens (check)"
+    return len(row.ids) + row.config.max_new_tokens - 1
 
 
 def _seed(row: Row) -> int:

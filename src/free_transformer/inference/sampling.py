@@ -128,9 +128,9 @@ def filtered(scaled: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Ten
 
 
 def token_uniforms(keys: Tensor, positions: Tensor) -> Tensor:
-    """(B,) float64 uniforms of each row's TOKEN stream, its word 0: keys (B,) its counter-based key
-    (counter_random.row_keys), positions (B,) the position whose logits it samples."""
-    return counter_random.uniform64(counter_random.words(keys, positions, counter_random.TOKEN, 1)[:, 0])
+    """(...,) float64 uniforms of each row's TOKEN stream, its word 0: keys its counter-based key
+    (counter_random.row_keys) and positions the position whose logits it samples, broadcast to (...,)."""
+    return counter_random.uniform64(counter_random.words(keys, positions, counter_random.TOKEN, 1)[..., 0])
 
 
 def sample_next(logits: Tensor, rule: Sampling, keys: Tensor, position: int) -> Tensor:
