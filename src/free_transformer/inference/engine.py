@@ -141,7 +141,8 @@ class DecodeEngine:
             self.settings = RowSettings(slots, device)
         self.rows: list[Row] = []  # in flight, row i in slot i
         # of the rows in flight, set as rows join and leave: what their step samples, and the furthest position fed
-        self.variant, self.longest = SamplingVariant(sampled=False, filtered=False), 0
+        # (and whether every one is at that position)
+        self.variant, self.longest, self.aligned = SamplingVariant(sampled=False, filtered=False), 0, True
         self.steps = 0  # steps taken (tests and logs)
         self.compile = compile
         self.use_graph = compile and device.type == "cuda"
@@ -269,18 +270,23 @@ class DecodeEngine:
             if self.compile:
                 size = self.buckets[bisect.bisect_left(self.buckets, len(rows))]
                 tokens, non_finite, logits = self._replay(size, self.variant)
-            else:
+            else:  # rows all at one position (equal prompts, one row) feed it as an int: no mask, no scatter
                 cache = self.cache.view(slice(0, len(rows)), self.longest + 1)
-                tokens, non_finite, logits = self._body(len(rows), cache, self.variant, _step_core)
+                start = self.longest if self.aligned else None
+                tokens, non_finite, logits = self._body(len(rows), cache, self.variant, _step_core, start)
             self.longest += 1  # every row fed one position
             self.steps += 1
             self._take(rows, tokens[: len(rows)], non_finite[: len(rows)], logits)
             self._release()
         return rows
 
-    def _body(self, size: int, cache, variant: SamplingVariant, core: Callable) -> tuple[Tensor, ...]:
+    def _body(
+        self, size: int, cache, variant: SamplingVariant, core: Callable, start: int | None = None
+    ) -> tuple[Tensor, ...]:
         """The step of slots [0, size) over `cache`, a view of their rows: everything a captured graph replays.
-        Returns the next tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
+        start: the one position of every row, when the host knows they share it (the model then writes and
+        attends the cache as a prefill continued; None: each row at its own, a (size,) tensor). Returns the next
+        tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
         rows = slice(0, size)
         position, index = self.position[rows], torch.arange(size, device=self.device)
         # each row's draws at its position (`_draw`): its Z (explicit where given, else its prior stream's) and
@@ -288,7 +294,14 @@ class DecodeEngine:
         latent: LatentSource = self.fed[index, position][:, None] if self.is_free else LatentChoice.PRIOR
         uniforms = self.uniforms[index, position] if variant.sampled else None  # (size,)
         tokens, non_finite, logits = core(
-            self.model, self.token[rows], latent, position, cache, self.settings.view(rows), uniforms, variant
+            self.model,
+            self.token[rows],
+            latent,
+            position if start is None else start,
+            cache,
+            self.settings.view(rows),
+            uniforms,
+            variant,
         )
         self.token[rows, 0] = tokens
         self.position[rows] += self.active[rows]
@@ -414,7 +427,9 @@ class DecodeEngine:
     def _in_flight(self) -> None:
         """What the rows in flight set for their steps, once they have joined or left."""
         self.variant = SamplingVariant.of([row.config for row in self.rows])
-        self.longest = max((row.position for row in self.rows), default=0)
+        positions = [row.position for row in self.rows]
+        self.longest = max(positions, default=0)
+        self.aligned = min(positions, default=0) == self.longest
 
     def _clear(self, slot: int, length: int) -> None:
         """Zero the keys and values a row left in `slot`, positions [0, length): a later row there attends the
@@ -452,15 +467,15 @@ def _step_core(
     model: FreeTransformer,
     token: Tensor,
     latent: LatentSource,
-    position: Tensor,
+    position: int | Tensor,
     cache,
     settings,
     uniforms,
     variant: SamplingVariant,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One step after its random draws: the model on token (B, 1) with latent (B, 1, ...) at each row's
-    position (B,), then each row's next token (B,), its non-finite flag (B,) and the logits (B, V). The function
-    Inductor compiles."""
+    position (B,) (or at the rows' one position, an int), then each row's next token (B,), its non-finite flag
+    (B,) and the logits (B, V). The function Inductor compiles."""
     logits = model(token, latents=latent, cache=cache, start=position).logits[:, -1]  # (B, V)
     tokens, non_finite = next_tokens(logits, settings, uniforms, variant)
     return tokens, non_finite, logits
