@@ -102,7 +102,7 @@ def next_tokens(
     scaled = logits / temperature.masked_fill(is_greedy, 1.0)[:, None]
     if variant.filtered:
         scaled = filtered(scaled, top_k, top_p, min_p)
-    cdf = torch.softmax(scaled, -1).double().cumsum(-1)  # (B, V)
+    cdf = torch.softmax(scaled, -1).cumsum(-1, dtype=torch.float64)  # (B, V)
     # the first token whose cumulative probability exceeds u (times the total, 1 up to rounding): a token of
     # probability 0 adds nothing to the sum and is never drawn
     drawn = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
