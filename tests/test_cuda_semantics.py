@@ -13,7 +13,6 @@ from conftest import tiny_model, tiny_run_config
 from cuda_semantics import META, DeviceWork, HostValue, MathKernelOnly, cuda_dispatch, cuda_kernel, cuda_sdpa
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from free_transformer.base.seeding import generators
 from free_transformer.inference.engine import DecodeEngine, Row, _step_core
 from free_transformer.inference.params import GenerationConfig
 from free_transformer.inference.sampling import SamplingVariant
@@ -231,14 +230,11 @@ def test_the_engines_step_reads_the_same_storages_at_every_step(latent_units, va
     model = tiny_model(dtype=torch.float32, latent_units=latent_units)
     config = GenerationConfig(max_new_tokens=5, temperature=0.8, top_k=10, top_p=0.9)
     engine = DecodeEngine(model, B, capacity=12, compile=True)
-    engine.add(
-        [Row([1, 2, 3, 4, 5], config, generators([1])[0]), Row([7, 8], GenerationConfig(max_new_tokens=5), None)]
-    )
+    engine.add([Row([1, 2, 3, 4, 5], config, 1), Row([7, 8], GenerationConfig(max_new_tokens=5), None)])
     view = engine.cache.view(slice(0, B), engine.capacity)
     reads = []
     with torch.inference_mode():
         for _ in range(2):
-            engine._draw_latents(engine.rows)
             with ExternalStorages() as external:
                 engine._body(B, view, variant, _step_core)
             reads.append(external.read)

@@ -92,8 +92,7 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
     configs[1] = dataclasses.replace(SAMPLED, stop_tokens=(stop,))
     engine = decoding_engine(model, 3, 16, compile=compile)
     rows = [
-        Row(prompt, config, torch.Generator().manual_seed(k), latents)
-        for k, (prompt, config, (_, latents)) in enumerate(zip(ids, configs, alone))
+        Row(prompt, config, k, latents) for k, (prompt, config, (_, latents)) in enumerate(zip(ids, configs, alone))
     ]
     ended = list(run_rows(engine, rows))
     assert sorted(map(id, ended)) == sorted(map(id, rows)) and not engine.rows
@@ -110,20 +109,17 @@ def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
     model = tiny_model(latent_units=4, dtype=torch.float32)
     real, calls = engine_module.next_tokens, []
 
-    def poisoned(logits, settings, race, variant):
+    def poisoned(logits, settings, uniforms, variant):
         calls.append(1)
         if len(calls) == 2:  # the first step after the prefill: row 1's logits are NaN
             logits = logits.clone()
             logits[1] = float("nan")
-        return real(logits, settings, race, variant)
+        return real(logits, settings, uniforms, variant)
 
     expected = generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3]).tokens
     monkeypatch.setattr(engine_module, "next_tokens", poisoned)
     engine = decoding_engine(model, 3, 16)
-    rows = [
-        Row(prompt, SAMPLED, torch.Generator().manual_seed(seed))
-        for prompt, seed in zip(_prompts(3).tolist(), [1, 2, 3])
-    ]
+    rows = [Row(prompt, SAMPLED, seed) for prompt, seed in zip(_prompts(3).tolist(), [1, 2, 3])]
     list(run_rows(engine, rows))
     assert rows[1].finish_reason == "error" and "NaN" in str(rows[1].error) and len(rows[1].tokens) == 1
     assert [rows[0].tokens, rows[2].tokens] == [expected[0], expected[2]]
@@ -132,14 +128,48 @@ def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
         generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3])
 
 
+POISON = 49  # a token that embeds to NaN in a prompt of `_poisoned_model`
+
+
+def _poisoned_model(latent_units: int):
+    """A tiny model whose token POISON embeds to NaN in a prompt (a call of more than one token): a row whose
+    prompt holds it gets non-finite keys, values and logits; a sampled POISON is harmless."""
+    model = tiny_model(latent_units=latent_units, dtype=torch.float32)
+
+    def poison(module, inputs, out):
+        (tokens,) = inputs
+        return out.masked_fill((tokens == POISON)[..., None], float("nan")) if tokens.shape[1] > 1 else out
+
+    model.embed_tokens.register_forward_hook(poison)
+    return model
+
+
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("latent_units", [0, 4])
+def test_a_failed_row_leaves_nothing_in_its_slot(latent_units, compile):
+    """A row whose keys and values are NaN ends with an error; the next row in its slot, with a shorter prompt (so
+    that it attends, under its mask, positions the failed row filled), decodes as it does alone."""
+    model = _poisoned_model(latent_units)
+    short, poisoned, long = [5, 6, 7], [1, 2, 3, 4, 5, 6, 7, POISON, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    expected = generate(model, [short], SAMPLED, seeds=[4]).tokens[0]
+    engine = decoding_engine(model, 2, 18, compile=compile)
+    failed = Row(poisoned, SAMPLED, 3)
+    list(run_rows(engine, [failed]))
+    assert failed.finish_reason == "error" and "NaN" in str(failed.error)
+    # the short row takes the failed row's slot; the long one makes an eager step read its stale positions too
+    after = Row(short, SAMPLED, 4)
+    list(run_rows(engine, [after, Row(long, SAMPLED, 5)]))
+    assert after.finish_reason == "length" and after.tokens == expected
+
+
 def test_tiny_temperatures_and_top_p_sample_the_likeliest_token():
     """Valid settings never give NaN: a temperature below 1e-5 is greedy, top_p 1e-300 keeps the likeliest."""
     logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.2, 0.1], [2.0, 2.5, 9.0]])
     settings = RowSettings(3, "cpu")
     rules = [GenerationConfig(temperature=1e-40), GenerationConfig(top_p=1e-300), GenerationConfig(min_p=1.0)]
     settings.set(slice(0, 3), rules)
-    race = torch.ones(3, 3)
-    tokens, non_finite = next_tokens(logits, settings.view(slice(0, 3)), race, SamplingVariant.of(rules))
+    uniforms = torch.tensor([0.999999, 0.999999, 0.999999], dtype=torch.float64)  # the far end of every CDF
+    tokens, non_finite = next_tokens(logits, settings.view(slice(0, 3)), uniforms, SamplingVariant.of(rules))
     assert tokens.tolist() == [1, 0, 2] and not non_finite.any()
     model = tiny_model(latent_units=0, dtype=torch.float32)  # a baseline: no Z draws for the noise to shift
     greedy = generate(model, _prompts(2), GREEDY, seeds=[1, 2]).tokens
@@ -154,7 +184,7 @@ def test_buckets_and_the_step_padded_up_to_its_bucket():
     assert bucket_sizes(1) == (1,) and bucket_sizes(16) == (1, 2, 4, 8, 16) and bucket_sizes(20)[-2:] == (16, 20)
     model = tiny_model(latent_units=4, dtype=torch.float32)
     engine = DecodeEngine(model, 8, capacity=32, compile=True)
-    engine.add([Row(prompt, SAMPLED, torch.Generator().manual_seed(0)) for prompt in _prompts(3).tolist()])
+    engine.add([Row(prompt, SAMPLED, 0) for prompt in _prompts(3).tolist()])
     engine.step()
     assert {size for size, _ in engine.warm} == {4}  # 3 rows run in the bucket of 4
 

@@ -298,5 +298,3 @@ def test_a_baselines_plan_hands_out_prior_and_refuses_to_draw():
     assert plan.source(0, 5) == LatentChoice.PRIOR and plan.latents() is None
     with pytest.raises(RuntimeError, match="a baseline decoder has no latent space"):
         plan.draw(3)
-    with pytest.raises(RuntimeError, match="a baseline decoder has no latent space"):
-        plan.fill_(torch.zeros(2, 1, dtype=torch.int64), 0)

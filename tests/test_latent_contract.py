@@ -27,9 +27,10 @@ from documented_kind import import_documented_kind
 from torch import Tensor
 
 from free_transformer import GenerationConfig, generate
+from free_transformer.base.counter_random import row_keys
 from free_transformer.cli import main
 from free_transformer.model.latent import LATENT_KINDS, GaussianLatent, register_latent_kind
-from free_transformer.model.latent.sampling import fill_rows_
+from free_transformer.model.latent.sampling import counter_prior, fill_rows_
 from free_transformer.runs.checkpoint import load_model, save_checkpoint
 
 
@@ -39,6 +40,9 @@ class WideGaussian(GaussianLatent):
 
     def prior_(self, out: Tensor, generator=None) -> Tensor:
         return fill_rows_(out, lambda rows, g: rows.normal_(0.0, 2.0, generator=g), generator)
+
+    def prior_from_words(self, words: Tensor) -> Tensor:
+        return 2.0 * super().prior_from_words(words)
 
     def kl_per_unit(self, posterior: Tensor) -> Tensor:
         mean, log_var = self._moments(posterior)  # KL(N(mu, s^2) || N(0, 4)) per unit
@@ -141,6 +145,21 @@ def test_prior_draws_follow_the_prior(kind):
     space, N = _space(kind), 40000
     posterior = _posterior(space, lead=(1, 2), scale=0.3)  # near the prior: the ratio's variance stays small
     z = space.prior((N, 2), torch.Generator().manual_seed(2))
+    estimate, error = _mean_and_error(space.log_ratio(posterior, z).exp())  # (T,)
+    assert bool(((estimate - 1).abs() <= 5 * error + 1e-9).all()), (estimate, error)
+
+
+def test_counter_based_prior_draws_follow_the_prior(kind):
+    """The prior draws of the decoding engine (`counter_prior`: a function of each row's key and position) have
+    the value shape and dtype, depend on their row's key alone, and follow the prior (the check of
+    `test_prior_draws_follow_the_prior`)."""
+    space, N = _space(kind), 40000
+    keys, positions = row_keys(torch.arange(N)), torch.arange(2)
+    z = counter_prior(space, keys[:, None], positions[None, :])  # (N, 2, ...)
+    assert z.shape == (N, 2, *space.value_shape) and z.dtype == space.value_dtype
+    assert torch.equal(z[5:6], counter_prior(space, keys[5:6, None], positions[None, :]))
+    assert not torch.equal(z[:, 0], z[:, 1])
+    posterior = _posterior(space, lead=(1, 2), scale=0.3)
     estimate, error = _mean_and_error(space.log_ratio(posterior, z).exp())  # (T,)
     assert bool(((estimate - 1).abs() <= 5 * error + 1e-9).all()), (estimate, error)
 

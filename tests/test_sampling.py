@@ -11,6 +11,7 @@ from conftest import tiny_checkpoint, tiny_model
 
 import free_transformer
 from free_transformer import FreeTransformer, GenerationConfig, generate, load_model
+from free_transformer.base.seeding import sample_seed
 from free_transformer.cli import main
 from free_transformer.inference import batches
 from free_transformer.inference.batches import prepare_prompts, sample_prompts
@@ -38,17 +39,21 @@ def _alone(capsys, checkpoint, prompts, *options) -> list[str]:
 @pytest.mark.parametrize("batch_size", [1, 3, 64])
 def test_each_prompt_samples_as_it_would_alone(choice, batch_size):
     """sample_prompts over prompts of lengths 3, 7, 3, 5: every prompt's samples are those of `generate` on that
-    prompt alone (seeds seed + i, its Z resolved with latent_seed), in order, however the rows are batched."""
+    prompt alone with its samples' seeds (sample_seed(seed, p, i), its Z resolved with latent_seed), in order,
+    however the rows are batched."""
     model = tiny_model()  # seeds the global RNG: the prompts below are fixed
     ids = [torch.randint(0, 50, (length,)).tolist() for length in (3, 7, 3, 5)]
     config = GenerationConfig(max_new_tokens=6, temperature=0.8)
     reference = torch.randint(0, 50, (1, 9)) if choice == "reference" else None
     prompts = prepare_prompts(model, ids, [config] * len(ids), choice, reference=reference, latent_seed=11)
     rows = list(sample_prompts(model, prompts, 3, 40, batch_size=batch_size))
-    assert [(row.prompt, row.sample, row.seed) for row in rows] == [(p, i, 40 + i) for p in range(4) for i in range(3)]
+    seeds = [[sample_seed(40, p, i) for i in range(3)] for p in range(4)]
+    assert [(row.prompt, row.sample, row.seed) for row in rows] == [
+        (p, i, seeds[p][i]) for p in range(4) for i in range(3)
+    ]
     for p, prompt in enumerate(ids):
         alone = generate(
-            model, [prompt] * 3, config, seeds=[40, 41, 42], latents=choice, reference=reference, latent_seed=11
+            model, [prompt] * 3, config, seeds=seeds[p], latents=choice, reference=reference, latent_seed=11
         )
         assert [row.tokens for row in rows if row.prompt == p] == alone.tokens, p
 
@@ -79,10 +84,41 @@ def test_prompts_of_any_lengths_share_every_step_and_come_out_in_order(monkeypat
         ["--latents", "reference", "--reference", "K>abcdefghijkl"],
     ],
 )
-def test_the_command_samples_many_prompts_as_one_call_each(checkpoint, capsys, options):
-    """Repeated --prompt, of different lengths: the lines of one call per prompt, in the order given."""
+def test_the_command_samples_many_prompts_whatever_the_batch(checkpoint, capsys, options):
+    """Repeated --prompt, of different lengths: in the order given, the same lines one row at a time, the first
+    prompt's those of a call with it alone (its index, 0, is the same)."""
     many = _out(capsys, ["generate", checkpoint, *[w for p in PROMPTS for w in ("--prompt", p)], *COMMON, *options])
-    assert many == _alone(capsys, checkpoint, PROMPTS, *COMMON, *options) and len(many) == 12
+    one_row = _out(
+        capsys,
+        [
+            "generate",
+            checkpoint,
+            *[w for p in PROMPTS for w in ("--prompt", p)],
+            *COMMON,
+            *options,
+            "--batch-size",
+            "1",
+        ],
+    )
+    assert many == one_row and len(many) == 12
+    assert many[:3] == _alone(capsys, checkpoint, PROMPTS[:1], *COMMON, *options)
+
+
+def test_the_prompts_of_a_call_sample_independently():
+    """200 copies of one prompt in one call: each row its own stream (distinct seeds, distinct continuations at
+    the rate of independent samples), and prompt p's sample the one `generate` gives alone with its seed, at any
+    batch size. The tiny model's next-token probabilities are nearly uniform over 50 tokens, so two independent
+    8-token samples coincide with probability about 50^-8: a repeat among 200 (about 1e-9, and the seed is fixed)
+    means shared streams."""
+    model = tiny_model()
+    config = GenerationConfig(max_new_tokens=8, temperature=1.0)
+    prompts = prepare_prompts(model, [[1, 2, 3]] * 200, [config] * 200, "encoder", latent_seed=0)
+    rows = list(sample_prompts(model, prompts, 1, 7, batch_size=64))
+    assert len({row.seed for row in rows}) == 200
+    assert len({tuple(row.tokens) for row in rows}) == 200
+    again = list(sample_prompts(model, prompts[:12], 1, 7, batch_size=5))
+    assert [row.tokens for row in again] == [row.tokens for row in rows[:12]]
+    assert generate(model, [[1, 2, 3]], config, seeds=[sample_seed(7, 150, 0)]).tokens[0] == rows[150].tokens
 
 
 def test_prompts_from_a_file_or_stdin_read_escapes(checkpoint, capsys, tmp_path, monkeypatch):
@@ -92,7 +128,8 @@ def test_prompts_from_a_file_or_stdin_read_escapes(checkpoint, capsys, tmp_path,
     from_file = _out(
         capsys, ["generate", checkpoint, "--prompt", "K>", "--prompts-file", str(tmp_path / "prompts.txt"), *COMMON]
     )
-    assert from_file == _alone(capsys, checkpoint, ["K>", "Hello there", "A\tB"], *COMMON)
+    given = ["K>", "Hello there", "A\tB"]
+    assert from_file == _out(capsys, ["generate", checkpoint, *[w for p in given for w in ("--prompt", p)], *COMMON])
     monkeypatch.setattr("sys.stdin", io.StringIO("K>\nHello there"))
     assert _out(capsys, ["generate", checkpoint, "--prompts-file", "-", *COMMON]) == from_file[:6]
     (tmp_path / "gap.txt").write_text("K>\n\nHi\n")
@@ -143,7 +180,7 @@ def test_jsonl_gives_each_sample_with_its_prompt_index_seed_and_latents(checkpoi
         )
     ]
     assert [(r["prompt"], r["index"], r["seed"], r["latents"]) for r in records] == [
-        (prompt, index, 4 + i, "prior") for index, prompt in enumerate(prompts) for i in range(3)
+        (prompt, index, sample_seed(4, index, i), "prior") for index, prompt in enumerate(prompts) for i in range(3)
     ]
     assert [escape(r["prompt"] + r["sample"]) for r in records] == text
     assert [unescape(line) for line in text] == [r["prompt"] + r["sample"] for r in records]

@@ -13,6 +13,7 @@ import torch
 from conftest import tiny_checkpoint
 
 from free_transformer import GenerationConfig, SamplingParams, generate, load_model
+from free_transformer.base.seeding import sample_seed
 from free_transformer.cli import build_parser, main
 from free_transformer.commands.interactive import interactive_help
 from free_transformer.inference.params import Sampling
@@ -148,6 +149,9 @@ def test_min_p_samples_alike_as_an_option_a_command_and_in_the_library(checkpoin
     model, _ = load_model(checkpoint)
     ids = torch.tensor([[ord("K"), ord(">")]] * 3)
     tokens = generate(
-        model, ids, GenerationConfig(max_new_tokens=8, temperature=0.5, min_p=0.5), seeds=[4, 5, 6]
+        model,
+        ids,
+        GenerationConfig(max_new_tokens=8, temperature=0.5, min_p=0.5),
+        seeds=[sample_seed(4, 0, i) for i in range(3)],  # the command's: prompt 0's three samples
     ).tokens
     assert [bytes(row).decode("utf-8", "replace") for row in tokens] == filtered

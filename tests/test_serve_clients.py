@@ -17,7 +17,10 @@ import torch
 from conftest import tiny_checkpoint
 from test_serve import NAME, start_server, texts
 
+from free_transformer.base.counter_random import row_keys
 from free_transformer.base.latent_choice import LatentChoice
+from free_transformer.base.seeding import sample_seed
+from free_transformer.model.latent.sampling import counter_prior
 
 openai = pytest.importorskip("openai")
 
@@ -45,9 +48,16 @@ def client(served):
 
 def direct_logprobs(model, ids: list[int], latents, seed: int) -> torch.Tensor:
     """(P - 1,) log P(token t | tokens < t) from one forward of the model with Z from `latents` drawn as the
-    server's prefill draws them (a generator seeded `seed`)."""
+    server's prefill draws them for the request's seed: the only row's seed is sample_seed(seed, 0, 0); the
+    encoder's draw takes a generator seeded with it, the prior's is the row's counter-based stream."""
+    row_seed = sample_seed(seed, 0, 0)
+    if latents == LatentChoice.PRIOR:
+        positions = torch.arange(len(ids))[None, :]
+        latents = counter_prior(model.latent_space, row_keys(torch.tensor([row_seed]))[:, None], positions)
     with torch.no_grad():
-        logits = model(torch.tensor([ids]), latents=latents, generator=[torch.Generator().manual_seed(seed)]).logits[0]
+        logits = model(
+            torch.tensor([ids]), latents=latents, generator=[torch.Generator().manual_seed(row_seed)]
+        ).logits[0]
     return torch.log_softmax(logits[:-1].float(), -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
 
 

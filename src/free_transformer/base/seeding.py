@@ -7,6 +7,7 @@ process and Python hash seed, and independent of every other stream.
                               records were scored with, kept so that a record's lines stay comparable)
     generator(*parts)         a torch.Generator seeded by seed_of(*parts)
     generators(seeds)         one torch.Generator per explicit seed (a batch's rows)
+    sample_seed(seed, p, i)   the seed of sample i of prompt p of a call seeded `seed` (seed_of)
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ def seed_of(*parts) -> int:
     """A 63-bit seed (manual_seed takes a non-negative int64) of the parts joined by '/'."""
     digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def sample_seed(seed: int, prompt: int, sample: int) -> int:
+    """The seed of sample `sample` of prompt `prompt` (its index in the call) of a sampling call seeded `seed`:
+    every sample of a call its own stream, the same whatever the batch it is decoded in."""
+    return seed_of("sample", seed, prompt, sample)
 
 
 def benchmark_seed(*parts) -> int:

@@ -20,8 +20,8 @@ from .sampling import Sampler, options, unescape
 # the commands that do more than set their field (their help, then their code below)
 SPECIAL_HELP = {
     "seed": [
-        ("/seed N", "pin the seed: every prompt samples with N, N+1, ... (--seed N)"),
-        ("/seed off", "each prompt takes the next n seeds (the default, from --seed)"),
+        ("/seed N", "pin the seed: every prompt samples as `generate --seed N` samples it alone"),
+        ("/seed off", "the seed moves on by n after each prompt (the default, from --seed)"),
     ],
     "stop": [("/stop TEXT|off", "add a stop string (escapes read); off: none")],
     "latents": [("/latents encoder|prior|shared|reference", "where Z comes from (--latents)")],

@@ -5,8 +5,6 @@ Hugging Face's loop stays: it is transformers' contract."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 from transformers import LogitsProcessor
@@ -16,16 +14,18 @@ from ..inference.sampling import sample_next
 
 
 class RowSeededSampler(LogitsProcessor):
-    """Samples the next token of row i with generators[i], as the decoding engine does, and returns scores that are 0
+    """Samples the next token of row i from its counter-based key keys[i], at the position of the logits, as the
+    decoding engine does, and returns scores that are 0
     at the chosen token and -inf elsewhere, so that Hugging Face's greedy
     step (argmax) takes exactly that token. It must be the last processor and generate must run with
     do_sample=False (FreeTransformerForCausalLM.generate arranges both when `seeds` is given)."""
 
-    def __init__(self, sampling: Sampling, generators: Sequence[torch.Generator]):
+    def __init__(self, sampling: Sampling, keys: Tensor):
         self.sampling = sampling
-        self.generators = generators
+        self.keys = keys  # (B,) int64, counter_random.row_keys of the rows' seeds
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        token = sample_next(scores, self.sampling, self.generators)  # (B,)
+        # the scores are those of the last token of input_ids (B, T): position T - 1
+        token = sample_next(scores, self.sampling, self.keys, input_ids.shape[1] - 1)  # (B,)
         chosen = torch.full_like(scores, float("-inf"))
         return chosen.scatter_(1, token[:, None], 0.0)

@@ -25,9 +25,11 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
+from ..base.counter_random import row_keys
 from ..base.fileio import regular_file
 from ..base.latent_choice import LatentChoice
-from ..inference.generate import row_generators
+from ..base.seeding import generators as seeded_generators
+from ..inference.generate import row_seeds
 from ..inference.latents import LatentPlan, forward_source, parse_latents, plan_latents
 from ..inference.params import Sampling, spelt_fields
 from ..model.loss import IGNORE_INDEX
@@ -359,10 +361,11 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         latent_reference: (B or 1, T) token ids, T >= prompt length; Z for positions [0, T) sampled from
             the encoder's posterior Q(Z | reference) (`infer_latents`, generator seeded latent_seed).
         latent_seed: seeds the one-off draws of "shared" and latent_reference (global RNG when None).
-        seeds: one int per row. Row i's prompt posterior, prior draws and, with do_sample=True, token
-            sampling (temperature, top_k, top_p) come from torch.Generator().manual_seed(seeds[i]) in the
-            same order as `free_transformer.inference.generate`, so the outputs equal ours for the same seeds and
-            latents. Without seeds the draws use the global RNG (torch.manual_seed), as Hugging Face does.
+        seeds: one int per row. Row i's prompt posterior comes from torch.Generator().manual_seed(seeds[i]),
+            its prior draws and, with do_sample=True, its token sampling (temperature, top_k, top_p) from the
+            counter-based streams of seeds[i] at each position, as `free_transformer.inference.generate` draws
+            them, so the outputs equal ours for the same seeds and latents. Without seeds the draws use the
+            global RNG (torch.manual_seed), as Hugging Face does.
 
         With return_dict_in_generate=True the output also has `latents`, (B, positions fed) the Z_t
         used at every position, like `GenerationResult.latents`. Prompts must have equal lengths
@@ -401,22 +404,26 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
                 f"{self.config.max_position_embeddings}"
             )
 
-        generators = row_generators(seeds, B, device) if seeds is not None else None
-        plan = self._latent_plan(B, P, latents, latent_reference, latent_seed, generators) if is_free else None
+        generators, keys = None, None
+        if seeds is not None:  # as the decoding engine: the prompt's posterior with a generator, the rest keyed
+            seeds = row_seeds(seeds, B)
+            generators = seeded_generators(seeds, device)
+            keys = row_keys(torch.tensor(seeds, dtype=torch.int64, device=device))
+        plan = self._latent_plan(B, P, latents, latent_reference, latent_seed, generators, keys) if is_free else None
         if plan is not None:
             kwargs["latent_plan"] = plan
-        if generators is not None and setting("do_sample"):  # seeds: our sampling rule, from Hugging Face's settings
+        if keys is not None and setting("do_sample"):  # seeds: our sampling rule, from Hugging Face's settings
             rule = {name: setting(hf) for name, hf in SAMPLING_RULE.items()}
             sampling = Sampling(**{**rule, "top_k": rule["top_k"] or None})  # Hugging Face's top_k=0: no filter
             processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
-            processors.append(RowSeededSampler(sampling, generators))
+            processors.append(RowSeededSampler(sampling, keys))
             kwargs.update(do_sample=False, logits_processor=processors, **dict.fromkeys(SAMPLING_RULE.values()))
         output = super().generate(inputs, generation_config, **kwargs)
         if plan is not None and not isinstance(output, Tensor):
             output["latents"] = plan.latents(output.sequences.shape[1] - 1)
         return output
 
-    def _latent_plan(self, B, P, latents, reference, latent_seed, generators) -> LatentPlan:
+    def _latent_plan(self, B, P, latents, reference, latent_seed, generators, keys) -> LatentPlan:
         """The plan of `free_transformer.inference.generate` for generate's latent arguments (latents parsed
         here, once, and resolved by free_transformer.inference.latents); "shared" draws max_position_embeddings Z, as
         many as our `shared_prior_latents(model, max_seq_len)`, so that the same seed gives the same Z."""
@@ -435,4 +442,5 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
             reference=reference,
             generator=one_off,
             generators=generators,
+            keys=keys,
         )

@@ -1,9 +1,10 @@
 """Many prompts, n samples each, prompts of any lengths: the one rule of `free-transformer generate`
 and of the server (free_transformer.serve).
 
-A sample depends only on its prompt, its settings, its seed and the choice of Z, never on the other
-prompts of the call nor on how rows are batched:
-- sample i of every prompt samples with seed + i (a generator per row, `generate`'s `seeds`);
+A sample depends only on its prompt, its index in the call, its settings, the call's seed and the choice of Z,
+never on the other prompts of the call nor on how rows are batched:
+- sample i of prompt p samples with its own seed, `sample_seed(seed, p, i)` (free_transformer.base.seeding):
+  every sample of a call its own random stream, the same alone or in any batch (`generate`'s `seeds`);
 - a prompt's "shared" or "reference" Z is resolved with a generator of its own seeded `latent_seed`
   (`prepare_prompts`), as a call with that prompt alone resolves it;
 - every row is a row of the decoding engine (free_transformer.inference.engine), which decodes rows of any
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..base.latent_choice import LatentChoice
+from ..base.seeding import sample_seed
 from ..model.latent import LatentSource
 from ..model.transformer import FreeTransformer
 from .engine import Row, decoding_engine, run_rows
@@ -32,16 +34,15 @@ class Prompt:
 
     ids: list[int]
     config: GenerationConfig  # its max_new_tokens is set
-    fed: int  # positions its rows feed: len(ids) + max_new_tokens - 1
+    positions: int  # the positions its rows feed: len(ids) + max_new_tokens - 1
     latents: LatentSource  # resolved: ENCODER or PRIOR, or (1, N, ...) explicit Z ("shared", "reference")
-    device: torch.device  # the model's: where the rows' generators draw
 
 
 @dataclass(frozen=True)
 class PromptSample:
     prompt: int  # the prompt's index in the call
     sample: int  # i: the sample's index among its prompt's n
-    seed: int  # seed + i, the row's generator
+    seed: int  # the row's seed: sample_seed(the call's seed, prompt, sample)
     tokens: list[int]  # the new tokens, stop token included
 
 
@@ -67,13 +68,13 @@ def prepare_prompts(
         new = config.max_new_tokens
         if new is None:
             raise ValueError("prepare_prompts needs each prompt's max_new_tokens set (Sampling.new_tokens)")
-        key, fed = (len(ids), new), len(ids) + new - 1
+        key, positions = (len(ids), new), len(ids) + new - 1
         if key not in resolved:
             generator = torch.Generator(device=model.rope_cos.device).manual_seed(latent_seed)
             found = resolve_latents(
                 model,
                 choice,
-                length=fed,
+                length=positions,
                 reference=reference,
                 generator=generator,
                 batch_size=1,
@@ -81,15 +82,13 @@ def prepare_prompts(
                 where=where,
             )
             resolved[key] = found.prompt_source if found.explicit is None else found.explicit
-        ready.append(Prompt(list(ids), config, fed, resolved[key], model.rope_cos.device))
+        ready.append(Prompt(list(ids), config, positions, resolved[key]))
     return ready
 
 
 def prompt_row(prompt: Prompt, seed: int, **options) -> Row:
-    """The engine's row of one sample of `prompt`, drawn with a generator seeded `seed`."""
-    return Row(
-        prompt.ids, prompt.config, torch.Generator(device=prompt.device).manual_seed(seed), prompt.latents, **options
-    )
+    """The engine's row of one sample of `prompt`, its random streams keyed by `seed` (`sample_seed`)."""
+    return Row(prompt.ids, prompt.config, seed, prompt.latents, **options)
 
 
 def sample_prompts(
@@ -110,9 +109,9 @@ def sample_prompts(
         raise ValueError(f"the number of samples and the batch size must be >= 1, got {n} and {batch_size}")
     if not prompts:
         return
-    fed = max(prompt.fed for prompt in prompts)
-    engine = decoding_engine(model, min(batch_size, len(prompts) * n), fed, compile=compile)
-    rows = (prompt_row(prompts[p], seed + i, tag=(p, i)) for p in range(len(prompts)) for i in range(n))
+    positions = max(prompt.positions for prompt in prompts)
+    engine = decoding_engine(model, min(batch_size, len(prompts) * n), positions, compile=compile)
+    rows = (prompt_row(prompts[p], sample_seed(seed, p, i), tag=(p, i)) for p in range(len(prompts)) for i in range(n))
     done: dict[object, list[int]] = {}  # by the rows' tags, (p, i)
     order = ((p, i) for p in range(len(prompts)) for i in range(n))
     wanted = next(order, None)
@@ -121,5 +120,5 @@ def sample_prompts(
             raise row.error
         done[row.tag] = row.tokens
         while wanted is not None and wanted in done:
-            yield PromptSample(wanted[0], wanted[1], seed + wanted[1], done.pop(wanted))
+            yield PromptSample(wanted[0], wanted[1], sample_seed(seed, *wanted), done.pop(wanted))
             wanted = next(order, None)

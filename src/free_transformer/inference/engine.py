@@ -1,27 +1,30 @@
 """The decoding engine: the one loop that decodes every sequence, for `generate()`, `free-transformer generate`
 (with --interactive) and the server (free_transformer.serve).
 
-The engine has `slots` rows of one KV cache. A `Row` (a prompt, its sampling settings, its generator and where
+The engine has `slots` rows of one KV cache. A `Row` (a prompt, its sampling settings, its seed and where
 its Z comes from) is prefilled into a free slot (`add`: rows of one prompt length are prefilled together, the
 prompt's Z from the encoder's posterior, the prior or explicit values), its first token sampled from the
 prefill's logits. Each `step` then feeds every row its last token at its own position, a (rows,) position
-tensor: the row's Z for that position (explicit, or one prior draw with the row's generator), the model, and
-the next token, each row sampled with its own settings given as tensors (free_transformer.inference.sampling).
+tensor: the row's Z for that position (explicit, or a prior draw), the model, and the next token, each row
+sampled with its own settings given as tensors (free_transformer.inference.sampling).
 A row ends at a stop token, at its max_new_tokens, when the caller ends it (`finish`), or alone, with an
 error, when its logits are not finite. Rows join and leave between steps; a row that leaves is replaced in
-its slot by the last one, so that the rows in flight always fill slots [0, n).
+its slot by the last one, so that the rows in flight always fill slots [0, n), and the keys and values it
+leaves are zeroed, so that nothing of it (a failed row's NaN) reaches the next row there.
 
-Random streams: a row draws, with its own generator and in this order, the prompt's Z (encoder or prior),
-the noise of its first token, then for each fed position its prior Z (unless explicit Z covers it) and the
-noise of the next token (unless it samples greedily). A sample therefore depends only on its prompt, settings,
-seed and Z, never on the other rows in flight.
+Random streams: a row's draws are counter-based (free_transformer.base.counter_random), functions of its key
+(of its seed) and a position: the prior Z fed at position t is the row's LATENT stream at t, the noise of the
+token sampled from position t's logits its TOKEN stream at t, every row's drawn in one operation on the batch
+(`counter_prior`, `token_uniforms`), all of a row's as it joins (`_draw`), so that a step only reads them at its
+rows' positions. Only the encoder's posterior sample of the prompt's Z, once at admission,
+takes a torch.Generator seeded with the row's seed. A sample therefore depends only on its prompt, settings,
+seed and Z, never on the other rows in flight nor on the order of the draws.
 
 Compiled (`compile=True`): the step (model and sampling) is compiled by Inductor on the device types of
 INDUCTOR_DEVICES and, on CUDA, captured as a CUDA graph per batch-size bucket (BUCKETS; the rows in flight are
-padded up to their bucket) and sampling variant, once for the engine's life: a step is then its draws and one
-replay. The random draws stay outside the graph, row by row with each row's generator, so that a row draws
-exactly what it would draw alone. A compiled step attends the whole cache under a mask; an eager one the
-positions up to the longest row's."""
+padded up to their bucket) and sampling variant, once for the engine's life: a step is then one replay, which
+reads its rows' draws from the engine's buffers at their positions. A compiled step attends the whole cache
+under a mask; an eager one the positions up to the longest row's."""
 
 from __future__ import annotations
 
@@ -38,11 +41,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..base.counter_random import row_keys
 from ..base.latent_choice import LatentChoice
-from ..model.latent import LatentPlan, LatentSource
+from ..base.seeding import generators
+from ..model.latent import LatentSource
+from ..model.latent.sampling import counter_prior
 from ..model.transformer import FreeTransformer
-from .params import GenerationConfig
-from .sampling import NON_FINITE, RowSettings, SamplingVariant, exponential_race_, next_tokens
+from .params import MAX_SEED, GenerationConfig
+from .sampling import NON_FINITE, RowSettings, SamplingVariant, next_tokens, token_uniforms
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +77,7 @@ class Row:
 
     ids: list[int]  # the prompt's token ids, at least one
     config: GenerationConfig  # temperature, filters, stop tokens, and max_new_tokens (set)
-    generator: torch.Generator | None  # every random draw of the row (None: the global RNG)
+    seed: int | None  # keys every random draw of the row, in [0, 2^63) (None: one drawn from torch's global RNG)
     # the prompt's Z (ENCODER or PRIOR), or (1, N, *value_shape) explicit Z of positions [0, N), N >= len(ids)
     latents: LatentSource = LatentChoice.ENCODER
     keep_logits: bool = False  # set `logits` at every token (the server's logprobs)
@@ -83,13 +89,17 @@ class Row:
     logits: Tensor | None = None  # (V,) what its last token was sampled from; valid until the next step
     prompt_logits: Tensor | None = None  # (P, V) the prefill's logits
     fed: Tensor | None = None  # (positions fed, *value_shape) the Z it was fed, once ended (Free Transformer)
-    position: int = 0  # the next position to feed: tokens in the cache
     slot: int | None = None  # its row of the engine's cache while in flight
-    plan: LatentPlan | None = None  # which Z each of its positions takes, made by `add` (a Free Transformer)
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def position(self) -> int:
+        """The next position to feed, the tokens in the cache: the prompt and every new token but the last (and
+        the last too when the step that fed it failed)."""
+        return len(self.ids) + len(self.tokens) - (0 if self.error is not None else 1)
 
 
 def bucket_sizes(slots: int) -> tuple[int, ...]:
@@ -123,11 +133,16 @@ class DecodeEngine:
             self.token = torch.zeros(slots, 1, dtype=torch.int64, device=device)  # (S, 1) the token to feed
             self.position = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) where it goes
             self.active = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) 1 for a slot in flight
-            self.latent = torch.zeros(slots, 1, *shape, dtype=dtype, device=device)  # (S, 1, ...) its Z
-            self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)  # every Z fed
+            self.key = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) its counter-based key
+            # (S, capacity, ...) the Z of every position a row feeds (`_draw`); (S, capacity) the uniform of the
+            # token sampled from each position's logits, float64
+            self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)
+            self.uniforms = torch.full((slots, self.capacity), 0.5, dtype=torch.float64, device=device)
             self.settings = RowSettings(slots, device)
-            self.race = torch.ones(slots, self.vocab_size, device=device)  # (S, V) sampling noise, float32
         self.rows: list[Row] = []  # in flight, row i in slot i
+        # of the rows in flight, set as rows join and leave: what their step samples, and the furthest position fed
+        # (and whether every one is at that position)
+        self.variant, self.longest, self.aligned = SamplingVariant(sampled=False, filtered=False), 0, True
         self.steps = 0  # steps taken (tests and logs)
         self.compile = compile
         self.use_graph = compile and device.type == "cuda"
@@ -160,16 +175,8 @@ class DecodeEngine:
             raise ValueError(f"{len(rows)} rows do not fit: {self.free} of {self.slots} slots are free")
         for row in rows:
             self.check(row)
-            if self.is_free:
-                explicit = row.latents if isinstance(row.latents, Tensor) else None
-                row.plan = LatentPlan(
-                    1,
-                    self.space,
-                    explicit=explicit,
-                    # a row's None is the global RNG, which the plan's row-by-row draws take (fill_rows_)
-                    generators=[row.generator],  # type: ignore[list-item]  # Generators leaves None per row out
-                    prompt_source=LatentChoice.ENCODER if explicit is not None else row.latents,
-                )
+            if row.seed is None:  # follows torch.manual_seed
+                row.seed = int(torch.randint(0, MAX_SEED, ()))
         groups: dict[tuple, list[Row]] = {}
         for row in rows:
             kind = "explicit" if isinstance(row.latents, Tensor) else row.latents
@@ -178,6 +185,7 @@ class DecodeEngine:
             for group in groups.values():
                 self._prefill(group)
             self._release()
+            self._in_flight()
         return list(rows)
 
     def check(self, row: Row) -> None:
@@ -185,6 +193,8 @@ class DecodeEngine:
         P, new = len(row.ids), row.config.max_new_tokens
         if P < 1 or new is None:
             raise ValueError(f"a row needs a prompt and its max_new_tokens, got {P} tokens and {new}")
+        if row.seed is not None and not 0 <= row.seed <= MAX_SEED:
+            raise ValueError(f"a row's seed must be in [0, 2**63), got {row.seed}")
         if P + new - 1 > self.capacity:
             raise ValueError(
                 f"prompt ({P}) + max_new_tokens ({new}) - 1 exceeds the {self.capacity} positions of the decoding cache"
@@ -194,89 +204,104 @@ class DecodeEngine:
         model, start, k, P = self.model, len(self.rows), len(rows), len(rows[0].ids)
         slots = slice(start, start + k)
         ids = torch.tensor([row.ids for row in rows], dtype=torch.int64, device=self.device)  # (k, P)
+        seeds = [_seed(row) for row in rows]
+        self.key[slots] = row_keys(torch.tensor(seeds, dtype=torch.int64, device=self.device))
+        self._draw(rows, slots)
+        latents = self._prompt_latents(rows, slots, P)
+        # the encoder's posterior sample of the prompt's Z: the one draw with a generator, once per row
+        encoder = self.is_free and isinstance(latents, str) and latents == LatentChoice.ENCODER
         out = model(
             ids,
-            latents=self._prompt_latents(rows, P),
-            generator=[row.generator for row in rows],
+            latents=latents,
+            generator=generators(seeds, self.device) if encoder else None,
             cache=self.cache.view(slots, P),
         )
         if self.is_free:
             self.fed[slots, :P] = out.latents
         for j, row in enumerate(rows):
-            row.slot, row.position = start + j, P
+            row.slot = start + j
             if row.keep_prompt_logits:
                 row.prompt_logits = out.logits[j]
-        self.rows += rows
+        self.rows = self.rows + rows  # a new list: a step's list stays what it fed
         self.position[slots] = P
         self.active[slots] = 1
         self.settings.set(slots, [row.config for row in rows])
         logits = out.logits[:, -1]  # (k, V)
         variant = SamplingVariant.of([row.config for row in rows])
-        tokens, non_finite = next_tokens(
-            logits, self.settings.view(slots), self._draw_noise(rows, slots, variant), variant
-        )
+        uniforms = self.uniforms[slots, P - 1] if variant.sampled else None
+        tokens, non_finite = next_tokens(logits, self.settings.view(slots), uniforms, variant)
         self.token[slots, 0] = tokens
         self._take(rows, tokens, non_finite, logits)
 
-    def _prompt_latents(self, rows: list[Row], P: int):
-        """What the prefill of `rows` (one group of `add`: one kind of prompt Z) takes as latents."""
+    def _prompt_latents(self, rows: list[Row], slots: slice, P: int) -> LatentSource:
+        """What the prefill of `rows` in `slots` (one group of `add`: one kind of prompt Z) takes as latents:
+        the explicit values, the rows' prior streams at positions [0, P), or LatentChoice.ENCODER."""
         if not self.is_free:
             return LatentChoice.PRIOR
-        sources = [_plan(row).source(0, P, self.device) for row in rows]
-        values = [source for source in sources if isinstance(source, Tensor)]  # every row's, or none
-        return torch.cat(values) if values else LatentChoice.ENCODER  # (k, P, ...) values, or LatentChoice.ENCODER
+        if isinstance(rows[0].latents, Tensor) or rows[0].latents == LatentChoice.PRIOR:
+            return self.fed[slots, :P]  # (k, P, ...) the explicit values, or the prior's, written by `_draw`
+        return LatentChoice.ENCODER
+
+    def _draw(self, rows: list[Row], slots: slice) -> None:
+        """Every draw the rows joining `slots` will read, made now in one operation for the group: at each
+        position t they will feed, their prior Z (LATENT stream at t, into `fed`, under explicit Z where given)
+        and the uniform of the token sampled from t's logits (TOKEN stream at t, into `uniforms`). A step then
+        reads its rows' draws at their positions: no random number is made in it."""
+        end = max(_end(row) for row in rows)
+        positions = torch.arange(end, device=self.device)[None, :]  # (1, end)
+        keys = self.key[slots, None]  # (k, 1)
+        self.uniforms[slots, :end] = token_uniforms(keys, positions)
+        if self.space is None:
+            return
+        self.fed[slots, :end] = counter_prior(self.space, keys, positions)  # (k, end, ...)
+        for slot, row in zip(range(slots.start, slots.stop), rows):
+            if isinstance(row.latents, Tensor):
+                given = min(row.latents.shape[1], end)
+                self.fed[slot, :given] = row.latents[0, :given]
 
     # ---- one step ------------------------------------------------------------------------------
 
     def step(self) -> list[Row]:
         """Feed every row in flight its last token and sample its next one. Returns the rows that got one."""
-        rows = list(self.rows)
+        rows = self.rows  # `_release` makes a new list: this one stays what the step fed
         if not rows:
             return []
         with torch.inference_mode():
-            variant = SamplingVariant.of([row.config for row in rows])
-            self._draw_latents(rows)
-            self._draw_noise(rows, slice(0, len(rows)), variant)
             if self.compile:
                 size = self.buckets[bisect.bisect_left(self.buckets, len(rows))]
-                tokens, non_finite, logits = self._replay(size, variant)
-            else:
-                length = max(row.position for row in rows) + 1
-                cache = self.cache.view(slice(0, len(rows)), length)
-                tokens, non_finite, logits = self._body(len(rows), cache, variant, _step_core)
-            for row in rows:
-                row.position += 1
+                tokens, non_finite, logits = self._replay(size, self.variant)
+            else:  # rows all at one position (equal prompts, one row) feed it as an int: no mask, no scatter
+                cache = self.cache.view(slice(0, len(rows)), self.longest + 1)
+                start = self.longest if self.aligned else None
+                tokens, non_finite, logits = self._body(len(rows), cache, self.variant, _step_core, start)
+            self.longest += 1  # every row fed one position
             self.steps += 1
             self._take(rows, tokens[: len(rows)], non_finite[: len(rows)], logits)
             self._release()
         return rows
 
-    def _draw_latents(self, rows: list[Row]) -> None:
-        """Each row's Z for the position it feeds, into `latent`: its explicit Z, else one prior draw."""
-        if not self.is_free:
-            return
-        for i, row in enumerate(rows):
-            _plan(row).fill_(self.latent[i : i + 1], row.position)
-
-    def _draw_noise(self, rows: list[Row], slots: slice, variant: SamplingVariant) -> Tensor | None:
-        """The sampling noise of the rows that sample, into their rows of `race`; None when none samples."""
-        if not variant.sampled:
-            return None
-        race = self.race[slots]
-        drawing = [(noise, row.generator) for noise, row in zip(race, rows) if not row.config.greedy]
-        exponential_race_([noise for noise, _ in drawing], [generator for _, generator in drawing])
-        return race
-
-    def _body(self, size: int, cache, variant: SamplingVariant, core: Callable) -> tuple[Tensor, ...]:
+    def _body(
+        self, size: int, cache, variant: SamplingVariant, core: Callable, start: int | None = None
+    ) -> tuple[Tensor, ...]:
         """The step of slots [0, size) over `cache`, a view of their rows: everything a captured graph replays.
-        Returns the next tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
+        start: the one position of every row, when the host knows they share it (the model then writes and
+        attends the cache as a prefill continued; None: each row at its own, a (size,) tensor). Returns the next
+        tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
         rows = slice(0, size)
-        position, latent = self.position[rows], self.latent[rows]
-        if self.is_free:
-            self.fed[torch.arange(size, device=self.device), position] = latent[:, 0]
-        race = self.race[rows] if variant.sampled else None
+        position, index = self.position[rows], torch.arange(size, device=self.device)
+        # each row's draws at its position (`_draw`): its Z (explicit where given, else its prior stream's) and
+        # its token's uniform
+        latent: LatentSource = self.fed[index, position][:, None] if self.is_free else LatentChoice.PRIOR
+        uniforms = self.uniforms[index, position] if variant.sampled else None  # (size,)
         tokens, non_finite, logits = core(
-            self.model, self.token[rows], latent, position, cache, self.settings.view(rows), race, variant
+            self.model,
+            self.token[rows],
+            latent,
+            position if start is None else start,
+            cache,
+            self.settings.view(rows),
+            uniforms,
+            variant,
         )
         self.token[rows, 0] = tokens
         self.position[rows] += self.active[rows]
@@ -383,6 +408,7 @@ class DecodeEngine:
             if row.done:
                 row.fed = self.fed[slot, : row.position].clone() if self.is_free else None
                 row.slot = None
+                self._clear(slot, row.position)
         n = sum(not row.done for row in rows)  # the rows that stay, in slots [0, n) once moved
         holes = (slot for slot in range(n) if rows[slot].done)  # ascending
         kept = rows[:n]
@@ -390,44 +416,68 @@ class DecodeEngine:
             if not rows[source].done:
                 slot = next(holes)
                 self._move(rows[source], source, slot)
+                self._clear(source, rows[source].position)
                 kept[slot] = rows[source]
         self.rows = kept
+        self._in_flight()
         freed = slice(n, self.slots)
         self.active[freed] = 0
         self.position[freed] = 0
+
+    def _in_flight(self) -> None:
+        """What the rows in flight set for their steps, once they have joined or left."""
+        self.variant = SamplingVariant.of([row.config for row in self.rows])
+        positions = [row.position for row in self.rows]
+        self.longest = max(positions, default=0)
+        self.aligned = min(positions, default=0) == self.longest
+
+    def _clear(self, slot: int, length: int) -> None:
+        """Zero the keys and values a row left in `slot`, positions [0, length): a later row there attends the
+        positions past its own under a mask, and a masked NaN or inf (a failed row's) would still reach it
+        (0 x NaN is NaN). Once per row, the cost of writing its cache once."""
+        self.cache.keys[:, slot, :, :length] = 0
+        self.cache.values[:, slot, :, :length] = 0
 
     def _move(self, row: Row, source: int, slot: int) -> None:
         length = row.position
         self.cache.keys[:, slot, :, :length] = self.cache.keys[:, source, :, :length]
         self.cache.values[:, slot, :, :length] = self.cache.values[:, source, :, :length]
-        for buffer in (self.token, self.position, self.active, self.latent):
+        for buffer in (self.token, self.position, self.active, self.key):
             buffer[slot] = buffer[source]
-        self.fed[slot, :length] = self.fed[source, :length]
+        end = _end(row)  # the draws of every position it feeds
+        self.fed[slot, :end] = self.fed[source, :end]
+        self.uniforms[slot, :end] = self.uniforms[source, :end]
         self.settings.move(source, slot)
         row.slot = slot
 
 
-def _plan(row: Row) -> LatentPlan:
-    """A row's plan, which `add` makes for every row of a Free Transformer (the only rows whose plan is read)."""
-    assert row.plan is not None, "add plans the Z of every row of a Free Transformer"
-    return row.plan
+def _end(row: Row) -> int:
+    """The positions a row feeds, [0, end): its prompt and every new token but the last."""
+    assert row.config.max_new_tokens is not None, "add refuses a row without max_new_tokens (check)"
+    return len(row.ids) + row.config.max_new_tokens - 1
+
+
+def _seed(row: Row) -> int:
+    """A row's seed, which `add` sets when the caller left it None."""
+    assert row.seed is not None, "add draws a seed for every row without one"
+    return row.seed
 
 
 def _step_core(
     model: FreeTransformer,
     token: Tensor,
-    latent: Tensor,
-    position: Tensor,
+    latent: LatentSource,
+    position: int | Tensor,
     cache,
     settings,
-    race,
+    uniforms,
     variant: SamplingVariant,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One step after its random draws: the model on token (B, 1) with latent (B, 1, ...) at each row's
-    position (B,), then each row's next token (B,), its non-finite flag (B,) and the logits (B, V). The function
-    Inductor compiles."""
+    position (B,) (or at the rows' one position, an int), then each row's next token (B,), its non-finite flag
+    (B,) and the logits (B, V). The function Inductor compiles."""
     logits = model(token, latents=latent, cache=cache, start=position).logits[:, -1]  # (B, V)
-    tokens, non_finite = next_tokens(logits, settings, race, variant)
+    tokens, non_finite = next_tokens(logits, settings, uniforms, variant)
     return tokens, non_finite, logits
 
 

@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from ..base.latent_choice import LatentChoice
-from ..base.seeding import generators
+from ..base.seeding import sample_seed
 from ..model.transformer import FreeTransformer
 from .engine import Row, decoding_engine, run_rows
 from .latents import parse_latents, resolve_latents
-from .params import GenerationConfig, check_room
+from .params import MAX_SEED, GenerationConfig, check_room
 
 
 @dataclass
@@ -27,12 +27,19 @@ class GenerationResult:
     # (its prompt and every new token but the last); None for a baseline
 
 
-def row_generators(seeds: Sequence[int] | None, batch_size: int, device) -> list[torch.Generator]:
+def row_seeds(seeds: Sequence[int] | None, batch_size: int, seed: int | None = None) -> list[int]:
+    """Each row's seed: `seeds` (one per row) as given; else row k's `sample_seed(seed, k, 0)`, with a `seed`
+    drawn from torch's global RNG when none is given (so that it follows torch.manual_seed)."""
+    if seeds is not None and seed is not None:
+        raise ValueError("pass seeds (one per row) or seed (one for the call), not both")
     if seeds is None:
-        seeds = torch.randint(0, 2**62, (batch_size,)).tolist()  # follows torch.manual_seed
+        seed = int(torch.randint(0, 2**62, ())) if seed is None else seed
+        return [sample_seed(seed, k, 0) for k in range(batch_size)]
     if len(seeds) != batch_size:
         raise ValueError(f"got {len(seeds)} seeds for {batch_size} prompts")
-    return generators(seeds, device)
+    if not all(0 <= int(s) <= MAX_SEED for s in seeds):
+        raise ValueError(f"every seed must be in [0, 2**63), got {list(seeds)}")
+    return [int(s) for s in seeds]
 
 
 def prompt_lists(prompts: Tensor | Sequence[Sequence[int]]) -> list[list[int]]:
@@ -55,6 +62,7 @@ def generate(
     config: GenerationConfig | None = None,
     *,
     seeds: Sequence[int] | None = None,
+    seed: int | None = None,
     latents: LatentChoice | str | Tensor | None = None,
     reference: Tensor | Sequence[Sequence[int]] | None = None,
     latent_seed: int | None = None,
@@ -65,7 +73,10 @@ def generate(
     """Sample a continuation of every prompt with a KV cache, the rows decoded together by the engine.
 
     prompts: (B, P) token ids, or B lists of token ids of any lengths. seeds: one per row, so that each row's
-    sample depends only on its prompt, the settings, its seed and its Z, never on the other rows. latents:
+    sample depends only on its prompt, the settings, its seed and its Z, never on the other rows. seed: one for
+    the call instead, row k's seed then `sample_seed(seed, k, 0)` (free_transformer.base.seeding): every row its
+    own stream, a row's sample that of the same prompt at the same index alone (unset, with seeds unset: a fresh
+    seed from torch's global RNG). latents:
     where Z comes from (a LatentChoice or its name, free_transformer.inference.latents; None: "encoder"):
     "encoder" or "prior" for the
     prompt's Z; "shared", one prior sequence for every row (the paper's green groups); "reference", the
@@ -94,7 +105,7 @@ def generate(
     fed = max(len(prompt) + n - 1 for prompt, n in zip(ids, new))  # positions the longest row feeds
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"the batch size must be >= 1, got {batch_size}")
-    row_gens = row_generators(seeds, B, device)
+    row_seed = row_seeds(seeds, B, seed)
     one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
     resolved = resolve_latents(
         model,
@@ -111,10 +122,10 @@ def generate(
         Row(
             row,
             dataclasses.replace(config, max_new_tokens=n),
-            generator,
+            row_seed[k],
             resolved.prompt_source if explicit is None else explicit[k][None],
         )
-        for k, (row, n, generator) in enumerate(zip(ids, new, row_gens))
+        for k, (row, n) in enumerate(zip(ids, new))
     ]
     engine = decoding_engine(model, min(B, batch_size or B), fed, compile=compile)
     for row in run_rows(engine, rows, should_stop):

@@ -136,10 +136,12 @@ def plan_latents(
     reference=None,
     generator: torch.Generator | None = None,
     generators: Generators = None,
+    keys: Tensor | None = None,
     where: str = "latents",
 ) -> LatentPlan:
     """The plan of one generation of `batch_size` rows from a `prompt_length`-token prompt, `choice`
-    resolved once (`resolve_latents`); `generators` (one per row) draw the new positions' prior Z."""
+    resolved once (`resolve_latents`); the new positions' prior Z come from the rows' counter-based `keys`
+    (B,) when given, else from `generators` (one per row)."""
     resolved = resolve_latents(
         model,
         choice,
@@ -154,7 +156,12 @@ def plan_latents(
     if explicit is not None:
         explicit = explicit.expand(batch_size, *explicit.shape[1:])
     return LatentPlan(
-        batch_size, model.latent_space, explicit=explicit, prompt_source=resolved.prompt_source, generators=generators
+        batch_size,
+        model.latent_space,
+        explicit=explicit,
+        prompt_source=resolved.prompt_source,
+        generators=generators,
+        keys=keys,
     )
 
 

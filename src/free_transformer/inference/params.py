@@ -174,9 +174,9 @@ class SamplingParams(Sampling):
     n: int = field(default=1, metadata=spelt("n", flag="--num-samples", hf=None, metavar="N"))
     """Samples of each prompt."""
     seed: int | None = field(default=None, metadata=spelt("seed", hf=None, metavar="N"))
-    """Sample i of every prompt samples with seed + i, and the Z of latents shared and reference is drawn with
-    latent_seed, which is seed when unset: the same settings give the same samples (unset: a fresh random
-    seed)."""
+    """The call's seed: sample i of prompt p samples with its own random stream, derived from (seed, p, i), and
+    the Z of latents shared and reference is drawn with latent_seed, which is seed when unset. The same prompts
+    and settings give the same samples; a server request without a seed gets a fresh random one."""
     stop: tuple[str, ...] = field(default=(), metadata=spelt("stop", hf=None, metavar="TEXT"))
     """Stop strings: a sample ends where one first appears, which is not part of it."""
     latents: LatentChoice = field(default=LatentChoice.ENCODER, metadata=spelt("latents"))

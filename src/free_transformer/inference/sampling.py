@@ -2,13 +2,17 @@
 sampler of every decoding path (the decoding engine's step, free_transformer.inference.engine, and the Hugging
 Face loop's `RowSeededSampler`).
 
-A row's token is drawn as torch.multinomial(probs, 1, generator=g) draws one sample, argmax(probs / q) with
-q ~ Exp(1) drawn from the row's generator (the exponential race), where probs is the softmax of the logits
-divided by the temperature and filtered by top-k, then top-p, then min-p (Hugging Face's order). Three rules
-keep every valid setting finite, so that no row's settings can fail another row or the request:
+A row's token is drawn by inverting the CDF of its probabilities (probs) at one uniform u: the first token whose
+cumulative probability (summed in float64) exceeds u, as torch.multinomial draws one sample; u is word 0 of the
+row's counter- based TOKEN stream at the position whose logits these are (`token_uniforms`,
+free_transformer.base.counter_random: every row's in one operation, one word a row whatever the vocabulary), where
+probs is the softmax of the logits divided by the temperature and filtered by top-k, then top-p, then min-p
+(Hugging Face's order). Three rules keep every valid setting finite, so that no row's settings can fail another row
+or the request:
 - a temperature below GREEDY_BELOW picks the likeliest token (as vLLM does): logits / 1e-39 would overflow;
 - top-p and min-p always keep the likeliest token (a top-p of 1e-300 is 0 in float32);
-- a row whose logits or probabilities hold a NaN is flagged in `non_finite`, for that row alone."""
+- a row whose probabilities would hold a NaN (a NaN or +inf among its logits, or only -inf) is flagged in
+  `non_finite`, for that row alone."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..base import counter_random
 from .params import GREEDY_BELOW, Sampling
 
 NON_FINITE = "the next-token probabilities contain NaN (non-finite logits)"
@@ -79,25 +84,29 @@ class RowSettings:
 
 
 def next_tokens(
-    logits: Tensor, settings: tuple[Tensor, ...], race: Tensor | None, variant: SamplingVariant
+    logits: Tensor, settings: tuple[Tensor, ...], uniforms: Tensor | None, variant: SamplingVariant
 ) -> tuple[Tensor, Tensor]:
-    """(B, V) logits -> the next tokens (B,) and whether each row's logits or probabilities hold a NaN (B,).
-    settings: `RowSettings.view` (temperature, top_k, top_p, min_p), (B,) each; race: (B, V) Exp(1) noise,
+    """(B, V) logits -> the next tokens (B,) and whether each row's probabilities would hold a NaN (B,).
+    settings: `RowSettings.view` (temperature, top_k, top_p, min_p), (B,) each; uniforms: (B,) float64 in (0, 1),
     read in the rows that sample (None when no row does). Pure device work: nothing read on the host."""
     temperature, top_k, top_p, min_p = settings
     logits = logits.float()
-    best = logits.argmax(-1)
-    nan = logits.isnan().any(-1)
+    top, best = logits.max(-1)  # (B,) each; max propagates a NaN
+    # a NaN, a +inf or only -inf in a row's logits (its largest not finite): what makes its probabilities NaN, the
+    # filters keeping the likeliest token
+    non_finite = ~top.isfinite()
     if not variant.sampled:
-        return best, nan
-    assert race is not None, "a sampled variant draws its noise (None only when no row samples)"
+        return best, non_finite
+    assert uniforms is not None, "a sampled variant draws its noise (None only when no row samples)"
     is_greedy = temperature < GREEDY_BELOW
     scaled = logits / temperature.masked_fill(is_greedy, 1.0)[:, None]
     if variant.filtered:
         scaled = filtered(scaled, top_k, top_p, min_p)
-    probs = torch.softmax(scaled, -1)
-    drawn = (probs / race).argmax(-1)
-    return torch.where(is_greedy, best, drawn), nan | (~is_greedy & probs.isnan().any(-1))
+    cdf = torch.softmax(scaled, -1).cumsum(-1, dtype=torch.float64)  # (B, V)
+    # the first token whose cumulative probability exceeds u (times the total, 1 up to rounding): a token of
+    # probability 0 adds nothing to the sum and is never drawn
+    drawn = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
+    return torch.where(is_greedy, best, drawn.clamp(max=logits.shape[-1] - 1)), non_finite
 
 
 def filtered(scaled: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
@@ -118,27 +127,23 @@ def filtered(scaled: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Ten
     return scaled.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), float("-inf"))
 
 
-def exponential_race_(race: Tensor | Sequence[Tensor], generators: Sequence[torch.Generator | None]):
-    """Fill the rows of `race` ((B, V), or B rows of V) in place with Exp(1) draws, row i from generators[i]: a
-    sampled row's noise."""
-    for row, generator in zip(race, generators):
-        row.exponential_(generator=generator)
-    return race
+def token_uniforms(keys: Tensor, positions: Tensor) -> Tensor:
+    """(...,) float64 uniforms of each row's TOKEN stream, its word 0: keys its counter-based key
+    (counter_random.row_keys) and positions the position whose logits it samples, broadcast to (...,)."""
+    return counter_random.uniform64(counter_random.words(keys, positions, counter_random.TOKEN, 1)[..., 0])
 
 
-def sample_next(logits: Tensor, rule: Sampling, generators: Sequence[torch.Generator | None]) -> Tensor:
-    """(B, V) logits -> (B,) tokens, every row with `rule` and row i's noise from generators[i]; a ValueError
-    when a row's probabilities hold a NaN. For a loop that is not the engine's (Hugging Face's)."""
+def sample_next(logits: Tensor, rule: Sampling, keys: Tensor, position: int) -> Tensor:
+    """(B, V) logits of position `position` -> (B,) tokens, every row with `rule` and row i's noise from its
+    key keys[i] (B,), as the decoding engine draws it; a ValueError when a row's probabilities hold a NaN. For a
+    loop that is not the engine's (Hugging Face's)."""
     B = logits.shape[0]
     settings = RowSettings(B, logits.device)
     settings.set(slice(0, B), [rule] * B)
     variant = SamplingVariant.of([rule])
-    race = (
-        exponential_race_(torch.empty(B, logits.shape[-1], device=logits.device), generators)
-        if variant.sampled
-        else None
-    )
-    tokens, non_finite = next_tokens(logits, settings.view(slice(0, B)), race, variant)
+    positions = torch.full((B,), position, dtype=torch.int64, device=logits.device)
+    uniforms = token_uniforms(keys.to(logits.device), positions) if variant.sampled else None
+    tokens, non_finite = next_tokens(logits, settings.view(slice(0, B)), uniforms, variant)
     if bool(non_finite.any()):
         raise ValueError(NON_FINITE)
     return tokens

@@ -50,6 +50,9 @@ class KVCache:
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
+        # (position, rows, mask) of the decoding step in progress: made by its first layer's `write_at`, dropped by
+        # the model's forward when it ends
+        self.step: tuple[Tensor, Tensor, Tensor] | None = None
 
     @property
     def capacity(self) -> int:
@@ -65,19 +68,23 @@ class KVCache:
     def write_at(self, layer: int, position: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Store one position's k, v (B, kv_heads, 1, head_dim) at each row's device index `position` (B,): rows
         at different lengths, decoded together. Return the whole cache of the layer and the mask of the keys up
-        to each row's position, (B, 1, 1, capacity)."""
-        key_positions = torch.arange(self.keys.shape[3], device=position.device)
-        rows = torch.arange(k.shape[0], device=position.device)
+        to each row's position, (B, 1, 1, capacity). The rows' indices and the mask are made once per step: every
+        layer of a forward passes the same `position` tensor."""
+        if self.step is None or self.step[0] is not position:
+            key_positions = torch.arange(self.keys.shape[3], device=position.device)
+            rows = torch.arange(k.shape[0], device=position.device)
+            self.step = (position, rows, (key_positions <= position[:, None])[:, None, None, :])
+        _, rows, mask = self.step
         self.keys[layer][rows, :, position] = k[:, :, 0]  # (B, kv_heads, head_dim) at each row's position
         self.values[layer][rows, :, position] = v[:, :, 0]
-        return self.keys[layer], self.values[layer], (key_positions <= position[:, None])[:, None, None, :]
+        return self.keys[layer], self.values[layer], mask
 
     def view(self, rows: slice, length: int) -> KVCache:
         """Rows `rows` and the first `length` positions of this cache, sharing its storage: what one row's
         prefill writes into, or the decoding step of the rows in flight reads (continuous batching)."""
         view = object.__new__(KVCache)
         view.keys, view.values = self.keys[:, rows, :, :length], self.values[:, rows, :, :length]
-        view.length = 0
+        view.length, view.step = 0, None
         return view
 
 

@@ -216,6 +216,8 @@ class FreeTransformer(nn.Module):
                 out.loss = out.loss + free_bits_kl(out.kl_per_token_nats, kappa_nats)
         if cache is not None and not isinstance(start, Tensor):
             cache.length = start + T
+        if cache is not None:
+            cache.step = None  # the step's rows and mask, shared by its layers, end with the forward
         return out
 
     def _check_shape(self, tokens: Tensor, start: int | Tensor, cache: KVCache | None) -> tuple[int, int]:

@@ -44,7 +44,7 @@ class RowSpec:
 
     index: int  # the choice's index in the response
     prompt: Prompt  # its ids, settings and Z
-    seed: int  # the row's generator
+    seed: int  # the row's seed: sample_seed(the request's seed, prompt, sample)
 
 
 @dataclass(kw_only=True)
@@ -204,7 +204,7 @@ class Batcher:
         with self.wakeup:
             job.order = next(self.arrivals)
             # fed - len(ids) + 1: the row's max_tokens
-            job.due = self.steps + sum(spec.prompt.fed - len(spec.prompt.ids) + 1 for spec in job.rows)
+            job.due = self.steps + sum(spec.prompt.positions - len(spec.prompt.ids) + 1 for spec in job.rows)
             self.waiting.append(job)
             self.wakeup.notify()
 

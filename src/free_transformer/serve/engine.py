@@ -2,9 +2,10 @@
 `RequestError` with one line, before any sampling), whose rows the scheduler (free_transformer.serve.batcher)
 hands to the decoding engine, batched with every other request's.
 
-Completion i of a prompt samples with seed + i, so a prompt's completions do not depend on the other
-prompts of its request, on n, on streaming or on the batch, and equal `free-transformer generate
---seed SEED`'s (up to float rounding).
+Completion i of prompt p samples with its own seed, sample_seed(seed, p, i) (free_transformer.base.seeding): a
+request with a seed gives the same completions again (OpenAI's meaning of the seed), each of its prompts and
+samples its own random stream, none depending on streaming or on the batch, and equal to `free-transformer
+generate --seed SEED`'s with the same prompts (up to float rounding).
 
 With best_of above n, or vary other than both, a prompt's rows are best-of candidates: their seeds and Z are
 free_transformer.inference.search's (`candidate_sources`), so that they equal `free-transformer generate
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..base.latent_choice import ContextChoice, LatentChoice, as_context
+from ..base.seeding import sample_seed
 from ..data.tokenizer import Tokenizer
 from ..inference.batches import Prompt, prepare_prompts
 from ..inference.params import SamplingError, SamplingParams, check_room, new_token_room
@@ -153,7 +155,7 @@ class Engine:
             rows = self._candidates(prompts, params)
         else:
             rows = [
-                RowSpec(index=p * request.n + i, prompt=prompt, seed=seed + i)
+                RowSpec(index=p * request.n + i, prompt=prompt, seed=sample_seed(seed, p, i))
                 for p, prompt in enumerate(prompts)
                 for i in range(request.n)
             ]
@@ -174,7 +176,7 @@ class Engine:
             self.model,
             [prompt.ids for prompt in prompts],
             count,
-            max(prompt.fed for prompt in prompts),
+            max(prompt.positions for prompt in prompts),
             seed=seed,
             vary=params.vary,
             context=as_context(params.latents),  # encoder or prior: SamplingParams refuses the others here

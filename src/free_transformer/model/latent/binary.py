@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...base.counter_random import shift_right
 from ...base.units import LN2
 from .sampling import Generators, at_least_float32, code_log_probabilities, fill_rows_, index_to_bits, kl_per_bit
 from .space import LatentSpace, with_first_entry
@@ -31,6 +32,13 @@ class BinaryLatentSpace(LatentSpace):
     def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
         # One randint per row (random_ is its kernel), not H bits: it is drawn at every decoded token.
         return fill_rows_(out, lambda rows, g: rows.random_(0, 2**self.units, generator=g), generator)
+
+    @property
+    def prior_words(self) -> int:
+        return 1
+
+    def prior_from_words(self, words: Tensor) -> Tensor:
+        return shift_right(words[..., 0], 64 - self.units)  # the word's top H bits: a uniform index
 
     def kl_per_unit(self, posterior: Tensor) -> Tensor:
         return kl_per_bit(posterior)

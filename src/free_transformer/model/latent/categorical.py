@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...base.checks import ConfigError, check_range
+from ...base.counter_random import shift_right
 from .sampling import Generators, at_least_float32, fill_rows_, rand_rows
 from .space import LatentSpace, register_latent_kind, with_first_entry
 
@@ -67,6 +68,15 @@ class CategoricalLatent(LatentSpace):
 
     def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
         return fill_rows_(out, lambda rows, g: rows.random_(0, self.classes, generator=g), generator)
+
+    @property
+    def prior_words(self) -> int:
+        return self.units
+
+    def prior_from_words(self, words: Tensor) -> Tensor:
+        # a word's top 32 bits times K, over 2^32 (Lemire's multiply-shift): a class in [0, K), off uniform by
+        # at most K / 2^32
+        return (shift_right(words, 32) * self.classes) >> 32
 
     def kl_per_unit(self, posterior: Tensor) -> Tensor:
         log_q = self._log_probs(posterior)

@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from ...base.counter_random import shift_right, uniform
 from .sampling import Generators, at_least_float32, fill_rows_
 from .space import LinearMap, register_latent_kind, with_first_entry
 
@@ -41,6 +42,16 @@ class GaussianLatent(LinearMap):
 
     def prior_(self, out: Tensor, generator: Generators = None) -> Tensor:
         return fill_rows_(out, lambda rows, g: rows.normal_(generator=g), generator)
+
+    @property
+    def prior_words(self) -> int:
+        return self.units
+
+    def prior_from_words(self, words: Tensor) -> Tensor:
+        # Box-Muller on two 24-bit uniforms of each word (bits 40-63 and 16-39)
+        radius = (-2 * uniform(words).log()).sqrt()
+        angle = (shift_right(words, 16) & 0xFFFFFF).float() * (2 * math.pi * 2.0**-24)
+        return (radius * angle.cos()).to(self.value_dtype)
 
     def standard_normal(self, shape: tuple[int, ...], generator: Generators = None, device=None) -> Tensor:
         """(*shape, H) N(0, I) draws of value_dtype, row by row: the reparameterisation's noise, the prior's

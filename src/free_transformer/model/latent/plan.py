@@ -8,22 +8,23 @@ import torch
 from torch import Tensor
 
 from ...base.latent_choice import LatentChoice
-from .sampling import Generators
+from .sampling import Generators, counter_prior
 from .sources import LatentSource
 from .space import LatentSpace
 
 
 class LatentPlan:
     """Z for each position of a sequence, handed to the model's forward call by call: the one dispenser
-    of Z per position, used by the model's own prior draws (a forward with LatentChoice.PRIOR), the decoding engine (a
-    plan per row: its prompt's Z, then `fill_` into the engine's buffer at every step), `FreeTransformerForCausalLM`,
-    evaluation's scoring, the held-out likelihoods, validation and analysis.
+    of Z per position, used by the model's own prior draws (a forward with LatentChoice.PRIOR),
+    `FreeTransformerForCausalLM`, evaluation's scoring, the held-out likelihoods, validation and analysis (the
+    decoding engine draws from the same counter-based streams in its own buffers: free_transformer.inference.engine).
 
-    Positions [0, N) take the explicit (B, N, *value_shape) values when given. Otherwise the first call
-    (at position 0) takes the encoder when `prompt_source` is LatentChoice.ENCODER, and every other position one prior
-    draw of the latent space (`LatentSpace.prior`), made once when its token is fed (with `generators`,
-    one per row, or the global RNG) and then kept: a forward that re-feeds positions already planned
-    (Hugging Face without a cache) gets the same Z again.
+    Positions [0, N) take the explicit (B, N, *value_shape) values when given. Otherwise the first call (at
+    position 0) takes the encoder when `prompt_source` is LatentChoice.ENCODER, and every other position one prior
+    draw of the latent space, made once when its token is fed and then kept: with `keys`, (B,) counter-based row
+    keys (free_transformer.base.counter_random), row i's draw at position t is a function of (keys[i], t), as the
+    decoding engine draws it; else `LatentSpace.prior` with `generators` (one per row, or the global RNG): a
+    forward that re-feeds positions already planned (Hugging Face without a cache) gets the same Z again.
     The plan records every Z the model used, so generate can return them. With no latent space (a
     baseline) it hands out LatentChoice.PRIOR, which a baseline ignores, and records nothing.
     """
@@ -36,12 +37,14 @@ class LatentPlan:
         explicit: Tensor | None = None,
         prompt_source: LatentSource = LatentChoice.ENCODER,
         generators: Generators = None,
+        keys: Tensor | None = None,
     ):
         self.batch_size = batch_size
         self.space = space
         self.explicit = explicit  # (B, N, *value_shape), resolved by resolve_latents
         self.prompt_source = prompt_source  # LatentChoice.ENCODER or LatentChoice.PRIOR
         self.generators = generators
+        self.keys = keys  # (B,) int64 counter-based row keys, or None
         self.used: list[Tensor] = []  # (B, t, *value_shape) chunks, the Z of positions [0, length)
         self.length = 0
 
@@ -68,20 +71,17 @@ class LatentPlan:
         elif new == 0 and self.prompt_source == LatentChoice.ENCODER:
             return LatentChoice.ENCODER  # the model samples it, and the caller records it
         else:
-            fresh = self.draw(end - new, device if known is None else known.device)
+            fresh = self.draw(end - new, device if known is None else known.device, start=new)
         return fresh if known is None else torch.cat([known, fresh], dim=1)
 
-    def fill_(self, out: Tensor, position: int) -> Tensor:
-        """Write the Z of the new `position` into `out` (B, 1, *value_shape) in place, a buffer of fixed address
-        (the decoding engine's): its explicit value where given, else one prior draw with the plan's generators.
-        Nothing is recorded: the caller keeps what it fed."""
-        if self.explicit is not None and position < self.explicit.shape[1]:
-            return out.copy_(self.explicit[:, position : position + 1])
-        return self._space().prior_(out, self.generators)
-
-    def draw(self, length: int, device=None) -> Tensor:
-        """(B, length, *value_shape) prior Z for new positions, row i from generators[i]."""
-        return self._space().prior((self.batch_size, length), self.generators, device)
+    def draw(self, length: int, device=None, start: int = 0) -> Tensor:
+        """(B, length, *value_shape) prior Z for positions [start, start + length): row i's from its counter-based
+        stream at those positions with `keys`, else from generators[i]."""
+        space = self._space()
+        if self.keys is None:
+            return space.prior((self.batch_size, length), self.generators, device)
+        positions = torch.arange(start, start + length, device=self.keys.device)
+        return counter_prior(space, self.keys[:, None], positions[None, :])  # (B, length, ...)
 
     def _space(self) -> LatentSpace:
         """The latent space that draws Z, or a RuntimeError for a baseline's plan, which draws none."""

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...base import counter_random
 from ...base.units import LN2
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -92,3 +93,9 @@ def kl_per_bit(bit_logits: Tensor) -> Tensor:
 def free_bits_kl(kl_per_token: Tensor, kappa_nats: float) -> Tensor:
     """The paper's KL term: (1/T) sum_t max(0, KL_t - kappa), averaged over the batch too."""
     return torch.clamp(kl_per_token - kappa_nats, min=0.0).mean()
+
+
+def counter_prior(space, keys: Tensor, positions: Tensor) -> Tensor:
+    """Prior Z of `space` (a LatentSpace) from each row's counter-based LATENT stream: keys and positions
+    broadcast to (...,), the result (..., *value_shape). Row i's Z at position t depends on (keys[i], t) alone."""
+    return space.prior_from_words(counter_random.words(keys, positions, counter_random.LATENT, space.prior_words))

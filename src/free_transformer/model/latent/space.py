@@ -123,6 +123,17 @@ class LatentSpace(nn.Module):
         out = torch.empty(*shape, *self.value_shape, dtype=self.value_dtype, device=device)
         return self.prior_(out, generator)
 
+    @property
+    def prior_words(self) -> int:
+        """How many random 64-bit words one prior draw takes (`prior_from_words`)."""
+        raise NotImplementedError
+
+    def prior_from_words(self, words: Tensor) -> Tensor:
+        """(..., prior_words) random int64 words (free_transformer.base.counter_random) -> (..., *value_shape)
+        prior draws, a pure function of the words: how the decoding engine draws every row's Z at once, each
+        from its own counter-based stream."""
+        raise NotImplementedError
+
     # ---- the posterior ------------------------------------------------------------------------
 
     def kl_per_unit(self, posterior: Tensor) -> Tensor:
