@@ -79,8 +79,10 @@ class LatentPath(nn.Module):
         if isinstance(source, Tensor):
             # The shape only (no read of the values, so no sync): a direct forward with values for other
             # positions would otherwise fail inside expand() with a message that names neither.
+            # Not under torch.compile: there the caller is the decoding engine, whose buffers have this shape, and
+            # Dynamo can misjudge the comparison of two dynamic sizes that are equal.
             shape = (T, *space.value_shape)
-            if (
+            if not torch.compiler.is_compiling() and (
                 source.dim() != 2 + len(space.value_shape)
                 or tuple(source.shape[1:]) != shape
                 or source.shape[0] not in (1, B)
