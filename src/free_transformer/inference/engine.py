@@ -47,6 +47,7 @@ from ..base.seeding import generators
 from ..model.latent import LatentSource
 from ..model.latent.sampling import counter_prior
 from ..model.transformer import FreeTransformer
+from . import sampling
 from .params import MAX_SEED, GenerationConfig
 from .sampling import NON_FINITE, RowSettings, SamplingVariant, next_tokens, token_uniforms
 
@@ -501,13 +502,14 @@ def decoding_engine(
     exactly that long. Compiled: the model's kept engine for these slots and the positions rounded up to
     CACHE_ROUNDING (made on first use, so that its compiled step and graphs serve every later call); the least
     recently used beyond ENGINES_PER_MODEL is dropped. Kept engines are keyed by the parameters' storage too,
-    so a model moved to another device or dtype gets a new one; weights updated in place are seen by a graph."""
+    so a model moved to another device or dtype gets a new one (weights updated in place are seen by a graph),
+    and by the declared sampling filters, so a filter registered later is applied."""
     if not compile:
         return DecodeEngine(model, slots, capacity=positions)
     capacity = min(model.config.max_seq_len, -(-positions // CACHE_ROUNDING) * CACHE_ROUNDING)
     if inductor is None:
         inductor = model.rope_cos.device.type in INDUCTOR_DEVICES
-    key = (slots, capacity, inductor, tuple(p.data_ptr() for p in model.parameters()))
+    key = (slots, capacity, inductor, tuple(p.data_ptr() for p in model.parameters()), sampling.FILTERS)
     engines = _engines.setdefault(model, OrderedDict())
     if key not in engines:
         engines[key] = DecodeEngine(model, slots, capacity=capacity, compile=True, inductor=inductor)
