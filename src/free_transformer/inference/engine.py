@@ -48,7 +48,7 @@ from ..model.latent import LatentSource
 from ..model.latent.sampling import counter_prior
 from ..model.transformer import FreeTransformer
 from . import sampling
-from .params import MAX_SEED, GenerationConfig
+from .params import MAX_SEED, GenerationConfig, check_room
 from .sampling import NON_FINITE, RowSettings, SamplingVariant, next_tokens, token_uniforms
 
 logger = logging.getLogger(__name__)
@@ -196,10 +196,7 @@ class DecodeEngine:
             raise ValueError(f"a row needs a prompt and its max_new_tokens, got {P} tokens and {new}")
         if row.seed is not None and not 0 <= row.seed <= MAX_SEED:
             raise ValueError(f"a row's seed must be in [0, 2**63), got {row.seed}")
-        if P + new - 1 > self.capacity:
-            raise ValueError(
-                f"prompt ({P}) + max_new_tokens ({new}) - 1 exceeds the {self.capacity} positions of the decoding cache"
-            )
+        check_room(P, new, self.capacity)
 
     def _prefill(self, rows: list[Row]) -> None:
         model, start, k, P = self.model, len(self.rows), len(rows), len(rows[0].ids)
