@@ -5,6 +5,7 @@ it) the same tokens and latents as the eager one, compiled once per variant; the
 import dataclasses
 import gc
 import importlib
+import re
 import weakref
 
 import pytest
@@ -178,6 +179,19 @@ def test_tiny_temperatures_and_top_p_sample_the_likeliest_token():
         GenerationConfig(max_new_tokens=7, top_p=1e-300),
     ):
         assert generate(model, _prompts(2), config, seeds=[1, 2]).tokens == greedy
+
+
+def test_a_row_beyond_the_engines_cache_is_refused_by_the_one_room_check():
+    """The engine's check of a row's room is params.check_room's, with its one-line message; nothing is added."""
+    engine = decoding_engine(tiny_model(latent_units=0, dtype=torch.float32), 2, 18)
+    too_long = Row(list(range(10)), dataclasses.replace(GREEDY, max_new_tokens=10), 1)
+    message = "prompt (10) + max_new_tokens (10) - 1 exceeds max_seq_len 18: max_new_tokens can be at most 9"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        engine.add([too_long])
+    with pytest.raises(ValueError, match="the prompt has 19 tokens; this model reads at most 18"):
+        engine.check(Row(list(range(19)), GREEDY, 1))
+    assert not engine.rows
+    engine.check(Row(list(range(10)), dataclasses.replace(GREEDY, max_new_tokens=9), 1))  # fits exactly
 
 
 def test_buckets_and_the_step_padded_up_to_its_bucket():

@@ -20,7 +20,7 @@ def filter_logits(logits, rule):
     """(B, V) logits with the tokens the rule's filters drop set to -inf (every row with the rule)."""
     settings = RowSettings(len(logits), logits.device)
     settings.set(slice(0, len(logits)), [rule] * len(logits))
-    return filtered(logits, *settings.view(slice(0, len(logits)))[1:])
+    return filtered(logits, settings.view(slice(0, len(logits)))[1:])
 
 
 def next_token_probs(logits, temperature, rule):

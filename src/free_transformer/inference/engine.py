@@ -47,7 +47,8 @@ from ..base.seeding import generators
 from ..model.latent import LatentSource
 from ..model.latent.sampling import counter_prior
 from ..model.transformer import FreeTransformer
-from .params import MAX_SEED, GenerationConfig
+from . import sampling
+from .params import MAX_SEED, GenerationConfig, check_room
 from .sampling import NON_FINITE, RowSettings, SamplingVariant, next_tokens, token_uniforms
 
 logger = logging.getLogger(__name__)
@@ -195,10 +196,7 @@ class DecodeEngine:
             raise ValueError(f"a row needs a prompt and its max_new_tokens, got {P} tokens and {new}")
         if row.seed is not None and not 0 <= row.seed <= MAX_SEED:
             raise ValueError(f"a row's seed must be in [0, 2**63), got {row.seed}")
-        if P + new - 1 > self.capacity:
-            raise ValueError(
-                f"prompt ({P}) + max_new_tokens ({new}) - 1 exceeds the {self.capacity} positions of the decoding cache"
-            )
+        check_room(P, new, self.capacity)
 
     def _prefill(self, rows: list[Row]) -> None:
         model, start, k, P = self.model, len(self.rows), len(rows), len(rows[0].ids)
@@ -501,13 +499,14 @@ def decoding_engine(
     exactly that long. Compiled: the model's kept engine for these slots and the positions rounded up to
     CACHE_ROUNDING (made on first use, so that its compiled step and graphs serve every later call); the least
     recently used beyond ENGINES_PER_MODEL is dropped. Kept engines are keyed by the parameters' storage too,
-    so a model moved to another device or dtype gets a new one; weights updated in place are seen by a graph."""
+    so a model moved to another device or dtype gets a new one (weights updated in place are seen by a graph),
+    and by the declared sampling filters, so a filter registered later is applied."""
     if not compile:
         return DecodeEngine(model, slots, capacity=positions)
     capacity = min(model.config.max_seq_len, -(-positions // CACHE_ROUNDING) * CACHE_ROUNDING)
     if inductor is None:
         inductor = model.rope_cos.device.type in INDUCTOR_DEVICES
-    key = (slots, capacity, inductor, tuple(p.data_ptr() for p in model.parameters()))
+    key = (slots, capacity, inductor, tuple(p.data_ptr() for p in model.parameters()), sampling.FILTERS)
     engines = _engines.setdefault(model, OrderedDict())
     if key not in engines:
         engines[key] = DecodeEngine(model, slots, capacity=capacity, compile=True, inductor=inductor)

@@ -6,9 +6,9 @@ A row's token is drawn by inverting the CDF of its probabilities (probs) at one 
 cumulative probability (summed in float64) exceeds u, as torch.multinomial draws one sample; u is word 0 of the
 row's counter- based TOKEN stream at the position whose logits these are (`token_uniforms`,
 free_transformer.base.counter_random: every row's in one operation, one word a row whatever the vocabulary), where
-probs is the softmax of the logits divided by the temperature and filtered by top-k, then top-p, then min-p
-(Hugging Face's order). Three rules keep every valid setting finite, so that no row's settings can fail another row
-or the request:
+probs is the softmax of the logits divided by the temperature and filtered by each of FILTERS in turn: top-k,
+then top-p, then min-p (Hugging Face's order), then any registered after them. Three rules keep every valid setting
+finite, so that no row's settings can fail another row or the request:
 - a temperature below GREEDY_BELOW picks the likeliest token (as vLLM does): logits / 1e-39 would overflow;
 - top-p and min-p always keep the likeliest token (a top-p of 1e-300 is 0 in float32);
 - a row whose probabilities would hold a NaN (a NaN or +inf among its logits, or only -inf) is flagged in
@@ -16,8 +16,9 @@ or the request:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,10 +30,74 @@ NON_FINITE = "the next-token probabilities contain NaN (non-finite logits)"
 
 
 @dataclass(frozen=True)
+class SamplingFilter:
+    """One filter of the next-token logits, declared once: the row settings, the step's variant and `filtered`
+    iterate over FILTERS. Each row holds its value in a (rows,) tensor of the step; a row whose filter is off
+    holds `off`, which keeps every token, so that rows of different settings share one compiled step."""
+
+    name: str  # the Sampling field that sets it; a rule without that field (or None in it) leaves the filter off
+    dtype: torch.dtype  # its tensor's
+    off: float  # the tensor value that keeps every token
+    # (B, V) logits divided by the temperature, (B,) values -> the logits with the dropped tokens at -inf; the
+    # logits are sorted likeliest first in each row when `ordered` (one sort shared by consecutive such filters),
+    # else in token order
+    apply: Callable[[Tensor, Tensor], Tensor]
+    ordered: bool
+    read: Callable[[Any], float | None] = float  # a set field's value -> its tensor value (None: keeps every token)
+
+    def value(self, rule: Sampling) -> float:
+        """The tensor value of `rule`'s setting: `off` when unset or when its value keeps every token."""
+        setting = getattr(rule, self.name, None)
+        value = None if setting is None else self.read(setting)
+        return self.off if value is None else value
+
+    def on(self, rule: Sampling) -> bool:
+        return self.value(rule) != self.off
+
+
+def _top_k(ordered: Tensor, k: Tensor) -> Tensor:
+    """The k likeliest tokens (ties with the k-th kept); k 0 or above the vocabulary: all."""
+    V = ordered.shape[-1]
+    kth = ordered.gather(-1, (torch.where(k > 0, k.clamp(max=V), V) - 1)[:, None])
+    return ordered.masked_fill(ordered < kth, float("-inf"))
+
+
+def _top_p(ordered: Tensor, p: Tensor) -> Tensor:
+    """A token goes when the tokens strictly more likely already reach p; the likeliest never goes."""
+    probs = torch.softmax(ordered, -1)
+    drop = probs.cumsum(-1) - probs >= p[:, None]
+    drop[:, 0].fill_(False)
+    return ordered.masked_fill(drop, float("-inf"))
+
+
+def _min_p(scaled: Tensor, min_p: Tensor) -> Tensor:
+    """p_i < min_p * max_j p_j goes (the likeliest never does)."""
+    probs = torch.softmax(scaled, -1)
+    return scaled.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), float("-inf"))
+
+
+TOP_K = SamplingFilter("top_k", torch.int64, 0, _top_k, ordered=True, read=int)
+TOP_P = SamplingFilter("top_p", torch.float32, torch.inf, _top_p, ordered=True, read=lambda p: p if p < 1 else None)
+MIN_P = SamplingFilter("min_p", torch.float32, 0.0, _min_p, ordered=False)
+FILTERS: tuple[SamplingFilter, ...] = (TOP_K, TOP_P, MIN_P)  # in the order they apply (Hugging Face's)
+
+
+def register_filter(new: SamplingFilter) -> SamplingFilter:
+    """Append `new` to FILTERS: it applies after every filter declared before it, to the rows whose rule sets its
+    field (a field of a Sampling subclass). Register before making the engines that are to apply it: an engine's
+    row settings hold the filters of when it was made (the kept compiled engines are keyed by FILTERS)."""
+    global FILTERS
+    if any(declared.name == new.name for declared in FILTERS):
+        raise ValueError(f"a sampling filter of the field {new.name!r} is already declared")
+    FILTERS = (*FILTERS, new)
+    return new
+
+
+@dataclass(frozen=True)
 class SamplingVariant:
     """What a batch's step computes after the logits, fixed when a step is compiled and captured: whether any
-    row samples (else every row is greedy and no noise is read) and whether any row filters (top-k, top-p or
-    min-p: a sort of the vocabulary)."""
+    row samples (else every row is greedy and no noise is read) and whether any row filters (any of FILTERS on:
+    a sort of the vocabulary)."""
 
     sampled: bool
     filtered: bool
@@ -44,34 +109,28 @@ class SamplingVariant:
 
 
 def filters(rule: Sampling) -> bool:
-    return rule.top_k is not None or (rule.top_p is not None and rule.top_p < 1) or rule.min_p is not None
+    """Whether any of the declared filters drops tokens for `rule`."""
+    return any(declared.on(rule) for declared in FILTERS)
 
 
 class RowSettings:
-    """Each row's sampling settings as (rows,) device tensors, the inputs of `next_tokens`: written when a row
-    takes its place (a host-to-device copy), never during a step. A filter that is off keeps every token."""
+    """Each row's sampling settings as (rows,) device tensors, the inputs of `next_tokens`: the temperature, then
+    one value of each of FILTERS (as declared when these settings are made). Written when a row takes its place
+    (a host-to-device copy), never during a step."""
 
     def __init__(self, rows: int, device):
         self.temperature = torch.ones(rows, device=device)  # float32; < GREEDY_BELOW: greedy
-        self.top_k = torch.zeros(rows, dtype=torch.int64, device=device)  # 0: off
-        self.top_p = torch.full((rows,), torch.inf, device=device)  # inf: off
-        self.min_p = torch.zeros(rows, device=device)  # 0: off
+        self.filters = FILTERS
+        self.values = tuple(torch.full((rows,), f.off, dtype=f.dtype, device=device) for f in self.filters)
 
     def tensors(self) -> tuple[Tensor, ...]:
-        return self.temperature, self.top_k, self.top_p, self.min_p
+        return self.temperature, *self.values
 
     def set(self, rows: slice, rules: Sequence[Sampling]) -> None:
         """Rows `rows` take these rules, one each."""
-        values = [
-            (
-                rule.temperature,
-                rule.top_k or 0,
-                rule.top_p if rule.top_p is not None and rule.top_p < 1 else torch.inf,
-                rule.min_p or 0.0,
-            )
-            for rule in rules
-        ]
-        for tensor, column in zip(self.tensors(), zip(*values)):
+        columns = [[rule.temperature for rule in rules]]
+        columns += [[declared.value(rule) for rule in rules] for declared in self.filters]
+        for tensor, column in zip(self.tensors(), columns, strict=True):
             tensor[rows] = torch.tensor(column, dtype=tensor.dtype)
 
     def move(self, source: int, target: int) -> None:
@@ -79,7 +138,7 @@ class RowSettings:
             tensor[target] = tensor[source]
 
     def view(self, rows: slice) -> tuple[Tensor, ...]:
-        """The tensors of rows `rows`."""
+        """The tensors of rows `rows`: the temperature, then each filter's value."""
         return tuple(tensor[rows] for tensor in self.tensors())
 
 
@@ -87,9 +146,9 @@ def next_tokens(
     logits: Tensor, settings: tuple[Tensor, ...], uniforms: Tensor | None, variant: SamplingVariant
 ) -> tuple[Tensor, Tensor]:
     """(B, V) logits -> the next tokens (B,) and whether each row's probabilities would hold a NaN (B,).
-    settings: `RowSettings.view` (temperature, top_k, top_p, min_p), (B,) each; uniforms: (B,) float64 in (0, 1),
-    read in the rows that sample (None when no row does). Pure device work: nothing read on the host."""
-    temperature, top_k, top_p, min_p = settings
+    settings: `RowSettings.view` (the temperature, then each filter's value), (B,) each; uniforms: (B,) float64 in
+    (0, 1), read in the rows that sample (None when no row does). Pure device work: nothing read on the host."""
+    temperature, *values = settings
     logits = logits.float()
     top, best = logits.max(-1)  # (B,) each; max propagates a NaN
     # a NaN, a +inf or only -inf in a row's logits (its largest not finite): what makes its probabilities NaN, the
@@ -101,7 +160,7 @@ def next_tokens(
     is_greedy = temperature < GREEDY_BELOW
     scaled = logits / temperature.masked_fill(is_greedy, 1.0)[:, None]
     if variant.filtered:
-        scaled = filtered(scaled, top_k, top_p, min_p)
+        scaled = filtered(scaled, values)
     cdf = torch.softmax(scaled, -1).cumsum(-1, dtype=torch.float64)  # (B, V)
     # the first token whose cumulative probability exceeds u (times the total, 1 up to rounding): a token of
     # probability 0 adds nothing to the sum and is never drawn
@@ -109,22 +168,27 @@ def next_tokens(
     return torch.where(is_greedy, best, drawn.clamp(max=logits.shape[-1] - 1)), non_finite
 
 
-def filtered(scaled: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
+def filtered(scaled: Tensor, values: Sequence[Tensor]) -> Tensor:
     """(B, V) logits already divided by the temperature, with the tokens each row's filters drop set to -inf:
-    top-k (ties with the k-th kept), then top-p on what is left (a token goes when the tokens strictly more
-    likely already reach top_p; the likeliest never goes), then min-p (p_i < min_p * max_j p_j goes)."""
-    V = scaled.shape[-1]
-    ordered, order = torch.sort(scaled, dim=-1, descending=True)
-    k = torch.where(top_k > 0, top_k.clamp(max=V), V)
-    kth = ordered.gather(-1, (k - 1)[:, None])
-    ordered = ordered.masked_fill(ordered < kth, float("-inf"))
-    probs = torch.softmax(ordered, -1)
-    drop = probs.cumsum(-1) - probs >= top_p[:, None]
-    drop[:, 0].fill_(False)
-    ordered = ordered.masked_fill(drop, float("-inf"))
-    scaled = torch.empty_like(scaled).scatter_(-1, order, ordered)
-    probs = torch.softmax(scaled, -1)
-    return scaled.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), float("-inf"))
+    each of FILTERS in turn on what the ones before it left, with its (B,) values (`RowSettings.view` after the
+    temperature). Consecutive ordered filters share one sort of the vocabulary."""
+    by_likelihood: tuple[Tensor, Tensor] | None = None  # while ordered filters apply: the sorted logits, the order
+    for declared, value in zip(FILTERS, values, strict=True):
+        if declared.ordered:
+            ordered, order = by_likelihood or torch.sort(scaled, dim=-1, descending=True)
+            by_likelihood = declared.apply(ordered, value), order
+        else:
+            scaled, by_likelihood = _in_token_order(scaled, by_likelihood), None
+            scaled = declared.apply(scaled, value)
+    return _in_token_order(scaled, by_likelihood)
+
+
+def _in_token_order(scaled: Tensor, by_likelihood: tuple[Tensor, Tensor] | None) -> Tensor:
+    """The sorted logits put back in token order (`scaled` itself when there are none)."""
+    if by_likelihood is None:
+        return scaled
+    ordered, order = by_likelihood
+    return torch.empty_like(scaled).scatter_(-1, order, ordered)
 
 
 def token_uniforms(keys: Tensor, positions: Tensor) -> Tensor:
