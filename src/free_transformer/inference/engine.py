@@ -47,9 +47,8 @@ from ..base.seeding import generators
 from ..model.latent import LatentSource
 from ..model.latent.sampling import counter_prior
 from ..model.transformer import FreeTransformer
-from . import sampling
 from .params import MAX_SEED, GenerationConfig, check_room
-from .sampling import NON_FINITE, RowSettings, SamplingVariant, next_tokens, token_uniforms
+from .sampling import NON_FINITE, RowSettings, SamplingVariant, declared_filters, next_tokens, token_uniforms
 
 logger = logging.getLogger(__name__)
 
@@ -506,7 +505,7 @@ def decoding_engine(
     capacity = min(model.config.max_seq_len, -(-positions // CACHE_ROUNDING) * CACHE_ROUNDING)
     if inductor is None:
         inductor = model.rope_cos.device.type in INDUCTOR_DEVICES
-    key = (slots, capacity, inductor, tuple(p.data_ptr() for p in model.parameters()), sampling.FILTERS)
+    key = (slots, capacity, inductor, tuple(p.data_ptr() for p in model.parameters()), declared_filters())
     engines = _engines.setdefault(model, OrderedDict())
     if key not in engines:
         engines[key] = DecodeEngine(model, slots, capacity=capacity, compile=True, inductor=inductor)

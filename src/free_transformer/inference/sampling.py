@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..base import counter_random
+from ..base.counter_random import TOKEN, uniform64, words
 from .params import GREEDY_BELOW, Sampling
 
 NON_FINITE = "the next-token probabilities contain NaN (non-finite logits)"
@@ -80,6 +80,11 @@ TOP_K = SamplingFilter("top_k", torch.int64, 0, _top_k, ordered=True, read=int)
 TOP_P = SamplingFilter("top_p", torch.float32, torch.inf, _top_p, ordered=True, read=lambda p: p if p < 1 else None)
 MIN_P = SamplingFilter("min_p", torch.float32, 0.0, _min_p, ordered=False)
 FILTERS: tuple[SamplingFilter, ...] = (TOP_K, TOP_P, MIN_P)  # in the order they apply (Hugging Face's)
+
+
+def declared_filters() -> tuple[SamplingFilter, ...]:
+    """FILTERS as they are now (register_filter rebinds it): for a module that imports names, not this one."""
+    return FILTERS
 
 
 def register_filter(new: SamplingFilter) -> SamplingFilter:
@@ -193,8 +198,8 @@ def _in_token_order(scaled: Tensor, by_likelihood: tuple[Tensor, Tensor] | None)
 
 def token_uniforms(keys: Tensor, positions: Tensor) -> Tensor:
     """(...,) float64 uniforms of each row's TOKEN stream, its word 0: keys its counter-based key
-    (counter_random.row_keys) and positions the position whose logits it samples, broadcast to (...,)."""
-    return counter_random.uniform64(counter_random.words(keys, positions, counter_random.TOKEN, 1)[..., 0])
+    (base.counter_random.row_keys) and positions the position whose logits it samples, broadcast to (...,)."""
+    return uniform64(words(keys, positions, TOKEN, 1)[..., 0])
 
 
 def sample_next(logits: Tensor, rule: Sampling, keys: Tensor, position: int) -> Tensor:

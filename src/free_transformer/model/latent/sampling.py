@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...base import counter_random
+from ...base.counter_random import LATENT, words
 from ...base.units import LN2
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -98,4 +98,4 @@ def free_bits_kl(kl_per_token: Tensor, kappa_nats: float) -> Tensor:
 def counter_prior(space, keys: Tensor, positions: Tensor) -> Tensor:
     """Prior Z of `space` (a LatentSpace) from each row's counter-based LATENT stream: keys and positions
     broadcast to (...,), the result (..., *value_shape). Row i's Z at position t depends on (keys[i], t) alone."""
-    return space.prior_from_words(counter_random.words(keys, positions, counter_random.LATENT, space.prior_words))
+    return space.prior_from_words(words(keys, positions, LATENT, space.prior_words))
