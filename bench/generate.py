@@ -82,7 +82,6 @@ from common import (
 from targets import TARGETS, write_figure
 
 from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
-from free_transformer.base.seeding import generators
 from free_transformer.inference import engine as engine_module
 from free_transformer.inference.engine import DecodeEngine, Row, decoding_engine
 from free_transformer.inference.generate import GenerationConfig, generate
@@ -262,17 +261,12 @@ def engine_step_eager_vs_compiled(config, batch, args, device):
         engines["untuned"] = DecodeEngine(model, batch, capacity=capacity, compile=True, inductor=True)
         engine_module.INDUCTOR_OPTIONS = tuned
     for engine in engines.values():
-        engine.add(
-            [
-                Row(ids, sampling, generator, "prior")
-                for ids, generator in zip(prompts.tolist(), generators(range(batch), device))
-            ]
-        )
+        engine.add([Row(ids, sampling, seed, "prior") for seed, ids in enumerate(prompts.tolist())])
 
     @torch.inference_mode()
     def run(engine):  # the rows rewound to the end of their prompt, then n steps: the tokens (B, n)
         for row in engine.rows:
-            row.position, row.tokens[1:] = args.prompt_len, []
+            row.tokens[1:] = []  # its position follows: the prompt's end
         engine.position[:batch] = args.prompt_len
         for _ in range(n):
             engine.step()
