@@ -69,6 +69,11 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 CACHE_ROUNDING = 64
 # Compiled engines kept per model (each holds a KV cache and, on a GPU, its graphs' memory pool).
 ENGINES_PER_MODEL = 4
+# Why a row ended at a step, as the step records it on the device (`ended`, a code a row): its index here.
+ENDS = (None, "stop", "length", "error")
+STOP, LENGTH, ERROR = 1, 2, 3
+# Stop ids a slot holds at first (`DecodeEngine.stops`); a row with more widens the table (and drops the graphs).
+STOP_SLOTS = 8
 
 
 @dataclass(eq=False)
@@ -118,6 +123,7 @@ class DecodeEngine:
         capacity: int | None = None,
         compile: bool = False,
         inductor: bool | None = None,
+        deferred: bool | None = None,
     ):
         if slots < 1:
             raise ValueError(f"the engine must hold at least 1 row, got {slots}")
@@ -139,10 +145,24 @@ class DecodeEngine:
             self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)
             self.uniforms = torch.full((slots, self.capacity), 0.5, dtype=torch.float64, device=device)
             self.settings = RowSettings(slots, device)
+            # (S, STOP_SLOTS) each row's stop ids, padded with -1; (S,) the last position it feeds, whose
+            # logits give its last token: what the step's `ended` compares with (`_ended`)
+            self.stops = torch.full((slots, STOP_SLOTS), -1, dtype=torch.int64, device=device)
+            self.last = torch.zeros(slots, dtype=torch.int64, device=device)
+        # deferred (CUDA by default): a step's tokens and `ended` come back through host memory (pinned on CUDA)
+        # after the next step is launched, so that the host prepares step n + 1 while the device runs step n
+        self.deferred = device.type == "cuda" if deferred is None else deferred
+        pinned = device.type == "cuda"
+        # two host buffers (2, S): a step's copy lands in one while the host reads the previous step's other
+        self.host = [torch.zeros(2, slots, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        # the step launched but not read yet: its rows, host buffer, CUDA event (None on a CPU) and logits
+        self.pending: tuple[list[Row], Tensor, torch.cuda.Event | None, Tensor] | None = None
+        self.last_step = 0  # the step by which every row in flight has reached its length (no later one runs)
         self.rows: list[Row] = []  # in flight, row i in slot i
         # of the rows in flight, set as rows join and leave: what their step samples, and the furthest position fed
         # (and whether every one is at that position)
         self.variant, self.longest, self.aligned = SamplingVariant(sampled=False, filtered=False), 0, True
+        self.keeps_logits = False  # whether a row in flight keeps its logits
         self.steps = 0  # steps taken (tests and logs)
         self.compile = compile
         self.use_graph = compile and device.type == "cuda"
@@ -225,13 +245,32 @@ class DecodeEngine:
         self.rows = self.rows + rows  # a new list: a step's list stays what it fed
         self.position[slots] = P
         self.active[slots] = 1
+        self._set_ends(rows, slots)
         self.settings.set(slots, [row.config for row in rows])
         logits = out.logits[:, -1]  # (k, V)
         variant = SamplingVariant.of([row.config for row in rows])
         uniforms = self.uniforms[slots, P - 1] if variant.sampled else None
         tokens, non_finite = next_tokens(logits, self.settings.view(slots), uniforms, variant)
         self.token[slots, 0] = tokens
-        self._take(rows, tokens, non_finite, logits)
+        ended = self._ended(slots, tokens, non_finite, self.position[slots] - 1)
+        host = torch.stack([tokens, ended]).cpu()  # once per group joining: the first tokens, read now
+        self._take(rows, host, None, logits)
+
+    def _set_ends(self, rows: list[Row], slots: slice) -> None:
+        """Write the stop ids and last position of the rows joining `slots`, which the step's `ended` reads. A
+        row with more stop ids than the table holds widens it, and the captured graphs, which read the old
+        one, are dropped."""
+        width = max(len(row.config.stop_tokens) for row in rows)
+        if width > self.stops.shape[1]:
+            wider = torch.full((self.slots, width), -1, dtype=torch.int64, device=self.device)
+            wider[:, : self.stops.shape[1]] = self.stops
+            self.stops = wider
+            self.graphs.clear()
+            self.warm.clear()
+        width = self.stops.shape[1]
+        stops = [list(row.config.stop_tokens) + [-1] * (width - len(row.config.stop_tokens)) for row in rows]
+        self.stops[slots] = torch.tensor(stops, dtype=torch.int64, device=self.device)
+        self.last[slots] = torch.tensor([_end(row) - 1 for row in rows], dtype=torch.int64, device=self.device)
 
     def _prompt_latents(self, rows: list[Row], slots: slice, P: int) -> LatentSource:
         """What the prefill of `rows` in `slots` (one group of `add`: one kind of prompt Z) takes as latents:
@@ -262,23 +301,45 @@ class DecodeEngine:
     # ---- one step ------------------------------------------------------------------------------
 
     def step(self) -> list[Row]:
-        """Feed every row in flight its last token and sample its next one. Returns the rows that got one."""
+        """Feed every row in flight its last token and sample its next one. Returns the rows that got one.
+        Deferred: the rows whose tokens of the step before arrived (this step's arrive at the next call).
+        A row is fed until the host reads that it ended: its tokens from steps after the one whose `ended`
+        recorded it are dropped (`_take`)."""
         rows = self.rows  # `_release` makes a new list: this one stays what the step fed
-        if not rows:
-            return []
         with torch.inference_mode():
-            if self.compile:
-                size = self.buckets[bisect.bisect_left(self.buckets, len(rows))]
-                tokens, non_finite, logits = self._replay(size, self.variant)
-            else:  # rows all at one position (equal prompts, one row) feed it as an int: no mask, no scatter
-                cache = self.cache.view(slice(0, len(rows)), self.longest + 1)
-                start = self.longest if self.aligned else None
-                tokens, non_finite, logits = self._body(len(rows), cache, self.variant, _step_core, start)
-            self.longest += 1  # every row fed one position
-            self.steps += 1
-            self._take(rows, tokens[: len(rows)], non_finite[: len(rows)], logits)
+            launched = None
+            if rows and self.steps < self.last_step:
+                launched = self._launch(rows)
+            arrived, self.pending = (self.pending, launched) if self.deferred else (launched, None)
+            if arrived is None:
+                return []
+            taken = self._take(*arrived)
             self._release()
-        return rows
+        return taken
+
+    def _launch(self, rows: list[Row]) -> tuple[list[Row], Tensor, torch.cuda.Event | None, Tensor]:
+        """Launch one step of `rows` and the copy of its tokens and `ended` to a host buffer (without waiting
+        for it when deferred)."""
+        n = len(rows)
+        if self.compile:
+            size = self.buckets[bisect.bisect_left(self.buckets, n)]
+            tokens, ended, logits = self._replay(size, self.variant)
+            if self.deferred and self.keeps_logits:  # a replay overwrites its outputs: keep this step's
+                logits = logits.clone()
+        else:  # rows all at one position (equal prompts, one row) feed it as an int: no mask, no scatter
+            cache = self.cache.view(slice(0, n), min(self.longest + 1, self.capacity))
+            start = self.longest if self.aligned else None
+            tokens, ended, logits = self._body(n, cache, self.variant, _step_core, start)
+        self.longest = min(self.longest + 1, self.capacity - 1)  # every row fed one position
+        self.steps += 1
+        host = self.host[self.steps % 2]
+        host[0, :n].copy_(tokens[:n], non_blocking=self.deferred)
+        host[1, :n].copy_(ended[:n], non_blocking=self.deferred)
+        event = None
+        if self.deferred and self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return rows, host, event, logits
 
     def _body(
         self, size: int, cache, variant: SamplingVariant, core: Callable, start: int | None = None
@@ -303,9 +364,22 @@ class DecodeEngine:
             uniforms,
             variant,
         )
+        ended = self._ended(rows, tokens, non_finite, position)
         self.token[rows, 0] = tokens
+        # a row that ended stays at its position: fed again until the host reads that it ended, its cache
+        # and draws stay within its own positions
+        self.active[rows] *= ended == 0
         self.position[rows] += self.active[rows]
-        return tokens, non_finite, logits
+        return tokens, ended, logits
+
+    def _ended(self, rows: slice, tokens: Tensor, non_finite: Tensor, position: Tensor) -> Tensor:
+        """(n,) why each row of `rows` ends with its new token from `position`'s logits (an index of ENDS, 0:
+        it goes on): a non-finite row, a stop token among its stop ids, its last position fed (its length)."""
+        stop = (tokens[:, None] == self.stops[rows]).any(1)  # (n,)
+        length = position >= self.last[rows]
+        ended = torch.where(length, LENGTH, 0)
+        ended = torch.where(stop, STOP, ended)
+        return torch.where(non_finite, ERROR, ended)
 
     def _replay(self, size: int, variant: SamplingVariant) -> tuple[Tensor, ...]:
         """The compiled step of bucket `size`: its first run compiles (timed, logged) on a side stream, as a later
@@ -373,22 +447,26 @@ class DecodeEngine:
 
     # ---- tokens, and rows leave ------------------------------------------------------------------
 
-    def _take(self, rows: list[Row], tokens: Tensor, non_finite: Tensor, logits: Tensor) -> None:
-        """Each row's new token, read on the host once for the batch, and whether it ends the row."""
-        values = torch.stack([tokens, non_finite.long()], 1).tolist()
-        for i, (row, (token, broken)) in enumerate(zip(rows, values)):
-            if broken:
+    def _take(self, rows: list[Row], host: Tensor, event: torch.cuda.Event | None, logits: Tensor) -> list[Row]:
+        """Give each row its new token and end from `host` (2, >= rows: tokens, `ended`), the step's copy, once
+        it arrived (`event`). A row already done (it ended at an earlier step, or the caller ended it) gets
+        nothing: what a deferred step fed it after its end is dropped. Returns the rows given something."""
+        if event is not None:
+            event.synchronize()  # the one wait of a deferred step, on a step launched before the current one
+        tokens, ended = host[:, : len(rows)].numpy().tolist()  # host memory: no device read
+        taken = []
+        for i, (row, token, end) in enumerate(zip(rows, tokens, ended)):
+            if row.done:
+                continue
+            taken.append(row)
+            if end == ERROR:
                 row.finish_reason, row.error = "error", ValueError(NON_FINITE)
                 continue
             row.tokens.append(token)
             if row.keep_logits:
                 row.logits = logits[i]
-            limit = row.config.max_new_tokens
-            assert limit is not None, "add refuses a row without max_new_tokens (check)"
-            if token in row.config.stop_tokens:
-                row.finish_reason = "stop"
-            elif len(row.tokens) >= limit:
-                row.finish_reason = "length"
+            row.finish_reason = ENDS[end]
+        return taken
 
     def finish(self, row: Row, reason: str = "stop") -> None:
         """End a row in flight (a stop string, a client gone): it leaves its slot now."""
@@ -408,7 +486,7 @@ class DecodeEngine:
             if row.done:
                 row.fed = self.fed[slot, : row.position].clone() if self.is_free else None
                 row.slot = None
-                self._clear(slot, row.position)
+                self._clear(slot, self._written(row))
         n = sum(not row.done for row in rows)  # the rows that stay, in slots [0, n) once moved
         holes = (slot for slot in range(n) if rows[slot].done)  # ascending
         kept = rows[:n]
@@ -416,7 +494,7 @@ class DecodeEngine:
             if not rows[source].done:
                 slot = next(holes)
                 self._move(rows[source], source, slot)
-                self._clear(source, rows[source].position)
+                self._clear(source, self._written(rows[source]))
                 kept[slot] = rows[source]
         self.rows = kept
         self._in_flight()
@@ -427,9 +505,20 @@ class DecodeEngine:
     def _in_flight(self) -> None:
         """What the rows in flight set for their steps, once they have joined or left."""
         self.variant = SamplingVariant.of([row.config for row in self.rows])
-        positions = [row.position for row in self.rows]
+        pending = {id(row) for row in self.pending[0]} if self.pending is not None else set()
+        # the next position each row feeds: one past what it has read when the step in flight fed it too, and
+        # a row at its last position stays there (`_body`)
+        fed = [row.position + (id(row) in pending) for row in self.rows]
+        positions = [min(position, _end(row) - 1) for row, position in zip(self.rows, fed)]
         self.longest = max(positions, default=0)
         self.aligned = min(positions, default=0) == self.longest
+        self.keeps_logits = any(row.keep_logits for row in self.rows)
+        # the step at which the last row reaches its length: no step runs past it
+        self.last_step = self.steps + max((_end(row) - position for row, position in zip(self.rows, fed)), default=0)
+
+    def _written(self, row: Row) -> int:
+        """The positions of a row in flight that the cache may hold, the step in flight's included."""
+        return min(row.position + 2, self.capacity)
 
     def _clear(self, slot: int, length: int) -> None:
         """Zero the keys and values a row left in `slot`, positions [0, length): a later row there attends the
@@ -439,12 +528,13 @@ class DecodeEngine:
         self.cache.values[:, slot, :, :length] = 0
 
     def _move(self, row: Row, source: int, slot: int) -> None:
-        length = row.position
+        length = self._written(row)
         self.cache.keys[:, slot, :, :length] = self.cache.keys[:, source, :, :length]
         self.cache.values[:, slot, :, :length] = self.cache.values[:, source, :, :length]
-        for buffer in (self.token, self.position, self.active, self.key):
+        for buffer in (self.token, self.position, self.active, self.key, self.last):
             buffer[slot] = buffer[source]
         end = _end(row)  # the draws of every position it feeds
+        self.stops[slot] = self.stops[source]
         self.fed[slot, :end] = self.fed[source, :end]
         self.uniforms[slot, :end] = self.uniforms[source, :end]
         self.settings.move(source, slot)
