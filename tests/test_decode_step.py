@@ -293,3 +293,17 @@ def test_generate_compile_says_the_compile_time_on_first_use(tmp_path, monkeypat
     )
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 2 and "compiled the decoding step (batch 2, " in err
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["read-each-step", "deferred"])
+def test_should_stop_ends_a_row_at_the_token_it_saw(deferred):
+    """The caller's should_stop (stop strings) sees each new token as it arrives; the row it ends keeps no
+    later token, even when a deferred engine has already fed it the next step."""
+    model = tiny_model(latent_units=4, dtype=torch.float32)
+    engine = decoding_engine(model, 2, 16)
+    engine.deferred = deferred
+    rows = [Row([1, 2, 3], SAMPLED, 1), Row([4, 5], SAMPLED, 2)]
+    expected = generate(model, [[1, 2, 3]], SAMPLED, seeds=[1]).tokens[0]
+    list(run_rows(engine, rows, should_stop=lambda tokens: len(tokens) == 3))
+    assert [row.finish_reason for row in rows] == ["stop", "stop"]
+    assert rows[0].tokens == expected[:3] and len(rows[1].tokens) == 3 and not engine.rows

@@ -333,8 +333,7 @@ class DecodeEngine:
         self.longest = min(self.longest + 1, self.capacity - 1)  # every row fed one position
         self.steps += 1
         host = self.host[self.steps % 2]
-        host[0, :n].copy_(tokens[:n], non_blocking=self.deferred)
-        host[1, :n].copy_(ended[:n], non_blocking=self.deferred)
+        host[:, :n].copy_(torch.stack([tokens[:n], ended[:n]]), non_blocking=self.deferred)  # one copy a step
         event = None
         if self.deferred and self.device.type == "cuda":
             event = torch.cuda.Event()
