@@ -69,9 +69,9 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 CACHE_ROUNDING = 64
 # Compiled engines kept per model (each holds a KV cache and, on a GPU, its graphs' memory pool).
 ENGINES_PER_MODEL = 4
-# Why a row ended at a step, as the step records it on the device (`ended`, a code a row): its index here.
-ENDS = (None, "stop", "length", "error")
-STOP, LENGTH, ERROR = 1, 2, 3
+# How a row ended at a step, as the step records it on the device (`ended`, a code a row): 0 it goes on, ENDED
+# a stop id or its length (the host tells which from the token, once a row), ERROR non-finite logits.
+ENDED, ERROR = 1, 2
 # Stop ids a slot holds at first (`DecodeEngine.stops`); a row with more widens the table (and drops the graphs).
 STOP_SLOTS = 8
 
@@ -332,8 +332,9 @@ class DecodeEngine:
             tokens, ended, logits = self._body(n, cache, self.variant, _step_core, start)
         self.longest = min(self.longest + 1, self.capacity - 1)  # every row fed one position
         self.steps += 1
-        host = self.host[self.steps % 2]
-        host[:, :n].copy_(torch.stack([tokens[:n], ended[:n]]), non_blocking=self.deferred)  # one copy a step
+        host = torch.stack([tokens[:n], ended[:n]])  # (2, n)
+        if self.device.type != "cpu" or self.deferred:  # one copy a step, into the host buffer not being read
+            host = self.host[self.steps % 2][:, :n].copy_(host, non_blocking=self.deferred)
         event = None
         if self.deferred and self.device.type == "cuda":
             event = torch.cuda.Event()
@@ -365,19 +366,16 @@ class DecodeEngine:
         )
         ended = self._ended(rows, tokens, non_finite, position)
         self.token[rows, 0] = tokens
-        # a row that ended stays at its position: fed again until the host reads that it ended, its cache
-        # and draws stay within its own positions
-        self.active[rows] *= ended == 0
+        if self.deferred:  # a row that ended stays at its position: fed again until the host reads that it
+            # ended, its cache and draws stay within its own positions (read at once, it leaves before)
+            self.active[rows] *= ended == 0
         self.position[rows] += self.active[rows]
         return tokens, ended, logits
 
     def _ended(self, rows: slice, tokens: Tensor, non_finite: Tensor, position: Tensor) -> Tensor:
-        """(n,) why each row of `rows` ends with its new token from `position`'s logits (an index of ENDS, 0:
-        it goes on): a non-finite row, a stop token among its stop ids, its last position fed (its length)."""
-        stop = (tokens[:, None] == self.stops[rows]).any(1)  # (n,)
-        length = position >= self.last[rows]
-        ended = torch.where(length, LENGTH, 0)
-        ended = torch.where(stop, STOP, ended)
+        """(n,) how each row of `rows` ends with its new token from `position`'s logits (0, ENDED, ERROR): a
+        non-finite row, a stop token among its stop ids, its last position fed (its length)."""
+        ended = (tokens[:, None] == self.stops[rows]).any(1) | (position >= self.last[rows])  # (n,)
         return torch.where(non_finite, ERROR, ended)
 
     def _replay(self, size: int, variant: SamplingVariant) -> tuple[Tensor, ...]:
@@ -464,7 +462,8 @@ class DecodeEngine:
             row.tokens.append(token)
             if row.keep_logits:
                 row.logits = logits[i]
-            row.finish_reason = ENDS[end]
+            if end == ENDED:  # found on the device; named here, once a row
+                row.finish_reason = "stop" if token in row.config.stop_tokens else "length"
         return taken
 
     def finish(self, row: Row, reason: str = "stop") -> None:
