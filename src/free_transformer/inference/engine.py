@@ -8,7 +8,12 @@ prefill's logits. Each `step` then feeds every row its last token at its own pos
 tensor: the row's Z for that position (explicit, or a prior draw), the model, and the next token, each row
 sampled with its own settings given as tensors (free_transformer.inference.sampling).
 A row ends at a stop token, at its max_new_tokens, when the caller ends it (`finish`), or alone, with an
-error, when its logits are not finite. Rows join and leave between steps; a row that leaves is replaced in
+error, when its logits are not finite: the step finds the first three on the device, as a code a row over the
+batch (`_ended`: the token among the slot's stop ids, padded with -1; the row's last position; the sampler's
+non-finite flag), and its tokens and codes come back to the host in one read a step. Deferred (on CUDA), that
+read is of a pinned host buffer filled by a non-blocking copy and waited for by an event after the next step is
+launched, so that the host prepares step n + 1 while the device runs step n: a row that ended at step n stays
+at its position on the device and is fed step n + 1 too, whose token for it is dropped when it arrives. Rows join and leave between steps; a row that leaves is replaced in
 its slot by the last one, so that the rows in flight always fill slots [0, n), and the keys and values it
 leaves are zeroed, so that nothing of it (a failed row's NaN) reaches the next row there.
 
