@@ -13,9 +13,10 @@ batch (`_ended`: the token among the slot's stop ids, padded with -1; the row's 
 non-finite flag), and its tokens and codes come back to the host in one read a step. Deferred (on CUDA), that
 read is of a pinned host buffer filled by a non-blocking copy and waited for by an event after the next step is
 launched, so that the host prepares step n + 1 while the device runs step n: a row that ended at step n stays
-at its position on the device and is fed step n + 1 too, whose token for it is dropped when it arrives. Rows join and leave between steps; a row that leaves is replaced in
-its slot by the last one, so that the rows in flight always fill slots [0, n), and the keys and values it
-leaves are zeroed, so that nothing of it (a failed row's NaN) reaches the next row there.
+at its position on the device and is fed step n + 1 too, whose token for it is dropped when it arrives.
+Rows join and leave between steps; a row that leaves is replaced in its slot by the last one, so that the rows
+in flight always fill slots [0, n), and the keys and values it leaves are zeroed, so that nothing of it (a
+failed row's NaN) reaches the next row there.
 
 Random streams: a row's draws are counter-based (free_transformer.base.counter_random), functions of its key
 (of its seed) and a position: the prior Z fed at position t is the row's LATENT stream at t, the noise of the
