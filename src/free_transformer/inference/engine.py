@@ -159,8 +159,9 @@ class DecodeEngine:
         # after the next step is launched, so that the host prepares step n + 1 while the device runs step n
         self.deferred = device.type == "cuda" if deferred is None else deferred
         pinned = device.type == "cuda"
-        # two host buffers (2, S): a step's copy lands in one while the host reads the previous step's other
-        self.host = [torch.zeros(2, slots, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        # two host buffers of 2S: a step's copy lands in one, (2, rows) contiguous (a non-contiguous destination
+        # would make the copy synchronous), while the host reads the previous step's in the other
+        self.host = [torch.zeros(2 * slots, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         # the step launched but not read yet: its rows, host buffer, CUDA event (None on a CPU) and logits
         self.pending: tuple[list[Row], Tensor, torch.cuda.Event | None, Tensor] | None = None
         self.last_step = 0  # the step by which every row in flight has reached its length (no later one runs)
@@ -340,7 +341,7 @@ class DecodeEngine:
         self.steps += 1
         host = torch.stack([tokens[:n], ended[:n]])  # (2, n)
         if self.device.type != "cpu" or self.deferred:  # one copy a step, into the host buffer not being read
-            host = self.host[self.steps % 2][:, :n].copy_(host, non_blocking=self.deferred)
+            host = self.host[self.steps % 2][: 2 * n].view(2, n).copy_(host, non_blocking=self.deferred)
         event = None
         if self.deferred and self.device.type == "cuda":
             event = torch.cuda.Event()
@@ -451,12 +452,12 @@ class DecodeEngine:
     # ---- tokens, and rows leave ------------------------------------------------------------------
 
     def _take(self, rows: list[Row], host: Tensor, event: torch.cuda.Event | None, logits: Tensor) -> list[Row]:
-        """Give each row its new token and end from `host` (2, >= rows: tokens, `ended`), the step's copy, once
+        """Give each row its new token and end from `host` (2, rows: tokens, `ended`), the step's copy, once
         it arrived (`event`). A row already done (it ended at an earlier step, or the caller ended it) gets
         nothing: what a deferred step fed it after its end is dropped. Returns the rows given something."""
         if event is not None:
             event.synchronize()  # the one wait of a deferred step, on a step launched before the current one
-        tokens, ended = host[:, : len(rows)].numpy().tolist()  # host memory: no device read
+        tokens, ended = host.numpy().tolist()  # (2, rows) in host memory: no device read
         taken = []
         for i, (row, token, end) in enumerate(zip(rows, tokens, ended)):
             if row.done:
