@@ -146,6 +146,7 @@ class DecodeEngine:
             self.position = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) where it goes
             self.active = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) 1 for a slot in flight
             self.key = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) its counter-based key
+            self.index = torch.arange(slots, device=device)  # (S,) each slot's index
             # (S, capacity, ...) the Z of every position a row feeds (`_draw`); (S, capacity) the uniform of the
             # token sampled from each position's logits, float64
             self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)
@@ -320,8 +321,9 @@ class DecodeEngine:
             arrived, self.pending = (self.pending, launched) if self.deferred else (launched, None)
             if arrived is None:
                 return []
-            taken = self._take(*arrived)
-            self._release()
+            taken, ended = self._take(*arrived)
+            if ended:
+                self._release()
         return taken
 
     def _launch(self, rows: list[Row]) -> tuple[list[Row], Tensor, torch.cuda.Event | None, Tensor]:
@@ -356,7 +358,7 @@ class DecodeEngine:
         attends the cache as a prefill continued; None: each row at its own, a (size,) tensor). Returns the next
         tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
         rows = slice(0, size)
-        position, index = self.position[rows], torch.arange(size, device=self.device)
+        position, index = self.position[rows], self.index[rows]
         # each row's draws at its position (`_draw`): its Z (explicit where given, else its prior stream's) and
         # its token's uniform
         latent: LatentSource = self.fed[index, position][:, None] if self.is_free else LatentChoice.PRIOR
@@ -451,10 +453,13 @@ class DecodeEngine:
 
     # ---- tokens, and rows leave ------------------------------------------------------------------
 
-    def _take(self, rows: list[Row], host: Tensor, event: torch.cuda.Event | None, logits: Tensor) -> list[Row]:
+    def _take(
+        self, rows: list[Row], host: Tensor, event: torch.cuda.Event | None, logits: Tensor
+    ) -> tuple[list[Row], bool]:
         """Give each row its new token and end from `host` (2, rows: tokens, `ended`), the step's copy, once
         it arrived (`event`). A row already done (it ended at an earlier step, or the caller ended it) gets
-        nothing: what a deferred step fed it after its end is dropped. Returns the rows given something."""
+        nothing: what a deferred step fed it after its end is dropped. Returns the rows given something, and whether a
+        row ended (at this step or before)."""
         if event is not None:
             event.synchronize()  # the one wait of a deferred step, on a step launched before the current one
         tokens, ended = host.numpy().tolist()  # (2, rows) in host memory: no device read
@@ -471,7 +476,7 @@ class DecodeEngine:
                 row.logits = logits[i]
             if end == ENDED:  # found on the device; named here, once a row
                 row.finish_reason = "stop" if token in row.config.stop_tokens else "length"
-        return taken
+        return taken, any(ended)
 
     def finish(self, row: Row, reason: str = "stop") -> None:
         """End a row in flight (a stop string, a client gone): it leaves its slot now."""
