@@ -171,6 +171,7 @@ class DecodeEngine:
         # (and whether every one is at that position)
         self.variant, self.longest, self.aligned = SamplingVariant(sampled=False, filtered=False), 0, True
         self.keeps_logits = False  # whether a row in flight keeps its logits
+        self.stopping = False  # whether a row in flight has stop ids (an eager step compares only then)
         self.steps = 0  # steps taken (tests and logs)
         self.compile = compile
         self.use_graph = compile and device.type == "cuda"
@@ -373,7 +374,8 @@ class DecodeEngine:
             uniforms,
             variant,
         )
-        ended = self._ended(rows, tokens, non_finite, position)
+        # a captured graph compares whatever the rows: it serves later rows too
+        ended = self._ended(rows, tokens, non_finite, position, self.stopping or self.use_graph)
         self.token[rows, 0] = tokens
         if self.deferred:  # a row that ended stays at its position: fed again until the host reads that it
             # ended, its cache and draws stay within its own positions (read at once, it leaves before)
@@ -381,10 +383,13 @@ class DecodeEngine:
         self.position[rows] += self.active[rows]
         return tokens, ended, logits
 
-    def _ended(self, rows: slice, tokens: Tensor, non_finite: Tensor, position: Tensor) -> Tensor:
+    def _ended(self, rows: slice, tokens: Tensor, non_finite: Tensor, position: Tensor, stops: bool = True) -> Tensor:
         """(n,) how each row of `rows` ends with its new token from `position`'s logits (0, ENDED, ERROR): a
-        non-finite row, a stop token among its stop ids, its last position fed (its length)."""
-        ended = (tokens[:, None] == self.stops[rows]).any(1) | (position >= self.last[rows])  # (n,)
+        non-finite row, a stop token among its stop ids (stops: whether to compare; False when no row has
+        any), its last position fed (its length)."""
+        ended = position >= self.last[rows]  # (n,)
+        if stops:
+            ended = ended | (tokens[:, None] == self.stops[rows]).any(1)
         return torch.where(non_finite, ERROR, ended)
 
     def _replay(self, size: int, variant: SamplingVariant) -> tuple[Tensor, ...]:
@@ -523,6 +528,7 @@ class DecodeEngine:
         self.longest = max(positions, default=0)
         self.aligned = min(positions, default=0) == self.longest
         self.keeps_logits = any(row.keep_logits for row in self.rows)
+        self.stopping = any(row.config.stop_tokens for row in self.rows)
         # the step at which the last row reaches its length: no step runs past it
         self.last_step = self.steps + max((_end(row) - position for row, position in zip(self.rows, fed)), default=0)
 
