@@ -15,13 +15,18 @@ device is not running the model). Both variants are timed in interleaved rounds 
 warm-up call each; printed: each median ms per step, the median of the per-round ratios engine / bare, and
 each variant's ms per step outside the model.
 
+--leave-at N measures instead what a row leaving costs against a step: B rows of N-token prompts in an engine
+of B slots; a step of them (median of --rounds), then the first row ended (`finish`), --rounds times: its
+keys and values zeroed, the last row's moved into its slot (N positions each, every layer) and that slot
+zeroed. Printed: each in ms, and the leave as a share of a step and of the row's --new-tokens steps.
+
 --baseline-src PATH runs the same measurement on another checkout's package (a `src` folder, e.g. a
 `git worktree` of an older commit) beside this one's: two worker processes, one per package, take turns
 call by call, and the table adds the other code's engine and the ratio engine / other engine.
 
     PYTHONPATH=src python bench/engine.py [--presets debug cpu-small] [--batch 1 16 64] [--prompt-len 32]
                                           [--new-tokens 96] [--rounds 5] [--threads T] [--device cpu|cuda]
-                                          [--dtype fp32|bf16] [--baseline-src PATH] [--smoke]
+                                          [--dtype fp32|bf16] [--baseline-src PATH] [--leave-at N] [--smoke]
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from targets import TARGETS, write_figure
 
 import free_transformer
 from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
+from free_transformer.inference.engine import DecodeEngine, Row
 from free_transformer.model.config import named_config
 from free_transformer.model.transformer import FreeTransformer
 
@@ -149,6 +155,45 @@ class Bench:
         return Sample(wall, timer.seconds(), calls)
 
 
+def leave_costs(model: FreeTransformer, batch: int, positions: int, rounds: int, device) -> tuple[float, float]:
+    """(a step's seconds, a row's leave's seconds), medians: `batch` rows of `positions`-token prompts in an engine
+    of `batch` slots, their steps, then `rounds` rows ended one after the other (each moves the last row's cache)."""
+    engine = DecodeEngine(model, batch, capacity=positions + rounds + 1)
+    config = free_transformer.GenerationConfig(max_new_tokens=rounds + 2)
+    generator = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(0, model.config.vocab_size, (batch, positions), generator=generator).tolist()
+    engine.add([Row(prompt, config, seed) for seed, prompt in enumerate(prompts)])
+    steps, leaves = [], []
+    for _ in range(rounds):
+        sync(device)
+        started = time.perf_counter()
+        engine.step()
+        sync(device)
+        steps.append(time.perf_counter() - started)
+    for _ in range(rounds):
+        sync(device)
+        started = time.perf_counter()
+        engine.finish(engine.rows[0])
+        sync(device)
+        leaves.append(time.perf_counter() - started)
+    return statistics.median(steps), statistics.median(leaves)
+
+
+def report_leaves(args: argparse.Namespace, device) -> None:
+    print(f"a row leaving at {args.leave_at} positions against a step, medians of {args.rounds}; ms")
+    print(f"{'preset':>10} {'B':>3} | {'step':>8} {'leave':>8} | {'leave/step':>10} {'leave/row steps':>15}")
+    bench = Bench(args, device)
+    for preset, (model, _) in bench.models.items():
+        for batch in args.batch:
+            if batch <= args.rounds:
+                raise SystemExit(f"--leave-at needs more rows than --rounds ({args.rounds}), got B={batch}")
+            step, leave = leave_costs(model, batch, args.leave_at, args.rounds, device)
+            print(
+                f"{preset:>10} {batch:>3} | {1000 * step:8.3f} {1000 * leave:8.3f} | {leave / step:9.2f}x "
+                f"{leave / (step * args.new_tokens):14.2%}"
+            )
+
+
 class Worker:
     """This script run as `--worker` on another package: one JSON request a line in, one Sample a line out."""
 
@@ -200,6 +245,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp32", help="weights and KV cache dtype")
     parser.add_argument("--baseline-src", type=Path, help="another checkout's src folder, measured beside this one")
+    parser.add_argument("--leave-at", type=int, metavar="N", help="measure a row leaving at N positions instead")
     parser.add_argument(
         "--figures",
         metavar="PATH",
@@ -210,6 +256,10 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.smoke:
         args.presets, args.batch, args.prompt_len, args.new_tokens, args.rounds = ["debug"], [1, 2], 4, 3, 1
+        if args.leave_at is not None:
+            args.batch, args.leave_at = [2], min(args.leave_at, 16)
+    if args.leave_at is not None:  # the models' context must hold the prompts and their steps
+        args.prompt_len = max(args.prompt_len, args.leave_at + args.rounds + 2 - args.new_tokens)
     return args
 
 
@@ -228,6 +278,9 @@ def main() -> None:
         serve_requests(Bench(args, device))
         return
     print(describe_machine(device))
+    if args.leave_at is not None:
+        report_leaves(args, device)
+        return
     print(
         f"presets {', '.join(args.presets)}; B in {args.batch}; prompts of {args.prompt_len} tokens, "
         f"{args.new_tokens} new tokens (steps: the prefill and {args.new_tokens - 1} one-token steps); {args.dtype}"

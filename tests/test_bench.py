@@ -79,3 +79,11 @@ def test_the_engine_bench_measures_another_checkout_beside_this_one(tmp_path):
     missing = smoke("engine.py", "--baseline-src", str(tmp_path))
     assert missing.returncode == 1
     assert missing.stderr.strip().splitlines() == [f"--baseline-src {tmp_path}: no free_transformer package there"]
+
+
+def test_the_engine_bench_measures_a_row_leaving_against_a_step():
+    run = smoke("engine.py", "--leave-at", "2048")  # --smoke: 16 positions, B = 2
+    check(run, "engine.py")
+    assert "a row leaving at 16 positions against a step" in run.stdout
+    rows = [line.split() for line in run.stdout.splitlines() if line.split()[:1] == ["debug"]]
+    assert len(rows) == 1 and rows[0][1] == "2" and rows[0][-2].endswith("x") and rows[0][-1].endswith("%"), run.stdout

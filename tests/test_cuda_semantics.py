@@ -276,3 +276,84 @@ def test_hugging_face_wrapper_forward_as_on_cuda(monkeypatch):
             step = wrapper(input_ids=tokens[:, :1], past_key_values=cache, use_cache=True)
     assert work.uploads == [] and checked == [(B, 6), (B, 6)]
     assert out.loss.device == META and step.logits.shape == (B, 1, 50)
+
+
+class HostSyncs:
+    """Counts, while on, what would make the host wait for a GPU: a value read from a tensor (`.item()`,
+    `.tolist()`, `bool(t)`, `.cpu()`, `.to("cpu")`), a blocking copy (`copy_` without non_blocking) and a read of
+    a host buffer (`.numpy()`, which follows the wait for the copy that fills it). A CPU engine cannot show a
+    GPU's waits, so the methods themselves are watched. `log` holds them in order, with the step launches."""
+
+    WATCHED = ("item", "tolist", "__bool__", "cpu", "numpy")
+
+    def __init__(self, monkeypatch, engine_module):
+        self.log: list[str] = []
+        self.on = False
+        for name in self.WATCHED:
+            monkeypatch.setattr(torch.Tensor, name, self._watch(name, getattr(torch.Tensor, name)))
+        to, copy = torch.Tensor.to, torch.Tensor.copy_
+
+        def watched_to(tensor, *args, **kwargs):
+            target = args[0] if args else kwargs.get("device")
+            if str(target) == "cpu" and not kwargs.get("non_blocking", False):
+                self._record("to cpu")
+            return to(tensor, *args, **kwargs)
+
+        def watched_copy(tensor, source, non_blocking=False):
+            if not non_blocking:
+                self._record("blocking copy")
+            return copy(tensor, source, non_blocking)
+
+        monkeypatch.setattr(torch.Tensor, "to", watched_to)
+        monkeypatch.setattr(torch.Tensor, "copy_", watched_copy)
+        core = engine_module._step_core
+
+        def launched(*args, **kwargs):
+            self._record("launch")
+            return core(*args, **kwargs)
+
+        monkeypatch.setattr(engine_module, "_step_core", launched)
+
+    def _record(self, what: str) -> None:
+        if self.on:
+            self.log.append(what)
+
+    def _watch(self, name, method):
+        def watched(tensor, *args, **kwargs):
+            self._record(name)
+            return method(tensor, *args, **kwargs)
+
+        return watched
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["read-each-step", "deferred"])
+def test_the_engine_waits_for_the_device_once_a_step_and_deferred_after_the_next_launch(deferred, monkeypatch):
+    """k steps of 3 rows, one of which ends at a stop token on the way: a step's one host read is of the host
+    buffer its tokens and ends were copied into (without blocking), or of the step's own tensor; deferred (as
+    on CUDA), step n is read only after step n + 1 is launched, nothing of a step reads a device value, and the
+    stopped row keeps no token of the step launched after its end."""
+    engine_module = importlib.import_module("free_transformer.inference.engine")
+    model = tiny_model(latent_units=4, dtype=torch.float32)
+    config = GenerationConfig(max_new_tokens=9, temperature=0.8)
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    alone = Row(prompts[1], config, 1)
+    list(engine_module.run_rows(engine_module.DecodeEngine(model, 1, capacity=16), [alone]))
+    stop = alone.tokens[2]  # row 1 stops at its third token, the second step's
+    configs = [config, GenerationConfig(max_new_tokens=9, temperature=0.8, stop_tokens=(stop,)), config]
+    syncs = HostSyncs(monkeypatch, engine_module)
+    engine = engine_module.DecodeEngine(model, 3, capacity=16, deferred=deferred)
+    rows = [Row(prompt, config, seed) for seed, (prompt, config) in enumerate(zip(prompts, configs))]
+    engine.add(rows)
+    k = 5
+    syncs.on = True
+    for _ in range(k):
+        engine.step()
+    syncs.on = False
+    assert syncs.log.count("launch") == k
+    reads = [what for what in syncs.log if what != "launch"]
+    # not deferred on a CPU: the step's own tensor is read, no copy
+    assert reads == (["numpy"] * (k - 1) if deferred else ["numpy"] * k)
+    if deferred:  # the first step's tokens wait for the second's launch
+        assert syncs.log[:3] == ["launch", "launch", "numpy"]
+    assert rows[1].finish_reason == "stop" and rows[1].tokens == alone.tokens[: alone.tokens.index(stop) + 1]
+    assert [len(rows[0].tokens), len(rows[2].tokens)] == [1 + k - deferred] * 2

@@ -67,8 +67,9 @@ def test_compiled_engine_samples_as_the_eager_one(latent_units, B, kind, config)
             assert torch.equal(static.latents[row][:6], latents[row].to(static.latents[row].dtype))
 
 
+@pytest.mark.parametrize("deferred", [False, True], ids=["read-each-step", "deferred"])
 @pytest.mark.parametrize("compile", [False, True])
-def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
+def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile, deferred):
     """One engine of 3 slots, 7 rows: prompts of 2 to 9 tokens, greedy, sampled, top-k/top-p and min-p rows,
     encoder, prior and explicit Z, a stop token; rows join as others end, in any slot. Each row's tokens and
     latents are those of `generate` on that row alone."""
@@ -92,6 +93,7 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
     stop = alone[1][0].tokens[0][2]  # row 1 stops at its third token
     configs[1] = dataclasses.replace(SAMPLED, stop_tokens=(stop,))
     engine = decoding_engine(model, 3, 16, compile=compile)
+    engine.deferred = deferred  # as on CUDA: a step's tokens are read after the next step is launched
     rows = [
         Row(prompt, config, k, latents) for k, (prompt, config, (_, latents)) in enumerate(zip(ids, configs, alone))
     ]
@@ -105,7 +107,8 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile):
     assert engine.steps < sum(len(row.tokens) for row in rows)  # rows shared steps
 
 
-def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
+@pytest.mark.parametrize("deferred", [False, True], ids=["read-each-step", "deferred"])
+def test_a_row_whose_logits_are_not_finite_ends_alone(deferred, monkeypatch):
     """A NaN in one row's logits ends that row with an error; the others decode as they would alone."""
     model = tiny_model(latent_units=4, dtype=torch.float32)
     real, calls = engine_module.next_tokens, []
@@ -120,6 +123,7 @@ def test_a_row_whose_logits_are_not_finite_ends_alone(monkeypatch):
     expected = generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3]).tokens
     monkeypatch.setattr(engine_module, "next_tokens", poisoned)
     engine = decoding_engine(model, 3, 16)
+    engine.deferred = deferred
     rows = [Row(prompt, SAMPLED, seed) for prompt, seed in zip(_prompts(3).tolist(), [1, 2, 3])]
     list(run_rows(engine, rows))
     assert rows[1].finish_reason == "error" and "NaN" in str(rows[1].error) and len(rows[1].tokens) == 1
@@ -145,15 +149,17 @@ def _poisoned_model(latent_units: int):
     return model
 
 
+@pytest.mark.parametrize("deferred", [False, True], ids=["read-each-step", "deferred"])
 @pytest.mark.parametrize("compile", [False, True])
 @pytest.mark.parametrize("latent_units", [0, 4])
-def test_a_failed_row_leaves_nothing_in_its_slot(latent_units, compile):
+def test_a_failed_row_leaves_nothing_in_its_slot(latent_units, compile, deferred):
     """A row whose keys and values are NaN ends with an error; the next row in its slot, with a shorter prompt (so
     that it attends, under its mask, positions the failed row filled), decodes as it does alone."""
     model = _poisoned_model(latent_units)
     short, poisoned, long = [5, 6, 7], [1, 2, 3, 4, 5, 6, 7, POISON, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     expected = generate(model, [short], SAMPLED, seeds=[4]).tokens[0]
     engine = decoding_engine(model, 2, 18, compile=compile)
+    engine.deferred = deferred
     failed = Row(poisoned, SAMPLED, 3)
     list(run_rows(engine, [failed]))
     assert failed.finish_reason == "error" and "NaN" in str(failed.error)
@@ -301,3 +307,17 @@ def test_generate_compile_says_the_compile_time_on_first_use(tmp_path, monkeypat
     )
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 2 and "compiled the decoding step (batch 2, " in err
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["read-each-step", "deferred"])
+def test_should_stop_ends_a_row_at_the_token_it_saw(deferred):
+    """The caller's should_stop (stop strings) sees each new token as it arrives; the row it ends keeps no
+    later token, even when a deferred engine has already fed it the next step."""
+    model = tiny_model(latent_units=4, dtype=torch.float32)
+    engine = decoding_engine(model, 2, 16)
+    engine.deferred = deferred
+    rows = [Row([1, 2, 3], SAMPLED, 1), Row([4, 5], SAMPLED, 2)]
+    expected = generate(model, [[1, 2, 3]], SAMPLED, seeds=[1]).tokens[0]
+    list(run_rows(engine, rows, should_stop=lambda tokens: len(tokens) == 3))
+    assert [row.finish_reason for row in rows] == ["stop", "stop"]
+    assert rows[0].tokens == expected[:3] and len(rows[1].tokens) == 3 and not engine.rows

@@ -8,9 +8,15 @@ prefill's logits. Each `step` then feeds every row its last token at its own pos
 tensor: the row's Z for that position (explicit, or a prior draw), the model, and the next token, each row
 sampled with its own settings given as tensors (free_transformer.inference.sampling).
 A row ends at a stop token, at its max_new_tokens, when the caller ends it (`finish`), or alone, with an
-error, when its logits are not finite. Rows join and leave between steps; a row that leaves is replaced in
-its slot by the last one, so that the rows in flight always fill slots [0, n), and the keys and values it
-leaves are zeroed, so that nothing of it (a failed row's NaN) reaches the next row there.
+error, when its logits are not finite: the step finds the first three on the device, as a code a row over the
+batch (`_ended`: the token among the slot's stop ids, padded with -1; the row's last position; the sampler's
+non-finite flag), and its tokens and codes come back to the host in one read a step. Deferred (on CUDA), that
+read is of a pinned host buffer filled by a non-blocking copy and waited for by an event after the next step is
+launched, so that the host prepares step n + 1 while the device runs step n: a row that ended at step n stays
+at its position on the device and is fed step n + 1 too, whose token for it is dropped when it arrives.
+Rows join and leave between steps; a row that leaves is replaced in its slot by the last one, so that the rows
+in flight always fill slots [0, n), and the keys and values it leaves are zeroed, so that nothing of it (a
+failed row's NaN) reaches the next row there.
 
 Random streams: a row's draws are counter-based (free_transformer.base.counter_random), functions of its key
 (of its seed) and a position: the prior Z fed at position t is the row's LATENT stream at t, the noise of the
@@ -69,6 +75,11 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 CACHE_ROUNDING = 64
 # Compiled engines kept per model (each holds a KV cache and, on a GPU, its graphs' memory pool).
 ENGINES_PER_MODEL = 4
+# How a row ended at a step, as the step records it on the device (`ended`, a code a row): 0 it goes on, ENDED
+# a stop id or its length (the host tells which from the token, once a row), ERROR non-finite logits.
+ENDED, ERROR = 1, 2
+# Stop ids a slot holds at first (`DecodeEngine.stops`); a row with more widens the table (and drops the graphs).
+STOP_SLOTS = 8
 
 
 @dataclass(eq=False)
@@ -118,6 +129,7 @@ class DecodeEngine:
         capacity: int | None = None,
         compile: bool = False,
         inductor: bool | None = None,
+        deferred: bool | None = None,
     ):
         if slots < 1:
             raise ValueError(f"the engine must hold at least 1 row, got {slots}")
@@ -134,15 +146,32 @@ class DecodeEngine:
             self.position = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) where it goes
             self.active = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) 1 for a slot in flight
             self.key = torch.zeros(slots, dtype=torch.int64, device=device)  # (S,) its counter-based key
+            self.index = torch.arange(slots, device=device)  # (S,) each slot's index
             # (S, capacity, ...) the Z of every position a row feeds (`_draw`); (S, capacity) the uniform of the
             # token sampled from each position's logits, float64
             self.fed = torch.zeros(slots, self.capacity, *shape, dtype=dtype, device=device)
             self.uniforms = torch.full((slots, self.capacity), 0.5, dtype=torch.float64, device=device)
             self.settings = RowSettings(slots, device)
+            # (S, STOP_SLOTS) each row's stop ids, padded with -1; (S,) the last position it feeds, whose
+            # logits give its last token: what the step's `ended` compares with (`_ended`)
+            self.stops = torch.full((slots, STOP_SLOTS), -1, dtype=torch.int64, device=device)
+            self.last = torch.zeros(slots, dtype=torch.int64, device=device)
+        # deferred (CUDA by default): a step's tokens and `ended` come back through host memory (pinned on CUDA)
+        # after the next step is launched, so that the host prepares step n + 1 while the device runs step n
+        self.deferred = device.type == "cuda" if deferred is None else deferred
+        pinned = device.type == "cuda"
+        # two host buffers of 2S: a step's copy lands in one, (2, rows) contiguous (a non-contiguous destination
+        # would make the copy synchronous), while the host reads the previous step's in the other
+        self.host = [torch.zeros(2 * slots, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        # the step launched but not read yet: its rows, host buffer, CUDA event (None on a CPU) and logits
+        self.pending: tuple[list[Row], Tensor, torch.cuda.Event | None, Tensor] | None = None
+        self.last_step = 0  # the step by which every row in flight has reached its length (no later one runs)
         self.rows: list[Row] = []  # in flight, row i in slot i
         # of the rows in flight, set as rows join and leave: what their step samples, and the furthest position fed
         # (and whether every one is at that position)
         self.variant, self.longest, self.aligned = SamplingVariant(sampled=False, filtered=False), 0, True
+        self.keeps_logits = False  # whether a row in flight keeps its logits
+        self.stopping = False  # whether a row in flight has stop ids (an eager step compares only then)
         self.steps = 0  # steps taken (tests and logs)
         self.compile = compile
         self.use_graph = compile and device.type == "cuda"
@@ -222,13 +251,32 @@ class DecodeEngine:
         self.rows = self.rows + rows  # a new list: a step's list stays what it fed
         self.position[slots] = P
         self.active[slots] = 1
+        self._set_ends(rows, slots)
         self.settings.set(slots, [row.config for row in rows])
         logits = out.logits[:, -1]  # (k, V)
         variant = SamplingVariant.of([row.config for row in rows])
         uniforms = self.uniforms[slots, P - 1] if variant.sampled else None
         tokens, non_finite = next_tokens(logits, self.settings.view(slots), uniforms, variant)
         self.token[slots, 0] = tokens
-        self._take(rows, tokens, non_finite, logits)
+        ended = self._ended(slots, tokens, non_finite, self.position[slots] - 1)
+        host = torch.stack([tokens, ended]).cpu()  # once per group joining: the first tokens, read now
+        self._take(rows, host, None, logits)
+
+    def _set_ends(self, rows: list[Row], slots: slice) -> None:
+        """Write the stop ids and last position of the rows joining `slots`, which the step's `ended` reads. A
+        row with more stop ids than the table holds widens it, and the captured graphs, which read the old
+        one, are dropped."""
+        width = max(len(row.config.stop_tokens) for row in rows)
+        if width > self.stops.shape[1]:
+            wider = torch.full((self.slots, width), -1, dtype=torch.int64, device=self.device)
+            wider[:, : self.stops.shape[1]] = self.stops
+            self.stops = wider
+            self.graphs.clear()
+            self.warm.clear()
+        width = self.stops.shape[1]
+        stops = [list(row.config.stop_tokens) + [-1] * (width - len(row.config.stop_tokens)) for row in rows]
+        self.stops[slots] = torch.tensor(stops, dtype=torch.int64, device=self.device)
+        self.last[slots] = torch.tensor([_end(row) - 1 for row in rows], dtype=torch.int64, device=self.device)
 
     def _prompt_latents(self, rows: list[Row], slots: slice, P: int) -> LatentSource:
         """What the prefill of `rows` in `slots` (one group of `add`: one kind of prompt Z) takes as latents:
@@ -259,23 +307,46 @@ class DecodeEngine:
     # ---- one step ------------------------------------------------------------------------------
 
     def step(self) -> list[Row]:
-        """Feed every row in flight its last token and sample its next one. Returns the rows that got one."""
+        """Feed every row in flight its last token and sample its next one. Returns the rows that got one.
+        Deferred: the rows whose tokens of the step before arrived (this step's arrive at the next call).
+        A row is fed until the host reads that it ended: its tokens from steps after the one whose `ended`
+        recorded it are dropped (`_take`)."""
         rows = self.rows  # `_release` makes a new list: this one stays what the step fed
-        if not rows:
-            return []
         with torch.inference_mode():
-            if self.compile:
-                size = self.buckets[bisect.bisect_left(self.buckets, len(rows))]
-                tokens, non_finite, logits = self._replay(size, self.variant)
-            else:  # rows all at one position (equal prompts, one row) feed it as an int: no mask, no scatter
-                cache = self.cache.view(slice(0, len(rows)), self.longest + 1)
-                start = self.longest if self.aligned else None
-                tokens, non_finite, logits = self._body(len(rows), cache, self.variant, _step_core, start)
-            self.longest += 1  # every row fed one position
-            self.steps += 1
-            self._take(rows, tokens[: len(rows)], non_finite[: len(rows)], logits)
-            self._release()
-        return rows
+            launched = None
+            if rows and self.steps < self.last_step:
+                launched = self._launch(rows)
+            arrived, self.pending = (self.pending, launched) if self.deferred else (launched, None)
+            if arrived is None:
+                return []
+            taken, ended = self._take(*arrived)
+            if ended:
+                self._release()
+        return taken
+
+    def _launch(self, rows: list[Row]) -> tuple[list[Row], Tensor, torch.cuda.Event | None, Tensor]:
+        """Launch one step of `rows` and the copy of its tokens and `ended` to a host buffer (without waiting
+        for it when deferred)."""
+        n = len(rows)
+        if self.compile:
+            size = self.buckets[bisect.bisect_left(self.buckets, n)]
+            tokens, ended, logits = self._replay(size, self.variant)
+            if self.deferred and self.keeps_logits:  # a replay overwrites its outputs: keep this step's
+                logits = logits.clone()
+        else:  # rows all at one position (equal prompts, one row) feed it as an int: no mask, no scatter
+            cache = self.cache.view(slice(0, n), min(self.longest + 1, self.capacity))
+            start = self.longest if self.aligned else None
+            tokens, ended, logits = self._body(n, cache, self.variant, _step_core, start)
+        self.longest = min(self.longest + 1, self.capacity - 1)  # every row fed one position
+        self.steps += 1
+        host = torch.stack([tokens[:n], ended[:n]])  # (2, n)
+        if self.device.type != "cpu" or self.deferred:  # one copy a step, into the host buffer not being read
+            host = self.host[self.steps % 2][: 2 * n].view(2, n).copy_(host, non_blocking=self.deferred)
+        event = None
+        if self.deferred and self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return rows, host, event, logits
 
     def _body(
         self, size: int, cache, variant: SamplingVariant, core: Callable, start: int | None = None
@@ -285,7 +356,7 @@ class DecodeEngine:
         attends the cache as a prefill continued; None: each row at its own, a (size,) tensor). Returns the next
         tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
         rows = slice(0, size)
-        position, index = self.position[rows], torch.arange(size, device=self.device)
+        position, index = self.position[rows], self.index[rows]
         # each row's draws at its position (`_draw`): its Z (explicit where given, else its prior stream's) and
         # its token's uniform
         latent: LatentSource = self.fed[index, position][:, None] if self.is_free else LatentChoice.PRIOR
@@ -300,9 +371,23 @@ class DecodeEngine:
             uniforms,
             variant,
         )
+        # a captured graph compares whatever the rows: it serves later rows too
+        ended = self._ended(rows, tokens, non_finite, position, self.stopping or self.use_graph)
         self.token[rows, 0] = tokens
+        if self.deferred:  # a row that ended stays at its position: fed again until the host reads that it
+            # ended, its cache and draws stay within its own positions (read at once, it leaves before)
+            self.active[rows] *= ended == 0
         self.position[rows] += self.active[rows]
-        return tokens, non_finite, logits
+        return tokens, ended, logits
+
+    def _ended(self, rows: slice, tokens: Tensor, non_finite: Tensor, position: Tensor, stops: bool = True) -> Tensor:
+        """(n,) how each row of `rows` ends with its new token from `position`'s logits (0, ENDED, ERROR): a
+        non-finite row, a stop token among its stop ids (stops: whether to compare; False when no row has
+        any), its last position fed (its length)."""
+        ended = position >= self.last[rows]  # (n,)
+        if stops:
+            ended = ended | (tokens[:, None] == self.stops[rows]).any(1)
+        return torch.where(non_finite, ERROR, ended)
 
     def _replay(self, size: int, variant: SamplingVariant) -> tuple[Tensor, ...]:
         """The compiled step of bucket `size`: its first run compiles (timed, logged) on a side stream, as a later
@@ -370,22 +455,30 @@ class DecodeEngine:
 
     # ---- tokens, and rows leave ------------------------------------------------------------------
 
-    def _take(self, rows: list[Row], tokens: Tensor, non_finite: Tensor, logits: Tensor) -> None:
-        """Each row's new token, read on the host once for the batch, and whether it ends the row."""
-        values = torch.stack([tokens, non_finite.long()], 1).tolist()
-        for i, (row, (token, broken)) in enumerate(zip(rows, values)):
-            if broken:
+    def _take(
+        self, rows: list[Row], host: Tensor, event: torch.cuda.Event | None, logits: Tensor
+    ) -> tuple[list[Row], bool]:
+        """Give each row its new token and end from `host` (2, rows: tokens, `ended`), the step's copy, once
+        it arrived (`event`). A row already done (it ended at an earlier step, or the caller ended it) gets
+        nothing: what a deferred step fed it after its end is dropped. Returns the rows given something, and whether a
+        row ended (at this step or before)."""
+        if event is not None:
+            event.synchronize()  # the one wait of a deferred step, on a step launched before the current one
+        tokens, ended = host.numpy().tolist()  # (2, rows) in host memory: no device read
+        taken = []
+        for i, (row, token, end) in enumerate(zip(rows, tokens, ended)):
+            if row.done:
+                continue
+            taken.append(row)
+            if end == ERROR:
                 row.finish_reason, row.error = "error", ValueError(NON_FINITE)
                 continue
             row.tokens.append(token)
             if row.keep_logits:
                 row.logits = logits[i]
-            limit = row.config.max_new_tokens
-            assert limit is not None, "add refuses a row without max_new_tokens (check)"
-            if token in row.config.stop_tokens:
-                row.finish_reason = "stop"
-            elif len(row.tokens) >= limit:
-                row.finish_reason = "length"
+            if end == ENDED:  # found on the device; named here, once a row
+                row.finish_reason = "stop" if token in row.config.stop_tokens else "length"
+        return taken, any(ended)
 
     def finish(self, row: Row, reason: str = "stop") -> None:
         """End a row in flight (a stop string, a client gone): it leaves its slot now."""
@@ -405,7 +498,7 @@ class DecodeEngine:
             if row.done:
                 row.fed = self.fed[slot, : row.position].clone() if self.is_free else None
                 row.slot = None
-                self._clear(slot, row.position)
+                self._clear(slot, self._written(row))
         n = sum(not row.done for row in rows)  # the rows that stay, in slots [0, n) once moved
         holes = (slot for slot in range(n) if rows[slot].done)  # ascending
         kept = rows[:n]
@@ -413,7 +506,7 @@ class DecodeEngine:
             if not rows[source].done:
                 slot = next(holes)
                 self._move(rows[source], source, slot)
-                self._clear(source, rows[source].position)
+                self._clear(source, self._written(rows[source]))
                 kept[slot] = rows[source]
         self.rows = kept
         self._in_flight()
@@ -424,9 +517,21 @@ class DecodeEngine:
     def _in_flight(self) -> None:
         """What the rows in flight set for their steps, once they have joined or left."""
         self.variant = SamplingVariant.of([row.config for row in self.rows])
-        positions = [row.position for row in self.rows]
+        pending = {id(row) for row in self.pending[0]} if self.pending is not None else set()
+        # the next position each row feeds: one past what it has read when the step in flight fed it too, and
+        # a row at its last position stays there (`_body`)
+        fed = [row.position + (id(row) in pending) for row in self.rows]
+        positions = [min(position, _end(row) - 1) for row, position in zip(self.rows, fed)]
         self.longest = max(positions, default=0)
         self.aligned = min(positions, default=0) == self.longest
+        self.keeps_logits = any(row.keep_logits for row in self.rows)
+        self.stopping = any(row.config.stop_tokens for row in self.rows)
+        # the step at which the last row reaches its length: no step runs past it
+        self.last_step = self.steps + max((_end(row) - position for row, position in zip(self.rows, fed)), default=0)
+
+    def _written(self, row: Row) -> int:
+        """The positions of a row in flight that the cache may hold, the step in flight's included."""
+        return min(row.position + 2, self.capacity)
 
     def _clear(self, slot: int, length: int) -> None:
         """Zero the keys and values a row left in `slot`, positions [0, length): a later row there attends the
@@ -436,12 +541,13 @@ class DecodeEngine:
         self.cache.values[:, slot, :, :length] = 0
 
     def _move(self, row: Row, source: int, slot: int) -> None:
-        length = row.position
+        length = self._written(row)
         self.cache.keys[:, slot, :, :length] = self.cache.keys[:, source, :, :length]
         self.cache.values[:, slot, :, :length] = self.cache.values[:, source, :, :length]
-        for buffer in (self.token, self.position, self.active, self.key):
+        for buffer in (self.token, self.position, self.active, self.key, self.last):
             buffer[slot] = buffer[source]
         end = _end(row)  # the draws of every position it feeds
+        self.stops[slot] = self.stops[source]
         self.fed[slot, :end] = self.fed[source, :end]
         self.uniforms[slot, :end] = self.uniforms[source, :end]
         self.settings.move(source, slot)
