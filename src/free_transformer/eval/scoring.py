@@ -38,8 +38,7 @@ from torch import Tensor
 from ..base.latent_choice import LatentChoice
 from ..base.seeding import benchmark_seed, generators
 from ..inference.generate import GenerationConfig, generate
-from ..inference.latents import LatentPlan
-from ..inference.search import candidate_sources
+from ..inference.search import candidate_sources, prompt_and_prior_latents
 from ..inference.stops import cut_at_stop, stop_check
 from ..model.transformer import FreeTransformer
 from .settings import EvalSettings
@@ -142,15 +141,9 @@ def _document_rows(model, doc: int, windows, key: str, settings: EvalSettings) -
     for ctx, _ in windows:
         if tuple(ctx) in latents:
             continue
-        plan = LatentPlan(
-            K, model.latent_space, prompt_source=settings.latents, generators=_generators(settings.seed, key, K, device)
-        )
-        if settings.latents == LatentChoice.ENCODER:  # the encoder sees the context only, never a choice
-            context = torch.tensor(ctx, device=device).expand(K, -1)
-            plan.record(0, model(context, latents=LatentChoice.ENCODER, generator=plan.generators).latents)
-        drawn = plan.source(0, longest, device)
-        assert isinstance(drawn, Tensor)  # a Free Transformer's plan, its context's Z known: values, not a name
-        latents[tuple(ctx)] = drawn.cpu()
+        # the encoder, when chosen, sees the context only, never a choice
+        draws = _generators(settings.seed, key, K, device)
+        latents[tuple(ctx)] = prompt_and_prior_latents(model, ctx, longest, draws, settings.latents).cpu()
     rows = []
     for c, (ctx, cont) in enumerate(windows):
         tokens = ctx + cont[:-1]
