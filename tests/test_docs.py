@@ -332,6 +332,24 @@ def test_every_rule_matches_a_command():
         assert any(re.match(pattern, t) or re.search(pattern, t) for t in texts), pattern
 
 
+def run_script(script: list[str], directory: Path, env: dict, run: Path, name: str, timeout: int) -> None:
+    """The commands in one bash (errors end it), in `directory`, the tiny run at $TINY_RUN; an assertion naming
+    `name`, with the script and the ends of its output, when it fails."""
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", "\n".join(script)],
+        cwd=directory,
+        env={**env, "TINY_RUN": str(run)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, (
+        f"{name} failed ({result.returncode}):\n"
+        + "\n".join(script)
+        + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
+    )
+
+
 @pytest.mark.parametrize("where", list(BLOCKS), ids=[f"{page}:{line}" for page, line in BLOCKS])
 def test_the_block_runs(workspace, where):
     _, env, run = workspace
@@ -341,19 +359,7 @@ def test_the_block_runs(workspace, where):
         pytest.skip("; ".join(sorted({why for _, why in planned})))
     directory = block_dir(workspace, f"{where[0]}-{where[1]}")
     place_runs(directory, run, BLOCKS[where])
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", "\n".join(script)],
-        cwd=directory,
-        env={**env, "TINY_RUN": str(run)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, (
-        f"{where[0]}:{where[1]} failed ({result.returncode}):\n"
-        + "\n".join(script)
-        + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
-    )
+    run_script(script, directory, env, run, f"{where[0]}:{where[1]}", timeout=300)
 
 
 @pytest.mark.slow
@@ -365,19 +371,7 @@ def test_readme_runs_in_order(workspace):
     _, env, run = workspace
     script = [stand_in(command, why) for command, why in map(plan, README) if command is not None]
     directory = block_dir(workspace, "README-in-order", files=False)
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", "\n".join(script)],
-        cwd=directory,
-        env={**env, "TINY_RUN": str(run)},
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert result.returncode == 0, (
-        f"README.md failed ({result.returncode}):\n"
-        + "\n".join(script)
-        + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
-    )
+    run_script(script, directory, env, run, "README.md", timeout=1200)
 
 
 def test_readme_names_ci_and_test_files_that_exist():

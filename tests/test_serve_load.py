@@ -274,25 +274,16 @@ def test_valid_extreme_settings_are_sampled_and_fail_no_other_request(served):
         assert answers[0].json()["choices"][0]["text"] == greedy
 
 
-def test_a_short_request_starts_within_a_few_steps_behind_a_queue(served, monkeypatch):
-    """6 requests of 4 completions of 20 tokens fill the 4 slots and the queue; a 4-token request sent then
-    gets the next free slot (the fewest rows in flight, then to start), not the queue's end: it is answered in far fewer
-    steps than the queue takes (it used to wait for every older request's rows). Steps are slowed, so that
-    the queue is still whole when the short request comes, however fast the machine."""
+def steps_of_a_short_request_behind(served, bodies: list[dict], waiting: int) -> tuple[int, int]:
+    """Send the `bodies` requests from threads, wait until `waiting` of them are queued, then a 4-token request:
+    (the steps the engine took until it was answered, the engine's step count when it was sent), once every
+    queued request has ended."""
     engine = served[1]
-    slow_steps(monkeypatch, 0.02, [])
-    queued = [
-        threading.Thread(
-            target=post,
-            args=(served, {"model": NAME, "prompt": "Once", "n": 4, "max_tokens": 20, "seed": s}),
-            kwargs={"timeout": 600},
-        )
-        for s in range(6)
-    ]
+    queued = [threading.Thread(target=post, args=(served, body), kwargs={"timeout": 600}) for body in bodies]
     for thread in queued:
         thread.start()
     deadline = time.monotonic() + 30
-    while len(engine.batcher.waiting) < 6:
+    while len(engine.batcher.waiting) < waiting:
         assert time.monotonic() < deadline
         time.sleep(0.005)
     before = engine.batcher.steps
@@ -300,6 +291,18 @@ def test_a_short_request_starts_within_a_few_steps_behind_a_queue(served, monkey
     waited = engine.batcher.steps - before
     for thread in queued:
         thread.join(600)
+    return waited, before
+
+
+def test_a_short_request_starts_within_a_few_steps_behind_a_queue(served, monkeypatch):
+    """6 requests of 4 completions of 20 tokens fill the 4 slots and the queue; a 4-token request sent then
+    gets the next free slot (the fewest rows in flight, then to start), not the queue's end: it is answered in far fewer
+    steps than the queue takes (it used to wait for every older request's rows). Steps are slowed, so that
+    the queue is still whole when the short request comes, however fast the machine."""
+    engine = served[1]
+    slow_steps(monkeypatch, 0.02, [])
+    bodies = [{"model": NAME, "prompt": "Once", "n": 4, "max_tokens": 20, "seed": s} for s in range(6)]
+    waited, before = steps_of_a_short_request_behind(served, bodies, waiting=6)
     assert waited <= 20 + 4 + 4, waited  # at most one row's length to free a slot, then its own 4 tokens
     assert engine.batcher.steps - before >= 6 * 4 * 20 // 4 - 6  # the queue itself took every slot for that long
 
@@ -311,25 +314,8 @@ def test_a_short_request_passes_the_one_row_requests_queued_before_it(served, mo
     machine."""
     engine = served[1]
     slow_steps(monkeypatch, 0.05, [])  # the short request is due first unless it takes 56 steps to arrive
-    queued = [
-        threading.Thread(
-            target=post,
-            args=(served, {"model": NAME, "prompt": "Once", "max_tokens": 60, "seed": s}),
-            kwargs={"timeout": 600},
-        )
-        for s in range(8)
-    ]
-    for thread in queued:
-        thread.start()
-    deadline = time.monotonic() + 30
-    while len(engine.batcher.waiting) < 4:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    before = engine.batcher.steps
-    assert post(served, {"model": NAME, "prompt": "Hi", "max_tokens": 4, "seed": 1}, timeout=600).status_code == 200
-    waited = engine.batcher.steps - before
-    for thread in queued:
-        thread.join(600)
+    bodies = [{"model": NAME, "prompt": "Once", "max_tokens": 60, "seed": s} for s in range(8)]
+    waited, before = steps_of_a_short_request_behind(served, bodies, waiting=4)
     assert waited <= 60 + 4, waited  # a slot freed by the first 4 requests' end, then its own 4 tokens
     assert engine.batcher.steps - before >= 100  # the queue itself took two rounds of 60 steps
 
