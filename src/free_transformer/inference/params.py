@@ -229,7 +229,8 @@ class SamplingParams(Sampling):
     @property
     def searched(self) -> bool:
         """Whether the samples are best-of candidates (free_transformer.inference.search's seeds and Z): with
-        best_of above n, or vary other than both. Otherwise sample i of a prompt samples with seed + i."""
+        best_of above n, or vary other than both. Otherwise sample i of prompt p samples with
+        sample_seed(seed, p, i)."""
         return self.candidates > self.n or self.vary != "both"
 
     def seeds(self) -> tuple[int, int]:
