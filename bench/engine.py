@@ -47,7 +47,6 @@ from targets import TARGETS, write_figure
 
 import free_transformer
 from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
-from free_transformer.inference.engine import DecodeEngine, Row
 from free_transformer.model.config import named_config
 from free_transformer.model.transformer import FreeTransformer
 
@@ -158,6 +157,8 @@ class Bench:
 def leave_costs(model: FreeTransformer, batch: int, positions: int, rounds: int, device) -> tuple[float, float]:
     """(a step's seconds, a row's leave's seconds), medians: `batch` rows of `positions`-token prompts in an engine
     of `batch` slots, their steps, then `rounds` rows ended one after the other (each moves the last row's cache)."""
+    from free_transformer.inference.engine import DecodeEngine, Row  # here: --baseline-src may predate the engine
+
     engine = DecodeEngine(model, batch, capacity=positions + rounds + 1)
     config = free_transformer.GenerationConfig(max_new_tokens=rounds + 2)
     generator = torch.Generator().manual_seed(batch)

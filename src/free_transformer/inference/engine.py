@@ -8,9 +8,10 @@ prefill's logits. Each `step` then feeds every row its last token at its own pos
 tensor: the row's Z for that position (explicit, or a prior draw), the model, and the next token, each row
 sampled with its own settings given as tensors (free_transformer.inference.sampling).
 A row ends at a stop token, at its max_new_tokens, when the caller ends it (`finish`), or alone, with an
-error, when its logits are not finite: the step finds the first three on the device, as a code a row over the
-batch (`_ended`: the token among the slot's stop ids, padded with -1; the row's last position; the sampler's
-non-finite flag), and its tokens and codes come back to the host in one read a step. Deferred (on CUDA), that
+error, when its logits are not finite: the step finds the first three on the device, as two flags a row over the
+batch (`_step_ends`: whether it ended, by the token among the slot's stop ids, padded with -1, by the row's last
+position or by the sampler's non-finite flag; and that flag), and its tokens and flags come back to the host in
+one read a step. Deferred (on CUDA), that
 read is of a pinned host buffer filled by a non-blocking copy and waited for by an event after the next step is
 launched, so that the host prepares step n + 1 while the device runs step n: a row that ended at step n stays
 at its position on the device and is fed step n + 1 too, whose token for it is dropped when it arrives.
@@ -75,9 +76,6 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 CACHE_ROUNDING = 64
 # Compiled engines kept per model (each holds a KV cache and, on a GPU, its graphs' memory pool).
 ENGINES_PER_MODEL = 4
-# How a row ended at a step, as the step records it on the device (`ended`, a code a row): 0 it goes on, ENDED
-# a stop id or its length (the host tells which from the token, once a row), ERROR non-finite logits.
-ENDED, ERROR = 1, 2
 # Stop ids a slot holds at first (`DecodeEngine.stops`); a row with more widens the table (and drops the graphs).
 STOP_SLOTS = 8
 
@@ -153,16 +151,16 @@ class DecodeEngine:
             self.uniforms = torch.full((slots, self.capacity), 0.5, dtype=torch.float64, device=device)
             self.settings = RowSettings(slots, device)
             # (S, STOP_SLOTS) each row's stop ids, padded with -1; (S,) the last position it feeds, whose
-            # logits give its last token: what the step's `ended` compares with (`_ended`)
+            # logits give its last token: what the step's `ended` compares with (`_step_ends`)
             self.stops = torch.full((slots, STOP_SLOTS), -1, dtype=torch.int64, device=device)
             self.last = torch.zeros(slots, dtype=torch.int64, device=device)
         # deferred (CUDA by default): a step's tokens and `ended` come back through host memory (pinned on CUDA)
         # after the next step is launched, so that the host prepares step n + 1 while the device runs step n
         self.deferred = device.type == "cuda" if deferred is None else deferred
         pinned = device.type == "cuda"
-        # two host buffers of 2S: a step's copy lands in one, (2, rows) contiguous (a non-contiguous destination
+        # two host buffers of 3S: a step's copy lands in one, (3, rows) contiguous (a non-contiguous destination
         # would make the copy synchronous), while the host reads the previous step's in the other
-        self.host = [torch.zeros(2 * slots, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self.host = [torch.zeros(3 * slots, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         # the step launched but not read yet: its rows, host buffer, CUDA event (None on a CPU) and logits
         self.pending: tuple[list[Row], Tensor, torch.cuda.Event | None, Tensor] | None = None
         self.last_step = 0  # the step by which every row in flight has reached its length (no later one runs)
@@ -182,7 +180,8 @@ class DecodeEngine:
         self.graphs: dict[tuple[int, SamplingVariant], tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self.warm: set[tuple[int, SamplingVariant]] = set()
         self.pool: torch.cuda._POOL_HANDLE | None = None  # one memory pool shared by every graph (the first's)
-        self.views: dict[int, object] = {}  # bucket -> the cache view of its rows
+        self.views: dict[int, object] = {}  # size -> the cache view of slots [0, size) (`_view`)
+        self.slot_views: dict[int, SlotViews] = {}  # size -> the views of slots [0, size) of the step's buffers
 
     @property
     def model(self) -> FreeTransformer:
@@ -258,8 +257,8 @@ class DecodeEngine:
         uniforms = self.uniforms[slots, P - 1] if variant.sampled else None
         tokens, non_finite = next_tokens(logits, self.settings.view(slots), uniforms, variant)
         self.token[slots, 0] = tokens
-        ended = self._ended(slots, tokens, non_finite, self.position[slots] - 1)
-        host = torch.stack([tokens, ended]).cpu()  # once per group joining: the first tokens, read now
+        ended = _step_ends(tokens, non_finite, self.position[slots] - 1, self.last[slots], self.stops[slots])
+        host = torch.stack([tokens, ended, non_finite]).cpu()  # once per group joining: the first tokens, read now
         self._take(rows, host, None, logits)
 
     def _set_ends(self, rows: list[Row], slots: slice) -> None:
@@ -273,6 +272,7 @@ class DecodeEngine:
             self.stops = wider
             self.graphs.clear()
             self.warm.clear()
+            self.slot_views.clear()
         width = self.stops.shape[1]
         stops = [list(row.config.stop_tokens) + [-1] * (width - len(row.config.stop_tokens)) for row in rows]
         self.stops[slots] = torch.tensor(stops, dtype=torch.int64, device=self.device)
@@ -330,18 +330,21 @@ class DecodeEngine:
         n = len(rows)
         if self.compile:
             size = self.buckets[bisect.bisect_left(self.buckets, n)]
-            tokens, ended, logits = self._replay(size, self.variant)
+            tokens, ended, non_finite, logits = self._replay(size, self.variant)
             if self.deferred and self.keeps_logits:  # a replay overwrites its outputs: keep this step's
                 logits = logits.clone()
-        else:  # rows all at one position (equal prompts, one row) feed it as an int: no mask, no scatter
+        elif self.aligned:  # rows all at one position (equal prompts, one row) feed it as an int: the model writes
+            # and attends the cache as a prefill continued, no mask, no scatter
+            tokens, ended, non_finite, logits = self._body(n, self._view(n), self.variant, _step_core, self.longest)
+        else:  # each row at its own position, the cache attended up to the longest row's
             cache = self.cache.view(slice(0, n), min(self.longest + 1, self.capacity))
-            start = self.longest if self.aligned else None
-            tokens, ended, logits = self._body(n, cache, self.variant, _step_core, start)
+            tokens, ended, non_finite, logits = self._body(n, cache, self.variant, _step_core)
         self.longest = min(self.longest + 1, self.capacity - 1)  # every row fed one position
         self.steps += 1
-        host = torch.stack([tokens[:n], ended[:n]])  # (2, n)
+        host = torch.stack([tokens[:n], ended[:n].long(), non_finite[:n].long()])  # (3, n) (stack's own promotion
+        # of the flags costs more than the two casts)
         if self.device.type != "cpu" or self.deferred:  # one copy a step, into the host buffer not being read
-            host = self.host[self.steps % 2][: 2 * n].view(2, n).copy_(host, non_blocking=self.deferred)
+            host = self.host[self.steps % 2][: 3 * n].view(3, n).copy_(host, non_blocking=self.deferred)
         event = None
         if self.deferred and self.device.type == "cuda":
             event = torch.cuda.Event()
@@ -354,40 +357,58 @@ class DecodeEngine:
         """The step of slots [0, size) over `cache`, a view of their rows: everything a captured graph replays.
         start: the one position of every row, when the host knows they share it (the model then writes and
         attends the cache as a prefill continued; None: each row at its own, a (size,) tensor). Returns the next
-        tokens (size,), their non-finite flags (size,) and the logits (size, V)."""
-        rows = slice(0, size)
-        position, index = self.position[rows], self.index[rows]
+        tokens (size,), whether each row ended (size,), whether its logits were not finite (size,) and the
+        logits (size, V)."""
+        slots = self._slots(size)
         # each row's draws at its position (`_draw`): its Z (explicit where given, else its prior stream's) and
-        # its token's uniform
-        latent: LatentSource = self.fed[index, position][:, None] if self.is_free else LatentChoice.PRIOR
-        uniforms = self.uniforms[index, position] if variant.sampled else None  # (size,)
+        # its token's uniform; at one position `start`, a column of each buffer (a view: no gather)
+        at: tuple = (slots.index, slots.position) if start is None else (slots.rows, slice(start, start + 1))
+        latent: LatentSource = self.fed[at].view(size, 1, *self.fed.shape[2:]) if self.is_free else LatentChoice.PRIOR
+        uniforms = self.uniforms[at].view(size) if variant.sampled else None  # (size,)
         tokens, non_finite, logits = core(
             self.model,
-            self.token[rows],
+            slots.token,
             latent,
-            position if start is None else start,
+            slots.position if start is None else start,
             cache,
-            self.settings.view(rows),
+            slots.settings,
             uniforms,
             variant,
         )
         # a captured graph compares whatever the rows: it serves later rows too
-        ended = self._ended(rows, tokens, non_finite, position, self.stopping or self.use_graph)
-        self.token[rows, 0] = tokens
+        stops = slots.stops if self.stopping or self.use_graph else None
+        ended = _step_ends(tokens, non_finite, slots.position, slots.last, stops)
+        slots.token[:, 0] = tokens
         if self.deferred:  # a row that ended stays at its position: fed again until the host reads that it
             # ended, its cache and draws stay within its own positions (read at once, it leaves before)
-            self.active[rows] *= ended == 0
-        self.position[rows] += self.active[rows]
-        return tokens, ended, logits
+            slots.active.masked_fill_(ended, 0)
+        slots.position.add_(slots.active)
+        return tokens, ended, non_finite, logits
 
-    def _ended(self, rows: slice, tokens: Tensor, non_finite: Tensor, position: Tensor, stops: bool = True) -> Tensor:
-        """(n,) how each row of `rows` ends with its new token from `position`'s logits (0, ENDED, ERROR): a
-        non-finite row, a stop token among its stop ids (stops: whether to compare; False when no row has
-        any), its last position fed (its length)."""
-        ended = position >= self.last[rows]  # (n,)
-        if stops:
-            ended = ended | (tokens[:, None] == self.stops[rows]).any(1)
-        return torch.where(non_finite, ERROR, ended)
+    def _slots(self, size: int) -> SlotViews:
+        """The views of slots [0, size) of the step's buffers: one per size (the buffers are written in place;
+        `stops`, replaced when it widens, drops them)."""
+        views = self.slot_views.get(size)
+        if views is None:
+            rows = slice(0, size)
+            views = self.slot_views[size] = SlotViews(
+                rows=rows,
+                token=self.token[rows],
+                position=self.position[rows],
+                active=self.active[rows],
+                index=self.index[rows],
+                last=self.last[rows],
+                stops=self.stops[rows],
+                settings=self.settings.view(rows),
+            )
+        return views
+
+    def _view(self, size: int):
+        """The cache view of slots [0, size), every position: one per size, so that a graph reads fixed storages
+        and an aligned step makes none."""
+        if size not in self.views:
+            self.views[size] = self.cache.view(slice(0, size), self.capacity)
+        return self.views[size]
 
     def _replay(self, size: int, variant: SamplingVariant) -> tuple[Tensor, ...]:
         """The compiled step of bucket `size`: its first run compiles (timed, logged) on a side stream, as a later
@@ -402,11 +423,8 @@ class DecodeEngine:
                 else _step_core
             )
 
-        if size not in self.views:  # one cache view per bucket: a graph reads fixed storages
-            self.views[size] = self.cache.view(slice(0, size), self.capacity)
-
         def body():
-            return self._body(size, self.views[size], variant, core)
+            return self._body(size, self._view(size), variant, core)
 
         if key not in self.warm:
             started = time.perf_counter()
@@ -458,25 +476,25 @@ class DecodeEngine:
     def _take(
         self, rows: list[Row], host: Tensor, event: torch.cuda.Event | None, logits: Tensor
     ) -> tuple[list[Row], bool]:
-        """Give each row its new token and end from `host` (2, rows: tokens, `ended`), the step's copy, once
-        it arrived (`event`). A row already done (it ended at an earlier step, or the caller ended it) gets
+        """Give each row its new token and end from `host` (3, rows: tokens, `ended`, non-finite), the step's
+        copy, once it arrived (`event`). A row already done (it ended at an earlier step, or the caller ended it) gets
         nothing: what a deferred step fed it after its end is dropped. Returns the rows given something, and whether a
         row ended (at this step or before)."""
         if event is not None:
             event.synchronize()  # the one wait of a deferred step, on a step launched before the current one
-        tokens, ended = host.numpy().tolist()  # (2, rows) in host memory: no device read
+        tokens, ended, errors = host.tolist()  # (3, rows) in host memory: no device read
         taken = []
-        for i, (row, token, end) in enumerate(zip(rows, tokens, ended)):
+        for i, (row, token, end, error) in enumerate(zip(rows, tokens, ended, errors)):
             if row.done:
                 continue
             taken.append(row)
-            if end == ERROR:
+            if error:
                 row.finish_reason, row.error = "error", ValueError(NON_FINITE)
                 continue
             row.tokens.append(token)
             if row.keep_logits:
                 row.logits = logits[i]
-            if end == ENDED:  # found on the device; named here, once a row
+            if end:  # found on the device; named here, once a row
                 row.finish_reason = "stop" if token in row.config.stop_tokens else "length"
         return taken, any(ended)
 
@@ -552,6 +570,30 @@ class DecodeEngine:
         self.uniforms[slot, :end] = self.uniforms[source, :end]
         self.settings.move(source, slot)
         row.slot = slot
+
+
+@dataclass(frozen=True)
+class SlotViews:
+    """Views of slots [0, size) of a DecodeEngine's step buffers (`DecodeEngine._slots`)."""
+
+    rows: slice
+    token: Tensor  # (size, 1)
+    position: Tensor  # (size,)
+    active: Tensor  # (size,)
+    index: Tensor  # (size,)
+    last: Tensor  # (size,)
+    stops: Tensor  # (size, stop ids)
+    settings: tuple[Tensor, ...]  # RowSettings.view
+
+
+def _step_ends(tokens: Tensor, non_finite: Tensor, position: Tensor, last: Tensor, stops: Tensor | None) -> Tensor:
+    """(n,) whether each row ends with its new token (n,) from `position`'s logits (n,): its logits not finite
+    (`non_finite`), the token among its stop ids (`stops`, (n, width) padded with -1; None when no row has any),
+    or `position` its last position fed (`last`, its length)."""
+    ended = (position >= last) | non_finite  # (n,)
+    if stops is not None:
+        ended |= (tokens[:, None] == stops).any(1)
+    return ended
 
 
 def _end(row: Row) -> int:

@@ -4,15 +4,15 @@ Face loop's `RowSeededSampler`).
 
 A row's token is drawn by inverting the CDF of its probabilities (probs) at one uniform u: the first token whose
 cumulative probability (summed in float64) exceeds u, as torch.multinomial draws one sample; u is word 0 of the
-row's counter- based TOKEN stream at the position whose logits these are (`token_uniforms`,
+row's counter-based TOKEN stream at the position whose logits these are (`token_uniforms`,
 free_transformer.base.counter_random: every row's in one operation, one word a row whatever the vocabulary), where
 probs is the softmax of the logits divided by the temperature and filtered by each of FILTERS in turn: top-k,
 then top-p, then min-p (Hugging Face's order), then any registered after them. Three rules keep every valid setting
 finite, so that no row's settings can fail another row or the request:
 - a temperature below GREEDY_BELOW picks the likeliest token (as vLLM does): logits / 1e-39 would overflow;
 - top-p and min-p always keep the likeliest token (a top-p of 1e-300 is 0 in float32);
-- a row whose probabilities would hold a NaN (a NaN or +inf among its logits, or only -inf) is flagged in
-  `non_finite`, for that row alone."""
+- a row whose probabilities would hold a NaN (a NaN or +inf among its logits, only -inf, or logits too large
+  for its temperature) is flagged in `non_finite`, for that row alone."""
 
 from __future__ import annotations
 
@@ -101,16 +101,18 @@ def register_filter(new: SamplingFilter) -> SamplingFilter:
 @dataclass(frozen=True)
 class SamplingVariant:
     """What a batch's step computes after the logits, fixed when a step is compiled and captured: whether any
-    row samples (else every row is greedy and no noise is read) and whether any row filters (any of FILTERS on:
-    a sort of the vocabulary)."""
+    row samples (else every row is greedy and no noise is read), whether any row filters (any of FILTERS on:
+    a sort of the vocabulary), and whether a greedy row is among rows that sample (else no row's likeliest
+    token is looked for)."""
 
     sampled: bool
     filtered: bool
+    mixed: bool = False
 
     @classmethod
     def of(cls, rules: Sequence[Sampling]) -> SamplingVariant:
         sampled = [rule for rule in rules if not rule.greedy]
-        return cls(bool(sampled), any(filters(rule) for rule in sampled))
+        return cls(bool(sampled), any(filters(rule) for rule in sampled), bool(sampled) and len(sampled) < len(rules))
 
 
 def filters(rule: Sampling) -> bool:
@@ -155,22 +157,26 @@ def next_tokens(
     (0, 1), read in the rows that sample (None when no row does). Pure device work: nothing read on the host."""
     temperature, *values = settings
     logits = logits.float()
-    top, best = logits.max(-1)  # (B,) each; max propagates a NaN
-    # a NaN, a +inf or only -inf in a row's logits (its largest not finite): what makes its probabilities NaN, the
-    # filters keeping the likeliest token
-    non_finite = ~top.isfinite()
     if not variant.sampled:
-        return best, non_finite
+        top, best = logits.max(-1)  # (B,) each; max propagates a NaN
+        # a NaN, a +inf or only -inf among a row's logits: its largest is not finite
+        return best, ~top.isfinite()
     assert uniforms is not None, "a sampled variant draws its noise (None only when no row samples)"
-    is_greedy = temperature < GREEDY_BELOW
-    scaled = logits / temperature.masked_fill(is_greedy, 1.0)[:, None]
+    is_greedy = temperature < GREEDY_BELOW if variant.mixed else None
+    # a greedy row's logits are divided by 1 (by its temperature, 0, they would not be finite)
+    divisor = temperature if is_greedy is None else temperature.masked_fill(is_greedy, 1.0)
+    scaled = logits / divisor[:, None]
     if variant.filtered:
         scaled = filtered(scaled, values)
     cdf = torch.softmax(scaled, -1).cumsum(-1, dtype=torch.float64)  # (B, V)
-    # the first token whose cumulative probability exceeds u (times the total, 1 up to rounding): a token of
-    # probability 0 adds nothing to the sum and is never drawn
-    drawn = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
-    return torch.where(is_greedy, best, drawn.clamp(max=logits.shape[-1] - 1)), non_finite
+    total = cdf[:, -1]  # (B,) 1 up to rounding; NaN when the probabilities hold one (a NaN or +inf among the
+    # logits, only -inf, or logits too large for the temperature), the filters keeping the likeliest token
+    # the first token whose cumulative probability exceeds u times the total (V - 1 where u below 1 rounds to the
+    # total): a token of probability 0 adds nothing to the sum and is never drawn
+    drawn = torch.searchsorted(cdf, (uniforms * total)[:, None], right=True)[:, 0].clamp(max=logits.shape[-1] - 1)
+    if is_greedy is not None:
+        drawn = torch.where(is_greedy, logits.argmax(-1), drawn)
+    return drawn, total.isnan()
 
 
 def filtered(scaled: Tensor, values: Sequence[Tensor]) -> Tensor:
