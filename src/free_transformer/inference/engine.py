@@ -35,7 +35,6 @@ under a mask; an eager one the positions up to the longest row's."""
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 import time
 import types
@@ -53,6 +52,7 @@ from ..base.seeding import generators
 from ..model.latent import LatentSource
 from ..model.latent.sampling import counter_prior
 from ..model.transformer import FreeTransformer
+from .admission import Admission, Request
 from .params import MAX_SEED, GenerationConfig, check_room
 from .sampling import NON_FINITE, RowSettings, SamplingVariant, declared_filters, next_tokens, token_uniforms
 
@@ -627,26 +627,29 @@ def decoding_engine(
 def run_rows(
     engine: DecodeEngine, rows: Iterable[Row], should_stop: Callable[[list[int]], bool] | None = None
 ) -> Iterator[Row]:
-    """Decode `rows`, admitted in their order as slots free, and yield each one as it ends. should_stop: called
-    with a row's new tokens after each one; True ends the row there (stop strings, which ids cannot express)."""
-    pending = iter(rows)
+    """Decode `rows`, admitted in their order as slots free (one request of the admission rule with a share of
+    every slot: free_transformer.inference.admission), and yield each one as it ends. should_stop: called with a
+    row's new tokens after each one; True ends the row there (stop strings, which ids cannot express)."""
+    queue: Admission[Row] = Admission()
+    request = queue.add(Request(rows))
     try:
         while True:
-            joining = list(itertools.islice(pending, engine.free))
+            joining = [row for _, row in queue.take(engine.free)]
             if not joining and not engine.rows:
                 return
             if joining:  # the new rows' first tokens are checked before they step
-                yield from _ended(engine, engine.add(joining), should_stop)
+                yield from _ended(engine, engine.add(joining), should_stop, request)
             if engine.rows:
-                yield from _ended(engine, engine.step(), should_stop)
+                yield from _ended(engine, engine.step(), should_stop, request)
     finally:
         for row in list(engine.rows):  # the caller stopped early (an error, a closed generator)
             engine.finish(row, "cancelled")
 
 
-def _ended(engine: DecodeEngine, rows: list[Row], should_stop) -> Iterator[Row]:
+def _ended(engine: DecodeEngine, rows: list[Row], should_stop, request: Request[Row]) -> Iterator[Row]:
     for row in rows:
         if not row.done and should_stop is not None and should_stop(row.tokens):
             engine.finish(row, "stop")
         if row.done:
+            request.left()
             yield row
