@@ -594,7 +594,9 @@ def _fresh_function(function: Callable) -> Callable:
     )
 
 
-_engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> OrderedDict(key -> engine)
+# the compiled engines kept per model (`decoding_engine`), most recently used last: model -> OrderedDict(key ->
+# engine). Weak in the model: a model's engines go with it.
+_engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def decoding_engine(
@@ -605,7 +607,12 @@ def decoding_engine(
     CACHE_ROUNDING (made on first use, so that its compiled step and graphs serve every later call); the least
     recently used beyond ENGINES_PER_MODEL is dropped. Kept engines are keyed by the parameters' storage too,
     so a model moved to another device or dtype gets a new one (weights updated in place are seen by a graph),
-    and by the declared sampling filters, so a filter registered later is applied."""
+    and by the declared sampling filters, so a filter registered later is applied.
+
+    A kept engine (its KV cache, compiled step and, on a GPU, its graphs' memory pool) lives until it is the
+    least recently used past ENGINES_PER_MODEL, its model is deleted (an engine refers to its model weakly, so
+    it never keeps the model alive), or `release_engines(model)`; then its memory is freed as soon as no call
+    still decodes with it (on a GPU, `torch.cuda.empty_cache()` gives it back to the driver)."""
     if not compile:
         return DecodeEngine(model, slots, capacity=positions)
     capacity = min(model.config.max_seq_len, -(-positions // CACHE_ROUNDING) * CACHE_ROUNDING)
@@ -622,6 +629,12 @@ def decoding_engine(
     if engine.rows:
         raise RuntimeError("the kept decoding engine is in use (one generate(compile=True) call at a time per model)")
     return engine
+
+
+def release_engines(model: FreeTransformer) -> None:
+    """Drop the compiled engines kept for `model` (`decoding_engine`), so that their KV caches, compiled steps
+    and graphs' memory can be freed; the next compiled call makes (and compiles) a new one."""
+    _engines.pop(model, None)
 
 
 def run_rows(
