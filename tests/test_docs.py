@@ -439,12 +439,18 @@ def test_every_link_of_readme_and_the_docs_leads_somewhere():
 
 def test_the_python_api_pages_blocks_run(workspace, tmp_path, monkeypatch):
     """docs/python-api.md's blocks, as pasted, beside the run they name."""
+    from free_transformer.inference.engine import _engines
+
     _, _, run = workspace
     shutil.copytree(run, tmp_path / "runs" / "demo" / "seed-0" / "kappa-1")
     monkeypatch.chdir(tmp_path)
     blocks = python_blocks(ROOT / "docs" / "python-api.md")
-    assert len(blocks) == 2
+    assert len(blocks) == 3
+    spaces = []
     for block in blocks:
         names: dict = {}
         exec(compile(block, "docs/python-api.md", "exec"), names)
-    assert names["out"].loss.grad_fn is not None and names["fresh"].embed_tokens.weight.grad is not None
+        spaces.append(names)
+    _, trained, kept = spaces
+    assert trained["out"].loss.grad_fn is not None and trained["fresh"].embed_tokens.weight.grad is not None
+    assert kept["model"] not in _engines and len(kept["again"].tokens) == 4  # released

@@ -18,6 +18,7 @@ _EXPORTS = {
     "SamplingParams": "inference.params",
     "GenerationResult": "inference.generate",
     "generate": "inference.generate",
+    "release_engines": "inference.engine",
     "Candidates": "inference.search",
     "best_of": "inference.search",
     "infer_latents": "inference.latents",

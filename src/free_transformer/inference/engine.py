@@ -36,7 +36,6 @@ under a mask; an eager one the positions up to the longest row's."""
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 import time
 import types
@@ -54,6 +53,7 @@ from ..base.seeding import generators
 from ..model.latent import LatentSource
 from ..model.latent.sampling import counter_prior
 from ..model.transformer import FreeTransformer
+from .admission import Admission, Request
 from .params import MAX_SEED, GenerationConfig, check_room
 from .sampling import NON_FINITE, RowSettings, SamplingVariant, declared_filters, next_tokens, token_uniforms
 
@@ -636,7 +636,9 @@ def _fresh_function(function: Callable) -> Callable:
     )
 
 
-_engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> OrderedDict(key -> engine)
+# the compiled engines kept per model (`decoding_engine`), most recently used last: model -> OrderedDict(key ->
+# engine). Weak in the model: a model's engines go with it.
+_engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def decoding_engine(
@@ -647,7 +649,12 @@ def decoding_engine(
     CACHE_ROUNDING (made on first use, so that its compiled step and graphs serve every later call); the least
     recently used beyond ENGINES_PER_MODEL is dropped. Kept engines are keyed by the parameters' storage too,
     so a model moved to another device or dtype gets a new one (weights updated in place are seen by a graph),
-    and by the declared sampling filters, so a filter registered later is applied."""
+    and by the declared sampling filters, so a filter registered later is applied.
+
+    A kept engine (its KV cache, compiled step and, on a GPU, its graphs' memory pool) lives until it is the
+    least recently used past ENGINES_PER_MODEL, its model is deleted (an engine refers to its model weakly, so
+    it never keeps the model alive), or `release_engines(model)`; then its memory is freed as soon as no call
+    still decodes with it (on a GPU, `torch.cuda.empty_cache()` gives it back to the driver)."""
     if not compile:
         return DecodeEngine(model, slots, capacity=positions)
     capacity = min(model.config.max_seq_len, -(-positions // CACHE_ROUNDING) * CACHE_ROUNDING)
@@ -666,29 +673,38 @@ def decoding_engine(
     return engine
 
 
+def release_engines(model: FreeTransformer) -> None:
+    """Drop the compiled engines kept for `model` (`decoding_engine`), so that their KV caches, compiled steps
+    and graphs' memory can be freed; the next compiled call makes (and compiles) a new one."""
+    _engines.pop(model, None)
+
+
 def run_rows(
     engine: DecodeEngine, rows: Iterable[Row], should_stop: Callable[[list[int]], bool] | None = None
 ) -> Iterator[Row]:
-    """Decode `rows`, admitted in their order as slots free, and yield each one as it ends. should_stop: called
-    with a row's new tokens after each one; True ends the row there (stop strings, which ids cannot express)."""
-    pending = iter(rows)
+    """Decode `rows`, admitted in their order as slots free (one request of the admission rule with a share of
+    every slot: free_transformer.inference.admission), and yield each one as it ends. should_stop: called with a
+    row's new tokens after each one; True ends the row there (stop strings, which ids cannot express)."""
+    queue: Admission[Row] = Admission()
+    request = queue.add(Request(rows))
     try:
         while True:
-            joining = list(itertools.islice(pending, engine.free))
+            joining = [row for _, row in queue.take(engine.free)]
             if not joining and not engine.rows:
                 return
             if joining:  # the new rows' first tokens are checked before they step
-                yield from _ended(engine, engine.add(joining), should_stop)
+                yield from _ended(engine, engine.add(joining), should_stop, request)
             if engine.rows:
-                yield from _ended(engine, engine.step(), should_stop)
+                yield from _ended(engine, engine.step(), should_stop, request)
     finally:
         for row in list(engine.rows):  # the caller stopped early (an error, a closed generator)
             engine.finish(row, "cancelled")
 
 
-def _ended(engine: DecodeEngine, rows: list[Row], should_stop) -> Iterator[Row]:
+def _ended(engine: DecodeEngine, rows: list[Row], should_stop, request: Request[Row]) -> Iterator[Row]:
     for row in rows:
         if not row.done and should_stop is not None and should_stop(row.tokens):
             engine.finish(row, "stop")
         if row.done:
+            request.left()
             yield row

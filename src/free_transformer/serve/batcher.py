@@ -6,18 +6,15 @@ each step's cost. A completion therefore equals `free-transformer generate --see
 whatever else is in flight.
 
 One request cannot harm another:
-- admission is fair: the next free slot goes to the request with the fewest rows in flight, then the one due
-  first, then the oldest. A request is due at the step it arrived plus the tokens it asks for (every row's
-  max_tokens), so a short request starts at the next free slot unless one queued before it is due sooner,
-  and a long one is passed by newcomers only until its due step. A request's rows take at most all but one
-  slot, so that a newcomer finds one unless others fill the engine;
+- admission is fair (free_transformer.inference.admission, the rule generate's rows follow too): the next free
+  slot goes to the request with the fewest rows in flight, then the one due first (the step it arrived plus
+  every row's max_tokens), then the oldest; a request's rows take at most all but one slot;
 - a row that fails (logits not finite, a prefill or a logprob that raises) ends alone, as its own request's
   error: rows prefilled together that fail are prefilled again one by one, afresh, so that only the failing
   one's request ends; only an exception of the step itself ends every request in flight."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -28,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..data.tokenizer import Tokenizer
+from ..inference.admission import Admission, Request
 from ..inference.batches import Prompt, prompt_row
 from ..inference.engine import DecodeEngine, Row
 from ..inference.stops import stop_at
@@ -51,7 +49,8 @@ class RowSpec:
 class Job:
     """A request's rows and where their results go. `emit` is called on the loop's thread with each
     `Delta`, then `finish` once with None or the exception that ended the request; `cancelled`, set
-    by the caller, drops the request's rows at the next step."""
+    by the caller, drops the request's rows at the next step. `admission` is its record in the scheduler's
+    admission queue (rows admitted and in flight, arrival order, due step)."""
 
     rows: list[RowSpec]
     stops: list[str]
@@ -62,11 +61,13 @@ class Job:
     emit: Callable[[Delta], None]
     finish: Callable[[Exception | None], None]
     cancelled: bool = False
-    admitted: int = 0  # rows started
-    in_flight: int = 0
-    done: int = 0
-    order: int = 0  # its place in the arrival order (set by `Batcher.submit`)
-    due: int = 0  # the step it arrived at plus the tokens it asks for (set by `Batcher.submit`)
+    done: int = 0  # rows ended and delivered
+    admission: Request[RowSpec] = field(init=False)
+
+    def __post_init__(self) -> None:
+        # the tokens it asks for, every row's max_tokens (fed - len(ids) + 1): when it is due
+        tokens = sum(spec.prompt.positions - len(spec.prompt.ids) + 1 for spec in self.rows)
+        self.admission = Request(self.rows, tokens=tokens, tag=self)
 
 
 @dataclass(kw_only=True)
@@ -166,6 +167,12 @@ class Served:
         return self.row.done or self.text.stop_end is not None
 
 
+def _job(request: Request[RowSpec]) -> Job:
+    """The Job a request of the scheduler's admission queue stands for: its tag (`Job.admission`)."""
+    assert isinstance(request.tag, Job), "every request the scheduler queues is tagged with its Job"
+    return request.tag
+
+
 def _served(row: Row) -> Served:
     """What a row of the scheduler's engine serves: its tag (`Batcher._serve`)."""
     assert isinstance(row.tag, Served), "every row of the server's engine is tagged with its Served"
@@ -180,14 +187,19 @@ class Batcher:
             raise ValueError(f"the batch must hold at least 1 row, got {max_batch}")
         self.tokenizer, self.max_batch = tokenizer, max_batch
         self.engine = DecodeEngine(model, max_batch, compile=compile)  # a cache of the model's whole context
-        self.waiting: list[Job] = []  # requests with rows not yet started, in arrival order
-        self.arrivals = itertools.count()
+        # the requests with rows not yet started (`waiting`); a request's rows take at most all but one slot
+        self.queue: Admission[RowSpec] = Admission(share=max(1, max_batch - 1))
         self.wakeup = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="free-transformer-decoding", daemon=True)
 
     @property
     def rows(self) -> list[Row]:
         return self.engine.rows
+
+    @property
+    def waiting(self) -> list[Request[RowSpec]]:
+        """The requests with rows not yet started, in arrival order."""
+        return self.queue.waiting
 
     @property
     def steps(self) -> int:
@@ -202,10 +214,7 @@ class Batcher:
 
     def submit(self, job: Job) -> None:
         with self.wakeup:
-            job.order = next(self.arrivals)
-            # fed - len(ids) + 1: the row's max_tokens
-            job.due = self.steps + sum(spec.prompt.positions - len(spec.prompt.ids) + 1 for spec in job.rows)
-            self.waiting.append(job)
+            self.queue.add(job.admission, now=self.steps)
             self.wakeup.notify()
 
     def _run(self) -> None:
@@ -237,36 +246,26 @@ class Batcher:
     def _end(self, job: Job, error: Exception) -> None:
         """The request fails: its rows leave the engine at the next step (`_drop_cancelled`)."""
         with self.wakeup:
-            if job in self.waiting:
-                self.waiting.remove(job)
+            self.queue.drop(job.admission)
         if not job.cancelled:
             job.cancelled = True
             job.finish(error)
 
     def _drop_cancelled(self) -> None:
         with self.wakeup:
-            self.waiting = [job for job in self.waiting if not job.cancelled]
+            for request in list(self.queue.waiting):
+                if _job(request).cancelled:
+                    self.queue.drop(request)
         for row in list(self.engine.rows):
             if _served(row).job.cancelled:
                 self.engine.finish(row, "cancelled")
 
-    # ---- admission: the fewest rows in flight, then the one due first ------------------------------
+    # ---- admission (free_transformer.inference.admission) -----------------------------------------
 
     def _admit(self) -> None:
-        joining: list[Served] = []
-        while len(joining) < self.engine.free:
-            with self.wakeup:
-                limit = max(1, self.max_batch - 1)
-                ready = [job for job in self.waiting if job.in_flight < limit]
-                if not ready:
-                    break
-                job = min(ready, key=lambda j: (j.in_flight, j.due, j.order))
-                spec = job.rows[job.admitted]
-                job.admitted += 1
-                if job.admitted == len(job.rows):
-                    self.waiting.remove(job)
-            job.in_flight += 1
-            joining.append(self._serve(job, spec))
+        with self.wakeup:
+            taken = self.queue.take(self.engine.free)
+        joining = [self._serve(_job(request), spec) for request, spec in taken]
         for served in joining:
             try:
                 self.engine.check(served.row)
@@ -351,7 +350,7 @@ class Batcher:
         """The row's new token (or its failure): its text, its log-probability, and the piece or the end it makes."""
         row, job = served.row, served.job
         if row.error is not None:  # this row's logits were not finite: its request fails, alone
-            job.in_flight -= 1
+            job.admission.left()
             self._end(job, row.error)
             return
         if row.prompt_logits is not None and job.logprobs is not None:  # kept with echo and logprobs
@@ -401,7 +400,7 @@ class Batcher:
             )
         )
         if ending:
-            job.in_flight -= 1
+            job.admission.left()
             job.done += 1
             if job.done == len(job.rows):
                 job.finish(None)
