@@ -50,8 +50,8 @@ class KVCache:
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
-        # (position, rows, mask) of the decoding step in progress: made by its first layer's `write_at`, dropped by
-        # the model's forward when it ends
+        # (position, scatter index, mask) of the decoding step in progress: made by its first layer's `write_at`,
+        # dropped by the model's forward when it ends
         self.step: tuple[Tensor, Tensor, Tensor] | None = None
 
     @property
@@ -67,16 +67,20 @@ class KVCache:
 
     def write_at(self, layer: int, position: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Store one position's k, v (B, kv_heads, 1, head_dim) at each row's device index `position` (B,): rows
-        at different lengths, decoded together. Return the whole cache of the layer and the mask of the keys up
-        to each row's position, (B, 1, 1, capacity). The rows' indices and the mask are made once per step: every
-        layer of a forward passes the same `position` tensor."""
+        at different lengths, decoded together. Return the whole cache of the layer and the additive mask of the
+        keys up to each row's position, (B, 1, 1, capacity). The scatter index and the mask are made once per step:
+        every layer of a forward passes the same `position` tensor."""
         if self.step is None or self.step[0] is not position:
             key_positions = torch.arange(self.keys.shape[3], device=position.device)
-            rows = torch.arange(k.shape[0], device=position.device)
-            self.step = (position, rows, (key_positions <= position[:, None])[:, None, None, :])
-        _, rows, mask = self.step
-        self.keys[layer][rows, :, position] = k[:, :, 0]  # (B, kv_heads, head_dim) at each row's position
-        self.values[layer][rows, :, position] = v[:, :, 0]
+            # (B, kv_heads, 1, head_dim): row b's position in every element of its row's new key
+            at = position.view(-1, 1, 1, 1).expand(k.shape)
+            # additive (0 or -inf, in the keys' dtype): SDPA would turn a boolean mask into this at every layer
+            mask = torch.zeros(k.shape[0], 1, 1, self.keys.shape[3], dtype=k.dtype, device=k.device)
+            mask.masked_fill_((key_positions > position[:, None])[:, None, None, :], float("-inf"))
+            self.step = (position, at, mask)
+        _, at, mask = self.step
+        self.keys[layer].scatter_(2, at, k)  # each row's k at its position (a scatter: cheaper than index_put)
+        self.values[layer].scatter_(2, at, v)
         return self.keys[layer], self.values[layer], mask
 
     def view(self, rows: slice, length: int) -> KVCache:
