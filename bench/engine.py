@@ -22,7 +22,8 @@ zeroed. Printed: each in ms, and the leave as a share of a step and of the row's
 
 --baseline-src PATH runs the same measurement on another checkout's package (a `src` folder, e.g. a
 `git worktree` of an older commit) beside this one's: two worker processes, one per package, take turns
-call by call, and the table adds the other code's engine and the ratio engine / other engine.
+call by call, and the table adds the other code's engine and bare loop, its engine's host time outside the
+model, and the ratio engine / other engine.
 
     PYTHONPATH=src python bench/engine.py [--presets debug cpu-small] [--batch 1 16 64] [--prompt-len 32]
                                           [--new-tokens 96] [--rounds 5] [--threads T] [--device cpu|cuda]
@@ -329,7 +330,7 @@ def report(args: argparse.Namespace, cases: list[tuple], samples: dict[tuple, li
     header = f"{'preset':>10} {'B':>3} | {'engine':>7} {'bare':>7} {'ratio':>6} | in the model: {'engine':>7} "
     header += f"{'bare':>7} | outside: {'engine':>7} {'bare':>7}"
     if len(sides) > 1:
-        header += f" | other code: {'engine':>7} {'bare':>7} {'engine/other':>12}"
+        header += f" | other code: {'engine':>7} {'bare':>7} {'engine outside':>14} {'engine/other':>12}"
     print(header)
     for preset, batch in cases:
         of = {variant: samples[(preset, batch, variant)] for variant in (side + v for side in sides for v in VARIANTS)}
@@ -342,6 +343,7 @@ def report(args: argparse.Namespace, cases: list[tuple], samples: dict[tuple, li
         line += " ".join(f"{ms_per_step(of[v], steps, 'outside'):7.3f}" for v in VARIANTS)
         if len(sides) > 1:
             line += f" | {'':>11} " + " ".join(f"{ms_per_step(of['other ' + v], steps):7.3f}" for v in VARIANTS)
+            line += f" {ms_per_step(of['other engine'], steps, 'outside'):14.3f}"
             line += f" {wall_ratio(of['engine'], of['other engine']):11.2f}x"
         print(line)
         calls = {values[0].calls for values in of.values()}

@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import on_cpu, tiny_config, tiny_model, tolerance
@@ -303,3 +306,22 @@ def test_rope_is_llamas_rotate_half_to_the_bit(dtype):
     torch.testing.assert_close(
         apply_rope(x64, cos, signed_sin), _rope(x64, torch.arange(T), 10000.0), atol=1e-5, rtol=0
     )
+
+
+def test_building_and_decoding_a_model_of_any_kind_loads_no_compiler():
+    """A model of every built-in kind is built (its latent space built once more on the meta device for its
+    sizes) and decodes a token without importing torch._dynamo: its import takes a second and grows the heap of
+    the process by half, which every later garbage collection walks (a decoding step's time with it)."""
+    code = (
+        "import sys, torch\n"
+        "from free_transformer import FreeTransformer, GenerationConfig, generate, named_config\n"
+        "from free_transformer.model.config import LatentConfig\n"
+        "from free_transformer.model.latent import LATENT_KINDS\n"
+        "for kind in sorted(LATENT_KINDS):\n"
+        "    model = FreeTransformer(named_config('debug', latent=LatentConfig(kind)))\n"
+        "    generate(model, [[1, 2, 3]], GenerationConfig(max_new_tokens=2), seed=0)\n"
+        "print(sorted(LATENT_KINDS), 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split()[-1] == "False", out.stdout
+    assert "categorical" in out.stdout and "binary_mapper" in out.stdout

@@ -34,6 +34,7 @@ from .space import (
     LinearMap,
     build_latent_space,
     latent_kind,
+    normal_init_,
     register_latent_kind,
     with_first_entry,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "kl_per_bit",
     "kl_to_uniform",
     "latent_kind",
+    "normal_init_",
     "project_latents",
     "rand_rows",
     "register_latent_kind",

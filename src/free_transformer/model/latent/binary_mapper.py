@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from .binary import BinaryLatentSpace
 from .sampling import Generators, index_to_bits, sample_bits
-from .space import register_latent_kind
+from .space import normal_init_, register_latent_kind
 
 # Bytes the backward's per-chunk buffers may take together: g = dR @ W[chunk]^T, G's low factor and their
 # product, each (N, 2^c) (`chunk_entry_bytes`). On a CPU larger chunks gain nothing (bench/mapper.py); on a
@@ -191,7 +191,7 @@ class BinaryMapper(BinaryLatentSpace):
         self.compiled_backward = True
 
     def reset_parameters(self, std: float) -> None:
-        nn.init.normal_(self.weight, std=std)
+        normal_init_(self.weight, std=std)
 
     def training_flops_per_token(self) -> float:
         # The forward is a row lookup; the exact backward needs dR @ W^T over all 2^H rows (the O(2^H)

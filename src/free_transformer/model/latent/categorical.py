@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ...base.checks import ConfigError, check_range
 from ...base.counter_random import shift_right
 from .sampling import Generators, at_least_float32, fill_rows_, rand_rows
-from .space import LatentSpace, register_latent_kind, with_first_entry
+from .space import LatentSpace, normal_init_, register_latent_kind, with_first_entry
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class CategoricalLatent(LatentSpace):
         return with_first_entry(values, -1, self.classes)
 
     def reset_parameters(self, std: float) -> None:
-        nn.init.normal_(self.weight, std=std / math.sqrt(self.units))  # R sums H embeddings of unit scale
+        normal_init_(self.weight, std=std / math.sqrt(self.units))  # R sums H embeddings of unit scale
 
     def training_flops_per_token(self) -> float:
         # The straight-through term is an (H * K) x D matmul, forward and backward; the lookups count nothing.

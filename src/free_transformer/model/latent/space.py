@@ -27,6 +27,16 @@ from torch import Tensor, nn
 from .sampling import Generators
 
 LATENT_KINDS: dict[str, type[LatentSpace]] = {}
+
+
+def normal_init_(weight: Tensor, std: float) -> None:
+    """nn.init.normal_ for a kind's weight, skipped on the meta device (`ModelConfig.latent_space_on_meta`): a meta
+    tensor holds no values, and its normal_ goes through torch._refs, whose first call imports torch._dynamo (a
+    second, and the heap of every process that builds a model grows by half)."""
+    if not weight.is_meta:
+        nn.init.normal_(weight, std=std)
+
+
 RESERVED_NAMES = ("kind", "encoder_layers", "settings")  # model.latent's own fields: not a kind's section name
 
 
@@ -226,7 +236,7 @@ class LinearMap(LatentSpace):
         return F.linear(units.to(self.weight.dtype), self.weight)
 
     def reset_parameters(self, std: float) -> None:
-        nn.init.normal_(self.weight, std=std / math.sqrt(self.units))  # R sums H terms of unit scale
+        normal_init_(self.weight, std=std / math.sqrt(self.units))  # R sums H terms of unit scale
 
     def training_flops_per_token(self) -> float:
         return 6.0 * self.dim * self.units  # an ordinary (D, H) linear map, forward and backward
