@@ -25,9 +25,14 @@ zeroed. Printed: each in ms, and the leave as a share of a step and of the row's
 call by call, and the table adds the other code's engine and bare loop, its engine's host time outside the
 model, and the ratio engine / other engine.
 
+--host-only makes every one-token forward return the first one's output of its batch size (the prefill still
+runs the model): each variant's time a step is then its host work alone, the engine's against the bare loop's
+softmax and multinomial (and, with --baseline-src, against the other code's).
+
     PYTHONPATH=src python bench/engine.py [--presets debug cpu-small] [--batch 1 16 64] [--prompt-len 32]
                                           [--new-tokens 96] [--rounds 5] [--threads T] [--device cpu|cuda]
-                                          [--dtype fp32|bf16] [--baseline-src PATH] [--leave-at N] [--smoke]
+                                          [--dtype fp32|bf16] [--baseline-src PATH] [--leave-at N] [--host-only]
+                                          [--smoke]
 """
 
 from __future__ import annotations
@@ -104,6 +109,21 @@ class ForwardTimer:
         return len(self.spans)
 
 
+def stub_steps(model: FreeTransformer) -> None:
+    """Make every one-token forward of `model` return the first one's output of its batch size (a prefill still
+    runs the model): what is left of a step's time is the caller's host work."""
+    forward, first = model.forward, {}
+
+    def stubbed(tokens, *args, **kwargs):
+        if tokens.shape[1] > 1:
+            return forward(tokens, *args, **kwargs)
+        if tokens.shape[0] not in first:
+            first[tokens.shape[0]] = forward(tokens, *args, **kwargs)
+        return first[tokens.shape[0]]
+
+    model.forward = stubbed
+
+
 @torch.no_grad()
 def bare_loop(model: FreeTransformer, prompts: torch.Tensor, new_tokens: int, generator: torch.Generator):
     """(B, new_tokens) tokens sampled with the model's forwards alone: prefill, then one token a step."""
@@ -132,6 +152,8 @@ class Bench:
             torch.manual_seed(0)
             with torch.device(device):  # initialised where it runs (a paper-size model on the host takes minutes)
                 model = FreeTransformer(config).to(torch_dtype(args.dtype)).eval()
+            if args.host_only:
+                stub_steps(model)
             self.models[preset] = (model, ForwardTimer(model, device))
         self.generator = torch.Generator(device=device)
 
@@ -249,6 +271,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--baseline-src", type=Path, help="another checkout's src folder, measured beside this one")
     parser.add_argument("--leave-at", type=int, metavar="N", help="measure a row leaving at N positions instead")
     parser.add_argument(
+        "--host-only",
+        action="store_true",
+        help="every one-token forward returns the first one's output: a step's time is its host work alone",
+    )
+    parser.add_argument(
         "--figures",
         metavar="PATH",
         help=f"append the ratios at {FIGURES_PRESET}, B=1 and 16 (bench/targets.py) to PATH",
@@ -270,6 +297,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     return [
         *("--device", args.device, "--threads", str(args.threads), "--dtype", args.dtype),
         *("--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--presets", *args.presets),
+        *(["--host-only"] if args.host_only else []),
     ]
 
 

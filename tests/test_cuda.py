@@ -169,3 +169,33 @@ def test_demo_trains_every_model_of_every_seed_on_one_gpu(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["device"] == "cuda" and results["workers"] == 2 * len(VARIANTS)
     assert len(results["claims"]) == 5
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph"])
+def test_deferred_read_back_gives_the_tokens_of_a_read_every_step(graph):
+    """On CUDA the engine reads a step's tokens after the next step is launched (pinned memory and an event),
+    by default: rows of different lengths, one of which stops at a stop token and one at its length, get the
+    tokens they get when every step is read at once, eager and replayed from a CUDA graph (captured without
+    Inductor, for speed), and each row its own tokens alone."""
+    from free_transformer.inference.engine import DecodeEngine, Row, run_rows
+    from free_transformer.inference.params import GenerationConfig
+
+    model = _model()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10]]
+    plain = GenerationConfig(max_new_tokens=12, temperature=0.8)
+    probe = Row(prompts[1], plain, 1)
+    list(run_rows(DecodeEngine(model, 1, capacity=32, deferred=False), [probe]))
+    stop = probe.tokens[4]  # row 1 stops at its fifth token
+    stopping = GenerationConfig(max_new_tokens=12, temperature=0.8, stop_tokens=(stop,))
+    configs = [plain, stopping, GenerationConfig(max_new_tokens=5, temperature=0.8)]
+
+    def decode(deferred: bool) -> list[list[int]]:
+        engine = DecodeEngine(model, 3, capacity=32, compile=graph, inductor=False, deferred=deferred)
+        rows = [Row(prompt, config, seed) for seed, (prompt, config) in enumerate(zip(prompts, configs))]
+        list(run_rows(engine, rows))
+        assert engine.deferred == deferred and engine.use_graph == graph
+        return [row.tokens for row in rows]
+
+    read_each_step, deferred = decode(False), decode(True)
+    assert deferred == read_each_step
+    assert read_each_step[1] == probe.tokens[: probe.tokens.index(stop) + 1] and len(read_each_step[2]) == 5

@@ -327,7 +327,7 @@ class DecodeEngine:
     def _launch(self, rows: list[Row]) -> tuple[list[Row], Tensor, torch.cuda.Event | None, Tensor]:
         """Launch one step of `rows` and the copy of its tokens and `ended` to a host buffer (without waiting
         for it when deferred)."""
-        n = len(rows)
+        n = size = len(rows)
         if self.compile:
             size = self.buckets[bisect.bisect_left(self.buckets, n)]
             tokens, ended, non_finite, logits = self._replay(size, self.variant)
@@ -341,8 +341,10 @@ class DecodeEngine:
             tokens, ended, non_finite, logits = self._body(n, cache, self.variant, _step_core)
         self.longest = min(self.longest + 1, self.capacity - 1)  # every row fed one position
         self.steps += 1
-        host = torch.stack([tokens[:n], ended[:n].long(), non_finite[:n].long()])  # (3, n) (stack's own promotion
-        # of the flags costs more than the two casts)
+        if size > n:  # a compiled step's bucket: its rows past n are padding
+            tokens, ended, non_finite = tokens[:n], ended[:n], non_finite[:n]
+        host = torch.stack([tokens, ended.long(), non_finite.long()])  # (3, n) (stack's own promotion of the
+        # flags costs more than the two casts)
         if self.device.type != "cpu" or self.deferred:  # one copy a step, into the host buffer not being read
             host = self.host[self.steps % 2][: 3 * n].view(3, n).copy_(host, non_blocking=self.deferred)
         event = None
@@ -360,11 +362,21 @@ class DecodeEngine:
         tokens (size,), whether each row ended (size,), whether its logits were not finite (size,) and the
         logits (size, V)."""
         slots = self._slots(size)
-        # each row's draws at its position (`_draw`): its Z (explicit where given, else its prior stream's) and
-        # its token's uniform; at one position `start`, a column of each buffer (a view: no gather)
-        at: tuple = (slots.index, slots.position) if start is None else (slots.rows, slice(start, start + 1))
-        latent: LatentSource = self.fed[at].view(size, 1, *self.fed.shape[2:]) if self.is_free else LatentChoice.PRIOR
-        uniforms = self.uniforms[at].view(size) if variant.sampled else None  # (size,)
+        # each row's draws at its position (`_draw`): its Z (explicit where given, else its prior stream's), (size,
+        # 1, ...), and its token's uniform, (size,); at one position `start`, a column of each buffer (a view: no
+        # gather)
+        latent: LatentSource = LatentChoice.PRIOR
+        uniforms = None
+        if start is None:
+            if self.is_free:
+                latent = self.fed[slots.index, slots.position][:, None]
+            if variant.sampled:
+                uniforms = self.uniforms[slots.index, slots.position]
+        else:
+            if self.is_free:
+                latent = self.fed[slots.rows, start : start + 1]
+            if variant.sampled:
+                uniforms = self.uniforms[slots.rows, start]
         tokens, non_finite, logits = core(
             self.model,
             slots.token,
@@ -378,7 +390,7 @@ class DecodeEngine:
         # a captured graph compares whatever the rows: it serves later rows too
         stops = slots.stops if self.stopping or self.use_graph else None
         ended = _step_ends(tokens, non_finite, slots.position, slots.last, stops)
-        slots.token[:, 0] = tokens
+        slots.next_token[:] = tokens
         if self.deferred:  # a row that ended stays at its position: fed again until the host reads that it
             # ended, its cache and draws stay within its own positions (read at once, it leaves before)
             slots.active.masked_fill_(ended, 0)
@@ -394,6 +406,7 @@ class DecodeEngine:
             views = self.slot_views[size] = SlotViews(
                 rows=rows,
                 token=self.token[rows],
+                next_token=self.token[rows, 0],
                 position=self.position[rows],
                 active=self.active[rows],
                 index=self.index[rows],
@@ -578,6 +591,7 @@ class SlotViews:
 
     rows: slice
     token: Tensor  # (size, 1)
+    next_token: Tensor  # (size,) its column: where the step writes the next token
     position: Tensor  # (size,)
     active: Tensor  # (size,)
     index: Tensor  # (size,)
