@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(path.name for path in (ROOT / "bench").glob("*.py") if "__main__" in path.read_text(encoding="utf-8"))
@@ -87,3 +88,29 @@ def test_the_engine_bench_measures_a_row_leaving_against_a_step():
     assert "a row leaving at 16 positions against a step" in run.stdout
     rows = [line.split() for line in run.stdout.splitlines() if line.split()[:1] == ["debug"]]
     assert len(rows) == 1 and rows[0][1] == "2" and rows[0][-2].endswith("x") and rows[0][-1].endswith("%"), run.stdout
+
+
+def test_the_engine_bench_times_the_host_work_alone(monkeypatch):
+    """--host-only runs (this checkout against itself), and its stub runs the model for a prefill and once per
+    batch size for one token, every later one-token call returning that first output."""
+    run = smoke("engine.py", "--host-only", "--baseline-src", str(ROOT / "src"))
+    check(run, "engine.py")
+    assert [line.split()[:2] for line in run.stdout.splitlines() if line.split()[:1] == ["debug"]] == [
+        ["debug", "1"],
+        ["debug", "2"],
+    ], run.stdout
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from engine import stub_steps
+
+    from free_transformer import FreeTransformer, named_config
+
+    model = FreeTransformer(named_config("debug"))
+    calls = []
+    forward = model.forward
+    model.forward = lambda tokens, *args, **kwargs: calls.append(tuple(tokens.shape)) or forward(tokens, **kwargs)
+    stub_steps(model)
+    with torch.inference_mode():
+        prefill = model(torch.ones(2, 3, dtype=torch.int64))
+        steps = [model(torch.ones(B, 1, dtype=torch.int64), latents="prior") for B in (2, 2, 1, 2, 1)]
+    assert calls == [(2, 3), (2, 1), (1, 1)] and prefill.logits.shape == (2, 3, 256)
+    assert steps[0] is steps[1] is steps[3] and steps[2] is steps[4] and steps[2].logits.shape == (1, 1, 256)
