@@ -325,3 +325,22 @@ def test_building_and_decoding_a_model_of_any_kind_loads_no_compiler():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split()[-1] == "False", out.stdout
     assert "categorical" in out.stdout and "binary_mapper" in out.stdout
+
+
+def test_a_decoding_step_over_a_cache_of_another_dtype_matches_the_models_own():
+    """Rows at different positions (a (B,) position tensor) over a bf16 cache of a float32 model: the step casts
+    its keys, values and additive mask to the queries' dtype, and its logits are those of a float32 cache up to
+    bf16 rounding."""
+    model = tiny_model(latent_units=4, dtype=torch.float32)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        with torch.inference_mode():
+            cache = model.new_cache(2, dtype=dtype, capacity=8)
+            model(tokens, latents=torch.zeros(1, 5, dtype=torch.int64), cache=cache)
+            step = model(
+                tokens[:, -1:], latents=torch.ones(1, 1, dtype=torch.int64), cache=cache, start=torch.tensor([5, 4])
+            )
+        logits[dtype] = step.logits
+    assert logits[torch.bfloat16].dtype == torch.float32
+    torch.testing.assert_close(logits[torch.bfloat16], logits[torch.float32], atol=0.05, rtol=0.05)

@@ -193,7 +193,7 @@ class Attention(nn.Module):
             if cache is None:
                 raise ValueError("a decoding step (start given as a tensor) needs a cache")
             k, v, mask = cache.write_at(layer, start, k.to(cache.keys.dtype), v.to(cache.values.dtype))
-            k, v = k.to(q.dtype), v.to(q.dtype)
+            k, v, mask = k.to(q.dtype), v.to(q.dtype), mask.to(q.dtype)  # SDPA takes a float mask of q's dtype
         else:
             if cache is not None:
                 k, v = cache.update(layer, start, k.to(cache.keys.dtype), v.to(cache.values.dtype))
