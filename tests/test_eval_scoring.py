@@ -184,7 +184,7 @@ def test_latent_mode_shares_token_noise_so_only_z_can_tell_samples_apart():
 
 
 def test_vary_tokens_at_temperature_zero_is_refused_in_one_line():
-    with pytest.raises(EvalSettingsError, match="vary=tokens shares one Z .* give a temperature above 0"):
+    with pytest.raises(EvalSettingsError, match="--vary must not be tokens at temperature 0 .*all alike"):
         latent_settings(vary="tokens")
     with pytest.raises(EvalSettingsError, match="temperature must be a finite number >= 0, got -1"):
         latent_settings(temperature=-1.0)

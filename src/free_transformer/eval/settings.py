@@ -18,7 +18,7 @@ from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, as_context
 from ..data.corpora import is_named, named_corpus, read_heldout
-from ..inference.params import GREEDY_BELOW, Variation
+from ..inference.params import SamplingError, Variation, check_variation
 from .sandbox import SandboxLimits
 
 
@@ -189,11 +189,10 @@ class EvalSettings:
                 raise EvalSettingsError(f"{name.replace('_', '-')} must be >= 1, got {getattr(options, name)}")
         if not 0 <= options.temperature < math.inf:
             raise EvalSettingsError(f"temperature must be a finite number >= 0, got {options.temperature}")
-        if options.vary == "tokens" and options.temperature < GREEDY_BELOW:  # decoding is greedy below it
-            raise EvalSettingsError(
-                "vary=tokens shares one Z between a prompt's generations, so at temperature 0 they are all alike: "
-                "give a temperature above 0"
-            )
+        try:
+            check_variation(options.vary, options.temperature)
+        except SamplingError as error:
+            raise EvalSettingsError(error.spelt("--vary")) from None
         for name in ("max_new_tokens", "heldout_windows"):
             value = getattr(options, name)
             if value is not None and value < 1:

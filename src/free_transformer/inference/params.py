@@ -98,6 +98,16 @@ class SamplingError(ValueError):
         return f"{name} {self.requirement}, got {self.value!r}"
 
 
+def check_variation(vary: str, temperature: float) -> None:
+    """A SamplingError when `vary` leaves a prompt's samples nothing to differ by: vary=tokens shares one Z between
+    them, and below GREEDY_BELOW each takes the likeliest tokens. The one check of every entry point that varies
+    samples (`SamplingParams`, `search.best_of`, eval's settings)."""
+    if vary == "tokens" and temperature < GREEDY_BELOW:
+        raise SamplingError(
+            "vary", "must not be tokens at temperature 0 (the samples share one Z: greedy ones are all alike)", vary
+        )
+
+
 def _check(name: str, value, ok: bool, requirement: str) -> None:
     if value is not None and not ok:
         raise SamplingError(name, requirement, value)
@@ -216,10 +226,7 @@ class SamplingParams(Sampling):
             raise SamplingError(
                 "latents", "must be 'encoder' or 'prior' with best_of above n or vary other than both", self.latents
             )
-        if self.vary == "tokens" and self.greedy:
-            raise SamplingError(
-                "vary", "must not be tokens at temperature 0 (one shared Z: greedy samples alike)", self.vary
-            )
+        check_variation(self.vary, self.temperature)
 
     @property
     def candidates(self) -> int:

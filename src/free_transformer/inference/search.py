@@ -25,7 +25,7 @@ from ..base.seeding import generators, seed_of
 from ..model.latent import LatentPlan
 from ..model.transformer import FreeTransformer
 from .generate import GenerationConfig, generate, prompt_lists
-from .params import VARIATIONS, Variation
+from .params import VARIATIONS, Variation, check_variation
 
 # A scorer: (prompt ids, candidate's new tokens) -> score, higher is better.
 Scorer = Callable[[list[int], list[int]], float]
@@ -164,10 +164,7 @@ def best_of(
         raise ValueError(f"vary must be one of {', '.join(VARIATIONS)}, got {vary!r}")
     context = as_context(LatentChoice.parse(latents, allowed=CONTEXT))  # the Python entry point's one parse
     config = config or GenerationConfig()
-    if vary == "tokens" and config.greedy:
-        raise ValueError(
-            "vary=tokens shares one Z between candidates, so greedy ones are all alike: sample (temperature > 0)"
-        )
+    check_variation(vary, config.temperature)
     ids = prompt_lists(prompts)
     room = model.config.max_seq_len
     length = max(len(p) + config.new_tokens(len(p), room) - 1 for p in ids)
