@@ -245,6 +245,26 @@ def test_compiled_engine_is_kept_and_compiles_once_per_variant(counted_compiles)
     assert alive() is None
 
 
+def test_a_warmed_compiled_engine_compiles_nothing_when_greedy_and_sampled_rows_mix(counted_compiles):
+    """A server warms its engine up for sampled batches; a greedy request beside sampled ones reuses that step
+    (an eager step skips the greedy rows' work when there are none, a compiled one always does it), and each
+    row still samples as alone."""
+    compiled = counted_compiles
+    model = tiny_model(latent_units=4, dtype=torch.float32)
+    engine = DecodeEngine(model, 2, capacity=16, compile=True)
+    engine.warm_up()
+    warmed = len(compiled)
+    unfiltered = GenerationConfig(max_new_tokens=7, temperature=0.7)  # the variant a server warms up
+    list(run_rows(engine, [Row([7, 8], unfiltered, 3), Row([9], unfiltered, 4)]))  # sampled rows only
+    rows = [Row([1, 2, 3], GREEDY, 1), Row([4, 5, 6], unfiltered, 2)]  # a greedy row beside a sampled one
+    list(run_rows(engine, rows))
+    assert len(compiled) == warmed > 0
+    alone = [Row([1, 2, 3], GREEDY, 1), Row([4, 5, 6], unfiltered, 2)]
+    for row in alone:
+        list(run_rows(DecodeEngine(model, 1, capacity=16), [row]))
+    assert [row.tokens for row in rows] == [row.tokens for row in alone]
+
+
 def test_min_p_is_traced_into_the_compiled_step_and_samples_as_eager(counted_compiles):
     """Min-p is part of the step's filters: Dynamo traces it into the one graph (fullgraph) of the filtered
     variant, and the step samples what eager decoding samples, which min-p changes."""

@@ -36,6 +36,7 @@ under a mask; an eager one the positions up to the longest row's."""
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import time
 import types
@@ -473,7 +474,9 @@ class DecodeEngine:
         graph.replay()
         return outputs
 
-    def warm_up(self, variants: Sequence[SamplingVariant] = (SamplingVariant(sampled=True, filtered=False),)) -> None:
+    def warm_up(
+        self, variants: Sequence[SamplingVariant] = (SamplingVariant(sampled=True, filtered=False, mixed=True),)
+    ) -> None:
         """Compile and capture the step of every bucket for these variants now (a server, before its first
         request), on empty slots: nothing in flight changes."""
         if self.rows:
@@ -548,6 +551,9 @@ class DecodeEngine:
     def _in_flight(self) -> None:
         """What the rows in flight set for their steps, once they have joined or left."""
         self.variant = SamplingVariant.of([row.config for row in self.rows])
+        if self.compile and self.variant.sampled:  # one graph for sampled batches with and without greedy rows
+            # (the one `warm_up` captures): a server compiles nothing when a greedy request joins sampled ones
+            self.variant = dataclasses.replace(self.variant, mixed=True)
         pending = {id(row) for row in self.pending[0]} if self.pending is not None else set()
         # the next position each row feeds: one past what it has read when the step in flight fed it too, and
         # a row at its last position stays there (`_body`)
