@@ -259,7 +259,7 @@ class DecodeEngine:
         tokens, non_finite = next_tokens(logits, self.settings.view(slots), uniforms, variant)
         self.token[slots, 0] = tokens
         ended = _step_ends(tokens, non_finite, self.position[slots] - 1, self.last[slots], self.stops[slots])
-        host = torch.stack([tokens, ended, non_finite]).cpu()  # once per group joining: the first tokens, read now
+        host = _outcomes(tokens, ended, non_finite).cpu()  # once per group joining: the first tokens, read now
         self._take(rows, host, None, logits)
 
     def _set_ends(self, rows: list[Row], slots: slice) -> None:
@@ -344,8 +344,7 @@ class DecodeEngine:
         self.steps += 1
         if size > n:  # a compiled step's bucket: its rows past n are padding
             tokens, ended, non_finite = tokens[:n], ended[:n], non_finite[:n]
-        host = torch.stack([tokens, ended.long(), non_finite.long()])  # (3, n) (stack's own promotion of the
-        # flags costs more than the two casts)
+        host = _outcomes(tokens, ended, non_finite)
         if self.device.type != "cpu" or self.deferred:  # one copy a step, into the host buffer not being read
             host = self.host[self.steps % 2][: 3 * n].view(3, n).copy_(host, non_blocking=self.deferred)
         event = None
@@ -614,6 +613,12 @@ def _step_ends(tokens: Tensor, non_finite: Tensor, position: Tensor, last: Tenso
     if stops is not None:
         ended |= (tokens[:, None] == stops).any(1)
     return ended
+
+
+def _outcomes(tokens: Tensor, ended: Tensor, non_finite: Tensor) -> Tensor:
+    """(3, n) int64: each row's new token, whether it ended and whether its logits were not finite, what `_take`
+    reads (the flags cast first: stack's own type promotion costs more than the two casts)."""
+    return torch.stack([tokens, ended.long(), non_finite.long()])
 
 
 def _end(row: Row) -> int:

@@ -79,7 +79,7 @@ class KVCache:
             mask.masked_fill_((key_positions > position[:, None])[:, None, None, :], float("-inf"))
             self.step = (position, at, mask)
         _, at, mask = self.step
-        self.keys[layer].scatter_(2, at, k)  # each row's k at its position (a scatter: cheaper than index_put)
+        self.keys[layer].scatter_(2, at, k)  # each row's k at its position
         self.values[layer].scatter_(2, at, v)
         return self.keys[layer], self.values[layer], mask
 
