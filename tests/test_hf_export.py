@@ -152,3 +152,15 @@ def test_a_chat_template_is_for_an_export_alone(tmp_path, capsys):
     assert main([*argv, str(tmp_path / "missing.jinja"), "--to", "hf"]) == 2
     assert "missing.jinja" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_export_ships_the_model_and_its_sampling_rule_but_no_decoding_engine(tmp_path):
+    """The remote code is the import closure of the modeling file: the model, the latent plan and the sampling
+    rule, never the decoding engine, its scheduler or generate() (Hugging Face decodes with its own loop)."""
+    from free_transformer.hf.remote_code import write_remote_code
+
+    (tmp_path / "config.json").write_text("{}")
+    files = write_remote_code(tmp_path)
+    inference = sorted(name.removeprefix("free_transformer_inference_") for name in files if "_inference_" in name)
+    assert inference == ["latents.py", "params.py", "sampling.py", "seeds.py"]
+    assert len(files) == 36, files

@@ -29,9 +29,9 @@ from ..base.counter_random import row_keys
 from ..base.fileio import regular_file
 from ..base.latent_choice import LatentChoice
 from ..base.seeding import generators as seeded_generators
-from ..inference.generate import row_seeds
 from ..inference.latents import LatentPlan, forward_source, parse_latents, plan_latents
 from ..inference.params import Sampling, spelt_fields
+from ..inference.seeds import row_seeds
 from ..model.loss import IGNORE_INDEX
 from ..model.transformer import FreeTransformer
 from ..runs.memory import build_model

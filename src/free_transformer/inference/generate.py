@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from ..base.latent_choice import LatentChoice
-from ..base.seeding import sample_seed
 from ..model.transformer import FreeTransformer
 from .engine import Row, decoding_engine, run_rows
 from .latents import parse_latents, resolve_latents
-from .params import MAX_SEED, GenerationConfig, check_room
+from .params import GenerationConfig, check_room
+from .seeds import row_seeds
 
 
 @dataclass
@@ -25,21 +25,6 @@ class GenerationResult:
     tokens: list[list[int]]  # the new tokens of each row, stop token included
     latents: list[Tensor] | None  # per row, (positions fed, *value_shape) the Z_t fed at every position it fed
     # (its prompt and every new token but the last); None for a baseline
-
-
-def row_seeds(seeds: Sequence[int] | None, batch_size: int, seed: int | None = None) -> list[int]:
-    """Each row's seed: `seeds` (one per row) as given; else row k's `sample_seed(seed, k, 0)`, with a `seed`
-    drawn from torch's global RNG when none is given (so that it follows torch.manual_seed)."""
-    if seeds is not None and seed is not None:
-        raise ValueError("pass seeds (one per row) or seed (one for the call), not both")
-    if seeds is None:
-        seed = int(torch.randint(0, 2**62, ())) if seed is None else seed
-        return [sample_seed(seed, k, 0) for k in range(batch_size)]
-    if len(seeds) != batch_size:
-        raise ValueError(f"got {len(seeds)} seeds for {batch_size} prompts")
-    if not all(0 <= int(s) <= MAX_SEED for s in seeds):
-        raise ValueError(f"every seed must be in [0, 2**63), got {list(seeds)}")
-    return [int(s) for s in seeds]
 
 
 def prompt_lists(prompts: Tensor | Sequence[Sequence[int]]) -> list[list[int]]:
