@@ -83,8 +83,9 @@ from targets import TARGETS, write_figure
 
 from free_transformer.base.devices import DTYPE_NAMES, torch_dtype
 from free_transformer.inference import engine as engine_module
-from free_transformer.inference.engine import DecodeEngine, Row, decoding_engine
+from free_transformer.inference.engine import DecodeEngine, Row
 from free_transformer.inference.generate import GenerationConfig, generate
+from free_transformer.inference.kept_engines import decoding_engine
 from free_transformer.inference.latents import shared_prior_latents
 from free_transformer.model.config import ModelConfig, named_config
 from free_transformer.model.transformer import FreeTransformer
@@ -214,9 +215,9 @@ def graph_vs_eager(config, batch, args, device):
     run = functools.partial(generate, model, prompts, gen_config, seeds=list(range(batch)))
     graphed = run(compile=True).tokens
     engine = decoding_engine(model, batch, args.prompt_len + args.new_tokens - 1, compile=True)  # generate's
-    engine.use_graph = False
+    engine.runner.use_graph = False
     static_eager = run(compile=True).tokens
-    engine.use_graph = device.type == "cuda"
+    engine.runner.use_graph = device.type == "cuda"
     eager = run().tokens
     pairs = [(a, b) for row_a, row_b in zip(graphed, eager) for a, b in zip(row_a, row_b)]
     return graphed == static_eager, sum(a == b for a, b in pairs) / max(1, len(pairs))
@@ -267,7 +268,7 @@ def engine_step_eager_vs_compiled(config, batch, args, device):
     def run(engine):  # the rows rewound to the end of their prompt, then n steps: the tokens (B, n)
         for row in engine.rows:
             row.tokens[1:] = []  # its position follows: the prompt's end
-        engine.position[:batch] = args.prompt_len
+        engine.runner.position[:batch] = args.prompt_len
         for _ in range(n):
             engine.step()
         return torch.tensor([row.tokens[1:] for row in engine.rows])
@@ -278,8 +279,13 @@ def engine_step_eager_vs_compiled(config, batch, args, device):
         if name != "as is":  # compiles (coordinate-descent tuning may take minutes); captures on a GPU
             print(f"  B={batch}: compiling the {name} step ...", flush=True)
             same[name] = (run(engine) == reference).double().mean().item()
-            print(f"  B={batch}: compiled the {name} step in {sum(engine.compile_seconds.values()):.1f} s", flush=True)
-    compile_s = {name: sum(engine.compile_seconds.values()) for name, engine in engines.items() if name != "as is"}
+            print(
+                f"  B={batch}: compiled the {name} step in {sum(engine.runner.compile_seconds.values()):.1f} s",
+                flush=True,
+            )
+    compile_s = {
+        name: sum(engine.runner.compile_seconds.values()) for name, engine in engines.items() if name != "as is"
+    }
     times = interleaved_times(
         {name: functools.partial(run, engine) for name, engine in engines.items()}, args.step_rounds, device
     )

@@ -86,7 +86,7 @@ def test_trainer_step_and_decoding_steps_never_synchronise(tmp_path):
             replayed, _, _ = engine._replay(B, variant)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert engine.graphs and not bool(result.non_finite)
+    assert engine.runner.graphs and not bool(result.non_finite)
     assert step.logits.shape == (B, 1, GPU_CONFIG["vocab_size"]) and cache.length == P + 1
     assert torch.isfinite(step.logits).all() and replayed.shape == (B,)
 
@@ -193,7 +193,7 @@ def test_deferred_read_back_gives_the_tokens_of_a_read_every_step(graph):
         engine = DecodeEngine(model, 3, capacity=32, compile=graph, inductor=False, deferred=deferred)
         rows = [Row(prompt, config, seed) for seed, (prompt, config) in enumerate(zip(prompts, configs))]
         list(run_rows(engine, rows))
-        assert engine.deferred == deferred and engine.use_graph == graph
+        assert engine.runner.deferred == deferred and engine.runner.use_graph == graph
         return [row.tokens for row in rows]
 
     read_each_step, deferred = decode(False), decode(True)

@@ -13,9 +13,10 @@ from conftest import tiny_model, tiny_run_config
 from cuda_semantics import META, DeviceWork, HostValue, MathKernelOnly, cuda_dispatch, cuda_kernel, cuda_sdpa
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from free_transformer.inference.engine import DecodeEngine, Row, _step_core
+from free_transformer.inference.engine import DecodeEngine, Row
 from free_transformer.inference.params import GenerationConfig
 from free_transformer.inference.sampling import SamplingVariant
+from free_transformer.inference.step_runner import step_core
 from free_transformer.model import layers
 from free_transformer.model.latent import binary_mapper, binary_mapper_project
 
@@ -201,8 +202,8 @@ def test_the_engines_step_as_on_cuda(dtype, latent_units, variant, monkeypatch):
         engine = DecodeEngine(model, B, capacity=12)
     with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
         for size in (1, B, B):
-            view = engine.cache.view(slice(0, size), engine.capacity)
-            tokens, ended, non_finite, logits = engine._body(size, view, variant, _step_core)
+            view = engine.cache.cache.view(slice(0, size), engine.capacity)
+            tokens, ended, non_finite, logits = engine.runner.body(engine.model, size, view, variant, step_core)
     assert work.uploads == []
     assert tokens.shape == ended.shape == non_finite.shape == (B,) and logits.shape == (B, 50)
     assert tokens.dtype == torch.int64 and ended.dtype == non_finite.dtype == torch.bool
@@ -237,13 +238,15 @@ def test_the_engines_step_reads_the_same_storages_at_every_step(latent_units, va
     config = GenerationConfig(max_new_tokens=5, temperature=0.8, top_k=10, top_p=0.9)
     engine = DecodeEngine(model, B, capacity=12, compile=True)
     engine.add([Row([1, 2, 3, 4, 5], config, 1), Row([7, 8], GenerationConfig(max_new_tokens=5), None)])
-    view = engine.cache.view(slice(0, B), engine.capacity)
+    view = engine.cache.cache.view(slice(0, B), engine.capacity)
     reads = []
     with torch.inference_mode():
-        engine._body(B, view, variant, _step_core)  # the warm-up run a capture follows (it makes the views)
+        engine.runner.body(
+            engine.model, B, view, variant, step_core
+        )  # the warm-up run a capture follows (it makes the views)
         for _ in range(2):
             with ExternalStorages() as external:
-                engine._body(B, view, variant, _step_core)
+                engine.runner.body(engine.model, B, view, variant, step_core)
             reads.append(external.read)
     assert reads[0] == reads[1] and len(reads[0]) > 10
 
@@ -293,7 +296,7 @@ class HostSyncs:
 
     WATCHED = ("item", "tolist", "__bool__", "cpu", "numpy")
 
-    def __init__(self, monkeypatch, engine_module):
+    def __init__(self, monkeypatch, runner_module):
         self.log: list[str] = []
         self.on = False
         for name in self.WATCHED:
@@ -313,13 +316,13 @@ class HostSyncs:
 
         monkeypatch.setattr(torch.Tensor, "to", watched_to)
         monkeypatch.setattr(torch.Tensor, "copy_", watched_copy)
-        core = engine_module._step_core
+        core = runner_module.step_core
 
         def launched(*args, **kwargs):
             self._record("launch")
             return core(*args, **kwargs)
 
-        monkeypatch.setattr(engine_module, "_step_core", launched)
+        monkeypatch.setattr(runner_module, "step_core", launched)
 
     def _record(self, what: str) -> None:
         if self.on:
@@ -347,7 +350,7 @@ def test_the_engine_waits_for_the_device_once_a_step_and_deferred_after_the_next
     list(engine_module.run_rows(engine_module.DecodeEngine(model, 1, capacity=16), [alone]))
     stop = alone.tokens[2]  # row 1 stops at its third token, the second step's
     configs = [config, GenerationConfig(max_new_tokens=9, temperature=0.8, stop_tokens=(stop,)), config]
-    syncs = HostSyncs(monkeypatch, engine_module)
+    syncs = HostSyncs(monkeypatch, importlib.import_module("free_transformer.inference.step_runner"))
     engine = engine_module.DecodeEngine(model, 3, capacity=16, deferred=deferred)
     rows = [Row(prompt, config, seed) for seed, (prompt, config) in enumerate(zip(prompts, configs))]
     engine.add(rows)

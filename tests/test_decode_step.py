@@ -13,11 +13,13 @@ import torch
 from conftest import tiny_model
 
 from free_transformer import GenerationConfig, generate
-from free_transformer.inference.engine import DecodeEngine, Row, bucket_sizes, decoding_engine, run_rows
+from free_transformer.inference.engine import DecodeEngine, Row, run_rows
+from free_transformer.inference.kept_engines import decoding_engine
 from free_transformer.inference.sampling import RowSettings, SamplingVariant, next_tokens
+from free_transformer.inference.step_runner import bucket_sizes
 from free_transformer.model.latent import LATENT_KINDS, latent_kind
 
-engine_module = importlib.import_module("free_transformer.inference.engine")
+runner_module = importlib.import_module("free_transformer.inference.step_runner")
 
 GREEDY = GenerationConfig(max_new_tokens=7, temperature=0)
 SAMPLED = GenerationConfig(max_new_tokens=7, temperature=0.7, top_k=30, top_p=0.95)
@@ -93,7 +95,7 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile, 
     stop = alone[1][0].tokens[0][2]  # row 1 stops at its third token
     configs[1] = dataclasses.replace(SAMPLED, stop_tokens=(stop,))
     engine = decoding_engine(model, 3, 16, compile=compile)
-    engine.deferred = deferred  # as on CUDA: a step's tokens are read after the next step is launched
+    engine.runner.deferred = deferred  # as on CUDA: a step's tokens are read after the next step is launched
     rows = [
         Row(prompt, config, k, latents) for k, (prompt, config, (_, latents)) in enumerate(zip(ids, configs, alone))
     ]
@@ -111,7 +113,7 @@ def test_rows_of_any_lengths_settings_and_latents_decode_as_each_alone(compile, 
 def test_a_row_whose_logits_are_not_finite_ends_alone(deferred, monkeypatch):
     """A NaN in one row's logits ends that row with an error; the others decode as they would alone."""
     model = tiny_model(latent_units=4, dtype=torch.float32)
-    real, calls = engine_module.next_tokens, []
+    real, calls = runner_module.next_tokens, []
 
     def poisoned(logits, settings, uniforms, variant):
         calls.append(1)
@@ -121,9 +123,9 @@ def test_a_row_whose_logits_are_not_finite_ends_alone(deferred, monkeypatch):
         return real(logits, settings, uniforms, variant)
 
     expected = generate(model, _prompts(3), SAMPLED, seeds=[1, 2, 3]).tokens
-    monkeypatch.setattr(engine_module, "next_tokens", poisoned)
+    monkeypatch.setattr(runner_module, "next_tokens", poisoned)
     engine = decoding_engine(model, 3, 16)
-    engine.deferred = deferred
+    engine.runner.deferred = deferred
     rows = [Row(prompt, SAMPLED, seed) for prompt, seed in zip(_prompts(3).tolist(), [1, 2, 3])]
     list(run_rows(engine, rows))
     assert rows[1].finish_reason == "error" and "NaN" in str(rows[1].error) and len(rows[1].tokens) == 1
@@ -159,7 +161,7 @@ def test_a_failed_row_leaves_nothing_in_its_slot(latent_units, compile, deferred
     short, poisoned, long = [5, 6, 7], [1, 2, 3, 4, 5, 6, 7, POISON, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     expected = generate(model, [short], SAMPLED, seeds=[4]).tokens[0]
     engine = decoding_engine(model, 2, 18, compile=compile)
-    engine.deferred = deferred
+    engine.runner.deferred = deferred
     failed = Row(poisoned, SAMPLED, 3)
     list(run_rows(engine, [failed]))
     assert failed.finish_reason == "error" and "NaN" in str(failed.error)
@@ -206,7 +208,7 @@ def test_buckets_and_the_step_padded_up_to_its_bucket():
     engine = DecodeEngine(model, 8, capacity=32, compile=True)
     engine.add([Row(prompt, SAMPLED, 0) for prompt in _prompts(3).tolist()])
     engine.step()
-    assert {size for size, _ in engine.warm} == {4}  # 3 rows run in the bucket of 4
+    assert {size for size, _ in engine.runner.warm} == {4}  # 3 rows run in the bucket of 4
 
 
 @pytest.fixture
@@ -219,8 +221,8 @@ def counted_compiles(monkeypatch) -> list:
         compiled.append(len(example_inputs))
         return graph_module.forward
 
-    monkeypatch.setattr(engine_module, "COMPILE_BACKEND", counting_backend)
-    monkeypatch.setattr(engine_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(runner_module, "COMPILE_BACKEND", counting_backend)
+    monkeypatch.setattr(runner_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
     return compiled
 
 
@@ -236,7 +238,7 @@ def test_compiled_engine_is_kept_and_compiles_once_per_variant(counted_compiles)
         assert static.tokens == generate(model, prompts, SAMPLED, seeds=[seed, 7]).tokens
         assert len(compiled) == 1
     engine = decoding_engine(model, 2, 4 + 7 - 1, compile=True)
-    assert engine.compile_seconds and engine.capacity == model.config.max_seq_len == 40  # under 64: capped
+    assert engine.runner.compile_seconds and engine.capacity == model.config.max_seq_len == 40  # under 64: capped
     generate(model, _prompts(2), GREEDY, compile=True)
     assert len(compiled) == 2
     alive = weakref.ref(model)
@@ -283,11 +285,11 @@ def test_inductor_compiles_the_step_with_coordinate_descent_tuning(monkeypatch):
     """Inductor gets INDUCTOR_OPTIONS (coordinate-descent tuning: its own tuned GEMVs at one row on a GPU);
     another backend gets no Inductor options."""
     calls = []
-    monkeypatch.setattr(engine_module.torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    monkeypatch.setattr(runner_module.torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
     model = tiny_model(latent_units=4, dtype=torch.float32)
     DecodeEngine(model, 1, capacity=16, compile=True, inductor=True).warm_up()
     assert calls[-1]["backend"] == "inductor" and calls[-1]["options"] == {"coordinate_descent_tuning": True}
-    monkeypatch.setattr(engine_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
+    monkeypatch.setattr(runner_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
     DecodeEngine(model, 1, capacity=16, compile=True, inductor=True).warm_up()
     assert calls[-1]["options"] is None
 
@@ -297,7 +299,7 @@ def test_inductor_compiles_the_step_with_coordinate_descent_tuning(monkeypatch):
 def test_inductor_step_gives_the_eager_tokens(latent_units, B, monkeypatch):
     """The step compiled by Inductor (as a GPU compiles it before capture) against the eager step: generate's
     greedy and sampled tokens and latents."""
-    monkeypatch.setattr(engine_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(runner_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
     model = tiny_model(latent_units=latent_units, dtype=torch.float32, n_layers=2)
     prompts, seeds = _prompts(B), list(range(B))
     for config in (GREEDY, SAMPLED, MIN_P):
@@ -316,8 +318,8 @@ def test_generate_compile_says_the_compile_time_on_first_use(tmp_path, monkeypat
 
     from free_transformer.cli import main
 
-    monkeypatch.setattr(engine_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
-    monkeypatch.setattr(engine_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(runner_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
+    monkeypatch.setattr(runner_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
     run = tiny_checkpoint(tmp_path, "free", 4)
     assert (
         main(
@@ -335,7 +337,7 @@ def test_should_stop_ends_a_row_at_the_token_it_saw(deferred):
     later token, even when a deferred engine has already fed it the next step."""
     model = tiny_model(latent_units=4, dtype=torch.float32)
     engine = decoding_engine(model, 2, 16)
-    engine.deferred = deferred
+    engine.runner.deferred = deferred
     rows = [Row([1, 2, 3], SAMPLED, 1), Row([4, 5], SAMPLED, 2)]
     expected = generate(model, [[1, 2, 3]], SAMPLED, seeds=[1]).tokens[0]
     list(run_rows(engine, rows, should_stop=lambda tokens: len(tokens) == 3))

@@ -439,7 +439,7 @@ def test_every_link_of_readme_and_the_docs_leads_somewhere():
 
 def test_the_python_api_pages_blocks_run(workspace, tmp_path, monkeypatch):
     """docs/python-api.md's blocks, as pasted, beside the run they name."""
-    from free_transformer.inference.engine import _engines
+    from free_transformer.inference.kept_engines import _engines
 
     _, _, run = workspace
     shutil.copytree(run, tmp_path / "runs" / "demo" / "seed-0" / "kappa-1")

@@ -12,10 +12,11 @@ import torch
 from conftest import tiny_model
 
 from free_transformer import GenerationConfig, LatentChoice, generate, release_engines
+from free_transformer.inference import kept_engines
 from free_transformer.inference.batches import Prompt, sample_prompts
-from free_transformer.inference.engine import ENGINES_PER_MODEL, decoding_engine
+from free_transformer.inference.kept_engines import ENGINES_PER_MODEL, decoding_engine
 
-engine_module = importlib.import_module("free_transformer.inference.engine")
+runner_module = importlib.import_module("free_transformer.inference.step_runner")
 
 CONFIG = GenerationConfig(max_new_tokens=3, temperature=0.7)
 
@@ -24,8 +25,8 @@ CONFIG = GenerationConfig(max_new_tokens=3, temperature=0.7)
 def traced(monkeypatch):
     """The step compiled on a CPU too, by Dynamo's tracing only (no Inductor: fast), as a GPU compiles it: the
     compiled code is among what a kept engine holds."""
-    monkeypatch.setattr(engine_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
-    monkeypatch.setattr(engine_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(runner_module, "COMPILE_BACKEND", lambda graph_module, example_inputs: graph_module.forward)
+    monkeypatch.setattr(runner_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
 
 
 def _prompts(B: int) -> torch.Tensor:
@@ -43,7 +44,7 @@ def test_a_kept_engine_goes_with_its_model(traced):
     model = tiny_model(latent_units=4, dtype=torch.float32)
     generate(model, _prompts(2), CONFIG, seed=1, compile=True)
     engine = weakref.ref(decoding_engine(model, 2, 4 + 3 - 1, compile=True))
-    assert engine() is not None and engine().cores  # kept, compiled
+    assert engine() is not None and engine().runner.cores  # kept, compiled
     alive = weakref.ref(model)
     del model
     assert _dead(alive, engine) == [True, True]
@@ -98,4 +99,4 @@ def test_an_eager_call_keeps_no_engine():
     model = tiny_model(dtype=torch.float32)
     generate(model, _prompts(2), CONFIG, seed=1)
     engine = weakref.ref(decoding_engine(model, 2, 8))
-    assert _dead(engine) == [True] and model not in engine_module._engines
+    assert _dead(engine) == [True] and model not in kept_engines._engines

@@ -9,7 +9,8 @@ from conftest import tiny_model, tolerance
 
 from free_transformer import GenerationConfig, generate, infer_latents, shared_prior_latents
 from free_transformer.base.counter_random import row_keys
-from free_transformer.inference.engine import DecodeEngine, decoding_engine
+from free_transformer.inference.engine import DecodeEngine
+from free_transformer.inference.kept_engines import decoding_engine
 from free_transformer.inference.params import Sampling
 from free_transformer.inference.sampling import RowSettings, filtered, sample_next
 
@@ -273,7 +274,7 @@ def test_compiled_decoding_reuses_one_engine_per_shape(device, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(static.latents, eager.latents))
     assert len(made) == 1
     engine = decoding_engine(model, 3, 5 + 8 - 1, compile=True)
-    assert engine.capacity == 64 and engine.cache.keys.dtype == model.embed_tokens.weight.dtype
+    assert engine.capacity == 64 and engine.cache.cache.keys.dtype == model.embed_tokens.weight.dtype
     assert decoding_engine(model, 3, 70, compile=True).capacity == 128 and len(made) == 2
     assert decoding_engine(model, 3, 195, compile=True).capacity == 200  # never past max_seq_len
     assert decoding_engine(model, 3, 12, compile=True) is engine  # the first is still kept

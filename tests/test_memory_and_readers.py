@@ -65,7 +65,8 @@ def test_the_cache_size_counted_is_what_decoding_allocates(latent_units):
 
     model = tiny_model(dtype=torch.float32, latent_units=latent_units)
     engine = DecodeEngine(model, 3)
-    allocated = engine.cache.keys.nbytes + engine.cache.values.nbytes + (engine.fed.nbytes if latent_units else 0)
+    cache = engine.cache.cache
+    allocated = cache.keys.nbytes + cache.values.nbytes + (engine.draws.fed.nbytes if latent_units else 0)
     assert memory.cache_bytes(model.config, 3, model.config.max_seq_len, torch.float32) == allocated
 
 

@@ -16,7 +16,8 @@ from conftest import tiny_model
 
 from free_transformer import GenerationConfig, generate
 from free_transformer.inference import sampling
-from free_transformer.inference.engine import Row, decoding_engine, run_rows
+from free_transformer.inference.engine import Row, run_rows
+from free_transformer.inference.kept_engines import decoding_engine
 from free_transformer.inference.params import Sampling
 from free_transformer.inference.sampling import (
     FILTERS,
@@ -27,7 +28,7 @@ from free_transformer.inference.sampling import (
     register_filter,
 )
 
-engine_module = importlib.import_module("free_transformer.inference.engine")
+runner_module = importlib.import_module("free_transformer.inference.step_runner")
 PAGE = Path(__file__).parents[1] / "docs" / "sampling.md"
 
 
@@ -85,8 +86,8 @@ def test_the_engine_applies_a_registered_filter_per_row_each_as_alone(documented
     other what the rule without a filter draws, each as it does alone (`generate`). Compiled: the step traced
     whole by Dynamo (fullgraph), with a backend that runs the traced graph (Inductor's compile is slow here)."""
     traced = []
-    monkeypatch.setattr(engine_module, "COMPILE_BACKEND", lambda graph, inputs: traced.append(graph) or graph.forward)
-    monkeypatch.setattr(engine_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(runner_module, "COMPILE_BACKEND", lambda graph, inputs: traced.append(graph) or graph.forward)
+    monkeypatch.setattr(runner_module, "INDUCTOR_DEVICES", {"cuda", "cpu"})
     model = tiny_model(latent_units=4, dtype=torch.float32)
     base = dict(max_new_tokens=6, temperature=3.0)  # hot: the filter changes what is drawn
     on, off = documented.TopTwoConfig(top_two=True, **base), documented.TopTwoConfig(**base)

@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 
 from free_transformer.cli import main  # noqa: E402
 from free_transformer.data.tokenizer import get_tokenizer  # noqa: E402
-from free_transformer.inference import engine as engine_module  # noqa: E402
+from free_transformer.inference import step_runner as runner_module  # noqa: E402
 from free_transformer.runs.checkpoint import load_model  # noqa: E402
 from free_transformer.serve import batcher as loop  # noqa: E402
 from free_transformer.serve.app import build_app  # noqa: E402
@@ -316,7 +316,7 @@ def test_an_exception_in_a_request_is_a_500_and_the_next_request_is_served(clien
         raise RuntimeError("the kernel\nfell over")
 
     with monkeypatch.context() as patch:
-        patch.setattr(engine_module, "next_tokens", broken)
+        patch.setattr(runner_module, "next_tokens", broken)
         with pytest.raises(openai.InternalServerError) as caught:
             complete(client, stream=stream)
         assert caught.value.status_code == 500
@@ -325,7 +325,7 @@ def test_an_exception_in_a_request_is_a_500_and_the_next_request_is_served(clien
 
 
 def test_an_exception_mid_stream_ends_it_with_an_error_event(server, monkeypatch):
-    real, calls = engine_module.next_tokens, []
+    real, calls = runner_module.next_tokens, []
 
     def breaks_later(*args, **kwargs):
         calls.append(1)
@@ -333,7 +333,7 @@ def test_an_exception_mid_stream_ends_it_with_an_error_event(server, monkeypatch
             raise RuntimeError("fell over mid-stream")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "next_tokens", breaks_later)
+    monkeypatch.setattr(runner_module, "next_tokens", breaks_later)
     body = {"model": NAME, "prompt": "Hello", "max_tokens": 12, "seed": 7, "stream": True}
     with httpx.stream("POST", server[0] + "/completions", json=body, timeout=30) as response:
         events = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]

@@ -18,7 +18,7 @@ _EXPORTS = {
     "SamplingParams": "inference.params",
     "GenerationResult": "inference.generate",
     "generate": "inference.generate",
-    "release_engines": "inference.engine",
+    "release_engines": "inference.kept_engines",
     "Candidates": "inference.search",
     "best_of": "inference.search",
     "infer_latents": "inference.latents",

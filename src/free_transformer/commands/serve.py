@@ -98,7 +98,8 @@ def run(args) -> int:
 
         say_compile_times()
         print(
-            f"compiling the decoding step for batches of {', '.join(map(str, engine.batcher.engine.buckets))} rows",
+            "compiling the decoding step for batches of "
+            f"{', '.join(map(str, engine.batcher.engine.runner.buckets))} rows",
             file=sys.stderr,
             flush=True,
         )

@@ -22,8 +22,9 @@ from ..base.latent_choice import LatentChoice
 from ..base.seeding import sample_seed
 from ..model.latent import LatentSource
 from ..model.transformer import FreeTransformer
-from .engine import Row, decoding_engine, run_rows
+from .engine import Row, run_rows
 from .generate import GenerationConfig
+from .kept_engines import decoding_engine
 from .latents import resolve_latents
 from .params import DEFAULT_BATCH_SIZE
 

@@ -14,7 +14,8 @@ from torch import Tensor
 
 from ..base.latent_choice import LatentChoice
 from ..model.transformer import FreeTransformer
-from .engine import Row, decoding_engine, run_rows
+from .engine import Row, run_rows
+from .kept_engines import decoding_engine
 from .latents import parse_latents, resolve_latents
 from .params import GenerationConfig, check_room
 from .seeds import row_seeds

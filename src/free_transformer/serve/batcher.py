@@ -1,7 +1,7 @@
-"""The server's scheduler over the decoding engine (free_transformer.inference.engine): every completion in
-flight is a row of the engine, which decodes rows of any lengths and settings together, each as it would alone.
-A new completion joins at the next step (its prompt prefilled into a free slot) and a finished or abandoned
-one leaves at once, so that a short request never waits for a long one to end, and concurrent clients share
+"""The server's loop over the decoding engine (free_transformer.inference.engine) and its scheduler: every
+completion in flight is a row of the engine, which decodes rows of any lengths and settings together, each as
+it would alone. A new completion joins at the next step (its prompt prefilled into a free slot) and a finished
+or abandoned one leaves at once, so that a short request never waits for a long one to end, and concurrent clients share
 each step's cost. A completion therefore equals `free-transformer generate --seed SEED`'s, up to float rounding,
 whatever else is in flight.
 
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..data.tokenizer import Tokenizer
-from ..inference.admission import Admission, Request
+from ..inference.admission import Request
 from ..inference.batches import Prompt, prompt_row
 from ..inference.engine import DecodeEngine, Row
 from ..inference.stops import stop_at
@@ -186,9 +186,10 @@ class Batcher:
         if max_batch < 1:
             raise ValueError(f"the batch must hold at least 1 row, got {max_batch}")
         self.tokenizer, self.max_batch = tokenizer, max_batch
-        self.engine = DecodeEngine(model, max_batch, compile=compile)  # a cache of the model's whole context
-        # the requests with rows not yet started (`waiting`); a request's rows take at most all but one slot
-        self.queue: Admission[RowSpec] = Admission(share=max(1, max_batch - 1))
+        # a cache of the model's whole context; its scheduler queues the requests with rows not yet started
+        # (`waiting`), a request's rows taking at most all but one slot
+        self.engine = DecodeEngine(model, max_batch, compile=compile, share=max(1, max_batch - 1))
+        self.queue = self.engine.scheduler
         self.wakeup = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="free-transformer-decoding", daemon=True)
 

@@ -8,16 +8,17 @@ import torch
 from torch import Tensor
 
 from ...base.latent_choice import LatentChoice
-from .sampling import Generators, counter_prior
+from .dispenser import planned_z, prior_z
+from .sampling import Generators
 from .sources import LatentSource
 from .space import LatentSpace
 
 
 class LatentPlan:
-    """Z for each position of a sequence, handed to the model's forward call by call: the one dispenser
-    of Z per position, used by the model's own prior draws (a forward with LatentChoice.PRIOR),
-    `FreeTransformerForCausalLM`, evaluation's scoring, the held-out likelihoods, validation and analysis (the
-    decoding engine draws from the same counter-based streams in its own buffers: free_transformer.inference.engine).
+    """Z for each position of a sequence, handed to the model's forward call by call, by the rule of
+    free_transformer.model.latent.dispenser (which the decoding engine's rows draw by too): for the model's own
+    prior draws (a forward with LatentChoice.PRIOR), `FreeTransformerForCausalLM`, evaluation's scoring, the
+    held-out likelihoods, validation and analysis.
 
     Positions [0, N) take the explicit (B, N, *value_shape) values when given. Otherwise the first call (at
     position 0) takes the encoder when `prompt_source` is LatentChoice.ENCODER, and every other position one prior
@@ -61,27 +62,37 @@ class LatentPlan:
         if known is not None and new == end:  # every position already planned
             return known
         explicit = self.explicit
-        if explicit is not None and new < explicit.shape[1]:
-            if end > explicit.shape[1]:
-                raise ValueError(
-                    f"explicit latents cover positions [0, {explicit.shape[1]}) but the model is fed "
-                    f"[{start}, {end}) in one call"
-                )
-            fresh = explicit[:, new:end]
-        elif new == 0 and self.prompt_source == LatentChoice.ENCODER:
+        if explicit is not None and new < explicit.shape[1] < end:
+            raise ValueError(
+                f"explicit latents cover positions [0, {explicit.shape[1]}) but the model is fed "
+                f"[{start}, {end}) in one call"
+            )
+        if new == 0 and self.prompt_source == LatentChoice.ENCODER and (explicit is None or not explicit.shape[1]):
             return LatentChoice.ENCODER  # the model samples it, and the caller records it
-        else:
-            fresh = self.draw(end - new, device if known is None else known.device, start=new)
+        fresh = planned_z(
+            self._space(),
+            self.batch_size,
+            new,
+            end,
+            explicit=explicit,
+            keys=self.keys,
+            generators=self.generators,
+            device=device if known is None else known.device,
+        )
         return fresh if known is None else torch.cat([known, fresh], dim=1)
 
     def draw(self, length: int, device=None, start: int = 0) -> Tensor:
-        """(B, length, *value_shape) prior Z for positions [start, start + length): row i's from its counter-based
-        stream at those positions with `keys`, else from generators[i]."""
-        space = self._space()
-        if self.keys is None:
-            return space.prior((self.batch_size, length), self.generators, device)
-        positions = torch.arange(start, start + length, device=self.keys.device)
-        return counter_prior(space, self.keys[:, None], positions[None, :])  # (B, length, ...)
+        """(B, length, *value_shape) prior Z for positions [start, start + length) (model.latent.dispenser): row i's
+        from its counter-based stream at those positions with `keys`, else from generators[i]."""
+        return prior_z(
+            self._space(),
+            self.batch_size,
+            start,
+            start + length,
+            keys=self.keys,
+            generators=self.generators,
+            device=device,
+        )
 
     def _space(self) -> LatentSpace:
         """The latent space that draws Z, or a RuntimeError for a baseline's plan, which draws none."""
