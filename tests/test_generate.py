@@ -14,7 +14,7 @@ from free_transformer.inference.kept_engines import decoding_engine
 from free_transformer.inference.params import Sampling
 from free_transformer.inference.sampling import RowSettings, filtered, sample_next
 
-engine_module = importlib.import_module("free_transformer.inference.engine")
+kept_module = importlib.import_module("free_transformer.inference.kept_engines")
 
 
 def filter_logits(logits, rule):
@@ -260,7 +260,7 @@ def test_compiled_decoding_reuses_one_engine_per_shape(device, monkeypatch):
     max_seq_len."""
     made = []
     monkeypatch.setattr(
-        engine_module,
+        kept_module,
         "DecodeEngine",  # counts the compiled ones (eager calls make their own)
         lambda *args, **kw: (kw.get("compile") and made.append(args)) or DecodeEngine(*args, **kw),
     )

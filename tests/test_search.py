@@ -7,7 +7,8 @@ from conftest import tiny_model
 
 from free_transformer import GenerationConfig, best_of
 from free_transformer.inference import engine as engine_module
-from free_transformer.inference.search import highest, mean_logprobs, ranking
+from free_transformer.inference.engine import Row
+from free_transformer.inference.search import highest, ranking
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8]]
 SAMPLED = GenerationConfig(max_new_tokens=6, temperature=1.0)
@@ -112,8 +113,8 @@ def test_bad_requests_are_one_line():
 
 
 def test_an_empty_continuation_scores_minus_infinity():
-    model = tiny_model(latent_units=0)
-    assert mean_logprobs(model, [[1, 2]], [[]]) == [float("-inf")]
+    row = Row([1, 2], GenerationConfig(max_new_tokens=1), 0, scored=True)
+    assert row.score == float("-inf")
 
 
 def test_the_synthetic_search_script_measures_both_tasks(tmp_path):

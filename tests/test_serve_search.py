@@ -38,7 +38,7 @@ def client(served):
 
 
 def candidates(model, vary: str, seed: int, count: int = 4):
-    """What best_of() decodes and scores (a teacher-forced forward under each candidate's Z) for PROMPTS."""
+    """What best_of() decodes and scores (each candidate's tokens' mean log-probability) for PROMPTS."""
     ids = [list(prompt.encode()) for prompt in PROMPTS]
     return best_of(model, ids, count, GenerationConfig(max_new_tokens=TOKENS, temperature=1.0), vary=vary, seed=seed)
 

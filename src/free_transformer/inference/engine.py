@@ -37,7 +37,7 @@ from .admission import Request
 from .cache_manager import SlotCache
 from .params import MAX_SEED, GenerationConfig, check_room
 from .row_draws import RowDraws
-from .sampling import NON_FINITE, SamplingVariant
+from .sampling import NON_FINITE, SamplingVariant, token_logprobs
 from .scheduler import Scheduler, StepSchedule
 from .step_runner import Launched, StepRunner
 
@@ -52,6 +52,7 @@ class Row:
     # the prompt's Z (ENCODER or PRIOR), or (1, N, *value_shape) explicit Z of positions [0, N), N >= len(ids)
     latents: LatentSource = LatentChoice.ENCODER
     keep_logits: bool = False  # set `logits` at every token (the server's logprobs)
+    scored: bool = False  # sum `logprob` as it decodes (best-of)
     keep_prompt_logits: bool = False  # set `prompt_logits` (the server's echo with logprobs)
     tag: object = None  # the caller's
     tokens: list[int] = field(default_factory=list)  # the new tokens so far
@@ -61,6 +62,7 @@ class Row:
     prompt_logits: Tensor | None = None  # (P, V) the prefill's logits
     fed: Tensor | None = None  # (positions fed, *value_shape) the Z it was fed, once ended (Free Transformer)
     slot: int | None = None  # its row of the engine's cache while in flight
+    logprob: float = 0.0  # when scored: the sum of its tokens' log-probabilities (sampling.token_logprobs)
 
     @property
     def done(self) -> bool:
@@ -71,6 +73,12 @@ class Row:
         """The next position to feed, the tokens in the cache: the prompt and every new token but the last (and
         the last too when the step that fed it failed)."""
         return len(self.ids) + len(self.tokens) - (0 if self.error is not None else 1)
+
+    @property
+    def score(self) -> float:
+        """When scored: its tokens' mean log-probability under the logits they were sampled from (-inf without
+        a token)."""
+        return self.logprob / len(self.tokens) if self.tokens else float("-inf")
 
     @property
     def end(self) -> int:
@@ -242,6 +250,12 @@ class DecodeEngine:
         row ended (at this step or before)."""
         tokens, ended, errors = self.runner.read(host, event)
         taken = []
+        scored = [i for i, (row, error) in enumerate(zip(rows, errors)) if row.scored and not row.done and not error]
+        if scored:  # one read for the step's scored rows
+            index = torch.tensor(scored, device=logits.device)
+            chosen = torch.tensor([tokens[i] for i in scored], device=logits.device)
+            for i, value in zip(scored, token_logprobs(logits[index], chosen).tolist()):
+                rows[i].logprob += value
         for i, (row, token, end, error) in enumerate(zip(rows, tokens, ended, errors)):
             if row.done:
                 continue
@@ -286,7 +300,7 @@ class DecodeEngine:
             [row.end for row in self.rows],
             steps=self.steps,
             compiled=self.runner.compile,
-            keeps_logits=any(row.keep_logits for row in self.rows),
+            keeps_logits=any(row.keep_logits or row.scored for row in self.rows),
         )
         self.runner.stopping = self.schedule.stopping
 

@@ -26,6 +26,7 @@ class GenerationResult:
     tokens: list[list[int]]  # the new tokens of each row, stop token included
     latents: list[Tensor] | None  # per row, (positions fed, *value_shape) the Z_t fed at every position it fed
     # (its prompt and every new token but the last); None for a baseline
+    scores: list[float] | None = None  # with score=True: per row, its tokens' mean log-probability
 
 
 def prompt_lists(prompts: Tensor | Sequence[Sequence[int]]) -> list[list[int]]:
@@ -55,6 +56,7 @@ def generate(
     should_stop: Callable[[list[int]], bool] | None = None,
     compile: bool = False,
     batch_size: int | None = None,
+    score: bool = False,
 ) -> GenerationResult:
     """Sample a continuation of every prompt with a KV cache, the rows decoded together by the engine.
 
@@ -77,7 +79,9 @@ def generate(
     `free_transformer.inference.engine` logger at INFO) and captured as a CUDA graph; elsewhere the same step
     eagerly. The same tokens and latents as without it, up to float rounding. The engine, its compiled code
     and its graphs are kept for the next call with the same batch size and a similar length. The KV cache is
-    in the model's dtype: cast the model (`model.to(torch.bfloat16)`) to decode in bf16.
+    in the model's dtype: cast the model (`model.to(torch.bfloat16)`) to decode in bf16. score: set `scores`, each
+    row's mean token log-probability under the model's softmax (temperature 1, no filter) at the logits its
+    tokens were sampled from, summed as it decodes (best-of's score: free_transformer.inference.search).
     """
     config = config or GenerationConfig()
     device = model.rope_cos.device
@@ -110,6 +114,7 @@ def generate(
             dataclasses.replace(config, max_new_tokens=n),
             row_seed[k],
             resolved.prompt_source if explicit is None else explicit[k][None],
+            scored=score,
         )
         for k, (row, n) in enumerate(zip(ids, new))
     ]
@@ -125,4 +130,5 @@ def generate(
         for row in rows:  # every row has ended
             assert row.fed is not None, "the engine keeps the Z fed to each row of a Free Transformer as it ends"
             latents_fed.append(row.fed.clone())
-    return GenerationResult([row.tokens for row in rows], latents_fed)
+    scores = [row.score for row in rows] if score else None
+    return GenerationResult([row.tokens for row in rows], latents_fed, scores)

@@ -222,3 +222,10 @@ def sample_next(logits: Tensor, rule: Sampling, keys: Tensor, position: int) -> 
     if bool(non_finite.any()):
         raise ValueError(NON_FINITE)
     return tokens
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """(n, V) logits and (n,) tokens -> (n,) float64 log-probability of each token under the model's softmax
+    (temperature 1, no filter): the one score of a candidate's tokens (best-of, in `best_of()` and the server,
+    sums it over a candidate's tokens as they are sampled: free_transformer.inference.engine)."""
+    return torch.log_softmax(logits.double(), dim=-1).gather(-1, tokens[:, None])[:, 0]

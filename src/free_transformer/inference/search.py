@@ -8,9 +8,10 @@ What differs between a prompt's candidates (`Variation`):
 - "tokens": one Z drawn beforehand and shared by the prompt's candidates, each its own token noise.
 
 The default score is OpenAI's `best_of` rule: the mean log-probability of the candidate's tokens, under the
-model's softmax (temperature 1, no filter) with the very Z the candidate was decoded with, recomputed by one
-teacher-forced forward. A caller may give its own scorer, called once per candidate (a verifier, a test
-suite, a reward model). Ties go to the earlier candidate."""
+model's softmax (temperature 1, no filter) at the logits they were sampled from (with the very Z the candidate was
+decoded with), summed by the engine as it decodes: the server's best_of scores its candidates by the same sum.
+A caller may give its own scorer, called once per candidate (a verifier, a test suite, a reward model). Ties go
+to the earlier candidate."""
 
 from __future__ import annotations
 
@@ -91,42 +92,6 @@ def candidate_sources(
     return seeds, torch.cat([z.expand(count, *z.shape[1:]) for z in latents])
 
 
-@torch.no_grad()
-def mean_logprobs(
-    model: FreeTransformer,
-    prompts: Sequence[Sequence[int]],
-    continuations: Sequence[Sequence[int]],
-    latents: Sequence[Tensor] | None = None,
-) -> list[float]:
-    """Per row, the mean log-probability (nats) of its continuation after its prompt, under the model's softmax
-    with the given Z (latents[i]: (positions fed, *value_shape), at least the prompt and every continuation token
-    but the last), by one teacher-forced forward per batch of rows (right-padded: a causal decoder never looks
-    at the padding). An empty continuation scores -inf."""
-    device = model.rope_cos.device
-    space = model.latent_space
-    fed = [list(p) + list(c)[:-1] for p, c in zip(prompts, continuations)]
-    width = max(map(len, fed))
-    tokens = torch.zeros(len(fed), width, dtype=torch.int64)
-    z = None
-    if space is not None and latents is not None:
-        z = torch.zeros(len(fed), width, *space.value_shape, dtype=space.value_dtype)
-    for row, ids in enumerate(fed):  # (rows, width) tokens, (rows, width, *value_shape) Z
-        tokens[row, : len(ids)] = torch.tensor(ids)
-        if z is not None and latents is not None:
-            z[row, : len(ids)] = latents[row][: len(ids)].to(z.device)
-    logits = model(tokens.to(device), latents=z.to(device) if z is not None else LatentChoice.PRIOR).logits
-    logp = torch.log_softmax(logits.double(), dim=-1)  # (rows, width, vocab)
-    scores = []
-    for row, (prompt, continuation) in enumerate(zip(prompts, continuations)):
-        if not continuation:
-            scores.append(float("-inf"))
-            continue
-        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(continuation), device=logp.device)
-        chosen = torch.tensor(list(continuation), device=logp.device)
-        scores.append(float(logp[row, positions, chosen].mean()))
-    return scores
-
-
 def ranking(scores: Sequence[float]) -> list[int]:
     """The indices of the scores, highest first, the earlier first on a tie."""
     return sorted(range(len(scores)), key=lambda k: (-scores[k], k))
@@ -179,9 +144,11 @@ def best_of(
         should_stop=should_stop,
         compile=compile,
         batch_size=batch_size,
+        score=scorer is None,
     )
     if scorer is None:
-        flat = mean_logprobs(model, rows, result.tokens, result.latents)
+        assert result.scores is not None, "generate(score=True) scores every row"
+        flat = result.scores
     else:
         flat = [float(scorer(list(prompt), list(tokens))) for prompt, tokens in zip(rows, result.tokens)]
     per_prompt = [flat[i * n : (i + 1) * n] for i in range(len(ids))]

@@ -57,7 +57,8 @@ class Job:
     logprobs: int | None  # alternatives per token, None: no logprobs
     echo: bool
     stream: bool  # deltas as the text grows (else one per row, when it ends)
-    scored: bool = False  # each row's mean token log-probability in its last Delta (`Delta.score`): best_of
+    scored: bool = False  # each row's mean token log-probability in its last Delta (`Delta.score`, the engine's
+    # `Row.score`, best_of()'s too): best_of
     emit: Callable[[Delta], None]
     finish: Callable[[Exception | None], None]
     cancelled: bool = False
@@ -156,7 +157,6 @@ class Served:
     shown: int = 0  # characters of the text already sent (stream)
     head: str = ""  # the echoed prompt, sent before the first piece
     pending: list[TokenLogprob] = field(default_factory=list)  # logprobs not yet sent
-    logprob: float = 0.0  # the sum of its tokens' log-probabilities (Job.scored)
 
     @property
     def sampled(self) -> int:
@@ -300,7 +300,8 @@ class Batcher:
         row = prompt_row(
             spec.prompt,
             spec.seed,
-            keep_logits=job.logprobs is not None or job.scored,
+            keep_logits=job.logprobs is not None,
+            scored=job.scored,
             keep_prompt_logits=job.echo and job.logprobs is not None,
         )
         served = Served(spec=spec, job=job, text=RowText(self.tokenizer.decode, job.stops), row=row)
@@ -359,14 +360,12 @@ class Batcher:
             row.prompt_logits = None
         token = row.tokens[-1]
         served.text.push(token)
-        if job.logprobs is not None or job.scored:
+        if job.logprobs is not None:
             logits = row.logits
-            assert logits is not None, "a row of a request with logprobs or scores keeps its logits (_serve)"
-            values, tops = self._logprobs(logits[None], torch.tensor([token], device=logits.device), job.logprobs or 0)
-            served.logprob += values[0]
-            if job.logprobs is not None:
-                decoded = self.tokenizer.decode([token])
-                served.pending.append(TokenLogprob(token=decoded, logprob=values[0], top=tops[0]))
+            assert logits is not None, "a row of a request with logprobs keeps its logits (_serve)"
+            values, tops = self._logprobs(logits[None], torch.tensor([token], device=logits.device), job.logprobs)
+            decoded = self.tokenizer.decode([token])
+            served.pending.append(TokenLogprob(token=decoded, logprob=values[0], top=tops[0]))
         if served.text.stop_end is not None and not row.done:
             self.engine.finish(row, "stop")
         if served.ended:
@@ -397,7 +396,7 @@ class Batcher:
                 logprobs=logprobs,
                 finish_reason=finish_reason,
                 tokens=served.sampled,
-                score=served.logprob / served.sampled if ending and job.scored and served.sampled else None,
+                score=served.row.score if ending and job.scored and served.sampled else None,
             )
         )
         if ending:
