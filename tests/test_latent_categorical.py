@@ -12,7 +12,7 @@ from free_transformer import ModelConfig
 from free_transformer.cli import main
 from free_transformer.model.config import LatentConfig
 from free_transformer.model.latent import BitLinear, CategoricalLatent, CategoricalSettings
-from free_transformer.model.latent.sampling import bits_to_index, rand_rows
+from free_transformer.model.latent.draws import bits_to_index, rand_rows
 
 H, D = 3, 5
 

@@ -13,7 +13,7 @@ from free_transformer import FreeTransformer, GenerationConfig, generate
 from free_transformer.base.latent_choice import LatentChoice
 from free_transformer.cli import build_parser, main
 from free_transformer.commands.interactive import SPECIAL_SETTERS
-from free_transformer.commands.sampling import params_from
+from free_transformer.commands.samples import params_from
 from free_transformer.eval.settings import EvalConfig
 from free_transformer.inference import latents as latent_choice
 from free_transformer.inference.params import SamplingParams

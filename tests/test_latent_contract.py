@@ -30,7 +30,7 @@ from free_transformer import GenerationConfig, generate
 from free_transformer.base.counter_random import row_keys
 from free_transformer.cli import main
 from free_transformer.model.latent import LATENT_KINDS, GaussianLatent, register_latent_kind
-from free_transformer.model.latent.sampling import counter_prior, fill_rows_
+from free_transformer.model.latent.draws import counter_prior, fill_rows_
 from free_transformer.runs.checkpoint import load_model, save_checkpoint
 
 
@@ -319,7 +319,7 @@ def test_serve_completes_what_generate_samples_for_a_seed(kind, tmp_path, capsys
 
     from free_transformer.data.tokenizer import get_tokenizer
     from free_transformer.serve.app import build_app
-    from free_transformer.serve.engine import Engine
+    from free_transformer.serve.request_plan import Engine
 
     checkpoint = tiny_checkpoint(tmp_path, "k", latent_units=H, latent={"kind": kind})
     model, config = load_model(checkpoint)

@@ -194,3 +194,22 @@ def test_the_model_folder_holds_only_the_model():
         if word in path.read_text(encoding="utf-8")
     ]
     assert found == []
+
+
+# File names several packages share because each holds the same job for its own package: its config dataclasses
+# (config.py, eval's settings.py beside base's settings machinery), its error types, and each experiment's
+# presets, run and report. The command line's modules are named after their subcommands (commands/generate.py
+# runs inference/generate.py's generate()).
+SHARED_JOBS = {"__init__.py", "config.py", "settings.py", "errors.py", "presets.py", "run.py", "report.py"}
+
+
+def test_no_two_modules_of_different_jobs_share_a_file_name():
+    """A module's file name says its job: two files of one name (an engine that decodes and one that plans a request,
+    three sampling.py) make a reader open the wrong one."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "commands":
+            continue
+        seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    shared = {name: paths for name, paths in seen.items() if len(paths) > 1 and name not in SHARED_JOBS}
+    assert not shared, shared

@@ -145,7 +145,7 @@ def test_prompts_from_a_file_or_stdin_read_escapes(checkpoint, capsys, tmp_path,
 
 def test_jsonl_gives_each_sample_with_its_prompt_index_seed_and_latents(checkpoint, capsys):
     """The text format is one line a sample, unambiguous: a newline and a backslash followed by n differ."""
-    from free_transformer.commands.sampling import escape, unescape
+    from free_transformer.commands.samples import escape, unescape
 
     prompts = ["K>", "Hi\nthere", "Hi\\nthere"]  # a newline; a backslash and an n
     text = _out(

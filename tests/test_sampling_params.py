@@ -113,8 +113,8 @@ def test_every_entry_point_checks_a_rows_room_with_one_rule(checkpoint, capsys):
     context in the same words (inference.params.check_room), the server naming the field max_tokens."""
     pytest.importorskip("fastapi")
     from free_transformer.data.tokenizer import get_tokenizer
-    from free_transformer.serve.engine import Engine, RequestError
     from free_transformer.serve.protocol import CompletionRequest
+    from free_transformer.serve.request_plan import Engine, RequestError
 
     model, config = load_model(checkpoint)
     context = model.config.max_seq_len

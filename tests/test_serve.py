@@ -23,7 +23,7 @@ from free_transformer.runs.checkpoint import load_model  # noqa: E402
 from free_transformer.serve import batcher as loop  # noqa: E402
 from free_transformer.serve.app import build_app  # noqa: E402
 from free_transformer.serve.batcher import settled  # noqa: E402
-from free_transformer.serve.engine import Engine  # noqa: E402
+from free_transformer.serve.request_plan import Engine  # noqa: E402
 
 NAME = "tiny"
 COOL = 0.1  # a temperature at which the random tiny model's logits, so its latents, shape the text

@@ -25,7 +25,7 @@ from free_transformer.cli import main  # noqa: E402
 from free_transformer.data.tokenizer import get_tokenizer  # noqa: E402
 from free_transformer.runs.checkpoint import load_model  # noqa: E402
 from free_transformer.serve.app import build_app  # noqa: E402
-from free_transformer.serve.engine import Engine  # noqa: E402
+from free_transformer.serve.request_plan import Engine  # noqa: E402
 
 NAME = "chat"
 # A template in the usual shape: each message as "role : content ;", then the assistant's turn opened.

@@ -20,7 +20,7 @@ from test_serve import NAME, start_server, texts
 from free_transformer.base.counter_random import row_keys
 from free_transformer.base.latent_choice import LatentChoice
 from free_transformer.base.seeding import sample_seed
-from free_transformer.model.latent.sampling import counter_prior
+from free_transformer.model.latent.draws import counter_prior
 
 openai = pytest.importorskip("openai")
 

@@ -18,8 +18,8 @@ pytest.importorskip("openai")
 from free_transformer.cli import main
 from free_transformer.serve import batcher as loop
 from free_transformer.serve.batcher import Batcher, Delta, Job, RowText, TokenLogprob
-from free_transformer.serve.engine import Plan
 from free_transformer.serve.protocol import CompletionRequest
+from free_transformer.serve.request_plan import Plan
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..base.devices import Placement
 from ..base.settings import add_option
 from ..inference.params import DEFAULT_BATCH_SIZE
-from .sampling import FORMATS, Sampler, add_sampling_options, params_from, unescape
+from .samples import FORMATS, Sampler, add_sampling_options, params_from, unescape
 
 NAME = "generate"
 HELP = (

@@ -15,7 +15,7 @@ from ..base.latent_choice import LatentChoice
 from ..base.settings import field_docs
 from ..inference.latents import refuse_on_baseline
 from ..inference.params import SamplingError, SamplingParams, spelling, spelt_fields
-from .sampling import Sampler, options, unescape
+from .samples import Sampler, options, unescape
 
 # the commands that do more than set their field (their help, then their code below)
 SPECIAL_HELP = {

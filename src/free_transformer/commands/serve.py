@@ -71,7 +71,7 @@ def run(args) -> int:
         import uvicorn
 
         from ..serve.app import build_app
-        from ..serve.engine import Engine
+        from ..serve.request_plan import Engine
     except ImportError as error:
         if error.name not in ("fastapi", "uvicorn", "starlette", "pydantic"):
             raise

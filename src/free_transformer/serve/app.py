@@ -35,7 +35,6 @@ from starlette.exceptions import HTTPException
 from ..base.version import __version__
 from .batcher import Delta, Job, TokenLogprob
 from .config import DEFAULT_MAX_REQUEST_MB
-from .engine import Engine, Plan, RequestError
 from .protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -52,6 +51,7 @@ from .protocol import (
     TokenizeRequest,
     Usage,
 )
+from .request_plan import Engine, Plan, RequestError
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The latent Z of the Free Transformer. `space.LatentSpace` owns its form (value type, prior draw,
 posterior sample with its KL, map to the residual R); the kinds registered by name: the binary ones
 (`binary.BinaryLatentSpace`: `binary_mapper`, the paper's, and `bit_linear`), `gaussian` and
-`categorical`. `sampling` holds the draws and the closed-form KL of bits; `sources` the resolved sources
+`categorical`. `draws` holds the draws and the closed-form KL of bits; `sources` the resolved sources
 the model's forward takes; `plan.LatentPlan` the Z of each position, handed out call by call. Each kind's
 module declares its settings beside its class (`settings_type`); nothing here imports `model.config`, which
 asks this registry for a kind's settings. The module that holds them together in a model, `LatentPath`, is
@@ -11,9 +11,7 @@ from .binary import BinaryLatentSpace
 from .binary_mapper import BinaryMapper, binary_mapper_project, project_latents
 from .bit_linear import BitLinear
 from .categorical import CategoricalLatent, CategoricalSettings
-from .gaussian import GaussianLatent
-from .plan import LatentPlan
-from .sampling import (
+from .draws import (
     Generators,
     at_least_float32,
     bits_to_index,
@@ -27,6 +25,8 @@ from .sampling import (
     sample_bit_values,
     sample_bits,
 )
+from .gaussian import GaussianLatent
+from .plan import LatentPlan
 from .sources import LatentSource
 from .space import (
     LATENT_KINDS,

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ...base.counter_random import shift_right
 from ...base.units import LN2
-from .sampling import Generators, at_least_float32, code_log_probabilities, fill_rows_, index_to_bits, kl_per_bit
+from .draws import Generators, at_least_float32, code_log_probabilities, fill_rows_, index_to_bits, kl_per_bit
 from .space import LatentSpace, with_first_entry
 
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .binary import BinaryLatentSpace
-from .sampling import Generators, index_to_bits, sample_bits
+from .draws import Generators, index_to_bits, sample_bits
 from .space import normal_init_, register_latent_kind
 
 # Bytes the backward's per-chunk buffers may take together: g = dR @ W[chunk]^T, G's low factor and their

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .binary import BinaryLatentSpace
-from .sampling import Generators, at_least_float32, bits_to_index, index_to_bits, sample_bit_values
+from .draws import Generators, at_least_float32, bits_to_index, index_to_bits, sample_bit_values
 from .space import LinearMap, register_latent_kind
 
 

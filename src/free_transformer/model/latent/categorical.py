@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ...base.checks import ConfigError, check_range
 from ...base.counter_random import shift_right
-from .sampling import Generators, at_least_float32, fill_rows_, rand_rows
+from .draws import Generators, at_least_float32, fill_rows_, rand_rows
 from .space import LatentSpace, normal_init_, register_latent_kind, with_first_entry
 
 

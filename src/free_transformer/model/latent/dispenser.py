@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .sampling import Generators, counter_prior
+from .draws import Generators, counter_prior
 from .space import LatentSpace
 
 

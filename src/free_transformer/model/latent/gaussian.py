@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ...base.counter_random import shift_right, uniform
-from .sampling import Generators, at_least_float32, fill_rows_
+from .draws import Generators, at_least_float32, fill_rows_
 from .space import LinearMap, register_latent_kind, with_first_entry
 
 

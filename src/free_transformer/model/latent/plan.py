@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ...base.latent_choice import LatentChoice
 from .dispenser import planned_z, prior_z
-from .sampling import Generators
+from .draws import Generators
 from .sources import LatentSource
 from .space import LatentSpace
 

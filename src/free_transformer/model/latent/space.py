@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .sampling import Generators
+from .draws import Generators
 
 LATENT_KINDS: dict[str, type[LatentSpace]] = {}
 
