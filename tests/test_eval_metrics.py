@@ -1,5 +1,7 @@
+import html
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -228,3 +230,30 @@ def test_eval_table_prints_pass_at_k_and_maj_at_k_with_intervals_and_what_they_m
     assert "multiple choice: log mean_k" in table and "generations" not in table and "pass@" not in table
     single = _sampled_task(5, 1, 0.4, 0)  # one sample per prompt: its value is all there is
     assert "pass@" not in format_table({"latents": latents, "tasks": {"nq": single}})
+
+
+def test_compare_explains_each_row_kind_and_writes_beside_the_runs_not_in_the_current_directory(
+    tmp_path, monkeypatch, capsys
+):
+    import json
+
+    from free_transformer.cli import main
+
+    for name, rate in (("base", 0.2), ("free", 0.6)):
+        results = tmp_path / "runs" / name / "eval" / "step_1.json"
+        results.parent.mkdir(parents=True)
+        results.write_text(json.dumps({"tasks": {"gsm8k": _sampled_task(30, 4, rate, 0)}}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "runs/base", "runs/free", "--bootstrap", "100"]) == 0
+    printed = capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing in the current directory
+    md, page = (tmp_path / "runs" / "comparison.md").read_text(), (tmp_path / "runs" / "comparison.html").read_text()
+    page = html.unescape(page)
+    assert "wrote runs/comparison.md, runs/comparison.html" in printed
+    table = printed.split("Compared:")[0]  # the table, then what it rests on
+    for text in (table, md, page):
+        for kind in ("em: ", "pass@k: ", "maj@k: "):  # one line for each kind of row
+            assert sum(re.sub("^(- |<li>)", "", line).startswith(kind) for line in text.splitlines()) == 1, kind
+        assert "mean over each prompt's samples" in text and "at least one of k samples" in text
+    assert main(["compare", "runs/free/eval/step_1.json", "runs/base", "--bootstrap", "100"]) == 2  # runs/ again
+    assert "runs/comparison.md already exists" in capsys.readouterr().err
