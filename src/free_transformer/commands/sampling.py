@@ -174,32 +174,41 @@ class Sampler:
                 print(json.dumps(line, ensure_ascii=False), flush=True)
 
     def prepare(self, texts: list[str], params: SamplingParams, labels: list[str] | None = None) -> list[Prompt]:
-        """The prompts tokenized, checked against the model's context and given their Z (`prepare_prompts`);
-        a one-line ValueError names the prompt at fault by its label when there are several."""
+        """The prompts tokenized, checked against the model's context (`encode_prompts`) and given their Z
+        (`prepare_prompts`)."""
         import torch
 
         from ..inference.batches import prepare_prompts
 
-        context = self.model.config.max_seq_len
-        labels = labels or [f"prompt {k + 1}" for k in range(len(texts))]
-        ids, configs = [], []
-        for text, label in zip(texts, labels):
-            where = f"{label}: " if len(texts) > 1 else ""
-            prompt = self.tokenizer.encode(text)
-            if not prompt:
-                raise ValueError(f"{label if where else '--prompt'} must not be empty (give at least one character)")
-            try:
-                new = params.new_tokens(len(prompt), context)
-                check_room(len(prompt), new, context)
-            except ValueError as error:
-                raise ValueError(f"{where}{error}") from None
-            ids.append(prompt)
-            configs.append(params.generation_config(new))
+        encoded = encode_prompts(self.tokenizer, texts, params, self.model.config.max_seq_len, labels)
+        ids, configs = [prompt for prompt, _ in encoded], [params.generation_config(new) for _, new in encoded]
         reference = None if params.reference is None else torch.tensor([self.tokenizer.encode(params.reference)])
         _, latent_seed = params.seeds()
         return prepare_prompts(
             self.model, ids, configs, params.latents, reference=reference, latent_seed=latent_seed, where="--latents"
         )
+
+
+def encode_prompts(
+    tokenizer: Tokenizer, texts: list[str], params: SamplingParams, context: int, labels: list[str] | None = None
+) -> list[tuple[list[int], int]]:
+    """(ids, new tokens) of each prompt, checked against a model that reads `context` tokens; without torch, so
+    that `generate` checks its prompts with the run's saved config before it loads the model. A one-line
+    ValueError names the prompt at fault by its label when there are several."""
+    labels = labels or [f"prompt {k + 1}" for k in range(len(texts))]
+    encoded = []
+    for text, label in zip(texts, labels):
+        where = f"{label}: " if len(texts) > 1 else ""
+        prompt = tokenizer.encode(text)
+        if not prompt:
+            raise ValueError(f"{label if where else '--prompt'} must not be empty (give at least one character)")
+        try:
+            new = params.new_tokens(len(prompt), context)
+            check_room(len(prompt), new, context)
+        except ValueError as error:
+            raise ValueError(f"{where}{error}") from None
+        encoded.append((prompt, new))
+    return encoded
 
 
 def unescape(text: str) -> str:
