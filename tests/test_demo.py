@@ -388,9 +388,15 @@ def test_the_report_shows_each_conditions_values_and_why_a_claim_failed(tmp_path
     assert green.endswith("mean 1.00: 1.00 1.00")
 
 
-def test_a_smoke_report_marks_no_claim_and_says_why_none_is_judged(tmp_path):
-    """Preset smoke checks the wiring: its report gives every measured value and no verdict, on results that a
-    judging preset marks ✔ (test_the_report_shows_each_conditions_values_and_why_a_claim_failed)."""
+def test_a_smoke_report_marks_no_claim_and_says_why_none_is_judged(tmp_path, monkeypatch):
+    """Preset smoke checks the wiring: its report (the page and the picture's text) gives every measured value and
+    no verdict, on results that a judging preset marks ✔ (test_the_report_shows_each_conditions_values_and_...)."""
+    from free_transformer.experiments.demo import report
+
+    drawn: list[str] = []  # the picture's texts, kept instead of drawn (matplotlib's text rendering: seconds)
+    monkeypatch.setattr(
+        report._Sheet, "png", lambda sheet, dpi: drawn.extend(str(item[3]) for item in sheet.items) or b"png"
+    )
     results = {0: _paper_like_seed(0.8)}
     claims = claims_over_seeds({0: judge_claims(results[0])})
     assert [c["reproduced"] for c in claims] == [1, 1, 1, 1, 1]
@@ -405,6 +411,7 @@ def test_a_smoke_report_marks_no_claim_and_says_why_none_is_judged(tmp_path):
     }
     page = write_report(tmp_path, results, summary).read_text()
     assert "✔" not in page and "✘" not in page and "Not reproduced" not in page
+    assert drawn and not any("✔" in text or "✘" in text for text in drawn) and f"Not judged: {reason}." in drawn
     assert page.count(">not judged</td>") == len(claims) and html.escape(reason) in page
     assert "<td class='measured'>0.800</td>" in page  # the values stay
 

@@ -340,7 +340,8 @@ def _figure_png(
     sheet.down(0.4)
     sheet.text(
         0.3,
-        "The paper's claims: each test's conditions, measured on each seed (✔ holds, ✘ fails)",
+        "The paper's claims: each test's conditions, measured on each seed"
+        + ("" if not_judged else " (✔ holds, ✘ fails)"),
         11,
         mono=False,
         weight="bold",
