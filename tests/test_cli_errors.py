@@ -36,6 +36,33 @@ def test_a_mistyped_setting_is_one_line_before_torch_is_imported(argv, tmp_path)
 
 
 @pytest.mark.parametrize(
+    "where, prompt, said",
+    [
+        ("no-such-run", "K>", "no checkpoint found at no-such-run"),
+        ("empty-run", "K>", "no checkpoint found at empty-run"),
+        ("run", "K" * 65, "the prompt has 65 tokens; this model reads at most 64"),
+    ],
+    ids=["a missing run directory", "a run without a checkpoint", "a prompt past the context"],
+)
+def test_generate_refuses_a_missing_run_or_checkpoint_and_a_long_prompt_before_torch_is_imported(
+    where, prompt, said, tmp_path
+):
+    """The run's saved config.json gives the context and the tokenizer: no model is loaded to find out."""
+    from conftest import tiny_checkpoint
+
+    tiny_checkpoint(tmp_path, "run", 4)  # max_seq_len 64, byte tokens
+    (tmp_path / "empty-run").mkdir()
+    argv = ["generate", where, "--prompt", prompt]
+    script = (
+        f"import sys\nfrom free_transformer.cli import main\ncode = main({argv!r})\nprint(code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["2", "False"], f"{' '.join(argv)}: {done.stdout} {done.stderr}"
+    assert done.stderr.startswith(f"error: {said}") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize(
     "argv, hint",
     [
         (["train", "--optim.lr=3e-4"], "optim.lr=3e-4"),

@@ -256,6 +256,7 @@ def test_train_without_out_is_one_line_error(capsys):
         ("kapa_bits=1", "error: unknown setting kapa_bits: did you mean kappa_bits?"),
         ("data.text.pth=x.txt", "error: unknown setting data.text.pth: did you mean data.text.path?"),
         ("model.latent.knid=bit_linear", "error: unknown setting model.latent.knid: did you mean model.latent.kind?"),
+        ("model.sise=debug", "error: unknown setting model.sise: did you mean model.size?"),  # read before the rest
     ],
 )
 def test_a_misspelt_setting_names_the_closest_real_one(tmp_path, capsys, override, line):
@@ -263,6 +264,11 @@ def test_a_misspelt_setting_names_the_closest_real_one(tmp_path, capsys, overrid
     assert main(["train", "--out", str(tmp_path / "run"), override]) == 2
     assert capsys.readouterr().err.splitlines() == [line]
     assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_model_setting_lists_size_among_the_models_fields():
+    with pytest.raises(ConfigError, match=r"^unknown setting model.qqqq: model has size, vocab_size, dim, "):
+        load_train_config(None, ["model.qqqq=1"])
 
 
 def test_a_training_config_sets_the_sandbox_limits_of_its_evaluations(tmp_path):

@@ -229,6 +229,7 @@ def test_demo_smoke_run_over_two_seeds_writes_one_report(tmp_path, capsys):
         assert claim["reproduced"] == sum(per_seed) and list(claim["per_seed"].values()) == per_seed
     html = (out / "report.html").read_text()
     assert "class='blue'" in html and "class='green'" in html and "κ = 1/8 bit" in html and "seed 1" in html
+    assert "✔" not in html and "not judged" in html and results["preset"]["not_judged"] == PRESETS["smoke"].not_judged
     assert (out / "report.png").stat().st_size > 10_000 and (out / "spread.png").stat().st_size > 0
     first = (out / "seed-1" / "kappa-1" / "metrics.jsonl").read_text()
     assert main(args) == 0  # reuses finished runs
@@ -385,6 +386,34 @@ def test_the_report_shows_each_conditions_values_and_why_a_claim_failed(tmp_path
     blue, green = coin_comparison(results[0][5].groups)[1:]
     assert blue.startswith("blue, blocks of 2 rows") and blue.endswith("mean 0.00: 0.00 0.00")
     assert green.endswith("mean 1.00: 1.00 1.00")
+
+
+def test_a_smoke_report_marks_no_claim_and_says_why_none_is_judged(tmp_path, monkeypatch):
+    """Preset smoke checks the wiring: its report (the page and the picture's text) gives every measured value and
+    no verdict, on results that a judging preset marks ✔ (test_the_report_shows_each_conditions_values_and_...)."""
+    from free_transformer.experiments.demo import report
+
+    drawn: list[str] = []  # the picture's texts, kept instead of drawn (matplotlib's text rendering: seconds)
+    monkeypatch.setattr(
+        report._Sheet, "png", lambda sheet, dpi: drawn.extend(str(item[3]) for item in sheet.items) or b"png"
+    )
+    results = {0: _paper_like_seed(0.8)}
+    claims = claims_over_seeds({0: judge_claims(results[0])})
+    assert [c["reproduced"] for c in claims] == [1, 1, 1, 1, 1]
+    reason = PRESETS["smoke"].not_judged
+    assert reason and "3 steps" in reason and PRESETS["quick"].not_judged is None
+    summary = {
+        "preset": {"name": "smoke", "not_judged": reason},
+        "per_seed": {0: {"models": []}},
+        "claims": claims,
+        "workers": 1,
+        "total_seconds": 6.0,
+    }
+    page = write_report(tmp_path, results, summary).read_text()
+    assert "✔" not in page and "✘" not in page and "Not reproduced" not in page
+    assert drawn and not any("✔" in text or "✘" in text for text in drawn) and f"Not judged: {reason}." in drawn
+    assert page.count(">not judged</td>") == len(claims) and html.escape(reason) in page
+    assert "<td class='measured'>0.800</td>" in page  # the values stay
 
 
 def test_the_report_explains_a_negative_saving_and_a_blue_group_above_chance(tmp_path):

@@ -95,7 +95,7 @@ SMALLER = [
     (r"(free-transformer train --out runs/cat .*)$", r"\1 steps=2", "2 of its 1,000 steps: a categorical Z trains"),
     (r"(free-transformer train --out runs/notes --resume) steps=300", r"\1 steps=4", "2 more steps, not 100"),
     (
-        r"(free-transformer train --config x\.yaml --out runs/x)$",
+        r"(free-transformer train --config runs/x\.yaml --out runs/x)$",
         r"\1 steps=2",
         "2 of its 1,000 steps: the printed config trains",
     ),
@@ -367,11 +367,39 @@ def test_readme_runs_in_order(workspace):
     """README's commands as a reader pastes them: in order, in one directory that holds only the checkout's
     folders, each using what the ones before it made (a file that no block makes fails here). Long ones run up to
     their validation or on fewer steps (DRY_RUN, SMALLER); a dry-run training leaves the tiny run where a later
-    command reads it."""
+    command reads it. What they write lies under runs/, which git ignores."""
     _, env, run = workspace
     script = [stand_in(command, why) for command, why in map(plan, README) if command is not None]
     directory = block_dir(workspace, "README-in-order", files=False)
     run_script(script, directory, env, run, "README.md", timeout=1200)
+    left = sorted(p.name for p in directory.iterdir() if p.name not in ("configs", "scripts", "docs", "tests", "runs"))
+    assert left == [], f"README's commands wrote {left} outside runs/: git status would list them"
+
+
+def written_paths(command: str) -> list[str]:
+    """Where a command writes (its redirections, --out / --output, convert's destination, compare's default)."""
+    from free_transformer.commands.compare import default_output
+
+    text = re.sub(r"\"[^\"]*\"|'[^']*'", "''", command.split("\n")[0])  # quoted text writes nothing
+    paths = re.findall(r"(?:(?<![0-9&])>|--out|--output|-o|\btee)\s+(\S+)", text)
+    if convert := re.search(r"free-transformer convert\s+\S+\s+(\S+)", text):
+        paths.append(convert.group(1))
+    if (compare := re.search(r"free-transformer compare\s+(\S+)", text)) and "--output" not in text:
+        paths.append(str(default_output(compare.group(1))))
+    return paths
+
+
+def test_documented_commands_write_under_runs():
+    """Following README and the docs leaves a checkout's `git status` clean: what their commands write goes under
+    runs/ (which .gitignore names) or outside the checkout."""
+    assert "/runs/" in (ROOT / ".gitignore").read_text().splitlines()
+    outside = [
+        f"{c.page}:{c.line}: {path}"
+        for c in every_command()
+        for path in written_paths(c.text)
+        if not path.startswith(("runs/", "/"))
+    ]
+    assert outside == []
 
 
 def test_readme_names_ci_and_test_files_that_exist():

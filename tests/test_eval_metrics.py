@@ -1,5 +1,7 @@
+import html
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -192,3 +194,66 @@ def test_compare_shows_pass_at_k_and_maj_at_k_after_their_task_with_paired_inter
     assert [r.name for r in rows] == ["gsm8k", "gsm8k maj@2", "gsm8k maj@4", "gsm8k pass@2", "gsm8k pass@4"]
     pass4 = rows[-1]
     assert pass4.label.endswith("(pass@4)") and pass4.others[0].ci["low"] > 0  # 0.6 per sample beats 0.2
+
+
+def _sampled_task(n_docs: int, samples: int, rate: float, seed: int, metric: str = "em") -> dict:
+    from free_transformer.eval.runner import sample_measures
+
+    rng = np.random.default_rng(seed)
+    per_doc = []
+    for doc in range(n_docs):
+        correct = [bool(c) for c in rng.random(samples) < rate]
+        answers = ["right" if c else f"wrong{rng.integers(3)}" for c in correct]
+        per_doc.append({"id": str(doc), "score": float(np.mean(correct)), "correct": correct, "answers": answers})
+    task = {"metric": metric, "value": float(np.mean([d["score"] for d in per_doc])), "n": n_docs}
+    task.update(per_doc=per_doc, num_fewshot=0, **sample_measures(per_doc, vote=metric == "em"))
+    return task
+
+
+def test_eval_table_prints_pass_at_k_and_maj_at_k_with_intervals_and_what_they_mean():
+    from free_transformer.reports.results import format_table
+
+    latents = {"latents": "context Z: prior", "mc_estimator": "log mean_k P(...) over K=4 draws"}
+    task = _sampled_task(5, 4, 0.4, 0)
+    table = format_table({"checkpoint": "c", "latents": latents, "tasks": {"nq": task}})
+    for measure in ("pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4"):
+        m = task[measure[:-1] + "k"][measure[-1]]
+        row = next(line for line in table.splitlines() if line.split()[:2] == ["nq", measure])
+        assert row.split()[2] == f"{m['value']:.3f}" and row.endswith(f"[{m['low']:.3f}, {m['high']:.3f}]")
+    assert not any(line.split()[1:2] == ["pass@3"] for line in table.splitlines())  # k = 1, 2, 4, ... n
+    for kind in ("em: ", "pass@k: ", "maj@k: "):  # one line says what each kind of row is
+        assert sum(line.startswith(kind) for line in table.splitlines()) == 1, table
+    assert "mean over each prompt's samples" in table
+    assert "multiple choice" not in table and "generations per prompt: 4" in table  # no such task ran
+    mc = {"metric": "acc_char", "value": 0.5, "n": 5, "num_fewshot": 0, "per_doc": []}
+    table = format_table({"latents": latents, "tasks": {"arc_easy": mc}})
+    assert "multiple choice: log mean_k" in table and "generations" not in table and "pass@" not in table
+    single = _sampled_task(5, 1, 0.4, 0)  # one sample per prompt: its value is all there is
+    assert "pass@" not in format_table({"latents": latents, "tasks": {"nq": single}})
+
+
+def test_compare_explains_each_row_kind_and_writes_beside_the_runs_not_in_the_current_directory(
+    tmp_path, monkeypatch, capsys
+):
+    import json
+
+    from free_transformer.cli import main
+
+    for name, rate in (("base", 0.2), ("free", 0.6)):
+        results = tmp_path / "runs" / name / "eval" / "step_1.json"
+        results.parent.mkdir(parents=True)
+        results.write_text(json.dumps({"tasks": {"gsm8k": _sampled_task(30, 4, rate, 0)}}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "runs/base", "runs/free", "--bootstrap", "100"]) == 0
+    printed = capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing in the current directory
+    md, page = (tmp_path / "runs" / "comparison.md").read_text(), (tmp_path / "runs" / "comparison.html").read_text()
+    page = html.unescape(page)
+    assert "wrote runs/comparison.md, runs/comparison.html" in printed
+    table = printed.split("Compared:")[0]  # the table, then what it rests on
+    for text in (table, md, page):
+        for kind in ("em: ", "pass@k: ", "maj@k: "):  # one line for each kind of row
+            assert sum(re.sub("^(- |<li>)", "", line).startswith(kind) for line in text.splitlines()) == 1, kind
+        assert "mean over each prompt's samples" in text and "at least one of k samples" in text
+    assert main(["compare", "runs/free/eval/step_1.json", "runs/base", "--bootstrap", "100"]) == 2  # runs/ again
+    assert "runs/comparison.md already exists" in capsys.readouterr().err

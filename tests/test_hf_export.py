@@ -1,7 +1,8 @@
 """A Hugging Face export is self-contained: it loads with trust_remote_code=True in a Python where
 free_transformer cannot be imported, gives our logits, its tokenizer loads with AutoTokenizer with
 our ids (byte and GPT-2), and transformers' text-generation pipeline generates from it with its default
-arguments, and chats where the export was given a chat template."""
+arguments (two samples of a prompt with num_return_sequences=2), and chats where the export was given a chat
+template."""
 
 import importlib.util
 import json
@@ -43,11 +44,13 @@ WITHOUT_US = textwrap.dedent(r"""
             logits = model(torch.tensor([ids]), **free).logits[0]
         generate = pipeline("text-generation", model=directory, trust_remote_code=True)
         completion = generate(text[:3])[0]["generated_text"]  # the defaults: no length, no token ids given
+        samples = generate("K>", num_return_sequences=2, do_sample=True, max_new_tokens=8)
         chat = None
         if tokenizer.chat_template is not None:
             chat = generate([{"role": "user", "content": "hi"}])[0]["generated_text"]
         results[directory] = {"ids": ids, "decoded": tokenizer.decode(ids), "logits": logits.tolist(),
                               "class": type(model).__module__, "completion": completion, "chat": chat,
+                              "samples": [sample["generated_text"] for sample in samples],
                               "eos": model.config.eos_token_id, "max_length": model.generation_config.max_length,
                               "model_max_length": tokenizer.model_max_length}
     results["imported"] = [m for m in sys.modules if m.startswith("free_transformer")]
@@ -114,6 +117,7 @@ def test_hf_export_loads_without_our_package(tmp_path):
         assert got["ids"] == get_tokenizer(name).encode(TEXT) and got["decoded"] == TEXT, name
         assert got["max_length"] == got["model_max_length"] == 64, name  # tiny_checkpoint's max_seq_len
         assert got["completion"].startswith(TEXT[:3]) and len(got["completion"]) > 3, name
+        assert len(got["samples"]) == 2 and all(s.startswith("K>") for s in got["samples"]), name  # sampled twice
         assert got["eos"] == (50256 if name == "gpt2" else None), name  # the byte tokenizer has no end of text
         if name == "byte":
             assert got["chat"][0] == {"role": "user", "content": "hi"} and got["chat"][1]["role"] == "assistant"

@@ -172,6 +172,27 @@ def test_hf_native_sampling_keeps_every_latent(free_pair):
     torch.testing.assert_close(steps, full[:, P - 1 :].float(), rtol=1e-5, atol=1e-5)
 
 
+def test_hf_generate_gives_num_return_sequences_rows_a_prompt_each_with_its_z(free_pair):
+    """num_return_sequences=n with sampling: n rows a prompt, grouped by prompt as Hugging Face returns them, each
+    with its own Z from the latents chosen (its own draws; one shared sequence; the prompt's explicit Z)."""
+    _, hf_model = free_pair
+    prompts, n = _prompts(2), 3
+    args = dict(max_new_tokens=NEW, do_sample=True, num_return_sequences=n, return_dict_in_generate=True)
+    torch.manual_seed(0)
+    drawn = hf_model.generate(prompts, **args)
+    assert drawn.sequences.shape == (2 * n, P + NEW) and torch.equal(
+        drawn.sequences[:, :P], prompts.repeat_interleave(n, 0)
+    )
+    assert drawn.latents.shape[0] == 2 * n and len({tuple(z) for z in drawn.latents.tolist()}) == 2 * n
+    shared = hf_model.generate(prompts, latents="shared", latent_seed=0, **args)
+    assert (shared.latents == shared.latents[:1]).all()
+    given = drawn.latents[::n]  # (2, P + NEW - 1): each prompt's Z at every position
+    fixed = hf_model.generate(prompts, latents=given, **args)
+    assert torch.equal(fixed.latents, given.repeat_interleave(n, 0))
+    with pytest.raises(ValueError, match="num_return_sequences > 1 with seeds"):
+        hf_model.generate(prompts, seeds=[1, 2], **args)
+
+
 def test_generate_rejects_bad_input(free_pair):
     _, hf_model = free_pair
     prompts = _prompts()

@@ -1,7 +1,8 @@
 """A latent kind from outside the package, with a setting of its own, through the command line: trained with
 its setting set, resumed, converted to Hugging Face and loaded back, the setting carried the whole way
 (config.yaml, the checkpoints, the HF config). The kind is docs/latent-variants.md's ternary kind, saved as the
-reader saves it (one file, `ternary_kind.py`) and imported by each command through FREE_TRANSFORMER_PLUGINS."""
+reader saves it (one file, `ternary_kind.py`) and imported by each command through FREE_TRANSFORMER_PLUGINS: each
+command is a process of its own (forked from one that imported torch, tests/command_server.py)."""
 
 import json
 import os
@@ -20,10 +21,31 @@ SRC = Path(__file__).parents[1] / "src"
 TRAIN = ["model.size=debug", "model.latent.kind=ternary", "batch_size=4", "checkpoint_every=2", "progress=false"]
 
 
-def _cli(*args: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "free_transformer.cli", *args], env=env, cwd=cwd, capture_output=True, text=True
-    )
+SERVER = Path(__file__).parent / "command_server.py"
+
+
+@pytest.fixture(scope="module")
+def command_socket(tmp_path_factory):
+    """command_server.py's socket: each command a process forked from one that imported torch and the package
+    (not the plugin: a command imports it as a new process does, from its environment)."""
+    path = tmp_path_factory.mktemp("commands") / "cli.sock"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    server = subprocess.Popen([sys.executable, str(SERVER), str(path)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        yield path
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture
+def cli(command_socket):
+    def run(*args: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+        client = [sys.executable, "-S", str(SERVER), "--client", str(command_socket), *args]
+        return subprocess.run(client, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+    return run
 
 
 @pytest.fixture
@@ -35,21 +57,21 @@ def plugin_env(tmp_path) -> dict:
     return {**os.environ, "PYTHONPATH": path, "FREE_TRANSFORMER_PLUGINS": MODULE, "OMP_NUM_THREADS": "1"}
 
 
-def test_a_plugin_kind_with_a_setting_trains_resumes_converts_and_loads(tmp_path, plugin_env):
+def test_a_plugin_kind_with_a_setting_trains_resumes_converts_and_loads(tmp_path, plugin_env, cli):
     run, hf = tmp_path / "run", tmp_path / "hf"
-    shown = _cli("train", "model.latent.kind=ternary", "--help", env=plugin_env, cwd=tmp_path)
+    shown = cli("train", "model.latent.kind=ternary", "--help", env=plugin_env, cwd=tmp_path)
     assert shown.returncode == 0 and "model.latent.ternary.temperature=1.0  (float)" in shown.stdout, shown.stderr
     setting = "model.latent.ternary.temperature=0.5"
-    trained = _cli("train", "--out", str(run), *TRAIN, setting, "steps=2", env=plugin_env, cwd=tmp_path)
+    trained = cli("train", "--out", str(run), *TRAIN, setting, "steps=2", env=plugin_env, cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr
     latent = {"kind": "ternary", "encoder_layers": 1, "ternary": {"temperature": 0.5}}  # the chosen kind's only
     assert yaml.safe_load((run / "config.yaml").read_text())["model"]["latent"] == latent
-    resumed = _cli("train", "--out", str(run), "--resume", "steps=4", env=plugin_env, cwd=tmp_path)
+    resumed = cli("train", "--out", str(run), "--resume", "steps=4", env=plugin_env, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert [path.name for path in checkpoint_dirs(run)] == ["step_00000002", "step_00000004"]
     saved = json.loads((checkpoint_dirs(run)[-1] / "config.json").read_text())
     assert saved["model"]["latent"] == latent and saved["train"]["model"]["latent"] == latent
-    converted = _cli("convert", str(run), str(hf), "--to", "hf", env=plugin_env, cwd=tmp_path)
+    converted = cli("convert", str(run), str(hf), "--to", "hf", env=plugin_env, cwd=tmp_path)
     assert converted.returncode == 0, converted.stderr
     hf_config = json.loads((hf / "config.json").read_text())
     assert hf_config["latent_kind"] == "ternary" and hf_config["latent_settings"] == {"temperature": 0.5}
@@ -68,15 +90,15 @@ def test_a_plugin_kind_with_a_setting_trains_resumes_converts_and_loads(tmp_path
         torch.testing.assert_close(exported(input_ids=tokens, latents=z).logits, model.eval()(tokens, latents=z).logits)
 
 
-def test_without_the_plugin_its_run_is_one_line(tmp_path, plugin_env):
+def test_without_the_plugin_its_run_is_one_line(tmp_path, plugin_env, cli):
     run = tmp_path / "run"
-    assert _cli("train", "--out", str(run), *TRAIN, "steps=2", env=plugin_env, cwd=tmp_path).returncode == 0
+    assert cli("train", "--out", str(run), *TRAIN, "steps=2", env=plugin_env, cwd=tmp_path).returncode == 0
     without = {**plugin_env, "FREE_TRANSFORMER_PLUGINS": ""}
     for args in (["train", "--out", str(run), "--resume", "steps=4"], ["inspect", str(run)]):
-        refused = _cli(*args, env=without, cwd=tmp_path)
+        refused = cli(*args, env=without, cwd=tmp_path)
         assert refused.returncode == 2 and "unknown latent kind 'ternary'" in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
-    missing = _cli("train", "--help", env={**plugin_env, "FREE_TRANSFORMER_PLUGINS": "no_such_kinds"}, cwd=tmp_path)
+    missing = cli("train", "--help", env={**plugin_env, "FREE_TRANSFORMER_PLUGINS": "no_such_kinds"}, cwd=tmp_path)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
         "error: FREE_TRANSFORMER_PLUGINS: cannot import no_such_kinds: ModuleNotFoundError: No module named "

@@ -207,6 +207,23 @@ def test_a_stop_string_written_with_escapes_ends_samples_at_a_newline(checkpoint
     assert stopped == [sample.split("\n")[0] for sample in full]
 
 
+def test_samples_a_stop_string_ended_at_once_are_named_on_stderr(checkpoint, capsys):
+    """In the text format a sample that a stop string ended before its first character is its prompt alone:
+    stderr names those lines, and only those."""
+    options = ["generate", checkpoint, "--prompt", "K>", "-n", "8", "--max-new-tokens", "6"]
+    samples = [json.loads(line)["sample"] for line in _out(capsys, [*options, "--format", "jsonl"])]
+    stop = samples[0][0]
+    at_once = [number for number, sample in enumerate(samples, 1) if sample.startswith(stop)]
+    assert main([*options, "--stop", stop]) == 0
+    out, err = capsys.readouterr()
+    lines = out.split("\n")[:-1]
+    assert [number for number, line in enumerate(lines, 1) if line == "K>"] == at_once
+    which = f"line{'s' if len(at_once) > 1 else ''} {', '.join(map(str, at_once))}"
+    said = f'note: {which} stopped at once: their continuation began with "{stop}" (--stop), so they show the prompt'
+    assert err == said + " alone\n"
+    assert main([*options, "--stop", stop, "--format", "jsonl"]) == 0 and capsys.readouterr().err == ""
+
+
 def _interact(monkeypatch, capsys, checkpoint, script: str, *options) -> tuple[list[str], list[str]]:
     monkeypatch.setattr("sys.stdin", io.StringIO(script))
     assert main(["generate", checkpoint, "--interactive", *options]) == 0

@@ -196,6 +196,21 @@ def test_the_latent_fields_choose_z_as_the_generate_command_does(client, checkpo
     assert prompt_scores(latent_seed=8) != prompt_scores(latent_seed=7)  # another draw of Z
 
 
+def test_echo_with_max_tokens_0_gives_the_prompt_alone_with_its_logprobs(client):
+    """OpenAI's way to score a prompt (echo, max_tokens 0): the prompt back, its tokens' log-probabilities those
+    of the same request with one new token, no completion token billed; streamed alike. Without echo, a 400."""
+    prompt, seed = "Hello there", {"latents": "shared", "latent_seed": 3}
+    scored = complete(client, prompt, max_tokens=0, logprobs=1, echo=True, extra_body=seed)
+    choice, one = scored.choices[0], complete(client, prompt, max_tokens=1, logprobs=1, echo=True, extra_body=seed)
+    assert choice.text == prompt and choice.finish_reason == "length" and scored.usage.completion_tokens == 0
+    assert choice.logprobs.tokens == list(prompt) and choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs == one.choices[0].logprobs.token_logprobs[: len(prompt)]
+    streamed = list(complete(client, prompt, max_tokens=0, echo=True, stream=True))
+    assert "".join(chunk.choices[0].text for chunk in streamed) == prompt
+    with pytest.raises(openai.BadRequestError, match="0 goes with echo"):
+        complete(client, prompt, max_tokens=0)
+
+
 def test_the_sampling_fields_sample_what_generate_samples(client, checkpoint, capsys):
     """The request's sampling fields are SamplingParams' (top_k and min_p too, as extra_body): a completion is
     `free-transformer generate`'s sample for the same settings and seed."""

@@ -49,7 +49,7 @@ def _steps(run_dir) -> int:
 
 
 def test_a_run_stopped_in_its_job_is_resubmitted_resumes_and_ends_as_if_uninterrupted(tmp_path):
-    config = tiny_run_config("steps=100", "checkpoint_every=5", "threads=1")
+    config = tiny_run_config("steps=40", "checkpoint_every=4", "threads=1")  # stopped at step 8 or a little later
     run_dir = tmp_path / "sweep" / "seed-0" / "free"
     launcher = _launcher(tmp_path / "sweep")
     record = lambda: Record(tmp_path / "sweep").runs["seed-0/free"]  # noqa: E731
@@ -58,7 +58,7 @@ def test_a_run_stopped_in_its_job_is_resubmitted_resumes_and_ends_as_if_uninterr
     _when(lambda: _steps(run_dir) >= 8, lambda: os.kill(int(record().job), signal.SIGTERM))
     with pytest.raises(Stopped, match=r"1 of 1 runs stopped \(seed-0/free: stopped by SIGTERM at step \d+") as stop:
         launcher.train([(config, run_dir)], "training")
-    assert stop.value.exit_code == 143 and record().state == STOPPED and _steps(run_dir) < 100
+    assert stop.value.exit_code == 143 and record().state == STOPPED and _steps(run_dir) < 40
     first_job = record().job
 
     wall = launcher.train([(config, run_dir)], "training")  # the same command again: resubmitted, resumed
@@ -158,7 +158,7 @@ def _cluster_ready() -> str | None:
 def test_on_a_real_cluster_a_run_warned_of_its_time_limit_stops_and_is_resubmitted(tmp_path):
     """On Slurm itself: the run's job gets the USR2 that comes before the time limit (scancel --signal=USR2, as
     sbatch --signal sends it), checkpoints and stops; the next call resubmits it and it finishes."""
-    config = tiny_run_config("steps=100", "checkpoint_every=5", "threads=1")
+    config = tiny_run_config("steps=40", "checkpoint_every=4", "threads=1")  # stopped at step 8 or a little later
     run_dir = tmp_path / "sweep" / "free"
     launcher = _launcher(tmp_path / "sweep", cluster="slurm")
     job = lambda: Record(tmp_path / "sweep").runs["free"].job  # noqa: E731

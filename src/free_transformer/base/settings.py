@@ -155,8 +155,9 @@ def _read(cls, values: dict, where: str, section) -> dict:
             raise ConfigError(f"{path}: {named_by} {kind} has no settings")
         kwargs[item.name] = section(section_type, values.pop(kind), path)
     unknown = sorted(set(values) - set(names), key=str)
-    if unknown:
-        message = "; ".join(unknown_setting(str(name), names, where) for name in unknown)
+    if unknown:  # the names a section reads before it is built (ModelConfig's size) are offered too
+        offered = [*getattr(cls, "READ_FIRST", ()), *names]
+        message = "; ".join(unknown_setting(str(name), offered, where) for name in unknown)
         section = kinds and any(isinstance(values[name], dict) for name in unknown)  # another kind's settings
         chosen = f" (and the settings of the chosen kind only: {', '.join(kinds)})" if section else ""
         raise ConfigError(message + chosen)

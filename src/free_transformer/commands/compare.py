@@ -26,8 +26,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--labels", default=None, help="comma-separated column labels (default: run names)")
     parser.add_argument(
         "--output",
-        default="comparison",
-        help="writes OUTPUT.md and OUTPUT.html, and OUTPUT.png with curves (default: comparison)",
+        default=None,
+        help="writes OUTPUT.md and OUTPUT.html, and OUTPUT.png with curves (default: comparison beside the "
+        "baseline run, in its parent directory: runs/comparison for runs/ctrl)",
     )
     parser.add_argument(
         "--settings",
@@ -89,7 +90,7 @@ def run(args) -> int:
         averaged = build_rows(averages, samples=args.bootstrap, seed=args.seed)
     note = "Compared: " + "; ".join(f"{label}: {source}" for label, source in zip(labels, sources))
     note += ". " + _note(labels, runs, curves)
-    output = Path(args.output)
+    output = Path(args.output) if args.output else default_output(args.runs[0])
     md, page, figure = output.with_suffix(".md"), output.with_suffix(".html"), None
     existing = [path for path in (md, page, output.with_suffix(".png")) if path.exists()]
     if existing and not args.overwrite:
@@ -109,6 +110,17 @@ def run(args) -> int:
     print(note)
     print(f"wrote {md}, {page}" + (f" and {figure}" if figure else ""))
     return 0
+
+
+def default_output(baseline: str) -> Path:
+    """`comparison` in the folder that holds the baseline run: runs/ctrl and runs/ctrl/eval/x.json give
+    runs/comparison; a results file elsewhere, its own folder."""
+    path = Path(baseline)
+    if path.is_file():
+        run = path.parent.parent if path.parent.name == "eval" else path
+    else:
+        run = path if path.name not in ("", "..") else path.resolve()  # `compare . OTHER`: the folder above
+    return run.parent / "comparison"
 
 
 def _source(run: dict, curve) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..base.devices import Placement
 from ..base.settings import add_option
 from ..inference.params import DEFAULT_BATCH_SIZE
-from .samples import FORMATS, Sampler, add_sampling_options, params_from, unescape
+from .samples import FORMATS, Sampler, add_sampling_options, encode_prompts, params_from, unescape
 
 NAME = "generate"
 HELP = (
@@ -84,7 +84,8 @@ def say_compile_times() -> None:
 
 
 def run(args) -> int:
-    """The settings are checked first, before torch is imported: a mistyped one is a quick line."""
+    """The settings, the checkpoint and the prompts are checked first, before torch is imported: a mistyped
+    setting, a missing run or checkpoint and a prompt past the model's context are a quick line."""
     if args.compile:
         say_compile_times()
     params = params_from(args)  # the one parse of --latents: a misspelt one fails before the checkpoint is read
@@ -93,15 +94,22 @@ def run(args) -> int:
     if args.interactive and (args.prompt or args.prompts_file is not None):
         raise ValueError("--interactive reads its prompts as you type them: drop --prompt and --prompts-file")
     labelled = [] if args.interactive else _prompts(args)  # a missing file fails before the checkpoint is read
-    from ..base.devices import decoding_dtype, parse_device
     from ..data.tokenizer import get_tokenizer
+    from ..model.config import ModelConfig
+    from ..runs.locate import read_checkpoint_config
+
+    saved = read_checkpoint_config(args.checkpoint)  # the run's saved config, read without torch
+    tokenizer = get_tokenizer(saved.get("tokenizer", "byte"))
+    context = ModelConfig.from_dict(saved["model"]).max_seq_len
+    encode_prompts(tokenizer, [text for _, text in labelled], params, context, [label for label, _ in labelled])
+    from ..base.devices import decoding_dtype, parse_device
     from ..runs.checkpoint import load_model
     from .interactive import interact
 
     device = parse_device(args.device)
-    model, config = load_model(args.checkpoint, device)
+    model, _ = load_model(args.checkpoint, device)
     model = model.to(decoding_dtype(args.dtype, device))
-    sampler = Sampler(model, get_tokenizer(config.get("tokenizer", "byte")), args.format, args.batch_size, args.compile)
+    sampler = Sampler(model, tokenizer, args.format, args.batch_size, args.compile)
     if args.interactive:
         return interact(sampler, params)
     sampler.sample([text for _, text in labelled], params, [label for label, _ in labelled])

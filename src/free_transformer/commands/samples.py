@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -111,11 +112,13 @@ class Sampler:
             should_stop=stop_check(decode, stops),
             compile=self.compile,
         )
-        for row in rows:
+        at_once = []  # the lines of samples that a stop string ended before their first character
+        for line, row in enumerate(rows, 1):
             start = prompt_chars[row.prompt]
             text = cut_at_stop(decode(prompts[row.prompt].ids + row.tokens), stops, start)  # prompt and sample
             if self.format == "text":
                 print(escape(text), flush=True)  # one line, read back by unescape
+                at_once += [line] if stops and len(text) == start else []
             else:
                 print(
                     json.dumps(
@@ -130,6 +133,7 @@ class Sampler:
                     ),
                     flush=True,
                 )
+        say_stopped_at_once(at_once, stops)
 
     def _best_of(self, texts: list[str], ids: list[list[int]], params: SamplingParams, first_index: int) -> None:
         """Every prompt's best_of candidates, decoded as rows of one engine batch (inference.search.best_of), and
@@ -152,15 +156,17 @@ class Sampler:
             compile=self.compile,
             batch_size=self.batch_size,
         )
+        at_once, line = [], 0  # as in `sample`
         for p, scores in enumerate(found.scores):
             shown = ranking(scores)[: params.n] if params.candidates > params.n else range(params.candidates)
             start = len(decode(ids[p]))
             for k in shown:
-                text = cut_at_stop(decode(ids[p] + found.tokens[p][k]), stops, start)
+                text, line = cut_at_stop(decode(ids[p] + found.tokens[p][k]), stops, start), line + 1
                 if self.format == "text":
                     print(escape(text), flush=True)
+                    at_once += [line] if stops and len(text) == start else []
                     continue
-                line = {
+                record = {
                     "prompt": texts[p],
                     "sample": text[start:],
                     "index": first_index + p,
@@ -171,34 +177,57 @@ class Sampler:
                     "score": scores[k],
                     "scores": scores,
                 }
-                print(json.dumps(line, ensure_ascii=False), flush=True)
+                print(json.dumps(record, ensure_ascii=False), flush=True)
+        say_stopped_at_once(at_once, stops)
 
     def prepare(self, texts: list[str], params: SamplingParams, labels: list[str] | None = None) -> list[Prompt]:
-        """The prompts tokenized, checked against the model's context and given their Z (`prepare_prompts`);
-        a one-line ValueError names the prompt at fault by its label when there are several."""
+        """The prompts tokenized, checked against the model's context (`encode_prompts`) and given their Z
+        (`prepare_prompts`)."""
         import torch
 
         from ..inference.batches import prepare_prompts
 
-        context = self.model.config.max_seq_len
-        labels = labels or [f"prompt {k + 1}" for k in range(len(texts))]
-        ids, configs = [], []
-        for text, label in zip(texts, labels):
-            where = f"{label}: " if len(texts) > 1 else ""
-            prompt = self.tokenizer.encode(text)
-            if not prompt:
-                raise ValueError(f"{label if where else '--prompt'} must not be empty (give at least one character)")
-            try:
-                new = params.new_tokens(len(prompt), context)
-                check_room(len(prompt), new, context)
-            except ValueError as error:
-                raise ValueError(f"{where}{error}") from None
-            ids.append(prompt)
-            configs.append(params.generation_config(new))
+        encoded = encode_prompts(self.tokenizer, texts, params, self.model.config.max_seq_len, labels)
+        ids, configs = [prompt for prompt, _ in encoded], [params.generation_config(new) for _, new in encoded]
         reference = None if params.reference is None else torch.tensor([self.tokenizer.encode(params.reference)])
         _, latent_seed = params.seeds()
         return prepare_prompts(
             self.model, ids, configs, params.latents, reference=reference, latent_seed=latent_seed, where="--latents"
+        )
+
+
+def encode_prompts(
+    tokenizer: Tokenizer, texts: list[str], params: SamplingParams, context: int, labels: list[str] | None = None
+) -> list[tuple[list[int], int]]:
+    """(ids, new tokens) of each prompt, checked against a model that reads `context` tokens; without torch, so
+    that `generate` checks its prompts with the run's saved config before it loads the model. A one-line
+    ValueError names the prompt at fault by its label when there are several."""
+    labels = labels or [f"prompt {k + 1}" for k in range(len(texts))]
+    encoded = []
+    for text, label in zip(texts, labels):
+        where = f"{label}: " if len(texts) > 1 else ""
+        prompt = tokenizer.encode(text)
+        if not prompt:
+            raise ValueError(f"{label if where else '--prompt'} must not be empty (give at least one character)")
+        try:
+            new = params.new_tokens(len(prompt), context)
+            check_room(len(prompt), new, context)
+        except ValueError as error:
+            raise ValueError(f"{where}{error}") from None
+        encoded.append((prompt, new))
+    return encoded
+
+
+def say_stopped_at_once(lines: list[int], stops: list[str]) -> None:
+    """On stderr, which printed lines are a prompt alone because a stop string began their continuation: in
+    the text format they would look like samples that were never drawn."""
+    if lines:
+        which = f"line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}"
+        given = " or ".join(f'"{escape(stop)}"' for stop in stops)
+        print(
+            f"note: {which} stopped at once: their continuation began with {given} (--stop), so they show the "
+            "prompt alone",
+            file=sys.stderr,
         )
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 NAME = "tokenize"
 HELP = "tokenize a corpus once into token shards (llm.c's format) that data.kind=tokens trains on"
 EPILOG = """example (the Python standard library, GPT-2's BPE; then train on the shards):
-  free-transformer tokenize corpus:python-stdlib --out data/stdlib --tokenizer gpt2
-  free-transformer train --out runs/stdlib data.kind=tokens data.tokens.path='data/stdlib/tokens_*.bin' \\
+  free-transformer tokenize corpus:python-stdlib --out runs/tokens/stdlib --tokenizer gpt2
+  free-transformer train --out runs/stdlib data.kind=tokens data.tokens.path='runs/tokens/stdlib/tokens_*.bin' \\
       data.tokens.tokenizer=gpt2 model.vocab_size=50257"""
 
 

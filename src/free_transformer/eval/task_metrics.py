@@ -183,3 +183,25 @@ def bootstrap_interval(
     alpha = (1 - confidence) / 2
     low, high = np.quantile(means, [alpha, 1 - alpha])
     return {"value": float(values.mean()), "low": float(low), "high": float(high), "confidence": confidence}
+
+
+# What each measure a table shows means, one line each (a pass@k or maj@k row: its k's own line).
+MEASURE_MEANINGS = {
+    "acc_completion": "the share of questions whose right choice has the highest log-probability per token",
+    "acc_char": "the share of questions whose right choice has the highest log-probability per character",
+    "macro_avg/acc_char": "acc_char averaged over sub-categories (each counts the same)",
+    "em": "the share of samples whose answer equals a reference after normalisation: the mean over each "
+    "prompt's samples, then over prompts (with one sample, the paper's value)",
+    "pass@1": "the share of generated programs that pass their tests: the mean over each prompt's samples, "
+    "then over prompts (with one sample, the paper's value)",
+    "pass@k": "the chance that at least one of k samples is correct, estimated without bias from the n "
+    "samples per prompt (Chen et al. 2021)",
+    "maj@k": "the chance that the most common answer of k samples is correct (Lewkowycz et al. 2022)",
+}
+
+
+def measure_legend(measures: Sequence[str]) -> list[str]:
+    """One line per kind of measure among `measures` (pass@2 and pass@4 are one kind: pass@k), in their
+    order; a measure without a known meaning gets no line."""
+    kinds = dict.fromkeys(m if m in MEASURE_MEANINGS else re.sub(r"@\d+$", "@k", m) for m in measures)
+    return [f"{kind}: {MEASURE_MEANINGS[kind]}" for kind in kinds if kind in MEASURE_MEANINGS]

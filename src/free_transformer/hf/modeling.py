@@ -179,6 +179,16 @@ def _quiet_transformers():
         hf_logging.set_verbosity(level)
 
 
+def _rows_per_sequence(n: int, B: int, *values) -> list:
+    """`values` with each (B, ...) tensor's rows repeated n times in place (row b becomes rows b n ... b n + n - 1),
+    as Hugging Face orders num_return_sequences; anything else (a (1, ...) tensor shared by every row, a name, None)
+    as it is."""
+    return [
+        value.repeat_interleave(n, 0) if isinstance(value, Tensor) and value.shape[:1] == (B,) else value
+        for value in values
+    ]
+
+
 class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin):
     def __init__(self, config: FreeTransformerConfig):
         super().__init__(config)
@@ -369,7 +379,8 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
 
         With return_dict_in_generate=True the output also has `latents`, (B, positions fed) the Z_t
         used at every position, like `GenerationResult.latents`. Prompts must have equal lengths
-        (no padding); beam search and num_return_sequences > 1 are not supported with latents or seeds.
+        (no padding). num_return_sequences=n with do_sample=True decodes n rows per prompt, each with its own Z
+        (the latents chosen); beam search is not supported with latents or seeds, nor n > 1 with seeds.
         """
         prompts = inputs if inputs is not None else kwargs.get("input_ids")
         if not isinstance(prompts, Tensor) or prompts.dim() != 2 or prompts.shape[1] == 0:
@@ -391,11 +402,24 @@ class FreeTransformerForCausalLM(FreeTransformerPreTrainedModel, GenerationMixin
         wants_plan = latents is not None or latent_reference is not None or latent_seed is not None
         if wants_plan and not is_free:
             raise ValueError("latents, latent_reference and latent_seed need a Free Transformer (latent_units > 0)")
-        if (is_free or seeds is not None) and (setting("num_beams") != 1 or setting("num_return_sequences") != 1):
+        n = setting("num_return_sequences")
+        if (is_free or seeds is not None) and (setting("num_beams") != 1 or (n != 1 and seeds is not None)):
             raise ValueError(
-                "beam search and num_return_sequences > 1 are not supported with latents or seeds; "
-                "repeat the prompt rows instead"
+                "beam search is not supported with latents or seeds, nor num_return_sequences > 1 with seeds; "
+                "repeat the prompt rows instead (one seed each)"
             )
+        if is_free and n != 1 and setting("do_sample"):  # n rows a prompt, in the order Hugging Face returns them
+            mask = kwargs.get("attention_mask")
+            prompts, latents, latent_reference, mask = _rows_per_sequence(
+                n, B, prompts, latents, latent_reference, mask
+            )
+            if mask is not None:
+                kwargs["attention_mask"] = mask
+            if inputs is not None:
+                inputs = prompts
+            else:
+                kwargs["input_ids"] = prompts
+            B, kwargs["num_return_sequences"] = B * n, 1
         max_new = setting("max_new_tokens")
         fed = P + max_new - 1 if max_new is not None else setting("max_length") - 1
         if fed > self.config.max_position_embeddings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..base.checks import ConfigError, check_range
 from ..base.presets import Presets
@@ -49,6 +49,10 @@ class LatentConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    # Names the model section takes besides its fields, read before it is built: model.size=NAME, a named size's
+    # fields (train/config.py). An unknown setting's message offers them with the fields.
+    READ_FIRST: ClassVar[tuple[str, ...]] = ("size",)
+
     vocab_size: int = 256
     """Number of token ids; every input id must lie in [0, vocab_size)."""
     dim: int = 128

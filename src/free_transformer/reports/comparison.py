@@ -104,6 +104,7 @@ class Row:
     higher_is_better: bool
     baseline: Cell | None
     others: list[Cell | None] = field(default_factory=list)
+    measure: str = ""  # the task's metric (em, pass@4, ...); empty for the held-out likelihood
 
 
 def _paired_scores(base: dict, other: dict) -> tuple[list, list, list]:
@@ -179,7 +180,8 @@ def build_rows(runs: list[dict], *, samples: int = 2000, seed: int = 0) -> list[
         ref = next(r["tasks"][name] for r in runs if name in r["tasks"])
         label = f"{ref.get('paper_name', name)} ({ref['metric']})"
         base = base_run["tasks"].get(name)
-        row = Row(name, label, ref.get("category", "Other"), True, Cell(base["value"], n=base["n"]) if base else None)
+        baseline = Cell(base["value"], n=base["n"]) if base else None
+        row = Row(name, label, ref.get("category", "Other"), True, baseline, measure=ref["metric"])
         for run in others:
             mine = run["tasks"].get(name)
             if mine is None:
@@ -244,6 +246,11 @@ def _likelihood_rows(runs: list[dict], samples: int, seed: int) -> list[Row]:
 
 
 # ---- rendering ---------------------------------------------------------------------------------------
+
+
+def row_legend(rows: list[Row]) -> list[str]:
+    """One line per kind of row the table has: what its measure is (em, pass@k, maj@k, ...)."""
+    return task_metrics.measure_legend([row.measure for row in rows if row.measure])
 
 
 def _fmt_value(cell: Cell | None) -> str:
@@ -342,6 +349,8 @@ def to_markdown(rows: list[Row], labels: list[str], note: str = "", averaged: li
         lines.append(LAST_THIRD_LEGEND)
     if note:
         lines.append(note)
+    kinds = row_legend(rows + (averaged or []))
+    lines += [""] + [f"- {line}" for line in kinds] if kinds else []
     return "\n".join(lines) + "\n"
 
 
@@ -388,6 +397,7 @@ def to_html(
     )
     if averaged is not None:
         legend += " " + esc(LAST_THIRD_LEGEND)
+    kinds = "\n".join(f"<li>{esc(line)}</li>" for line in row_legend(rows + (averaged or [])))
     image = ""
     if figure is not None:
         data = base64.b64encode(Path(figure).read_bytes()).decode()
@@ -396,7 +406,9 @@ def to_html(
         f'<!doctype html>\n<html><head><meta charset="utf-8"><title>Baseline vs Free Transformer</title>'
         f"<style>{style}</style></head><body>\n<table>\n<tr>{head}</tr>\n"
         + "\n".join(body)
-        + f"\n</table>\n<p>{legend}</p>\n<p>{esc(note)}</p>\n{image}</body></html>\n"
+        + f"\n</table>\n<p>{legend}</p>\n"
+        + (f"<ul>\n{kinds}\n</ul>\n" if kinds else "")
+        + f"<p>{esc(note)}</p>\n{image}</body></html>\n"
     )
 
 
@@ -420,4 +432,4 @@ def to_text(rows: list[Row], labels: list[str], averaged: list[Row] | None = Non
                 for cell in others:
                     line += f"  {_fmt_value(cell):>12} {_fmt_change(cell):>9}  {_fmt_ci(cell):<34}"
             lines.append(line.rstrip())
-    return "\n".join(lines)
+    return "\n".join(lines + row_legend(rows + (averaged or [])))

@@ -277,6 +277,7 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
             stops=plan.stops,
             logprobs=request.logprobs,
             echo=request.echo,
+            prompt_only=request.max_tokens == 0,
             stream=request.stream,
             scored=plan.ranked,
             emit=channel.put,

@@ -56,6 +56,7 @@ class Job:
     stops: list[str]
     logprobs: int | None  # alternatives per token, None: no logprobs
     echo: bool
+    prompt_only: bool = False  # max_tokens 0 with echo: the prompt alone, without the token its prefill drew
     stream: bool  # deltas as the text grows (else one per row, when it ends)
     scored: bool = False  # each row's mean token log-probability in its last Delta (`Delta.score`, the engine's
     # `Row.score`, best_of()'s too): best_of
@@ -358,6 +359,9 @@ class Batcher:
         if row.prompt_logits is not None and job.logprobs is not None:  # kept with echo and logprobs
             served.pending = self._prompt_logprobs(served.spec.prompt.ids, row.prompt_logits[:-1], job.logprobs)
             row.prompt_logits = None
+        if job.prompt_only:  # the prompt (and its logprobs) alone: the token drawn is not part of the answer
+            self._deliver(served)
+            return
         token = row.tokens[-1]
         served.text.push(token)
         if job.logprobs is not None:

@@ -34,6 +34,8 @@ REQUEST_TYPES = {"stop": str | list[str] | None, "latents": str | None}
 def _check_sampling(value, info):
     """A sampling field checked as SamplingParams checks it, the error on that field."""
     name = SAMPLING_FIELDS[info.field_name]
+    if name == "max_new_tokens" and value == 0:  # the prompt alone, scored: with echo only (ServeEngine._max_tokens)
+        return value
     if value is not None and name not in REQUEST_TYPES:
         try:
             SamplingParams(**{name: value})

@@ -207,6 +207,12 @@ class Engine:
         return prompts
 
     def _max_tokens(self, request: CompletionRequest, longest: int) -> int:
+        """The tokens each row decodes. max_tokens 0 with echo (OpenAI's way to score a prompt) decodes the one
+        token a prefill draws, which the batcher drops (Job.prompt_only)."""
+        if request.max_tokens == 0 and not request.echo:
+            raise RequestError("max_tokens must be >= 1, got 0 (0 goes with echo: the prompt alone)", "max_tokens")
+        if request.max_tokens == 0:
+            request = request.model_copy(update={"max_tokens": 1})
         try:
             room = new_token_room(longest, self.context)
         except ValueError as error:

@@ -56,6 +56,7 @@ class DemoPreset:
     green_groups: int = 8
     green_size: int = 12
     minutes_per_seed: WallTime = WallTime()  # what the demo prints before it trains
+    not_judged: str | None = None  # why its models' measures judge no claim (the report says so, marking none)
 
 
 def quick(variant: Variant) -> TrainConfig:
@@ -116,7 +117,15 @@ PRESETS: Presets[DemoPreset] = Presets(
             "the paper's recipe at width 32 (kappa = 1 bit at 64), compiled",
         ),
         "smoke": (
-            DemoPreset("smoke", smoke, blue_size=4, green_groups=2, green_size=3),
+            DemoPreset(
+                "smoke",
+                smoke,
+                blue_size=4,
+                green_groups=2,
+                green_size=3,
+                not_judged="preset smoke trains a debug model for 3 steps to check the wiring: its measures "
+                "say nothing about the paper's claims",
+            ),
             "a debug model, 3 steps: checks the wiring",
         ),
     },

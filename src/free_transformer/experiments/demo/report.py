@@ -240,7 +240,10 @@ coin half of the time. “Coin of the Z's source”: generations given the encod
 they show that sequence's coin.</p>"""
 
 
-def _verdict(claim: dict) -> str:
+def _verdict(claim: dict, not_judged: str | None) -> str:
+    """✔ or ✘ per seed and the count; "not judged" where the preset's measures judge no claim (not_judged: why)."""
+    if not_judged:
+        return "not judged"
     marks = "".join("✔" if ok else "✘" for ok in claim["per_seed"].values())
     return f"{marks} {claim['reproduced']} of {claim['seeds']} seed{'s' if claim['seeds'] > 1 else ''}"
 
@@ -307,7 +310,14 @@ LINE = 0.145  # inches per text line at 7.5 points
 RED, DARK_GREEN, ORANGE = "#b00000", "#176917", "#a65f00"
 
 
-def _figure_png(results, claims, seeds: list, preset: str, latent_kind: str | None) -> bytes:
+def _mark(holds: bool, not_judged: str | None) -> str:
+    """A condition's mark before its measured value: none where nothing is judged."""
+    return "" if not_judged else "✔ " if holds else "✘ "
+
+
+def _figure_png(
+    results, claims, seeds: list, preset: str, latent_kind: str | None, not_judged: str | None = None
+) -> bytes:
     sheet = _Sheet(15.0)
     kind = f", latent kind {latent_kind}" if latent_kind else ""
     sheet.text(
@@ -330,19 +340,20 @@ def _figure_png(results, claims, seeds: list, preset: str, latent_kind: str | No
     sheet.down(0.4)
     sheet.text(
         0.3,
-        "The paper's claims: each test's conditions, measured on each seed (✔ holds, ✘ fails)",
+        "The paper's claims: each test's conditions, measured on each seed"
+        + ("" if not_judged else " (✔ holds, ✘ fails)"),
         11,
         mono=False,
         weight="bold",
     )
     sheet.down(0.25)
-    sheet.text(0.3, NOT_MEASURED, 8, mono=False, color="#555")
+    sheet.text(0.3, f"Not judged: {not_judged}." if not_judged else NOT_MEASURED, 8, mono=False, color="#555")
     sheet.down(0.25)
     condition_width, cell = 0.3 + 6.4, 2.05  # inches: the conditions' column, then one column per seed
     for claim in claims:
         count = claim["reproduced"]
-        colour = DARK_GREEN if count == claim["seeds"] else RED if count == 0 else ORANGE
-        sheet.text(0.3, f"{_verdict(claim)}   {claim['claim']}", 8.5, color=colour, weight="bold")
+        colour = "#555" if not_judged else DARK_GREEN if count == claim["seeds"] else RED if count == 0 else ORANGE
+        sheet.text(0.3, f"{_verdict(claim, not_judged)}   {claim['claim']}", 8.5, color=colour, weight="bold")
         for index, seed in enumerate(seeds):
             sheet.text(condition_width + index * cell, f"seed {seed}", 7.5, color="#555")
         sheet.down(LINE * 1.2)
@@ -351,12 +362,12 @@ def _figure_png(results, claims, seeds: list, preset: str, latent_kind: str | No
             for index, (measured, holds) in enumerate(cells):
                 sheet.text(
                     condition_width + index * cell,
-                    f"{'✔' if holds else '✘'} {measured}",
+                    f"{_mark(holds, not_judged)}{measured}",
                     7.5,
-                    color="black" if holds else RED,
+                    color="black" if holds or not_judged else RED,
                 )
             sheet.down(LINE)
-        if claim["reproduced"] < claim["seeds"] and claim["model"] in WHY_IT_FAILS:
+        if not not_judged and claim["reproduced"] < claim["seeds"] and claim["model"] in WHY_IT_FAILS:
             for line in textwrap.wrap(WHY_IT_FAILS[claim["model"]], 150):
                 sheet.text(0.5, line, 7.5, color=ORANGE, style="italic")
                 sheet.down(LINE)
@@ -517,7 +528,8 @@ def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
     seeds = list(results_by_seed)
     results = results_by_seed[seeds[0]]  # whose groups are drawn
     claims = summary["claims"]
-    figure = _figure_png(results, claims, seeds, summary["preset"]["name"], summary.get("latent_kind"))
+    not_judged = summary["preset"].get("not_judged")  # the preset's measures judge no claim: why
+    figure = _figure_png(results, claims, seeds, summary["preset"]["name"], summary.get("latent_kind"), not_judged)
     (out_dir / "report.png").write_bytes(figure)
     curves = _curves_png(results)
     (out_dir / "training_curves.png").write_bytes(curves)
@@ -540,15 +552,17 @@ def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
     claim_rows = ""
     for c in claims:
         verdict = "yes" if c["reproduced"] == c["seeds"] else "no" if not c["reproduced"] else "some"
+        verdict = "unjudged" if not_judged else verdict
         conditions = condition_table(c, seeds)
         claim_rows += (
-            f"<tr class='{verdict} claim'><td rowspan='{len(conditions) + 1}'>{esc(_verdict(c))}</td>"
+            f"<tr class='{verdict} claim'><td rowspan='{len(conditions) + 1}'>{esc(_verdict(c, not_judged))}</td>"
             f"<td colspan='{len(seeds) + 1}'><b>{esc(c['claim'])}</b></td></tr>"
         )
         claim_rows += "".join(
             f"<tr><td>{esc(test)}</td>"
             + "".join(
-                f"<td class='{'holds' if holds else 'fails'}'>{'✔' if holds else '✘'} {esc(measured)}</td>"
+                f"<td class='{'measured' if not_judged else 'holds' if holds else 'fails'}'>"
+                f"{_mark(holds, not_judged)}{esc(measured)}</td>"
                 for measured, holds in cells
             )
             + "</tr>"
@@ -558,7 +572,7 @@ def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
             *failures(c, seeds),
             *([WHY_IT_FAILS[c["model"]]] if c["reproduced"] < c["seeds"] and c["model"] in WHY_IT_FAILS else []),
         ]
-        if why:
+        if why and not not_judged:
             claim_rows += (
                 f"<tr><td></td><td colspan='{len(seeds) + 1}' class='why'>Not reproduced on "
                 + "<br>".join(map(esc, why))
@@ -588,6 +602,14 @@ def write_report(out_dir: Path, results_by_seed: dict, summary: dict) -> Path:
         )
         comparison = f"<pre>{esc(chr(10).join(coin_comparison(r.groups)))}</pre>" if r.variant.task == "coins" else ""
         panels += f"<div class='panel'><h3>{esc(panel_title(r))}</h3>{comparison}{boxes}</div>"
+    judging = (
+        f"<p class='unjudged'><b>Not judged</b>: {esc(not_judged)}. Each cell is what a seed measured, and no "
+        "condition is marked as holding or failing.</p>"
+        if not_judged
+        else "<p>Each claim's test is a list of conditions; each cell is what a seed measured, ✔ where the "
+        f"condition holds; {esc(NOT_MEASURED)}.</p>"
+    )
+    verdict_header = "verdict" if not_judged else "reproduced"
     preset = summary["preset"]
     models = summary["per_seed"][seeds[0]]["models"]
     settings = "".join(
@@ -610,15 +632,15 @@ table {{ border-collapse: collapse; margin: 1em 0; }} td, th {{ border: 1px soli
 tr.yes td:first-child {{ color: #176917; font-weight: bold; }}
 tr.no td:first-child {{ color: #a11; font-weight: bold; }}
 tr.some td:first-child {{ color: #a60; font-weight: bold; }}
+tr.unjudged td:first-child, p.unjudged {{ color: #555; }}
 td.fails {{ color: #b00000; }} td.why {{ color: #a65f00; font-style: italic; }}
 p.heading {{ margin: 6px 0 0; font-size: 12px; }}
 </style></head><body>
 <h1>{esc(report_title(results))}</h1>
 {letters_intro}{coins_intro}
 <h2>The paper's claims, seed by seed</h2>
-<p>Each claim's test is a list of conditions; each cell is what a seed measured, ✔ where the condition holds;
-{esc(NOT_MEASURED)}.</p>
-<table><tr><th>reproduced</th><th>claim, and its test's conditions</th>{seed_header}</tr>{claim_rows}</table>
+{judging}
+<table><tr><th>{verdict_header}</th><th>claim, and its test's conditions</th>{seed_header}</tr>{claim_rows}</table>
 {beside}
 {spread}
 <h2>Measures</h2>

@@ -246,6 +246,7 @@ def measure_and_report(
             "blue_size": preset.blue_size,
             "green_groups": preset.green_groups,
             "green_size": preset.green_size,
+            "not_judged": preset.not_judged,
         },
         "seeds": list(seeds),
         "workers": workers,
