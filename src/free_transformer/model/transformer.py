@@ -223,6 +223,16 @@ class FreeTransformer(nn.Module):
             cache.step = None  # the step's rows and mask, shared by its layers, end with the forward
         return out
 
+    def first_half(self, tokens: Tensor) -> Tensor:
+        """(B, T) tokens from position 0 -> (B, T, D) the output of the blocks before the injection: what the encoder
+        and a policy head read. Causal: position t's depends on X<=t alone, as in a decoding step's forward."""
+        _, T = self._check_shape(tokens, 0, None)
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.embed_tokens(tokens)  # (B, T, D)
+        for block in self.layers[: self.config.injection_layer]:
+            x = block(x, cos, sin)
+        return x
+
     def _check_shape(self, tokens: Tensor, start: int | Tensor, cache: KVCache | None) -> tuple[int, int]:
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(
