@@ -41,7 +41,9 @@ def test_every_model_config_field_with_its_default_and_hf_name():
     derived = {item.name: item for item in dataclasses.fields(FreeTransformerConfig)}
     ours = {item.name for item in dataclasses.fields(ModelConfig)} - {"latent"}
     ours |= {
-        f"latent_{item.name}" for item in dataclasses.fields(LatentConfig) if item.name in ("kind", "encoder_layers")
+        f"latent_{item.name}"
+        for item in dataclasses.fields(LatentConfig)
+        if item.name in ("kind", "encoder_layers", "policy")
     }
     assert {item.name for item in hf_fields()} == {HF_NAMES.get(name, name) for name in ours}
     for item in hf_fields():

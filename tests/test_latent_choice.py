@@ -147,7 +147,7 @@ def test_bad_indices_and_references_are_refused_before_any_model_work(model, no_
 def test_the_command_refuses_a_bad_choice_before_reading_the_checkpoint(tmp_path, capsys):
     assert main(["generate", str(tmp_path / "missing"), "--prompt", "K>", "--latents", "sharde"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "error: --latents must be one of 'encoder', 'prior', 'shared', 'reference', got 'sharde'"
+        "error: --latents must be one of 'encoder', 'prior', 'shared', 'reference', 'policy', got 'sharde'"
     ]
 
 

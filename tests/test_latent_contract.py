@@ -30,7 +30,7 @@ from free_transformer import GenerationConfig, generate
 from free_transformer.base.counter_random import row_keys
 from free_transformer.cli import main
 from free_transformer.model.latent import LATENT_KINDS, GaussianLatent, register_latent_kind
-from free_transformer.model.latent.draws import counter_prior, fill_rows_
+from free_transformer.model.latent.draws import counter_policy_words, counter_prior, fill_rows_
 from free_transformer.runs.checkpoint import load_model, save_checkpoint
 
 
@@ -52,6 +52,9 @@ class WideGaussian(GaussianLatent):
         mean, log_var = (x.double() for x in self._moments(posterior))
         z = value.double()
         return (0.5 * (z.square() / 4 + math.log(4) - (z - mean).square() / log_var.exp() - log_var)).sum(-1)
+
+    def prior_params(self) -> Tensor:  # a learned prior starts at N(0, 4 I): means 0, log-variances log 4
+        return torch.cat([torch.zeros(self.units), torch.full((self.units,), math.log(4))])
 
 
 import_documented_kind()  # docs/latent-variants.md's ternary kind, whose values include -1, with a setting
@@ -164,6 +167,69 @@ def test_counter_based_prior_draws_follow_the_prior(kind):
     assert bool(((estimate - 1).abs() <= 5 * error + 1e-9).all()), (estimate, error)
 
 
+def _policy_space(kind, units=H):
+    """The kind's space with units `units`, or a skip for a kind that cannot have a learned prior (after checking
+    that it says so in one line)."""
+    torch.manual_seed(0)
+    space = LATENT_KINDS[kind](units, D).double()
+    if not space.has_learned_prior:
+        for method in (space.prior_params, lambda: space.policy_words):
+            with pytest.raises(ValueError, match="cannot have a learned prior") as raised:
+                method()
+            assert "\n" not in str(raised.value)
+        pytest.skip(f"{kind} has no learned prior")
+    return space
+
+
+def test_a_learned_priors_kl_to_the_kinds_prior_is_the_kinds_kl(kind):
+    """kl_between(q, prior_params) is the kind's own KL to its prior; kl_between(q, q) is 0 and the KL is >= 0."""
+    space = _policy_space(kind)
+    q, p = _posterior(space), _posterior(space, seed=1)
+    prior = space.prior_params().double()
+    assert prior.shape == (space.posterior_size,)
+    torch.testing.assert_close(space.kl_between(q, prior.expand_as(q)), space.kl(q).double())
+    torch.testing.assert_close(space.kl_between(q, q), torch.zeros(2, 3, dtype=torch.float64))
+    assert bool((space.kl_between(q, p) > 0).all())
+
+
+def test_log_prob_is_log_ratio_plus_the_priors_and_normalises(kind):
+    """log_prob(q, z) - log_prob(prior_params, z) = log_ratio(q, z); E_{z ~ prior}[exp(log_prob(q, z)) / p(z)] = 1."""
+    space, N = _policy_space(kind), 40000
+    q = _posterior(space, lead=(1, 2), scale=0.3)
+    prior = space.prior_params().double().expand_as(q)
+    z = space.prior((N, 2), torch.Generator().manual_seed(2))
+    log_q, log_p = space.log_prob(q, z), space.log_prob(prior, z)
+    assert log_q.shape == (N, 2)
+    torch.testing.assert_close(log_q - log_p, space.log_ratio(q, z).to(log_q.dtype))
+    estimate, error = _mean_and_error((log_q - log_p).exp())
+    assert bool(((estimate - 1).abs() <= 5 * error + 1e-9).all()), (estimate, error)
+
+
+def test_draws_from_words_follow_log_prob(kind):
+    """sample_from_words on counter-based words: E[log q(z) - log p(z)] = kl_between(q, p) (z ~ q), and on a small
+    discrete space the frequency of every value is exp(log_prob), which sums to 1 over the values."""
+    space, N = _policy_space(kind, units=2), 60000
+    q, p = _posterior(space, lead=(1, 2)), _posterior(space, lead=(1, 2), seed=1)
+    keys, positions = row_keys(torch.arange(N)), torch.arange(2)
+    words = counter_policy_words(space, keys[:, None], positions[None, :])  # (N, 2, policy_words)
+    assert words.shape == (N, 2, space.policy_words) and words.dtype == torch.int64
+    z = space.sample_from_words(q.expand(N, -1, -1), words)
+    assert z.shape == (N, 2, *space.value_shape) and z.dtype == space.value_dtype
+    assert torch.equal(space.check_values(z), z)
+    estimate, error = _mean_and_error(space.log_prob(q, z) - space.log_prob(p, z))
+    assert bool(((estimate - space.kl_between(q, p)[0]).abs() <= 5 * error + 1e-9).all()), (estimate, error)
+    if space.value_dtype.is_floating_point:
+        return
+    for t in range(2):
+        values, counts = torch.unique(z[:, t].reshape(N, -1), dim=0, return_counts=True)
+        values = values.reshape(-1, *space.value_shape)
+        probabilities = space.log_prob(q[0, t], values).exp()
+        frequencies = counts.double() / N
+        error = (probabilities * (1 - probabilities) / N).sqrt()
+        assert bool(((frequencies - probabilities).abs() <= 5 * error + 1e-9).all()), (frequencies, probabilities)
+        torch.testing.assert_close(probabilities.sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
 def test_check_values_takes_prior_draws_and_refuses_values_outside_the_space(kind):
     """The values outside the space are the kind's own (`outside_values`): -1 is a value of some integer spaces."""
     space = _space(kind)
@@ -188,14 +254,14 @@ def test_a_kinds_settings_are_the_latent_config_section_named_after_it(kind):
     settings_type = LATENT_KINDS[kind].settings_type
     latent = LatentConfig(kind)
     if settings_type is None:
-        assert latent.section() is None and set(to_dict(latent)) == {"kind", "encoder_layers"}
+        assert latent.section() is None and set(to_dict(latent)) == {"kind", "encoder_layers", "policy"}
         return
     assert isinstance(latent.section(), settings_type)
     assert _space(kind).settings == settings_type()  # built without settings: the defaults
     resolved = LatentConfig(kind, settings=latent.section())
-    assert set(to_dict(resolved)) == {"kind", "encoder_layers", kind}  # the chosen kind's section only
+    assert set(to_dict(resolved)) == {"kind", "encoder_layers", "policy", kind}  # the chosen kind's section only
     paths = [item.path for item in describe(resolved)]
-    assert paths[2:] and all(path.startswith(f"{kind}.") for path in paths[2:])
+    assert paths[3:] and all(path.startswith(f"{kind}.") for path in paths[3:])
 
 
 # ---- in the model -----------------------------------------------------------------------------------
@@ -352,3 +418,81 @@ def test_serve_completes_what_generate_samples_for_a_seed(kind, tmp_path, capsys
             == 0
         )
         assert response.json()["choices"][0]["text"] == json.loads(capsys.readouterr().out)["sample"], latents
+
+
+# ---- a learned prior or policy in the model ---------------------------------------------------------
+
+
+def _policy_model(kind, **overrides):
+    if kind not in _kinds_with_a_learned_prior():
+        with pytest.raises(ValueError, match="cannot have a learned prior"):
+            tiny_model(latent={"kind": kind, "policy": True})
+        pytest.skip(f"{kind} has no learned prior")
+    model = tiny_model(latent={"kind": kind, "policy": True}, **overrides)
+    with torch.no_grad():  # a head away from the prior, so that its params matter
+        model.latent.policy.out.weight.normal_(0, 0.5)
+    return model
+
+
+def _kinds_with_a_learned_prior() -> set[str]:
+    return {kind for kind in KINDS if LATENT_KINDS[kind].has_learned_prior}
+
+
+def _policy_draw(model, B, T, seeds=None):
+    from free_transformer.model.latent import PolicyDraw
+
+    keys = row_keys(torch.tensor(seeds or list(range(B))))
+    return PolicyDraw(counter_policy_words(model.latent_space, keys[:, None], torch.arange(T)[None, :]))
+
+
+def test_an_untrained_policy_is_the_kinds_prior(kind):
+    if kind not in _kinds_with_a_learned_prior():
+        pytest.skip(f"{kind} has no learned prior")
+    model = tiny_model(latent={"kind": kind, "policy": True})
+    x_half = torch.randn(2, 5, model.config.dim, dtype=torch.float64)
+    params = model.latent.policy(x_half)
+    prior = model.latent_space.prior_params().to(params.dtype)
+    assert params.shape == (2, 5, model.latent_space.posterior_size)
+    torch.testing.assert_close(params, prior.expand_as(params))
+    assert model.num_params() == model.config.num_params()
+
+
+def test_a_policy_draw_is_the_heads_params_sampled_with_the_rows_words(kind):
+    """The forward's Z from a PolicyDraw: sample_from_words of the head's params on the first half's output; the
+    logits are those of the same values given explicitly, and decoding with the cache, one position at a time,
+    draws the same Z as the full forward (the head is causal)."""
+    model = _policy_model(kind)
+    tokens = torch.randint(0, 50, (3, 9), generator=torch.Generator().manual_seed(0))
+    draw = _policy_draw(model, 3, 9)
+    out = model(tokens, latents=draw)
+    space = model.latent_space
+    assert out.latents.shape == (3, 9, *space.value_shape) and out.posterior.shape == (3, 9, space.posterior_size)
+    torch.testing.assert_close(out.latents, space.sample_from_words(out.posterior, draw.words))
+    torch.testing.assert_close(out.logits, model(tokens, latents=out.latents).logits)
+    cache = model.new_cache(3)
+    steps = [model(tokens[:, t : t + 1], latents=type(draw)(draw.words[:, t : t + 1]), cache=cache) for t in range(9)]
+    assert torch.equal(torch.cat([s.latents for s in steps], 1), out.latents)
+    torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), out.logits, rtol=1e-9, atol=1e-9)
+
+
+def test_a_policy_is_saved_with_the_run_and_survives_the_hf_export(kind, tmp_path):
+    model = _policy_model(kind, dtype=torch.float32)
+    save_checkpoint(tmp_path / "run", 3, model, {"tokenizer": "byte"})
+    loaded, _ = load_model(tmp_path / "run")
+    assert loaded.config.latent.policy and torch.equal(loaded.latent.policy.out.weight, model.latent.policy.out.weight)
+    assert main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--to", "checkpoint"]) == 0
+    back, _ = load_model(tmp_path / "back")
+    tokens, draw = torch.randint(0, 50, (2, 7)), _policy_draw(model, 2, 7)
+    assert torch.equal(back(tokens, latents=draw).logits, model(tokens, latents=draw).logits)
+
+
+def test_a_policy_draw_without_a_policy_is_refused_in_one_line(kind):
+    from free_transformer.model.latent import PolicyDraw
+
+    model = _model(kind)
+    words = torch.zeros(1, 3, 1, dtype=torch.int64)
+    for candidate in (model, tiny_model(latent_units=0)):
+        with pytest.raises(ValueError, match="policy") as raised:
+            candidate(torch.zeros(1, 3, dtype=torch.int64), latents=PolicyDraw(words))
+        assert "\n" not in str(raised.value)

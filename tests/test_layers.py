@@ -197,10 +197,20 @@ def test_the_model_folder_holds_only_the_model():
 
 
 # File names several packages share because each holds the same job for its own package: its config dataclasses
-# (config.py, eval's settings.py beside base's settings machinery), its error types, and each experiment's
-# presets, run and report. The command line's modules are named after their subcommands (commands/generate.py
-# runs inference/generate.py's generate()).
-SHARED_JOBS = {"__init__.py", "config.py", "settings.py", "errors.py", "presets.py", "run.py", "report.py"}
+# (config.py, eval's settings.py beside base's settings machinery), its error types, its training loop
+# (trainer.py: next-token training, RL over Z or tokens) and each experiment's presets, run and report. The
+# command line's modules are named after their subcommands (commands/generate.py runs inference/generate.py's
+# generate()).
+SHARED_JOBS = {
+    "__init__.py",
+    "config.py",
+    "settings.py",
+    "errors.py",
+    "presets.py",
+    "run.py",
+    "report.py",
+    "trainer.py",
+}
 
 
 def test_no_two_modules_of_different_jobs_share_a_file_name():

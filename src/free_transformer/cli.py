@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "demo",
     "study",
     "train",
+    "rl",
     "inspect",
     "generate",
     "eval",

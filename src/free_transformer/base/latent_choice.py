@@ -20,6 +20,7 @@ class LatentChoice(str, Enum):
     PRIOR = "prior"  # every Z from the prior
     SHARED = "shared"  # one prior Z sequence for every row (the paper's green groups)
     REFERENCE = "reference"  # Z from the encoder's posterior on a reference text ("in the manner of" it)
+    POLICY = "policy"  # every Z from the run's learned prior or policy over Z (model.latent.policy)
 
     def __str__(self) -> str:
         return self.value

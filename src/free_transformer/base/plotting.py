@@ -100,6 +100,37 @@ def training_panels(metrics: list[dict]) -> list[Panel]:
     return [ce, kl, saved, dead]
 
 
+def rl_panels(metrics: list[dict]) -> list[Panel]:
+    """A reinforcement-learning or learned-prior run's logged metrics (free_transformer.train.rl): the reward
+    against the reward calls spent and the KL per token to the uniform prior (GRPO), or the KL of the encoder's
+    posterior to the learned prior and to the uniform one (learned prior)."""
+    steps = [m["step"] for m in metrics]
+    if metrics and "reward" in metrics[0]:
+        calls = [m["reward_calls"] for m in metrics]
+        reward = Panel(
+            "reward (x: reward calls)", "mean reward", [Line(1, "reward", calls, [m["reward"] for m in metrics])]
+        )
+        kl = Panel(
+            "KL per action to the reference",
+            "bits / action",
+            [
+                Line(2, "Z: KL to the uniform prior", steps, [m.get("kl_bits") for m in metrics]),
+                Line(3, "KL to the reference", steps, [m.get("kl_ref_bits") for m in metrics], dashed=True),
+            ],
+        )
+        return [reward, kl]
+    return [
+        Panel(
+            "KL(Q(Z|S) || prior) per token",
+            "bits / token",
+            [
+                Line(1, "to the learned prior", steps, [m["kl_encoder_bits"] for m in metrics]),
+                Line(2, "to the uniform prior", steps, [m["kl_uniform_bits"] for m in metrics], dashed=True),
+            ],
+        )
+    ]
+
+
 def draw(
     panels: list[Panel],
     path: str | Path | None = None,

@@ -37,10 +37,25 @@ COIN_START = ord("\n")  # the start byte: every X_t is predicted, and generation
 def coinflip_batch(batch_size: int, length: int, epsilon: float, generator: torch.Generator) -> torch.Tensor:
     """(B, 1 + length) bytes: the start byte, then '0'/'1' values X_1..X_length of a hidden fair coin Z,
     each X_t equal to Z flipped with probability epsilon."""
+    return coinflip_with_coins(batch_size, length, epsilon, generator)[0]
+
+
+def coinflip_with_coins(
+    batch_size: int, length: int, epsilon: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`coinflip_batch`'s sequences (B, 1 + length) and their hidden coins (B,) in {0, 1}."""
     coin = torch.randint(0, 2, (batch_size, 1), generator=generator)
     flips = (torch.rand(batch_size, length, generator=generator) < epsilon).long()
     start = torch.full((batch_size, 1), COIN_START, dtype=torch.long)
-    return torch.cat([start, (coin ^ flips) + ord("0")], dim=1)
+    return torch.cat([start, (coin ^ flips) + ord("0")], dim=1), coin[:, 0]
+
+
+def majority_coin(values: str) -> int | None:
+    """The coin a generated sequence shows: its majority value; None on a tie or a byte other than 0/1."""
+    if not values or set(values) - {"0", "1"}:
+        return None
+    ones = values.count("1")
+    return None if 2 * ones == len(values) else int(2 * ones > len(values))
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,15 @@ def refuse_on_baseline(choice: LatentChoice | Tensor, is_free: bool, where: str 
         )
 
 
+def refuse_without_policy(model: FreeTransformer, where: str = "latents") -> None:
+    """A one-line ValueError when LatentChoice.POLICY meets a model without a policy head (model.latent.policy)."""
+    if model.latent is None or model.latent.policy is None:
+        raise ValueError(
+            f"{named(where, LatentChoice.POLICY)} needs a run with a learned prior or policy over Z "
+            "(free-transformer rl); this run has none"
+        )
+
+
 @dataclass(frozen=True)
 class ResolvedLatents:
     prompt_source: ContextChoice  # ENCODER or PRIOR: the Z of the prompt when no explicit Z covers it
@@ -109,6 +118,9 @@ def resolve_latents(
         rows = batch_size or (choice.shape[0] if choice.dim() >= 2 else 1)
         return ResolvedLatents(LatentChoice.ENCODER, check_latent_values(model, choice, rows, min_length=prompt_length))
     refuse_on_baseline(choice, model.config.is_free, where)
+    if choice == LatentChoice.POLICY:
+        refuse_without_policy(model, where)
+        raise ValueError(f"{named(where, choice)} is drawn by the decoding engine's step, not before decoding")
     if choice == LatentChoice.SHARED:
         return ResolvedLatents(LatentChoice.ENCODER, shared_prior_latents(model, length, generator))
     if reference is None:

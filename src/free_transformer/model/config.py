@@ -37,6 +37,10 @@ class LatentConfig:
     encoder_layers: int = 1
     """Non-causal encoder blocks (the paper: 1). The first takes its queries from zeta and its
     keys/values from the first half; each further one attends over the encoder's own stream."""
+    policy: bool = False
+    """Give the model a learned prior or policy over Z: a causal head over the first half's output
+    (free_transformer.model.latent.policy), trained by `free-transformer rl` with the decoder frozen, from which
+    latents="policy" draws. The uniform prior stays the default."""
     settings: Any = kind_section(latent_settings_type)
     """The chosen kind's own settings (its settings dataclass), model.latent.<kind>.*; None for a kind without,
     and for the kind's defaults until the config is checked (ModelConfig.check_latent_kind fills them in)."""
@@ -204,13 +208,15 @@ class ModelConfig:
         return total
 
     def latent_params(self) -> int:
-        """Encoder blocks, zeta, encoder norm + readout, and the mapper's (2^H x D for the Binary Mapper)."""
+        """Encoder blocks, zeta, encoder norm + readout, the mapper's (2^H x D for the Binary Mapper), and the policy
+        head's with model.latent.policy."""
         if not self.is_free:
             return 0
         space = self.latent_space_on_meta()
         encoder = self.latent.encoder_layers * self.block_params() + self.dim + self.dim
         readout = (self.dim + 1) * space.posterior_size
-        return encoder + readout + sum(p.numel() for p in space.parameters())
+        policy = self.dim + (self.dim + 1) * (self.dim + space.posterior_size) if self.latent.policy else 0
+        return encoder + readout + policy + sum(p.numel() for p in space.parameters())
 
     def latent_space_on_meta(self):
         """The latent space this config builds, on the meta device (no memory): its sizes and costs."""

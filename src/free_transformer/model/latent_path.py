@@ -8,6 +8,8 @@
     mapper       the latent space (`model.latent.kind`, free_transformer.model.latent.space): the form
                  of Z, its prior, its posterior sample and KL, and the map to the residual R. Its
                  attribute name is that of its tensors in checkpoints (`latent.mapper.weight`).
+    policy       with model.latent.policy, a causal head over the first half (a learned prior or a
+                 policy over Z: free_transformer.model.latent.policy), else None.
 
 Given the first half's output and a latent source (free_transformer.model.latent), it returns R,
 to be added to the keys/values input of the injection block, and a `LatentSample` saying which Z
@@ -23,14 +25,23 @@ from torch import Tensor, nn
 
 from ..base.latent_choice import LatentChoice
 from .config import ModelConfig
-from .latent import Generators, LatentPlan, LatentSource, LatentSpace, at_least_float32, build_latent_space
+from .latent import (
+    Generators,
+    LatentPlan,
+    LatentPolicy,
+    LatentSource,
+    LatentSpace,
+    PolicyDraw,
+    at_least_float32,
+    build_latent_space,
+)
 from .layers import Block
 
 
 @dataclass
 class LatentSample:
     value: Tensor  # (B, T, *value_shape) the Z_t used
-    posterior: Tensor | None = None  # (B, T, H * params_per_unit) the encoder's read-out (source "encoder" only)
+    posterior: Tensor | None = None  # (B, T, H * params_per_unit) the encoder's read-out, or the policy's params
     kl_per_token_nats: Tensor | None = None  # (B, T) KL(Q(Z_t | S) || prior) (source "encoder" only)
 
 
@@ -46,18 +57,22 @@ class LatentPath(nn.Module):
         self.mapper: LatentSpace = build_latent_space(
             config.latent.kind, config.latent_units, config.dim, config.latent.section()
         )
+        self.policy = LatentPolicy(config.dim, self.mapper, config.norm_eps) if config.latent.policy else None
 
     @torch.no_grad()
-    def init_weights(self, init_block, std: float, post_sampler_std: float) -> None:
+    def init_weights(self, init_block, std: float, post_sampler_std: float, keep=None) -> None:
         """Everything but zeta (~ N(0, 1), drawn by the model first): encoder blocks as the decoder's
         (`init_block`); norm = 1; read-out ~ N(0, std) with zero bias (the posterior starts near the
-        prior, KL near 0); the mapper so that R has standard deviation post_sampler_std."""
+        prior, KL near 0); the mapper so that R has standard deviation post_sampler_std; the policy head, if
+        any, at the kind's prior (`keep`: FreeTransformer.init_weights's)."""
         for block in self.encoder:
             init_block(block)
         nn.init.ones_(self.norm.weight)
         nn.init.normal_(self.readout.weight, std=std)
         nn.init.zeros_(self.readout.bias)
         self.mapper.reset_parameters(post_sampler_std)
+        if self.policy is not None:  # last: a seed's other draws are those of a model without a policy
+            self.policy.reset_parameters(self.mapper.prior_params(), std, keep)
 
     def encode(self, x_half: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """(B, T, D) first-half output -> (B, T, H * params_per_unit) posterior parameters (at least float32).
@@ -93,14 +108,35 @@ class LatentPath(nn.Module):
                 )
             value = source.expand(B, *shape)
             return space.embed(value), LatentSample(value)
+        if isinstance(source, PolicyDraw):
+            return self.draw_from_policy(x_half, source.words)
         if source == LatentChoice.PRIOR:
             value = LatentPlan(B, space, prompt_source=LatentChoice.PRIOR, generators=generator).draw(T, x_half.device)
             return space.embed(value), LatentSample(value)
         if source != LatentChoice.ENCODER:  # not a source at all: a user's choice is parsed where it enters
             raise ValueError(
-                f"latents must be 'encoder', 'prior' or a tensor of values (B or 1, T, ...), got {source!r}"
+                "latents must be 'encoder', 'prior', a PolicyDraw or a tensor of values (B or 1, T, ...), "
+                f"got {source!r}"
             )
         posterior = self.encode(x_half, cos, sin)  # (B, T, H * params_per_unit)
         kl = space.kl(posterior)  # before sampling: this graph order gives the gradient sums of tests/golden
         r, value = space.sample(posterior, generator)
         return r, LatentSample(value, posterior, kl)
+
+    def draw_from_policy(self, x_half: Tensor, words: Tensor) -> tuple[Tensor, LatentSample]:
+        """R and the sample of Z drawn from the policy head at every position: params (B, T, P) from x_half, then
+        Z_t = sample_from_words(params_t, words_t), words (B, T, policy_words)."""
+        if self.policy is None:
+            raise ValueError(
+                "latents from a policy need a run with a learned prior or policy (model.latent.policy: "
+                "free-transformer rl); this model has none"
+            )
+        space = self.mapper
+        if not torch.compiler.is_compiling() and tuple(words.shape) != (*x_half.shape[:2], space.policy_words):
+            raise ValueError(
+                f"policy words must have shape ({x_half.shape[0]}, {x_half.shape[1]}, {space.policy_words}), "
+                f"got {tuple(words.shape)}"
+            )
+        params = self.policy(x_half)  # (B, T, P)
+        value = space.sample_from_words(params.detach(), words)  # (B, T, *value_shape)
+        return space.embed(value), LatentSample(value, params)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..base.latent_choice import LatentChoice
 from .config import ModelConfig
-from .latent import Generators, LatentSource, LatentSpace, free_bits_kl
+from .latent import Generators, LatentSource, LatentSpace, PolicyDraw, free_bits_kl
 from .latent_path import LatentPath, LatentSample
 from .layers import FUSED_PROJECTIONS, Block, KVCache, part_rows, rope_tables
 from .loss import ReadoutLoss, cross_entropy
@@ -29,7 +29,7 @@ class ModelOutput:
     cross_entropy_nats: Tensor | None = None  # mean over predicted tokens
     kl_nats: Tensor | None = None  # mean KL(Q(Z_t|S) || prior) per token, encoder latents only
     kl_per_token_nats: Tensor | None = None  # (B, T)
-    posterior: Tensor | None = None  # (B, T, H * params_per_unit) encoder read-out, encoder latents only
+    posterior: Tensor | None = None  # (B, T, H * params_per_unit) encoder read-out (or policy params: PolicyDraw)
     latents: Tensor | None = None  # (B, T, *value_shape) the Z_t used (binary kinds: indices in [0, 2^H))
 
     @classmethod
@@ -121,7 +121,7 @@ class FreeTransformer(nn.Module):
         if self.lm_head is not None and self.lm_head.weight.device.type != "meta":
             nn.init.normal_(self.lm_head.weight, std=std)
         if latent is not None:
-            latent.init_weights(init_block, std, post_sampler_std or std)
+            latent.init_weights(init_block, std, post_sampler_std or std, keep)
 
     # ---- pieces of the forward pass ------------------------------------------------------------
 
@@ -167,7 +167,8 @@ class FreeTransformer(nn.Module):
         latents: where Z comes from (Free Transformer only), resolved (free_transformer.model.latent.sources;
         a user's choice is parsed and resolved by free_transformer.inference.latents): LatentChoice.ENCODER samples it
         from the encoder's posterior (training, KV-cache prefill; needs the whole sequence, start = 0),
-        LatentChoice.PRIOR draws every Z_t from the prior, independently, and a tensor (B or 1, T, *value_shape) gives
+        LatentChoice.PRIOR draws every Z_t from the prior, independently, a `PolicyDraw` from the policy head
+        (model.latent.policy) with its words, and a tensor (B or 1, T, *value_shape) gives
         the values explicitly (int64 indices (B or 1, T) for the binary kinds). kappa_nats: the free-bits
         threshold of the KL term, in nats per token. generator: one generator, or one per row (each row then
         reproducible on its own).
@@ -183,6 +184,8 @@ class FreeTransformer(nn.Module):
             cos, sin = cos.view(B, 1, 1, -1), sin.view(B, 1, 1, -1)
         else:
             cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+        if isinstance(latents, PolicyDraw) and not self.config.is_free:
+            raise ValueError("latents from a policy need a Free Transformer with a policy head; this is a baseline")
         x = self.embed_tokens(tokens)  # (B, T, D)
         sample = None
         for i, block in enumerate(self.layers):
@@ -219,6 +222,16 @@ class FreeTransformer(nn.Module):
         if cache is not None:
             cache.step = None  # the step's rows and mask, shared by its layers, end with the forward
         return out
+
+    def first_half(self, tokens: Tensor) -> Tensor:
+        """(B, T) tokens from position 0 -> (B, T, D) the output of the blocks before the injection: what the encoder
+        and a policy head read. Causal: position t's depends on X<=t alone, as in a decoding step's forward."""
+        _, T = self._check_shape(tokens, 0, None)
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.embed_tokens(tokens)  # (B, T, D)
+        for block in self.layers[: self.config.injection_layer]:
+            x = block(x, cos, sin)
+        return x
 
     def _check_shape(self, tokens: Tensor, start: int | Tensor, cache: KVCache | None) -> tuple[int, int]:
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):

@@ -43,7 +43,7 @@ def _shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _mistyped(logged: dict) -> str | None:
+def _mistyped(logged: dict, required: tuple[str, ...] = LOGGED_EVERY_STEP) -> str | None:
     """What makes a logged line one this package did not write (a field it always writes, missing; a field of
     another type), in words; None for a line it could have written."""
     for name, value in logged.items():
@@ -55,15 +55,16 @@ def _mistyped(logged: dict) -> str | None:
             return f"{name} is {_shown(value)}, not a list of numbers"
         if name == "latent_warning" and not isinstance(value, str):
             return f"{name} is {_shown(value)}, not a text"
-    return next((f"it has no {name}" for name in LOGGED_EVERY_STEP if name not in logged), None)
+    return next((f"it has no {name}" for name in required if name not in logged), None)
 
 
-def read_metrics(path: str | Path) -> list[dict]:
+def read_metrics(path: str | Path, required: tuple[str, ...] = LOGGED_EVERY_STEP) -> list[dict]:
     """The logged metrics, in today's names (a run written before: runs.migrations.METRIC_RENAMED); a last line
     cut short by a killed process is ignored, and so is a line that is not a JSON object (every reader takes
     each line as a dict). A line that is JSON this package never writes (an integer of more than 4,300
     digits, which Python refuses to read; an object whose fields are `_mistyped`) is a UserError naming the
-    file, the line and the field."""
+    file, the line and the field. required: the fields every line holds (a reinforcement-learning run's: its own).
+    """
     path = Path(path)
     if not path.exists():
         return []
@@ -81,7 +82,7 @@ def read_metrics(path: str | Path) -> list[dict]:
         if not isinstance(logged, dict):
             continue
         logged = {METRIC_RENAMED.get(name, name): value for name, value in logged.items()}
-        problem = _mistyped(logged)
+        problem = _mistyped(logged, required)
         if problem is not None:
             raise UserError(
                 f"{path} holds a line this package did not write (line {number}: {problem}): remove that line, "
@@ -150,11 +151,12 @@ class MetricsLog:
         tensorboard: bool = False,
         wandb_project: str | None = None,
         config: dict | None = None,
+        required: tuple[str, ...] = LOGGED_EVERY_STEP,
     ):
-        """wandb_project: also log to Weights & Biases in this project (None: not)."""
+        """wandb_project: also log to Weights & Biases in this project (None: not); required: `read_metrics`'s."""
         self.path = run_dir / "metrics.jsonl"
         # A run killed after its last checkpoint logged steps that the resumed run will redo: drop them.
-        kept = [m for m in read_metrics(self.path) if m.get("step", 0) <= resume_step]
+        kept = [m for m in read_metrics(self.path, required) if m.get("step", 0) <= resume_step]
         try:
             atomic_write_text(self.path, "".join(json.dumps(m) + "\n" for m in kept))
             self.handle = open_append(self.path)  # open for the run's lifetime; closed by close()

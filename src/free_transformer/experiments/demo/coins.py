@@ -22,19 +22,11 @@ import torch
 
 from ...analysis.measures import bits_saved
 from ...base.latent_choice import LatentChoice
-from ...data.synthetic import COIN_START, coinflip_batch
+from ...data.synthetic import COIN_START, coinflip_batch, majority_coin
 from ...inference.generate import GenerationConfig
 from ...inference.latents import infer_latents
 from ...model.transformer import FreeTransformer
 from .groups import Groups, blue_and_greens, generate_strings, mean_of_present, pair_mean
-
-
-def majority_coin(values: str) -> int | None:
-    """The coin a generated sequence shows: its majority value; None on a tie or a byte other than 0/1."""
-    if not values or set(values) - {"0", "1"}:
-        return None
-    ones = values.count("1")
-    return None if 2 * ones == len(values) else int(2 * ones > len(values))
 
 
 def coin_groups(

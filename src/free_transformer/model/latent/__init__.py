@@ -2,7 +2,8 @@
 posterior sample with its KL, map to the residual R); the kinds registered by name: the binary ones
 (`binary.BinaryLatentSpace`: `binary_mapper`, the paper's, and `bit_linear`), `gaussian` and
 `categorical`. `draws` holds the draws and the closed-form KL of bits; `sources` the resolved sources
-the model's forward takes; `plan.LatentPlan` the Z of each position, handed out call by call. Each kind's
+the model's forward takes; `policy.LatentPolicy` a learned prior or policy over Z;
+`plan.LatentPlan` the Z of each position, handed out call by call. Each kind's
 module declares its settings beside its class (`settings_type`); nothing here imports `model.config`, which
 asks this registry for a kind's settings. The module that holds them together in a model, `LatentPath`, is
 `free_transformer.model.latent_path`."""
@@ -16,6 +17,7 @@ from .draws import (
     at_least_float32,
     bits_to_index,
     code_log_probabilities,
+    counter_policy_words,
     fill_rows_,
     free_bits_kl,
     index_to_bits,
@@ -27,7 +29,8 @@ from .draws import (
 )
 from .gaussian import GaussianLatent
 from .plan import LatentPlan
-from .sources import LatentSource
+from .policy import LatentPolicy
+from .sources import LatentSource, PolicyDraw
 from .space import (
     LATENT_KINDS,
     LatentSpace,
@@ -49,14 +52,17 @@ __all__ = [
     "GaussianLatent",
     "Generators",
     "LatentPlan",
+    "LatentPolicy",
     "LatentSource",
     "LatentSpace",
     "LinearMap",
+    "PolicyDraw",
     "at_least_float32",
     "binary_mapper_project",
     "bits_to_index",
     "build_latent_space",
     "code_log_probabilities",
+    "counter_policy_words",
     "fill_rows_",
     "free_bits_kl",
     "index_to_bits",

@@ -12,9 +12,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...base.counter_random import shift_right
+from ...base.counter_random import shift_right, uniform
 from ...base.units import LN2
-from .draws import Generators, at_least_float32, code_log_probabilities, fill_rows_, index_to_bits, kl_per_bit
+from .draws import (
+    Generators,
+    at_least_float32,
+    bits_to_index,
+    code_log_probabilities,
+    fill_rows_,
+    index_to_bits,
+    kl_per_bit,
+)
 from .space import LatentSpace, with_first_entry
 
 
@@ -24,6 +32,7 @@ class BinaryLatentSpace(LatentSpace):
 
     value_dtype: ClassVar[torch.dtype] = torch.int64
     max_units: ClassVar[int] = 62  # indices stay int64
+    has_learned_prior: ClassVar[bool] = True
 
     @property
     def value_shape(self) -> tuple[int, ...]:
@@ -56,6 +65,27 @@ class BinaryLatentSpace(LatentSpace):
             (2 ** posterior.shape[-1],), -posterior.shape[-1] * LN2, dtype=torch.float64, device=posterior.device
         )
         return code_log_probabilities(posterior), log_p
+
+    def prior_params(self) -> Tensor:
+        return torch.zeros(self.units)  # bit-logits 0: fair coins
+
+    @property
+    def policy_words(self) -> int:
+        return self.units  # one uniform per bit
+
+    def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
+        return bits_to_index(uniform(words) < torch.sigmoid(at_least_float32(params).float()))
+
+    def log_prob(self, params: Tensor, value: Tensor) -> Tensor:
+        bits = index_to_bits(value, self.units).bool()
+        logits = at_least_float32(params)
+        return torch.where(bits, F.logsigmoid(logits), F.logsigmoid(-logits)).sum(-1)
+
+    def kl_between(self, q_params: Tensor, p_params: Tensor) -> Tensor:
+        """sum_h q_h (log q_h - log p_h) + (1 - q_h)(log(1 - q_h) - log(1 - p_h)), q_h = sigmoid of its logit."""
+        q, p = at_least_float32(q_params), at_least_float32(p_params)
+        q1 = torch.sigmoid(q)
+        return (q1 * (F.logsigmoid(q) - F.logsigmoid(p)) + (1 - q1) * (F.logsigmoid(-q) - F.logsigmoid(-p))).sum(-1)
 
     def check_values(self, values: Tensor) -> Tensor:
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...base import counter_random
 from ...base.checks import ConfigError, check_range
 from ...base.counter_random import shift_right
 from .draws import Generators, at_least_float32, fill_rows_, rand_rows
@@ -50,6 +51,7 @@ class CategoricalLatent(LatentSpace):
     max_units: ClassVar[int] = 4096
     value_dtype: ClassVar[torch.dtype] = torch.int64
     unit: ClassVar[str] = "group"
+    has_learned_prior: ClassVar[bool] = True
     settings_type: ClassVar[type] = CategoricalSettings
 
     def __init__(self, units: int, dim: int, settings: CategoricalSettings | None = None):
@@ -101,6 +103,28 @@ class CategoricalLatent(LatentSpace):
     def embed(self, value: Tensor) -> Tensor:
         offsets = torch.arange(self.units, device=value.device) * self.classes  # (H,)
         return F.embedding(value + offsets, self.weight).sum(-2)  # (..., H, D) -> (..., D)
+
+    def prior_params(self) -> Tensor:
+        return torch.zeros(self.units * self.classes)  # equal logits: uniform classes
+
+    @property
+    def policy_words(self) -> int:
+        return self.units  # one uniform per group: the class where the group's CDF passes it
+
+    def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
+        cdf = self._log_probs(params).exp().cumsum(-1)  # (..., H, K)
+        below = (cdf < counter_random.uniform(words).unsqueeze(-1)).sum(-1)  # (..., H) classes whose CDF stays under u
+        return below.clamp(max=self.classes - 1)  # rounding of the last CDF below u
+
+    def log_prob(self, params: Tensor, value: Tensor) -> Tensor:
+        log_q = self._log_probs(params)  # (..., H, K); its leading dims and the value's broadcast
+        lead = torch.broadcast_shapes(log_q.shape[:-2], value.shape[:-1])
+        picked = torch.take_along_dim(log_q.expand(*lead, -1, -1), value.expand(*lead, -1).unsqueeze(-1), dim=-1)
+        return picked.squeeze(-1).sum(-1)
+
+    def kl_between(self, q_params: Tensor, p_params: Tensor) -> Tensor:
+        log_q, log_p = self._log_probs(q_params), self._log_probs(p_params)
+        return (log_q.exp() * (log_q - log_p)).sum((-2, -1))
 
     def check_values(self, values: Tensor) -> Tensor:
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:

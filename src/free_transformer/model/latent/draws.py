@@ -99,3 +99,10 @@ def counter_prior(space, keys: Tensor, positions: Tensor) -> Tensor:
     """Prior Z of `space` (a LatentSpace) from each row's counter-based LATENT stream: keys and positions
     broadcast to (...,), the result (..., *value_shape). Row i's Z at position t depends on (keys[i], t) alone."""
     return space.prior_from_words(words(keys, positions, LATENT, space.prior_words))
+
+
+def counter_policy_words(space, keys: Tensor, positions: Tensor) -> Tensor:
+    """(..., policy_words) int64 words for a draw from `space`'s learned prior or policy (`PolicyDraw`): each row's
+    LATENT stream at its position, keys and positions broadcast to (...,). The words of a policy draw at t are those
+    of the prior draw at t and more: a row's Z depends on (keys[i], t) and the head's params alone."""
+    return words(keys, positions, LATENT, space.policy_words)

@@ -22,6 +22,14 @@ from .draws import Generators, at_least_float32, fill_rows_
 from .space import LinearMap, register_latent_kind, with_first_entry
 
 
+def normal_from_words(words: Tensor) -> Tensor:
+    """(...,) int64 words -> (...,) float32 N(0, 1) draws: Box-Muller on two 24-bit uniforms of each word (bits
+    40-63 and 16-39)."""
+    radius = (-2 * uniform(words).log()).sqrt()
+    angle = (shift_right(words, 16) & 0xFFFFFF).float() * (2 * math.pi * 2.0**-24)
+    return radius * angle.cos()
+
+
 @register_latent_kind("gaussian")
 class GaussianLatent(LinearMap):
     """R = W z with W (D, H): LinearMap's weight, initialisation and costs."""
@@ -30,6 +38,7 @@ class GaussianLatent(LinearMap):
     params_per_unit: int = 2  # mean, log-variance
     value_dtype: ClassVar[torch.dtype] = torch.float32
     unit: ClassVar[str] = "dimension"
+    has_learned_prior: ClassVar[bool] = True
 
     @property
     def value_shape(self) -> tuple[int, ...]:
@@ -48,10 +57,7 @@ class GaussianLatent(LinearMap):
         return self.units
 
     def prior_from_words(self, words: Tensor) -> Tensor:
-        # Box-Muller on two 24-bit uniforms of each word (bits 40-63 and 16-39)
-        radius = (-2 * uniform(words).log()).sqrt()
-        angle = (shift_right(words, 16) & 0xFFFFFF).float() * (2 * math.pi * 2.0**-24)
-        return (radius * angle.cos()).to(self.value_dtype)
+        return normal_from_words(words).to(self.value_dtype)
 
     def standard_normal(self, shape: tuple[int, ...], generator: Generators = None, device=None) -> Tensor:
         """(*shape, H) N(0, I) draws of value_dtype, row by row: the reparameterisation's noise, the prior's
@@ -79,6 +85,29 @@ class GaussianLatent(LinearMap):
 
     def embed(self, value: Tensor) -> Tensor:
         return self.linear(value)
+
+    def prior_params(self) -> Tensor:
+        return torch.zeros(2 * self.units)  # means 0, log-variances 0: N(0, I)
+
+    @property
+    def policy_words(self) -> int:
+        return self.units
+
+    def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
+        mean, log_var = self._moments(params)
+        return (mean + (0.5 * log_var).exp() * normal_from_words(words)).to(self.value_dtype)
+
+    def log_prob(self, params: Tensor, value: Tensor) -> Tensor:
+        mean, log_var = self._moments(params)
+        z = value.to(mean.dtype)
+        return (-0.5 * ((z - mean).square() / log_var.exp() + log_var + math.log(2 * math.pi))).sum(-1)
+
+    def kl_between(self, q_params: Tensor, p_params: Tensor) -> Tensor:
+        """sum_h [log sigma_p/sigma_q + (sigma_q^2 + (mu_q - mu_p)^2) / (2 sigma_p^2) - 1/2]."""
+        q_mean, q_log_var = self._moments(q_params)
+        p_mean, p_log_var = self._moments(p_params)
+        ratio = (q_log_var.exp() + (q_mean - p_mean).square()) / p_log_var.exp()
+        return (0.5 * (p_log_var - q_log_var + ratio - 1)).sum(-1)
 
     def check_values(self, values: Tensor) -> Tensor:
         if not values.is_floating_point():

@@ -6,12 +6,26 @@ resolved once, in free_transformer.inference.latents):
     LatentChoice.PRIOR    every Z_t drawn independently from the prior (LatentSpace.prior_).
     values                a (B or 1, T, *value_shape) tensor of explicit Z_t, one per fed position, checked by
                           LatentSpace.check_values (an int64 index in [0, 2^H) for the binary kinds).
+    PolicyDraw(words)     each Z_t drawn from the model's learned prior or policy (model.latent.policy) at its
+                          position, with the given random words (LatentSpace.sample_from_words).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch import Tensor
 
 from ...base.latent_choice import ContextChoice
 
-LatentSource = ContextChoice | Tensor
+
+@dataclass(frozen=True)
+class PolicyDraw:
+    """Z from the model's policy head (free_transformer.model.latent.policy): Z_t = sample_from_words(params_t,
+    words[:, t]), params_t the head's output at position t. words: (B, T, policy_words) int64, row i's at t its
+    LATENT stream there (`sampling.counter_policy_words`), so a row's Z depends on its key, its prefix and t."""
+
+    words: Tensor  # (B, T, space.policy_words) int64
+
+
+LatentSource = ContextChoice | Tensor | PolicyDraw

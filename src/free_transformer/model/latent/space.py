@@ -37,7 +37,8 @@ def normal_init_(weight: Tensor, std: float) -> None:
         nn.init.normal_(weight, std=std)
 
 
-RESERVED_NAMES = ("kind", "encoder_layers", "settings")  # model.latent's own fields: not a kind's section name
+# model.latent's own fields: not a kind's section name
+RESERVED_NAMES = ("kind", "encoder_layers", "policy", "settings")
 
 
 def register_latent_kind(name: str):
@@ -90,6 +91,9 @@ class LatentSpace(nn.Module):
     """Whether the H units are independent under the posterior and the prior, so that the token's KL is the sum
     of kl_per_unit and each unit's KL means something on its own (the per-unit KL and dead-unit reports).
     A kind with dependent units sets False, overrides `kl`, and gets no per-unit report."""
+    has_learned_prior: ClassVar[bool] = False
+    """Whether the kind implements the methods of a learned prior or policy (prior_params, policy_words,
+    sample_from_words, log_prob, kl_between): model.latent.policy needs them."""
     settings_type: ClassVar[type | None] = None
     """The dataclass of the kind's own settings, declared beside the class: `model.latent.<kind>.<field>` in
     the config (ModelConfig's latent section holds the chosen kind's), or None for a kind without."""
@@ -170,6 +174,42 @@ class LatentSpace(nn.Module):
         """Draw Z from the posterior (..., H * params_per_unit) and map it: (R (..., D), Z (..., *value_shape)).
         R carries the kind's gradient to the posterior."""
         raise NotImplementedError
+
+    # ---- a learned prior or policy (free_transformer.model.latent.policy) ---------------------
+    # A head that reads the decoder's first half gives, at each position, params of the posterior's form
+    # (posterior_size of them); these draw, score and compare such distributions. A kind that does not give
+    # them cannot have a learned prior: the defaults refuse in one line.
+
+    def _no_learned_prior(self) -> ValueError:
+        return ValueError(
+            f"latent kind {self.kind} cannot have a learned prior: it does not implement prior_params, "
+            "policy_words, sample_from_words, log_prob and kl_between (docs/latent-variants.md)"
+        )
+
+    def prior_params(self) -> Tensor:
+        """(posterior_size,) float32 params, in the posterior's terms, of the kind's own prior: where a learned
+        prior starts (its head's last layer is zero, its bias these)."""
+        raise self._no_learned_prior()
+
+    @property
+    def policy_words(self) -> int:
+        """How many random 64-bit words one draw from params takes (`sample_from_words`)."""
+        raise self._no_learned_prior()
+
+    def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
+        """(..., posterior_size) params and (..., policy_words) random int64 words -> (..., *value_shape) a draw
+        of Z from the distribution the params say, a pure function of both (compiled, on any device)."""
+        raise self._no_learned_prior()
+
+    def log_prob(self, params: Tensor, value: Tensor) -> Tensor:
+        """(...,) log-probability (a density for a continuous kind) of values (..., *value_shape) under params
+        (..., posterior_size), in nats, differentiable in the params."""
+        raise self._no_learned_prior()
+
+    def kl_between(self, q_params: Tensor, p_params: Tensor) -> Tensor:
+        """(...,) KL(q || p) of two distributions given by params (..., posterior_size), in nats, in closed
+        form; `kl(q)` is kl_between(q, prior_params())."""
+        raise self._no_learned_prior()
 
     # ---- values -------------------------------------------------------------------------------
 

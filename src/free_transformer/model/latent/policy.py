@@ -1,0 +1,54 @@
+"""`LatentPolicy`: a distribution over Z_t that depends on the prefix X<=t, for generation. The uniform prior is
+the paper's and stays the default; this head is a choice of where Z comes from (`LatentChoice.POLICY`), trained
+either to match the encoder's posterior (a learned prior, p(Z_t | X<=t) against Q(Z_t | S)) or by reinforcement
+learning against a reward (a policy over the latent decisions).
+
+The head reads the output of the decoder's first half at position t, which is already causal: it has seen
+X<=t and nothing after. Its output at t is a function of that position's features alone, so that decoding needs
+no state of its own (no KV cache): at each step the first half's output for the fed token is there, the head maps
+it to params, and Z_t is drawn from them with the row's counter-based words (`sampling.counter_policy_words`).
+
+    x_half (B, T, D) -> RMSNorm -> Linear(D, D) -> SiLU -> Linear(D, posterior_size) -> params (B, T, P)
+
+params are in the latent kind's posterior terms (H bit-logits for the binary kinds, H means and H log-variances
+for the Gaussian, H * K logits for the categorical); the last layer starts at weight 0 and bias the kind's
+`prior_params`, so an untrained head is the kind's own prior."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .draws import at_least_float32
+from .space import LatentSpace
+
+
+class LatentPolicy(nn.Module):
+    def __init__(self, dim: int, space: LatentSpace, norm_eps: float = 1e-5):
+        super().__init__()
+        if not space.has_learned_prior:
+            raise space._no_learned_prior()
+        self.norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.hidden = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, space.posterior_size)
+        self.reset_parameters(space.prior_params())  # a kind without a learned prior refuses here, in one line
+
+    @torch.no_grad()
+    def reset_parameters(self, prior: Tensor, std: float = 0.02, keep: Callable[[Tensor], bool] | None = None) -> None:
+        """norm = 1; hidden ~ N(0, std), bias 0; the last layer 0 with `prior` (the kind's prior_params) as its bias,
+        unless `keep(bias)` (a loaded tensor: FreeTransformer.init_weights)."""
+        if self.out.weight.is_meta:
+            return
+        nn.init.ones_(self.norm.weight)
+        nn.init.normal_(self.hidden.weight, std=std)
+        nn.init.zeros_(self.hidden.bias)
+        nn.init.zeros_(self.out.weight)
+        if keep is None or not keep(self.out.bias):
+            self.out.bias.copy_(prior.to(self.out.bias))
+
+    def forward(self, x_half: Tensor) -> Tensor:
+        """(B, T, D) first-half output -> (B, T, posterior_size) params (at least float32), position by position."""
+        return at_least_float32(self.out(F.silu(self.hidden(self.norm(x_half)))))

@@ -1,0 +1,10 @@
+"""Reinforcement learning over a trained model with a verifier's reward, and the learned prior over Z.
+
+config.py    RLConfig: the settings of `free-transformer rl` (steps=N, group=G, ...)
+rewards.py   the reward tasks: prompts, their reward callables (prompt ids, tokens) -> float
+rollout.py   the step-by-step sampling loop, with Z from the prior or the policy head, and the features
+             the updates recompute log-probabilities from
+grpo.py      group-relative advantages and the clipped GRPO loss with its KL penalty
+prior.py     the learned prior: the head trained to match the encoder's posterior, decoder frozen
+trainer.py   the loop: progress, SIGTERM, --resume, metrics.jsonl, curves, torchrun
+"""
