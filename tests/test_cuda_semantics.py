@@ -203,7 +203,7 @@ def test_the_engines_step_as_on_cuda(dtype, latent_units, variant, monkeypatch):
     with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
         for size in (1, B, B):
             view = engine.cache.cache.view(slice(0, size), engine.capacity)
-            tokens, ended, non_finite, logits = engine.runner.body(engine.model, size, view, variant, step_core)
+            tokens, ended, non_finite, logits = engine.runner.body(engine.model, size, view, variant, False, step_core)
     assert work.uploads == []
     assert tokens.shape == ended.shape == non_finite.shape == (B,) and logits.shape == (B, 50)
     assert tokens.dtype == torch.int64 and ended.dtype == non_finite.dtype == torch.bool
@@ -241,12 +241,11 @@ def test_the_engines_step_reads_the_same_storages_at_every_step(latent_units, va
     view = engine.cache.cache.view(slice(0, B), engine.capacity)
     reads = []
     with torch.inference_mode():
-        engine.runner.body(
-            engine.model, B, view, variant, step_core
-        )  # the warm-up run a capture follows (it makes the views)
+        # the warm-up run a capture follows (it makes the views)
+        engine.runner.body(engine.model, B, view, variant, False, step_core)
         for _ in range(2):
             with ExternalStorages() as external:
-                engine.runner.body(engine.model, B, view, variant, step_core)
+                engine.runner.body(engine.model, B, view, variant, False, step_core)
             reads.append(external.read)
     assert reads[0] == reads[1] and len(reads[0]) > 10
 

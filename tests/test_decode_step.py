@@ -208,7 +208,7 @@ def test_buckets_and_the_step_padded_up_to_its_bucket():
     engine = DecodeEngine(model, 8, capacity=32, compile=True)
     engine.add([Row(prompt, SAMPLED, 0) for prompt in _prompts(3).tolist()])
     engine.step()
-    assert {size for size, _ in engine.runner.warm} == {4}  # 3 rows run in the bucket of 4
+    assert {size for size, *_ in engine.runner.warm} == {4}  # 3 rows run in the bucket of 4
 
 
 @pytest.fixture

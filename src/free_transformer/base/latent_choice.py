@@ -52,6 +52,10 @@ class LatentChoice(str, Enum):
 # setting of this set is typed by, so that its --help lists them.
 ContextChoice = Literal[LatentChoice.ENCODER, LatentChoice.PRIOR]
 CONTEXT: tuple[LatentChoice, ...] = get_args(ContextChoice)
+# What a row of the decoding engine draws its prompt's Z from (explicit values aside): a context's choice, or the
+# run's learned prior or policy, whose Z at t depends on the prefix and is drawn in the step
+# (free_transformer.inference.row_draws).
+RowChoice = Literal[LatentChoice.ENCODER, LatentChoice.PRIOR, LatentChoice.POLICY]
 
 
 def as_context(choice: LatentChoice) -> ContextChoice:

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..base.latent_choice import LatentChoice
+from ..base.latent_choice import LatentChoice, RowChoice
 from ..base.seeding import sample_seed
-from ..model.latent import LatentSource
 from ..model.transformer import FreeTransformer
 from .engine import Row, run_rows
 from .generate import GenerationConfig
@@ -36,7 +35,9 @@ class Prompt:
     ids: list[int]
     config: GenerationConfig  # its max_new_tokens is set
     positions: int  # the positions its rows feed: len(ids) + max_new_tokens - 1
-    latents: LatentSource  # resolved: ENCODER or PRIOR, or (1, N, ...) explicit Z ("shared", "reference")
+    latents: (
+        RowChoice | torch.Tensor
+    )  # resolved: ENCODER, PRIOR or POLICY, or (1, N, ...) explicit Z ("shared", "reference")
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def prepare_prompts(
     Every refusal (a one-line ValueError) comes here, before any sampling."""
     if len(configs) != len(prompts):
         raise ValueError(f"got {len(configs)} generation settings for {len(prompts)} prompts")
-    resolved: dict[tuple[int, int], LatentSource] = {}
+    resolved: dict[tuple[int, int], RowChoice | torch.Tensor] = {}
     ready = []
     for ids, config in zip(prompts, configs):
         new = config.max_new_tokens

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..base.latent_choice import LatentChoice
+from ..base.latent_choice import LatentChoice, RowChoice
 from ..base.seeding import generators
-from ..model.latent import LatentSource
 from ..model.transformer import FreeTransformer
 from .admission import Request
 from .cache_manager import SlotCache
@@ -49,8 +48,9 @@ class Row:
     ids: list[int]  # the prompt's token ids, at least one
     config: GenerationConfig  # temperature, filters, stop tokens, and max_new_tokens (set)
     seed: int | None  # keys every random draw of the row, in [0, 2^63) (None: one drawn from torch's global RNG)
-    # the prompt's Z (ENCODER or PRIOR), or (1, N, *value_shape) explicit Z of positions [0, N), N >= len(ids)
-    latents: LatentSource = LatentChoice.ENCODER
+    # the prompt's Z (ENCODER or PRIOR), every Z from the run's policy head (POLICY), or (1, N, *value_shape)
+    # explicit Z of positions [0, N), N >= len(ids)
+    latents: RowChoice | Tensor = LatentChoice.ENCODER
     keep_logits: bool = False  # set `logits` at every token (the server's logprobs)
     scored: bool = False  # sum `logprob` as it decodes (best-of)
     keep_prompt_logits: bool = False  # set `prompt_logits` (the server's echo with logprobs)
@@ -175,7 +175,8 @@ class DecodeEngine:
         ids = torch.tensor([row.ids for row in rows], dtype=torch.int64, device=self.device)  # (k, P)
         seeds = [_seed(row) for row in rows]
         explicit = [row.latents[0] if isinstance(row.latents, Tensor) else None for row in rows]
-        self.draws.draw(slots, seeds, [row.end for row in rows], explicit)
+        policy = [isinstance(row.latents, str) and row.latents == LatentChoice.POLICY for row in rows]
+        self.draws.draw(slots, seeds, [row.end for row in rows], explicit, policy)
         latents = self.draws.prompt_latents(slots, P, rows[0].latents)
         # the encoder's posterior sample of the prompt's Z: the one draw with a generator, once per row
         encoder = isinstance(latents, str) and latents == LatentChoice.ENCODER
@@ -216,6 +217,7 @@ class DecodeEngine:
                     schedule.longest,
                     schedule.aligned,
                     schedule.keeps_logits,
+                    schedule.policy,
                 )
                 schedule.longest = min(schedule.longest + 1, self.capacity - 1)  # every row fed one position
             arrived, self.pending = (self.pending, launched) if self.runner.deferred else (launched, None)
@@ -301,6 +303,7 @@ class DecodeEngine:
             steps=self.steps,
             compiled=self.runner.compile,
             keeps_logits=any(row.keep_logits or row.scored for row in self.rows),
+            policy=any(isinstance(row.latents, str) and row.latents == LatentChoice.POLICY for row in self.rows),
         )
         self.runner.stopping = self.schedule.stopping
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, as_context, named
+from ..base.latent_choice import CONTEXT, LatentChoice, RowChoice, as_context, named
 from ..model.latent import Generators, LatentPlan, LatentSource
 from ..model.transformer import FreeTransformer
 
@@ -88,7 +88,8 @@ def refuse_without_policy(model: FreeTransformer, where: str = "latents") -> Non
 
 @dataclass(frozen=True)
 class ResolvedLatents:
-    prompt_source: ContextChoice  # ENCODER or PRIOR: the Z of the prompt when no explicit Z covers it
+    # ENCODER or PRIOR: the Z of the prompt when no explicit Z covers it; POLICY: every Z from the policy head
+    prompt_source: RowChoice
     explicit: Tensor | None = None  # (batch_size or 1, N, *value_shape) Z of positions [0, N), N >= prompt length
 
 
@@ -120,7 +121,7 @@ def resolve_latents(
     refuse_on_baseline(choice, model.config.is_free, where)
     if choice == LatentChoice.POLICY:
         refuse_without_policy(model, where)
-        raise ValueError(f"{named(where, choice)} is drawn by the decoding engine's step, not before decoding")
+        return ResolvedLatents(LatentChoice.POLICY)  # drawn in the decoding engine's step, from the prefix
     if choice == LatentChoice.SHARED:
         return ResolvedLatents(LatentChoice.ENCODER, shared_prior_latents(model, length, generator))
     if reference is None:

@@ -5,7 +5,10 @@ A row's draws are counter-based (free_transformer.base.counter_random), function
 position: the Z fed at position t is its explicit value there or the row's LATENT stream at t (by the rule of
 free_transformer.model.latent.dispenser), the noise of the token sampled from position t's logits its TOKEN
 stream at t; every joining row's are drawn in one operation on the group (`draw`), so that a step only reads them
-at its rows' positions (`at`). A sample therefore depends only on its prompt, settings, seed and Z, never on the
+at its rows' positions (`at`). A row whose Z comes from the run's policy head (LatentChoice.POLICY: a learned
+prior or an RL policy over Z, free_transformer.model.latent.policy) depends on its prefix: its Z at t is drawn in the
+step, from the head's output at t with the row's LATENT words at t (`counter_policy_words`, the same streams), and
+kept here as it is drawn (`keep`). A sample therefore depends only on its prompt, settings, seed and Z, never on the
 other rows in flight nor on the order of the draws."""
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ import torch
 from torch import Tensor
 
 from ..base.counter_random import row_keys
-from ..base.latent_choice import LatentChoice
-from ..model.latent import LatentSource, LatentSpace
+from ..base.latent_choice import LatentChoice, RowChoice
+from ..model.latent import LatentSource, LatentSpace, PolicyDraw, counter_policy_words
 from ..model.latent.dispenser import planned_z
 from .sampling import token_uniforms
 
@@ -34,42 +37,72 @@ class RowDraws:
             self.fed = torch.zeros(slots, capacity, *shape, dtype=dtype, device=device)  # (S, capacity, ...) Z
             # (S, capacity) the uniform of the token sampled from each position's logits, float64
             self.uniforms = torch.full((slots, capacity), 0.5, dtype=torch.float64, device=device)
+            self.policy = torch.zeros(slots, dtype=torch.bool, device=device)  # (S,) its Z from the policy head
 
-    def draw(self, slots: slice, seeds: Sequence[int], ends: Sequence[int], explicit: Sequence[Tensor | None]) -> None:
+    def draw(
+        self,
+        slots: slice,
+        seeds: Sequence[int],
+        ends: Sequence[int],
+        explicit: Sequence[Tensor | None],
+        policy: Sequence[bool],
+    ) -> None:
         """Every draw the rows joining `slots` will read, made now for the group: at each position t they feed,
-        [0, end), their Z (explicit[i] (N_i, ...) where given, else the prior's LATENT stream at t) and the uniform
-        of the token sampled from t's logits (TOKEN stream at t)."""
+        [0, end), their Z (explicit[i] (N_i, ...) where given, else the prior's LATENT stream at t; a row of the
+        policy draws its own in the step) and the uniform of the token sampled from t's logits (TOKEN stream at
+        t)."""
         device = self.key.device
         self.key[slots] = row_keys(torch.tensor(list(seeds), dtype=torch.int64, device=device))
+        self.policy[slots] = torch.tensor(list(policy), dtype=torch.bool, device=device)
         end = max(ends)
         keys = self.key[slots]  # (k,)
         self.uniforms[slots, :end] = token_uniforms(keys[:, None], torch.arange(end, device=device)[None, :])
         if self.space is not None:
             self.fed[slots, :end] = planned_z(self.space, len(seeds), 0, end, explicit=explicit, keys=keys)
 
-    def prompt_latents(self, slots: slice, length: int, source: LatentSource) -> LatentSource:
+    def prompt_latents(self, slots: slice, length: int, source: RowChoice | Tensor) -> LatentSource:
         """What the prefill of the rows in `slots` (one kind of prompt Z) takes as latents for positions [0, length):
         LatentChoice.ENCODER, or the Z drawn for them (explicit values, or the prior's); PRIOR for a baseline."""
         if self.space is None:
             return LatentChoice.PRIOR
         if isinstance(source, str) and source == LatentChoice.ENCODER:
             return LatentChoice.ENCODER
+        if isinstance(source, str) and source == LatentChoice.POLICY:  # (k, length, policy_words)
+            positions = torch.arange(length, device=self.key.device)[None, :]
+            return PolicyDraw(counter_policy_words(self.space, self.key[slots, None], positions))
         return self.fed[slots, :length]  # (k, length, ...)
 
     def record(self, slots: slice, length: int, latents: Tensor) -> None:
         """Keep the Z a prefill used for positions [0, length) (the encoder's posterior sample)."""
         self.fed[slots, :length] = latents
 
-    def at(self, index: Tensor, position: Tensor, *, sampled: bool) -> tuple[LatentSource, Tensor | None]:
-        """Each row's draws at its own position: its Z (n, 1, ...) (PRIOR for a baseline) and, when the step
+    def at(
+        self, index: Tensor, position: Tensor, *, sampled: bool, policy: bool = False
+    ) -> tuple[LatentSource, Tensor | None]:
+        """Each row's draws at its own position: its Z (n, 1, ...) (PRIOR for a baseline; with `policy`, a row of
+        the policy in flight, a PolicyDraw of the rows' words there, the others' Z given) and, when the step
         samples, its token's uniform (n,)."""
         latent: LatentSource = LatentChoice.PRIOR if self.space is None else self.fed[index, position][:, None]
+        if policy and isinstance(latent, Tensor):
+            words = counter_policy_words(self.space, self.key[index, None], position[:, None])  # (n, 1, words)
+            latent = PolicyDraw(words, given=latent, use=self.policy[index])
         return latent, self.uniforms[index, position] if sampled else None
 
-    def column(self, rows: slice, start: int, *, sampled: bool) -> tuple[LatentSource, Tensor | None]:
-        """The draws of rows all at position `start`: a column of each buffer (a view, no gather)."""
+    def column(
+        self, rows: slice, start: int, *, sampled: bool, policy: bool = False
+    ) -> tuple[LatentSource, Tensor | None]:
+        """The draws of rows all at position `start`: a column of each buffer (a view, no gather); with
+        `policy`, as `at`."""
         latent: LatentSource = LatentChoice.PRIOR if self.space is None else self.fed[rows, start : start + 1]
+        if policy and isinstance(latent, Tensor):
+            positions = torch.full((1, 1), start, dtype=torch.int64, device=self.key.device)
+            words = counter_policy_words(self.space, self.key[rows, None], positions)  # (n, 1, words)
+            latent = PolicyDraw(words, given=latent, use=self.policy[rows])
         return latent, self.uniforms[rows, start] if sampled else None
+
+    def keep(self, index: Tensor, position: Tensor, latents: Tensor) -> None:
+        """Keep the Z (n, 1, ...) a step drew from the policy for the rows of slots `index` at their positions."""
+        self.fed[index, position] = latents[:, 0]
 
     def fed_of(self, slot: int, length: int) -> Tensor | None:
         """(length, ...) a copy of the Z fed to the row of `slot` at positions [0, length); None for a baseline."""
@@ -79,3 +112,4 @@ class RowDraws:
         self.key[slot] = self.key[source]
         self.fed[slot, :end] = self.fed[source, :end]
         self.uniforms[slot, :end] = self.uniforms[source, :end]
+        self.policy[slot] = self.policy[source]

@@ -49,9 +49,12 @@ class Scheduler(Generic[T]):
         steps: int,
         compiled: bool,
         keeps_logits: bool,
+        policy: bool = False,
     ) -> StepSchedule:
         """Which step the rows in flight take next (`StepSchedule.of`)."""
-        return StepSchedule.of(configs, positions, ends, steps=steps, compiled=compiled, keeps_logits=keeps_logits)
+        return StepSchedule.of(
+            configs, positions, ends, steps=steps, compiled=compiled, keeps_logits=keeps_logits, policy=policy
+        )
 
 
 @dataclass
@@ -64,6 +67,7 @@ class StepSchedule:
     keeps_logits: bool  # a row keeps its logits
     stopping: bool  # a row has stop ids (an eager step compares them only then)
     last_step: int  # the step by which every row in flight has reached its length (no later one runs)
+    policy: bool = False  # a row draws its Z from the policy head, in the step
 
     @classmethod
     def idle(cls) -> StepSchedule:
@@ -79,6 +83,7 @@ class StepSchedule:
         steps: int,
         compiled: bool,
         keeps_logits: bool,
+        policy: bool = False,
     ) -> StepSchedule:
         """The schedule of rows with these settings, next positions to feed and ends (the positions they feed,
         [0, end)), `steps` steps taken so far. A compiled engine keeps one graph for sampled batches with and
@@ -97,4 +102,5 @@ class StepSchedule:
             keeps_logits=keeps_logits,
             stopping=any(config.stop_tokens for config in configs),
             last_step=steps + max((end - position for position, end in zip(positions, ends)), default=0),
+            policy=policy,
         )

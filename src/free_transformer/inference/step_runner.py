@@ -108,10 +108,11 @@ class StepRunner:
         self.use_graph = compile and device.type == "cuda"
         self.inductor = compile and (device.type in INDUCTOR_DEVICES if inductor is None else inductor)
         self.buckets = bucket_sizes(slots) if compile else ()
-        self.cores: dict[SamplingVariant, Callable] = {}  # compiled step per variant
-        self.compile_seconds: dict[tuple[int, SamplingVariant], float] = {}  # first (compiling) run per bucket
-        self.graphs: dict[tuple[int, SamplingVariant], tuple[torch.cuda.CUDAGraph, tuple]] = {}
-        self.warm: set[tuple[int, SamplingVariant]] = set()
+        # keyed by the sampling variant and whether a row draws its Z from the policy head (`Step`)
+        self.cores: dict[tuple[SamplingVariant, bool], Callable] = {}  # compiled step per variant
+        self.compile_seconds: dict[tuple[int, SamplingVariant, bool], float] = {}  # first (compiling) run per bucket
+        self.graphs: dict[tuple[int, SamplingVariant, bool], tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self.warm: set[tuple[int, SamplingVariant, bool]] = set()
         self.pool: torch.cuda._POOL_HANDLE | None = None  # one memory pool shared by every graph (the first's)
         self.slot_views: dict[int, SlotViews] = {}  # size -> the views of slots [0, size) of the step's buffers
 
@@ -160,24 +161,32 @@ class StepRunner:
     # ---- one step ------------------------------------------------------------------------------
 
     def launch(
-        self, model: FreeTransformer, cache, rows: list, variant: SamplingVariant, longest: int, aligned: bool, logits
+        self,
+        model: FreeTransformer,
+        cache,
+        rows: list,
+        variant: SamplingVariant,
+        longest: int,
+        aligned: bool,
+        logits: bool,
+        policy: bool = False,
     ) -> Launched:
         """Launch one step of `rows` (slots [0, n)) over `cache` (the engine's SlotCache) and the copy of its
         tokens and `ended` to a host buffer (without waiting for it when deferred). aligned: every row at position
         `longest`; logits: whether a row keeps them (a deferred replay's are copied before the next overwrites
-        them)."""
+        them); policy: whether a row draws its Z from the policy head, in the step."""
         n = size = len(rows)
         if self.compile:
             size = self.buckets[bisect.bisect_left(self.buckets, n)]
-            tokens, ended, non_finite, out = self.replay(model, cache, size, variant)
+            tokens, ended, non_finite, out = self.replay(model, cache, size, variant, policy)
             if self.deferred and logits:  # a replay overwrites its outputs: keep this step's
                 out = out.clone()
         elif aligned:  # rows all at one position (equal prompts, one row) feed it as an int: the model writes
             # and attends the cache as a prefill continued, no mask, no scatter
-            tokens, ended, non_finite, out = self.body(model, n, cache.view(n), variant, step_core, longest)
+            tokens, ended, non_finite, out = self.body(model, n, cache.view(n), variant, policy, step_core, longest)
         else:  # each row at its own position, the cache attended up to the longest row's
             view = cache.cache.view(slice(0, n), min(longest + 1, cache.capacity))
-            tokens, ended, non_finite, out = self.body(model, n, view, variant, step_core)
+            tokens, ended, non_finite, out = self.body(model, n, view, variant, policy, step_core)
         self.steps += 1
         if size > n:  # a compiled step's bucket: its rows past n are padding
             tokens, ended, non_finite = tokens[:n], ended[:n], non_finite[:n]
@@ -199,22 +208,32 @@ class StepRunner:
         return host.tolist()
 
     def body(
-        self, model: FreeTransformer, size: int, cache, variant: SamplingVariant, core: Callable, start=None
+        self,
+        model: FreeTransformer,
+        size: int,
+        cache,
+        variant: SamplingVariant,
+        policy: bool,
+        core: Callable,
+        start=None,
     ) -> tuple[Tensor, ...]:
         """The step of slots [0, size) over `cache`, a view of their rows: everything a captured graph replays.
         start: the one position of every row, when the host knows they share it (the model then writes and
-        attends the cache as a prefill continued; None: each row at its own, a (size,) tensor). Returns the next
-        tokens (size,), whether each row ended (size,), whether its logits were not finite (size,) and the
-        logits (size, V)."""
+        attends the cache as a prefill continued; None: each row at its own, a (size,) tensor). policy: a row
+        draws its Z from the policy head, whose draws are kept in the rows' draws. Returns the next tokens
+        (size,), whether each row ended (size,), whether its logits were not finite (size,) and the logits
+        (size, V)."""
         slots = self.views(size)
         if start is None:  # each row's draws at its position: its Z (size, 1, ...) and its token's uniform (size,)
-            latent, uniforms = self.draws.at(slots.index, slots.position, sampled=variant.sampled)
+            latent, uniforms = self.draws.at(slots.index, slots.position, sampled=variant.sampled, policy=policy)
         else:
-            latent, uniforms = self.draws.column(slots.rows, start, sampled=variant.sampled)
+            latent, uniforms = self.draws.column(slots.rows, start, sampled=variant.sampled, policy=policy)
         position = slots.position if start is None else start
-        tokens, non_finite, logits = core(
+        tokens, non_finite, logits, latents = core(
             model, slots.token, latent, position, cache, slots.settings, uniforms, variant
         )
+        if policy:
+            self.draws.keep(slots.index, slots.position, latents)
         # a captured graph compares whatever the rows: it serves later rows too
         stops = slots.stops if self.stopping or self.use_graph else None
         ended = step_ends(tokens, non_finite, slots.position, slots.last, stops)
@@ -244,21 +263,23 @@ class StepRunner:
             )
         return views
 
-    def replay(self, model: FreeTransformer, cache, size: int, variant: SamplingVariant) -> tuple[Tensor, ...]:
+    def replay(
+        self, model: FreeTransformer, cache, size: int, variant: SamplingVariant, policy: bool = False
+    ) -> tuple[Tensor, ...]:
         """The compiled step of bucket `size`: its first run compiles (timed, logged) on a side stream, as a later
         capture requires; on CUDA the second captures it and every run replays it."""
-        key = (size, variant)
-        core = self.cores.get(variant)
+        key = (size, variant, policy)
+        core = self.cores.get((variant, policy))
         if core is None:
             options = dict(INDUCTOR_OPTIONS) if COMPILE_BACKEND == "inductor" else None
-            core = self.cores[variant] = (
+            core = self.cores[(variant, policy)] = (
                 torch.compile(_fresh_function(step_core), backend=COMPILE_BACKEND, fullgraph=True, options=options)
                 if self.inductor
                 else step_core
             )
 
         def body():
-            return self.body(model, size, cache.view(size), variant, core)
+            return self.body(model, size, cache.view(size), variant, policy, core)
 
         if key not in self.warm:
             started = time.perf_counter()
@@ -275,10 +296,11 @@ class StepRunner:
             if self.inductor:
                 self.compile_seconds[key] = seconds = time.perf_counter() - started
                 logger.info(
-                    "compiled the decoding step (batch %d, %d positions, %s) in %.1f s",
+                    "compiled the decoding step (batch %d, %d positions, %s%s) in %.1f s",
                     size,
                     cache.capacity,
                     variant,
+                    ", Z from the policy" if policy else "",
                     seconds,
                 )
             return out
@@ -320,13 +342,15 @@ def step_core(
     settings,
     uniforms,
     variant: SamplingVariant,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One step after its random draws: the model on token (B, 1) with latent (B, 1, ...) at each row's
-    position (B,) (or at the rows' one position, an int), then each row's next token (B,), its non-finite flag
-    (B,) and the logits (B, V). The function Inductor compiles."""
-    logits = model(token, latents=latent, cache=cache, start=position).logits[:, -1]  # (B, V)
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """One step after its random draws: the model on token (B, 1) with latent (B, 1, ...) (or a PolicyDraw) at
+    each row's position (B,) (or at the rows' one position, an int), then each row's next token (B,), its
+    non-finite flag (B,), the logits (B, V) and the Z it was fed (B, 1, ...; None for a baseline). The function
+    Inductor compiles."""
+    out = model(token, latents=latent, cache=cache, start=position)
+    logits = out.logits[:, -1]  # (B, V)
     tokens, non_finite = next_tokens(logits, settings, uniforms, variant)
-    return tokens, non_finite, logits
+    return tokens, non_finite, logits, out.latents
 
 
 def _fresh_function(function: Callable) -> Callable:

@@ -109,7 +109,7 @@ class LatentPath(nn.Module):
             value = source.expand(B, *shape)
             return space.embed(value), LatentSample(value)
         if isinstance(source, PolicyDraw):
-            return self.draw_from_policy(x_half, source.words)
+            return self.draw_from_policy(x_half, source.words, source.given, source.use)
         if source == LatentChoice.PRIOR:
             value = LatentPlan(B, space, prompt_source=LatentChoice.PRIOR, generators=generator).draw(T, x_half.device)
             return space.embed(value), LatentSample(value)
@@ -123,9 +123,12 @@ class LatentPath(nn.Module):
         r, value = space.sample(posterior, generator)
         return r, LatentSample(value, posterior, kl)
 
-    def draw_from_policy(self, x_half: Tensor, words: Tensor) -> tuple[Tensor, LatentSample]:
+    def draw_from_policy(
+        self, x_half: Tensor, words: Tensor, given: Tensor | None = None, use: Tensor | None = None
+    ) -> tuple[Tensor, LatentSample]:
         """R and the sample of Z drawn from the policy head at every position: params (B, T, P) from x_half, then
-        Z_t = sample_from_words(params_t, words_t), words (B, T, policy_words)."""
+        Z_t = sample_from_words(params_t, words_t), words (B, T, policy_words); a row whose `use` (B,) is False
+        takes its `given` (B, T, *value_shape) values instead."""
         if self.policy is None:
             raise ValueError(
                 "latents from a policy need a run with a learned prior or policy (model.latent.policy: "
@@ -139,4 +142,6 @@ class LatentPath(nn.Module):
             )
         params = self.policy(x_half)  # (B, T, P)
         value = space.sample_from_words(params.detach(), words)  # (B, T, *value_shape)
+        if given is not None and use is not None:
+            value = torch.where(use.view(-1, *([1] * (value.dim() - 1))), value, given.to(value.dtype))
         return space.embed(value), LatentSample(value, params)

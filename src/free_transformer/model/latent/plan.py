@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...base.latent_choice import LatentChoice
+from ...base.latent_choice import LatentChoice, RowChoice
 from .dispenser import planned_z, prior_z
-from .draws import Generators
-from .sources import LatentSource
+from .draws import Generators, counter_policy_words, fill_rows_
+from .sources import LatentSource, PolicyDraw
 from .space import LatentSpace
 
 
@@ -26,6 +26,10 @@ class LatentPlan:
     keys (free_transformer.base.counter_random), row i's draw at position t is a function of (keys[i], t), as the
     decoding engine draws it; else `LatentSpace.prior` with `generators` (one per row, or the global RNG): a
     forward that re-feeds positions already planned (Hugging Face without a cache) gets the same Z again.
+    With `prompt_source` LatentChoice.POLICY every Z comes from the model's policy head (a learned prior or policy
+    over Z), drawn by the forward from the rows' random words at each position (`PolicyDraw`): with `keys`, the
+    counter-based words the decoding engine's step draws with (`counter_policy_words`), else random words from
+    `generators` (or the global RNG); it depends on the prefix, so positions are planned only as they are fed.
     The plan records every Z the model used, so generate can return them. With no latent space (a
     baseline) it hands out LatentChoice.PRIOR, which a baseline ignores, and records nothing.
     """
@@ -36,14 +40,14 @@ class LatentPlan:
         space: LatentSpace | None,
         *,
         explicit: Tensor | None = None,
-        prompt_source: LatentSource = LatentChoice.ENCODER,
+        prompt_source: RowChoice = LatentChoice.ENCODER,
         generators: Generators = None,
         keys: Tensor | None = None,
     ):
         self.batch_size = batch_size
         self.space = space
         self.explicit = explicit  # (B, N, *value_shape), resolved by resolve_latents
-        self.prompt_source = prompt_source  # LatentChoice.ENCODER or LatentChoice.PRIOR
+        self.prompt_source = prompt_source  # LatentChoice.ENCODER, PRIOR or POLICY
         self.generators = generators
         self.keys = keys  # (B,) int64 counter-based row keys, or None
         self.used: list[Tensor] = []  # (B, t, *value_shape) chunks, the Z of positions [0, length)
@@ -69,6 +73,10 @@ class LatentPlan:
             )
         if new == 0 and self.prompt_source == LatentChoice.ENCODER and (explicit is None or not explicit.shape[1]):
             return LatentChoice.ENCODER  # the model samples it, and the caller records it
+        if self.prompt_source == LatentChoice.POLICY:
+            if known is not None:
+                raise ValueError("Z from the policy is drawn as positions are fed: decode with the KV cache")
+            return PolicyDraw(self.policy_words(new, end, device))
         fresh = planned_z(
             self._space(),
             self.batch_size,
@@ -93,6 +101,16 @@ class LatentPlan:
             generators=self.generators,
             device=device,
         )
+
+    def policy_words(self, start: int, end: int, device=None) -> Tensor:
+        """(B, end - start, policy_words) the rows' random words for the policy's draws at positions [start, end):
+        their counter-based LATENT streams with `keys`, else draws of generators[i] (or the global RNG)."""
+        space = self._space()
+        if self.keys is not None:
+            positions = torch.arange(start, end, device=self.keys.device)[None, :]
+            return counter_policy_words(space, self.keys[:, None], positions)
+        out = torch.empty(self.batch_size, end - start, space.policy_words, dtype=torch.int64, device=device)
+        return fill_rows_(out, lambda row, g: row.random_(-(2**63), 2**63 - 1, generator=g), self.generators)
 
     def _space(self) -> LatentSpace:
         """The latent space that draws Z, or a RuntimeError for a baseline's plan, which draws none."""

@@ -26,6 +26,10 @@ class PolicyDraw:
     LATENT stream there (`sampling.counter_policy_words`), so a row's Z depends on its key, its prefix and t."""
 
     words: Tensor  # (B, T, space.policy_words) int64
+    # rows that do not draw from the policy (the decoding engine's rows of another kind of Z in one step): their
+    # Z is `given` (B, T, *value_shape) where `use` (B,) bool is False; None: every row draws from the policy
+    given: Tensor | None = None
+    use: Tensor | None = None
 
 
 LatentSource = ContextChoice | Tensor | PolicyDraw
