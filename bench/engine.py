@@ -25,6 +25,10 @@ zeroed. Printed: each in ms, and the leave as a share of a step and of the row's
 call by call, and the table adds the other code's engine and bare loop, its engine's host time outside the
 model, and the ratio engine / other engine.
 
+--policy measures instead what drawing Z from a policy head inside the step costs: the same models with a policy
+head (model.latent.policy, random weights), `generate()` with latents="prior" against latents="policy", interleaved
+in one process; printed: each median ms per step and the median of the per-round ratios policy / prior.
+
 --host-only makes every one-token forward return the first one's output of its batch size (the prefill still
 runs the model): each variant's time a step is then its host work alone, the engine's against the bare loop's
 softmax and multinomial (and, with --baseline-src, against the other code's).
@@ -32,7 +36,7 @@ softmax and multinomial (and, with --baseline-src, against the other code's).
     PYTHONPATH=src python bench/engine.py [--presets debug cpu-small] [--batch 1 16 64] [--prompt-len 32]
                                           [--new-tokens 96] [--rounds 5] [--threads T] [--device cpu|cuda]
                                           [--dtype fp32|bf16] [--baseline-src PATH] [--leave-at N] [--host-only]
-                                          [--smoke]
+                                          [--policy] [--smoke]
 """
 
 from __future__ import annotations
@@ -177,6 +181,38 @@ class Bench:
         return Sample(wall, timer.seconds(), calls)
 
 
+def report_policy(args: argparse.Namespace, device) -> None:
+    """Z from the prior against Z from a policy head drawn in the step (`--policy`)."""
+    import dataclasses
+
+    print(f"latents prior against policy; {args.new_tokens} new tokens after {args.prompt_len}; {args.dtype}")
+    print(f"ms per step, medians of {args.rounds} interleaved rounds (ratio: median of the per-round ratios)")
+    print(f"{'preset':>10} {'B':>3} | {'prior':>7} {'policy':>7} {'policy/prior':>12}")
+    config = free_transformer.GenerationConfig(max_new_tokens=args.new_tokens)
+    for preset in args.presets:
+        base = named_config(preset)
+        base = base.replace(max_seq_len=max(base.max_seq_len, args.prompt_len + args.new_tokens - 1))
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = FreeTransformer(base.replace(latent=dataclasses.replace(base.latent, policy=True)))
+            model = model.to(torch_dtype(args.dtype)).eval()
+        for batch in args.batch:
+            prompts = torch.randint(0, base.vocab_size, (batch, args.prompt_len), generator=torch.Generator())
+            times: dict[str, list[float]] = {"prior": [], "policy": []}
+            for _ in range(args.rounds + 1):  # the first round warms up
+                for latents in times:
+                    sync(device)
+                    started = time.perf_counter()
+                    free_transformer.generate(
+                        model, prompts.to(device), config, seeds=list(range(batch)), latents=latents
+                    )
+                    sync(device)
+                    times[latents].append(time.perf_counter() - started)
+            prior, policy = (values[1:] for values in times.values())
+            ms = [1000 * statistics.median(values) / args.new_tokens for values in (prior, policy)]
+            print(f"{preset:>10} {batch:>3} | {ms[0]:7.3f} {ms[1]:7.3f} {median_ratio(policy, prior):11.2f}x")
+
+
 def leave_costs(model: FreeTransformer, batch: int, positions: int, rounds: int, device) -> tuple[float, float]:
     """(a step's seconds, a row's leave's seconds), medians: `batch` rows of `positions`-token prompts in an engine
     of `batch` slots, their steps, then `rounds` rows ended one after the other (each moves the last row's cache)."""
@@ -270,6 +306,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp32", help="weights and KV cache dtype")
     parser.add_argument("--baseline-src", type=Path, help="another checkout's src folder, measured beside this one")
     parser.add_argument("--leave-at", type=int, metavar="N", help="measure a row leaving at N positions instead")
+    parser.add_argument("--policy", action="store_true", help="measure Z from a policy head against the prior instead")
     parser.add_argument(
         "--host-only",
         action="store_true",
@@ -310,6 +347,9 @@ def main() -> None:
     print(describe_machine(device))
     if args.leave_at is not None:
         report_leaves(args, device)
+        return
+    if args.policy:
+        report_policy(args, device)
         return
     print(
         f"presets {', '.join(args.presets)}; B in {args.batch}; prompts of {args.prompt_len} tokens, "

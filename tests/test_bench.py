@@ -114,3 +114,9 @@ def test_the_engine_bench_times_the_host_work_alone(monkeypatch):
         steps = [model(torch.ones(B, 1, dtype=torch.int64), latents="prior") for B in (2, 2, 1, 2, 1)]
     assert calls == [(2, 3), (2, 1), (1, 1)] and prefill.logits.shape == (2, 3, 256)
     assert steps[0] is steps[1] is steps[3] and steps[2] is steps[4] and steps[2].logits.shape == (1, 1, 256)
+
+
+def test_the_engine_bench_measures_z_from_a_policy_against_the_prior():
+    run = smoke("engine.py", "--policy")
+    check(run, "engine.py --policy")
+    assert "policy/prior" in run.stdout
