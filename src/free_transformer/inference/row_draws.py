@@ -7,8 +7,9 @@ free_transformer.model.latent.dispenser), the noise of the token sampled from po
 stream at t; every joining row's are drawn in one operation on the group (`draw`), so that a step only reads them
 at its rows' positions (`at`). A row whose Z comes from the run's policy head (LatentChoice.POLICY: a learned
 prior or an RL policy over Z, free_transformer.model.latent.policy) depends on its prefix: its Z at t is drawn in the
-step, from the head's output at t with the row's LATENT words at t (`counter_policy_words`, the same streams), and
-kept here as it is drawn (`keep`). A sample therefore depends only on its prompt, settings, seed and Z, never on the
+step, from the head's output at t with the row's LATENT words at t (`counter_policy_words`, the same streams, drawn
+as it joins like every other draw: only the map from words to Z waits for the step), and kept here as it is drawn
+(`keep`). A sample therefore depends only on its prompt, settings, seed and Z, never on the
 other rows in flight nor on the order of the draws."""
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class RowDraws:
             # (S, capacity) the uniform of the token sampled from each position's logits, float64
             self.uniforms = torch.full((slots, capacity), 0.5, dtype=torch.float64, device=device)
             self.policy = torch.zeros(slots, dtype=torch.bool, device=device)  # (S,) its Z from the policy head
+        # (S, capacity, policy_words) int64: the words of every position a row of the policy feeds, made when the
+        # first such row joins
+        self.words: Tensor | None = None
+        self.capacity = capacity
 
     def draw(
         self,
@@ -59,6 +64,13 @@ class RowDraws:
         self.uniforms[slots, :end] = token_uniforms(keys[:, None], torch.arange(end, device=device)[None, :])
         if self.space is not None:
             self.fed[slots, :end] = planned_z(self.space, len(seeds), 0, end, explicit=explicit, keys=keys)
+        if any(policy):
+            assert self.space is not None, "resolve_latents refuses the policy on a baseline"
+            if self.words is None:
+                shape = (self.key.shape[0], self.capacity, self.space.policy_words)
+                self.words = torch.zeros(shape, dtype=torch.int64, device=device)
+            positions = torch.arange(end, device=device)[None, :]
+            self.words[slots, :end] = counter_policy_words(self.space, keys[:, None], positions)
 
     def prompt_latents(self, slots: slice, length: int, source: RowChoice | Tensor) -> LatentSource:
         """What the prefill of the rows in `slots` (one kind of prompt Z) takes as latents for positions [0, length):
@@ -67,9 +79,9 @@ class RowDraws:
             return LatentChoice.PRIOR
         if isinstance(source, str) and source == LatentChoice.ENCODER:
             return LatentChoice.ENCODER
-        if isinstance(source, str) and source == LatentChoice.POLICY:  # (k, length, policy_words)
-            positions = torch.arange(length, device=self.key.device)[None, :]
-            return PolicyDraw(counter_policy_words(self.space, self.key[slots, None], positions))
+        if isinstance(source, str) and source == LatentChoice.POLICY:
+            assert self.words is not None, "draw makes the words of a row of the policy"
+            return PolicyDraw(self.words[slots, :length])  # (k, length, policy_words)
         return self.fed[slots, :length]  # (k, length, ...)
 
     def record(self, slots: slice, length: int, latents: Tensor) -> None:
@@ -83,8 +95,8 @@ class RowDraws:
         the policy in flight, a PolicyDraw of the rows' words there, the others' Z given) and, when the step
         samples, its token's uniform (n,)."""
         latent: LatentSource = LatentChoice.PRIOR if self.space is None else self.fed[index, position][:, None]
-        if policy and isinstance(latent, Tensor):
-            words = counter_policy_words(self.space, self.key[index, None], position[:, None])  # (n, 1, words)
+        if policy and isinstance(latent, Tensor) and self.words is not None:
+            words = self.words[index, position][:, None]  # (n, 1, policy_words)
             latent = PolicyDraw(words, given=latent, use=self.policy[index])
         return latent, self.uniforms[index, position] if sampled else None
 
@@ -94,9 +106,8 @@ class RowDraws:
         """The draws of rows all at position `start`: a column of each buffer (a view, no gather); with
         `policy`, as `at`."""
         latent: LatentSource = LatentChoice.PRIOR if self.space is None else self.fed[rows, start : start + 1]
-        if policy and isinstance(latent, Tensor):
-            positions = torch.full((1, 1), start, dtype=torch.int64, device=self.key.device)
-            words = counter_policy_words(self.space, self.key[rows, None], positions)  # (n, 1, words)
+        if policy and isinstance(latent, Tensor) and self.words is not None:
+            words = self.words[rows, start : start + 1]  # (n, 1, policy_words)
             latent = PolicyDraw(words, given=latent, use=self.policy[rows])
         return latent, self.uniforms[rows, start] if sampled else None
 
@@ -113,3 +124,5 @@ class RowDraws:
         self.fed[slot, :end] = self.fed[source, :end]
         self.uniforms[slot, :end] = self.uniforms[source, :end]
         self.policy[slot] = self.policy[source]
+        if self.words is not None:
+            self.words[slot, :end] = self.words[source, :end]
