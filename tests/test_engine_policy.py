@@ -3,13 +3,16 @@ before decoding, so the step draws it from the head's output at each row's posit
 words. The engine's Z and tokens equal the step-by-step reference loop's (free_transformer.train.rl.rollout), eager,
 bucketed and deferred, alone or beside rows of the prior in one batch; the Hugging Face wrapper's with seeds too."""
 
+import json
+
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_checkpoint, tiny_model
 
 from free_transformer import GenerationConfig, generate
 from free_transformer.base.counter_random import row_keys
 from free_transformer.inference.engine import DecodeEngine, Row, run_rows
+from free_transformer.runs.checkpoint import load_model
 from free_transformer.train.rl.rollout import rollout
 from free_transformer.train.rl.trainer import with_policy_head
 
@@ -77,3 +80,53 @@ def test_generate_and_hf_with_seeds_draw_the_policy_as_the_reference_loop(model)
 def test_policy_on_a_run_without_a_head_is_one_line():
     with pytest.raises(ValueError, match="latents='policy' needs a run with a learned prior or policy"):
         generate(tiny_model(latent_units=4), PROMPTS, GenerationConfig(max_new_tokens=2), latents="policy")
+
+
+@pytest.fixture(scope="module")
+def policy_run(tmp_path_factory):
+    """A byte-tokenizer run whose model has a policy head far from the prior."""
+    from free_transformer.runs.checkpoint import save_checkpoint
+
+    run = tiny_checkpoint(tmp_path_factory.mktemp("policy"), "free", latent_units=4, max_seq_len=64)
+    model = with_policy_head(load_model(run)[0], seed=0)
+    with torch.no_grad():
+        for param in model.latent.policy.parameters():
+            param.normal_(0, 1.0)
+    save_checkpoint(run, 2, model, {"tokenizer": "byte"})
+    return run
+
+
+def test_latents_policy_through_the_cli_and_the_server_is_pythons(policy_run, capsys):
+    """`generate --latents policy` prints, and a completion request with "latents": "policy" returns, the samples of
+    Python's generate(latents="policy") with the same seeds; a run without a head is one line and exit 2."""
+    import httpx
+    from test_serve import NAME, start_server
+
+    from free_transformer.base.seeding import sample_seed
+    from free_transformer.cli import main
+    from free_transformer.data.tokenizer import get_tokenizer
+
+    model = load_model(policy_run)[0]
+    ids = list(b"K>")
+    seeds = [sample_seed(7, 0, i) for i in range(2)]
+    expected = generate(
+        model, [ids, ids], GenerationConfig(max_new_tokens=8, temperature=1.0), seeds=seeds, latents="policy"
+    )
+    decode = get_tokenizer("byte").decode
+    texts = [decode(ids + tokens)[len(decode(ids)) :] for tokens in expected.tokens]
+    argv = ["generate", str(policy_run), "--prompt", "K>", "-n", "2", "--max-new-tokens", "8", "--seed", "7"]
+    assert main([*argv, "--latents", "policy", "--format", "jsonl"]) == 0
+    assert [json.loads(line)["sample"] for line in capsys.readouterr().out.splitlines()] == texts
+    url, _, uv = start_server(policy_run)
+    try:
+        body = {"model": NAME, "prompt": "K>", "max_tokens": 8, "n": 2, "seed": 7, "latents": "policy"}
+        response = httpx.post(url + "/completions", json=body, timeout=60)
+    finally:
+        uv.should_exit = True
+    assert response.status_code == 200, response.text
+    served = [choice["text"] for choice in sorted(response.json()["choices"], key=lambda c: c["index"])]
+    assert served == texts
+    without = tiny_checkpoint(policy_run.parent, "without", latent_units=4, max_seq_len=64)
+    assert main(["generate", str(without), "--prompt", "K>", "--latents", "policy"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "needs a run with a learned prior or policy" in error
