@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...base import counter_random
+from ...base.counter_random import uniform
 from ...base.checks import ConfigError, check_range
 from ...base.counter_random import shift_right
 from .draws import Generators, at_least_float32, fill_rows_, rand_rows
@@ -113,7 +113,7 @@ class CategoricalLatent(LatentSpace):
 
     def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
         cdf = self._log_probs(params).exp().cumsum(-1)  # (..., H, K)
-        below = (cdf < counter_random.uniform(words).unsqueeze(-1)).sum(-1)  # (..., H) classes whose CDF stays under u
+        below = (cdf < uniform(words).unsqueeze(-1)).sum(-1)  # (..., H) classes whose CDF stays under u
         return below.clamp(max=self.classes - 1)  # rounding of the last CDF below u
 
     def log_prob(self, params: Tensor, value: Tensor) -> Tensor:
