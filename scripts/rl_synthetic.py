@@ -111,19 +111,23 @@ def coins(run: str, policy: bool, prompts: int, samples: int, seed: int) -> str:
 
 
 def figure(out: str, runs: list[str]) -> None:
-    lines = []
-    groups = sorted({Path(run).name.rsplit("-seed", 1)[0] for run in runs})
+    """One panel per task (the run name's first word: letters, coins), one colour per kind of action (latent, tokens:
+    the run name less -seedN ends in it)."""
+    panels: dict[str, Panel] = {}
     for run in runs:
         logged = read_metrics(Path(run) / "metrics.jsonl", ("step",))
-        group = Path(run).name.rsplit("-seed", 1)[0]
-        xs, ys = [m["reward_calls"] for m in logged], [m["reward"] for m in logged]
-        lines.append(Line(groups.index(group) + 1, group, xs, ys))
-    draw(
-        [Panel("reward against reward calls (each line a seed)", "mean reward", lines)],
-        out,
-        xlabel="reward calls",
-        dpi=110,
-    )
+        arm = Path(run).name.rsplit("-seed", 1)[0]
+        task = arm.split("-")[0]
+        panel = panels.setdefault(task, Panel(f"{task}: reward of the step's samples", "mean reward"))
+        panel.lines.append(
+            Line(
+                1 if arm.endswith("latent") else 3,
+                arm,
+                [m["reward_calls"] for m in logged],
+                [m["reward"] for m in logged],
+            )
+        )
+    draw(list(panels.values()), out, xlabel="reward calls", dpi=110)
 
 
 def main() -> None:

@@ -91,6 +91,7 @@ def test_the_config_holds_the_chosen_kinds_settings_only():
     assert config.to_dict()["model"]["latent"] == {
         "kind": "categorical",
         "encoder_layers": 1,
+        "policy": False,
         "categorical": {"classes": 3, "temperature": 1.0},
     }
     assert apply_overrides(config, ["model.latent.categorical.temperature=0.5"]).model.latent.settings == (

@@ -64,7 +64,12 @@ def test_a_plugin_kind_with_a_setting_trains_resumes_converts_and_loads(tmp_path
     setting = "model.latent.ternary.temperature=0.5"
     trained = cli("train", "--out", str(run), *TRAIN, setting, "steps=2", env=plugin_env, cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr
-    latent = {"kind": "ternary", "encoder_layers": 1, "ternary": {"temperature": 0.5}}  # the chosen kind's only
+    latent = {
+        "kind": "ternary",
+        "encoder_layers": 1,
+        "policy": False,
+        "ternary": {"temperature": 0.5},
+    }  # the chosen kind's only
     assert yaml.safe_load((run / "config.yaml").read_text())["model"]["latent"] == latent
     resumed = cli("train", "--out", str(run), "--resume", "steps=4", env=plugin_env, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr

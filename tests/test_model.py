@@ -195,7 +195,7 @@ def test_bad_inputs_raise_clear_errors():
         check_latent_values(tiny_model(latent_units=0), torch.zeros(1, 3, dtype=torch.long), 1)
     with pytest.raises(ValueError, match="encoder latents need the whole sequence"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(1), start=2)
-    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or a tensor of values"):
+    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior', a PolicyDraw or a tensor of values"):
         model(torch.zeros(1, 3, dtype=torch.long), latents="posteriour")
     x, position = torch.zeros(1, 1, model.config.dim, dtype=torch.float64), torch.zeros(1, dtype=torch.long)
     with pytest.raises(ValueError, match="a decoding step .* needs a cache"):  # an attention layer called alone
@@ -205,7 +205,7 @@ def test_bad_inputs_raise_clear_errors():
 def test_forward_takes_resolved_sources_only():
     """A user's spelling is parsed by free_transformer.inference.latents, not by the model: the old name of
     "encoder" is not a source, and the forward says what is."""
-    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior' or a tensor of values"):
+    with pytest.raises(ValueError, match="latents must be 'encoder', 'prior', a PolicyDraw or a tensor of values"):
         tiny_model()(_tokens(), latents="posterior")
 
 

@@ -89,7 +89,7 @@ def test_a_run_written_by_0_3_0_resumes_and_saves_todays_layout(tmp_path, kind):
     shutil.copytree(RELEASE_0_3_0 / kind, run)
     assert main(["train", "--out", str(run), "--resume", "steps=3", "checkpoint_every=3", "progress=false"]) == 0
     assert [path.name for path in checkpoint_dirs(run)] == ["step_00000002", "step_00000003"]
-    latent = {"kind": kind, "encoder_layers": 1}
+    latent = {"kind": kind, "encoder_layers": 1, "policy": False}
     if SETTINGS_0_3_0[kind] is not None:
         latent[kind] = {"classes": 3, "temperature": 0.5}
     assert yaml.safe_load((run / "config.yaml").read_text())["model"]["latent"] == latent  # rewritten: today's
