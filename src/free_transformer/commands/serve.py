@@ -104,7 +104,7 @@ def run(args) -> int:
         )
         engine.batcher.engine.warm_up()
     api_key = config.api_key or os.environ.get(API_KEY_VARIABLE) or None
-    app = build_app(engine, api_key=api_key, max_body_bytes=config.max_request_bytes)
+    app = build_app(engine, api_key=api_key, max_body_bytes=config.max_request_bytes, chat_queue=config.chat_queue)
     port = sock.getsockname()[1]
     print(
         f"serving {name!r} at http://{config.host}:{port}/v1 (up to {config.max_batch} completions batched"
