@@ -17,7 +17,7 @@ from ..base.seeding import sample_seed
 from ..model.transformer import FreeTransformer
 from .engine import Row, decoding_engine, run_rows
 from .latents import parse_latents, resolve_latents
-from .params import MAX_SEED, GenerationConfig, check_room
+from .params import GenerationConfig, check_room, check_seed
 
 
 @dataclass
@@ -33,13 +33,11 @@ def row_seeds(seeds: Sequence[int] | None, batch_size: int, seed: int | None = N
     if seeds is not None and seed is not None:
         raise ValueError("pass seeds (one per row) or seed (one for the call), not both")
     if seeds is None:
-        seed = int(torch.randint(0, 2**62, ())) if seed is None else seed
+        seed = int(torch.randint(0, 2**62, ())) if seed is None else check_seed(seed)
         return [sample_seed(seed, k, 0) for k in range(batch_size)]
     if len(seeds) != batch_size:
         raise ValueError(f"got {len(seeds)} seeds for {batch_size} prompts")
-    if not all(0 <= int(s) <= MAX_SEED for s in seeds):
-        raise ValueError(f"every seed must be in [0, 2**63), got {list(seeds)}")
-    return [int(s) for s in seeds]
+    return [check_seed(s, f"seeds[{k}]") for k, s in enumerate(seeds)]
 
 
 def prompt_lists(prompts: Tensor | Sequence[Sequence[int]]) -> list[list[int]]:
@@ -106,7 +104,11 @@ def generate(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"the batch size must be >= 1, got {batch_size}")
     row_seed = row_seeds(seeds, B, seed)
-    one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
+    one_off = (
+        None
+        if latent_seed is None
+        else torch.Generator(device=device).manual_seed(check_seed(latent_seed, "latent_seed"))
+    )
     resolved = resolve_latents(
         model,
         None if latents is None else parse_latents(latents),  # the Python entry point's one parse

@@ -23,9 +23,9 @@ from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only from Python 3.12
 
 from ..base.settings import field_docs
-from ..inference.params import MAX_INT, SamplingError, SamplingParams, spelt_fields
+from ..inference.params import MAX_CANDIDATES, MAX_INT, SamplingError, SamplingParams, spelt_fields
 
-MAX_N = 128  # OpenAI's own limit on completions per prompt
+MAX_N = MAX_CANDIDATES  # OpenAI's own limit on completions per prompt, best_of's everywhere
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI allows 5, vLLM 20)
 # request fields whose JSON type is not their setting's: stop takes one string too; latents is a name, parsed
 # into a LatentChoice by SamplingParams
