@@ -137,30 +137,27 @@ except Exception as error:
 """
 
 
-@pytest.mark.parametrize("limit", ["RLIMIT_AS", "RLIMIT_DATA"])
-def test_memory_is_checked_against_the_process_s_limits_not_only_the_machine_s(hf_export, tmp_path, limit):
+def test_memory_is_checked_against_the_process_s_limits_not_only_the_machine_s(hf_export, tmp_path):
     """Under `prlimit --as` (or a data limit), serve's KV cache and from_pretrained's RoPE tables passed the check
     against physical memory and the allocator failed with a RuntimeError traceback; each is now one line."""
     if os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") < 16 * 2**30 or not Path("/proc/self/statm").exists():
         pytest.skip("needs Linux and memory above what the allocations ask for (the machine's check would refuse)")
     run = tiny_checkpoint(tmp_path, "run", 4)
     _edit_config(hf_export, max_position_embeddings=2**25)  # RoPE tables of 2**25 x head_dim x 4 floats: >= 4 GiB
-    done = subprocess.run(
-        [sys.executable, "-c", UNDER_A_LIMIT, limit, str(run), str(hf_export)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr
-    serve, loaded = done.stderr.strip().splitlines()
-    assert serve.startswith("error: a KV cache of ") and serve.endswith(
-        f"left under this process's {limit}: lower --max-batch"
-    )
-    assert (
-        loaded.startswith("from_pretrained: ConfigError: a model of ")
-        and f"left under this process's {limit}" in loaded
-    )
+    for limit in ("RLIMIT_AS", "RLIMIT_DATA"):
+        done = subprocess.run(
+            [sys.executable, "-c", UNDER_A_LIMIT, limit, str(run), str(hf_export)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert done.returncode == 0, done.stderr
+        serve, loaded = done.stderr.strip().splitlines()
+        assert serve.startswith("error: a KV cache of ")
+        assert serve.endswith(f"left under this process's {limit}: lower --max-batch"), serve
+        assert loaded.startswith("from_pretrained: ConfigError: a model of "), loaded
+        assert f"left under this process's {limit}" in loaded, loaded
 
 
 def test_convert_checks_the_latent_range_before_counting_memory(hf_export, tmp_path, capsys):
