@@ -111,3 +111,28 @@ def test_each_row_comes_with_its_request_and_tag():
     second = queue.add(Request(["y"], tag="second"))
     assert [(request.tag, row) for request, row in queue.take(2)] == [("first", "x"), ("second", "y")]
     assert (first.order, second.order) == (0, 1)
+
+
+def test_a_short_request_is_admitted_within_its_bound_under_any_flood():
+    """The audit's flood: 1,000 one-row requests of 100 tokens at step 0, a 4-token one at step 200 (due 204, after
+    every one of them: it waited for all 1,000). It is admitted within 3k + 3 slots, k = 0 requests shorter."""
+    queue: Admission[str] = Admission(share=15)
+    flood = [queue.add(Request([f"flood{i}"], tokens=100), now=0) for i in range(1000)]
+    assert len(queue.take(16)) == 16  # the engine full
+    queue.add(Request(["short"], tokens=4), now=200)
+    given = []
+    for request in flood[:3]:  # rows end, slots free one by one
+        request.left()
+        given += names(queue.take(1))
+    assert "short" in given, given
+    admitted_flood = [name for name in given if name != "short"]
+    assert admitted_flood and all(name.startswith("flood") for name in admitted_flood)  # the flood keeps 2 in 3
+
+
+def test_two_slots_in_three_still_go_to_the_requests_due_first():
+    queue: Admission[str] = Admission()
+    for i in range(4):
+        queue.add(Request([f"old{i}"], tokens=100), now=0)  # due at 100
+    for i in range(4):
+        queue.add(Request([f"new{i}"], tokens=1), now=200)  # due at 201, shorter
+    assert names(queue.take(6)) == ["old0", "old1", "new0", "old2", "old3", "new1"]

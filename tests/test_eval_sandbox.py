@@ -188,3 +188,14 @@ def test_the_canonical_solutions_pass_their_checkers():
     lines = result.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["humaneval", "mbpp", "evalplus"]
     assert all("pass@1 1.0000 (3/3)" in line for line in lines), result.stdout
+
+
+def test_a_weaker_sandbox_is_named_layer_by_layer():
+    """What eval says on the console when the kernel refused a PID namespace or a private /proc (the results file
+    records the report; the console said nothing)."""
+    from free_transformer.eval.sandbox import WEAKER_WITHOUT, weaker_layers
+
+    assert weaker_layers({"pid_namespace": True, "own_proc": True, "audit_hook": True}) == []
+    assert weaker_layers({"pid_namespace": False, "own_proc": True}) == [WEAKER_WITHOUT["pid_namespace"]]
+    assert weaker_layers({"pid_namespace": False, "own_proc": False}) == list(WEAKER_WITHOUT.values())
+    assert weaker_layers(LAYERS) == [WEAKER_WITHOUT[k] for k in WEAKER_WITHOUT if k in LAYERS and not LAYERS[k]]

@@ -63,6 +63,14 @@ def colours():
     REGISTRY.pop("colours")
 
 
+def test_a_benchmark_named_like_a_registered_one_is_one_line(colours):
+    shadow = type("Colours", (Colours,), {"__module__": "a_plugin"})
+    with pytest.raises(ValueError, match=r"^a benchmark named 'colours' is registered already \(.*\): give a_plugin"):
+        register(shadow)
+    assert type(REGISTRY["colours"]) is Colours
+    register(Colours)  # the same class again (its module imported twice): kept
+
+
 def test_a_registered_benchmark_is_listed_and_in_all_and_its_kind(colours, capsys):
     assert main(["eval", "--list-tasks"]) == 0
     out = capsys.readouterr().out

@@ -103,6 +103,15 @@ def test_without_the_plugin_its_run_is_one_line(tmp_path, plugin_env, cli):
         refused = cli(*args, env=without, cwd=tmp_path)
         assert refused.returncode == 2 and "unknown latent kind 'ternary'" in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\n")
+    exits = cli(
+        "info",
+        env={**plugin_env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{SRC}", "FREE_TRANSFORMER_PLUGINS": "exits"},
+        cwd=tmp_path,
+    )
+    assert exits.returncode == 2 and exits.stderr.strip() == (
+        "error: FREE_TRANSFORMER_PLUGINS: cannot import exits: it called sys.exit(0)"
+    ), exits.stderr  # it was exit 0, silently, for every command
     missing = cli("train", "--help", env={**plugin_env, "FREE_TRANSFORMER_PLUGINS": "no_such_kinds"}, cwd=tmp_path)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (

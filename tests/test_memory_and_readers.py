@@ -6,6 +6,8 @@ types, a config.json that does not describe its weights."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -118,6 +120,57 @@ def test_from_pretrained_checks_the_real_size_not_the_meta_one(hf_export):
     message = str(error.value)
     assert "RoPE tables for max_seq_len 1,099,511,627,776" in message and "does not fit in" in message
     assert "\n" not in message
+
+
+# Run in a child whose limit leaves 1 GiB above what it maps once torch and the package are imported: the KV
+# cache of `serve` and the RoPE tables of from_pretrained ask for 4 GiB or more, less than the machine's memory.
+UNDER_A_LIMIT = """
+import resource, sys
+import torch
+from free_transformer.cli import main
+from free_transformer.runs import memory
+from free_transformer.runs.checkpoint import load_model
+
+name, run, export = sys.argv[1:]
+model, _ = load_model(run)
+rows = 4 * 2**30 // memory.cache_bytes(model.config, 1, model.config.max_seq_len, torch.float32) + 1
+page = resource.getpagesize()
+with open("/proc/self/statm") as statm:
+    fields = [int(value) * page for value in statm.read().split()]
+mapped = fields[0] if name == "RLIMIT_AS" else fields[5]
+resource.setrlimit(getattr(resource, name), (mapped + 2**30, resource.RLIM_INFINITY))
+room, where = memory.host_memory()
+assert room <= 2**30 and where == f"left under this process's {name}", (room, where)
+assert main(["serve", run, "--port", "0", "--device", "cpu", "--max-batch", str(rows)]) == 2
+from free_transformer.hf.modeling import FreeTransformerForCausalLM
+try:
+    FreeTransformerForCausalLM.from_pretrained(export)
+except Exception as error:
+    print(f"from_pretrained: {type(error).__name__}: {error}", file=sys.stderr)
+"""
+
+
+def test_memory_is_checked_against_the_process_s_limits_not_only_the_machine_s(hf_export, tmp_path):
+    """Under `prlimit --as` (or a data limit), serve's KV cache and from_pretrained's RoPE tables passed the check
+    against physical memory and the allocator failed with a RuntimeError traceback; each is now one line."""
+    if os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") < 16 * 2**30 or not Path("/proc/self/statm").exists():
+        pytest.skip("needs Linux and memory above what the allocations ask for (the machine's check would refuse)")
+    run = tiny_checkpoint(tmp_path, "run", 4)
+    _edit_config(hf_export, max_position_embeddings=2**25)  # RoPE tables of 2**25 x head_dim x 4 floats: >= 4 GiB
+    for limit in ("RLIMIT_AS", "RLIMIT_DATA"):
+        done = subprocess.run(
+            [sys.executable, "-c", UNDER_A_LIMIT, limit, str(run), str(hf_export)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert done.returncode == 0, done.stderr
+        serve, loaded = done.stderr.strip().splitlines()
+        assert serve.startswith("error: a KV cache of ")
+        assert serve.endswith(f"left under this process's {limit}: lower --max-batch"), serve
+        assert loaded.startswith("from_pretrained: ConfigError: a model of "), loaded
+        assert f"left under this process's {limit}" in loaded, loaded
 
 
 def test_convert_checks_the_latent_range_before_counting_memory(hf_export, tmp_path, capsys):

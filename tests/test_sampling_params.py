@@ -76,8 +76,8 @@ def test_the_seeds_of_a_sample_are_read_once_the_entry_point_has_set_the_seed():
         ("top_k", 2**63, f"must be at most 2**63 - 1 (any value above the vocabulary keeps every token), got {2**63}"),
         ("n", 2**63, f"must be at most 2**63 - 1, got {2**63}"),
         ("max_new_tokens", 2**63, f"must be at most 2**63 - 1, got {2**63}"),
-        ("best_of", 0, "must be >= 1, got 0"),
-        ("best_of", 2**63, f"must be at most 2**63 - 1, got {2**63}"),
+        ("best_of", 0, "must be an integer from 1 to 128 (MAX_CANDIDATES per prompt), got 0"),
+        ("best_of", 2**63, f"must be an integer from 1 to 128 (MAX_CANDIDATES per prompt), got {2**63}"),
     ],
 )
 def test_a_bad_setting_is_refused_in_each_entry_points_own_words(

@@ -102,7 +102,7 @@ def test_latent_candidates_share_token_noise_and_token_candidates_do_not():
 
 def test_bad_requests_are_one_line():
     model = tiny_model(latent_units=4)
-    with pytest.raises(ValueError, match="best-of needs n >= 1 candidates, got 0"):
+    with pytest.raises(ValueError, match=r"n must be an integer from 1 to 128 \(MAX_CANDIDATES per prompt\), got 0"):
         best_of(model, PROMPTS, 0)
     with pytest.raises(ValueError, match="vary must be one of both, latent, tokens, got 'z'"):
         best_of(model, PROMPTS, 2, vary="z")  # type: ignore[arg-type]

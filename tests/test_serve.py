@@ -299,7 +299,7 @@ def error_of(server, body: dict, path="/completions", status=400) -> dict:
         ({"seed": 2**63}, "seed", "must be in [0, 2**63)"),
         ({"latent_seed": -1}, "latent_seed", "must be in [0, 2**63)"),
         ({"logprobs": 2**63}, "logprobs", "less than or equal to 20"),
-        ({"best_of": 2**64}, "best_of", "at most"),
+        ({"best_of": 2**64}, "best_of", "from 1 to 128 (MAX_CANDIDATES per prompt)"),
         ({"prompt": [[2**64]]}, "prompt", "token ids must lie in [0, 256)"),
     ],
 )

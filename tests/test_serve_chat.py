@@ -60,13 +60,13 @@ def llama_with_tokenizer(directory, template: str | None) -> str:
     return str(directory)
 
 
-def start_server(checkpoint):
+def start_server(checkpoint, **app_options):
     """(base URL, uvicorn server, engine) of `serve CHECKPOINT` on a free port, in a thread of this process."""
     model, config = load_model(checkpoint)
     engine = Engine(model, get_tokenizer(config["tokenizer"]), NAME)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(engine), log_level="critical"))
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, **app_options), log_level="critical"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
@@ -75,12 +75,12 @@ def start_server(checkpoint):
     return f"http://127.0.0.1:{sock.getsockname()[1]}/v1", server, engine
 
 
-def serving(tmp_path_factory, template: str | None):
+def serving(tmp_path_factory, template: str | None, **app_options):
     """(openai client, uvicorn server, engine) of a converted Llama whose tokenizer ships `template`."""
     directory = tmp_path_factory.mktemp("llama")
     llama = llama_with_tokenizer(directory / "llama", template)
     assert main(["convert", llama, str(directory / "run"), "--to", "checkpoint", "--latent-units", "4"]) == 0
-    url, server, engine = start_server(directory / "run")
+    url, server, engine = start_server(directory / "run", **app_options)
     return openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60), server, engine
 
 

@@ -26,6 +26,7 @@ FLAGS = {
     "max_batch": "--max-batch",
     "latents": "--latents",
     "max_request_mb": "--max-request-mb",
+    "chat_queue": "--chat-queue",
     "compile": "--compile",
 }
 
@@ -81,6 +82,7 @@ def test_the_options_left_out_are_the_servers_defaults():
             max_batch=16,
             latents="encoder",
             max_request_mb=16,
+            chat_queue=32,
             compile="auto",
         )
     )
@@ -95,6 +97,7 @@ def test_the_options_left_out_are_the_servers_defaults():
         ("--max-batch", "0", "--max-batch must be >= 1, got 0"),
         ("--max-request-mb", "0", "--max-request-mb must be > 0 MiB, got 0.0"),
         ("--max-request-mb", "inf", "--max-request-mb must be > 0 MiB, got inf"),
+        ("--chat-queue", "-1", "--chat-queue must be >= 0, got -1"),
     ],
 )
 def test_a_value_the_server_cannot_start_with_is_one_line_and_exit_2(tmp_path, capsys, option, value, message):

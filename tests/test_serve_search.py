@@ -94,8 +94,8 @@ def test_a_streamed_best_of_above_n_is_a_400_and_equal_to_n_streams(client):
     "body, param, words",
     [
         ({"n": 2, "best_of": 1}, "best_of", "must be >= n (2), got 1"),
-        ({"best_of": 0}, "best_of", "must be >= 1"),
-        ({"best_of": 129}, "best_of", "at most 128"),
+        ({"best_of": 0}, "best_of", "must be an integer from 1 to 128"),
+        ({"best_of": 129}, "best_of", "from 1 to 128 (MAX_CANDIDATES per prompt)"),
         ({"best_of": 9, "prompt": ["a"] * 120}, "best_of", "at most 1024"),
         ({"vary": "z"}, "vary", "'both', 'latent' or 'tokens'"),
         ({"vary": "tokens", "temperature": 0}, "vary", "must not be tokens at temperature 0"),

@@ -31,6 +31,8 @@ def load_plugins(environ=os.environ) -> list[str]:
     for name in names:
         try:
             importlib.import_module(name)
+        except SystemExit as error:  # sys.exit(0) at import made every command exit 0 having done nothing
+            raise PluginError(f"{PLUGINS_VARIABLE}: cannot import {name}: it called sys.exit({error.code!r})") from None
         except Exception as error:  # any failure of a user's module is theirs to fix: one line naming it
             detail = " ".join(f"{type(error).__name__}: {error}".split())
             raise PluginError(f"{PLUGINS_VARIABLE}: cannot import {name}: {detail}") from error

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 from ..base import settings
 from ..base.devices import parse_device
 from ..base.errors import UserError
+from ..inference.params import MAX_SEED  # torch.manual_seed takes an int64
 
 if TYPE_CHECKING:  # the launchers import torch: when a command runs, not for its --help
     from ..experiments.launch.launchers import Launcher
 
 MAX_SEEDS = 1000  # seeds of one sweep: each trains every model, so more is a typo, not a plan
-MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64
 
 
 def parse_seeds(text: str | None, default: int) -> tuple[int, ...]:

@@ -65,7 +65,7 @@ def run(args) -> int:
     from ..base.devices import decoding_dtype, parse_device
     from ..data.tokenizer import get_tokenizer
     from ..runs.checkpoint import load_model
-    from ..runs.memory import check_cache_fits
+    from ..runs.memory import allocating, check_cache_fits
 
     try:
         import uvicorn
@@ -85,14 +85,15 @@ def run(args) -> int:
     check_cache_fits(model.config, config.max_batch, context, cache_dtype, device, hint="lower --max-batch")
     name = config.model_name or Path(args.checkpoint).resolve().name
     compile = config.compiles(device.type)
-    engine = Engine(
-        model,
-        get_tokenizer(recorded.get("tokenizer", "byte")),
-        name,
-        max_batch=config.max_batch,
-        latents=config.latents,
-        compile=compile,
-    )
+    with allocating(f"a KV cache of {config.max_batch:,} rows of {context:,} positions (lower --max-batch)"):
+        engine = Engine(
+            model,
+            get_tokenizer(recorded.get("tokenizer", "byte")),
+            name,
+            max_batch=config.max_batch,
+            latents=config.latents,
+            compile=compile,
+        )
     if compile:
         from .generate import say_compile_times
 
@@ -105,7 +106,7 @@ def run(args) -> int:
         )
         engine.batcher.engine.warm_up()
     api_key = config.api_key or os.environ.get(API_KEY_VARIABLE) or None
-    app = build_app(engine, api_key=api_key, max_body_bytes=config.max_request_bytes)
+    app = build_app(engine, api_key=api_key, max_body_bytes=config.max_request_bytes, chat_queue=config.chat_queue)
     port = sock.getsockname()[1]
     print(
         f"serving {name!r} at http://{config.host}:{port}/v1 (up to {config.max_batch} completions batched"

@@ -3,12 +3,14 @@ the model, and Jinja's sandbox (transformers renders chat templates in an Immuta
 here: its own `render_jinja_template`) stops a template from reaching Python's internals, not from looping for
 hours or building a string of gigabytes. A render therefore runs in a worker process, where:
 - it takes at most RENDER_SECONDS: the caller stops waiting then and kills the worker (a thread cannot be
-  stopped, and a single string operation in C cannot be interrupted), and the worker's own timer kills it too,
-  should its caller be gone;
+  stopped, and a single string operation in C cannot be interrupted), and the worker's own timer kills it a
+  second later, should its caller be gone or late (a caller's thread that a loaded machine wakes late finds the
+  worker ended by that timer: past the bound all the same, a ChatTemplateRefused);
 - it allocates at most RENDER_MEMORY_MB beyond what the worker holds at its start (RLIMIT_AS), so that
   `strftime_now('%Y' * 10**8)` is a MemoryError in the worker, not gigabytes in the server;
 - its text is at most MAX_PROMPT_CHARS characters.
-The caller's thread waits for the reply (a server renders on a thread of its pool, never on its event loop).
+The caller's thread waits for the reply (a server renders on threads of its own, never on its event loop nor on
+the threads that its other requests need: serve/rendering.py).
 A worker renders one conversation at a time; `ChatRenderer` keeps up to `workers` of them and starts a new one
 for each it had to kill. A worker reads its requests on stdin and ends when its parent closes it (exits)."""
 
@@ -83,7 +85,7 @@ class ChatRenderer:
                 ended = worker.process.poll()
                 worker.stop()
                 self.started.discard(worker)
-                if ended is not None:
+                if ended is not None and ended != -signal.SIGALRM:  # its own timer ends it past the bound
                     raise ChatTemplateFailed(f"the chat template's worker process ended (exit code {ended})")
                 raise ChatTemplateRefused(
                     f"the chat template took more than {self.seconds:g} s to render these messages (its bound)"

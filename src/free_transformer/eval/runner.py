@@ -5,6 +5,7 @@ paper's measure, with every per-document score kept for the comparison's bootstr
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -14,7 +15,7 @@ from . import task_metrics
 from .likelihood import heldout_likelihood
 from .prepare import PreparedTask, prepare
 from .programs import check_completion
-from .sandbox import isolation_report
+from .sandbox import isolation_report, weaker_layers
 from .scoring import continuation_logprobs, generate_texts, log_mean_exp
 from .settings import EvalSettings
 from .task_data import DataUnavailable
@@ -145,6 +146,8 @@ def _generative(model, tokenizer, task: PreparedTask, settings: EvalSettings, pr
     result["truncated_prompts"] = truncated
     if bench.kind == "code":
         result["sandbox"] = isolation_report(settings.sandbox)
+        if weaker := weaker_layers(result["sandbox"]):  # the results file records it; the console says it too
+            tqdm.write(f"note: {task}: generated code ran in a weaker sandbox: {'; '.join(weaker)}", file=sys.stderr)
     return result
 
 

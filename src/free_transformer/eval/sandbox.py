@@ -464,3 +464,16 @@ def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResul
 def isolation_report(limits: SandboxLimits | None = None) -> dict:
     """The layers a sandboxed program gets on this machine, probed with an empty program."""
     return run_python("pass\n", limits).isolation
+
+
+# layers the kernel may refuse while the sandbox still runs: what each one's absence leaves the program
+WEAKER_WITHOUT = {
+    "pid_namespace": "no PID namespace (the program sees and may signal this user's other processes)",
+    "own_proc": "no private /proc (the program reads the host's)",
+}
+
+
+def weaker_layers(report: dict) -> list[str]:
+    """What the sandbox of `report` (`isolation_report`) runs without, among the layers the kernel may refuse
+    while generated code still runs (WEAKER_WITHOUT): one phrase each, none when every one is in force."""
+    return [phrase for layer, phrase in WEAKER_WITHOUT.items() if layer in report and not report[layer]]

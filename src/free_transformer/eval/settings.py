@@ -18,7 +18,7 @@ from ..base.checks import ConfigError
 from ..base.errors import UserError
 from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, as_context
 from ..data.corpora import is_named, named_corpus, read_heldout
-from ..inference.params import SamplingError, Variation, check_variation
+from ..inference.params import SamplingError, Variation, check_candidates, check_variation
 from .sandbox import SandboxLimits
 
 
@@ -187,6 +187,10 @@ class EvalSettings:
         for name in ("latent_samples", "generation_samples", "heldout_samples"):
             if getattr(options, name) < 1:
                 raise EvalSettingsError(f"{name.replace('_', '-')} must be >= 1, got {getattr(options, name)}")
+        try:
+            check_candidates(options.generation_samples, "generation_samples")
+        except SamplingError as error:
+            raise EvalSettingsError(error.spelt("--generation-samples")) from None
         if not 0 <= options.temperature < math.inf:
             raise EvalSettingsError(f"temperature must be a finite number >= 0, got {options.temperature}")
         try:

@@ -142,6 +142,14 @@ REGISTRY: dict[str, Benchmark] = {}
 
 
 def register(cls: type[Benchmark]) -> type[Benchmark]:
+    """Add the benchmark `cls` under its name; a one-line ValueError when another class has that name (a plugin's
+    benchmark named like a built-in silently replaced it)."""
+    known = REGISTRY.get(cls.name)
+    if known is not None and (type(known).__module__, type(known).__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(
+            f"a benchmark named {cls.name!r} is registered already ({type(known).__module__}."
+            f"{type(known).__qualname__}): give {cls.__module__}.{cls.__qualname__} another name"
+        )
     REGISTRY[cls.name] = cls()
     return cls
 

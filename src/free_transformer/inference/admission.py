@@ -4,7 +4,13 @@ and the server's scheduler (free_transformer.serve.batcher).
 Callers queue requests, each rows in its own order. The next free slot goes to the request with the fewest rows
 in flight, then the one due first, then the oldest. A request is due at the step it arrived plus the tokens it
 asks for, so that a short request starts at the next free slot unless one queued before it is due sooner, and a
-long one is passed by newcomers only until its due step. A request has at most `share` rows in flight (the
+long one is passed by newcomers only until its due step. Every third slot goes instead to the request that asks
+for the fewest tokens (after the fewest rows in flight, then the oldest), so that no flood of requests due
+earlier holds a short one: the bound is that a request is admitted within 3k + 3 slots freed after it arrived,
+k the requests waiting that have no more rows in flight and ask for fewer tokens (as many: are older), however
+many others wait; the requests due first still take two slots of every three, so none waits forever. (A flood
+of 1,000 one-row requests of 100 tokens held a 4-token request that came 200 steps later behind all of them: 8.9
+s against 0.06 s alone.) A request has at most `share` rows in flight (the
 server: all but one slot, so that a newcomer finds one unless others fill the engine). One request alone, with a
 share of every slot (generate), joins its rows in their order as slots free."""
 
@@ -57,6 +63,7 @@ class Admission(Generic[T]):
         self.share = share  # the most rows one request has in flight (None: every slot)
         self.waiting: list[Request[T]] = []  # requests with rows not yet admitted, in arrival order
         self._arrivals = itertools.count()
+        self._slots = itertools.count()  # slots given so far: every third goes to the shortest request
 
     def add(self, request: Request[T], *, now: int = 0) -> Request[T]:
         """Queue `request`, arrived at step `now`."""
@@ -74,13 +81,15 @@ class Admission(Generic[T]):
 
     def take(self, free: int) -> list[tuple[Request[T], T]]:
         """The rows to join now, at most `free`, each with its request: slot by slot, the next row of the request
-        with the fewest rows in flight, then the one due first, then the oldest, among those under their share."""
+        with the fewest rows in flight, then the one due first (every third slot: asking for the fewest tokens),
+        then the oldest, among those under their share."""
         taken: list[tuple[Request[T], T]] = []
         while len(taken) < free:
             ready = [request for request in self.waiting if self.share is None or request.in_flight < self.share]
             if not ready:
                 break
-            request = min(ready, key=lambda r: (r.in_flight, r.due, r.order))
+            shortest = next(self._slots) % 3 == 2
+            request = min(ready, key=lambda r: (r.in_flight, r.tokens if shortest else r.due, r.order))
             taken.append((request, request._admit()))
             if not request.waiting:
                 self.waiting.remove(request)

@@ -17,7 +17,7 @@ from ..model.transformer import FreeTransformer
 from .engine import Row, run_rows
 from .kept_engines import decoding_engine
 from .latents import parse_latents, resolve_latents
-from .params import GenerationConfig, check_room
+from .params import GenerationConfig, check_room, check_seed
 from .seeds import row_seeds
 
 
@@ -96,7 +96,11 @@ def generate(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"the batch size must be >= 1, got {batch_size}")
     row_seed = row_seeds(seeds, B, seed)
-    one_off = torch.Generator(device=device).manual_seed(latent_seed) if latent_seed is not None else None
+    one_off = (
+        None
+        if latent_seed is None
+        else torch.Generator(device=device).manual_seed(check_seed(latent_seed, "latent_seed"))
+    )
     resolved = resolve_latents(
         model,
         None if latents is None else parse_latents(latents),  # the Python entry point's one parse

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -20,6 +21,7 @@ DEFAULT_BATCH_SIZE = 64  # rows decoded at once unless the caller says otherwise
 DEFAULT_NEW_TOKENS = 64  # max_new_tokens left unset: this many, or fewer where the model's context is shorter
 MAX_INT = 2**63 - 1  # every integer setting is an int64 on the device (top_k) or in torch.Generator (seeds)
 MAX_SEED = MAX_INT
+MAX_CANDIDATES = 128  # samples scored per prompt: best_of, --best-of, eval's --generation-samples (OpenAI's cap on n)
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (as vLLM does): logits / 1e-39 would overflow
 
 
@@ -106,6 +108,25 @@ def check_variation(vary: str, temperature: float) -> None:
         raise SamplingError(
             "vary", "must not be tokens at temperature 0 (the samples share one Z: greedy ones are all alike)", vary
         )
+
+
+def check_seed(value, name: str = "seed") -> int:
+    """The one check of a seed, at every entry point (generate(), best_of(), the CLI's options, the server's
+    requests, through SamplingParams): an integer in [0, 2**63) (torch.Generator's int64), as an int. A bool, a
+    float (5.0), a string ("5") or a number out of range is a one-line SamplingError naming `name`."""
+    integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not integer or not 0 <= value <= MAX_SEED:
+        raise SamplingError(name, "must be in [0, 2**63) (an int)", value)
+    return int(value)
+
+
+def check_candidates(value: int, name: str) -> int:
+    """The one bound on the samples scored per prompt (best_of's candidates, eval's generations): from 1 to
+    MAX_CANDIDATES, else a one-line SamplingError naming `name` and the limit."""
+    integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not integer or not 1 <= value <= MAX_CANDIDATES:
+        raise SamplingError(name, f"must be an integer from 1 to {MAX_CANDIDATES} (MAX_CANDIDATES per prompt)", value)
+    return int(value)
 
 
 def _check(name: str, value, ok: bool, requirement: str) -> None:
@@ -211,15 +232,16 @@ class SamplingParams(Sampling):
         super().__post_init__()
         _check_count("n", self.n)
         for name in ("seed", "latent_seed"):
-            value = getattr(self, name)
-            _check(name, value, value is not None and 0 <= value <= MAX_SEED, "must be in [0, 2**63)")
+            if getattr(self, name) is not None:
+                check_seed(getattr(self, name), name)
         # the one parse of a request's choice of Z: every entry point that samples builds these settings
         try:
             object.__setattr__(self, "latents", LatentChoice.parse(self.latents))
         except ValueError:
             raise SamplingError("latents", LatentChoice.requirement(self.latents), self.latents) from None
         object.__setattr__(self, "stop", tuple(stop for stop in self.stop if stop))
-        _check_count("best_of", self.best_of)
+        if self.best_of is not None:
+            check_candidates(self.best_of, "best_of")
         _check("best_of", self.best_of, self.best_of is not None and self.best_of >= self.n, f"must be >= n ({self.n})")
         _check("vary", self.vary, self.vary in VARIATIONS, f"must be one of {', '.join(VARIATIONS)}")
         if self.searched and self.latents not in (LatentChoice.ENCODER, LatentChoice.PRIOR):

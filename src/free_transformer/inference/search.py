@@ -26,7 +26,7 @@ from ..base.seeding import generators, seed_of
 from ..model.latent import LatentPlan
 from ..model.transformer import FreeTransformer
 from .generate import GenerationConfig, generate, prompt_lists
-from .params import VARIATIONS, Variation, check_variation
+from .params import VARIATIONS, Variation, check_candidates, check_seed, check_variation
 
 # A scorer: (prompt ids, candidate's new tokens) -> score, higher is better.
 Scorer = Callable[[list[int], list[int]], float]
@@ -123,8 +123,7 @@ def best_of(
     (both, latent or tokens: this module's docstring); `latents` where the prompt's Z comes from (encoder or
     prior; a continuation's Z is always the prior's). The same seed gives the same candidates. should_stop,
     compile and batch_size: `generate`'s (every candidate is a row of its one engine)."""
-    if n < 1:
-        raise ValueError(f"best-of needs n >= 1 candidates, got {n}")
+    n, seed = check_candidates(n, "n"), check_seed(seed)
     if vary not in VARIATIONS:
         raise ValueError(f"vary must be one of {', '.join(VARIATIONS)}, got {vary!r}")
     context = as_context(LatentChoice.parse(latents, allowed=CONTEXT))  # the Python entry point's one parse

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import resource
+from pathlib import Path
 
 import torch
 
@@ -23,23 +25,68 @@ def _too_large(config: ModelConfig, what: str) -> ConfigError:
     )
 
 
-def _host_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def host_memory() -> tuple[int, str]:
+    """(bytes, what bounds them) that this process may still allocate on the host: the least of the machine's
+    physical memory, what its address-space and data limits leave above what it maps now (`prlimit --as`,
+    RLIMIT_DATA), and what its cgroup's memory limit leaves above the group's use (a container's limit)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    bounds = [(page * os.sysconf("SC_PHYS_PAGES"), "of memory")]
+    try:
+        with open("/proc/self/statm") as statm:
+            fields = [int(value) * page for value in statm.read().split()]
+        mapped = {"RLIMIT_AS": fields[0], "RLIMIT_DATA": fields[5]}  # the address space; data and stack
+    except (OSError, ValueError, IndexError):
+        mapped = {}
+    for name, used in mapped.items():
+        limit, _ = resource.getrlimit(getattr(resource, name))
+        if limit != resource.RLIM_INFINITY:
+            bounds.append((max(0, limit - used), f"left under this process's {name}"))
+    if (cgroup := _cgroup_room()) is not None:
+        bounds.append((cgroup, "left under its cgroup's memory limit"))
+    return min(bounds)
+
+
+def _cgroup_room() -> int | None:
+    """Bytes the process's memory cgroup may still take (its limit less its use), None without a limit: cgroup v2
+    (memory.max, memory.current) or v1 (memory.limit_in_bytes, memory.usage_in_bytes), read where the process's
+    group is mounted (a container sees its own group at the mount's root)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            mount, files = Path("/sys/fs/cgroup"), ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            mount, files = Path("/sys/fs/cgroup/memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        for folder in (mount / path.lstrip("/"), mount):
+            try:
+                limit, used = ((folder / name).read_text().strip() for name in files)
+            except OSError:
+                continue
+            if limit.isdigit() and used.isdigit() and int(limit) < 2**60:  # "max", or v1's "no limit" of ~2**63
+                return max(0, int(limit) - int(used))
+            break
+    return None
 
 
 def device_memory(device: torch.device) -> tuple[int, str] | None:
-    """(bytes, what they are) that an allocation on `device` can take at most: the host's physical memory for
-    the CPU (and MPS, which shares it), a CUDA device's free memory. On the meta device a model is built before
-    it is placed (Hugging Face's from_pretrained, then on the CPU or a GPU): the most that any memory of this
-    machine holds. None for another device (nothing is checked)."""
+    """(bytes, what they are) that an allocation on `device` can take at most: what this process may take of the
+    host's memory for the CPU (and MPS, which shares it: `host_memory`), a CUDA device's free memory. On the
+    meta device a model is built before it is placed (Hugging Face's from_pretrained, then on the CPU or a GPU):
+    the most that any memory of this machine holds. None for another device (nothing is checked)."""
     if device.type in ("cpu", "mps"):
-        return _host_memory(), "of memory"
+        return host_memory()
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free, f"free on {device}"
     if device.type == "meta":
         gpus = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
-        return max([_host_memory(), *gpus]), "in this machine's largest memory"
+        host, where = host_memory()
+        return (host, where) if host >= max(gpus, default=0) else (max(gpus), "in this machine's largest memory")
     return None
 
 
@@ -52,7 +99,7 @@ def check_fits_memory(config: ModelConfig, device: torch.device | None = None) -
     found = device_memory(device or torch.get_default_device())
     if found is None:
         return
-    memory, _ = found
+    memory, where = found
     elements = config.num_params() + 4 * config.max_seq_len * config.head_dim  # RoPE: cos, sin and two temporaries
     size = elements * torch.get_default_dtype().itemsize
     if size > memory:
@@ -60,7 +107,7 @@ def check_fits_memory(config: ModelConfig, device: torch.device | None = None) -
         raise _too_large(
             config,
             f"{size / 2**30:,.1f} GiB in {dtype} with RoPE tables for max_seq_len "
-            f"{config.max_seq_len:,}, of {memory / 2**30:,.1f} GiB",
+            f"{config.max_seq_len:,}, of {memory / 2**30:,.1f} GiB {where}",
         )
 
 
@@ -100,12 +147,30 @@ def check_cache_fits(
 
 
 @contextlib.contextmanager
+def allocating(what: str):
+    """An allocation that the checks passed but the allocator refuses (the machine's memory taken meanwhile, a
+    limit no check reads) is one line, a ConfigError that says `what` was allocated, not the allocator's trace."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise
+        raise ConfigError(f"{what} does not fit in the memory this process may use") from None
+
+
+def _out_of_memory(error: Exception) -> bool:
+    """Whether `error` is an allocator's refusal: a MemoryError, DefaultCPUAllocator's "can't allocate memory",
+    CUDA's "out of memory" (torch.OutOfMemoryError, a RuntimeError, says "Tried to allocate")."""
+    return isinstance(error, MemoryError) or "allocate" in str(error)
+
+
+@contextlib.contextmanager
 def memory_for(config: ModelConfig):
     """A model too large for the machine is one line that says its size, not the allocator's trace."""
     try:
         yield
-    except RuntimeError as error:  # DefaultCPUAllocator: can't allocate memory; CUDA out of memory
-        if "allocate" not in str(error):
+    except (MemoryError, RuntimeError) as error:  # DefaultCPUAllocator: can't allocate memory; CUDA out of memory
+        if not _out_of_memory(error):
             raise
         raise _too_large(config, f"{4 * config.num_params() / 2**30:,.1f} GiB of parameters in float32") from None
 

@@ -24,6 +24,7 @@ import logging
 import secrets
 import time
 import uuid
+from typing import cast
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -33,8 +34,9 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from ..base.version import __version__
+from ..data.chat_template import ChatTemplateRefused
 from .batcher import Delta, Job, TokenLogprob
-from .config import DEFAULT_MAX_REQUEST_MB
+from .config import DEFAULT_CHAT_QUEUE, DEFAULT_MAX_REQUEST_MB
 from .protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -51,6 +53,7 @@ from .protocol import (
     TokenizeRequest,
     Usage,
 )
+from .rendering import Busy, ChatQueue
 from .request_plan import Engine, Plan, RequestError
 
 logger = logging.getLogger(__name__)
@@ -58,6 +61,13 @@ logger = logging.getLogger(__name__)
 UNION_FIELDS = {
     "prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
     "stop": "a string or a list of strings",
+}
+# /v1/chat/completions reads its body itself (off the event loop): its schema, for /docs, is given here
+CHAT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": ChatCompletionRequest.model_json_schema()}},
+    }
 }
 OPEN_PATHS = {"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}  # no API key needed
 
@@ -179,12 +189,20 @@ class Channel:
 END = object()  # the last item of a channel when the request succeeded
 
 
-def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_REQUEST_MB * 2**20):
-    """The ASGI app (the FastAPI app inside the Guard); starts the engine's decoding loop."""
+def build_app(
+    engine: Engine,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_REQUEST_MB * 2**20,
+    chat_queue: int = DEFAULT_CHAT_QUEUE,
+):
+    """The ASGI app (the FastAPI app inside the Guard); starts the engine's decoding loop. `chat_queue`: the chat
+    requests that may wait for a render thread (serve/rendering.py)."""
     app = FastAPI(
         title="free-transformer", version=__version__, summary=f"OpenAI-compatible completions from {engine.name}"
     )
     created = int(time.time())
+    app.state.chats = chats = ChatQueue(chat_queue)
     engine.start()
 
     @app.exception_handler(RequestValidationError)
@@ -197,8 +215,9 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
         return error_response(error.status_code, f"{request.method} {request.url.path}: {error.detail}")
 
     @app.get("/health")
-    def health() -> JSONResponse:
-        """200 while the decoding loop runs, 503 if it has stopped."""
+    async def health() -> JSONResponse:
+        """200 while the decoding loop runs, 503 if it has stopped: on the event loop, so that no request's work
+        (a render, a plan) delays it."""
         if engine.batcher.alive:
             return JSONResponse({"status": "ok"})
         return error_response(503, "the decoding loop has stopped: restart the server")
@@ -229,43 +248,60 @@ def build_app(engine: Engine, *, api_key: str | None = None, max_body_bytes: int
             return error_response(400, f"tokens must lie in [0, {vocab})", "tokens")
         return JSONResponse({"prompt": engine.tokenizer.decode(request.tokens)})
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest, raw: Request):
+    @app.post("/v1/chat/completions", openapi_extra=CHAT_BODY)
+    async def chat_completions(raw: Request):
+        """The body is read, rendered and planned on the chat queue's threads (serve/rendering.py), never on the
+        event loop nor on the pool that other requests plan on."""
         if engine.tokenizer.chat_template is None:  # no chat format is invented for a model that has none
             return error_response(
                 404,
                 f"this model's tokenizer ({engine.tokenizer.name}) has no chat template; send text to /v1/completions",
                 code="no_chat_template",
             )
-
-        def render() -> str:  # on a thread of the pool: a render takes up to its bound (data/chat_template.py)
-            return engine.tokenizer.chat_prompt([message.model_dump() for message in request.messages])
-
+        body = await raw.body()  # already read whole by the Guard
         try:
-            prompt = await run_in_threadpool(render)
-        except ValueError as error:  # the template refused the conversation, or it took the render past a bound
-            return error_response(400, str(error), "messages")
-        except Exception as error:  # the template's code failed
-            logger.error("chat template failed", exc_info=error)
-            return error_response(500, failure(error))
-        try:
-            completion = request.completion(prompt)
-        except ValidationError as error:  # a field that CompletionRequest refuses, as /v1/completions says it
-            message, param, code = validation_message(RequestValidationError(error.errors()))
+            request, plan = await chats.run(lambda: chat_plan(body))
+        except Busy as error:
+            response = error_response(429, str(error), code="server_busy")
+            response.headers["Retry-After"] = str(error.seconds)
+            return response
+        except RequestValidationError as error:
+            message, param, code = validation_message(error)
             return error_response(400, message, param, code)
-        except ValueError as error:  # a completions-only field
-            return error_response(400, str(error))
-        return await answer(completion, raw, chat=True)
+        except RequestError as error:
+            return error_response(error.status, str(error), error.param, error.code)
+        except ValueError as error:  # the template refused the conversation, took it past a bound, or a field
+            return error_response(400, str(error), "messages" if isinstance(error, ChatTemplateRefused) else None)
+        except Exception as error:  # the template's code failed
+            logger.error("chat request failed", exc_info=error)
+            return error_response(500, failure(error))
+        return await answer(request, raw, chat=True, plan=plan)
+
+    def chat_plan(body: bytes) -> tuple[CompletionRequest, Plan]:
+        """(On a thread of the chat queue.) The chat body as the completion request of its rendered messages, and
+        its plan; RequestValidationError for a body the API refuses."""
+        try:
+            chat = ChatCompletionRequest.model_validate_json(body)
+        except ValidationError as error:
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
+        messages = cast(list[dict[str, str]], chat.messages)  # each a ChatMessage: two str fields
+        prompt = engine.tokenizer.chat_prompt(messages)
+        try:
+            completion = chat.completion(prompt)
+        except ValidationError as error:  # a field that CompletionRequest refuses, as /v1/completions says it
+            raise RequestValidationError(error.errors()) from None
+        return completion, engine.plan(completion)
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, raw: Request):
         return await answer(request, raw)
 
-    async def answer(request: CompletionRequest, raw: Request, chat: bool = False):
-        """Plan the request, submit its rows to the decoding loop and answer with what it decodes: a completion,
-        or the same text as a chat completion."""
+    async def answer(request: CompletionRequest, raw: Request, chat: bool = False, plan: Plan | None = None):
+        """Plan the request (unless its `plan` is given), submit its rows to the decoding loop and answer with what
+        it decodes: a completion, or the same text as a chat completion."""
         try:
-            plan = await run_in_threadpool(engine.plan, request)
+            if plan is None:
+                plan = await run_in_threadpool(engine.plan, request)
         except RequestError as error:
             return error_response(error.status, str(error), error.param, error.code)
         except Exception as error:

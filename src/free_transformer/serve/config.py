@@ -14,6 +14,7 @@ from ..base.latent_choice import ContextChoice, LatentChoice
 
 DEFAULT_MAX_BATCH = 16  # completions decoded together (`serve --max-batch`)
 DEFAULT_MAX_REQUEST_MB = 16  # the largest body read (`serve --max-request-mb`)
+DEFAULT_CHAT_QUEUE = 32  # chat requests waiting for a render thread (`serve --chat-queue`)
 MAX_PORT = 2**16 - 1
 
 
@@ -37,6 +38,9 @@ class ServeConfig(Placement):
     log-likelihood through echo should use: docs/serving.md)."""
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB
     """Largest request body read, in MiB."""
+    chat_queue: int = DEFAULT_CHAT_QUEUE
+    """Chat requests that may wait for one of the chat template's render workers; past them a request is a 429
+    with Retry-After at once (docs/serving.md)."""
     compile: Literal["auto", "on", "off"] = "auto"
     """Decode with the compiled step, captured as a CUDA graph per batch-size bucket on a GPU (compiled and
     captured at start-up: a few minutes at paper sizes); auto: on for CUDA, off elsewhere."""
@@ -52,6 +56,8 @@ class ServeConfig(Placement):
             raise ValueError(f"port must be in [0, {MAX_PORT}], got {self.port}")
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.chat_queue < 0:
+            raise ValueError(f"chat_queue must be >= 0, got {self.chat_queue}")
         if not 0 < self.max_request_mb < math.inf:
             raise ValueError(f"max_request_mb must be > 0 MiB, got {self.max_request_mb}")
         return self

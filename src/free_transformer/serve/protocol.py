@@ -20,11 +20,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 from pydantic_core import PydanticCustomError
+from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only from Python 3.12
 
 from ..base.settings import field_docs
-from ..inference.params import MAX_INT, SamplingError, SamplingParams, spelt_fields
+from ..inference.params import MAX_CANDIDATES, MAX_INT, SamplingError, SamplingParams, spelt_fields
 
-MAX_N = 128  # OpenAI's own limit on completions per prompt
+MAX_N = MAX_CANDIDATES  # OpenAI's own limit on completions per prompt, best_of's everywhere
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI allows 5, vLLM 20)
 # request fields whose JSON type is not their setting's: stop takes one string too; latents is a name, parsed
 # into a LatentChoice by SamplingParams
@@ -154,8 +155,11 @@ class CompletionRequest(_sampling_request()):  # type: ignore[misc]  # built at 
         return value
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class ChatMessage(TypedDict):
+    """One message of a chat, read as a plain dict: a conversation of 100,000 messages is read in a third of the
+    time that as many models take, and is handed to the chat template as it is."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
 
     role: Literal["system", "user", "assistant"]
     content: str

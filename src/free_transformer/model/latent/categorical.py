@@ -21,9 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...base.counter_random import uniform
 from ...base.checks import ConfigError, check_range
-from ...base.counter_random import shift_right
+from ...base.counter_random import shift_right, uniform
 from .draws import Generators, at_least_float32, fill_rows_, rand_rows
 from .space import LatentSpace, normal_init_, register_latent_kind, with_first_entry
 
