@@ -117,6 +117,7 @@ class DecodeEngine:
         self.scheduler: Scheduler = Scheduler(share)
         self.schedule = StepSchedule.idle()
         self.pending: Launched | None = None  # the step launched but not read yet (deferred)
+        self.scoring = False  # a row in flight is scored (best-of): its tokens' log-probabilities are summed
 
     @property
     def model(self) -> FreeTransformer:
@@ -195,7 +196,8 @@ class DecodeEngine:
         configs = [row.config for row in rows]
         self.runner.join(slots, configs, P, [row.end for row in rows])
         logits = out.logits[:, -1]  # (k, V)
-        self._take(rows, self.runner.first_tokens(slots, logits, configs, P), None, logits)
+        first = self.runner.first_tokens(slots, logits, configs, P)
+        self._take(rows, first, None, logits, scoring=any(row.scored for row in rows))
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -204,10 +206,10 @@ class DecodeEngine:
         Deferred: the rows whose tokens of the step before arrived (this step's arrive at the next call).
         A row is fed until the host reads that it ended: its tokens from steps after the one whose `ended`
         recorded it are dropped (`_take`)."""
-        rows = self.rows  # `_release` makes a new list: this one stays what the step fed
+        rows = self.cache.rows  # `_release` makes a new list: this one stays what the step fed
         with torch.inference_mode():
             launched = None
-            if rows and self.steps < self.schedule.last_step:
+            if rows and self.runner.steps < self.schedule.last_step:
                 schedule = self.schedule
                 launched = self.runner.launch(
                     self.model,
@@ -244,15 +246,19 @@ class DecodeEngine:
     # ---- tokens, and rows leave ------------------------------------------------------------------
 
     def _take(
-        self, rows: list[Row], host: Tensor, event: torch.cuda.Event | None, logits: Tensor
+        self, rows: list[Row], host: Tensor, event: torch.cuda.Event | None, logits: Tensor, scoring: bool = False
     ) -> tuple[list[Row], bool]:
         """Give each row its new token and end from `host` (3, rows: tokens, `ended`, non-finite), the step's
         copy, once it arrived (`event`). A row already done (it ended at an earlier step, or the caller ended it) gets
         nothing: what a deferred step fed it after its end is dropped. Returns the rows given something, and whether a
-        row ended (at this step or before)."""
+        row ended (at this step or before). scoring: a row of them may be scored (else `self.scoring` says)."""
         tokens, ended, errors = self.runner.read(host, event)
         taken = []
-        scored = [i for i, (row, error) in enumerate(zip(rows, errors)) if row.scored and not row.done and not error]
+        scored = []
+        if scoring or self.scoring:
+            scored = [
+                i for i, (row, error) in enumerate(zip(rows, errors)) if row.scored and not row.done and not error
+            ]
         if scored:  # one read for the step's scored rows
             index = torch.tensor(scored, device=logits.device)
             chosen = torch.tensor([tokens[i] for i in scored], device=logits.device)
@@ -306,6 +312,7 @@ class DecodeEngine:
             policy=any(isinstance(row.latents, str) and row.latents == LatentChoice.POLICY for row in self.rows),
         )
         self.runner.stopping = self.schedule.stopping
+        self.scoring = any(row.scored for row in self.rows)
 
     def _written(self, row: Row) -> int:
         """The positions of a row in flight that the cache may hold, the step in flight's included."""
