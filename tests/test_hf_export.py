@@ -167,4 +167,4 @@ def test_an_export_ships_the_model_and_its_sampling_rule_but_no_decoding_engine(
     files = write_remote_code(tmp_path)
     inference = sorted(name.removeprefix("free_transformer_inference_") for name in files if "_inference_" in name)
     assert inference == ["latents.py", "params.py", "sampling.py", "seeds.py"]
-    assert len(files) == 36, files
+    assert len(files) == 38, files  # the model, its latent kinds, policy head and dispenser of Z, the sampler

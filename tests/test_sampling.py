@@ -304,7 +304,7 @@ def test_interactive_best_of_and_vary_print_what_the_command_prints(checkpoint, 
     )
     assert out == expected and json.loads(out[0])["scores"] and len(json.loads(out[0])["scores"]) == 3
     assert errors == [
-        "error: /best-of must be >= 1, got 0",
+        "error: /best-of must be an integer from 1 to 128 (MAX_CANDIDATES per prompt), got 0",
         "error: /vary must be one of both, latent, tokens, got 'z'",
     ]
 
