@@ -308,7 +308,7 @@ def test_inductor_step_gives_the_eager_tokens(latent_units, B, monkeypatch):
         assert compiled.tokens == eager.tokens
         if latent_units:
             assert all(torch.equal(a, b) for a, b in zip(compiled.latents, eager.latents))
-    assert decoding_engine(model, B, 4 + 7 - 1, compile=True).compile_seconds
+    assert decoding_engine(model, B, 4 + 7 - 1, compile=True).runner.compile_seconds
 
 
 def test_generate_compile_says_the_compile_time_on_first_use(tmp_path, monkeypatch, capsys):
