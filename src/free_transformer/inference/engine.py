@@ -302,7 +302,7 @@ class DecodeEngine:
         pending = {id(row) for row in self.pending[0]} if self.pending is not None else set()
         # the next position each row feeds: one past what it has read when the step in flight fed it too
         positions = [row.position + (id(row) in pending) for row in self.rows]
-        self.schedule = self.scheduler.plan(
+        self.schedule = StepSchedule.of(
             [row.config for row in self.rows],
             positions,
             [row.end for row in self.rows],

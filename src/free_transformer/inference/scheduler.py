@@ -20,8 +20,8 @@ T = TypeVar("T")  # a row, as its caller describes it
 class Scheduler(Generic[T]):
     """The requests waiting for an engine's slots, admitted by the one rule (`add` a request as it arrives, `take`
     the rows that join at the next step, at most the free slots, `drop` a request that ended before all its rows
-    joined), and the step its rows in flight take (`plan`). Each engine has one (`DecodeEngine.scheduler`), which
-    `run_rows` and the server's loop submit to."""
+    joined); `StepSchedule.of` says which step its rows in flight take. Each engine has one
+    (`DecodeEngine.scheduler`), which `run_rows` and the server's loop submit to."""
 
     def __init__(self, share: int | None = None):
         self.admission: Admission[T] = Admission(share)
@@ -39,22 +39,6 @@ class Scheduler(Generic[T]):
 
     def take(self, free: int) -> list[tuple[Request[T], T]]:
         return self.admission.take(free)
-
-    @staticmethod
-    def plan(
-        configs: Sequence[GenerationConfig],
-        positions: Sequence[int],
-        ends: Sequence[int],
-        *,
-        steps: int,
-        compiled: bool,
-        keeps_logits: bool,
-        policy: bool = False,
-    ) -> StepSchedule:
-        """Which step the rows in flight take next (`StepSchedule.of`)."""
-        return StepSchedule.of(
-            configs, positions, ends, steps=steps, compiled=compiled, keeps_logits=keeps_logits, policy=policy
-        )
 
 
 @dataclass
