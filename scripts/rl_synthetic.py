@@ -53,7 +53,8 @@ def sample(model, prompts: list[list[int]], samples: int, new_tokens: int, polic
     kl = 0.0
     if policy:
         with torch.no_grad():
-            kl = float(model.latent_space.kl(model.latent.policy(features(model, drawn))).mean()) / LN2
+            params = model.latent.policy_params(features(model, drawn), drawn.latents)
+            kl = float(model.latent_space.kl(params).mean()) / LN2
     return drawn.generated(), kl
 
 

@@ -450,7 +450,7 @@ def test_an_untrained_policy_is_the_kinds_prior(kind):
         pytest.skip(f"{kind} has no learned prior")
     model = tiny_model(latent={"kind": kind, "policy": True})
     x_half = torch.randn(2, 5, model.config.dim, dtype=torch.float64)
-    params = model.latent.policy(x_half)
+    params = model.latent.policy(x_half, torch.randn_like(x_half))
     prior = model.latent_space.prior_params().to(params.dtype)
     assert params.shape == (2, 5, model.latent_space.posterior_size)
     torch.testing.assert_close(params, prior.expand_as(params))
@@ -458,9 +458,10 @@ def test_an_untrained_policy_is_the_kinds_prior(kind):
 
 
 def test_a_policy_draw_is_the_heads_params_sampled_with_the_rows_words(kind):
-    """The forward's Z from a PolicyDraw: sample_from_words of the head's params on the first half's output; the
-    logits are those of the same values given explicitly, and decoding with the cache, one position at a time,
-    draws the same Z as the full forward (the head is causal)."""
+    """The forward's Z from a PolicyDraw: sample_from_words of the head's params, which read the first half's output
+    at t and the Z drawn at t - 1 (teacher-forced `policy_params` gives the same params); the logits are those of
+    the same values given explicitly, and decoding with the cache, one position at a time from the Z fed before,
+    draws the same Z as the full forward."""
     model = _policy_model(kind)
     tokens = torch.randint(0, 50, (3, 9), generator=torch.Generator().manual_seed(0))
     draw = _policy_draw(model, 3, 9)
@@ -468,11 +469,30 @@ def test_a_policy_draw_is_the_heads_params_sampled_with_the_rows_words(kind):
     space = model.latent_space
     assert out.latents.shape == (3, 9, *space.value_shape) and out.posterior.shape == (3, 9, space.posterior_size)
     torch.testing.assert_close(out.latents, space.sample_from_words(out.posterior, draw.words))
+    torch.testing.assert_close(out.posterior, model.latent.policy_params(model.first_half(tokens), out.latents))
     torch.testing.assert_close(out.logits, model(tokens, latents=out.latents).logits)
-    cache = model.new_cache(3)
-    steps = [model(tokens[:, t : t + 1], latents=type(draw)(draw.words[:, t : t + 1]), cache=cache) for t in range(9)]
+    cache, steps = model.new_cache(3), []
+    for t in range(9):
+        previous = steps[-1].latents[:, -1] if steps else None
+        steps.append(model(tokens[:, t : t + 1], latents=type(draw)(draw.words[:, t : t + 1], previous), cache=cache))
     assert torch.equal(torch.cat([s.latents for s in steps], 1), out.latents)
     torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), out.logits, rtol=1e-9, atol=1e-9)
+
+
+def test_a_policys_params_at_t_depend_on_the_z_fed_at_t_minus_1(kind):
+    """The head reads R_{t-1}: with another Z at t - 1 the params at t change (and nowhere before t)."""
+    model = _policy_model(kind)
+    x_half = model.first_half(torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(1)))
+    space = model.latent_space
+    fed = model(torch.zeros(2, 6, dtype=torch.int64), latents=_policy_draw(model, 2, 6)).latents
+    other = model(torch.zeros(2, 6, dtype=torch.int64), latents=_policy_draw(model, 2, 6, seeds=[7, 8])).latents
+    changed = fed.clone()
+    changed[:, 2] = other[:, 2]
+    assume = (fed[:, 2] != other[:, 2]).reshape(2, -1).any(1).all()
+    assert bool(assume), "two seeds' draws at position 2 should differ"
+    before, after = model.latent.policy_params(x_half, fed), model.latent.policy_params(x_half, changed)
+    assert torch.equal(before[:, :3], after[:, :3]) and not torch.allclose(before[:, 3], after[:, 3])
+    assert after.shape == (2, 6, space.posterior_size)
 
 
 def test_a_policy_is_saved_with_the_run_and_survives_the_hf_export(kind, tmp_path):

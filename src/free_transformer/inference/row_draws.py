@@ -7,10 +7,10 @@ free_transformer.model.latent.dispenser), the noise of the token sampled from po
 stream at t; every joining row's are drawn in one operation on the group (`draw`), so that a step only reads them
 at its rows' positions (`at`). A row whose Z comes from the run's policy head (LatentChoice.POLICY: a learned
 prior or an RL policy over Z, free_transformer.model.latent.policy) depends on its prefix: its Z at t is drawn in the
-step, from the head's output at t with the row's LATENT words at t (`counter_policy_words`, the same streams, drawn
-as it joins like every other draw: only the map from words to Z waits for the step), and kept here as it is drawn
-(`keep`). A sample therefore depends only on its prompt, settings, seed and Z, never on the
-other rows in flight nor on the order of the draws."""
+step, from the head's output at t (which reads the Z fed at t - 1, kept here) with the row's LATENT words at t
+(`counter_policy_words`, the same streams, drawn as it joins like every other draw: only the map from words to Z
+waits for the step), and kept here as it is drawn (`keep`). A sample therefore depends only on its prompt,
+settings, seed and Z, never on the other rows in flight nor on the order of the draws."""
 
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ class RowDraws:
         latent: LatentSource = LatentChoice.PRIOR if self.space is None else self.fed[index, position][:, None]
         if policy and isinstance(latent, Tensor) and self.words is not None:
             words = self.words[index, position][:, None]  # (n, 1, policy_words)
-            latent = PolicyDraw(words, given=latent, use=self.policy[index])
+            previous = self.fed[index, (position - 1).clamp(min=0)]  # (n, ...) the Z fed before (a step is past 0)
+            latent = PolicyDraw(words, previous, given=latent, use=self.policy[index])
         return latent, self.uniforms[index, position] if sampled else None
 
     def column(
@@ -108,7 +109,8 @@ class RowDraws:
         latent: LatentSource = LatentChoice.PRIOR if self.space is None else self.fed[rows, start : start + 1]
         if policy and isinstance(latent, Tensor) and self.words is not None:
             words = self.words[rows, start : start + 1]  # (n, 1, policy_words)
-            latent = PolicyDraw(words, given=latent, use=self.policy[rows])
+            previous = self.fed[rows, max(start - 1, 0)]  # (n, ...) the Z fed before (a step is past position 0)
+            latent = PolicyDraw(words, previous, given=latent, use=self.policy[rows])
         return latent, self.uniforms[rows, start] if sampled else None
 
     def keep(self, index: Tensor, position: Tensor, latents: Tensor) -> None:

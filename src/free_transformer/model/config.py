@@ -215,7 +215,9 @@ class ModelConfig:
         space = self.latent_space_on_meta()
         encoder = self.latent.encoder_layers * self.block_params() + self.dim + self.dim
         readout = (self.dim + 1) * space.posterior_size
-        policy = self.dim + (self.dim + 1) * (self.dim + space.posterior_size) if self.latent.policy else 0
+        # the head: norm, hidden (with bias), memory (R_{t-1}, no bias), out (with bias)
+        head = self.dim + (self.dim + 1) * (self.dim + space.posterior_size) + self.dim**2
+        policy = head if self.latent.policy else 0
         return encoder + readout + policy + sum(p.numel() for p in space.parameters())
 
     def latent_space_on_meta(self):

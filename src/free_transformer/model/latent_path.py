@@ -109,7 +109,7 @@ class LatentPath(nn.Module):
             value = source.expand(B, *shape)
             return space.embed(value), LatentSample(value)
         if isinstance(source, PolicyDraw):
-            return self.draw_from_policy(x_half, source.words, source.given, source.use)
+            return self.draw_from_policy(x_half, source)
         if source == LatentChoice.PRIOR:
             value = LatentPlan(B, space, prompt_source=LatentChoice.PRIOR, generators=generator).draw(T, x_half.device)
             return space.embed(value), LatentSample(value)
@@ -123,25 +123,42 @@ class LatentPath(nn.Module):
         r, value = space.sample(posterior, generator)
         return r, LatentSample(value, posterior, kl)
 
-    def draw_from_policy(
-        self, x_half: Tensor, words: Tensor, given: Tensor | None = None, use: Tensor | None = None
-    ) -> tuple[Tensor, LatentSample]:
-        """R and the sample of Z drawn from the policy head at every position: params (B, T, P) from x_half, then
-        Z_t = sample_from_words(params_t, words_t), words (B, T, policy_words); a row whose `use` (B,) is False
-        takes its `given` (B, T, *value_shape) values instead."""
+    def draw_from_policy(self, x_half: Tensor, draw: PolicyDraw) -> tuple[Tensor, LatentSample]:
+        """R and the sample of Z drawn from the policy head, position after position: params_t from x_half[:, t]
+        and R_{t-1} (the R of the Z drawn at t - 1, of draw.previous before the first position, 0 at position 0),
+        then Z_t = sample_from_words(params_t, words_t), words (B, T, policy_words); a row whose `use` (B,) is
+        False takes its `given` (B, T, *value_shape) values instead (and continues from them)."""
         if self.policy is None:
             raise ValueError(
                 "latents from a policy need a run with a learned prior or policy (model.latent.policy: "
                 "free-transformer rl); this model has none"
             )
-        space = self.mapper
-        if not torch.compiler.is_compiling() and tuple(words.shape) != (*x_half.shape[:2], space.policy_words):
-            raise ValueError(
-                f"policy words must have shape ({x_half.shape[0]}, {x_half.shape[1]}, {space.policy_words}), "
-                f"got {tuple(words.shape)}"
-            )
-        params = self.policy(x_half)  # (B, T, P)
-        value = space.sample_from_words(params.detach(), words)  # (B, T, *value_shape)
-        if given is not None and use is not None:
-            value = torch.where(use.view(-1, *([1] * (value.dim() - 1))), value, given.to(value.dtype))
-        return space.embed(value), LatentSample(value, params)
+        space, words = self.mapper, draw.words
+        B, T, D = x_half.shape
+        if not torch.compiler.is_compiling() and tuple(words.shape) != (B, T, space.policy_words):
+            raise ValueError(f"policy words must have shape ({B}, {T}, {space.policy_words}), got {tuple(words.shape)}")
+        previous_r = (
+            x_half.new_zeros(B, 1, D) if draw.previous is None else space.embed(draw.previous[:, None])
+        )  # (B, 1, D)
+        use = None if draw.use is None else draw.use.view(-1, *([1] * (1 + len(space.value_shape))))
+        values, rs, params = [], [], []
+        for t in range(T):  # Z_t needs Z_{t-1}: one position at a time (a decoding step is one)
+            params_t = self.policy(x_half[:, t : t + 1], previous_r)  # (B, 1, P)
+            value = space.sample_from_words(params_t.detach(), words[:, t : t + 1])  # (B, 1, *value_shape)
+            if draw.given is not None and use is not None:
+                value = torch.where(use, value, draw.given[:, t : t + 1].to(value.dtype))
+            previous_r = space.embed(value)  # (B, 1, D)
+            values.append(value)
+            rs.append(previous_r)
+            params.append(params_t)
+        return torch.cat(rs, dim=1), LatentSample(torch.cat(values, dim=1), torch.cat(params, dim=1))
+
+    def policy_params(self, x_half: Tensor, fed: Tensor, head: LatentPolicy | None = None) -> Tensor:
+        """(B, T, P) the params of the policy head (or of another `head`: a frozen reference) at every position of
+        a sequence from position 0, with the Z `fed` (B, T, *value_shape) there as each position's Z_{t-1}
+        (teacher forcing): what the learned prior and GRPO train."""
+        head = head or self.policy
+        assert head is not None
+        r = self.mapper.embed(fed)  # (B, T, D)
+        previous_r = torch.cat([torch.zeros_like(r[:, :1]), r[:, :-1]], dim=1)  # (B, T, D) R_{t-1}, 0 at t = 0
+        return head(x_half, previous_r)

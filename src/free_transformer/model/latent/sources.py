@@ -7,7 +7,8 @@ resolved once, in free_transformer.inference.latents):
     values                a (B or 1, T, *value_shape) tensor of explicit Z_t, one per fed position, checked by
                           LatentSpace.check_values (an int64 index in [0, 2^H) for the binary kinds).
     PolicyDraw(words)     each Z_t drawn from the model's learned prior or policy (model.latent.policy) at its
-                          position, with the given random words (LatentSpace.sample_from_words).
+                          position, given the prefix and Z_{t-1}, with the given random words
+                          (LatentSpace.sample_from_words).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from ...base.latent_choice import ContextChoice
 @dataclass(frozen=True)
 class PolicyDraw:
     """Z from the model's policy head (free_transformer.model.latent.policy): Z_t = sample_from_words(params_t,
-    words[:, t]), params_t the head's output at position t. words: (B, T, policy_words) int64, row i's at t its
-    LATENT stream there (`sampling.counter_policy_words`), so a row's Z depends on its key, its prefix and t."""
+    words[:, t]), params_t the head's output at position t, which reads the prefix and Z_{t-1}. words: (B, T,
+    policy_words) int64, row i's at t its LATENT stream there (`sampling.counter_policy_words`), so a row's Z
+    depends on its key, its prefix and t."""
 
     words: Tensor  # (B, T, space.policy_words) int64
+    # (B, *value_shape) the Z fed at the position before the first this draw covers; None: it covers position 0
+    previous: Tensor | None = None
     # rows that do not draw from the policy (the decoding engine's rows of another kind of Z in one step): their
     # Z is `given` (B, T, *value_shape) where `use` (B,) bool is False; None: every row draws from the policy
     given: Tensor | None = None

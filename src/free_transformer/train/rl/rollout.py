@@ -2,16 +2,16 @@
 from its counter-based streams (free_transformer.base.counter_random), as the decoding engine draws them:
 
     Z fed at position t     the prior's: counter_prior(space, key, t); the policy's: sample_from_words(params_t,
-                            counter_policy_words(space, key, t)), params_t the head's output at t (a prompt's
-                            positions in one forward: the head is causal)
+                            counter_policy_words(space, key, t)), params_t the head's output at t from the
+                            prefix and Z_{t-1} (a prompt's positions in one forward, which draws them in turn)
     token sampled from t    inference.sampling.sample_next with the row's key at t (its TOKEN stream)
 
 With Z from the prior this is `generate(..., latents="prior", seeds=...)` token for token (tests/test_rl.py); with
 Z from the policy it is the reference a decoding step that draws Z from the head is checked against.
 
 The log-probabilities an update needs are recomputed from the rollout: the latent actions' from the first half's
-output (`features`, no gradient: the decoder is frozen) through the head alone; the token actions' from one
-teacher-forced forward with the rollout's Z."""
+output (`features`, no gradient: the decoder is frozen) and the rollout's Z through the head alone; the token
+actions' from one teacher-forced forward with the rollout's Z."""
 
 from __future__ import annotations
 
@@ -45,14 +45,17 @@ class Rollout:
         return self.tokens[:, self.prompt_length :].tolist()
 
 
-def _latents(model: FreeTransformer, keys: Tensor, start: int, length: int, policy: bool) -> LatentSource:
-    """What the forward of positions [start, start + length) takes: the rows' policy words or prior Z."""
+def _latents(
+    model: FreeTransformer, keys: Tensor, start: int, length: int, policy: bool, previous: Tensor | None = None
+) -> LatentSource:
+    """What the forward of positions [start, start + length) takes: the rows' policy words (continuing from the Z
+    `previous` (B, *value_shape) fed at start - 1) or prior Z."""
     space = model.latent_space
     if space is None:
         return LatentChoice.PRIOR  # a baseline has no Z
     positions = torch.arange(start, start + length, device=keys.device)[None, :]
     if policy:
-        return PolicyDraw(counter_policy_words(space, keys[:, None], positions))  # (B, length, policy_words)
+        return PolicyDraw(counter_policy_words(space, keys[:, None], positions), previous)  # words (B, length, W)
     return counter_prior(space, keys[:, None], positions)  # (B, length, *value_shape)
 
 
@@ -73,7 +76,9 @@ def rollout(
         following = sample_next(out.logits[:, -1], rule, keys, position)  # (B,)
         tokens.append(following[:, None])
         if n + 1 < new_tokens:
-            out = model(following[:, None], latents=_latents(model, keys, position + 1, 1, policy), cache=cache)
+            previous = None if out.latents is None else out.latents[:, -1]  # (B, *value_shape) the Z fed last
+            source = _latents(model, keys, position + 1, 1, policy, previous)
+            out = model(following[:, None], latents=source, cache=cache)
             latents.append(out.latents)
     fed = None if model.latent_space is None else torch.cat(latents, dim=1)
     return Rollout(torch.cat(tokens, dim=1), fed, P)
@@ -86,9 +91,10 @@ def features(model: FreeTransformer, sample: Rollout) -> Tensor:
 
 
 def latent_log_probs(model: FreeTransformer, x_half: Tensor, latents: Tensor) -> tuple[Tensor, Tensor]:
-    """(log pi(Z_t | X<=t) (B, T), params (B, T, P)) of the rollout's Z under the head, with its gradient."""
+    """(log pi(Z_t | X<=t, Z_{t-1}) (B, T), params (B, T, P)) of the rollout's Z under the head, with its
+    gradient."""
     assert model.latent is not None and model.latent.policy is not None and model.latent_space is not None
-    params = model.latent.policy(x_half)
+    params = model.latent.policy_params(x_half, latents)
     return model.latent_space.log_prob(params, latents), params
 
 

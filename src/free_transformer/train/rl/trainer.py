@@ -227,15 +227,15 @@ class RLRun:
         return metrics
 
     def _latent_updates(self, sample, advantages) -> dict[str, float]:
-        config, space = self.config, self.model.latent_space
-        assert space is not None and sample.latents is not None
+        config, space, latent = self.config, self.model.latent_space, self.model.latent
+        assert space is not None and latent is not None and sample.latents is not None
         x_half = features(self.model, sample)  # (B, T, D), no gradient
         with torch.no_grad():
             old, _ = latent_log_probs(self.model, x_half, sample.latents)
             reference = (
                 space.prior_params().to(x_half.device).expand(*x_half.shape[:2], -1)
                 if self.reference_head is None
-                else self.reference_head(x_half)
+                else latent.policy_params(x_half, sample.latents, self.reference_head)
             )
         for _ in range(config.updates):
             log_probs, params = latent_log_probs(self.model, x_half, sample.latents)
