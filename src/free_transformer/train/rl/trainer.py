@@ -116,7 +116,7 @@ def _check_setup(setup: RLSetup, model: FreeTransformer) -> None:
     if setup.mode == "prior" and setup.reward is not None:
         raise RLError("--learned-prior trains against the encoder, with no reward: leave --reward out")
     if setup.mode != "prior" and setup.reward is None:
-        raise RLError("GRPO needs a reward: give --reward (letters, coins)")
+        raise RLError("GRPO needs a reward: give --reward (letters, coins, eval:TASK)")
 
 
 class RLRun:
@@ -127,7 +127,9 @@ class RLRun:
         source, saved = load_model(setup.source, env.device)
         _check_setup(setup, source)
         self.saved = saved
-        self.task: RewardTask | None = None if setup.reward is None else reward_task(setup.reward, saved)
+        self.task: RewardTask | None = (
+            None if setup.reward is None else reward_task(setup.reward, saved, source.config, config)
+        )
         self.reference_head = None
         if setup.reference == "learned":
             assert source.latent is not None and source.latent.policy is not None  # _check_setup
@@ -147,6 +149,8 @@ class RLRun:
         self.optimizer = torch.optim.Adam(self.trained, lr=config.lr)
         if self.task is not None:
             self._check_fits(len(self.task.episodes(1, generator(0))[0].prompt))
+            if self.task.note is not None and env.is_main:
+                print(f"note: {self.task.note}", file=sys.stderr)
         self.dataset = None
         if setup.mode == "prior":
             if "data" not in saved.get("train", {}):
