@@ -14,6 +14,7 @@ EPILOG = """examples (a run of the letters; each writes a run that generate, eva
   free-transformer rl runs/letters --reward letters --actions latent --out runs/letters-rl steps=100
   free-transformer rl runs/letters --reward letters --actions tokens --out runs/letters-tokens steps=100 lr=3e-5
   free-transformer rl runs/letters-prior --reward letters --actions latent --reference learned --out runs/rl-2
+  free-transformer rl runs/shake --reward eval:nq --actions latent --out runs/shake-nq steps=100
 
 Z from the trained head: generate RUN --latents policy. SIGTERM or Ctrl-C saves a checkpoint at the next step
 and exits (143 / 130); --resume --out DIR continues. Under torchrun, each process rolls out its share of the
@@ -34,7 +35,12 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("overrides", nargs="*", metavar="field=value", help="settings, e.g. steps=200 group=16")
     parser.add_argument("--out", "-o", required=True, help="the run directory to write")
-    parser.add_argument("--reward", help="the verifier: letters or coins")
+    parser.add_argument(
+        "--reward",
+        metavar="REWARD",
+        help="the verifier: letters, coins, or eval:TASK, a generative task of free-transformer eval (em: gsm8k, "
+        "nq, tqa; code: humaneval, mbpp, its tests run in the sandbox), rewarded 1 when its own checker passes",
+    )
     parser.add_argument(
         "--actions", choices=["latent", "tokens"], help="what GRPO chooses: Z (the decoder frozen) or the tokens"
     )
@@ -68,10 +74,10 @@ def run(args) -> int:
             raise RLError("--learned-prior trains the head against the encoder: leave --actions out")
         if not args.learned_prior and args.actions is None:
             raise RLError("give --actions latent or tokens (GRPO), or --learned-prior")
-        from ..train.rl.rewards import REWARDS, RewardError
+        from ..train.rl.rewards import check_reward_name
 
-        if args.reward is not None and args.reward not in REWARDS:
-            raise RewardError(f"unknown reward {args.reward!r}: choose one of {', '.join(REWARDS)}")
+        if args.reward is not None:
+            check_reward_name(args.reward)
         mode: Mode = "prior" if args.learned_prior else args.actions
         setup = RLSetup(str(Path(args.source)), mode, args.reward, args.reference or "uniform")
     elif not args.resume:

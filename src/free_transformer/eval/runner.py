@@ -12,11 +12,11 @@ from collections.abc import Callable
 from tqdm.auto import tqdm
 
 from . import task_metrics
+from .checker import check_generation
 from .likelihood import heldout_likelihood
 from .prepare import PreparedTask, prepare
-from .programs import check_completion
 from .sandbox import isolation_report, weaker_layers
-from .scoring import continuation_logprobs, generate_texts, log_mean_exp
+from .scoring import continuation_logprobs, generate_texts, generation_steps, log_mean_exp
 from .settings import EvalSettings
 from .task_data import DataUnavailable
 from .tasks import GenerationDoc, MultipleChoiceDoc
@@ -122,14 +122,13 @@ def _generative(model, tokenizer, task: PreparedTask, settings: EvalSettings, pr
             model, tokenizer, doc.prompt, f"{bench.name}/{doc.doc_id}", settings, max_new_tokens=budget, stop=bench.stop
         )
         truncated += cut
-        if bench.kind == "code":
-            assert doc.test is not None  # a code benchmark's `test` gives every row its test
-            outcomes = [check_completion(doc.test, text, settings.sandbox) for text in texts]
-            correct = [o.passed for o in outcomes]
-            detail: dict[str, list] = {"status": [o.status for o in outcomes]}
-        else:
-            correct = [bench.is_correct(t, doc) for t in texts]
-            detail = {"answers": [bench.answer(t) for t in texts]}
+        verdicts = [check_generation(bench, doc, text, settings.sandbox) for text in texts]
+        correct = [v.correct for v in verdicts]
+        detail: dict[str, list] = (
+            {"status": [v.status for v in verdicts]}
+            if bench.kind == "code"
+            else {"answers": [v.answer for v in verdicts]}
+        )
         per_doc.append(
             {
                 "id": doc.doc_id,
@@ -142,7 +141,7 @@ def _generative(model, tokenizer, task: PreparedTask, settings: EvalSettings, pr
         )
     result = _base_result(task, task_metrics.aggregate([d["score"] for d in per_doc]), per_doc)
     result.update(sample_measures(per_doc, vote=bench.kind != "code", seed=settings.seed))
-    result["max_new_tokens"] = min(budget, model.config.max_seq_len // 2)
+    result["max_new_tokens"] = generation_steps(budget, model.config.max_seq_len)
     result["truncated_prompts"] = truncated
     if bench.kind == "code":
         result["sandbox"] = isolation_report(settings.sandbox)

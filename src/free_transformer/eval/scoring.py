@@ -177,11 +177,8 @@ def generate_texts(
     its own Z, drawn beforehand for every position, and one token-noise stream shared by all; "tokens", one Z
     drawn beforehand and shared, each its own token noise."""
     max_len = model.config.max_seq_len
-    steps = max(1, min(max_new_tokens, max_len // 2))
-    ids = tokenizer.encode(prompt)
-    keep = max_len - steps + 1
-    truncated = len(ids) > keep
-    ids = ids[-keep:] if truncated else ids
+    steps = generation_steps(max_new_tokens, max_len)
+    ids, truncated = fit_prompt(tokenizer.encode(prompt), max_len - steps + 1)
     config = GenerationConfig(max_new_tokens=steps, temperature=settings.temperature)
     seeds, latents = sample_sources(model, ids, steps, key, settings)
     prompts = torch.tensor([ids] * len(seeds), dtype=torch.int64)
@@ -189,6 +186,20 @@ def generate_texts(
         model, prompts, config, seeds=seeds, latents=latents, should_stop=stop_check(tokenizer.decode, stop)
     )
     return [cut_at_stop(tokenizer.decode(t), stop) for t in result.tokens], truncated
+
+
+def generation_steps(max_new_tokens: int, max_len: int) -> int:
+    """The tokens a generation of a task may write in a context window of `max_len`: its budget, at most half the
+    window (the prompt keeps the rest), at least one."""
+    return max(1, min(max_new_tokens, max_len // 2))
+
+
+def fit_prompt(ids: list[int], room: int) -> tuple[list[int], bool]:
+    """(the prompt's last `room` (>= 1) tokens, whether it lost its beginning): a prompt longer than the room the
+    window leaves it is cut from the start, so that the end it is continued from stays."""
+    if room < 1:
+        raise ValueError(f"a prompt needs room for at least one token, got {room}")
+    return (ids[-room:], True) if len(ids) > room else (list(ids), False)
 
 
 def sample_sources(

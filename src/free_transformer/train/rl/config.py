@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ...base.checks import ConfigError, check_range
 from ...base.settings import build, describe, help_text, parse_overrides, to_dict
+from ...eval.sandbox import SandboxLimits
 
 Actions = Literal["latent", "tokens"]
 Reference = Literal["uniform", "learned"]
@@ -31,7 +32,8 @@ class RLConfig:
     temperature: float = 1.0
     """Softmax temperature of the sampled tokens (rollouts and the token log-probabilities alike)."""
     max_new_tokens: int | None = None
-    """Tokens generated after each prompt (unset: the reward task's own, 64 for letters)."""
+    """Tokens generated after each prompt (unset: the reward task's own, 64 for letters, an eval task's budget at
+    most half the model's max_seq_len as eval caps it)."""
     batch_size: int = 64
     """Learned prior: training sequences per step."""
     seed: int = 0
@@ -46,6 +48,8 @@ class RLConfig:
     """torch threads (0: torch's default)."""
     device: str = "auto"
     """auto (cuda when available), cpu, cuda, cuda:N."""
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
+    """--reward eval:TASK of a code task: the limits of each generated program its tests run (eval/sandbox.py)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts", "group", "updates", "batch_size", "log_every", "checkpoint_every"):
@@ -60,6 +64,10 @@ class RLConfig:
         check_range("clip", self.clip, low_open=True)
         check_range("kl_coef", self.kl_coef)
         check_range("temperature", self.temperature, low_open=True)
+        try:
+            self.sandbox.check()
+        except ValueError as error:
+            raise ConfigError(f"sandbox.{error}") from None
 
     @property
     def rows(self) -> int:

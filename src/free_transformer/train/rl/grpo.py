@@ -35,13 +35,30 @@ class GRPOLoss:
 
 
 def grpo_loss(
-    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, kl: Tensor, *, clip: float, kl_coef: float
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    kl: Tensor,
+    *,
+    clip: float,
+    kl_coef: float,
+    actions: Tensor | None = None,
 ) -> GRPOLoss:
-    """log_probs, old_log_probs, kl: (B, T) per action of each sample (every sample T actions); advantages (B,)."""
+    """log_probs, old_log_probs, kl: (B, T) per action of each sample; advantages (B,). Every sample has T actions,
+    or, given `actions` (B, T) bool, those it marks (samples of prompts of other lengths, padded to one T): the
+    means are then over the marked actions alone, and the padding gets no gradient."""
     ratio = torch.exp(log_probs - old_log_probs.detach())  # (B, T)
     advantage = advantages.detach()[:, None]
     clipped_ratio = ratio.clamp(1 - clip, 1 + clip)
     surrogate = torch.minimum(ratio * advantage, clipped_ratio * advantage)  # (B, T)
-    per_sample = (surrogate - kl_coef * kl).mean(-1)  # (B,) the mean over a sample's actions
     was_clipped = (clipped_ratio * advantage < ratio * advantage).float()  # the min took the clipped term: no gradient
-    return GRPOLoss(-per_sample.mean(), surrogate.mean().detach(), kl.mean().detach(), was_clipped.mean())
+    if actions is None:
+        per_sample = (surrogate - kl_coef * kl).mean(-1)  # (B,) the mean over a sample's actions
+        return GRPOLoss(-per_sample.mean(), surrogate.mean().detach(), kl.mean().detach(), was_clipped.mean())
+    mask = actions.to(surrogate.dtype)  # (B, T)
+    per_sample = ((surrogate - kl_coef * kl) * mask).sum(-1) / mask.sum(-1)  # (B,)
+
+    def mean(values: Tensor) -> Tensor:  # over every sample's actions
+        return (values * mask).sum() / mask.sum()
+
+    return GRPOLoss(-per_sample.mean(), mean(surrogate).detach(), mean(kl).detach(), mean(was_clipped))

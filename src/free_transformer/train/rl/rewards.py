@@ -6,48 +6,28 @@ callable (prompt ids, generated token ids) -> float, as best_of's scorer is (fre
     coins     the coin flips: the model sees the first `prefix` values of a sequence, the reward is 1 when the
               majority of its continuation is the sequence's hidden coin (the best any answer does from 4 values:
               0.784 at epsilon = 0.1)
+    eval:TASK a generative task of `free-transformer eval` (gsm8k, nq, humaneval, ...): its documents' prompts, and
+              1 when its own checker (exact match, or the sandboxed tests) passes the generation (eval_reward.py)
 
-A task's `episodes(count, generator)` gives prompts each with its reward (a coin's reward knows its hidden coin)."""
+A task's `episodes(count, generator)` gives prompts each with its reward (a coin's reward knows its hidden coin);
+what an episode and a task are, and how a reward is called: episode.py."""
 
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
-from ...base.errors import UserError
 from ...data.synthetic import BODY_LENGTH, LETTERS, analyse_letters, coinflip_with_coins, majority_coin
+from ...model.config import ModelConfig
+from .config import RLConfig
+from .episode import Episode, Reward, RewardError, RewardTask, score
 
-Reward = Callable[[list[int], list[int]], float]
-REWARDS = ("letters", "coins")
+__all__ = ["Episode", "Reward", "RewardError", "RewardTask", "score", "reward_task", "check_reward_name"]
+
+REWARDS = ("letters", "coins", "eval:TASK")
 COIN_PREFIX = 4  # values of a coin sequence the model sees, as scripts/search_synthetic.py measures coins
-
-
-class RewardError(UserError, ValueError):
-    """An unknown reward, or a reward that raised or was not a finite number (named with its prompt)."""
-
-
-@dataclass(frozen=True)
-class Episode:
-    prompt: list[int]  # token ids
-    reward: Reward
-
-
-class RewardTask(Protocol):
-    name: str
-
-    @property
-    def max_new_tokens(self) -> int:
-        """Tokens generated after each prompt."""
-        ...
-
-    def episodes(self, count: int, generator: torch.Generator) -> list[Episode]:
-        """`count` prompts with their rewards, drawn from `generator`."""
-        ...
 
 
 def letters_valid(prompt: list[int], tokens: list[int]) -> float:
@@ -62,6 +42,7 @@ def coin_answer(prompt: list[int], tokens: list[int], *, coin: int) -> float:
 
 class Letters:
     name = "letters"
+    note = None
     max_new_tokens = BODY_LENGTH
 
     def episodes(self, count: int, generator: torch.Generator) -> list[Episode]:
@@ -75,6 +56,7 @@ class Coins:
     epsilon: float = 0.1
     prefix: int = COIN_PREFIX
     name = "coins"
+    note = None
 
     @property
     def max_new_tokens(self) -> int:
@@ -86,25 +68,31 @@ class Coins:
         return [Episode(p, functools.partial(coin_answer, coin=c)) for p, c in zip(prompts, coins.tolist())]
 
 
-def reward_task(name: str, run_config: dict) -> RewardTask:
-    """The task `name` (letters, coins) for a run whose checkpoint config is `run_config` (coins: its
-    data.coinflip length and epsilon), or a one-line RewardError."""
+def reward_task(name: str, run_config: dict, model_config: ModelConfig, config: RLConfig) -> RewardTask:
+    """The task `name` (letters, coins, eval:TASK) for a run whose checkpoint config is `run_config` (coins: its
+    data.coinflip length and epsilon; eval:TASK: its tokenizer) and model `model_config`, under the settings
+    `config` (eval:TASK: max_new_tokens and the sandbox), or a one-line RewardError."""
     if name == "letters":
         return Letters()
     if name == "coins":
         coin = run_config.get("train", {}).get("data", {}).get("coinflip", {})
         return Coins(coin.get("length", 64), coin.get("epsilon", 0.1))
-    raise RewardError(f"unknown reward {name!r}: choose one of {', '.join(REWARDS)}")
+    if name.startswith("eval:"):
+        from .eval_reward import eval_reward  # the benchmarks' data and checkers, loaded only for them
+
+        return eval_reward(name, run_config, model_config, max_new_tokens=config.max_new_tokens, sandbox=config.sandbox)
+    raise RewardError(unknown_reward(name))
 
 
-def score(task_name: str, episode: Episode, tokens: list[int]) -> float:
-    """The episode's reward of `tokens`, or a one-line RewardError naming the reward and the prompt when it raises
-    or is not a finite number."""
-    try:
-        value = float(episode.reward(list(episode.prompt), list(tokens)))
-    except Exception as error:  # a user's reward: whatever it raises is reported, in one line
-        reason = " ".join(f"{type(error).__name__}: {error}".split())
-        raise RewardError(f"reward {task_name} raised on prompt {episode.prompt!r}: {reason}") from error
-    if not math.isfinite(value):
-        raise RewardError(f"reward {task_name} returned {value} on prompt {episode.prompt!r}: it must be finite")
-    return value
+def check_reward_name(name: str) -> None:
+    """A one-line RewardError for a reward no task is named (eval:TASK checked against eval's tasks)."""
+    if name.startswith("eval:"):
+        from .eval_reward import eval_benchmark
+
+        eval_benchmark(name)
+    elif name not in REWARDS:
+        raise RewardError(unknown_reward(name))
+
+
+def unknown_reward(name: str) -> str:
+    return f"unknown reward {name!r}: choose one of {', '.join(REWARDS)}"

@@ -54,7 +54,7 @@ from .config import Reference, RLConfig, load_rl_config
 from .grpo import group_advantages, grpo_loss
 from .prior import prior_kl
 from .rewards import RewardTask, reward_task, score
-from .rollout import features, latent_log_probs, rollout, token_log_probs
+from .rollout import Rollout, features, latent_log_probs, rollout, token_log_probs
 
 Mode = Literal["prior", "latent", "tokens"]
 MODES: tuple[Mode, ...] = ("prior", "latent", "tokens")
@@ -116,7 +116,7 @@ def _check_setup(setup: RLSetup, model: FreeTransformer) -> None:
     if setup.mode == "prior" and setup.reward is not None:
         raise RLError("--learned-prior trains against the encoder, with no reward: leave --reward out")
     if setup.mode != "prior" and setup.reward is None:
-        raise RLError("GRPO needs a reward: give --reward (letters, coins)")
+        raise RLError("GRPO needs a reward: give --reward (letters, coins, eval:TASK)")
 
 
 class RLRun:
@@ -127,7 +127,9 @@ class RLRun:
         source, saved = load_model(setup.source, env.device)
         _check_setup(setup, source)
         self.saved = saved
-        self.task: RewardTask | None = None if setup.reward is None else reward_task(setup.reward, saved)
+        self.task: RewardTask | None = (
+            None if setup.reward is None else reward_task(setup.reward, saved, source.config, config)
+        )
         self.reference_head = None
         if setup.reference == "learned":
             assert source.latent is not None and source.latent.policy is not None  # _check_setup
@@ -145,13 +147,10 @@ class RLRun:
         for parameter in self.trained:
             parameter.requires_grad_(True)
         self.optimizer = torch.optim.Adam(self.trained, lr=config.lr)
-        if self.task is not None and len(self.task.episodes(1, generator(0))[0].prompt) + self.max_new_tokens > (
-            self.model.config.max_seq_len
-        ):
-            raise RLError(
-                f"reward {self.task.name}: a prompt and {self.max_new_tokens} new tokens exceed the model's "
-                f"max_seq_len {self.model.config.max_seq_len}: set max_new_tokens=N lower"
-            )
+        if self.task is not None:
+            self._check_fits(len(self.task.episodes(1, generator(0))[0].prompt))
+            if self.task.note is not None and env.is_main:
+                print(f"note: {self.task.note}", file=sys.stderr)
         self.dataset = None
         if setup.mode == "prior":
             if "data" not in saved.get("train", {}):
@@ -170,6 +169,15 @@ class RLRun:
             return [p for name, p in self.model.named_parameters() if not name.startswith("latent.")]
         assert self.model.latent is not None and self.model.latent.policy is not None
         return list(self.model.latent.policy.parameters())
+
+    def _check_fits(self, prompt_length: int) -> None:
+        """A one-line RLError when a prompt of `prompt_length` tokens and the new tokens exceed the context."""
+        assert self.task is not None
+        if prompt_length + self.max_new_tokens > self.model.config.max_seq_len:
+            raise RLError(
+                f"reward {self.task.name}: a prompt and {self.max_new_tokens} new tokens exceed the model's "
+                f"max_seq_len {self.model.config.max_seq_len}: set max_new_tokens=N lower"
+            )
 
     @property
     def max_new_tokens(self) -> int:
@@ -199,64 +207,83 @@ class RLRun:
         return {"kl_encoder_bits": float(loss.detach()) / LN2, "kl_uniform_bits": float(kl_uniform.mean()) / LN2}
 
     def grpo_step(self, step: int) -> dict[str, float]:
-        config, task = self.config, self.task
+        config, task, G = self.config, self.task, self.config.group
         assert task is not None
         episodes = task.episodes(config.prompts, generator(config.seed, "rl-prompts", step))
-        mine = list(self.env.rows(config.prompts))  # this process's prompts
-        if len({len(episodes[i].prompt) for i in mine}) != 1:
-            raise RLError(f"reward {task.name}: the prompts of one step must have one length")
-        prompts = torch.tensor([episodes[i].prompt for i in mine for _ in range(config.group)], device=self.env.device)
-        seeds = [seed_of(config.seed, "rl", step, i, j) for i in mine for j in range(config.group)]
-        keys = row_keys(torch.tensor(seeds, device=self.env.device))
+        mine = [episodes[i] for i in self.env.rows(config.prompts)]  # this process's prompts
+        self._check_fits(max(len(episode.prompt) for episode in mine))
+        seeds = [seed_of(config.seed, "rl", step, i, j) for i in self.env.rows(config.prompts) for j in range(G)]
+        keys = row_keys(torch.tensor(seeds, device=self.env.device))  # (B, ...) row k * G + j: sample j of prompt k
         latent = self.setup.mode == "latent"
-        sample = rollout(self.model, prompts, self.max_new_tokens, keys, policy=latent, temperature=config.temperature)
-        generated = sample.generated()
+        # one rollout per prompt length (its rows share their prompt's length), the lengths in order of appearance
+        lengths = list(dict.fromkeys(len(episode.prompt) for episode in mine))
+        samples, order = [], []  # order: the step's row of each rollout row, rollout after rollout
+        for length in lengths:
+            rows = [k * G + j for k, episode in enumerate(mine) if len(episode.prompt) == length for j in range(G)]
+            prompts = torch.tensor([mine[r // G].prompt for r in rows], device=self.env.device)  # (B_length, P)
+            picked = keys if len(lengths) == 1 else keys[torch.tensor(rows, device=keys.device)]
+            sample = rollout(
+                self.model, prompts, self.max_new_tokens, picked, policy=latent, temperature=config.temperature
+            )
+            samples.append(sample)
+            order += rows
+        generated: list[list[int]] = [[] for _ in order]
+        for row, tokens in zip(order, (t for sample in samples for t in sample.generated())):
+            generated[row] = tokens
         rewards = torch.tensor(
-            [
-                score(task.name, episodes[i], generated[k * config.group + j])
-                for k, i in enumerate(mine)
-                for j in range(config.group)
-            ]
-        ).view(len(mine), config.group)
-        advantages = group_advantages(rewards).flatten().to(self.env.device)  # (B,)
+            [score(task.name, episode, generated[k * G + j]) for k, episode in enumerate(mine) for j in range(G)]
+        ).view(len(mine), G)
+        advantages = group_advantages(rewards).flatten()[torch.tensor(order)].to(self.env.device)  # (B,) as rolled out
         metrics = {"reward": float(rewards.mean()), "solved": float((rewards.max(-1).values > 0).float().mean())}
         if latent:
-            metrics |= self._latent_updates(sample, advantages)
+            metrics |= self._latent_updates(samples, advantages)
         else:
-            metrics |= self._token_updates(sample, advantages)
+            metrics |= self._token_updates(samples, advantages)
         return metrics
 
-    def _latent_updates(self, sample, advantages) -> dict[str, float]:
+    def _latent_updates(self, samples: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
+        """GRPO over the Z of every fed position of the rollouts (each of one prompt length, so each its own count
+        of actions: padded to one, the loss over each sample's own)."""
         config, space, latent = self.config, self.model.latent_space, self.model.latent
-        assert space is not None and latent is not None and sample.latents is not None
-        x_half = features(self.model, sample)  # (B, T, D), no gradient
+        assert space is not None and latent is not None
+        fed = []  # (B_i, T_i, *value_shape) the Z of each rollout
+        for sample in samples:
+            assert sample.latents is not None
+            fed.append(sample.latents)
+        x_halves = [features(self.model, sample) for sample in samples]  # (B_i, T_i, D) each, no gradient
         with torch.no_grad():
-            old, _ = latent_log_probs(self.model, x_half, sample.latents)
-            reference = (
-                space.prior_params().to(x_half.device).expand(*x_half.shape[:2], -1)
+            old = _padded([latent_log_probs(self.model, x, z)[0] for x, z in zip(x_halves, fed)])
+            references = [
+                space.prior_params().to(x.device).expand(*x.shape[:2], -1)
                 if self.reference_head is None
-                else latent.policy_params(x_half, sample.latents, self.reference_head)
-            )
+                else latent.policy_params(x, z, self.reference_head)
+                for x, z in zip(x_halves, fed)
+            ]
+        actions = _actions(x_halves)
         for _ in range(config.updates):
-            log_probs, params = latent_log_probs(self.model, x_half, sample.latents)
-            kl = space.kl_between(params, reference)  # (B, T) nats
-            out = grpo_loss(log_probs, old, advantages, kl, clip=config.clip, kl_coef=config.kl_coef)
+            parts = [latent_log_probs(self.model, x, z) for x, z in zip(x_halves, fed)]
+            log_probs, params = _padded([p[0] for p in parts]), [p[1] for p in parts]
+            kl = _padded([space.kl_between(p, r) for p, r in zip(params, references)])  # (B, T) nats
+            out = grpo_loss(log_probs, old, advantages, kl, clip=config.clip, kl_coef=config.kl_coef, actions=actions)
             self.optimizer_step(out.loss)
+        prior_kl = _padded([space.kl(p.detach()) for p in params])  # (B, T) to the uniform prior, per token
         return {
             "loss": float(out.loss.detach()),
-            "kl_bits": float(space.kl(params.detach()).mean()) / LN2,  # to the uniform prior, per token
+            "kl_bits": float(prior_kl.mean() if actions is None else prior_kl[actions].mean()) / LN2,
             "kl_ref_bits": float(out.kl) / LN2,
             "clipped": float(out.clipped),
         }
 
-    def _token_updates(self, sample, advantages) -> dict[str, float]:
+    def _token_updates(self, samples: list[Rollout], advantages: torch.Tensor) -> dict[str, float]:
+        """GRPO over the generated tokens of the rollouts (max_new_tokens actions in every sample)."""
         config = self.config
         assert self.reference_model is not None
         with torch.no_grad():
-            old, _ = token_log_probs(self.model, sample, config.temperature)
-            _, reference = token_log_probs(self.reference_model, sample, config.temperature)
+            old = _stacked([token_log_probs(self.model, s, config.temperature)[0] for s in samples])
+            reference = _stacked([token_log_probs(self.reference_model, s, config.temperature)[1] for s in samples])
         for _ in range(config.updates):
-            log_probs, log_softmax = token_log_probs(self.model, sample, config.temperature)
+            parts = [token_log_probs(self.model, s, config.temperature) for s in samples]
+            log_probs, log_softmax = _stacked([p[0] for p in parts]), _stacked([p[1] for p in parts])
             kl = (log_softmax.exp() * (log_softmax - reference)).sum(-1)  # (B, N) nats, exact over the vocabulary
             out = grpo_loss(log_probs, old, advantages, kl, clip=config.clip, kl_coef=config.kl_coef)
             self.optimizer_step(out.loss)
@@ -283,6 +310,29 @@ class RLRun:
         self.optimizer.load_state_dict(state["optimizer"])
         _set_rng_state(state["rng"], self.env.device)
         return int(state["step"])
+
+
+def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The rollouts' rows (B_i, ...) as one batch (B, ...), in the order rolled out."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _padded(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Per-action values of the rollouts, (B_i, T_i) each, as one (B, max T_i), right-padded with 0."""
+    width = max(part.shape[1] for part in parts)
+    if len(parts) == 1:
+        return parts[0]
+    return _stacked([torch.nn.functional.pad(part, (0, width - part.shape[1])) for part in parts])
+
+
+def _actions(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """(B, max T_i) bool: the actions of each row of rollouts (B_i, T_i, ...) padded to one width; None when every
+    rollout has the same (nothing padded)."""
+    widths = [part.shape[1] for part in parts]
+    if len(set(widths)) == 1:
+        return None
+    marks = [torch.arange(max(widths), device=p.device)[None, :].expand(p.shape[0], -1) < p.shape[1] for p in parts]
+    return torch.cat(marks)
 
 
 def saved_setup(run_dir: Path) -> tuple[RLSetup, dict]:
