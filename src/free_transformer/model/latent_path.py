@@ -157,7 +157,8 @@ class LatentPath(nn.Module):
         """(B, T, P) the params of the policy head (or of another `head`: a frozen reference) at every position of
         a sequence from position 0, with the Z `fed` (B, T, *value_shape) there as each position's Z_{t-1}
         (teacher forcing): what the learned prior and GRPO train."""
-        head = head or self.policy
+        if head is None:
+            head = self.policy
         assert head is not None
         r = self.mapper.embed(fed)  # (B, T, D)
         previous_r = torch.cat([torch.zeros_like(r[:, :1]), r[:, :-1]], dim=1)  # (B, T, D) R_{t-1}, 0 at t = 0

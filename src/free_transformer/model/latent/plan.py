@@ -76,7 +76,7 @@ class LatentPlan:
         if self.prompt_source == LatentChoice.POLICY:
             if known is not None:
                 raise ValueError("Z from the policy is drawn as positions are fed: decode with the KV cache")
-            previous = torch.cat(self.used, dim=1)[:, new - 1] if new else None  # (B, ...) the Z fed before
+            previous = self.used[-1][:, -1] if new else None  # (B, ...) the Z fed at new - 1, the last recorded
             return PolicyDraw(self.policy_words(new, end, device), previous)
         fresh = planned_z(
             self._space(),
