@@ -463,6 +463,9 @@ def test_the_first_line_says_what_runs_where_and_how_long_it_should_take(tmp_pat
         "on cuda; expected time about 3 min (an estimate: 0.9 min a seed measured on one H100 GPU, "
         "seeds side by side add less)"
     )
+    fewer = first_line(quick, demo_sweep(quick, tmp_path, seeds=(0, 1, 2), models=("kappa-1", "coins")), local)
+    minutes = int(fewer.split("expected time about ")[1].split(" min")[0])
+    assert 0 < minutes < 38 and fewer.endswith("measured on 2 CPU cores, scaled to the 2 models chosen)"), fewer
     smoke = first_line(PRESETS["smoke"], demo_sweep(PRESETS["smoke"], tmp_path), local)
     assert smoke == (
         f"demo: preset smoke, seed 0, output {tmp_path}, on cpu; no time measured for this preset on 2 CPU cores"

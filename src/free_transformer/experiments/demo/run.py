@@ -194,8 +194,8 @@ def run_demo(
 
 def first_line(preset: DemoPreset, sweep: Sweep, launcher: Launcher) -> str:
     """What the demo is about to do, and how long it is expected to take: the preset's measured minutes per seed
-    (DemoPreset.minutes_per_seed) times the seeds, times the share of training work left (finished runs are
-    reused)."""
+    (DemoPreset.minutes_per_seed, every model of one seed) scaled by the training work left against one seed's
+    of every model (finished runs are reused; --models trains fewer)."""
     seeds = sweep.seeds
     start = (
         f"demo: preset {preset.name}, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, "
@@ -204,7 +204,8 @@ def first_line(preset: DemoPreset, sweep: Sweep, launcher: Launcher) -> str:
     runs = sweep.runs()
     steps = run_work([sweep.train_config(variant, seed) for seed, variant in runs])
     done, _ = work_done(steps, [last_step(str(sweep.run_dir(seed, variant))) for seed, variant in runs])
-    left = 1 - done / sum(count * step for count, step in steps)
+    total = sum(count * step for count, step in steps)
+    left = 1 - done / total
     if left == 0:
         return f"{start}; every run is trained: measures and report only"
     on_gpu = sweep.device.startswith("cuda")
@@ -212,11 +213,14 @@ def first_line(preset: DemoPreset, sweep: Sweep, launcher: Launcher) -> str:
     where = "one H100 GPU" if on_gpu else "2 CPU cores"
     if launcher.name != "local" or minutes is None:
         return f"{start}; no time measured for this preset on {where if launcher.name == 'local' else 'Slurm'}"
+    every_model = run_work([sweep.train_config(variant, seeds[0]) for variant in VARIANTS])
+    seeds_of_work = total / sum(count * step for count, step in every_model)  # len(seeds) with every model
     share = "" if left == 1 else f", {100 * left:.0f}% of the training left"
+    chosen = "" if len(sweep.variants) == len(VARIANTS) else f", scaled to the {len(sweep.variants)} models chosen"
     more = ", seeds side by side add less" if on_gpu and len(seeds) > 1 else ""
     return (
-        f"{start}; expected time about {_duration(minutes * len(seeds) * left)} (an estimate: {minutes:g} min a "
-        f"seed measured on {where}{more}{share})"
+        f"{start}; expected time about {_duration(minutes * seeds_of_work * left)} (an estimate: {minutes:g} min a "
+        f"seed measured on {where}{more}{chosen}{share})"
     )
 
 

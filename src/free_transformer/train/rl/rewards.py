@@ -5,7 +5,7 @@ callable (prompt ids, generated token ids) -> float, as best_of's scorer is (fre
               nothing else (data.synthetic.analyse_letters), else 0
     coins     the coin flips: the model sees the first `prefix` values of a sequence, the reward is 1 when the
               majority of its continuation is the sequence's hidden coin (the best any answer does from 4 values:
-              0.784 at epsilon = 0.1)
+              0.784 at epsilon = 0.3, the demo's)
     eval:TASK a generative task of `free-transformer eval` (gsm8k, nq, humaneval, ...): its documents' prompts, and
               1 when its own checker (exact match, or the sandboxed tests) passes the generation (eval_reward.py)
 
