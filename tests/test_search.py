@@ -141,3 +141,46 @@ def test_the_synthetic_search_script_measures_both_tasks(tmp_path):
         out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, check=True).stdout
         lines = out.strip().splitlines()
         assert [line.split()[1] for line in lines] == ["both", "latent", "tokens"] and all(expected in x for x in lines)
+
+
+def test_the_rl_synthetic_script_measures_every_source_of_z(tmp_path):
+    """scripts/rl_synthetic.py, which docs/results.md's policy tables come from, at a tiny size on random runs: the
+    prior with best-of, a head's Z with its KL, the coins with the ceiling of their shown values, and the figure."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import tiny_checkpoint
+
+    from free_transformer.model.config import LatentConfig
+    from free_transformer.runs.checkpoint import save_checkpoint
+
+    letters = tiny_checkpoint(tmp_path, "letters", 4, max_seq_len=72, latent=LatentConfig(policy=True))
+    headed, _ = __import__("free_transformer").load_model(letters)
+    with torch.no_grad():
+        headed.latent.policy.out.bias += 2.0  # a head away from its start, the uniform prior
+    save_checkpoint(letters, 1, headed, {"tokenizer": "byte"})
+    coins = tiny_checkpoint(tmp_path, "coins", 4)
+    model, _ = __import__("free_transformer").load_model(coins)
+    save_checkpoint(
+        coins, 1, model, {"tokenizer": "byte", "train": {"data": {"coinflip": {"length": 8, "epsilon": 0.3}}}}
+    )
+    (tmp_path / "letters-latent-seed0").mkdir()
+    (tmp_path / "letters-latent-seed0" / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward": s / 4, "reward_calls": 8 * s}) + "\n" for s in (1, 2))
+    )
+    script = Path(__file__).parents[1] / "scripts" / "rl_synthetic.py"
+
+    def run(*args: str) -> str:
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, check=True).stdout
+
+    prior = run("letters", str(letters), "--prompts", "2", "--samples", "2", "--best-of")
+    assert "valid@1 " in prior and "KL 0.000 bits/token" in prior and "best-of-16 over Z " in prior
+    assert "CE encoder " in prior and " policy " in prior  # the run has a head: its Z's cross-entropy too
+    policy = run("letters", str(letters), "--prompts", "2", "--samples", "2", "--latents", "policy")
+    assert "valid@1 " in policy and "KL 0.000" not in policy
+    shown = run("coins", str(coins), "--prompts", "8", "--samples", "2")
+    assert "maj@1 " in shown and "maj@2 " in shown and "best from 4 values " in shown
+    run("figure", str(tmp_path / "curves.png"), str(tmp_path / "letters-latent-seed0"))
+    assert (tmp_path / "curves.png").stat().st_size > 0
