@@ -4,6 +4,7 @@ policy over Z (runs of `free-transformer rl`), against best-of-16 over Z with th
 
     python scripts/rl_synthetic.py letters RUN [RUN ...] [--latents prior|policy] [--prompts 26] [--samples 16]
     python scripts/rl_synthetic.py coins RUN [RUN ...] [--latents prior|policy] [--prompts 2048] [--samples 16]
+        [--best-of]
     python scripts/rl_synthetic.py figure OUT.png RUN [RUN ...]
 
 letters: every prompt "X>" (letters in turn) sampled --samples times, each sample its own stream (Z from --latents:
@@ -14,7 +15,8 @@ token, and the decoder's cross-entropy on held-out letters with Z from the encod
 coins: fresh coin sequences, the model sees the first 4 values; --samples continuations each; maj@1 and maj@16 of
 the continuations' majority values against the hidden coin, and the best any choice of the coin does from the values
 shown on the same sequences (2,048 of them by default: at 256 that ceiling alone moves by 0.026, one standard
-deviation).
+deviation); with --best-of, the hidden coin's share among best-of-16 over Z chosen by a verifier that knows only the
+shown values: what choosing Z can reach with this decoder, whose continuations keep the data's flips.
 figure: the reward against reward calls of the runs' metrics.jsonl, one line each (grouped by their parent
 directory's name), to OUT.png.
 
@@ -94,7 +96,7 @@ def letters(run: str, policy: bool, prompts: int, samples: int, best: bool, seed
     return f"{run}  " + "  ".join(cells)
 
 
-def coins(run: str, policy: bool, prompts: int, samples: int, seed: int) -> str:
+def coins(run: str, policy: bool, prompts: int, samples: int, best: bool, seed: int) -> str:
     model, saved = load_model(run)
     coin = saved["train"]["data"]["coinflip"]
     task = Coins(coin["length"], coin["epsilon"])
@@ -111,8 +113,30 @@ def coins(run: str, policy: bool, prompts: int, samples: int, seed: int) -> str:
             scores.append(majority_at_k(votes, [a == hidden for a in mine], k, seed=seed))
         cells.append(f"maj@{k} {statistics.fmean(scores):.3f}")
     cells.append(f"KL {kl:.3f} bits/token")
+    if best:
+        config = GenerationConfig(max_new_tokens=task.max_new_tokens, temperature=1.0)
+        found = best_of(
+            model,
+            [e.prompt for e in episodes],
+            16,
+            config,
+            vary="latent",
+            seed=seed,
+            latents=LatentChoice.PRIOR,
+            scorer=agrees_with_shown,
+        )
+        chosen = statistics.fmean(e.reward(e.prompt, tokens) for e, tokens in zip(episodes, found.best))
+        cells.append(f"best-of-16 over Z, shown values {chosen:.3f}")
     cells.append(f"best from {task.prefix} values {best_from_prefix(episodes):.3f}")
     return f"{run}  " + "  ".join(cells)
+
+
+def agrees_with_shown(prompt: list[int], tokens: list[int]) -> float:
+    """1.0 when the continuation's majority is the shown values' (any, on their tie): a verifier that knows what the
+    model sees and not the hidden coin, so that best-of over Z with it is the most a choice of Z gets from them."""
+    shown = majority_coin(bytes(prompt[1:]).decode("latin-1"))
+    answer = majority_coin(bytes(tokens).decode("latin-1"))
+    return float(answer is not None and (shown is None or answer == shown))
 
 
 def best_from_prefix(episodes) -> float:
@@ -154,7 +178,11 @@ def main() -> None:
     parser.add_argument("--latents", choices=["prior", "policy"], default="prior")
     parser.add_argument("--prompts", type=int, default=None, help="letters: 26; coins: 2048")
     parser.add_argument("--samples", type=int, default=16)
-    parser.add_argument("--best-of", action="store_true", help="letters: also best-of-16 over Z with the verifier")
+    parser.add_argument(
+        "--best-of",
+        action="store_true",
+        help="also best-of-16 over Z with the verifier (coins: one that knows the shown values, not the coin)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -166,7 +194,7 @@ def main() -> None:
         if args.task == "letters":
             line = letters(run, policy, args.prompts or 26, args.samples, args.best_of, args.seed)
         else:
-            line = coins(run, policy, args.prompts or 2048, args.samples, args.seed)
+            line = coins(run, policy, args.prompts or 2048, args.samples, args.best_of, args.seed)
         print(line, flush=True)
 
 
