@@ -13,6 +13,7 @@ The clients are httpx threads of this process; the flood is sent by a child proc
 bodies do not delay the probes' clocks.
 
     PYTHONPATH=src python bench/serving.py --rates 1 4 16 --flood 48 64 128
+    PYTHONPATH=src python bench/serving.py --rates --flood 48 64 128   # the flood alone
 """
 
 from __future__ import annotations

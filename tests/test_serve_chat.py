@@ -218,14 +218,14 @@ def test_a_render_never_holds_the_event_loop(chat, monkeypatch):
     loop: a template's loop stopped every client)."""
     client, engine = chat
     rendering, release = threading.Event(), threading.Event()
-    real = engine.tokenizer.chat_prompt
+    real = engine.tokenizer.read_chat
 
-    def slow(messages):
+    def slow(body, reader):
         rendering.set()
         release.wait(30)
-        return real(messages)
+        return real(body, reader)
 
-    monkeypatch.setattr(engine.tokenizer, "chat_prompt", slow)
+    monkeypatch.setattr(engine.tokenizer, "read_chat", slow)
     answers: list = []
     thread = threading.Thread(
         target=lambda: answers.append(client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=2))

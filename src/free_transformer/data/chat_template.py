@@ -9,6 +9,11 @@ hours or building a string of gigabytes. A render therefore runs in a worker pro
 - it allocates at most RENDER_MEMORY_MB beyond what the worker holds at its start (RLIMIT_AS), so that
   `strftime_now('%Y' * 10**8)` is a MemoryError in the worker, not gigabytes in the server;
 - its text is at most MAX_PROMPT_CHARS characters.
+A worker can also read a whole request's body (`read`): the caller hands it the body's bytes and names a reader
+module, whose `read(body, render)` parses the body, renders its messages and answers what the caller needs; the
+parse then holds the worker's interpreter, not the caller's (a server's main process parsing a 4.4 MB body of
+100,000 messages holds its GIL for most of a second). The body's read takes at most READ_SECONDS, apart from the
+render's bound.
 The caller's thread waits for the reply (a server renders on threads of its own, never on its event loop nor on
 the threads that its other requests need: serve/rendering.py).
 A worker renders one conversation at a time; `ChatRenderer` keeps up to `workers` of them and starts a new one
@@ -16,6 +21,7 @@ for each it had to kill. A worker reads its requests on stdin and ends when its 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import queue
@@ -29,6 +35,7 @@ import weakref
 from pathlib import Path
 
 RENDER_SECONDS = 2.0  # a conversation's render (a long real one takes milliseconds)
+READ_SECONDS = 10.0  # a request body's parse before its render (16 MB of JSON: about a second)
 RENDER_MEMORY_MB = 512  # what a render may allocate in its worker
 MAX_PROMPT_CHARS = 2**22  # a rendered conversation's characters (4 Mi: 32 per token of a 128k context)
 WORKERS = 4  # renders at once; more wait for a worker
@@ -66,12 +73,22 @@ class ChatRenderer:
         weakref.finalize(self, _stop, self.started)
 
     def render(self, messages: list[dict[str, str]]) -> str:
+        return self._ask({"messages": messages})["prompt"]
+
+    def read(self, body: bytes, reader: str) -> dict:
+        """`body` read in a worker by the module named `reader` (imported there), whose `read(body, render)` returns
+        a JSON object and calls `render(messages)` at most once (it returns `_render`'s reply): that object, or a
+        one-line ChatTemplateRefused or ChatTemplateFailed for a failed render or read."""
+        return self._ask({"reader": reader, "body": len(body)}, body)
+
+    def _ask(self, fields: dict, body: bytes = b"") -> dict:
+        """The worker's reply to a request of `fields` (then `body`'s bytes), its errors raised."""
         request = {
             "template": self.template,
-            "messages": messages,
             "variables": self.variables,
             "max_chars": self.max_chars,
             "seconds": self.seconds,
+            **fields,
         }
         line = json.dumps(request).encode() + b"\n"  # ASCII: a lone surrogate travels escaped
         with self.slots:
@@ -80,21 +97,23 @@ class ChatRenderer:
             except queue.Empty:
                 worker = _Worker(self.memory_mb)
                 self.started.add(worker)
-            reply = worker.ask(line, self.seconds)
+            reply = worker.ask(line, body, self.seconds, reading="reader" in fields)
             if reply is None:  # past its time, or dead: it goes
                 ended = worker.process.poll()
                 worker.stop()
                 self.started.discard(worker)
                 if ended is not None and ended != -signal.SIGALRM:  # its own timer ends it past the bound
                     raise ChatTemplateFailed(f"the chat template's worker process ended (exit code {ended})")
+                if worker.reading:
+                    raise ChatTemplateRefused(f"the request's body took more than {READ_SECONDS:g} s to read")
                 raise ChatTemplateRefused(
                     f"the chat template took more than {self.seconds:g} s to render these messages (its bound)"
                 )
             self.idle.put(worker)
-        if "prompt" in reply:
-            return reply["prompt"]
-        kind = ChatTemplateRefused if reply["refused"] else ChatTemplateFailed
-        raise kind(" ".join(reply["error"].split()))
+        if "error" in reply:
+            kind = ChatTemplateRefused if reply["refused"] else ChatTemplateFailed
+            raise kind(" ".join(reply["error"].split()))
+        return reply
 
 
 class _Worker:
@@ -110,9 +129,11 @@ class _Worker:
         )
         self.pending = b""  # bytes read past the last reply
         self.ready = False
+        self.reading = False  # waiting for a request's body to be read (not yet rendered)
 
-    def ask(self, line: bytes, seconds: float) -> dict | None:
-        """The reply to `line`, or None when none came within `seconds` (or the worker died)."""
+    def ask(self, line: bytes, body: bytes, seconds: float, reading: bool = False) -> dict | None:
+        """The reply to `line` and `body`, or None when none came within `seconds` (after the body's read, within
+        READ_SECONDS, when `reading`), or the worker died; `reading` stays true when the read took too long."""
         if not self.ready:  # its start (imports) is not the render's time
             self.ready = self._reply(time.monotonic() + START_SECONDS) == {"ready": True}
             if not self.ready:
@@ -120,10 +141,16 @@ class _Worker:
         assert self.process.stdin is not None, "the worker is started with pipes"
         try:
             self.process.stdin.write(line)
+            self.process.stdin.write(body)  # apart from the line: no copy of a body of megabytes
             self.process.stdin.flush()
         except OSError:  # it died
             return None
-        return self._reply(time.monotonic() + seconds)
+        self.reading = reading
+        reply = self._reply(time.monotonic() + (READ_SECONDS if reading else seconds))
+        if reading and reply == {"read": True}:  # the body is read: the render's own bound starts
+            self.reading = False
+            reply = self._reply(time.monotonic() + seconds)
+        return reply
 
     def _reply(self, deadline: float) -> dict | None:
         assert self.process.stdout is not None, "the worker is started with pipes"
@@ -205,6 +232,23 @@ def _render(request: dict, megabytes: int) -> dict:
     return {"prompt": prompt}
 
 
+def _read(reader: str, body: bytes, request: dict, megabytes: int, out) -> dict:
+    """`body` read by the module `reader`'s `read(body, render)`: its reply, or a failed read's error reply."""
+
+    def render(messages: list[dict[str, str]]) -> dict:
+        out.write(b'{"read": true}\n')  # the caller's wait for the render starts now
+        out.flush()
+        signal.setitimer(signal.ITIMER_REAL, request["seconds"] + 1.0)
+        return _render({**request, "messages": messages}, megabytes)
+
+    try:
+        return importlib.import_module(reader).read(body, render)
+    except MemoryError:
+        return {"refused": True, "error": f"reading the request's body needed more than {megabytes} MiB"}
+    except Exception as error:
+        return {"refused": False, "error": f"reading the request's body failed: {type(error).__name__}: {error}"}
+
+
 def _serve(megabytes: int) -> None:
     from transformers.utils.chat_template_utils import render_jinja_template  # noqa: F401 (imported before the limit)
 
@@ -213,11 +257,17 @@ def _serve(megabytes: int) -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     out.write(b'{"ready": true}\n')
     out.flush()
-    for line in sys.stdin.buffer:
+    requests = sys.stdin.buffer
+    while line := requests.readline():
         request = json.loads(line)
         # past its bound (and a second more), the kernel ends this process: SIGALRM's default action
-        signal.setitimer(signal.ITIMER_REAL, request["seconds"] + 1.0)
-        reply = _render(request, megabytes)
+        if "reader" in request:  # a body's read, then its render (which sets the render's bound)
+            body = requests.read(request["body"])
+            signal.setitimer(signal.ITIMER_REAL, READ_SECONDS + 1.0)
+            reply = _read(request["reader"], body, request, megabytes, out)
+        else:
+            signal.setitimer(signal.ITIMER_REAL, request["seconds"] + 1.0)
+            reply = _render(request, megabytes)
         signal.setitimer(signal.ITIMER_REAL, 0)
         out.write(json.dumps(reply).encode() + b"\n")
         out.flush()

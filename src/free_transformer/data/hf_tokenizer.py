@@ -45,14 +45,22 @@ class HFTokenizer:
         transformers' apply_chat_template renders them, but bounded in time, memory and length (chat_template.py):
         a one-line ChatTemplateRefused (a ValueError: the template refused the messages, or they took it past a
         bound) or ChatTemplateFailed (the template's code failed) otherwise."""
+        return self._chat_renderer().render(messages)
+
+    def read_chat(self, body: bytes, reader: str) -> dict:
+        """A chat request's `body` read, its messages rendered, in a render worker by the module `reader`
+        (chat_template.ChatRenderer.read): its reply; a ChatTemplateRefused or ChatTemplateFailed as chat_prompt's."""
+        return self._chat_renderer().read(body, reader)
+
+    def _chat_renderer(self) -> ChatRenderer:
+        """The renderer of the current chat_template (made again when it changes)."""
         if self.chat_template is None:
             raise ValueError(f"the tokenizer {self.name} has no chat template")
         with self._renderer_lock:
             if self._renderer is None or self._renderer.template != self.chat_template:
                 variables = {name: _plain(value) for name, value in self._tokenizer.special_tokens_map.items()}
                 self._renderer = ChatRenderer(self.chat_template, variables)
-            renderer = self._renderer
-        return renderer.render(messages)
+            return self._renderer
 
 
 def _plain(value):

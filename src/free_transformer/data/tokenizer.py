@@ -31,6 +31,12 @@ class Tokenizer(Protocol):
         past a bound, or there is none, a RuntimeError with one line when the template's code fails."""
         ...
 
+    def read_chat(self, body: bytes, reader: str) -> dict:
+        """A chat request's body, parsed and its messages rendered where the template renders (the module
+        `reader`'s `read(body, render)`, data/chat_template.py), so that the caller's process parses nothing: what
+        `reader` returns; errors as chat_prompt's."""
+        ...
+
 
 class WithoutChatTemplate:
     """The tokenizers we ship carry no chat template: their models continue text, and a chat format is not
@@ -40,6 +46,9 @@ class WithoutChatTemplate:
     chat_template: str | None = None
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        raise TokenizerError(f"the {self.name} tokenizer has no chat template")
+
+    def read_chat(self, body: bytes, reader: str) -> dict:
         raise TokenizerError(f"the {self.name} tokenizer has no chat template")
 
 

@@ -24,18 +24,18 @@ import logging
 import secrets
 import time
 import uuid
-from typing import cast
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from ..base.version import __version__
 from ..data.chat_template import ChatTemplateRefused
+from . import chat_body
 from .batcher import Delta, Job, TokenLogprob
+from .chat_body import InvalidChat
 from .config import DEFAULT_CHAT_QUEUE, DEFAULT_MAX_REQUEST_MB
 from .protocol import (
     ChatCompletion,
@@ -87,10 +87,9 @@ def failure(error: Exception) -> str:
     return f"the server failed on this request: {type(error).__name__}: {error}"
 
 
-def validation_message(error: RequestValidationError) -> tuple[str, str | None, str | None]:
-    """One line, the field at fault and a code for pydantic's list of errors (the first one; a field of
-    several types reports each type's error: it is named once, with the types it takes)."""
-    first = error.errors()[0]
+def validation_message(first: dict) -> tuple[str, str | None, str | None]:
+    """One line, the field at fault and a code for the first of pydantic's errors (a field of several types
+    reports each type's error: it is named once, with the types it takes)."""
     if first["type"] in ("json_invalid", "model_attributes_type") or first["loc"] == ("body",):
         return "the request body must be a JSON object (UTF-8)", None, None
     location = [str(part) for part in first["loc"] if part != "body"]
@@ -207,7 +206,7 @@ def build_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        message, param, code = validation_message(error)
+        message, param, code = validation_message(error.errors()[0])
         return error_response(400, message, param, code)
 
     @app.exception_handler(HTTPException)
@@ -250,8 +249,8 @@ def build_app(
 
     @app.post("/v1/chat/completions", openapi_extra=CHAT_BODY)
     async def chat_completions(raw: Request):
-        """The body is read, rendered and planned on the chat queue's threads (serve/rendering.py), never on the
-        event loop nor on the pool that other requests plan on."""
+        """The body is read and rendered in a render worker, then planned, on the chat queue's threads
+        (serve/rendering.py), never on the event loop nor on the pool that other requests plan on."""
         if engine.tokenizer.chat_template is None:  # no chat format is invented for a model that has none
             return error_response(
                 404,
@@ -265,8 +264,8 @@ def build_app(
             response = error_response(429, str(error), code="server_busy")
             response.headers["Retry-After"] = str(error.seconds)
             return response
-        except RequestValidationError as error:
-            message, param, code = validation_message(error)
+        except InvalidChat as error:
+            message, param, code = (str(error), None, None) if error.error is None else validation_message(error.error)
             return error_response(400, message, param, code)
         except RequestError as error:
             return error_response(error.status, str(error), error.param, error.code)
@@ -279,18 +278,10 @@ def build_app(
 
     def chat_plan(body: bytes) -> tuple[CompletionRequest, Plan]:
         """(On a thread of the chat queue.) The chat body as the completion request of its rendered messages, and
-        its plan; RequestValidationError for a body the API refuses."""
-        try:
-            chat = ChatCompletionRequest.model_validate_json(body)
-        except ValidationError as error:
-            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
-        messages = cast(list[dict[str, str]], chat.messages)  # each a ChatMessage: two str fields
-        prompt = engine.tokenizer.chat_prompt(messages)
-        try:
-            completion = chat.completion(prompt)
-        except ValidationError as error:  # a field that CompletionRequest refuses, as /v1/completions says it
-            raise RequestValidationError(error.errors()) from None
-        return completion, engine.plan(completion)
+        its plan: the body is parsed, checked and rendered in a render worker (serve/chat_body.py), so that this
+        process holds the GIL only for the reply's few fields, then the plan."""
+        request = chat_body.completion(engine.tokenizer.read_chat(body, chat_body.__name__))
+        return request, engine.plan(request)
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, raw: Request):

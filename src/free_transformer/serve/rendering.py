@@ -1,11 +1,13 @@
 """The server's chat requests, from their body to their plan, on threads of their own: `ChatQueue`.
 
-A chat request's body is read, its messages go through the chat template (data/chat_template.py: a worker
-process, up to its time bound) and its prompt is tokenized into a plan: for a conversation of 100,000 messages,
-seconds of work. That work runs on the queue's `workers` threads, as many as the template has render workers, so
-that a request waiting for one waits on the event loop and holds nothing: /health, the other requests' plans
-(the server's thread pool) and the decoding loop never wait behind a render. At most `waiting` more chat requests
-wait for a thread; past them a request is refused at once (`Busy`: a 429 with Retry-After), never left to stall."""
+A chat request's body is parsed and checked and its messages go through the chat template in a worker process
+(serve/chat_body.py, data/chat_template.py: up to its time bounds), then its prompt is tokenized into a plan: for
+a conversation of 100,000 messages, seconds of work, of which the server's process holds its GIL only for the
+tokenization's lists and the plan. That work runs on the queue's `workers` threads, as many as the template has
+render workers, so that a request waiting for one waits on the event loop and holds nothing: /health, the other
+requests' plans (the server's thread pool) and the decoding loop never wait behind a render. At most `waiting`
+more chat requests wait for a thread; past them a request is refused at once (`Busy`: a 429 with Retry-After),
+never left to stall."""
 
 from __future__ import annotations
 
