@@ -152,22 +152,17 @@ def best_from_prefix(episodes) -> float:
 
 
 def figure(out: str, runs: list[str]) -> None:
-    """One panel per task (the run name's first word: letters, coins), one colour per kind of action (latent, tokens:
-    the run name less -seedN ends in it)."""
+    """One panel per task (the run name's first word: letters, coins), one colour per arm (the run name less its
+    -seedN: letters-latent, letters-tokens, ...), a line per run."""
     panels: dict[str, Panel] = {}
+    colours: dict[str, int] = {}
     for run in runs:
         logged = read_metrics(Path(run) / "metrics.jsonl", ("step",))
         arm = Path(run).name.rsplit("-seed", 1)[0]
         task = arm.split("-")[0]
         panel = panels.setdefault(task, Panel(f"{task}: reward of the step's samples", "mean reward"))
-        panel.lines.append(
-            Line(
-                1 if arm.endswith("latent") else 3,
-                arm,
-                [m["reward_calls"] for m in logged],
-                [m["reward"] for m in logged],
-            )
-        )
+        xs, ys = [m["reward_calls"] for m in logged], [m["reward"] for m in logged]
+        panel.lines.append(Line(colours.setdefault(arm, len(colours)), arm, xs, ys))
     draw(list(panels.values()), out, xlabel="reward calls", dpi=110)
 
 
