@@ -121,12 +121,16 @@ def measure(config, batch, device_name, rounds, threads):
     return results, losses
 
 
-def sweep(name, points, make_config, args):
-    """Rows (x, config, results) for one sweep, printed as they come."""
+def sweep(name, points, make_config, args, measured):
+    """Rows (x, config, results) for one sweep, printed as they come. measured: {config: (results, losses)}
+    of the points measured so far, shared by both sweeps: their common point (T = --bits-seq-len at
+    H = --seq-bits) is measured once."""
     rows = []
     for x in points:
         config = make_config(x)
-        results, losses = measure(config, args.batch, args.device, args.rounds, args.threads)
+        if config not in measured:
+            measured[config] = measure(config, args.batch, args.device, args.rounds, args.threads)
+        results, losses = measured[config]
         if abs(losses["ours"] - losses["naive"]) > 1e-4 * abs(losses["ours"]):
             raise AssertionError(f"{name}={x}: losses differ, ours {losses['ours']} naive {losses['naive']}")
         rows.append((x, config, results))
@@ -235,8 +239,13 @@ def main():
     limits = matmul_limits_gflops(device, smoke=args.smoke)
     print(describe_limits(limits))
     print(f"{describe_size(args)} B={args.batch}, float32, {args.rounds} rounds")
-    seq_rows = sweep("T", args.seq_lens, lambda t: base.replace(max_seq_len=t, latent_units=args.seq_bits), args)
-    bits_rows = sweep("H", args.bits, lambda h: base.replace(max_seq_len=args.bits_seq_len, latent_units=h), args)
+    measured: dict = {}
+    seq_rows = sweep(
+        "T", args.seq_lens, lambda t: base.replace(max_seq_len=t, latent_units=args.seq_bits), args, measured
+    )
+    bits_rows = sweep(
+        "H", args.bits, lambda h: base.replace(max_seq_len=args.bits_seq_len, latent_units=h), args, measured
+    )
 
     print(f"sequence length sweep, H={args.seq_bits}")
     print_table("T", seq_rows, args.batch, {"T": lambda x, x0: x / x0, "T^2": lambda x, x0: (x / x0) ** 2}, limits)

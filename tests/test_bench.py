@@ -18,7 +18,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(path.name for path in (ROOT / "bench").glob("*.py") if "__main__" in path.read_text(encoding="utf-8"))
+MAIN_BLOCK = re.compile(r"^if __name__ == .__main__.:", re.M)
+SCRIPTS = sorted(path.name for path in (ROOT / "bench").glob("*.py") if MAIN_BLOCK.search(path.read_text("utf-8")))
 # (script, extra options, why): smoke runs beyond each script's plain --smoke
 EXTRA = [("generate.py", ("--parts", "d"), "part (d) compiles the decoding step with Inductor: 10-60 s on a CPU")]
 TIMEOUT_S = 600

@@ -263,8 +263,7 @@ def test_convert_on_a_full_disk_is_one_line_and_can_be_run_again(tmp_path, to):
     assert _one_line_error(full.stderr).startswith(f"error: cannot write {tmp_path / 'dest'}: is the disk full")
     assert not (tmp_path / "dest").exists() or not list((tmp_path / "dest").iterdir())
     _nothing_left(tmp_path, "dest/checkpoints")
-    again = _cli(*command)
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert main(command) == 0  # with room, in this process: only the full disk needs a process of its own
     if to == "checkpoint":
         assert verify_checkpoint(checkpoint_dirs(tmp_path / "dest")[-1]) is None
 
@@ -282,7 +281,7 @@ def test_consolidate_on_a_full_disk_is_one_line_and_leaves_nothing(runs, tmp_pat
     _nothing_left(tmp_path, "out")
     assert {f.name: sha256_file(f) for f in newest.iterdir() if f.is_file()} == before
     assert verify_checkpoint(newest) is None
-    assert _cli("consolidate", str(newest)).returncode == 0
+    assert main(["consolidate", str(newest)]) == 0  # with room, in this process
     assert verify_checkpoint(newest) is None
 
 

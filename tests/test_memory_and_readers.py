@@ -122,8 +122,9 @@ def test_from_pretrained_checks_the_real_size_not_the_meta_one(hf_export):
     assert "\n" not in message
 
 
-# Run in a child whose limit leaves 1 GiB above what it maps once torch and the package are imported: the KV
-# cache of `serve` and the RoPE tables of from_pretrained ask for 4 GiB or more, less than the machine's memory.
+# Run in a child, under each limit in turn (the one before lifted again): a limit that leaves 1 GiB above what the
+# child maps once torch and the package are imported. The KV cache of `serve` and the RoPE tables of from_pretrained
+# ask for 4 GiB or more, less than the machine's memory.
 UNDER_A_LIMIT = """
 import resource, sys
 import torch
@@ -131,22 +132,24 @@ from free_transformer.cli import main
 from free_transformer.runs import memory
 from free_transformer.runs.checkpoint import load_model
 
-name, run, export = sys.argv[1:]
+run, export, *names = sys.argv[1:]
 model, _ = load_model(run)
 rows = 4 * 2**30 // memory.cache_bytes(model.config, 1, model.config.max_seq_len, torch.float32) + 1
 page = resource.getpagesize()
-with open("/proc/self/statm") as statm:
-    fields = [int(value) * page for value in statm.read().split()]
-mapped = fields[0] if name == "RLIMIT_AS" else fields[5]
-resource.setrlimit(getattr(resource, name), (mapped + 2**30, resource.RLIM_INFINITY))
-room, where = memory.host_memory()
-assert room <= 2**30 and where == f"left under this process's {name}", (room, where)
-assert main(["serve", run, "--port", "0", "--device", "cpu", "--max-batch", str(rows)]) == 2
-from free_transformer.hf.modeling import FreeTransformerForCausalLM
-try:
-    FreeTransformerForCausalLM.from_pretrained(export)
-except Exception as error:
-    print(f"from_pretrained: {type(error).__name__}: {error}", file=sys.stderr)
+for name in names:
+    with open("/proc/self/statm") as statm:
+        fields = [int(value) * page for value in statm.read().split()]
+    mapped = fields[0] if name == "RLIMIT_AS" else fields[5]
+    resource.setrlimit(getattr(resource, name), (mapped + 2**30, resource.RLIM_INFINITY))
+    room, where = memory.host_memory()
+    assert room <= 2**30 and where == f"left under this process's {name}", (room, where)
+    assert main(["serve", run, "--port", "0", "--device", "cpu", "--max-batch", str(rows)]) == 2
+    from free_transformer.hf.modeling import FreeTransformerForCausalLM
+    try:
+        FreeTransformerForCausalLM.from_pretrained(export)
+    except Exception as error:
+        print(f"from_pretrained: {type(error).__name__}: {error}", file=sys.stderr)
+    resource.setrlimit(getattr(resource, name), (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 """
 
 
@@ -157,16 +160,18 @@ def test_memory_is_checked_against_the_process_s_limits_not_only_the_machine_s(h
         pytest.skip("needs Linux and memory above what the allocations ask for (the machine's check would refuse)")
     run = tiny_checkpoint(tmp_path, "run", 4)
     _edit_config(hf_export, max_position_embeddings=2**25)  # RoPE tables of 2**25 x head_dim x 4 floats: >= 4 GiB
-    for limit in ("RLIMIT_AS", "RLIMIT_DATA"):
-        done = subprocess.run(
-            [sys.executable, "-c", UNDER_A_LIMIT, limit, str(run), str(hf_export)],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-        assert done.returncode == 0, done.stderr
-        serve, loaded = done.stderr.strip().splitlines()
+    limits = ("RLIMIT_AS", "RLIMIT_DATA")
+    done = subprocess.run(
+        [sys.executable, "-c", UNDER_A_LIMIT, str(run), str(hf_export), *limits],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 * len(limits), done.stderr
+    for limit, serve, loaded in zip(limits, lines[::2], lines[1::2]):
         assert serve.startswith("error: a KV cache of ")
         assert serve.endswith(f"left under this process's {limit}: lower --max-batch"), serve
         assert loaded.startswith("from_pretrained: ConfigError: a model of "), loaded

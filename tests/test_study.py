@@ -68,7 +68,11 @@ def test_the_honest_figure_is_the_lower_of_the_two_upper_bounds():
     assert honest_bits({"free": False, "likelihood": {"exact": {"bits_per_byte": 2.6}}}) == 2.6
 
 
-def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path):
+def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path, monkeypatch):
+    """On a fresh machine too: with an empty token cache the corpus is tokenized (in worker processes) before
+    the pool of runs starts, as a pool's daemonic worker may not start them ("daemonic processes are not
+    allowed to have children"), which failed README's real-text command the first time anyone ran it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
     out = tmp_path / "study"
     args = [
         "study",
@@ -81,11 +85,12 @@ def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path):
         "--kappas",
         "4",
         "--workers",
-        "1",
+        "2",
         "--device",
         "cpu",
     ]
     assert main(args) == 0
+    assert list((tmp_path / "empty-cache" / "free-transformer" / "tokens").glob("*.bin"))
     results = json.loads((out / "results.json").read_text())
     assert [(r["seed"], r["slug"]) for r in results["runs"]] == [
         (0, "baseline"),
@@ -166,33 +171,3 @@ def test_seeds_and_kappas_parse():
         "Free, κ = 1 bit",
         "Free, κ = 2 bits",
     ]
-
-
-def test_a_study_on_a_fresh_machine_tokenizes_before_its_pool(tmp_path, monkeypatch):
-    """With an empty token cache the corpus is tokenized (in worker processes) before the pool of runs
-    starts: a pool's daemonic worker may not start them ("daemonic processes are not allowed to have
-    children"), which failed README's real-text command the first time anyone ran it."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
-    out = tmp_path / "study"
-    assert (
-        main(
-            [
-                "study",
-                "--preset",
-                "smoke",
-                "--out",
-                str(out),
-                "--seeds",
-                "1",
-                "--kappas",
-                "4",
-                "--workers",
-                "2",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
-    assert len(json.loads((out / "results.json").read_text())["runs"]) == 3
-    assert list((tmp_path / "empty-cache" / "free-transformer" / "tokens").glob("*.bin"))
