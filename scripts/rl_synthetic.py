@@ -162,8 +162,9 @@ def figure(out: str, runs: list[str]) -> None:
         task = arm.split("-")[0]
         panel = panels.setdefault(task, Panel(f"{task}: reward of the step's samples", "mean reward"))
         xs, ys = [m["reward_calls"] for m in logged], [m["reward"] for m in logged]
-        panel.lines.append(Line(colours.setdefault(arm, len(colours)), arm, xs, ys))
-    draw(list(panels.values()), out, xlabel="reward calls", dpi=110)
+        first = arm not in colours  # one legend entry an arm, not a run
+        panel.lines.append(Line(colours.setdefault(arm, len(colours)), arm if first else "_nolegend_", xs, ys))
+    draw(list(panels.values()), out, xlabel="reward calls", legend="panels", dpi=110)
 
 
 def main() -> None:
