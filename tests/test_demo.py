@@ -455,8 +455,8 @@ def test_the_first_line_says_what_runs_where_and_how_long_it_should_take(tmp_pat
     quick, local = PRESETS["quick"], LocalLauncher(2)
     line = first_line(quick, demo_sweep(quick, tmp_path, seeds=(0, 1, 2)), local)
     assert line == (
-        f"demo: preset quick, seeds 0, 1, 2, output {tmp_path}, on cpu; expected time about 38 min "
-        "(an estimate: 12.6 min a seed measured on 2 CPU cores)"
+        f"demo: preset quick, seeds 0, 1, 2, output {tmp_path}, on cpu; expected time about 36 min "
+        "(an estimate: 11.9 min a seed measured on 2 CPU cores)"
     )
     line = first_line(quick, demo_sweep(quick, tmp_path, seeds=(0, 1, 2), device="cuda"), local)
     assert line.endswith(
@@ -465,7 +465,7 @@ def test_the_first_line_says_what_runs_where_and_how_long_it_should_take(tmp_pat
     )
     fewer = first_line(quick, demo_sweep(quick, tmp_path, seeds=(0, 1, 2), models=("kappa-1", "coins")), local)
     minutes = int(fewer.split("expected time about ")[1].split(" min")[0])
-    assert 0 < minutes < 38 and fewer.endswith("measured on 2 CPU cores, scaled to the 2 models chosen)"), fewer
+    assert 0 < minutes < 36 and fewer.endswith("measured on 2 CPU cores, scaled to the 2 models chosen)"), fewer
     smoke = first_line(PRESETS["smoke"], demo_sweep(PRESETS["smoke"], tmp_path), local)
     assert smoke == (
         f"demo: preset smoke, seed 0, output {tmp_path}, on cpu; no time measured for this preset on 2 CPU cores"

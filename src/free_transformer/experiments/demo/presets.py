@@ -105,7 +105,7 @@ PRESETS: Presets[DemoPreset] = Presets(
     "demo preset",
     {
         "quick": (
-            DemoPreset("quick", quick, minutes_per_seed=WallTime(cpu=12.6, gpu=0.9)),
+            DemoPreset("quick", quick, minutes_per_seed=WallTime(cpu=11.9, gpu=0.9)),
             "cpu-small, 64 sequences per step (what it reproduces: docs/results.md)",
         ),
         "paper": (
