@@ -17,8 +17,8 @@ the continuations' majority values against the hidden coin, and the best any cho
 shown on the same sequences (2,048 of them by default: at 256 that ceiling alone moves by 0.026, one standard
 deviation); with --best-of, the hidden coin's share among best-of-16 over Z chosen by a verifier that knows only the
 shown values: what choosing Z can reach with this decoder, whose continuations keep the data's flips.
-figure: the reward against reward calls of the runs' metrics.jsonl, one line each (grouped by their parent
-directory's name), to OUT.png.
+figure: the reward against reward calls of the runs' metrics.jsonl, one line each, a panel a task and a colour an arm
+(a run named TASK-ARM-seedN), to OUT.png.
 
 Each line is one run (load_model: a run directory or a checkpoint). One thread."""
 
