@@ -70,6 +70,17 @@ def interleaved_times(
     return times
 
 
+def rewind_rows(engine, position: int) -> None:
+    """The rows in flight of a decoding engine (free_transformer.inference.engine) back to the end of their prompts,
+    all `position` tokens long: every new token but the first dropped, and the engine's schedule made again for
+    them, so that a timed sample of n steps runs n steps every time (with the old schedule, whose last step has
+    passed, a step would launch nothing)."""
+    for row in engine.rows:
+        row.tokens[1:] = []  # its position follows: the prompt's end
+    engine.runner.position[: len(engine.rows)] = position
+    engine._in_flight()
+
+
 def median_ratio(numerator: list[float], denominator: list[float]) -> float:
     """Median of the per-round ratios: cancels most of the drift of a shared machine."""
     return statistics.median(n / d for n, d in zip(numerator, denominator))

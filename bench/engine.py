@@ -26,8 +26,11 @@ call by call, and the table adds the other code's engine and bare loop, its engi
 model, and the ratio engine / other engine.
 
 --policy measures instead what drawing Z from a policy head inside the step costs: the same models with a policy
-head (model.latent.policy, random weights), `generate()` with latents="prior" against latents="policy", interleaved
-in one process; printed: each median ms per step and the median of the per-round ratios policy / prior.
+head (model.latent.policy, random weights), `generate()` with latents="prior" against latents="policy", interleaved;
+printed: each median ms per step and the median of the per-round ratios policy / prior (with --baseline-src, the
+other code's too, and the ratio of the two codes' policy steps). --policy --steps times the engine's step alone
+instead (no prefill: the rows rewound to the end of their prompts, then --new-tokens - 1 steps), eager and compiled
+by Inductor (on a CPU too; the first step of each engine compiles, minutes at cpu-small), the variants interleaved.
 
 --host-only makes every one-token forward return the first one's output of its batch size (the prefill still
 runs the model): each variant's time a step is then its host work alone, the engine's against the bare loop's
@@ -36,12 +39,14 @@ softmax and multinomial (and, with --baseline-src, against the other code's).
     PYTHONPATH=src python bench/engine.py [--presets debug cpu-small] [--batch 1 16 64] [--prompt-len 32]
                                           [--new-tokens 96] [--rounds 5] [--threads T] [--device cpu|cuda]
                                           [--dtype fp32|bf16] [--baseline-src PATH] [--leave-at N] [--host-only]
-                                          [--policy] [--smoke]
+                                          [--policy [--steps]] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -52,7 +57,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from common import add_machine_arguments, add_smoke_argument, describe_machine, median_ratio, setup_machine, sync
+from common import (
+    add_machine_arguments,
+    add_smoke_argument,
+    describe_machine,
+    interleaved_times,
+    median_ratio,
+    rewind_rows,
+    setup_machine,
+    sync,
+)
 from targets import TARGETS, write_figure
 
 import free_transformer
@@ -61,6 +75,7 @@ from free_transformer.model.config import named_config
 from free_transformer.model.transformer import FreeTransformer
 
 VARIANTS = ("engine", "bare")
+POLICY_VARIANTS = ("prior", "policy")  # --policy: generate() with latents="prior" and with latents="policy"
 # The prior's name as every version of the model's forward takes it (LatentChoice.PRIOR's value), so that the
 # bare loop runs unchanged on an older checkout (--baseline-src).
 PRIOR = "prior"
@@ -154,6 +169,8 @@ class Bench:
             config = named_config(preset)  # its context stretched to the positions asked for (RoPE tables only)
             config = config.replace(max_seq_len=max(config.max_seq_len, args.prompt_len + args.new_tokens - 1))
             torch.manual_seed(0)
+            if args.policy:
+                config = config.replace(latent=dataclasses.replace(config.latent, policy=True))
             with torch.device(device):  # initialised where it runs (a paper-size model on the host takes minutes)
                 model = FreeTransformer(config).to(torch_dtype(args.dtype)).eval()
             if args.host_only:
@@ -169,9 +186,10 @@ class Bench:
         sync(self.device)
         timer.seconds()
         started = time.perf_counter()
-        if variant == "engine":
+        if variant in ("engine", *POLICY_VARIANTS):
+            latents = {"engine": {}, "prior": {"latents": "prior"}, "policy": {"latents": "policy"}}[variant]
             config = free_transformer.GenerationConfig(max_new_tokens=self.new_tokens)
-            tokens = free_transformer.generate(model, prompts, config, seeds=list(range(batch))).tokens
+            tokens = free_transformer.generate(model, prompts, config, seeds=list(range(batch)), **latents).tokens
         else:
             tokens = bare_loop(model, prompts, self.new_tokens, self.generator.manual_seed(0)).tolist()
         sync(self.device)
@@ -179,38 +197,6 @@ class Bench:
         calls = timer.calls()
         assert [len(row) for row in tokens] == [self.new_tokens] * batch, "every row decodes every new token"
         return Sample(wall, timer.seconds(), calls)
-
-
-def report_policy(args: argparse.Namespace, device) -> None:
-    """Z from the prior against Z from a policy head drawn in the step (`--policy`)."""
-    import dataclasses
-
-    print(f"latents prior against policy; {args.new_tokens} new tokens after {args.prompt_len}; {args.dtype}")
-    print(f"ms per step, medians of {args.rounds} interleaved rounds (ratio: median of the per-round ratios)")
-    print(f"{'preset':>10} {'B':>3} | {'prior':>7} {'policy':>7} {'policy/prior':>12}")
-    config = free_transformer.GenerationConfig(max_new_tokens=args.new_tokens)
-    for preset in args.presets:
-        base = named_config(preset)
-        base = base.replace(max_seq_len=max(base.max_seq_len, args.prompt_len + args.new_tokens - 1))
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = FreeTransformer(base.replace(latent=dataclasses.replace(base.latent, policy=True)))
-            model = model.to(torch_dtype(args.dtype)).eval()
-        for batch in args.batch:
-            prompts = torch.randint(0, base.vocab_size, (batch, args.prompt_len), generator=torch.Generator())
-            times: dict[str, list[float]] = {"prior": [], "policy": []}
-            for _ in range(args.rounds + 1):  # the first round warms up
-                for latents in times:
-                    sync(device)
-                    started = time.perf_counter()
-                    free_transformer.generate(
-                        model, prompts.to(device), config, seeds=list(range(batch)), latents=latents
-                    )
-                    sync(device)
-                    times[latents].append(time.perf_counter() - started)
-            prior, policy = (values[1:] for values in times.values())
-            ms = [1000 * statistics.median(values) / args.new_tokens for values in (prior, policy)]
-            print(f"{preset:>10} {batch:>3} | {ms[0]:7.3f} {ms[1]:7.3f} {median_ratio(policy, prior):11.2f}x")
 
 
 def leave_costs(model: FreeTransformer, batch: int, positions: int, rounds: int, device) -> tuple[float, float]:
@@ -307,6 +293,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--baseline-src", type=Path, help="another checkout's src folder, measured beside this one")
     parser.add_argument("--leave-at", type=int, metavar="N", help="measure a row leaving at N positions instead")
     parser.add_argument("--policy", action="store_true", help="measure Z from a policy head against the prior instead")
+    parser.add_argument("--steps", action="store_true", help="with --policy: the step alone, eager and by Inductor")
     parser.add_argument(
         "--host-only",
         action="store_true",
@@ -335,6 +322,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         *("--device", args.device, "--threads", str(args.threads), "--dtype", args.dtype),
         *("--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--presets", *args.presets),
         *(["--host-only"] if args.host_only else []),
+        *(["--policy"] if args.policy else []),
     ]
 
 
@@ -348,12 +336,15 @@ def main() -> None:
     if args.leave_at is not None:
         report_leaves(args, device)
         return
-    if args.policy:
-        report_policy(args, device)
+    if args.steps:
+        if not args.policy or args.baseline_src is not None:
+            raise SystemExit("--steps measures the policy's step (--policy), in this code alone (no --baseline-src)")
+        report_policy_steps(args, device)
         return
     print(
         f"presets {', '.join(args.presets)}; B in {args.batch}; prompts of {args.prompt_len} tokens, "
         f"{args.new_tokens} new tokens (steps: the prefill and {args.new_tokens - 1} one-token steps); {args.dtype}"
+        + ("; latents prior against policy" if args.policy else "")
     )
     sides: dict[str, Bench | Worker]
     if args.baseline_src is None:
@@ -371,7 +362,7 @@ def main() -> None:
         for _ in range(args.rounds + 1):  # the first round warms up
             for preset, batch in cases:
                 for name, side in sides.items():
-                    for variant in VARIANTS:
+                    for variant in POLICY_VARIANTS if args.policy else VARIANTS:
                         samples.setdefault((preset, batch, name + variant), []).append(
                             side.call(preset, batch, variant)
                         )
@@ -379,7 +370,8 @@ def main() -> None:
         for side in sides.values():
             if isinstance(side, Worker):
                 side.close()
-    report(args, cases, {key: values[1:] for key, values in samples.items()}, list(sides))
+    kept = {key: values[1:] for key, values in samples.items()}
+    (report_policy if args.policy else report)(args, cases, kept, list(sides))
 
 
 def ms_per_step(samples: list[Sample], steps: int, part: str = "wall") -> float:
@@ -419,6 +411,85 @@ def report(args: argparse.Namespace, cases: list[tuple], samples: dict[tuple, li
             print(f"{'':>15}note: the model's forward was timed {sorted(calls)} times a call, not {steps}")
         if preset == FIGURES_PRESET and f"engine-b{batch}-vs-bare" in TARGETS:
             write_figure(args.figures, f"engine-b{batch}-vs-bare", engine_vs_bare, f"{preset} {args.dtype}, eager")
+
+
+def report_policy(args: argparse.Namespace, cases: list[tuple], samples: dict[tuple, list[Sample]], sides: list[str]):
+    """--policy's table: Z from the prior against Z from the policy head, in this code and the other's."""
+    steps = args.new_tokens
+    print(f"ms per step, medians of {args.rounds} interleaved rounds (ratio: median of the per-round ratios)")
+    header = f"{'preset':>10} {'B':>3} | {'prior':>7} {'policy':>7} {'policy/prior':>12}"
+    if len(sides) > 1:
+        header += f" | other code: {'prior':>7} {'policy':>7} {'policy/prior':>12} | {'policy/other':>12}"
+    print(header)
+    for preset, batch in cases:
+        of = {v: samples[(preset, batch, v)] for v in (side + v for side in sides for v in POLICY_VARIANTS)}
+        line = f"{preset:>10} {batch:>3} |"
+        for side in sides:
+            prior, policy = of[side + "prior"], of[side + "policy"]
+            line += " | other code:" if side else ""
+            line += f" {ms_per_step(prior, steps):7.3f} {ms_per_step(policy, steps):7.3f}"
+            line += f" {wall_ratio(policy, prior):11.2f}x"
+        if len(sides) > 1:
+            line += f" | {wall_ratio(of['policy'], of['other policy']):11.2f}x"
+        print(line)
+
+
+def policy_step_times(model: FreeTransformer, batch: int, args: argparse.Namespace, device) -> dict[str, float]:
+    """{engine: median seconds per step} of four engines on the same B rows (seeds 0..B-1): Z from the prior and
+    from the policy, each eager and compiled by Inductor. A timed sample is the rows rewound to the end of their
+    prompt, then --new-tokens - 1 steps (the step attends the whole cache under a mask: its cost does not depend
+    on the values)."""
+    from free_transformer.inference.engine import DecodeEngine, Row  # here: --baseline-src may predate the engine
+
+    prompts = torch.randint(0, model.config.vocab_size, (batch, args.prompt_len), generator=torch.Generator())
+    sampling = free_transformer.GenerationConfig(max_new_tokens=args.new_tokens + 1)  # no row ends in a sample
+    capacity, n = args.prompt_len + args.new_tokens, args.new_tokens - 1
+    engines = {}
+    for compiled in (False, True):
+        for latents in POLICY_VARIANTS:
+            engine = DecodeEngine(model, batch, capacity=capacity, compile=compiled, inductor=compiled)
+            engine.add([Row(ids, sampling, seed, latents) for seed, ids in enumerate(prompts.tolist())])
+            engines[f"{latents}{', Inductor' if compiled else ''}"] = engine
+
+    @torch.inference_mode()
+    def run(engine):
+        rewind_rows(engine, args.prompt_len)
+        for _ in range(n):
+            engine.step()
+        assert len(engine.rows) == batch and all(len(row.tokens) == 1 + n for row in engine.rows), "every row steps"
+
+    for name, engine in engines.items():
+        started = time.perf_counter()
+        run(engine)  # compiles the Inductor engines
+        print(f"  {model.config.dim}-wide, B={batch}: {name} warmed up in {time.perf_counter() - started:.1f} s")
+    times = interleaved_times(
+        {name: functools.partial(run, engine) for name, engine in engines.items()}, args.rounds, device
+    )
+    return {name: [t / n for t in values] for name, values in times.items()}
+
+
+def report_policy_steps(args: argparse.Namespace, device) -> None:
+    print(f"the engine's step alone, {args.new_tokens - 1} steps after {args.prompt_len} positions; {args.dtype}")
+    lines = []
+    for preset in args.presets:
+        config = named_config(preset)
+        config = config.replace(max_seq_len=max(config.max_seq_len, args.prompt_len + args.new_tokens))
+        config = config.replace(latent=dataclasses.replace(config.latent, policy=True))
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = FreeTransformer(config).to(torch_dtype(args.dtype)).eval()
+        for batch in args.batch:
+            times = policy_step_times(model, batch, args, device)
+            line = f"{preset:>10} {batch:>3} |"
+            for suffix in ("", ", Inductor"):
+                prior, policy = times["prior" + suffix], times["policy" + suffix]
+                line += f" {1000 * statistics.median(prior):7.3f} {1000 * statistics.median(policy):7.3f}"
+                line += f" {median_ratio(policy, prior):11.2f}x |"
+            lines.append(line.rstrip(" |"))
+    print(f"ms per step, medians of {args.rounds} interleaved rounds (ratio: median of the per-round ratios)")
+    print(f"{'':>14} | {'eager':^33} | {'compiled by Inductor':^33}")
+    print(f"{'preset':>10} {'B':>3} |" + f" {'prior':>7} {'policy':>7} {'policy/prior':>12} |" * 2)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ from common import (
     matmul_limits_gflops,
     median_ratio,
     model_config,
+    rewind_rows,
     seconds_per_call,
     setup_machine,
 )
@@ -266,12 +267,12 @@ def engine_step_eager_vs_compiled(config, batch, args, device):
 
     @torch.inference_mode()
     def run(engine):  # the rows rewound to the end of their prompt, then n steps: the tokens (B, n)
-        for row in engine.rows:
-            row.tokens[1:] = []  # its position follows: the prompt's end
-        engine.runner.position[:batch] = args.prompt_len
+        rewind_rows(engine, args.prompt_len)
         for _ in range(n):
             engine.step()
-        return torch.tensor([row.tokens[1:] for row in engine.rows])
+        tokens = torch.tensor([row.tokens[1:] for row in engine.rows])
+        assert tokens.shape == (batch, n), "every row takes every step"
+        return tokens
 
     reference = run(engines["as is"])
     same = {}

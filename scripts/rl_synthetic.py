@@ -39,7 +39,7 @@ from free_transformer.data.synthetic import BODY_LENGTH, LETTERS, letters_batch,
 from free_transformer.eval.task_metrics import majority_at_k
 from free_transformer.inference.generate import GenerationConfig
 from free_transformer.inference.search import best_of
-from free_transformer.model.latent import PolicyDraw, counter_policy_words
+from free_transformer.model.latent import PolicyDraw, counter_policy_noise
 from free_transformer.runs.checkpoint import load_model
 from free_transformer.train.metrics import read_metrics
 from free_transformer.train.rl.rewards import Coins, letters_valid
@@ -72,7 +72,7 @@ def cross_entropies(model, seed: int) -> dict[str, float]:
     sources = {"encoder": LatentChoice.ENCODER, "prior": LatentChoice.PRIOR}
     if model.latent is not None and model.latent.policy is not None:
         positions = torch.arange(inputs.shape[1])[None, :]
-        sources["policy"] = PolicyDraw(counter_policy_words(model.latent_space, keys[:, None], positions))
+        sources["policy"] = PolicyDraw(counter_policy_noise(model.latent_space, keys[:, None], positions))
     torch.manual_seed(seed)
     return {name: float(model(inputs, targets, latents=z).cross_entropy_nats) / LN2 for name, z in sources.items()}
 

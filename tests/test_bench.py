@@ -21,7 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MAIN_BLOCK = re.compile(r"^if __name__ == .__main__.:", re.M)
 SCRIPTS = sorted(path.name for path in (ROOT / "bench").glob("*.py") if MAIN_BLOCK.search(path.read_text("utf-8")))
 # (script, extra options, why): smoke runs beyond each script's plain --smoke
-EXTRA = [("generate.py", ("--parts", "d"), "part (d) compiles the decoding step with Inductor: 10-60 s on a CPU")]
+EXTRA = [
+    ("generate.py", ("--parts", "d"), "part (d) compiles the decoding step with Inductor: 10-60 s on a CPU"),
+    ("engine.py", ("--policy", "--steps"), "compiles the step of the prior and of the policy with Inductor: 30 s"),
+]
 TIMEOUT_S = 600
 
 
@@ -117,7 +120,11 @@ def test_the_engine_bench_times_the_host_work_alone(monkeypatch):
     assert steps[0] is steps[1] is steps[3] and steps[2] is steps[4] and steps[2].logits.shape == (1, 1, 256)
 
 
-def test_the_engine_bench_measures_z_from_a_policy_against_the_prior():
-    run = smoke("engine.py", "--policy")
+def test_the_engine_bench_measures_z_from_a_policy_against_the_prior_here_and_in_another_checkout():
+    run = smoke("engine.py", "--policy", "--baseline-src", str(ROOT / "src"))  # this checkout against itself
     check(run, "engine.py --policy")
-    assert "policy/prior" in run.stdout
+    assert "policy/prior" in run.stdout and f"other code: {ROOT / 'src' / 'free_transformer'}" in run.stdout
+    rows = [line for line in run.stdout.splitlines() if line.split()[:1] == ["debug"]]
+    assert len(rows) == 2 and all(line.endswith("x") and line.count("x |") == 2 for line in rows), run.stdout
+    refused = smoke("engine.py", "--policy", "--steps", "--baseline-src", str(ROOT / "src"))
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr

@@ -30,7 +30,7 @@ from free_transformer import GenerationConfig, generate
 from free_transformer.base.counter_random import row_keys
 from free_transformer.cli import main
 from free_transformer.model.latent import LATENT_KINDS, GaussianLatent, register_latent_kind
-from free_transformer.model.latent.draws import counter_policy_words, counter_prior, fill_rows_
+from free_transformer.model.latent.draws import counter_policy_noise, counter_policy_words, counter_prior, fill_rows_
 from free_transformer.runs.checkpoint import load_model, save_checkpoint
 
 
@@ -215,6 +215,8 @@ def test_draws_from_words_follow_log_prob(kind):
     assert words.shape == (N, 2, space.policy_words) and words.dtype == torch.int64
     z = space.sample_from_words(q.expand(N, -1, -1), words)
     assert z.shape == (N, 2, *space.value_shape) and z.dtype == space.value_dtype
+    # the draw in two parts, as the decoding engine makes it (the noise as a row joins, the rest in the step)
+    assert torch.equal(space.sample_from_noise(q.expand(N, -1, -1), space.policy_noise(words)), z)
     assert torch.equal(space.check_values(z), z)
     estimate, error = _mean_and_error(space.log_prob(q, z) - space.log_prob(p, z))
     assert bool(((estimate - space.kl_between(q, p)[0]).abs() <= 5 * error + 1e-9).all()), (estimate, error)
@@ -442,7 +444,7 @@ def _policy_draw(model, B, T, seeds=None):
     from free_transformer.model.latent import PolicyDraw
 
     keys = row_keys(torch.tensor(seeds or list(range(B))))
-    return PolicyDraw(counter_policy_words(model.latent_space, keys[:, None], torch.arange(T)[None, :]))
+    return PolicyDraw(counter_policy_noise(model.latent_space, keys[:, None], torch.arange(T)[None, :]))
 
 
 def test_an_untrained_policy_is_the_kinds_prior(kind):
@@ -458,7 +460,7 @@ def test_an_untrained_policy_is_the_kinds_prior(kind):
 
 
 def test_a_policy_draw_is_the_heads_params_sampled_with_the_rows_words(kind):
-    """The forward's Z from a PolicyDraw: sample_from_words of the head's params, which read the first half's output
+    """The forward's Z from a PolicyDraw: sample_from_noise of the head's params, which read the first half's output
     at t and the Z drawn at t - 1 (teacher-forced `policy_params` gives the same params); the logits are those of
     the same values given explicitly, and decoding with the cache, one position at a time from the Z fed before,
     draws the same Z as the full forward."""
@@ -468,13 +470,13 @@ def test_a_policy_draw_is_the_heads_params_sampled_with_the_rows_words(kind):
     out = model(tokens, latents=draw)
     space = model.latent_space
     assert out.latents.shape == (3, 9, *space.value_shape) and out.posterior.shape == (3, 9, space.posterior_size)
-    torch.testing.assert_close(out.latents, space.sample_from_words(out.posterior, draw.words))
+    torch.testing.assert_close(out.latents, space.sample_from_noise(out.posterior, draw.noise))
     torch.testing.assert_close(out.posterior, model.latent.policy_params(model.first_half(tokens), out.latents))
     torch.testing.assert_close(out.logits, model(tokens, latents=out.latents).logits)
     cache, steps = model.new_cache(3), []
     for t in range(9):
         previous = steps[-1].latents[:, -1] if steps else None
-        steps.append(model(tokens[:, t : t + 1], latents=type(draw)(draw.words[:, t : t + 1], previous), cache=cache))
+        steps.append(model(tokens[:, t : t + 1], latents=type(draw)(draw.noise[:, t : t + 1], previous), cache=cache))
     assert torch.equal(torch.cat([s.latents for s in steps], 1), out.latents)
     torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), out.logits, rtol=1e-9, atol=1e-9)
 
@@ -511,8 +513,28 @@ def test_a_policy_draw_without_a_policy_is_refused_in_one_line(kind):
     from free_transformer.model.latent import PolicyDraw
 
     model = _model(kind)
-    words = torch.zeros(1, 3, 1, dtype=torch.int64)
+    noise = torch.zeros(1, 3, 1)
     for candidate in (model, tiny_model(latent_units=0)):
         with pytest.raises(ValueError, match="policy") as raised:
-            candidate(torch.zeros(1, 3, dtype=torch.int64), latents=PolicyDraw(words))
+            candidate(torch.zeros(1, 3, dtype=torch.int64), latents=PolicyDraw(noise))
         assert "\n" not in str(raised.value)
+
+
+def test_a_kind_that_gives_sample_from_words_alone_draws_from_the_policy_unchanged():
+    """LatentSpace's defaults split no draw: the noise is the words, and sample_from_noise is sample_from_words, so
+    a plugin kind written before the split draws in the engine's step as it did."""
+    from free_transformer.model.latent import GaussianLatent, LatentSpace
+    from free_transformer.model.latent.gaussian import normal_from_words
+
+    class WordsOnly(GaussianLatent):
+        policy_noise = LatentSpace.policy_noise
+        sample_from_noise = LatentSpace.sample_from_noise
+
+        def sample_from_words(self, params, words):
+            return GaussianLatent.sample_from_noise(self, params, normal_from_words(words))
+
+    space, gaussian = WordsOnly(3, 8), GaussianLatent(3, 8)
+    words = counter_policy_words(space, row_keys(torch.arange(4))[:, None], torch.arange(2)[None, :])
+    params = torch.randn(4, 2, space.posterior_size, generator=torch.Generator().manual_seed(0))
+    assert space.policy_noise(words) is words
+    assert torch.equal(space.sample_from_noise(params, words), gaussian.sample_from_words(params, words))

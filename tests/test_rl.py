@@ -113,7 +113,7 @@ def test_a_rollout_with_prior_z_is_the_decoding_engines_sample(units):
 def test_a_policy_rollouts_z_is_the_heads_draw_on_the_whole_sequence():
     """Step by step with the cache, each Z_t from the head at t: the same Z as one forward with the head over the
     sequence the rollout produced (the draw the decoding engine's step is checked against)."""
-    from free_transformer.model.latent import PolicyDraw, counter_policy_words
+    from free_transformer.model.latent import PolicyDraw, counter_policy_noise
 
     model = with_policy_head(tiny_model(), seed=0)
     with torch.no_grad():
@@ -121,8 +121,8 @@ def test_a_policy_rollouts_z_is_the_heads_draw_on_the_whole_sequence():
     keys = row_keys(torch.tensor([1, 2]))
     sample = rollout(model, torch.randint(0, 50, (2, 3)), 5, keys, policy=True)
     positions = torch.arange(sample.fed.shape[1])
-    words = counter_policy_words(model.latent_space, keys[:, None], positions[None, :])
-    assert torch.equal(model(sample.fed, latents=PolicyDraw(words)).latents, sample.latents)
+    noise = counter_policy_noise(model.latent_space, keys[:, None], positions[None, :])
+    assert torch.equal(model(sample.fed, latents=PolicyDraw(noise)).latents, sample.latents)
 
 
 def test_a_policy_learns_a_planted_reward_on_z():

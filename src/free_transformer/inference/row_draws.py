@@ -8,8 +8,8 @@ stream at t; every joining row's are drawn in one operation on the group (`draw`
 at its rows' positions (`at`). A row whose Z comes from the run's policy head (LatentChoice.POLICY: a learned
 prior or an RL policy over Z, free_transformer.model.latent.policy) depends on its prefix: its Z at t is drawn in the
 step, from the head's output at t (which reads the Z fed at t - 1, kept here) with the row's LATENT words at t
-(`counter_policy_words`, the same streams, drawn as it joins like every other draw: only the map from words to Z
-waits for the step), and kept here as it is drawn (`keep`). A sample therefore depends only on its prompt,
+(`counter_policy_noise`, the same streams, drawn as it joins like every other draw: only the map from their noise to
+Z waits for the step), and kept here as it is drawn (`keep`). A sample therefore depends only on its prompt,
 settings, seed and Z, never on the other rows in flight nor on the order of the draws."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..base.counter_random import row_keys
 from ..base.latent_choice import LatentChoice, RowChoice
-from ..model.latent import LatentSource, LatentSpace, PolicyDraw, counter_policy_words
+from ..model.latent import LatentSource, LatentSpace, PolicyDraw, counter_policy_noise
 from ..model.latent.dispenser import planned_z
 from .sampling import token_uniforms
 
@@ -39,9 +39,9 @@ class RowDraws:
             # (S, capacity) the uniform of the token sampled from each position's logits, float64
             self.uniforms = torch.full((slots, capacity), 0.5, dtype=torch.float64, device=device)
             self.policy = torch.zeros(slots, dtype=torch.bool, device=device)  # (S,) its Z from the policy head
-        # (S, capacity, policy_words) int64: the words of every position a row of the policy feeds, made when the
-        # first such row joins
-        self.words: Tensor | None = None
+        # (S, capacity, ...): the policy noise of every position a row of the policy feeds (the kind's
+        # `policy_noise` of its words), made when the first such row joins
+        self.noise: Tensor | None = None
         self.capacity = capacity
 
     def draw(
@@ -66,11 +66,12 @@ class RowDraws:
             self.fed[slots, :end] = planned_z(self.space, len(seeds), 0, end, explicit=explicit, keys=keys)
         if any(policy):
             assert self.space is not None, "resolve_latents refuses the policy on a baseline"
-            if self.words is None:
-                shape = (self.key.shape[0], self.capacity, self.space.policy_words)
-                self.words = torch.zeros(shape, dtype=torch.int64, device=device)
             positions = torch.arange(end, device=device)[None, :]
-            self.words[slots, :end] = counter_policy_words(self.space, keys[:, None], positions)
+            noise = counter_policy_noise(self.space, keys[:, None], positions)  # (k, end, ...)
+            if self.noise is None:
+                shape = (self.key.shape[0], self.capacity, *noise.shape[2:])
+                self.noise = torch.zeros(shape, dtype=noise.dtype, device=device)
+            self.noise[slots, :end] = noise
 
     def prompt_latents(self, slots: slice, length: int, source: RowChoice | Tensor) -> LatentSource:
         """What the prefill of the rows in `slots` (one kind of prompt Z) takes as latents for positions [0, length):
@@ -80,8 +81,8 @@ class RowDraws:
         if isinstance(source, str) and source == LatentChoice.ENCODER:
             return LatentChoice.ENCODER
         if isinstance(source, str) and source == LatentChoice.POLICY:
-            assert self.words is not None, "draw makes the words of a row of the policy"
-            return PolicyDraw(self.words[slots, :length])  # (k, length, policy_words)
+            assert self.noise is not None, "draw makes the noise of a row of the policy"
+            return PolicyDraw(self.noise[slots, :length])  # (k, length, ...)
         return self.fed[slots, :length]  # (k, length, ...)
 
     def record(self, slots: slice, length: int, latents: Tensor) -> None:
@@ -92,13 +93,13 @@ class RowDraws:
         self, index: Tensor, position: Tensor, *, sampled: bool, policy: bool = False
     ) -> tuple[LatentSource, Tensor | None]:
         """Each row's draws at its own position: its Z (n, 1, ...) (PRIOR for a baseline; with `policy`, a row of
-        the policy in flight, a PolicyDraw of the rows' words there, the others' Z given) and, when the step
+        the policy in flight, a PolicyDraw of the rows' noise there, the others' Z given) and, when the step
         samples, its token's uniform (n,)."""
         latent: LatentSource = LatentChoice.PRIOR if self.space is None else self.fed[index, position][:, None]
-        if policy and isinstance(latent, Tensor) and self.words is not None:
-            words = self.words[index, position][:, None]  # (n, 1, policy_words)
+        if policy and isinstance(latent, Tensor) and self.noise is not None:
+            noise = self.noise[index, position][:, None]  # (n, 1, ...)
             previous = self.fed[index, (position - 1).clamp(min=0)]  # (n, ...) the Z fed before (a step is past 0)
-            latent = PolicyDraw(words, previous, given=latent, use=self.policy[index])
+            latent = PolicyDraw(noise, previous, given=latent, use=self.policy[index])
         return latent, self.uniforms[index, position] if sampled else None
 
     def column(
@@ -107,10 +108,10 @@ class RowDraws:
         """The draws of rows all at position `start`: a column of each buffer (a view, no gather); with
         `policy`, as `at`."""
         latent: LatentSource = LatentChoice.PRIOR if self.space is None else self.fed[rows, start : start + 1]
-        if policy and isinstance(latent, Tensor) and self.words is not None:
-            words = self.words[rows, start : start + 1]  # (n, 1, policy_words)
+        if policy and isinstance(latent, Tensor) and self.noise is not None:
+            noise = self.noise[rows, start : start + 1]  # (n, 1, ...)
             previous = self.fed[rows, max(start - 1, 0)]  # (n, ...) the Z fed before (a step is past position 0)
-            latent = PolicyDraw(words, previous, given=latent, use=self.policy[rows])
+            latent = PolicyDraw(noise, previous, given=latent, use=self.policy[rows])
         return latent, self.uniforms[rows, start] if sampled else None
 
     def keep(self, index: Tensor, position: Tensor, latents: Tensor) -> None:
@@ -126,5 +127,5 @@ class RowDraws:
         self.fed[slot, :end] = self.fed[source, :end]
         self.uniforms[slot, :end] = self.uniforms[source, :end]
         self.policy[slot] = self.policy[source]
-        if self.words is not None:
-            self.words[slot, :end] = self.words[source, :end]
+        if self.noise is not None:
+            self.noise[slot, :end] = self.noise[source, :end]

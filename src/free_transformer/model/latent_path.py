@@ -126,32 +126,36 @@ class LatentPath(nn.Module):
     def draw_from_policy(self, x_half: Tensor, draw: PolicyDraw) -> tuple[Tensor, LatentSample]:
         """R and the sample of Z drawn from the policy head, position after position: params_t from x_half[:, t]
         and R_{t-1} (the R of the Z drawn at t - 1, of draw.previous before the first position, 0 at position 0),
-        then Z_t = sample_from_words(params_t, words_t), words (B, T, policy_words); a row whose `use` (B,) is
-        False takes its `given` (B, T, *value_shape) values instead (and continues from them)."""
+        then Z_t = sample_from_noise(params_t, noise_t), noise (B, T, ...); a row whose `use` (B,) is False takes
+        its `given` (B, T, *value_shape) values instead (and continues from them)."""
         if self.policy is None:
             raise ValueError(
                 "latents from a policy need a run with a learned prior or policy (model.latent.policy: "
                 "free-transformer rl); this model has none"
             )
-        space, words = self.mapper, draw.words
+        space, noise = self.mapper, draw.noise
         B, T, D = x_half.shape
-        if not torch.compiler.is_compiling() and tuple(words.shape) != (B, T, space.policy_words):
-            raise ValueError(f"policy words must have shape ({B}, {T}, {space.policy_words}), got {tuple(words.shape)}")
+        if not torch.compiler.is_compiling() and tuple(noise.shape[:2]) != (B, T):
+            raise ValueError(f"policy noise must have shape ({B}, {T}, ...), got {tuple(noise.shape)}")
         previous_r = (
             x_half.new_zeros(B, 1, D) if draw.previous is None else space.embed(draw.previous[:, None])
         )  # (B, 1, D)
         use = None if draw.use is None else draw.use.view(-1, *([1] * (1 + len(space.value_shape))))
+        read = self.policy.read(x_half)  # (B, T, D): what of the head no Z changes, every position at once
         values, rs, params = [], [], []
         for t in range(T):  # Z_t needs Z_{t-1}: one position at a time (a decoding step is one)
-            params_t = self.policy(x_half[:, t : t + 1], previous_r)  # (B, 1, P)
-            value = space.sample_from_words(params_t.detach(), words[:, t : t + 1])  # (B, 1, *value_shape)
+            params_t = self.policy.params(position(read, t), previous_r)  # (B, 1, P)
+            # the draw is no function of the params to differentiate (detach, only when there is a graph to cut)
+            drawn_from = params_t.detach() if params_t.requires_grad else params_t
+            value = space.sample_from_noise(drawn_from, position(noise, t))  # (B, 1, *value_shape)
             if draw.given is not None and use is not None:
-                value = torch.where(use, value, draw.given[:, t : t + 1].to(value.dtype))
+                given = position(draw.given, t)
+                value = torch.where(use, value, given if given.dtype == value.dtype else given.to(value.dtype))
             previous_r = space.embed(value)  # (B, 1, D)
             values.append(value)
             rs.append(previous_r)
             params.append(params_t)
-        return torch.cat(rs, dim=1), LatentSample(torch.cat(values, dim=1), torch.cat(params, dim=1))
+        return joined(rs), LatentSample(joined(values), joined(params))
 
     def policy_params(self, x_half: Tensor, fed: Tensor, head: LatentPolicy | None = None) -> Tensor:
         """(B, T, P) the params of the policy head (or of another `head`: a frozen reference) at every position of
@@ -163,3 +167,13 @@ class LatentPath(nn.Module):
         r = self.mapper.embed(fed)  # (B, T, D)
         previous_r = torch.cat([torch.zeros_like(r[:, :1]), r[:, :-1]], dim=1)  # (B, T, D) R_{t-1}, 0 at t = 0
         return head(x_half, previous_r)
+
+
+def position(x: Tensor, t: int) -> Tensor:
+    """(B, 1, ...) position t of x (B, T, ...): x itself when it holds that one position (a decoding step's)."""
+    return x if x.shape[1] == 1 else x[:, t : t + 1]
+
+
+def joined(parts: list[Tensor]) -> Tensor:
+    """The positions' tensors (B, 1, ...) as one (B, T, ...): a decoding step's one position as it is, no copy."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

@@ -74,7 +74,14 @@ class BinaryLatentSpace(LatentSpace):
         return self.units  # one uniform per bit
 
     def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
-        return bits_to_index(uniform(words) < torch.sigmoid(at_least_float32(params).float()))
+        return self.sample_from_noise(params, self.policy_noise(words))
+
+    def policy_noise(self, words: Tensor) -> Tensor:
+        return uniform(words)  # (..., H) float32: bit h is 1 where its uniform is below P(B_h = 1)
+
+    def sample_from_noise(self, params: Tensor, noise: Tensor) -> Tensor:
+        logits = params if params.dtype == torch.float32 else params.float()  # a no-op cast still costs a dispatch
+        return bits_to_index(noise < torch.sigmoid(logits))
 
     def log_prob(self, params: Tensor, value: Tensor) -> Tensor:
         bits = index_to_bits(value, self.units).bool()

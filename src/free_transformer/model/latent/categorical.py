@@ -111,8 +111,14 @@ class CategoricalLatent(LatentSpace):
         return self.units  # one uniform per group: the class where the group's CDF passes it
 
     def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
+        return self.sample_from_noise(params, self.policy_noise(words))
+
+    def policy_noise(self, words: Tensor) -> Tensor:
+        return uniform(words)  # (..., H) float32: one uniform per group
+
+    def sample_from_noise(self, params: Tensor, noise: Tensor) -> Tensor:
         cdf = self._log_probs(params).exp().cumsum(-1)  # (..., H, K)
-        below = (cdf < uniform(words).unsqueeze(-1)).sum(-1)  # (..., H) classes whose CDF stays under u
+        below = (cdf < noise.unsqueeze(-1)).sum(-1)  # (..., H) classes whose CDF stays under u
         return below.clamp(max=self.classes - 1)  # rounding of the last CDF below u
 
     def log_prob(self, params: Tensor, value: Tensor) -> Tensor:

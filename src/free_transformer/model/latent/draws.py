@@ -106,3 +106,8 @@ def counter_policy_words(space, keys: Tensor, positions: Tensor) -> Tensor:
     LATENT stream at its position, keys and positions broadcast to (...,). The words of a policy draw at t are those
     of the prior draw at t and more: a row's Z depends on (keys[i], t) and the head's params alone."""
     return words(keys, positions, LATENT, space.policy_words)
+
+
+def counter_policy_noise(space, keys: Tensor, positions: Tensor) -> Tensor:
+    """`space.policy_noise` of counter_policy_words(space, keys, positions): what a `PolicyDraw` takes."""
+    return space.policy_noise(counter_policy_words(space, keys, positions))

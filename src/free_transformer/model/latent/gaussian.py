@@ -94,8 +94,14 @@ class GaussianLatent(LinearMap):
         return self.units
 
     def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
+        return self.sample_from_noise(params, self.policy_noise(words))
+
+    def policy_noise(self, words: Tensor) -> Tensor:
+        return normal_from_words(words)  # (..., H) float32 N(0, 1)
+
+    def sample_from_noise(self, params: Tensor, noise: Tensor) -> Tensor:
         mean, log_var = self._moments(params)
-        return (mean + (0.5 * log_var).exp() * normal_from_words(words)).to(self.value_dtype)
+        return (mean + (0.5 * log_var).exp() * noise).to(self.value_dtype)
 
     def log_prob(self, params: Tensor, value: Tensor) -> Tensor:
         mean, log_var = self._moments(params)

@@ -27,8 +27,8 @@ class LatentPlan:
     decoding engine draws it; else `LatentSpace.prior` with `generators` (one per row, or the global RNG): a
     forward that re-feeds positions already planned (Hugging Face without a cache) gets the same Z again.
     With `prompt_source` LatentChoice.POLICY every Z comes from the model's policy head (a learned prior or policy
-    over Z), drawn by the forward from the rows' random words at each position (`PolicyDraw`): with `keys`, the
-    counter-based words the decoding engine's step draws with (`counter_policy_words`), else random words from
+    over Z), drawn by the forward from the noise of the rows' random words at each position (`PolicyDraw`): with
+    `keys`, the counter-based words the decoding engine's step draws with (`counter_policy_noise`), else words from
     `generators` (or the global RNG); it depends on the prefix, so positions are planned only as they are fed.
     The plan records every Z the model used, so generate can return them. With no latent space (a
     baseline) it hands out LatentChoice.PRIOR, which a baseline ignores, and records nothing.
@@ -77,7 +77,7 @@ class LatentPlan:
             if known is not None:
                 raise ValueError("Z from the policy is drawn as positions are fed: decode with the KV cache")
             previous = self.used[-1][:, -1] if new else None  # (B, ...) the Z fed at new - 1, the last recorded
-            return PolicyDraw(self.policy_words(new, end, device), previous)
+            return PolicyDraw(self._space().policy_noise(self.policy_words(new, end, device)), previous)
         fresh = planned_z(
             self._space(),
             self.batch_size,

@@ -9,7 +9,7 @@ sees Z, so without R_{t-1} the head's draws at two positions would be independen
 that spreads one decision over several positions (the encoder's at kappa = 1 bit) could not be followed: with it,
 Z_t can continue Z_{t-1}. Decoding needs no state of its own (no KV cache): at each step the first half's output
 for the fed token is there, and the Z of the position before is what the row fed; the head maps them to params,
-and Z_t is drawn from them with the row's counter-based words (`sampling.counter_policy_words`).
+and Z_t is drawn from them with the noise of the row's counter-based words (`draws.counter_policy_noise`).
 
     x_half (B, T, D) -> RMSNorm -> Linear(D, D) --+--> SiLU -> Linear(D, posterior_size) -> params (B, T, P)
     R_{t-1} (B, T, D) -> Linear(D, D, no bias) ---+
@@ -58,5 +58,14 @@ class LatentPolicy(nn.Module):
     def forward(self, x_half: Tensor, previous_r: Tensor) -> Tensor:
         """(B, T, D) first-half output and (B, T, D) R_{t-1} at each position -> (B, T, posterior_size) params (at
         least float32), position by position."""
-        hidden = self.hidden(self.norm(x_half)) + self.memory(previous_r.to(x_half.dtype))
-        return at_least_float32(self.out(F.silu(hidden)))
+        return self.params(self.read(x_half), previous_r)
+
+    def read(self, x_half: Tensor) -> Tensor:
+        """(B, T, D) first-half output -> (B, T, D) its part of the hidden layer, which no Z changes: a draw position
+        after position computes it for all of them at once."""
+        return self.hidden(self.norm(x_half))
+
+    def params(self, read: Tensor, previous_r: Tensor) -> Tensor:
+        """(B, T, D) `read`'s output and (B, T, D) R_{t-1} -> (B, T, posterior_size) params (at least float32)."""
+        memory = self.memory(previous_r if previous_r.dtype == read.dtype else previous_r.to(read.dtype))
+        return at_least_float32(self.out(F.silu(read + memory)))

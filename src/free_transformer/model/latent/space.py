@@ -201,6 +201,21 @@ class LatentSpace(nn.Module):
         of Z from the distribution the params say, a pure function of both (compiled, on any device)."""
         raise self._no_learned_prior()
 
+    # A draw split in two, as the decoding engine makes it: the part that depends on the words alone
+    # (`policy_noise`, made for every position as a row joins) and the rest (`sample_from_noise`, in the step, from
+    # the head's params there); sample_from_noise(params, policy_noise(words)) == sample_from_words(params, words).
+    # By default the noise is the words themselves: a kind that gives sample_from_words alone needs nothing more.
+
+    def policy_noise(self, words: Tensor) -> Tensor:
+        """(..., policy_words) int64 words -> (..., ...) what of a draw from params they fix alone (the package's
+        kinds: the uniforms or normals the words stand for)."""
+        return words
+
+    def sample_from_noise(self, params: Tensor, noise: Tensor) -> Tensor:
+        """(..., posterior_size) params and `policy_noise` of a draw's words -> (..., *value_shape) the draw
+        sample_from_words makes from them."""
+        return self.sample_from_words(params, noise)
+
     def log_prob(self, params: Tensor, value: Tensor) -> Tensor:
         """(...,) log-probability (a density for a continuous kind) of values (..., *value_shape) under params
         (..., posterior_size), in nats, differentiable in the params."""

@@ -1,8 +1,8 @@
 """Sampling for reinforcement learning: a step-by-step loop over the KV cache that draws each row's Z and tokens
 from its counter-based streams (free_transformer.base.counter_random), as the decoding engine draws them:
 
-    Z fed at position t     the prior's: counter_prior(space, key, t); the policy's: sample_from_words(params_t,
-                            counter_policy_words(space, key, t)), params_t the head's output at t from the
+    Z fed at position t     the prior's: counter_prior(space, key, t); the policy's: sample_from_noise(params_t,
+                            counter_policy_noise(space, key, t)), params_t the head's output at t from the
                             prefix and Z_{t-1} (a prompt's positions in one forward, which draws them in turn)
     token sampled from t    inference.sampling.sample_next with the row's key at t (its TOKEN stream)
 
@@ -24,7 +24,7 @@ from torch import Tensor
 from ...base.latent_choice import LatentChoice
 from ...inference.params import Sampling
 from ...inference.sampling import sample_next
-from ...model.latent import LatentSource, PolicyDraw, counter_policy_words
+from ...model.latent import LatentSource, PolicyDraw, counter_policy_noise
 from ...model.latent.draws import counter_prior
 from ...model.transformer import FreeTransformer
 
@@ -48,14 +48,14 @@ class Rollout:
 def _latents(
     model: FreeTransformer, keys: Tensor, start: int, length: int, policy: bool, previous: Tensor | None = None
 ) -> LatentSource:
-    """What the forward of positions [start, start + length) takes: the rows' policy words (continuing from the Z
+    """What the forward of positions [start, start + length) takes: the rows' policy noise (continuing from the Z
     `previous` (B, *value_shape) fed at start - 1) or prior Z."""
     space = model.latent_space
     if space is None:
         return LatentChoice.PRIOR  # a baseline has no Z
     positions = torch.arange(start, start + length, device=keys.device)[None, :]
     if policy:
-        return PolicyDraw(counter_policy_words(space, keys[:, None], positions), previous)  # words (B, length, W)
+        return PolicyDraw(counter_policy_noise(space, keys[:, None], positions), previous)  # noise (B, length, ...)
     return counter_prior(space, keys[:, None], positions)  # (B, length, *value_shape)
 
 
