@@ -79,7 +79,8 @@ POLICY_VARIANTS = ("prior", "policy")  # --policy: generate() with latents="prio
 # The prior's name as every version of the model's forward takes it (LatentChoice.PRIOR's value), so that the
 # bare loop runs unchanged on an older checkout (--baseline-src).
 PRIOR = "prior"
-# The size whose ratios --figures writes (bench/targets.py: engine-b1-vs-bare, engine-b16-vs-bare).
+# The size whose ratios --figures writes (bench/targets.py: engine-b1-vs-bare, engine-b16-vs-bare, and with
+# --policy policy-b1-vs-prior, policy-b16-vs-prior).
 FIGURES_PRESET = "paper-1.5b"
 
 
@@ -432,6 +433,9 @@ def report_policy(args: argparse.Namespace, cases: list[tuple], samples: dict[tu
         if len(sides) > 1:
             line += f" | {wall_ratio(of['policy'], of['other policy']):11.2f}x"
         print(line)
+        if preset == FIGURES_PRESET and f"policy-b{batch}-vs-prior" in TARGETS:
+            ratio = wall_ratio(of["policy"], of["prior"])
+            write_figure(args.figures, f"policy-b{batch}-vs-prior", ratio, f"{preset} {args.dtype}, eager")
 
 
 def policy_step_times(model: FreeTransformer, batch: int, args: argparse.Namespace, device) -> dict[str, float]:

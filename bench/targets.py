@@ -84,6 +84,9 @@ TARGETS: dict[str, Target] = {
     # bench/engine.py --presets paper-1.5b --dtype bf16: eager generate() / a bare loop of the model's forwards
     "engine-b1-vs-bare": Target("eager decoding B=1: the engine / a bare loop of forwards, time", "x"),
     "engine-b16-vs-bare": Target("eager decoding B=16: the engine / a bare loop of forwards, time", "x"),
+    # bench/engine.py --policy --presets paper-1.5b --dtype bf16: generate(latents="policy") / latents="prior"
+    "policy-b1-vs-prior": Target("eager decoding B=1: Z from a policy head / from the prior, time", "x", at_most=1.15),
+    "policy-b16-vs-prior": Target("eager decoding B=16: the same", "x", at_most=1.15),
 }
 
 
