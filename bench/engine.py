@@ -312,6 +312,8 @@ def parse_args() -> argparse.Namespace:
         args.presets, args.batch, args.prompt_len, args.new_tokens, args.rounds = ["debug"], [1, 2], 4, 3, 1
         if args.leave_at is not None:
             args.batch, args.leave_at = [2], min(args.leave_at, 16)
+        if args.steps:  # each batch size compiles two steps
+            args.batch = [2]
     if args.leave_at is not None:  # the models' context must hold the prompts and their steps
         args.prompt_len = max(args.prompt_len, args.leave_at + args.rounds + 2 - args.new_tokens)
     return args
