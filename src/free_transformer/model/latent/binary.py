@@ -73,9 +73,6 @@ class BinaryLatentSpace(LatentSpace):
     def policy_words(self) -> int:
         return self.units  # one uniform per bit
 
-    def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
-        return self.sample_from_noise(params, self.policy_noise(words))
-
     def policy_noise(self, words: Tensor) -> Tensor:
         return uniform(words)  # (..., H) float32: bit h is 1 where its uniform is below P(B_h = 1)
 

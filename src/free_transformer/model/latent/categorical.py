@@ -110,9 +110,6 @@ class CategoricalLatent(LatentSpace):
     def policy_words(self) -> int:
         return self.units  # one uniform per group: the class where the group's CDF passes it
 
-    def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
-        return self.sample_from_noise(params, self.policy_noise(words))
-
     def policy_noise(self, words: Tensor) -> Tensor:
         return uniform(words)  # (..., H) float32: one uniform per group
 

@@ -93,9 +93,6 @@ class GaussianLatent(LinearMap):
     def policy_words(self) -> int:
         return self.units
 
-    def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
-        return self.sample_from_noise(params, self.policy_noise(words))
-
     def policy_noise(self, words: Tensor) -> Tensor:
         return normal_from_words(words)  # (..., H) float32 N(0, 1)
 

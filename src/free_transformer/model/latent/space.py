@@ -198,13 +198,17 @@ class LatentSpace(nn.Module):
 
     def sample_from_words(self, params: Tensor, words: Tensor) -> Tensor:
         """(..., posterior_size) params and (..., policy_words) random int64 words -> (..., *value_shape) a draw
-        of Z from the distribution the params say, a pure function of both (compiled, on any device)."""
-        raise self._no_learned_prior()
+        of Z from the distribution the params say, a pure function of both (compiled, on any device). A kind gives
+        either this or the two parts below, which this composes."""
+        if type(self).sample_from_noise is LatentSpace.sample_from_noise:
+            raise self._no_learned_prior()
+        return self.sample_from_noise(params, self.policy_noise(words))
 
     # A draw split in two, as the decoding engine makes it: the part that depends on the words alone
     # (`policy_noise`, made for every position as a row joins) and the rest (`sample_from_noise`, in the step, from
     # the head's params there); sample_from_noise(params, policy_noise(words)) == sample_from_words(params, words).
-    # By default the noise is the words themselves: a kind that gives sample_from_words alone needs nothing more.
+    # By default the noise is the words themselves: a kind that gives sample_from_words alone needs nothing more;
+    # a kind that gives the two parts gets sample_from_words from them.
 
     def policy_noise(self, words: Tensor) -> Tensor:
         """(..., policy_words) int64 words -> (..., ...) what of a draw from params they fix alone (the package's
