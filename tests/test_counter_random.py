@@ -40,6 +40,15 @@ def test_uniforms_are_in_the_open_interval_and_uniform():
     assert float(((counts - expected) ** 2 / expected).sum()) < CHI2_63
 
 
+def test_the_extreme_words_give_uniforms_inside_the_interval():
+    """The top 24 bits all 0 or all 1: (k + 1/2) / 2^24 is 2^-25 at the bottom; at the top float32 rounds it to 1,
+    which `uniform` keeps below."""
+    extremes = torch.tensor([0, -1, (1 << 40) - 1, cr._signed(((1 << 24) - 2) << 40)], dtype=torch.int64)
+    u = cr.uniform(extremes)
+    # k = 2^24 - 2: k + 1/2 ties to the even k
+    assert u.tolist() == [2.0**-25, cr.BELOW_ONE, 2.0**-25, 1 - 2.0**-23] and float(u.max()) < 1
+
+
 def _pairs_chi2(a, b, bins=16) -> float:
     """Chi-square of the (bins x bins) table of uniform pairs (a, b): independence and uniformity at once."""
     cells = (a * bins).long() * bins + (b * bins).long()

@@ -85,9 +85,14 @@ def words(keys: Tensor, positions: Tensor, stream: int, n: int) -> Tensor:
     return mix(states(keys, positions)[..., None] + offsets(stream, n, keys.device))
 
 
+# The largest float32 below 1: where (k + 1/2) / 2^24 rounds to 1 (k = 2^24 - 1), `uniform` gives this instead.
+BELOW_ONE = 1.0 - 2.0**-24
+
+
 def uniform(word: Tensor) -> Tensor:
-    """Float32 in (0, 1) from each word's top 24 bits: (k + 1/2) / 2^24, never 0 nor 1."""
-    return (shift_right(word, 40).float() + 0.5) * 2.0**-24
+    """Float32 in (0, 1) from each word's top 24 bits k: (k + 1/2) / 2^24 rounded to float32, never 0 nor 1. Below
+    1/2 it is exact; above, float32's step is 2^-24 and it rounds to a neighbour, the last word's (1) to BELOW_ONE."""
+    return ((shift_right(word, 40).float() + 0.5) * 2.0**-24).clamp_(max=BELOW_ONE)
 
 
 def uniform64(word: Tensor) -> Tensor:
