@@ -126,7 +126,8 @@ STEPS: tuple[Step, ...] = (
         "pytest",
         240,
         60,
-        ("{python}", "-m", "pytest", "--device", "cuda", "-q", "-rs", "-p", "no:cacheprovider"),
+        # -n 0: in one process, as the suite's GPU figures were measured (not one process a core on one GPU)
+        ("{python}", "-m", "pytest", "--device", "cuda", "-n", "0", "-q", "-rs", "-p", "no:cacheprovider"),
         what="the tests that take the device fixture, on the GPU, and tests/test_cuda.py",
     ),
     Step(

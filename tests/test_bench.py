@@ -3,7 +3,9 @@ size and one round, so that a renamed setting or module breaks a test rather tha
 measurement. A new script is run by default; one without --smoke fails here.
 
 The runs are slow to start (torch, and some spawn processes or a server), so they run side by side, as many at
-once as the machine has cores, started when the first of these tests asks; each test reads its own script's."""
+once as the machine has cores, started when the first of these tests asks; each test reads its own script's.
+Every test that runs a script is marked `slow` (80 s of the default suite on a 2-core CPU): they guard the
+measurements' tools, not the package, and .ci/run runs them in its slow step."""
 
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ def test_bench_holds_scripts_and_each_script_is_found():
     assert "common.py" not in SCRIPTS  # a module the scripts import, run through them
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_bench_script_runs_at_a_tiny_size(script: str, smoke_runs: dict[str, Future]):
     check(smoke_runs[script].result(), script)
@@ -75,6 +78,7 @@ def test_the_slow_parts_of_a_bench_script_run_at_a_tiny_size(script: str, option
     check(smoke(script, *options), script)
 
 
+@pytest.mark.slow
 def test_the_engine_bench_measures_another_checkout_beside_this_one(tmp_path):
     run = smoke("engine.py", "--baseline-src", str(ROOT / "src"))  # this checkout against itself, in two workers
     check(run, "engine.py")
@@ -86,6 +90,7 @@ def test_the_engine_bench_measures_another_checkout_beside_this_one(tmp_path):
     assert missing.stderr.strip().splitlines() == [f"--baseline-src {tmp_path}: no free_transformer package there"]
 
 
+@pytest.mark.slow
 def test_the_engine_bench_measures_a_row_leaving_against_a_step():
     run = smoke("engine.py", "--leave-at", "2048")  # --smoke: 16 positions, B = 2
     check(run, "engine.py")
@@ -94,6 +99,7 @@ def test_the_engine_bench_measures_a_row_leaving_against_a_step():
     assert len(rows) == 1 and rows[0][1] == "2" and rows[0][-2].endswith("x") and rows[0][-1].endswith("%"), run.stdout
 
 
+@pytest.mark.slow
 def test_the_engine_bench_times_the_host_work_alone(monkeypatch):
     """--host-only runs (this checkout against itself), and its stub runs the model for a prefill and once per
     batch size for one token, every later one-token call returning that first output."""
@@ -120,6 +126,7 @@ def test_the_engine_bench_times_the_host_work_alone(monkeypatch):
     assert steps[0] is steps[1] is steps[3] and steps[2] is steps[4] and steps[2].logits.shape == (1, 1, 256)
 
 
+@pytest.mark.slow
 def test_the_engine_bench_measures_z_from_a_policy_against_the_prior_here_and_in_another_checkout():
     run = smoke("engine.py", "--policy", "--baseline-src", str(ROOT / "src"))  # this checkout against itself
     check(run, "engine.py --policy")

@@ -108,6 +108,17 @@ SMALLER = [
     (r"eval\.every=20 (.*)eval\.limit=20", r"eval.every=2 \1eval.limit=2", "benchmarks every 2 steps, on 2 documents"),
     (r"eval\.heldout_windows=20", "eval.heldout_windows=2", "2 windows of the held-out text"),
 ]
+# (page, pattern that one of a block's commands starts with, why): blocks marked `slow`, run by .ci/run's slow step
+# (each 5-16 s of the default suite on a 2-core CPU)
+SLOW = [
+    ("docs/study.md", r"free-transformer study --preset cpu --out runs/study$", "three studies' dry runs"),
+    ("docs/test-time-search.md", r"free-transformer rl runs/k1 --learned-prior", "six RL runs and their generation"),
+    ("docs/evaluation.md", r"free-transformer eval runs/baseline --limit", "every benchmark, scored twice"),
+    ("docs/evaluation.md", r"free-transformer train --out runs/curves-baseline", "two trainings with benchmarks"),
+    ("docs/latent-variants.md", r"free-transformer train --out runs/ternary ", "a plugin kind trained and resumed"),
+    ("docs/latent-variants.md", r"free-transformer train --out runs/cat ", "a categorical Z trained and sampled"),
+    ("docs/huggingface.md", r"free-transformer convert \S+ runs/hf/kappa-1-chat", "a chat export through pipeline"),
+]
 # Runs a block uses, trained by a block that is only checked here: a copy of one tiny run stands in for each.
 RUNS = [
     "runs/demo/seed-0/kappa-1",
@@ -342,6 +353,8 @@ def test_every_rule_matches_a_command():
         assert any(re.match(pattern, settings_and_command(t)[1]) for t in texts), pattern
     for pattern, *_ in SMALLER:
         assert any(re.search(pattern, t) for t in texts), pattern
+    for rule in SLOW:
+        assert sum(rule in slow_rules(where) for where in BLOCKS) == 1, f"{rule[:2]} must match one block"
 
 
 def run_script(script: list[str], directory: Path, env: dict, run: Path, name: str, timeout: int) -> None:
@@ -362,7 +375,16 @@ def run_script(script: list[str], directory: Path, env: dict, run: Path, name: s
     )
 
 
-@pytest.mark.parametrize("where", list(BLOCKS), ids=[f"{page}:{line}" for page, line in BLOCKS])
+def slow_rules(where: tuple[str, int]) -> list[tuple[str, str, str]]:
+    """The SLOW rules that the block at `where` (page, line) matches."""
+    return [rule for rule in SLOW if rule[0] == where[0] and any(re.match(rule[1], text) for text in BLOCKS[where])]
+
+
+@pytest.mark.parametrize(
+    "where",
+    [pytest.param(where, marks=[pytest.mark.slow] if slow_rules(where) else []) for where in BLOCKS],
+    ids=[f"{page}:{line}" for page, line in BLOCKS],
+)
 def test_the_block_runs(workspace, where):
     _, env, run = workspace
     planned = [plan(text) for text in BLOCKS[where]]

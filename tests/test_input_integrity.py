@@ -66,6 +66,7 @@ def test_a_pickled_result_in_the_sweeps_slurm_folder_never_runs(tmp_path, monkey
     assert Record(out).runs["free"].state == FAILED
 
 
+@pytest.mark.slow  # a job through submitit's local cluster: 10 s
 def test_a_sweep_with_a_relative_out_records_its_job_and_finishes(tmp_path, monkeypatch):
     """The study's default --out is relative (runs/study) while submitit's paths are absolute; the job's result
     and the report's come back through their JSON files."""

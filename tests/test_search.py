@@ -117,6 +117,7 @@ def test_an_empty_continuation_scores_minus_infinity():
     assert row.score == float("-inf")
 
 
+@pytest.mark.slow  # a research script's runs, each its own process: 5-15 s
 def test_the_synthetic_search_script_measures_both_tasks(tmp_path):
     """scripts/search_synthetic.py, which docs/results.md's figures come from, at a tiny size on random runs."""
     import subprocess
@@ -143,6 +144,7 @@ def test_the_synthetic_search_script_measures_both_tasks(tmp_path):
         assert [line.split()[1] for line in lines] == ["both", "latent", "tokens"] and all(expected in x for x in lines)
 
 
+@pytest.mark.slow  # a research script's runs, each its own process: 5-15 s
 def test_the_rl_synthetic_script_measures_every_source_of_z(tmp_path):
     """scripts/rl_synthetic.py, which docs/results.md's policy tables come from, at a tiny size on random runs: the
     prior with best-of, a head's Z with its KL, the coins with the ceiling of their shown values, and the figure."""

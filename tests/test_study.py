@@ -68,6 +68,7 @@ def test_the_honest_figure_is_the_lower_of_the_two_upper_bounds():
     assert honest_bits({"free": False, "likelihood": {"exact": {"bits_per_byte": 2.6}}}) == 2.6
 
 
+@pytest.mark.slow  # a smoke study: every model trained and scored, 14 s
 def test_a_smoke_study_reports_every_run_and_reuses_them(tmp_path, monkeypatch):
     """On a fresh machine too: with an empty token cache the corpus is tokenized (in worker processes) before
     the pool of runs starts, as a pool's daemonic worker may not start them ("daemonic processes are not
