@@ -229,9 +229,20 @@ def test_a_grpo_run_resumes_and_is_a_run_generate_and_convert_take(runs, tmp_pat
     assert model.latent.policy is not None if actions == "latent" else model.latent.policy is None
     assert main(["generate", str(out), "--prompt", "K>", "--max-new-tokens", "4", "--seed", "1"]) == 0
     assert main(["convert", str(out), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--history", "2"]) == 0  # what it trained, its reward and KL
+    lines = capsys.readouterr().out.splitlines()
+    trained = "GRPO over Z (the policy head trained" if actions == "latent" else "GRPO over the tokens (the decoder"
+    assert lines[0].startswith(f"run {out}: free-transformer rl from {runs['free']}; {trained}"), lines
+    assert "reward letters, 2 prompts x 4 samples a step" in lines[0] and lines[2].startswith("steps: 3 logged of 3")
+    assert lines[3].startswith(f"step 3 (24 reward calls): reward {logged[-1]['reward']:.3f}"), lines
+    assert lines[4] == f"reward over training (reward calls: reward): 8: {logged[0]['reward']:.3f}, 24: " + (
+        f"{logged[-1]['reward']:.3f}"
+    )
+    assert ("--latents policy" in lines[5]) == (actions == "latent")
 
 
-def test_the_learned_prior_comes_closer_to_the_encoders_posterior(tmp_path):
+def test_the_learned_prior_comes_closer_to_the_encoders_posterior(tmp_path, capsys):
     source = tmp_path / "letters"
     assert main(["train", "--out", str(source), "model.size=debug", "steps=30", "progress=false"]) == 0
     out = tmp_path / "prior"
@@ -242,6 +253,12 @@ def test_the_learned_prior_comes_closer_to_the_encoders_posterior(tmp_path):
     # the learned prior as the reference of a latent policy
     again = tmp_path / "rl"
     assert _rl(out, "--reward", "letters", "--actions", "latent", "--reference", "learned", "--out", again, *QUICK) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0 and main(["inspect", str(again)]) == 0
+    prior, policy = capsys.readouterr().out.split(f"run {again}")
+    assert "a learned prior over Z" in prior.splitlines()[0]
+    assert f"step 40: KL of the encoder's posterior to the head's {logged[-1]['kl_encoder_bits']:.4f}" in prior
+    assert f"KL to the reference (the learned prior of {out})" in policy
 
 
 def _env() -> dict:

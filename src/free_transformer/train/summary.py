@@ -24,7 +24,7 @@ def summarize_run(run_dir: str | Path, history: int = 8) -> str:
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
-        raise UserError(f"{run_dir} is not a training run (no config.yaml)")
+        raise UserError(f"{run_dir} is neither a training run (no config.yaml) nor a checkpointed rl run")
     config = load_train_config(config_path)  # a malformed file is one line (ConfigError)
     metrics_path = run_dir / "metrics.jsonl"
     try:
