@@ -481,6 +481,38 @@ def test_a_policy_draw_is_the_heads_params_sampled_with_the_rows_words(kind):
     torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), out.logits, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("max_rounds", [1, 3, 32])
+def test_a_prefills_policy_draws_by_rounds_are_the_loops(kind, max_rounds, monkeypatch):
+    """Several positions are drawn by rounds over all of them at once (LatentPath._settled_draws): settled, or cut
+    after max_rounds and finished by the loop, with a Z before the chunk and a row that takes given values, their
+    Z, params and R are those of the loop, one position at a time from the Z drawn before."""
+    from free_transformer.model import latent_path
+    from free_transformer.model.latent import PolicyDraw
+
+    model = _policy_model(kind)
+    with torch.no_grad():  # Z_{t-1} weighs on Z_t (a change at one position can reach the next), a Gaussian's finite
+        model.latent.policy.memory.weight.normal_(0, 0.2 / math.sqrt(model.config.dim))
+    tokens = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(2))
+    x_half = model.first_half(tokens)
+    other = model(tokens, latents=_policy_draw(model, 3, 12, seeds=[7, 8, 9])).latents
+    noise, use = _policy_draw(model, 3, 12).noise, torch.tensor([True, False, True])
+    monkeypatch.setattr(latent_path, "MAX_ROUNDS", max_rounds)
+    r, sample = model.latent.draw_from_policy(x_half, PolicyDraw(noise, other[:, 0], given=other, use=use))
+    previous, loop = other[:, 0], []
+    for t in range(12):
+        draw = PolicyDraw(noise[:, t : t + 1], previous, given=other[:, t : t + 1], use=use)
+        loop.append(model.latent.draw_from_policy(x_half[:, t : t + 1], draw))
+        previous = loop[-1][1].value[:, 0]
+    assert not sample.value.is_floating_point() or bool(sample.value.isfinite().all())  # a chain that stays finite
+    assert torch.equal(sample.value, torch.cat([s.value for _, s in loop], 1)) and torch.equal(
+        sample.value[1], other[1]
+    )
+    # the same values; params and R from matrix products over all positions or one, equal to float64's last digits
+    tight = dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(sample.posterior, torch.cat([s.posterior for _, s in loop], 1), **tight)
+    torch.testing.assert_close(r, torch.cat([r_t for r_t, _ in loop], 1), **tight)
+
+
 def test_a_policys_params_at_t_depend_on_the_z_fed_at_t_minus_1(kind):
     """The head reads R_{t-1}: with another Z at t - 1 the params at t change (and nowhere before t)."""
     model = _policy_model(kind)

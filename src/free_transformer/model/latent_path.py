@@ -18,6 +18,7 @@ was used and, from the encoder, the posterior and the KL of every token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,9 @@ from .latent import (
     build_latent_space,
 )
 from .layers import Block
+
+# Rounds of `LatentPath._settled_draws` at most: the loop then draws the positions they left unsettled.
+MAX_ROUNDS = 32
 
 
 @dataclass
@@ -127,7 +131,11 @@ class LatentPath(nn.Module):
         """R and the sample of Z drawn from the policy head, position after position: params_t from x_half[:, t]
         and R_{t-1} (the R of the Z drawn at t - 1, of draw.previous before the first position, 0 at position 0),
         then Z_t = sample_from_noise(params_t, noise_t), noise (B, T, ...); a row whose `use` (B,) is False takes
-        its `given` (B, T, *value_shape) values instead (and continues from them)."""
+        its `given` (B, T, *value_shape) values instead (and continues from them).
+
+        Several positions (a prefill) are drawn by fixed-point rounds, every position at once, each from the Z the
+        round before drew at the position before it (`_settled_draws`); one position (a decoding step), and under
+        torch.compile, by the loop."""
         if self.policy is None:
             raise ValueError(
                 "latents from a policy need a run with a learned prior or policy (model.latent.policy: "
@@ -137,25 +145,72 @@ class LatentPath(nn.Module):
         B, T, D = x_half.shape
         if not torch.compiler.is_compiling() and tuple(noise.shape[:2]) != (B, T):
             raise ValueError(f"policy noise must have shape ({B}, {T}, ...), got {tuple(noise.shape)}")
-        previous_r = (
+        first_r = (
             x_half.new_zeros(B, 1, D) if draw.previous is None else space.embed(draw.previous[:, None])
-        )  # (B, 1, D)
+        )  # (B, 1, D) R_{-1} of the chunk
         use = None if draw.use is None else draw.use.view(-1, *([1] * (1 + len(space.value_shape))))
+        given = draw.given if use is not None else None
         read = self.policy.read(x_half)  # (B, T, D): what of the head no Z changes, every position at once
-        values, rs, params = [], [], []
-        for t in range(T):  # Z_t needs Z_{t-1}: one position at a time (a decoding step is one)
-            params_t = self.policy.params(position(read, t), previous_r)  # (B, 1, P)
-            # the draw is no function of the params to differentiate (detach, only when there is a graph to cut)
-            drawn_from = params_t.detach() if params_t.requires_grad else params_t
-            value = space.sample_from_noise(drawn_from, position(noise, t))  # (B, 1, *value_shape)
-            if draw.given is not None and use is not None:
-                given = position(draw.given, t)
-                value = torch.where(use, value, given if given.dtype == value.dtype else given.to(value.dtype))
+        previous_r, start = first_r, 0
+        values: list[Tensor] = []
+        rs: list[Tensor] = []
+        params: list[Tensor] = []
+        if T > 1 and not torch.compiler.is_compiling():
+            settled, exact = self._settled_draws(read, noise, first_r, given, use)
+            if settled is not None:
+                return settled
+            assert exact is not None
+            values, params = [exact[0]], [exact[1]]  # (B, k, ...): the loop's first k positions
+            rs = [space.embed(exact[0])]
+            previous_r, start = rs[0][:, -1:], exact[0].shape[1]
+        # each position's (B, 1, ...) views, made in one call rather than a slice a position
+        reads, noises = positions(read), positions(noise)
+        givens = positions(given) if given is not None else None
+        for t in range(start, T):  # Z_t needs Z_{t-1}: one position at a time (a decoding step is one)
+            value, params_t = self._policy_draws(reads[t], previous_r, noises[t], givens[t] if givens else None, use)
             previous_r = space.embed(value)  # (B, 1, D)
             values.append(value)
             rs.append(previous_r)
             params.append(params_t)
         return joined(rs), LatentSample(joined(values), joined(params))
+
+    def _policy_draws(
+        self, read: Tensor, previous_r: Tensor, noise: Tensor, given: Tensor | None, use: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """Z (B, n, *value_shape) and the params (B, n, P) of n positions, each from its `read` and the R of the Z
+        before it (B, n, D): the head's draw, or the `given` values of a row whose `use` is False."""
+        assert self.policy is not None
+        params = self.policy.params(read, previous_r)  # (B, n, P)
+        # the draw is no function of the params to differentiate (detach, only when there is a graph to cut)
+        value = self.mapper.sample_from_noise(params.detach() if params.requires_grad else params, noise)
+        if given is not None:
+            assert use is not None, "given values come with the rows that use them"
+            value = torch.where(use, value, given if given.dtype == value.dtype else given.to(value.dtype))
+        return value, params
+
+    def _settled_draws(
+        self, read: Tensor, noise: Tensor, first_r: Tensor, given: Tensor | None, use: Tensor | None
+    ) -> tuple[tuple[Tensor, LatentSample] | None, tuple[Tensor, Tensor] | None]:
+        """The loop's draws of T positions by rounds over all of them at once: round k draws every Z_t from the Z
+        that round k - 1 drew at t - 1 (round 0 from first_r at every position). Z_t depends on its noise and
+        Z_{t-1} alone, so after round k positions 0..k are the loop's; a round that draws what the one before drew
+        has every position the loop's, and ends it (one comparison a round, read on the host). A head's draws
+        follow each other's only through the noise's thresholds, so a change at t rarely reaches far: a few rounds
+        replace T steps of the loop. Returns (R, the sample) once settled; otherwise, after min(T, MAX_ROUNDS)
+        rounds, (None, (values, params)) of the first positions, those the rounds made the loop's."""
+        space = self.mapper
+        rounds = min(read.shape[1], MAX_ROUNDS)
+        previous_r = first_r.expand_as(read)  # (B, T, D) round 0's R_{t-1}
+        values = params = None
+        for _ in range(rounds):
+            drawn, drawn_params = self._policy_draws(read, previous_r, noise, given, use)  # (B, T, ...), (B, T, P)
+            if values is not None and torch.equal(drawn, values):  # previous_r is then the R of drawn's Z_{t-1}
+                rs = torch.cat([previous_r[:, 1:], space.embed(drawn[:, -1:])], dim=1)  # (B, T, D) R of each Z
+                return (rs, LatentSample(drawn, drawn_params)), None
+            values, params = drawn, drawn_params
+            previous_r = torch.cat([first_r, space.embed(drawn[:, :-1])], dim=1)  # (B, T, D) R_{t-1}
+        assert values is not None and params is not None
+        return None, (values[:, :rounds], params[:, :rounds])
 
     def policy_params(self, x_half: Tensor, fed: Tensor, head: LatentPolicy | None = None) -> Tensor:
         """(B, T, P) the params of the policy head (or of another `head`: a frozen reference) at every position of
@@ -169,9 +224,9 @@ class LatentPath(nn.Module):
         return head(x_half, previous_r)
 
 
-def position(x: Tensor, t: int) -> Tensor:
-    """(B, 1, ...) position t of x (B, T, ...): x itself when it holds that one position (a decoding step's)."""
-    return x if x.shape[1] == 1 else x[:, t : t + 1]
+def positions(x: Tensor) -> Sequence[Tensor]:
+    """The T positions of x (B, T, ...) as (B, 1, ...) views: x itself when it holds one (a decoding step's)."""
+    return (x,) if x.shape[1] == 1 else x.split(1, dim=1)
 
 
 def joined(parts: list[Tensor]) -> Tensor:
