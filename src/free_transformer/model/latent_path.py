@@ -135,7 +135,7 @@ class LatentPath(nn.Module):
 
         Several positions (a prefill) are drawn by fixed-point rounds, every position at once, each from the Z the
         round before drew at the position before it (`_settled_draws`); one position (a decoding step), and under
-        torch.compile, by the loop."""
+        torch.compile or a CUDA graph's capture, by the loop."""
         if self.policy is None:
             raise ValueError(
                 "latents from a policy need a run with a learned prior or policy (model.latent.policy: "
@@ -155,7 +155,12 @@ class LatentPath(nn.Module):
         values: list[Tensor] = []
         rs: list[Tensor] = []
         params: list[Tensor] = []
-        if T > 1 and not torch.compiler.is_compiling():
+        # the rounds read each one's comparison on the host: not in a compiled graph nor a CUDA graph's capture
+        if (
+            T > 1
+            and not torch.compiler.is_compiling()
+            and not (read.is_cuda and torch.cuda.is_current_stream_capturing())
+        ):
             settled, exact = self._settled_draws(read, noise, first_r, given, use)
             if settled is not None:
                 return settled
