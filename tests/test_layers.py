@@ -198,9 +198,9 @@ def test_the_model_folder_holds_only_the_model():
 
 # File names several packages share because each holds the same job for its own package: its config dataclasses
 # (config.py, eval's settings.py beside base's settings machinery), its error types, its training loop
-# (trainer.py: next-token training, RL over Z or tokens) and each experiment's presets, run and report. The
-# command line's modules are named after their subcommands (commands/generate.py runs inference/generate.py's
-# generate()).
+# (trainer.py: next-token training, RL over Z or tokens), its run at a glance for `inspect` (summary.py: a training
+# run, an rl run) and each experiment's presets, run and report. The command line's modules are named after their
+# subcommands (commands/generate.py runs inference/generate.py's generate()).
 SHARED_JOBS = {
     "__init__.py",
     "config.py",
@@ -210,6 +210,7 @@ SHARED_JOBS = {
     "run.py",
     "report.py",
     "trainer.py",
+    "summary.py",
 }
 
 
