@@ -199,3 +199,37 @@ def test_deferred_read_back_gives_the_tokens_of_a_read_every_step(graph):
     read_each_step, deferred = decode(False), decode(True)
     assert deferred == read_each_step
     assert read_each_step[1] == probe.tokens[: probe.tokens.index(stop) + 1] and len(read_each_step[2]) == 5
+
+
+def test_a_policys_draw_of_several_positions_is_captured_by_a_cuda_graph():
+    """The prefill draws a prompt's Z from the policy head by rounds, each ending on a comparison read on the host;
+    inside a CUDA graph's capture it takes the loop, whose replay gives the rounds' Z and R (float32 on the GPU)."""
+    import dataclasses
+
+    from free_transformer.base.counter_random import row_keys
+    from free_transformer.model.latent import PolicyDraw, counter_policy_noise
+
+    torch.manual_seed(0)
+    config = ModelConfig(**GPU_CONFIG)
+    config = config.replace(latent=dataclasses.replace(config.latent, policy=True))
+    model = FreeTransformer(config).to(CUDA).eval()
+    with torch.no_grad():  # a head away from the prior, whose Z_{t-1} weighs on Z_t
+        model.latent.policy.out.weight.normal_(0, 0.5)
+    B, T = 3, 6
+    x_half = torch.randn(B, T, config.dim, device=CUDA)
+    keys = row_keys(torch.arange(B, device=CUDA))
+    draw = PolicyDraw(counter_policy_noise(model.latent_space, keys[:, None], torch.arange(T, device=CUDA)[None, :]))
+    with torch.inference_mode():
+        rounds_r, rounds = model.latent.draw_from_policy(x_half, draw)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # the warm-up a capture needs
+            model.latent.draw_from_policy(x_half, draw)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured_r, captured = model.latent.draw_from_policy(x_half, draw)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(captured.value, rounds.value)
+    torch.testing.assert_close(captured_r, rounds_r)
