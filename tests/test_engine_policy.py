@@ -130,3 +130,29 @@ def test_latents_policy_through_the_cli_and_the_server_is_pythons(policy_run, ca
     assert main(["generate", str(without), "--prompt", "K>", "--latents", "policy"]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "needs a run with a learned prior or policy" in error
+
+
+# The ops a decoding step with the policy adds to one of the prior, at most: the head (norm, three Linears, add,
+# SiLU), the draw (sigmoid, lt, bits_to_index's four), the embedding of Z_{t-1}, the gathers of the rows' noise and
+# previous Z, the `where` of rows without a policy and the keeping of the Z drawn (bench/README.md: at a small
+# width each op costs about what one of the model's does, so their count is the policy's cost).
+POLICY_STEP_EXTRA_OPS = 24
+
+
+def test_a_step_with_the_policy_adds_a_bounded_count_of_ops(model):
+    """The top-level aten ops of one eager step, rows of the policy against rows of the prior (torch.profiler)."""
+    from collections import Counter
+
+    counts = {}
+    for latents in ("prior", "policy"):
+        engine = DecodeEngine(model, 2, capacity=16, compile=False)
+        engine.add([Row(p, GenerationConfig(max_new_tokens=NEW), s, latents) for p, s in zip(PROMPTS[:2], SEEDS)])
+        with torch.inference_mode():
+            engine.step()
+            engine.step()  # past the prefill: a step of one position a row
+            with torch.profiler.profile() as profile:
+                engine.step()
+        ops = [event.name for event in profile.events() if event.cpu_parent is None and event.name.startswith("aten")]
+        counts[latents] = Counter(ops)
+    extra = sum((counts["policy"] - counts["prior"]).values()) - sum((counts["prior"] - counts["policy"]).values())
+    assert 0 < extra <= POLICY_STEP_EXTRA_OPS, dict(counts["policy"] - counts["prior"])
