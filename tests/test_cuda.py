@@ -204,19 +204,15 @@ def test_deferred_read_back_gives_the_tokens_of_a_read_every_step(graph):
 def test_a_policys_draw_of_several_positions_is_captured_by_a_cuda_graph():
     """The prefill draws a prompt's Z from the policy head by rounds, each ending on a comparison read on the host;
     inside a CUDA graph's capture it takes the loop, whose replay gives the rounds' Z and R (float32 on the GPU)."""
-    import dataclasses
-
     from free_transformer.base.counter_random import row_keys
     from free_transformer.model.latent import PolicyDraw, counter_policy_noise
+    from free_transformer.train.rl.trainer import with_policy_head
 
-    torch.manual_seed(0)
-    config = ModelConfig(**GPU_CONFIG)
-    config = config.replace(latent=dataclasses.replace(config.latent, policy=True))
-    model = FreeTransformer(config).to(CUDA).eval()
+    model = with_policy_head(_model(), seed=0)
     with torch.no_grad():  # a head away from the prior, whose Z_{t-1} weighs on Z_t
         model.latent.policy.out.weight.normal_(0, 0.5)
     B, T = 3, 6
-    x_half = torch.randn(B, T, config.dim, device=CUDA)
+    x_half = torch.randn(B, T, model.config.dim, device=CUDA)
     keys = row_keys(torch.arange(B, device=CUDA))
     draw = PolicyDraw(counter_policy_noise(model.latent_space, keys[:, None], torch.arange(T, device=CUDA)[None, :]))
     with torch.inference_mode():
