@@ -63,9 +63,14 @@ class LatentPolicy(nn.Module):
     def read(self, x_half: Tensor) -> Tensor:
         """(B, T, D) first-half output -> (B, T, D) its part of the hidden layer, which no Z changes: a draw position
         after position computes it for all of them at once."""
-        return self.hidden(self.norm(x_half))
+        # the functions on the modules' weights, not the modules' calls: a decoding step runs the head at every
+        # token, and at a small width a module call's bookkeeping costs a good part of its operation's time
+        norm, hidden = self.norm, self.hidden
+        normed = F.rms_norm(x_half, norm.normalized_shape, norm.weight, norm.eps)
+        return F.linear(normed, hidden.weight, hidden.bias)
 
     def params(self, read: Tensor, previous_r: Tensor) -> Tensor:
         """(B, T, D) `read`'s output and (B, T, D) R_{t-1} -> (B, T, posterior_size) params (at least float32)."""
-        memory = self.memory(previous_r if previous_r.dtype == read.dtype else previous_r.to(read.dtype))
-        return at_least_float32(self.out(F.silu(read + memory)))
+        previous_r = previous_r if previous_r.dtype == read.dtype else previous_r.to(read.dtype)
+        memory, out = F.linear(previous_r, self.memory.weight), self.out  # memory: a Linear without bias
+        return at_least_float32(F.linear(F.silu(read + memory), out.weight, out.bias))
