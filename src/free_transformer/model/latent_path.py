@@ -134,9 +134,10 @@ class LatentPath(nn.Module):
         its `given` (B, T, *value_shape) values instead (and continues from them).
 
         Several positions (a prefill) are drawn by fixed-point rounds, every position at once, each from the Z the
-        round before drew at the position before it (`_settled_draws`); one position (a decoding step), and under
-        torch.compile or a CUDA graph's capture, by the loop."""
-        if self.policy is None:
+        round before drew at the position before it (`_settled_draws`); one position (a decoding step) in one draw;
+        several under torch.compile or a CUDA graph's capture by the loop."""
+        policy = self.policy
+        if policy is None:
             raise ValueError(
                 "latents from a policy need a run with a learned prior or policy (model.latent.policy: "
                 "free-transformer rl); this model has none"
@@ -150,7 +151,10 @@ class LatentPath(nn.Module):
         )  # (B, 1, D) R_{-1} of the chunk
         use = None if draw.use is None else draw.use.view(-1, *([1] * (1 + len(space.value_shape))))
         given = draw.given if use is not None else None
-        read = self.policy.read(x_half)  # (B, T, D): what of the head no Z changes, every position at once
+        read = policy.read(x_half)  # (B, T, D): what of the head no Z changes, every position at once
+        if T == 1:  # a decoding step: one draw, none of the positions' bookkeeping below
+            value, params_t = self._policy_draws(read, first_r, noise, given, use)
+            return space.embed(value), LatentSample(value, params_t)
         previous_r, start = first_r, 0
         values: list[Tensor] = []
         rs: list[Tensor] = []
@@ -171,7 +175,7 @@ class LatentPath(nn.Module):
         # each position's (B, 1, ...) views, made in one call rather than a slice a position
         reads, noises = positions(read), positions(noise)
         givens = positions(given) if given is not None else None
-        for t in range(start, T):  # Z_t needs Z_{t-1}: one position at a time (a decoding step is one)
+        for t in range(start, T):  # Z_t needs Z_{t-1}: one position at a time
             value, params_t = self._policy_draws(reads[t], previous_r, noises[t], givens[t] if givens else None, use)
             previous_r = space.embed(value)  # (B, 1, D)
             values.append(value)
