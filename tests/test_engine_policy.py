@@ -36,18 +36,20 @@ def reference(model, rows: list[int], policy: bool, prompts=PROMPTS):
     return rollout(model, torch.tensor([prompts[i] for i in rows]), NEW, keys, policy=policy)
 
 
+@pytest.mark.parametrize("every", [False, True], ids=["policy-beside-prior", "policy-only"])
 @pytest.mark.parametrize("prompts", [PROMPTS, MIXED], ids=["one-length", "mixed-lengths"])
 @pytest.mark.parametrize("kind", ["eager", "bucketed", "deferred"])
-def test_the_engines_policy_z_and_tokens_are_the_reference_loops(model, kind, prompts):
-    """Rows of the policy beside rows of the prior in one engine: each row's Z and tokens are the reference loop's
-    for that row alone."""
+def test_the_engines_policy_z_and_tokens_are_the_reference_loops(model, kind, prompts, every):
+    """Rows of the policy beside rows of the prior in one engine, or only rows of the policy (an eager step then
+    takes no row's given Z): each row's Z and tokens are the reference loop's for that row alone."""
     engine = DecodeEngine(model, 4, capacity=16, compile=kind == "bucketed", deferred=kind == "deferred")
     config = GenerationConfig(max_new_tokens=NEW, temperature=1.0)
-    rows = [Row(p, config, s, "policy" if i % 2 == 0 else "prior") for i, (p, s) in enumerate(zip(prompts, SEEDS))]
+    policy = [every or i % 2 == 0 for i in range(len(prompts))]
+    rows = [Row(p, config, s, "policy" if policy[i] else "prior") for i, (p, s) in enumerate(zip(prompts, SEEDS))]
     for _ in run_rows(engine, rows):
         pass
     for i, row in enumerate(rows):
-        expected = reference(model, [i], i % 2 == 0, prompts)
+        expected = reference(model, [i], policy[i], prompts)
         assert row.tokens == expected.generated()[0]
         assert torch.equal(row.fed, expected.latents[0])
 
@@ -132,11 +134,20 @@ def test_latents_policy_through_the_cli_and_the_server_is_pythons(policy_run, ca
     assert len(error.splitlines()) == 1 and "needs a run with a learned prior or policy" in error
 
 
-# The ops a decoding step with the policy adds to one of the prior, at most: the head (norm, three Linears, add,
-# SiLU), the draw (sigmoid, lt, bits_to_index's four), the embedding of Z_{t-1}, the gathers of the rows' noise and
-# previous Z, the `where` of rows without a policy and the keeping of the Z drawn (bench/README.md: at a small
-# width each op costs about what one of the model's does, so their count is the policy's cost).
-POLICY_STEP_EXTRA_OPS = 24
+def test_a_steps_policy_rows_are_none_some_or_all_and_a_compiled_step_serves_every_mix():
+    from free_transformer.inference.row_draws import PolicyRows
+
+    assert PolicyRows.of([], compiled=False) == PolicyRows.of([False, False], compiled=True) == PolicyRows.NONE
+    assert PolicyRows.of([True, False], compiled=False) == PolicyRows.SOME
+    assert PolicyRows.of([True, True], compiled=False) == PolicyRows.ALL
+    assert PolicyRows.of([True, True], compiled=True) == PolicyRows.SOME  # one compiled step for every mix
+
+
+# The ops a decoding step with the policy adds to one of the prior, at most, when every row draws from the policy:
+# the head (its RMSNorm's five, three Linears, add, SiLU), the draw (sigmoid, lt, bits_to_index's four), the
+# embedding of Z_{t-1}, the views of the rows' noise and previous Z and the keeping of the Z drawn (bench/README.md:
+# at a small width each op costs about what one of the model's does, so their count is the policy's cost).
+POLICY_STEP_EXTRA_OPS = 23
 
 
 def test_a_step_with_the_policy_adds_a_bounded_count_of_ops(model):

@@ -309,7 +309,7 @@ class DecodeEngine:
             steps=self.steps,
             compiled=self.runner.compile,
             keeps_logits=any(row.keep_logits or row.scored for row in self.rows),
-            policy=any(isinstance(row.latents, str) and row.latents == LatentChoice.POLICY for row in self.rows),
+            policy=[isinstance(row.latents, str) and row.latents == LatentChoice.POLICY for row in self.rows],
         )
         self.runner.stopping = self.schedule.stopping
         self.scoring = any(row.scored for row in self.rows)

@@ -14,6 +14,7 @@ settings, seed and Z, never on the other rows in flight nor on the order of the 
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 import torch
@@ -24,6 +25,22 @@ from ..base.latent_choice import LatentChoice, RowChoice
 from ..model.latent import LatentSource, LatentSpace, PolicyDraw, counter_policy_noise
 from ..model.latent.dispenser import planned_z
 from .sampling import token_uniforms
+
+
+class PolicyRows(enum.IntEnum):
+    """Which rows of a step draw their Z from the policy head, in the step (false when none does): SOME reads each
+    row's flag there and keeps the other rows' Z; ALL, every row's Z from the head, skips that choice."""
+
+    NONE = 0
+    SOME = 1
+    ALL = 2
+
+    @classmethod
+    def of(cls, flags: Sequence[bool], *, compiled: bool) -> PolicyRows:
+        """The rows' flags as one value; a compiled engine keeps one step for every mix (SOME, never ALL)."""
+        if not any(flags):
+            return cls.NONE
+        return cls.ALL if all(flags) and not compiled else cls.SOME
 
 
 class RowDraws:
@@ -90,20 +107,21 @@ class RowDraws:
         self.fed[slots, :length] = latents
 
     def at(
-        self, index: Tensor, position: Tensor, *, sampled: bool, policy: bool = False
+        self, index: Tensor, position: Tensor, *, sampled: bool, policy: PolicyRows = PolicyRows.NONE
     ) -> tuple[LatentSource, Tensor | None]:
-        """Each row's draws at its own position: its Z (n, 1, ...) (PRIOR for a baseline; with `policy`, a row of
-        the policy in flight, a PolicyDraw of the rows' noise there, the others' Z given) and, when the step
-        samples, its token's uniform (n,)."""
+        """Each row's draws at its own position: its Z (n, 1, ...) (PRIOR for a baseline; when rows of the policy are
+        in flight, a PolicyDraw of the rows' noise there, with SOME the others' Z given) and, when the step samples,
+        its token's uniform (n,)."""
         latent: LatentSource = LatentChoice.PRIOR if self.space is None else self.fed[index, position][:, None]
         if policy and isinstance(latent, Tensor) and self.noise is not None:
             noise = self.noise[index, position][:, None]  # (n, 1, ...)
             previous = self.fed[index, (position - 1).clamp(min=0)]  # (n, ...) the Z fed before (a step is past 0)
-            latent = PolicyDraw(noise, previous, given=latent, use=self.policy[index])
+            every = policy == PolicyRows.ALL
+            latent = PolicyDraw(noise, previous) if every else PolicyDraw(noise, previous, latent, self.policy[index])
         return latent, self.uniforms[index, position] if sampled else None
 
     def column(
-        self, rows: slice, start: int, *, sampled: bool, policy: bool = False
+        self, rows: slice, start: int, *, sampled: bool, policy: PolicyRows = PolicyRows.NONE
     ) -> tuple[LatentSource, Tensor | None]:
         """The draws of rows all at position `start`: a column of each buffer (a view, no gather); with
         `policy`, as `at`."""
@@ -111,12 +129,17 @@ class RowDraws:
         if policy and isinstance(latent, Tensor) and self.noise is not None:
             noise = self.noise[rows, start : start + 1]  # (n, 1, ...)
             previous = self.fed[rows, max(start - 1, 0)]  # (n, ...) the Z fed before (a step is past position 0)
-            latent = PolicyDraw(noise, previous, given=latent, use=self.policy[rows])
+            every = policy == PolicyRows.ALL
+            latent = PolicyDraw(noise, previous) if every else PolicyDraw(noise, previous, latent, self.policy[rows])
         return latent, self.uniforms[rows, start] if sampled else None
 
     def keep(self, index: Tensor, position: Tensor, latents: Tensor) -> None:
         """Keep the Z (n, 1, ...) a step drew from the policy for the rows of slots `index` at their positions."""
         self.fed[index, position] = latents[:, 0]
+
+    def keep_column(self, rows: slice, start: int, latents: Tensor) -> None:
+        """`keep` for rows all at position `start`: a column of the buffer written, no scatter."""
+        self.fed[rows, start : start + 1] = latents
 
     def fed_of(self, slot: int, length: int) -> Tensor | None:
         """(length, ...) a copy of the Z fed to the row of `slot` at positions [0, length); None for a baseline."""

@@ -1,7 +1,8 @@
 """Scheduling the decoding engine's rows: which waiting rows take its free slots (`Scheduler`, by the admission
 rule of free_transformer.inference.admission: the same object for `generate`'s rows and the server's requests),
 and what the rows in flight ask of their next step (`StepSchedule`: which sampling variant runs, whether every row
-is at one position, how far the cache is attended, and the step after which no row is left to feed)."""
+is at one position, how far the cache is attended, which rows draw their Z from the policy head, and the step after
+which no row is left to feed)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Generic, TypeVar
 
 from .admission import Admission, Request
 from .params import GenerationConfig
+from .row_draws import PolicyRows
 from .sampling import SamplingVariant
 
 T = TypeVar("T")  # a row, as its caller describes it
@@ -51,7 +53,7 @@ class StepSchedule:
     keeps_logits: bool  # a row keeps its logits
     stopping: bool  # a row has stop ids (an eager step compares them only then)
     last_step: int  # the step by which every row in flight has reached its length (no later one runs)
-    policy: bool = False  # a row draws its Z from the policy head, in the step
+    policy: PolicyRows = PolicyRows.NONE  # which rows draw their Z from the policy head, in the step
 
     @classmethod
     def idle(cls) -> StepSchedule:
@@ -67,12 +69,12 @@ class StepSchedule:
         steps: int,
         compiled: bool,
         keeps_logits: bool,
-        policy: bool = False,
+        policy: Sequence[bool] = (),
     ) -> StepSchedule:
         """The schedule of rows with these settings, next positions to feed and ends (the positions they feed,
         [0, end)), `steps` steps taken so far. A compiled engine keeps one graph for sampled batches with and
         without greedy rows (the one `warm_up` captures): a server compiles nothing when a greedy request joins
-        sampled ones."""
+        sampled ones. policy: each row's Z from the policy head (none by default)."""
         variant = SamplingVariant.of(list(configs))
         if compiled and variant.sampled:
             variant = dataclasses.replace(variant, mixed=True)
@@ -86,5 +88,5 @@ class StepSchedule:
             keeps_logits=keeps_logits,
             stopping=any(config.stop_tokens for config in configs),
             last_step=steps + max((end - position for position, end in zip(positions, ends)), default=0),
-            policy=policy,
+            policy=PolicyRows.of(policy, compiled=compiled),
         )

@@ -32,7 +32,7 @@ from torch import Tensor
 from ..model.latent import LatentSource
 from ..model.transformer import FreeTransformer
 from .params import GenerationConfig
-from .row_draws import RowDraws
+from .row_draws import PolicyRows, RowDraws
 from .sampling import RowSettings, SamplingVariant, next_tokens
 
 # the engine's logger, which generate --compile and users listen to for the compile times
@@ -108,11 +108,12 @@ class StepRunner:
         self.use_graph = compile and device.type == "cuda"
         self.inductor = compile and (device.type in INDUCTOR_DEVICES if inductor is None else inductor)
         self.buckets = bucket_sizes(slots) if compile else ()
-        # keyed by the sampling variant and whether a row draws its Z from the policy head (`Step`)
-        self.cores: dict[tuple[SamplingVariant, bool], Callable] = {}  # compiled step per variant
-        self.compile_seconds: dict[tuple[int, SamplingVariant, bool], float] = {}  # first (compiling) run per bucket
-        self.graphs: dict[tuple[int, SamplingVariant, bool], tuple[torch.cuda.CUDAGraph, tuple]] = {}
-        self.warm: set[tuple[int, SamplingVariant, bool]] = set()
+        # keyed by the sampling variant and which rows draw their Z from the policy head (`Step`)
+        self.cores: dict[tuple[SamplingVariant, PolicyRows], Callable] = {}  # compiled step per variant
+        # first (compiling) run per bucket
+        self.compile_seconds: dict[tuple[int, SamplingVariant, PolicyRows], float] = {}
+        self.graphs: dict[tuple[int, SamplingVariant, PolicyRows], tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self.warm: set[tuple[int, SamplingVariant, PolicyRows]] = set()
         self.pool: torch.cuda._POOL_HANDLE | None = None  # one memory pool shared by every graph (the first's)
         self.slot_views: dict[int, SlotViews] = {}  # size -> the views of slots [0, size) of the step's buffers
 
@@ -169,12 +170,12 @@ class StepRunner:
         longest: int,
         aligned: bool,
         logits: bool,
-        policy: bool = False,
+        policy: PolicyRows = PolicyRows.NONE,
     ) -> Launched:
         """Launch one step of `rows` (slots [0, n)) over `cache` (the engine's SlotCache) and the copy of its
         tokens and `ended` to a host buffer (without waiting for it when deferred). aligned: every row at position
         `longest`; logits: whether a row keeps them (a deferred replay's are copied before the next overwrites
-        them); policy: whether a row draws its Z from the policy head, in the step."""
+        them); policy: which rows draw their Z from the policy head, in the step."""
         n = size = len(rows)
         if self.compile:
             size = self.buckets[bisect.bisect_left(self.buckets, n)]
@@ -213,14 +214,14 @@ class StepRunner:
         size: int,
         cache,
         variant: SamplingVariant,
-        policy: bool,
+        policy: PolicyRows,
         core: Callable,
         start=None,
     ) -> tuple[Tensor, ...]:
         """The step of slots [0, size) over `cache`, a view of their rows: everything a captured graph replays.
         start: the one position of every row, when the host knows they share it (the model then writes and
-        attends the cache as a prefill continued; None: each row at its own, a (size,) tensor). policy: a row
-        draws its Z from the policy head, whose draws are kept in the rows' draws. Returns the next tokens
+        attends the cache as a prefill continued; None: each row at its own, a (size,) tensor). policy: the rows
+        that draw their Z from the policy head, whose draws are kept in the rows' draws. Returns the next tokens
         (size,), whether each row ended (size,), whether its logits were not finite (size,) and the logits
         (size, V)."""
         slots = self.views(size)
@@ -232,8 +233,10 @@ class StepRunner:
         tokens, non_finite, logits, latents = core(
             model, slots.token, latent, position, cache, slots.settings, uniforms, variant
         )
-        if policy:
+        if policy and start is None:
             self.draws.keep(slots.index, slots.position, latents)
+        elif policy:
+            self.draws.keep_column(slots.rows, start, latents)
         # a captured graph compares whatever the rows: it serves later rows too
         stops = slots.stops if self.stopping or self.use_graph else None
         ended = step_ends(tokens, non_finite, slots.position, slots.last, stops)
@@ -264,7 +267,7 @@ class StepRunner:
         return views
 
     def replay(
-        self, model: FreeTransformer, cache, size: int, variant: SamplingVariant, policy: bool = False
+        self, model: FreeTransformer, cache, size: int, variant: SamplingVariant, policy: PolicyRows = PolicyRows.NONE
     ) -> tuple[Tensor, ...]:
         """The compiled step of bucket `size`: its first run compiles (timed, logged) on a side stream, as a later
         capture requires; on CUDA the second captures it and every run replays it."""
