@@ -144,10 +144,10 @@ def test_a_steps_policy_rows_are_none_some_or_all_and_a_compiled_step_serves_eve
 
 
 # The ops a decoding step with the policy adds to one of the prior, at most, when every row draws from the policy:
-# the head (its RMSNorm's five, three Linears, add, SiLU), the draw (sigmoid, lt, bits_to_index's four), the
+# the head (its RMSNorm, three Linears, add, SiLU), the draw (sigmoid, lt, bits_to_index's four), the
 # embedding of Z_{t-1}, the views of the rows' noise and previous Z and the keeping of the Z drawn (bench/README.md:
 # at a small width each op costs about what one of the model's does, so their count is the policy's cost).
-POLICY_STEP_EXTRA_OPS = 23
+POLICY_STEP_EXTRA_OPS = 17
 
 
 def test_a_step_with_the_policy_adds_a_bounded_count_of_ops(model):
