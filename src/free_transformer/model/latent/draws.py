@@ -42,7 +42,7 @@ def sample_bits(bit_logits: Tensor, generator: Generators = None) -> Tensor:
 def bits_to_index(bits: Tensor) -> Tensor:
     """(..., H) booleans -> (...,) int64 with bit h worth 2^h."""
     shifts = torch.arange(bits.shape[-1], device=bits.device, dtype=torch.int64)
-    return torch.bitwise_left_shift(bits.long(), shifts).sum(-1)  # a third faster than bits * 2 ** shifts
+    return torch.bitwise_left_shift(bits.long(), shifts).sum(-1)  # one op fewer than bits * 2 ** shifts
 
 
 def index_to_bits(index: Tensor, n_bits: int) -> Tensor:
