@@ -1,8 +1,8 @@
 """The CUDA code paths, checked on the CPU (cuda_semantics.py says how): the attention routes a GPU takes, on
 the kernels and output layouts CUDA's SDPA would pick, and every step a GPU runs in a loop (training forward
-and backward, the trainer's step, prefill, cached decoding steps, the decoding engine's step, the Binary Mapper, the
-Hugging
-Face wrapper) with no value read on the host and nothing copied from it."""
+and backward, the trainer's step, prefill, cached decoding steps, the decoding engine's step, with Z from the prior
+or from a policy head, the Binary Mapper, the Hugging Face wrapper) with no value read on the host and nothing
+copied from it."""
 
 import importlib
 
@@ -15,10 +15,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from free_transformer.inference.engine import DecodeEngine, Row
 from free_transformer.inference.params import GenerationConfig
+from free_transformer.inference.row_draws import PolicyRows
 from free_transformer.inference.sampling import SamplingVariant
 from free_transformer.inference.step_runner import step_core
 from free_transformer.model import layers
-from free_transformer.model.latent import binary_mapper, binary_mapper_project
+from free_transformer.model.latent import binary_mapper, binary_mapper_project, counter_policy_noise
+from free_transformer.train.rl.trainer import with_policy_head
 
 DTYPES = [torch.float32, torch.bfloat16]
 B = 2
@@ -190,20 +192,34 @@ VARIANTS = [
 VARIANT_IDS = ["greedy", "filtered", "mixed"]
 
 
+# a baseline, a Free Transformer, and one whose rows may draw Z from a policy head in the step (SOME: what a
+# compiled step and its CUDA graph run, whatever the mix of rows)
+LATENTS = [(0, PolicyRows.NONE), (4, PolicyRows.NONE), (4, PolicyRows.SOME)]
+LATENT_IDS = ["baseline", "free", "free-policy"]
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("latent_units", [0, 4])
-def test_the_engines_step_as_on_cuda(dtype, latent_units, variant, monkeypatch):
-    """What the engine captures per bucket: every slot's token, Z and position from its buffers, the model,
-    each row's sampling with its settings as tensors, the token and position kept for the next step; a bucket
-    of one row and one of every slot, nothing read on the host or copied from it."""
-    model = _meta_model(dtype, latent_units=latent_units)
+@pytest.mark.parametrize("latent_units, policy", LATENTS, ids=LATENT_IDS)
+def test_the_engines_step_as_on_cuda(dtype, latent_units, policy, variant, monkeypatch):
+    """What the engine captures per bucket: every slot's token, Z and position from its buffers (with a policy
+    head, each Z drawn from the head's output with the slot's noise, or the slot's own, and kept), the model, each
+    row's sampling with its settings as tensors, the token and position kept for the next step; a bucket of one row
+    and one of every slot, nothing read on the host or copied from it."""
+    model = tiny_model(dtype=dtype, latent_units=latent_units)
+    if policy:
+        model = with_policy_head(model, seed=0).to(dtype)
+    model = model.to(META)
     with torch.inference_mode():
         engine = DecodeEngine(model, B, capacity=12)
+        if policy:  # what a row of the policy joining makes: its noise at every position, its flag
+            positions = torch.arange(engine.capacity, device=META)[None, :]
+            engine.draws.noise = counter_policy_noise(model.latent_space, engine.draws.key[:, None], positions)
+            engine.draws.policy[:1].fill_(True)
     with cuda_dispatch(monkeypatch), DeviceWork() as work, torch.inference_mode():
         for size in (1, B, B):
             view = engine.cache.cache.view(slice(0, size), engine.capacity)
-            tokens, ended, non_finite, logits = engine.runner.body(engine.model, size, view, variant, False, step_core)
+            tokens, ended, non_finite, logits = engine.runner.body(engine.model, size, view, variant, policy, step_core)
     assert work.uploads == []
     assert tokens.shape == ended.shape == non_finite.shape == (B,) and logits.shape == (B, 50)
     assert tokens.dtype == torch.int64 and ended.dtype == non_finite.dtype == torch.bool
@@ -229,23 +245,27 @@ class ExternalStorages(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
-@pytest.mark.parametrize("latent_units", [0, 4])
-def test_the_engines_step_reads_the_same_storages_at_every_step(latent_units, variant):
+@pytest.mark.parametrize("latent_units, policy", LATENTS, ids=LATENT_IDS)
+def test_the_engines_step_reads_the_same_storages_at_every_step(latent_units, policy, variant):
     """Graph capture freezes addresses: every tensor the step reads from outside itself (weights, the cache,
-    the token, latent, position, noise and settings buffers) is the same storage at every step, with rows of
-    different lengths and settings in flight."""
+    the token, latent, position, noise and settings buffers; with a policy head, its weights and the rows' policy
+    noise, flags and Z fed before) is the same storage at every step, with rows of different lengths and settings in
+    flight (one of them of the policy)."""
     model = tiny_model(dtype=torch.float32, latent_units=latent_units)
+    if policy:
+        model = with_policy_head(model, seed=0)
     config = GenerationConfig(max_new_tokens=5, temperature=0.8, top_k=10, top_p=0.9)
     engine = DecodeEngine(model, B, capacity=12, compile=True)
-    engine.add([Row([1, 2, 3, 4, 5], config, 1), Row([7, 8], GenerationConfig(max_new_tokens=5), None)])
+    first = Row([1, 2, 3, 4, 5], config, 1, "policy" if policy else "prior")
+    engine.add([first, Row([7, 8], GenerationConfig(max_new_tokens=5), None)])
     view = engine.cache.cache.view(slice(0, B), engine.capacity)
     reads = []
     with torch.inference_mode():
         # the warm-up run a capture follows (it makes the views)
-        engine.runner.body(engine.model, B, view, variant, False, step_core)
+        engine.runner.body(engine.model, B, view, variant, policy, step_core)
         for _ in range(2):
             with ExternalStorages() as external:
-                engine.runner.body(engine.model, B, view, variant, False, step_core)
+                engine.runner.body(engine.model, B, view, variant, policy, step_core)
             reads.append(external.read)
     assert reads[0] == reads[1] and len(reads[0]) > 10
 
