@@ -134,6 +134,44 @@ def test_latents_policy_through_the_cli_and_the_server_is_pythons(policy_run, ca
     assert len(error.splitlines()) == 1 and "needs a run with a learned prior or policy" in error
 
 
+def test_best_of_with_the_policy_decodes_its_candidates_as_generate_and_the_server(model, policy_run, capsys):
+    """best_of(latents="policy"): each candidate is generate()'s sample of the policy with the candidate's seed,
+    and the server's best_of and `generate --best-of` choose the same one; a vary that draws Z before decoding is
+    refused in one line, the head's Z depending on the tokens."""
+    import httpx
+    from test_serve import NAME, start_server
+
+    from free_transformer import best_of
+    from free_transformer.cli import main
+    from free_transformer.data.tokenizer import get_tokenizer
+
+    config = GenerationConfig(max_new_tokens=NEW, temperature=1.0)
+    found = best_of(model, PROMPTS[:2], 3, config, seed=5, latents="policy")
+    rows = [prompt for prompt in PROMPTS[:2] for _ in range(3)]
+    seeds = [seed for candidates in found.seeds for seed in candidates]
+    expected = generate(model, rows, config, seeds=seeds, latents="policy")
+    assert [tokens for candidates in found.tokens for tokens in candidates] == expected.tokens
+    assert best_of(model, PROMPTS[:2], 3, config, seed=5, latents="prior").tokens != found.tokens
+    for vary in ("latent", "tokens"):
+        with pytest.raises(ValueError, match="vary must be both with latents policy"):
+            best_of(model, PROMPTS[:2], 3, config, vary=vary, latents="policy")
+
+    run_model, ids, decode = load_model(policy_run)[0], list(b"K>"), get_tokenizer("byte").decode
+    chosen = best_of(run_model, [ids], 4, GenerationConfig(max_new_tokens=8), seed=7, latents="policy").best[0]
+    text = decode(ids + chosen)[len(decode(ids)) :]
+    argv = ["generate", str(policy_run), "--prompt", "K>", "-n", "1", "--best-of", "4", "--max-new-tokens", "8"]
+    assert main([*argv, "--seed", "7", "--latents", "policy", "--format", "jsonl"]) == 0
+    assert json.loads(capsys.readouterr().out)["sample"] == text
+    url, _, uv = start_server(policy_run)
+    try:
+        body = {"model": NAME, "prompt": "K>", "max_tokens": 8, "best_of": 4, "seed": 7, "latents": "policy"}
+        response = httpx.post(url + "/completions", json=body, timeout=60)
+    finally:
+        uv.should_exit = True
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] == text
+
+
 def test_a_steps_policy_rows_are_none_some_or_all_and_a_compiled_step_serves_every_mix():
     from free_transformer.inference.row_draws import PolicyRows
 

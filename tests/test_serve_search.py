@@ -99,7 +99,8 @@ def test_a_streamed_best_of_above_n_is_a_400_and_equal_to_n_streams(client):
         ({"best_of": 9, "prompt": ["a"] * 120}, "best_of", "at most 1024"),
         ({"vary": "z"}, "vary", "'both', 'latent' or 'tokens'"),
         ({"vary": "tokens", "temperature": 0}, "vary", "must not be tokens at temperature 0"),
-        ({"best_of": 2, "extra_body": {"latents": "shared"}}, "latents", "must be 'encoder' or 'prior'"),
+        ({"best_of": 2, "extra_body": {"latents": "shared"}}, "latents", "must be 'encoder', 'prior' or 'policy'"),
+        ({"n": 2, "vary": "latent", "extra_body": {"latents": "policy"}}, "vary", "must be both with latents policy"),
     ],
 )
 def test_a_bad_best_of_or_vary_is_a_400_naming_it(client, body, param, words):
@@ -161,4 +162,4 @@ def test_the_generate_command_refuses_a_best_of_below_n_in_its_own_words(checkpo
     assert main(["generate", str(checkpoint), "--prompt", "Hi", "-n", "4", "--best-of", "2"]) != 0
     assert "--best-of must be >= n (4), got 2" in capsys.readouterr().err
     assert main(["generate", str(checkpoint), "--prompt", "Hi", "-n", "1", "--best-of", "2", "--latents", "shared"])
-    assert "--latents must be 'encoder' or 'prior'" in capsys.readouterr().err
+    assert "--latents must be 'encoder', 'prior' or 'policy'" in capsys.readouterr().err

@@ -68,6 +68,12 @@ def as_context(choice: LatentChoice) -> ContextChoice:
     raise ValueError(f"{choice!r} is not a context's Z: {', '.join(map(repr, CONTEXT))}")
 
 
+def as_row_choice(choice: LatentChoice) -> RowChoice:
+    """A choice a decoding engine's row draws from (a context's, or POLICY), typed as one; a ValueError for SHARED
+    and REFERENCE, which are drawn before decoding."""
+    return LatentChoice.POLICY if choice == LatentChoice.POLICY else as_context(choice)
+
+
 def named(where: str, value: object) -> str:
     """How an error names a setting and its value: `--latents shared` on the command line (`/latents shared` in
     generate --interactive), `latents='shared'` elsewhere; a value that is not a name is explicit latents."""

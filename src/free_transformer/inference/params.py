@@ -110,6 +110,20 @@ def check_variation(vary: str, temperature: float) -> None:
         )
 
 
+# where a best-of candidate's Z may come from: a context's choice, or the run's policy head (drawn as it decodes)
+SEARCHED_LATENTS = (LatentChoice.ENCODER, LatentChoice.PRIOR, LatentChoice.POLICY)
+
+
+def check_policy_variation(vary: str, latents: object) -> None:
+    """A SamplingError when samples whose Z come from a policy head are to share their Z or their token noise:
+    vary=latent and vary=tokens draw every Z before decoding, and a policy's Z_t depends on the tokens before t.
+    The one check of every entry point that varies samples, as check_variation."""
+    if vary != "both" and latents == LatentChoice.POLICY:
+        raise SamplingError(
+            "vary", "must be both with latents policy (the head draws each Z from the tokens before it)", vary
+        )
+
+
 def check_seed(value, name: str = "seed") -> int:
     """The one check of a seed, at every entry point (generate(), best_of(), the CLI's options, the server's
     requests, through SamplingParams): an integer in [0, 2**63) (torch.Generator's int64), as an int. A bool, a
@@ -213,7 +227,8 @@ class SamplingParams(Sampling):
     latents: LatentChoice = field(default=LatentChoice.ENCODER, metadata=spelt("latents"))
     """Free Transformer: where Z comes from. encoder: the prompt's Z from the encoder (the paper's prefill),
     each new token's from the prior, per sample; prior: every Z from the prior, per sample; shared: one prior
-    Z sequence for all samples; reference: Z inferred by the encoder from the reference text."""
+    Z sequence for all samples; reference: Z inferred by the encoder from the reference text; policy: every Z from
+    the run's learned prior or policy over Z (free-transformer rl), drawn as it decodes."""
     reference: str | None = field(default=None, metadata=spelt("reference", hf=None, metavar="TEXT"))
     """The text whose encoder latents condition every sample, at least as long as each prompt (goes with
     latents reference)."""
@@ -226,7 +241,8 @@ class SamplingParams(Sampling):
     vary: Variation = field(default="both", metadata=spelt("vary", hf=None))
     """Free Transformer: what differs between the samples of one prompt. both: Z and token noise; latent: Z
     only (one token-noise stream); tokens: token noise only (one Z). Other than both, or with best_of above n,
-    the samples are best-of candidates (free_transformer.inference.search), whose Z is encoder or prior."""
+    the samples are best-of candidates (free_transformer.inference.search), whose Z is encoder, prior or (with
+    vary both) policy."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -244,10 +260,9 @@ class SamplingParams(Sampling):
             check_candidates(self.best_of, "best_of")
         _check("best_of", self.best_of, self.best_of is not None and self.best_of >= self.n, f"must be >= n ({self.n})")
         _check("vary", self.vary, self.vary in VARIATIONS, f"must be one of {', '.join(VARIATIONS)}")
-        if self.searched and self.latents not in (LatentChoice.ENCODER, LatentChoice.PRIOR):
-            raise SamplingError(
-                "latents", "must be 'encoder' or 'prior' with best_of above n or vary other than both", self.latents
-            )
+        if self.searched and self.latents not in SEARCHED_LATENTS:
+            raise SamplingError("latents", "must be 'encoder', 'prior' or 'policy' with best_of above n", self.latents)
+        check_policy_variation(self.vary, self.latents)
         check_variation(self.vary, self.temperature)
 
     @property

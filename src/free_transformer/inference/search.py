@@ -6,6 +6,8 @@ What differs between a prompt's candidates (`Variation`):
 - "latent": each candidate its own Z, drawn beforehand for every position it will feed, and one token-noise
   stream shared by the prompt's candidates: they differ by Z alone (with greedy tokens, the only choice there is);
 - "tokens": one Z drawn beforehand and shared by the prompt's candidates, each its own token noise.
+Z from a run's policy head (latents "policy") depend on the tokens before them: they are drawn as the candidates
+decode, each its own stream ("both" only).
 
 The default score is OpenAI's `best_of` rule: the mean log-probability of the candidate's tokens, under the
 model's softmax (temperature 1, no filter) at the logits they were sampled from (with the very Z the candidate was
@@ -21,12 +23,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, as_context
+from ..base.latent_choice import ContextChoice, LatentChoice, RowChoice, as_context, as_row_choice
 from ..base.seeding import generators, seed_of
 from ..model.latent import LatentPlan
 from ..model.transformer import FreeTransformer
 from .generate import GenerationConfig, generate, prompt_lists
-from .params import VARIATIONS, Variation, check_candidates, check_seed, check_variation
+from .params import (
+    SEARCHED_LATENTS,
+    VARIATIONS,
+    Variation,
+    check_candidates,
+    check_policy_variation,
+    check_seed,
+    check_variation,
+)
 
 # A scorer: (prompt ids, candidate's new tokens) -> score, higher is better.
 Scorer = Callable[[list[int], list[int]], float]
@@ -73,15 +83,18 @@ def candidate_sources(
     *,
     seed: int,
     vary: Variation,
-    context: ContextChoice = LatentChoice.ENCODER,
-) -> tuple[list[int], ContextChoice | Tensor]:
+    context: RowChoice = LatentChoice.ENCODER,
+) -> tuple[list[int], RowChoice | Tensor]:
     """What the `count` candidates of each prompt draw from, as `generate` takes it for the rows (prompt-major:
     prompt i's candidate j is row i * count + j): one seed per row, and where the rows' Z comes from, `context`
     or explicit (rows, length, *value_shape) values, `length` the most positions a row feeds. Every stream is
-    derived from (seed, prompt index, candidate index), so a prompt's candidates do not depend on the others."""
+    derived from (seed, prompt index, candidate index), so a prompt's candidates do not depend on the others.
+    Z from the policy head (`context` POLICY) are drawn as the rows decode: with vary both only."""
     device = model.rope_cos.device
     if vary == "both" or not model.config.is_free:  # a baseline has no Z: its candidates differ by their seeds
         return [seed_of(seed, "candidate", i, j) for i in range(len(prompts)) for j in range(count)], context
+    check_policy_variation(vary, context)
+    context = as_context(context)
     if vary == "latent":
         seeds = [seed_of(seed, "tokens", i) for i in range(len(prompts)) for _ in range(count)]
         draws = [generators([seed_of(seed, "latent", i, j) for j in range(count)], device) for i in range(len(prompts))]
@@ -111,7 +124,7 @@ def best_of(
     *,
     vary: Variation = "both",
     seed: int = 0,
-    latents: ContextChoice | str = LatentChoice.ENCODER,
+    latents: RowChoice | str = LatentChoice.ENCODER,
     scorer: Scorer | None = None,
     should_stop: Callable[[list[int]], bool] | None = None,
     compile: bool = False,
@@ -121,14 +134,16 @@ def best_of(
     score: `scorer(prompt, tokens)` once per candidate, or by default the mean log-probability of its tokens
     under the Z it was decoded with (OpenAI's best_of). `vary` says what differs between a prompt's candidates
     (both, latent or tokens: this module's docstring); `latents` where the prompt's Z comes from (encoder or
-    prior; a continuation's Z is always the prior's). The same seed gives the same candidates. should_stop,
-    compile and batch_size: `generate`'s (every candidate is a row of its one engine)."""
+    prior; a continuation's Z is then the prior's), or policy: every Z from the run's policy head, with vary both.
+    The same seed gives the same candidates. should_stop, compile and batch_size: `generate`'s (every candidate is
+    a row of its one engine)."""
     n, seed = check_candidates(n, "n"), check_seed(seed)
     if vary not in VARIATIONS:
         raise ValueError(f"vary must be one of {', '.join(VARIATIONS)}, got {vary!r}")
-    context = as_context(LatentChoice.parse(latents, allowed=CONTEXT))  # the Python entry point's one parse
+    context = as_row_choice(LatentChoice.parse(latents, allowed=SEARCHED_LATENTS))  # the Python entry's one parse
     config = config or GenerationConfig()
     check_variation(vary, config.temperature)
+    check_policy_variation(vary, context)
     ids = prompt_lists(prompts)
     room = model.config.max_seq_len
     length = max(len(p) + config.new_tokens(len(p), room) - 1 for p in ids)

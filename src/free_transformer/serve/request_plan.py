@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..base.latent_choice import ContextChoice, LatentChoice, as_context
+from ..base.latent_choice import ContextChoice, LatentChoice, as_row_choice
 from ..base.seeding import sample_seed
 from ..data.tokenizer import Tokenizer
 from ..inference.batches import Prompt, prepare_prompts
@@ -179,7 +179,7 @@ class Engine:
             max(prompt.positions for prompt in prompts),
             seed=seed,
             vary=params.vary,
-            context=as_context(params.latents),  # encoder or prior: SamplingParams refuses the others here
+            context=as_row_choice(params.latents),  # SamplingParams refuses shared and reference here
         )
         rows = []
         for k, row_seed in enumerate(seeds):
