@@ -64,7 +64,7 @@ def test_train_help_shows_every_setting_that_print_config_prints(capsys):
     for key in yaml_keys:
         assert f"  {key}=" in text, key
     assert "  optim.lr=0.001  (float)\n      Peak learning rate (AdamW)." in text
-    assert "  eval.latents=prior  (encoder | prior)" in text
+    assert "  eval.latents=prior  (encoder | prior | policy)" in text
     assert "  model.size=cpu-small  (debug | cpu-small" in text  # the named sizes, besides the fields
     assert "eval_every" not in text and "old names" not in text  # settings renamed before 0.3 are gone
 

@@ -351,6 +351,7 @@ def test_settings_of_the_periodic_evaluation_are_checked_before_training(tmp_pat
         (["eval.every=2", "eval.heldout=missing.txt"], "held-out text not found"),
         (["eval.every=2", "eval.data=race_high"], "TASK=PATH"),
         (["eval.every=2", "distributed.strategy=ddp"], "--checkpoints all"),
+        (["eval.every=2", "eval.latents=policy"], "eval.latents=policy needs a model with a learned prior"),
     ):
         with pytest.raises(ConfigError, match=message):
             tiny_run_config(*overrides)

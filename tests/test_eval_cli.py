@@ -130,6 +130,23 @@ def test_eval_errors_are_one_line(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "nothing"), str(tmp_path / "nothing")]) == 2
 
 
+def test_eval_latents_policy_scores_a_run_with_a_head_and_refuses_one_without(tmp_path, capsys):
+    """`eval --latents policy` on a run of free-transformer rl (a head in its checkpoint) scores a
+    multiple-choice and a generative task and says where Z came from; on a run without a head it is one line."""
+    from free_transformer.model.config import LatentConfig
+
+    headed = tiny_checkpoint(tmp_path, "headed", 4, latent=LatentConfig(policy=True))
+    out = tmp_path / "policy.json"
+    args = ["--tasks", "arc_easy,gsm8k", "--limit", "2", "--max-new-tokens", "4", "--no-progress"]
+    assert main(["eval", str(headed), *args, "--latents", "policy", "--output", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["latents"]["context"] == "policy" and set(result["tasks"]) == {"arc_easy", "gsm8k"}
+    capsys.readouterr()
+    assert main(["eval", str(tiny_checkpoint(tmp_path, "plain", 4)), *args, "--latents", "policy"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "needs a run with a learned prior or policy over Z" in error
+
+
 def test_list_tasks(capsys):
     assert main(["eval", "--list-tasks"]) == 0
     out = capsys.readouterr().out

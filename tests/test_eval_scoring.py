@@ -6,6 +6,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from free_transformer.base.counter_random import row_keys
+from free_transformer.base.seeding import benchmark_seed
 from free_transformer.eval.scoring import (
     _generators,
     continuation_logprobs,
@@ -17,6 +19,8 @@ from free_transformer.eval.scoring import (
 )
 from free_transformer.eval.settings import EvalConfig, EvalSettingsError
 from free_transformer.inference.generate import GenerationConfig, generate
+from free_transformer.model.latent import PolicyDraw, counter_policy_noise
+from free_transformer.train.rl.trainer import with_policy_head
 
 REQUESTS = [
     [([1, 2, 3, 4], [5, 6]), ([1, 2, 3, 4], [7]), ([1, 2, 3, 4], [8, 9, 10])],
@@ -135,7 +139,7 @@ def test_generation_stops_at_stop_strings(latent_units):
 
 
 def test_latent_settings_validation_and_description():
-    with pytest.raises(EvalSettingsError, match="latents must be one of 'encoder', 'prior', got 'shared'"):
+    with pytest.raises(EvalSettingsError, match="latents must be one of 'encoder', 'prior', 'policy', got 'shared'"):
         latent_settings(latents="shared")
     with pytest.raises(EvalSettingsError, match=r"\('posterior' is now called 'encoder'\), got 'posterior'"):
         latent_settings(latents="posterior")
@@ -147,6 +151,64 @@ def test_latent_settings_validation_and_description():
     assert described["latent_kind"] == "binary_mapper"
     assert latent_settings().describe_latents(tiny_model(latent_units=0))["model"] == "baseline"
     assert math.isclose(float(log_mean_exp(torch.tensor([0.0, 0.0]))), 0.0)
+
+
+def _policy_model():
+    """A Free Transformer with a policy head far from the prior (its Z are not the prior's)."""
+    model = with_policy_head(tiny_model(latent_units=4), seed=0)
+    with torch.no_grad():
+        model.latent.policy.out.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    return model.eval()
+
+
+def test_policy_scores_draw_every_z_from_the_head_with_noise_the_choices_share():
+    """latents policy: draw k of a document is the forward of context + choice with Z from the head and the
+    noise of the document's k-th stream (the same for every choice, so choices that share a context share its Z),
+    whatever the batches around it."""
+    model = _policy_model()
+    settings = latent_settings(latent_samples=3, seed=5, latents="policy")
+    scores = continuation_logprobs(model, REQUESTS, KEYS, settings, batch_tokens=7)
+    space = model.latent_space
+    for pairs, key, got in zip(REQUESTS, KEYS, scores):
+        longest = max(len(c) + len(t) - 1 for c, t in pairs)
+        keys = row_keys(torch.tensor([benchmark_seed(5, key, k) for k in range(3)]))
+        noise = counter_policy_noise(space, keys[:, None], torch.arange(longest)[None, :])  # (3, longest, ...)
+        contexts = {}
+        for c, (ctx, cont) in enumerate(pairs):
+            T = len(ctx) + len(cont) - 1
+            for k in range(3):
+                expected = _naive(model, ctx, cont, PolicyDraw(noise[k : k + 1, :T]))
+                assert got[c, k].item() == pytest.approx(expected, abs=1e-9)
+            with torch.no_grad():
+                z = model(torch.tensor([ctx + cont[:-1]]), latents=PolicyDraw(noise[:1, :T])).latents[0, : len(ctx)]
+            assert torch.equal(contexts.setdefault(tuple(ctx), z), z)
+    prior = continuation_logprobs(model, REQUESTS, KEYS, latent_settings(latent_samples=3, seed=5))
+    assert not torch.allclose(prior[0], scores[0])
+    alone = continuation_logprobs(model, REQUESTS[1:], KEYS[1:], settings)
+    torch.testing.assert_close(alone[0], scores[1])
+
+
+def test_policy_generations_draw_from_the_head_and_a_baseline_ignores_it():
+    model = _policy_model()
+    settings = latent_settings(generation_samples=3, temperature=1.0, latents="policy")
+    seeds, latents = sample_sources(model, [1, 2, 3], 6, "doc/v", settings)
+    assert latents == "policy" and len(set(seeds)) == 3
+    baseline = tiny_model(latent_units=0)
+    assert sample_sources(baseline, [1, 2, 3], 6, "doc/v", settings)[1] == "prior"
+    settings.check_model(baseline)  # a baseline ignores the latents
+    scores = continuation_logprobs(baseline, REQUESTS, KEYS, settings)
+    assert scores[0][0, 0].item() == pytest.approx(_naive(baseline, *REQUESTS[0][0], "prior"), abs=1e-9)
+
+
+def test_policy_latents_without_a_head_or_with_z_drawn_beforehand_are_one_line():
+    settings = latent_settings(latents="policy")
+    with pytest.raises(EvalSettingsError, match="--latents policy needs a run with a learned prior or policy over Z"):
+        settings.check_model(tiny_model(latent_units=4))
+    for vary in ("latent", "tokens"):
+        with pytest.raises(EvalSettingsError, match="--vary must be both with latents policy"):
+            latent_settings(latents="policy", vary=vary, temperature=1.0)
+    described = settings.describe_latents(_policy_model())
+    assert described["context"] == "policy" and "policy head" in described["latents"]
 
 
 def _recorded(model, settings, ids=(1, 2, 3), steps=6):

@@ -92,15 +92,15 @@ ENTRY_POINTS = {
     "hugging_face": _hugging_face,
     "eval_settings": _eval_settings,
 }
-CONTEXT_ONLY = {"eval_settings"}  # a context's Z: encoder or prior
+ROW_ONLY = {"eval_settings"}  # what a row draws its Z from: encoder, prior or policy
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_every_entry_point_parses_every_name_once_into_the_same_choice(entry, spelling, request):
     parsed = request.getfixturevalue("parsed")
-    if entry in CONTEXT_ONLY and spelling not in ("encoder", "prior"):
-        with pytest.raises(ValueError, match=f"must be one of 'encoder', 'prior', got '{spelling}'"):
+    if entry in ROW_ONLY and spelling not in ("encoder", "prior", "policy"):
+        with pytest.raises(ValueError, match=f"must be one of 'encoder', 'prior', 'policy', got '{spelling}'"):
             ENTRY_POINTS[entry](spelling, request)
         return
     choice = ENTRY_POINTS[entry](spelling, request)

@@ -56,6 +56,7 @@ CONTEXT: tuple[LatentChoice, ...] = get_args(ContextChoice)
 # run's learned prior or policy, whose Z at t depends on the prefix and is drawn in the step
 # (free_transformer.inference.row_draws).
 RowChoice = Literal[LatentChoice.ENCODER, LatentChoice.PRIOR, LatentChoice.POLICY]
+ROW_CHOICES: tuple[LatentChoice, ...] = get_args(RowChoice)
 
 
 def as_context(choice: LatentChoice) -> ContextChoice:

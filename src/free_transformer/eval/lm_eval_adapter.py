@@ -3,7 +3,7 @@ that any lm-eval task whose data is on the machine runs on it (from Python, or f
 `python -m free_transformer.eval.lm_eval_adapter run --model free-transformer --model_args
 checkpoint=RUN_DIR --tasks ... --include_path TASK_DIR`).
 
-model_args: checkpoint (required), device, latents (prior | encoder), samples (K), seed,
+model_args: checkpoint (required), device, latents (prior | encoder | policy), samples (K), seed,
 max_new_tokens. A `device` in model_args wins over lm-eval's --device; lm-eval's own default
 (cuda:0) falls back to cpu on a machine without CUDA, while a device asked for explicitly must
 exist. Latents follow scoring.py: prior by default, never the encoder on the answer; requests that
@@ -95,6 +95,7 @@ class FreeTransformerLM(LM):
             latent_samples=int(samples),
             seed=int(seed),
         ).settings()
+        self.settings.check_model(self.model)
         self.max_new_tokens = int(max_new_tokens)
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:

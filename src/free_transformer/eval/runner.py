@@ -29,6 +29,7 @@ def evaluate(
 ) -> dict:
     """{"tasks": {name: result}, "unavailable": {name: reason}, "latents": ...} for the model on the
     settings' tasks. on_task: called with the results so far after each task."""
+    settings.check_model(model)
     results, unavailable = {}, {}
     shots, data_files = dict(settings.num_fewshot), dict(settings.data)  # per task; "*" for every task
     for name in settings.tasks:

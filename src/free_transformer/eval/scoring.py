@@ -11,7 +11,9 @@ into Z). Two sources of Z for the context positions are offered:
   paper's KV-cache prefill), prior Z for the continuation positions.
 
 Either is generation's rule, so the Z of each draw comes from a `LatentPlan` (one per context, its
-first call the context), as in `free_transformer.inference.generate`.
+first call the context), as in `free_transformer.inference.generate`. A run with a learned prior or policy over
+Z offers a third, "policy": every Z_t from the head, which reads the tokens up to t and the Z before it, drawn in
+the forward from each draw's own noise (the decoding engine's rule too).
 
 With K draws Z^(1..K), a continuation's log-probability is estimated as
 
@@ -35,11 +37,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..base.counter_random import row_keys
 from ..base.latent_choice import LatentChoice
 from ..base.seeding import benchmark_seed, generators
 from ..inference.generate import GenerationConfig, generate
 from ..inference.search import candidate_sources, prompt_and_prior_latents
 from ..inference.stops import cut_at_stop, stop_check
+from ..model.latent import PolicyDraw, counter_policy_noise
 from ..model.transformer import FreeTransformer
 from .settings import EvalSettings
 
@@ -65,9 +69,10 @@ class _Row:
     choice: int
     draw: int
     tokens: list[int]  # context + continuation[:-1]
-    latents: Tensor | None  # (T, *value_shape) the Z of each position, None for a baseline
+    latents: Tensor | None  # (T, *value_shape) the Z of each position, None for a baseline or a policy's Z
     n_context: int
     targets: list[int]  # the continuation
+    noise: Tensor | None = None  # (T, ...) with latents policy: the noise the head draws each position's Z with
 
 
 @torch.no_grad()
@@ -113,7 +118,14 @@ def continuation_logprobs(
             tokens[b, : len(row.tokens)] = torch.tensor(row.tokens)
             if row.latents is not None:
                 latents[b, : len(row.tokens)] = row.latents
-        logits = model(tokens.to(device), latents=latents.to(device)).logits  # a baseline ignores latents
+        source: Tensor | PolicyDraw = latents.to(device)  # a baseline ignores latents
+        if batch[0].noise is not None:  # Z from the policy head, drawn in the forward from each row's noise
+            noise = torch.zeros(len(batch), width, *batch[0].noise.shape[1:], dtype=batch[0].noise.dtype)
+            for b, row in enumerate(batch):
+                assert row.noise is not None, "every row of a policy's evaluation has its noise"
+                noise[b, : len(row.tokens)] = row.noise
+            source = PolicyDraw(noise.to(device))
+        logits = model(tokens.to(device), latents=source).logits
         for b, row in enumerate(batch):
             positions = slice(row.n_context - 1, row.n_context - 1 + len(row.targets))
             logp = torch.log_softmax(logits[b, positions].double(), dim=-1)
@@ -137,6 +149,14 @@ def _document_rows(model, doc: int, windows, key: str, settings: EvalSettings) -
         return [_Row(doc, c, 0, ctx + cont[:-1], None, len(ctx), cont) for c, (ctx, cont) in enumerate(windows)]
     K, device = settings.latent_samples, model.rope_cos.device
     longest = max(len(ctx) + len(cont) - 1 for ctx, cont in windows)
+    if settings.latents == LatentChoice.POLICY:  # draw k's noise at every position, shared by the choices
+        keys = row_keys(torch.tensor([benchmark_seed(settings.seed, key, k) for k in range(K)]))
+        noise = counter_policy_noise(model.latent_space, keys[:, None], torch.arange(longest)[None, :])
+        return [
+            _Row(doc, c, k, ctx + cont[:-1], None, len(ctx), cont, noise[k, : len(ctx) + len(cont) - 1])
+            for c, (ctx, cont) in enumerate(windows)
+            for k in range(K)
+        ]
     latents: dict[tuple[int, ...], Tensor] = {}  # context -> (K, longest, *value_shape)
     for ctx, _ in windows:
         if tuple(ctx) in latents:
@@ -211,7 +231,8 @@ def sample_sources(
     Z, so its generations differ by their seeds only."""
     n = settings.generation_samples if model.config.is_free or settings.temperature > 0 else 1
     if settings.vary == "both":  # each its own stream, as the records before `vary` were scored
-        return [benchmark_seed(settings.seed, key, "generate", k) for k in range(n)], settings.latents
+        latents = settings.latents if model.config.is_free else LatentChoice.PRIOR  # a baseline has no Z
+        return [benchmark_seed(settings.seed, key, "generate", k) for k in range(n)], latents
     fed = len(ids) + steps - 1
     seed = benchmark_seed(settings.seed, key, "generate")
     return candidate_sources(model, [ids], n, fed, seed=seed, vary=settings.vary, context=settings.latents)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from ..base.checks import ConfigError
 from ..base.errors import UserError
-from ..base.latent_choice import CONTEXT, ContextChoice, LatentChoice, as_context
+from ..base.latent_choice import ROW_CHOICES, LatentChoice, RowChoice, as_row_choice
 from ..data.corpora import is_named, named_corpus, read_heldout
-from ..inference.params import SamplingError, Variation, check_candidates, check_variation
+from ..inference.params import SamplingError, Variation, check_candidates, check_policy_variation, check_variation
 from .sandbox import SandboxLimits
 
 
@@ -101,10 +101,11 @@ class EvalConfig:
     generative (em and pass@1 tasks); none: only the held-out likelihoods (see `eval --list-tasks`)."""
     limit: int | None = None
     """Evaluate only the first N documents of each task (of each subject for mmlu); null: all."""
-    latents: ContextChoice = LatentChoice.PRIOR
+    latents: RowChoice = LatentChoice.PRIOR
     """Z for the context positions of a Free Transformer: the uniform prior (as the paper generates) or the
     encoder run on the context only (the paper's KV-cache prefill); continuation and generated positions
-    always use the prior. Ignored for a baseline."""
+    then use the prior. policy: every Z from the run's learned prior or policy over Z (free-transformer rl), each
+    drawn from the tokens before it (with vary both). Ignored for a baseline."""
     latent_samples: int = 4
     """K latent draws per multiple-choice question, combined as log mean_k P(choice | Z_k)."""
     generation_samples: int = 1
@@ -209,10 +210,23 @@ class EvalSettings:
         for task, _ in self.data:
             _known_task(task, "data")
         try:
-            latents = as_context(LatentChoice.parse(options.latents, allowed=CONTEXT))  # the eval entry's one parse
+            latents = as_row_choice(LatentChoice.parse(options.latents, allowed=ROW_CHOICES))  # the eval's one parse
         except ValueError as error:
             raise EvalSettingsError(str(error)) from None
+        try:
+            check_policy_variation(options.vary, latents)
+        except SamplingError as error:
+            raise EvalSettingsError(error.spelt("--vary")) from None
         object.__setattr__(self, "options", replace(options, latents=latents))
+
+    def check_model(self, model) -> None:
+        """A one-line EvalSettingsError when these settings cannot score `model`: latents policy on a Free
+        Transformer without a policy head (a baseline ignores the latents)."""
+        if self.latents == LatentChoice.POLICY and model.config.is_free and model.latent.policy is None:
+            raise EvalSettingsError(
+                "--latents policy needs a run with a learned prior or policy over Z (free-transformer rl); "
+                "this run has none"
+            )
 
     def __getattr__(self, name: str):
         """An option used as written, from the config (not called for the fields above)."""
@@ -255,10 +269,13 @@ class EvalSettings:
         if not model.config.is_free:
             return {"model": "baseline", "latents": "none (baseline decoder, exact probabilities)"}
         context = "encoder posterior on the context only (KV-cache prefill)" if self.latents == "encoder" else "prior"
+        where = f"context Z: {context}; continuation and generated Z: prior"
+        if self.latents == LatentChoice.POLICY:
+            where = "every Z from the run's policy head (a learned prior or an RL policy over Z), position by position"
         return {
             "model": "free",
             "latent_kind": model.config.latent.kind,
-            "latents": f"context Z: {context}; continuation and generated Z: prior",
+            "latents": where,
             "context": self.latents,
             "mc_estimator": f"log mean_k P(continuation | context, Z^k) over K={self.latent_samples} draws",
             "samples": self.latent_samples,

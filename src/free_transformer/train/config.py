@@ -13,6 +13,7 @@ from typing import Literal
 from ..base import settings
 from ..base.checks import ConfigError, check_range
 from ..base.devices import Precision
+from ..base.latent_choice import LatentChoice
 from ..base.units import bits_to_nats
 from ..data.config import DataConfig
 from ..eval.settings import EvalConfig
@@ -176,6 +177,16 @@ class TrainConfig:
                 "score the checkpoints afterwards with `free-transformer eval RUN --checkpoints all`"
             )
         self.eval.validate()
+        if (
+            self.eval.every
+            and self.eval.latents == LatentChoice.POLICY
+            and self.model.is_free
+            and not self.model.latent.policy
+        ):
+            raise ConfigError(
+                "eval.latents=policy needs a model with a learned prior or policy over Z (model.latent.policy: "
+                "free-transformer rl trains one); this model has none"
+            )
         # last: the kinds' registry imports torch, the checks above do not; the kind's settings filled in
         self.model = self.model.check_latent_kind()
         return self
