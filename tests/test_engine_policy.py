@@ -99,8 +99,9 @@ def policy_run(tmp_path_factory):
 
 
 def test_latents_policy_through_the_cli_and_the_server_is_pythons(policy_run, capsys):
-    """`generate --latents policy` prints, and a completion request with "latents": "policy" returns, the samples of
-    Python's generate(latents="policy") with the same seeds; a run without a head is one line and exit 2."""
+    """`generate --latents policy` prints, and a completion request with "latents": "policy" (or naming none, to a
+    server started with --latents policy) returns, the samples of Python's generate(latents="policy") with the same
+    seeds; on a run without a head, generate and serve are one line and exit 2."""
     import httpx
     from test_serve import NAME, start_server
 
@@ -128,10 +129,20 @@ def test_latents_policy_through_the_cli_and_the_server_is_pythons(policy_run, ca
     assert response.status_code == 200, response.text
     served = [choice["text"] for choice in sorted(response.json()["choices"], key=lambda c: c["index"])]
     assert served == texts
+    url, _, uv = start_server(policy_run, engine={"latents": "policy"})  # serve --latents policy: the default
+    try:
+        body = {"model": NAME, "prompt": "K>", "max_tokens": 8, "n": 2, "seed": 7}
+        response = httpx.post(url + "/completions", json=body, timeout=60)
+    finally:
+        uv.should_exit = True
+    assert [choice["text"] for choice in sorted(response.json()["choices"], key=lambda c: c["index"])] == texts
     without = tiny_checkpoint(policy_run.parent, "without", latent_units=4, max_seq_len=64)
     assert main(["generate", str(without), "--prompt", "K>", "--latents", "policy"]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "needs a run with a learned prior or policy" in error
+    assert main(["serve", str(without), "--latents", "policy", "--port", "0", "--device", "cpu"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "--latents policy needs a run with a learned prior or policy" in error
 
 
 def test_best_of_with_the_policy_decodes_its_candidates_as_generate_and_the_server(model, policy_run, capsys):

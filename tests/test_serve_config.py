@@ -9,7 +9,7 @@ import pytest
 
 from free_transformer.base.checks import ConfigError
 from free_transformer.base.devices import DTYPE_NAMES
-from free_transformer.base.latent_choice import CONTEXT
+from free_transformer.base.latent_choice import ROW_CHOICES
 from free_transformer.base.settings import field_docs
 from free_transformer.cli import build_parser, main
 from free_transformer.commands.serve import API_KEY_VARIABLE, serve_config
@@ -51,12 +51,12 @@ def test_each_setting_is_one_flag_with_its_docstring_as_help(capsys):
     assert "(default: the name of the directory given)" in shown
 
 
-def test_the_closed_sets_are_the_dtypes_and_the_context_latents():
+def test_the_closed_sets_are_the_dtypes_and_the_rows_latents():
     hints = typing.get_type_hints(ServeConfig)
     assert typing.get_args(hints["dtype"]) == ("auto", *DTYPE_NAMES)
-    assert typing.get_args(hints["latents"]) == CONTEXT
+    assert typing.get_args(hints["latents"]) == ROW_CHOICES  # a context's Z, or the run's policy head
     choices = {action.dest: action.choices for action in serve_parser()._actions}
-    assert choices["dtype"] == ["auto", *DTYPE_NAMES] and choices["latents"] == list(CONTEXT)
+    assert choices["dtype"] == ["auto", *DTYPE_NAMES] and choices["latents"] == list(ROW_CHOICES)
     with pytest.raises(ConfigError, match="^dtype must be one of auto, "):  # a value code set, checked too
         ServeConfig(dtype="fp16").check()
     assert choices["compile"] == ["auto", "on", "off"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..base.errors import UserError
 from ..base.install import install_hint
+from ..base.latent_choice import LatentChoice
 from ..base.settings import add_option
 from ..serve.config import ServeConfig
 from .arguments import checked_options
@@ -65,6 +66,7 @@ def run(args) -> int:
     config = serve_config(args)
     from ..base.devices import decoding_dtype, parse_device
     from ..data.tokenizer import get_tokenizer
+    from ..inference.latents import refuse_without_policy
     from ..runs.checkpoint import load_model
     from ..runs.memory import allocating, check_cache_fits
 
@@ -80,6 +82,11 @@ def run(args) -> int:
     sock = listening_socket(config.host, config.port)
     device = parse_device(config.device)
     model, recorded = load_model(args.checkpoint, device)  # recorded: the checkpoint's config.json
+    if config.latents == LatentChoice.POLICY:  # every request naming no latents would be refused
+        try:
+            refuse_without_policy(model, "--latents")
+        except ValueError as error:
+            raise UserError(str(error)) from None
     model = model.to(decoding_dtype(config.dtype, device))
     # the batcher allocates a KV cache of max_batch rows of the model's whole context
     cache_dtype, context = model.embed_tokens.weight.dtype, model.config.max_seq_len

@@ -10,7 +10,7 @@ from typing import Literal
 
 from ..base import settings
 from ..base.devices import Placement
-from ..base.latent_choice import ContextChoice, LatentChoice
+from ..base.latent_choice import LatentChoice, RowChoice
 
 DEFAULT_MAX_BATCH = 16  # completions decoded together (`serve --max-batch`)
 DEFAULT_MAX_REQUEST_MB = 16  # the largest body read (`serve --max-request-mb`)
@@ -33,9 +33,10 @@ class ServeConfig(Placement):
     """Clients must send 'Authorization: Bearer KEY'; unset here and in the environment: no key asked."""
     max_batch: int = DEFAULT_MAX_BATCH
     """Completions decoded together, each step (each holds a KV cache of the model's context)."""
-    latents: ContextChoice = LatentChoice.ENCODER
+    latents: RowChoice = LatentChoice.ENCODER
     """Z of a request that names none: the prompt's from the encoder, or every Z from the prior (what a
-    log-likelihood through echo should use: docs/serving.md)."""
+    log-likelihood through echo should use: docs/serving.md), or, for a run of free-transformer rl, every Z from
+    its learned prior or policy over Z."""
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB
     """Largest request body read, in MiB."""
     chat_queue: int = DEFAULT_CHAT_QUEUE

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..base.latent_choice import ContextChoice, LatentChoice, as_row_choice
+from ..base.latent_choice import LatentChoice, RowChoice, as_row_choice
 from ..base.seeding import sample_seed
 from ..data.tokenizer import Tokenizer
 from ..inference.batches import Prompt, prepare_prompts
@@ -91,7 +91,7 @@ class Engine:
         name: str,
         *,
         max_batch: int = DEFAULT_MAX_BATCH,
-        latents: ContextChoice = LatentChoice.ENCODER,  # a request's Z when it names none: ServeConfig.latents
+        latents: RowChoice = LatentChoice.ENCODER,  # a request's Z when it names none: ServeConfig.latents
         compile: bool = False,
     ):
         self.model, self.tokenizer, self.name = model, tokenizer, name
