@@ -15,7 +15,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from ..base.latent_choice import LatentChoice
+from ..base.latent_choice import ROW_CHOICES, LatentChoice
 
 DEFAULT_BATCH_SIZE = 64  # rows decoded at once unless the caller says otherwise
 DEFAULT_NEW_TOKENS = 64  # max_new_tokens left unset: this many, or fewer where the model's context is shorter
@@ -108,10 +108,6 @@ def check_variation(vary: str, temperature: float) -> None:
         raise SamplingError(
             "vary", "must not be tokens at temperature 0 (the samples share one Z: greedy ones are all alike)", vary
         )
-
-
-# where a best-of candidate's Z may come from: a context's choice, or the run's policy head (drawn as it decodes)
-SEARCHED_LATENTS = (LatentChoice.ENCODER, LatentChoice.PRIOR, LatentChoice.POLICY)
 
 
 def check_policy_variation(vary: str, latents: object) -> None:
@@ -260,7 +256,7 @@ class SamplingParams(Sampling):
             check_candidates(self.best_of, "best_of")
         _check("best_of", self.best_of, self.best_of is not None and self.best_of >= self.n, f"must be >= n ({self.n})")
         _check("vary", self.vary, self.vary in VARIATIONS, f"must be one of {', '.join(VARIATIONS)}")
-        if self.searched and self.latents not in SEARCHED_LATENTS:
+        if self.searched and self.latents not in ROW_CHOICES:  # a row draws them
             raise SamplingError("latents", "must be 'encoder', 'prior' or 'policy' with best_of above n", self.latents)
         check_policy_variation(self.vary, self.latents)
         check_variation(self.vary, self.temperature)

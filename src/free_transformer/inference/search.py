@@ -23,20 +23,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..base.latent_choice import ContextChoice, LatentChoice, RowChoice, as_context, as_row_choice
+from ..base.latent_choice import ROW_CHOICES, ContextChoice, LatentChoice, RowChoice, as_context, as_row_choice
 from ..base.seeding import generators, seed_of
 from ..model.latent import LatentPlan
 from ..model.transformer import FreeTransformer
 from .generate import GenerationConfig, generate, prompt_lists
-from .params import (
-    SEARCHED_LATENTS,
-    VARIATIONS,
-    Variation,
-    check_candidates,
-    check_policy_variation,
-    check_seed,
-    check_variation,
-)
+from .params import VARIATIONS, Variation, check_candidates, check_policy_variation, check_seed, check_variation
 
 # A scorer: (prompt ids, candidate's new tokens) -> score, higher is better.
 Scorer = Callable[[list[int], list[int]], float]
@@ -140,10 +132,9 @@ def best_of(
     n, seed = check_candidates(n, "n"), check_seed(seed)
     if vary not in VARIATIONS:
         raise ValueError(f"vary must be one of {', '.join(VARIATIONS)}, got {vary!r}")
-    context = as_row_choice(LatentChoice.parse(latents, allowed=SEARCHED_LATENTS))  # the Python entry's one parse
+    context = as_row_choice(LatentChoice.parse(latents, allowed=ROW_CHOICES))  # the Python entry's one parse
     config = config or GenerationConfig()
     check_variation(vary, config.temperature)
-    check_policy_variation(vary, context)
     ids = prompt_lists(prompts)
     room = model.config.max_seq_len
     length = max(len(p) + config.new_tokens(len(p), room) - 1 for p in ids)
