@@ -98,13 +98,23 @@ def policy_run(tmp_path_factory):
     return run
 
 
+def completion(run, body: dict, latents: str = "encoder"):
+    """The answer to one completion request (`body` without its model) of a server of `run` started for it, its
+    default Z `latents` (serve --latents), then stopped."""
+    import httpx
+    from test_serve import NAME, start_server
+
+    url, _, uv = start_server(run, engine={"latents": latents})
+    try:
+        return httpx.post(url + "/completions", json={"model": NAME, **body}, timeout=60)
+    finally:
+        uv.should_exit = True
+
+
 def test_latents_policy_through_the_cli_and_the_server_is_pythons(policy_run, capsys):
     """`generate --latents policy` prints, and a completion request with "latents": "policy" (or naming none, to a
     server started with --latents policy) returns, the samples of Python's generate(latents="policy") with the same
     seeds; on a run without a head, generate and serve are one line and exit 2."""
-    import httpx
-    from test_serve import NAME, start_server
-
     from free_transformer.base.seeding import sample_seed
     from free_transformer.cli import main
     from free_transformer.data.tokenizer import get_tokenizer
@@ -120,21 +130,12 @@ def test_latents_policy_through_the_cli_and_the_server_is_pythons(policy_run, ca
     argv = ["generate", str(policy_run), "--prompt", "K>", "-n", "2", "--max-new-tokens", "8", "--seed", "7"]
     assert main([*argv, "--latents", "policy", "--format", "jsonl"]) == 0
     assert [json.loads(line)["sample"] for line in capsys.readouterr().out.splitlines()] == texts
-    url, _, uv = start_server(policy_run)
-    try:
-        body = {"model": NAME, "prompt": "K>", "max_tokens": 8, "n": 2, "seed": 7, "latents": "policy"}
-        response = httpx.post(url + "/completions", json=body, timeout=60)
-    finally:
-        uv.should_exit = True
+    response = completion(policy_run, {"prompt": "K>", "max_tokens": 8, "n": 2, "seed": 7, "latents": "policy"})
     assert response.status_code == 200, response.text
     served = [choice["text"] for choice in sorted(response.json()["choices"], key=lambda c: c["index"])]
     assert served == texts
-    url, _, uv = start_server(policy_run, engine={"latents": "policy"})  # serve --latents policy: the default
-    try:
-        body = {"model": NAME, "prompt": "K>", "max_tokens": 8, "n": 2, "seed": 7}
-        response = httpx.post(url + "/completions", json=body, timeout=60)
-    finally:
-        uv.should_exit = True
+    # serve --latents policy: the Z of a request that names none
+    response = completion(policy_run, {"prompt": "K>", "max_tokens": 8, "n": 2, "seed": 7}, latents="policy")
     assert [choice["text"] for choice in sorted(response.json()["choices"], key=lambda c: c["index"])] == texts
     without = tiny_checkpoint(policy_run.parent, "without", latent_units=4, max_seq_len=64)
     assert main(["generate", str(without), "--prompt", "K>", "--latents", "policy"]) == 2
@@ -149,9 +150,6 @@ def test_best_of_with_the_policy_decodes_its_candidates_as_generate_and_the_serv
     """best_of(latents="policy"): each candidate is generate()'s sample of the policy with the candidate's seed,
     and the server's best_of and `generate --best-of` choose the same one; a vary that draws Z before decoding is
     refused in one line, the head's Z depending on the tokens."""
-    import httpx
-    from test_serve import NAME, start_server
-
     from free_transformer import best_of
     from free_transformer.cli import main
     from free_transformer.data.tokenizer import get_tokenizer
@@ -173,12 +171,7 @@ def test_best_of_with_the_policy_decodes_its_candidates_as_generate_and_the_serv
     argv = ["generate", str(policy_run), "--prompt", "K>", "-n", "1", "--best-of", "4", "--max-new-tokens", "8"]
     assert main([*argv, "--seed", "7", "--latents", "policy", "--format", "jsonl"]) == 0
     assert json.loads(capsys.readouterr().out)["sample"] == text
-    url, _, uv = start_server(policy_run)
-    try:
-        body = {"model": NAME, "prompt": "K>", "max_tokens": 8, "best_of": 4, "seed": 7, "latents": "policy"}
-        response = httpx.post(url + "/completions", json=body, timeout=60)
-    finally:
-        uv.should_exit = True
+    response = completion(policy_run, {"prompt": "K>", "max_tokens": 8, "best_of": 4, "seed": 7, "latents": "policy"})
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"] == text
 
